@@ -1,0 +1,1 @@
+//! ramlog-backup (under construction in this change set).

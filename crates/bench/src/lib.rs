@@ -1,0 +1,8 @@
+//! ramlog's benchmark suites, run by `ramlog bench <suite>`.
+//!
+//! Every suite prints a table and can write JSON in one shared format ([`report`]):
+//! one row per figure, with the peer or physical limit measured in the same run
+//! as its baseline, so that each figure is a ratio rather than a bare time.
+
+pub mod report;
+pub mod util;

@@ -1,0 +1,1 @@
+//! ramlog-client (under construction in this change set).

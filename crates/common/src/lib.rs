@@ -1,0 +1,23 @@
+//! Types and small pure functions shared by every ramlog crate.
+//!
+//! Owns: the key → slot rule (Redis Cluster's CRC16/XMODEM with `{hash tags}`),
+//! human-readable byte sizes (`2GiB`), and the identifiers that cross crate
+//! boundaries (table ids, versions). Nothing here does I/O or allocates per call.
+
+pub mod size;
+pub mod slot;
+
+pub use size::{parse_size_bytes, SizeParseError};
+pub use slot::{key_slot, SLOT_COUNT};
+
+/// A table's 64-bit identifier.
+pub type TableId = u64;
+
+/// A write's version. Versions only grow per key, also across delete and re-create.
+pub type Version = u64;
+
+/// Default limit on key size (DESIGN.md: keys up to 64 KiB).
+pub const KEY_SIZE_MAX_BYTES_DEFAULT: usize = 64 * 1024;
+
+/// Default limit on value size (DESIGN.md: values up to 1 MiB).
+pub const VALUE_SIZE_MAX_BYTES_DEFAULT: usize = 1024 * 1024;

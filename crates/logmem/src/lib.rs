@@ -1,0 +1,1 @@
+//! Log-structured memory: the master's object store (see crates/logmem/README in lib docs).

@@ -1,0 +1,1 @@
+//! ramlog-proto (under construction in this change set).

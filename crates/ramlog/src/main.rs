@@ -1,0 +1,58 @@
+//! `ramlog`: the one binary. Subcommands start processes, talk to a cluster, or run benchmarks.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "ramlog", version, about = "ramlog: a distributed in-memory key-value store")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a benchmark suite; prints a table and optionally writes JSON.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Which suite to run.
+    #[arg(required_unless_present = "list_suites")]
+    suite: Option<Suite>,
+    /// Print the names of all suites, one per line, and exit.
+    #[arg(long)]
+    list_suites: bool,
+    /// A short run (under a minute) for CI smoke tests; targets are for the full run.
+    #[arg(long)]
+    quick: bool,
+    /// Write the rows as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Suite {
+    /// Log-structured memory engine: write cost vs utilisation, fragmentation, bytes/object, point ops.
+    Engine,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench(args) => {
+            let Some(suite) = args.suite else {
+                for value in Suite::value_variants() {
+                    if let Some(name) = value.to_possible_value() {
+                        println!("{}", name.get_name());
+                    }
+                }
+                return Ok(());
+            };
+            match suite {
+                Suite::Engine => ramlog_bench::engine::run(args.quick, args.json.as_deref()),
+            }
+        }
+    }
+}

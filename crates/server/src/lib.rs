@@ -1,0 +1,1 @@
+//! ramlog-server (under construction in this change set).

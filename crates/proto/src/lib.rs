@@ -5,4 +5,5 @@
 //! Knows nothing of storage or sockets: functions take byte buffers and return values or errors,
 //! so each format can be fuzzed alone (see `fuzz/`).
 
+pub mod native;
 pub mod resp;

@@ -1,0 +1,1104 @@
+//! ramlog's native binary protocol: handshake, frames, requests and responses.
+//!
+//! Owns the byte layout documented in `docs/protocol.md` ("Native protocol") and nothing else: no I/O,
+//! no routing, no storage. Every length read from the wire is checked against the bytes actually present
+//! (and against the caller's frame limit) before anything is allocated, so a decoder fed arbitrary bytes
+//! returns an error and never panics or over-allocates.
+//!
+//! All integers are little-endian. A connection starts with a client hello ([`ClientHello`], 8 bytes) and a
+//! server hello ([`ServerHello`], 24 bytes); after that both sides exchange frames of a 16-byte header
+//! ([`FrameHeader`]) and a body. Requests carry a request id that the reply echoes, so a client may keep many
+//! requests in flight on one connection and the server may answer them in any order.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use ramlog_common::{TableId, Version};
+
+/// The first four bytes of both hellos.
+pub const MAGIC: [u8; 4] = *b"RLOG";
+/// The protocol version this code speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Size of the client hello.
+pub const CLIENT_HELLO_LEN: usize = 8;
+/// Size of the server hello.
+pub const SERVER_HELLO_LEN: usize = 24;
+/// Size of a frame header, including the 4-byte length field.
+pub const HEADER_LEN: usize = 16;
+/// Bytes of the header counted by the length field (everything after the length itself).
+pub const HEADER_LEN_AFTER_LENGTH: u32 = 12;
+/// Hard upper bound on any frame, whatever a configuration says (1 GiB).
+pub const FRAME_BYTES_HARD_MAX: usize = 1 << 30;
+/// Largest item count in one MULTI-GET or MULTI-PUT.
+pub const BATCH_ITEMS_MAX: u32 = 65_536;
+/// Largest SCAN-KEYS count hint the server honours (larger hints are clamped).
+pub const SCAN_COUNT_MAX: u32 = 65_536;
+
+/// Server hello flag: the server requires AUTH before data operations.
+pub const HELLO_FLAG_AUTH_REQUIRED: u16 = 0x0001;
+
+/// Opcodes (byte 12 of a frame header).
+pub mod opcode {
+    pub const PING: u8 = 0x01;
+    pub const AUTH: u8 = 0x02;
+    pub const STATS: u8 = 0x03;
+    pub const GET: u8 = 0x10;
+    pub const PUT: u8 = 0x11;
+    pub const DELETE: u8 = 0x12;
+    pub const INCREMENT: u8 = 0x13;
+    pub const MULTI_GET: u8 = 0x14;
+    pub const MULTI_PUT: u8 = 0x15;
+    pub const SCAN_KEYS: u8 = 0x16;
+    pub const EXPIRE: u8 = 0x17;
+    /// Reserved: open a read snapshot (MVCC).
+    pub const SNAPSHOT_OPEN: u8 = 0x20;
+    /// Reserved: release a read snapshot.
+    pub const SNAPSHOT_RELEASE: u8 = 0x21;
+    /// Reserved: scan objects with predicates, projection and aggregation.
+    pub const SCAN_FILTERED: u8 = 0x22;
+
+    /// True for opcodes the protocol reserves for later versions (snapshots, filtered scans, 0x30..=0x3F
+    /// for server-to-server traffic).
+    pub fn is_reserved(op: u8) -> bool {
+        matches!(
+            op,
+            SNAPSHOT_OPEN | SNAPSHOT_RELEASE | SCAN_FILTERED | 0x30..=0x3F
+        )
+    }
+
+    /// A readable name, for messages and logs.
+    pub fn name(op: u8) -> &'static str {
+        match op {
+            PING => "PING",
+            AUTH => "AUTH",
+            STATS => "STATS",
+            GET => "GET",
+            PUT => "PUT",
+            DELETE => "DELETE",
+            INCREMENT => "INCREMENT",
+            MULTI_GET => "MULTI_GET",
+            MULTI_PUT => "MULTI_PUT",
+            SCAN_KEYS => "SCAN_KEYS",
+            EXPIRE => "EXPIRE",
+            SNAPSHOT_OPEN => "SNAPSHOT_OPEN",
+            SNAPSHOT_RELEASE => "SNAPSHOT_RELEASE",
+            SCAN_FILTERED => "SCAN_FILTERED",
+            _ => "UNKNOWN",
+        }
+    }
+}
+
+/// Request flags (byte 13 of a request header).
+pub mod flag {
+    /// The body starts with a u64 table id; without it the table is 0.
+    pub const TABLE: u8 = 0x01;
+    /// PUT only: return the previous object.
+    pub const RETURN_OLD: u8 = 0x02;
+    /// Reserved: GET, MULTI_GET and SCAN_KEYS read from a snapshot (u64 snapshot id after the table).
+    pub const SNAPSHOT: u8 = 0x04;
+    /// Reserved: SCAN_KEYS carries a filter after the pattern.
+    pub const FILTER: u8 = 0x08;
+    /// Every bit this version defines (the others must be zero).
+    pub const KNOWN: u8 = TABLE | RETURN_OLD | SNAPSHOT | FILTER;
+}
+
+/// Reply status (byte 13 of a response header). 0 is success; anything else is an error frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    Ok,
+    /// The PUT/DELETE condition did not hold. Detail: the current version, 0 if the key is absent.
+    ConditionFailed,
+    /// INCREMENT on a value that is not an ASCII decimal i64.
+    NotAnInteger,
+    /// INCREMENT would overflow an i64.
+    IncrementOverflow,
+    KeyTooLarge,
+    ValueTooLarge,
+    /// The server's memory budget is exhausted. The write was not applied.
+    OutOfMemory,
+    /// A MULTI-PUT's keys live on more than one tablet.
+    CrossTablet,
+    /// This server owns no tablet for the key (routing is stale).
+    WrongServer,
+    NoSuchTable,
+    /// The body does not follow the layout of its opcode.
+    BadRequest,
+    UnknownOpcode,
+    /// A reserved opcode or flag that this server does not implement yet.
+    Unsupported,
+    /// The frame is larger than the server's limit. Detail: the limit in bytes.
+    FrameTooLarge,
+    /// Too many requests in flight on this connection. Detail: the limit.
+    Busy,
+    /// A data operation before a successful AUTH on a server with a password.
+    NoAuth,
+    /// Wrong password.
+    AuthFailed,
+    /// Anything else that went wrong inside the server.
+    Internal,
+    /// A status this version does not know (a newer server).
+    Unknown(u8),
+}
+
+impl Status {
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Status::Ok => 0x00,
+            Status::ConditionFailed => 0x01,
+            Status::NotAnInteger => 0x02,
+            Status::IncrementOverflow => 0x03,
+            Status::KeyTooLarge => 0x04,
+            Status::ValueTooLarge => 0x05,
+            Status::OutOfMemory => 0x06,
+            Status::CrossTablet => 0x07,
+            Status::WrongServer => 0x08,
+            Status::NoSuchTable => 0x09,
+            Status::BadRequest => 0x10,
+            Status::UnknownOpcode => 0x11,
+            Status::Unsupported => 0x12,
+            Status::FrameTooLarge => 0x13,
+            Status::Busy => 0x14,
+            Status::NoAuth => 0x15,
+            Status::AuthFailed => 0x16,
+            Status::Internal => 0x1F,
+            Status::Unknown(code) => code,
+        }
+    }
+
+    pub fn from_u8(code: u8) -> Status {
+        match code {
+            0x00 => Status::Ok,
+            0x01 => Status::ConditionFailed,
+            0x02 => Status::NotAnInteger,
+            0x03 => Status::IncrementOverflow,
+            0x04 => Status::KeyTooLarge,
+            0x05 => Status::ValueTooLarge,
+            0x06 => Status::OutOfMemory,
+            0x07 => Status::CrossTablet,
+            0x08 => Status::WrongServer,
+            0x09 => Status::NoSuchTable,
+            0x10 => Status::BadRequest,
+            0x11 => Status::UnknownOpcode,
+            0x12 => Status::Unsupported,
+            0x13 => Status::FrameTooLarge,
+            0x14 => Status::Busy,
+            0x15 => Status::NoAuth,
+            0x16 => Status::AuthFailed,
+            0x1F => Status::Internal,
+            other => Status::Unknown(other),
+        }
+    }
+}
+
+/// Why bytes could not be decoded. For a request, `status` is what the server answers.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{status:?}: {message}")]
+pub struct DecodeError {
+    pub status: Status,
+    pub message: String,
+}
+
+impl DecodeError {
+    fn bad(message: impl Into<String>) -> Self {
+        DecodeError {
+            status: Status::BadRequest,
+            message: message.into(),
+        }
+    }
+}
+
+/// Errors in the frame header itself, before the body is looked at.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The length field is smaller than the header: the stream cannot be resynchronised.
+    #[error("frame length {frame_len} is shorter than the 12-byte header")]
+    TooShort { frame_len: u32 },
+    /// The frame is larger than the limit. The stream can be resynchronised by skipping `skip_bytes`
+    /// bytes after the header.
+    #[error("frame of {frame_bytes} bytes exceeds the limit of {max_bytes} bytes")]
+    TooLarge {
+        frame_bytes: usize,
+        max_bytes: usize,
+        request_id: u64,
+        opcode: u8,
+        skip_bytes: usize,
+    },
+}
+
+/// The fixed 16-byte header that starts every frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Bytes of body after the 16-byte header.
+    pub body_len: usize,
+    pub request_id: u64,
+    pub opcode: u8,
+    /// Request flags, or the status byte of a response.
+    pub flags_or_status: u8,
+    /// Bytes 14..16; zero in this version.
+    pub reserved: u16,
+}
+
+impl FrameHeader {
+    /// Total frame size including the header.
+    pub fn frame_bytes(&self) -> usize {
+        HEADER_LEN + self.body_len
+    }
+}
+
+/// Parse the header at the start of `buf`. `Ok(None)` means fewer than 16 bytes are available.
+/// `max_frame_bytes` bounds the whole frame (header included); it is clamped to [`FRAME_BYTES_HARD_MAX`].
+pub fn parse_header(buf: &[u8], max_frame_bytes: usize) -> Result<Option<FrameHeader>, FrameError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if frame_len < HEADER_LEN_AFTER_LENGTH {
+        return Err(FrameError::TooShort { frame_len });
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&buf[4..12]);
+    let request_id = u64::from_le_bytes(id);
+    let opcode = buf[12];
+    let flags_or_status = buf[13];
+    let reserved = u16::from_le_bytes([buf[14], buf[15]]);
+    let body_len = (frame_len - HEADER_LEN_AFTER_LENGTH) as usize;
+    let frame_bytes = HEADER_LEN + body_len;
+    let max_bytes = max_frame_bytes.min(FRAME_BYTES_HARD_MAX);
+    if frame_bytes > max_bytes {
+        return Err(FrameError::TooLarge {
+            frame_bytes,
+            max_bytes,
+            request_id,
+            opcode,
+            skip_bytes: body_len,
+        });
+    }
+    Ok(Some(FrameHeader {
+        body_len,
+        request_id,
+        opcode,
+        flags_or_status,
+        reserved,
+    }))
+}
+
+/// Write a header whose length is patched by [`finish_frame`]; returns the frame's start offset.
+fn begin_frame(out: &mut BytesMut, request_id: u64, opcode: u8, flags_or_status: u8) -> usize {
+    let start = out.len();
+    out.put_u32_le(0);
+    out.put_u64_le(request_id);
+    out.put_u8(opcode);
+    out.put_u8(flags_or_status);
+    out.put_u16_le(0);
+    start
+}
+
+fn finish_frame(out: &mut BytesMut, start: usize) {
+    let frame_len = out.len() - start - 4;
+    debug_assert!(frame_len >= HEADER_LEN_AFTER_LENGTH as usize);
+    let frame_len = u32::try_from(frame_len).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&frame_len.to_le_bytes());
+}
+
+fn put_bytes(out: &mut BytesMut, bytes: &[u8]) {
+    // Lengths above u32::MAX cannot be framed; callers bound sizes far below that.
+    assert!(
+        bytes.len() <= u32::MAX as usize,
+        "byte string too long to frame"
+    );
+    out.put_u32_le(bytes.len() as u32);
+    out.put_slice(bytes);
+}
+
+/// A bounds-checked cursor over a body.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::bad(format!("body truncated in {what}")));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, DecodeError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], DecodeError> {
+        let len = self.u32(what)? as usize;
+        self.take(len, what)
+    }
+    /// A count of items that each take at least `min_item_bytes`; rejected before any allocation if the
+    /// remaining body could not hold that many.
+    fn count(&mut self, what: &str, min_item_bytes: usize, max: u32) -> Result<usize, DecodeError> {
+        let count = self.u32(what)?;
+        if count > max {
+            return Err(DecodeError::bad(format!(
+                "{what}: {count} items exceeds the limit of {max}"
+            )));
+        }
+        let count = count as usize;
+        if count.saturating_mul(min_item_bytes) > self.buf.len() {
+            return Err(DecodeError::bad(format!(
+                "{what}: {count} items cannot fit in the body"
+            )));
+        }
+        Ok(count)
+    }
+    fn finish(&self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::bad(format!(
+                "{} trailing bytes after the body",
+                self.buf.len()
+            )))
+        }
+    }
+}
+
+/// The write condition of PUT and DELETE.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Condition {
+    #[default]
+    None,
+    IfAbsent,
+    IfExists,
+    IfVersion(Version),
+}
+
+impl Condition {
+    fn encode(self, out: &mut BytesMut) {
+        let (kind, version) = match self {
+            Condition::None => (0u8, 0u64),
+            Condition::IfAbsent => (1, 0),
+            Condition::IfExists => (2, 0),
+            Condition::IfVersion(v) => (3, v),
+        };
+        out.put_u8(kind);
+        out.put_u64_le(version);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let kind = r.u8("condition")?;
+        let version = r.u64("condition version")?;
+        match kind {
+            0 => Ok(Condition::None),
+            1 => Ok(Condition::IfAbsent),
+            2 => Ok(Condition::IfExists),
+            3 => Ok(Condition::IfVersion(version)),
+            other => Err(DecodeError::bad(format!("unknown condition kind {other}"))),
+        }
+    }
+}
+
+/// The expiry of PUT and EXPIRE.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// No expiry (a PUT clears any previous one).
+    #[default]
+    None,
+    /// Expire this many milliseconds after the server receives the request.
+    AfterMs(u64),
+    /// Expire at this unix time in milliseconds.
+    AtUnixMs(u64),
+    /// Keep the previous object's expiry (PUT only).
+    Keep,
+}
+
+impl Expiry {
+    fn encode(self, out: &mut BytesMut) {
+        let (kind, ms) = match self {
+            Expiry::None => (0u8, 0u64),
+            Expiry::AfterMs(ms) => (1, ms),
+            Expiry::AtUnixMs(ms) => (2, ms),
+            Expiry::Keep => (3, 0),
+        };
+        out.put_u8(kind);
+        out.put_u64_le(ms);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let kind = r.u8("expiry")?;
+        let ms = r.u64("expiry time")?;
+        match kind {
+            0 => Ok(Expiry::None),
+            1 => Ok(Expiry::AfterMs(ms)),
+            2 => Ok(Expiry::AtUnixMs(ms)),
+            3 => Ok(Expiry::Keep),
+            other => Err(DecodeError::bad(format!("unknown expiry kind {other}"))),
+        }
+    }
+}
+
+/// A request, borrowing keys and values from the frame it was decoded from (or from the caller).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Ping {
+        payload: &'a [u8],
+    },
+    Auth {
+        password: &'a [u8],
+    },
+    Stats,
+    Get {
+        table: TableId,
+        key: &'a [u8],
+    },
+    Put {
+        table: TableId,
+        key: &'a [u8],
+        value: &'a [u8],
+        condition: Condition,
+        expiry: Expiry,
+        return_old: bool,
+    },
+    Delete {
+        table: TableId,
+        key: &'a [u8],
+        condition: Condition,
+    },
+    Increment {
+        table: TableId,
+        key: &'a [u8],
+        delta: i64,
+    },
+    Expire {
+        table: TableId,
+        key: &'a [u8],
+        expiry: Expiry,
+    },
+    MultiGet {
+        table: TableId,
+        keys: Vec<&'a [u8]>,
+    },
+    MultiPut {
+        table: TableId,
+        items: Vec<(&'a [u8], &'a [u8])>,
+    },
+    ScanKeys {
+        table: TableId,
+        cursor: u64,
+        count: u32,
+        pattern: &'a [u8],
+    },
+}
+
+impl<'a> Request<'a> {
+    pub fn opcode(&self) -> u8 {
+        match self {
+            Request::Ping { .. } => opcode::PING,
+            Request::Auth { .. } => opcode::AUTH,
+            Request::Stats => opcode::STATS,
+            Request::Get { .. } => opcode::GET,
+            Request::Put { .. } => opcode::PUT,
+            Request::Delete { .. } => opcode::DELETE,
+            Request::Increment { .. } => opcode::INCREMENT,
+            Request::Expire { .. } => opcode::EXPIRE,
+            Request::MultiGet { .. } => opcode::MULTI_GET,
+            Request::MultiPut { .. } => opcode::MULTI_PUT,
+            Request::ScanKeys { .. } => opcode::SCAN_KEYS,
+        }
+    }
+
+    fn table(&self) -> Option<TableId> {
+        match self {
+            Request::Ping { .. } | Request::Auth { .. } | Request::Stats => None,
+            Request::Get { table, .. }
+            | Request::Put { table, .. }
+            | Request::Delete { table, .. }
+            | Request::Increment { table, .. }
+            | Request::Expire { table, .. }
+            | Request::MultiGet { table, .. }
+            | Request::MultiPut { table, .. }
+            | Request::ScanKeys { table, .. } => Some(*table),
+        }
+    }
+
+    /// Append this request as one frame to `out`.
+    pub fn encode(&self, request_id: u64, out: &mut BytesMut) {
+        let table = self.table().filter(|&t| t != 0);
+        let mut flags = if table.is_some() { flag::TABLE } else { 0 };
+        if let Request::Put {
+            return_old: true, ..
+        } = self
+        {
+            flags |= flag::RETURN_OLD;
+        }
+        let start = begin_frame(out, request_id, self.opcode(), flags);
+        if let Some(table) = table {
+            out.put_u64_le(table);
+        }
+        match self {
+            Request::Ping { payload } => put_bytes(out, payload),
+            Request::Auth { password } => put_bytes(out, password),
+            Request::Stats => {}
+            Request::Get { key, .. } => put_bytes(out, key),
+            Request::Put {
+                key,
+                value,
+                condition,
+                expiry,
+                ..
+            } => {
+                put_bytes(out, key);
+                put_bytes(out, value);
+                condition.encode(out);
+                expiry.encode(out);
+            }
+            Request::Delete { key, condition, .. } => {
+                put_bytes(out, key);
+                condition.encode(out);
+            }
+            Request::Increment { key, delta, .. } => {
+                put_bytes(out, key);
+                out.put_i64_le(*delta);
+            }
+            Request::Expire { key, expiry, .. } => {
+                put_bytes(out, key);
+                expiry.encode(out);
+            }
+            Request::MultiGet { keys, .. } => {
+                out.put_u32_le(keys.len() as u32);
+                for key in keys {
+                    put_bytes(out, key);
+                }
+            }
+            Request::MultiPut { items, .. } => {
+                out.put_u32_le(items.len() as u32);
+                for (key, value) in items {
+                    put_bytes(out, key);
+                    put_bytes(out, value);
+                }
+            }
+            Request::ScanKeys {
+                cursor,
+                count,
+                pattern,
+                ..
+            } => {
+                out.put_u64_le(*cursor);
+                out.put_u32_le(*count);
+                put_bytes(out, pattern);
+            }
+        }
+        finish_frame(out, start);
+    }
+
+    /// Decode a request body. `opcode` and `flags` come from the header.
+    pub fn decode(opcode: u8, flags: u8, body: &'a [u8]) -> Result<Request<'a>, DecodeError> {
+        if opcode::is_reserved(opcode) {
+            return Err(DecodeError {
+                status: Status::Unsupported,
+                message: format!(
+                    "opcode 0x{opcode:02x} ({}) is reserved",
+                    opcode::name(opcode)
+                ),
+            });
+        }
+        if flags & !flag::KNOWN != 0 {
+            return Err(DecodeError::bad(format!(
+                "unknown flag bits 0x{:02x}",
+                flags & !flag::KNOWN
+            )));
+        }
+        if flags & (flag::SNAPSHOT | flag::FILTER) != 0 {
+            return Err(DecodeError {
+                status: Status::Unsupported,
+                message: "snapshot and filter flags are reserved".into(),
+            });
+        }
+        if flags & flag::RETURN_OLD != 0 && opcode != opcode::PUT {
+            return Err(DecodeError::bad("RETURN_OLD is valid on PUT only"));
+        }
+        let mut r = Reader { buf: body };
+        let keyed = matches!(
+            opcode,
+            opcode::GET
+                | opcode::PUT
+                | opcode::DELETE
+                | opcode::INCREMENT
+                | opcode::EXPIRE
+                | opcode::MULTI_GET
+                | opcode::MULTI_PUT
+                | opcode::SCAN_KEYS
+        );
+        let table = if flags & flag::TABLE != 0 {
+            if !keyed {
+                return Err(DecodeError::bad(
+                    "TABLE flag on an operation without a table",
+                ));
+            }
+            r.u64("table")?
+        } else {
+            0
+        };
+        let request = match opcode {
+            opcode::PING => Request::Ping {
+                payload: r.bytes("payload")?,
+            },
+            opcode::AUTH => Request::Auth {
+                password: r.bytes("password")?,
+            },
+            opcode::STATS => Request::Stats,
+            opcode::GET => Request::Get {
+                table,
+                key: r.bytes("key")?,
+            },
+            opcode::PUT => {
+                let key = r.bytes("key")?;
+                let value = r.bytes("value")?;
+                let condition = Condition::decode(&mut r)?;
+                let expiry = Expiry::decode(&mut r)?;
+                Request::Put {
+                    table,
+                    key,
+                    value,
+                    condition,
+                    expiry,
+                    return_old: flags & flag::RETURN_OLD != 0,
+                }
+            }
+            opcode::DELETE => {
+                let key = r.bytes("key")?;
+                Request::Delete {
+                    table,
+                    key,
+                    condition: Condition::decode(&mut r)?,
+                }
+            }
+            opcode::INCREMENT => {
+                let key = r.bytes("key")?;
+                Request::Increment {
+                    table,
+                    key,
+                    delta: r.u64("delta")? as i64,
+                }
+            }
+            opcode::EXPIRE => {
+                let key = r.bytes("key")?;
+                let expiry = Expiry::decode(&mut r)?;
+                if expiry == Expiry::Keep {
+                    return Err(DecodeError::bad("EXPIRE cannot keep the expiry"));
+                }
+                Request::Expire { table, key, expiry }
+            }
+            opcode::MULTI_GET => {
+                let count = r.count("keys", 4, BATCH_ITEMS_MAX)?;
+                let mut keys = Vec::with_capacity(count);
+                for _ in 0..count {
+                    keys.push(r.bytes("key")?);
+                }
+                Request::MultiGet { table, keys }
+            }
+            opcode::MULTI_PUT => {
+                let count = r.count("items", 8, BATCH_ITEMS_MAX)?;
+                let mut items = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let key = r.bytes("key")?;
+                    let value = r.bytes("value")?;
+                    items.push((key, value));
+                }
+                Request::MultiPut { table, items }
+            }
+            opcode::SCAN_KEYS => {
+                let cursor = r.u64("cursor")?;
+                let count = r.u32("count")?;
+                Request::ScanKeys {
+                    table,
+                    cursor,
+                    count,
+                    pattern: r.bytes("pattern")?,
+                }
+            }
+            other => {
+                return Err(DecodeError {
+                    status: Status::UnknownOpcode,
+                    message: format!("unknown opcode 0x{other:02x}"),
+                })
+            }
+        };
+        r.finish()?;
+        Ok(request)
+    }
+}
+
+/// A stored object as the protocol carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub value: Bytes,
+    pub version: Version,
+    /// Unix milliseconds; 0 = no expiry.
+    pub expire_at_ms: u64,
+}
+
+/// An error frame's contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub status: Status,
+    /// Status-specific number: CONDITION_FAILED gives the current version (0 = absent), FRAME_TOO_LARGE
+    /// and BUSY give the limit; otherwise 0.
+    pub detail: u64,
+    pub message: String,
+}
+
+/// A reply. Every variant but `Error` is sent with status OK.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Pong(Bytes),
+    AuthOk,
+    /// A UTF-8 JSON object of server figures.
+    Stats(Bytes),
+    Get(Option<Object>),
+    /// The new version, and the previous object if RETURN_OLD was asked and one existed.
+    Put {
+        version: Version,
+        old: Option<Object>,
+    },
+    /// The delete's version if the key existed.
+    Delete(Option<Version>),
+    Increment {
+        value: i64,
+        version: Version,
+    },
+    /// The new version if the key existed.
+    Expire(Option<Version>),
+    MultiGet(Vec<Option<Object>>),
+    MultiPut {
+        version: Version,
+    },
+    /// The cursor to continue from (0 = done) and this batch of keys.
+    ScanKeys {
+        cursor: u64,
+        keys: Vec<Bytes>,
+    },
+    Error(ErrorReply),
+}
+
+fn put_object(out: &mut BytesMut, object: &Option<Object>) {
+    match object {
+        None => out.put_u8(0),
+        Some(o) => {
+            out.put_u8(1);
+            out.put_u64_le(o.version);
+            out.put_u64_le(o.expire_at_ms);
+            put_bytes(out, &o.value);
+        }
+    }
+}
+
+fn put_opt_version(out: &mut BytesMut, version: Option<Version>) {
+    out.put_u8(version.is_some() as u8);
+    out.put_u64_le(version.unwrap_or(0));
+}
+
+/// Append an error frame.
+pub fn encode_error(
+    out: &mut BytesMut,
+    request_id: u64,
+    opcode: u8,
+    status: Status,
+    detail: u64,
+    message: &str,
+) {
+    debug_assert!(status != Status::Ok);
+    let start = begin_frame(out, request_id, opcode, status.to_u8());
+    out.put_u64_le(detail);
+    put_bytes(out, message.as_bytes());
+    finish_frame(out, start);
+}
+
+impl Response {
+    /// Append this reply as one frame answering `request_id`, which was a request with `opcode`.
+    pub fn encode(&self, request_id: u64, opcode: u8, out: &mut BytesMut) {
+        if let Response::Error(e) = self {
+            encode_error(out, request_id, opcode, e.status, e.detail, &e.message);
+            return;
+        }
+        let start = begin_frame(out, request_id, opcode, Status::Ok.to_u8());
+        match self {
+            Response::Pong(payload) => put_bytes(out, payload),
+            Response::AuthOk => {}
+            Response::Stats(json) => put_bytes(out, json),
+            Response::Get(object) => put_object(out, object),
+            Response::Put { version, old } => {
+                out.put_u64_le(*version);
+                put_object(out, old);
+            }
+            Response::Delete(version) | Response::Expire(version) => put_opt_version(out, *version),
+            Response::Increment { value, version } => {
+                out.put_i64_le(*value);
+                out.put_u64_le(*version);
+            }
+            Response::MultiGet(objects) => {
+                out.put_u32_le(objects.len() as u32);
+                for object in objects {
+                    put_object(out, object);
+                }
+            }
+            Response::MultiPut { version } => out.put_u64_le(*version),
+            Response::ScanKeys { cursor, keys } => {
+                out.put_u64_le(*cursor);
+                out.put_u32_le(keys.len() as u32);
+                for key in keys {
+                    put_bytes(out, key);
+                }
+            }
+            Response::Error(_) => unreachable!("handled above"),
+        }
+        finish_frame(out, start);
+    }
+
+    /// Decode a reply body. `opcode` and `status` come from the header; `body` is the frame's body
+    /// (values are sliced out of it without copying).
+    pub fn decode(opcode: u8, status: u8, body: Bytes) -> Result<Response, DecodeError> {
+        let mut r = Reader { buf: &body };
+        let status = Status::from_u8(status);
+        if status != Status::Ok {
+            let detail = r.u64("error detail")?;
+            let message = String::from_utf8_lossy(r.bytes("error message")?).into_owned();
+            r.finish()?;
+            return Ok(Response::Error(ErrorReply {
+                status,
+                detail,
+                message,
+            }));
+        }
+        let slice = |s: &[u8]| body.slice_ref(s);
+        let object = |r: &mut Reader<'_>| -> Result<Option<Object>, DecodeError> {
+            match r.u8("object presence")? {
+                0 => Ok(None),
+                1 => {
+                    let version = r.u64("version")?;
+                    let expire_at_ms = r.u64("expiry")?;
+                    let value = slice(r.bytes("value")?);
+                    Ok(Some(Object {
+                        value,
+                        version,
+                        expire_at_ms,
+                    }))
+                }
+                other => Err(DecodeError::bad(format!("object presence byte {other}"))),
+            }
+        };
+        let opt_version = |r: &mut Reader<'_>| -> Result<Option<Version>, DecodeError> {
+            let present = r.u8("presence")?;
+            let version = r.u64("version")?;
+            match present {
+                0 => Ok(None),
+                1 => Ok(Some(version)),
+                other => Err(DecodeError::bad(format!("presence byte {other}"))),
+            }
+        };
+        let response = match opcode {
+            opcode::PING => Response::Pong(slice(r.bytes("payload")?)),
+            opcode::AUTH => Response::AuthOk,
+            opcode::STATS => Response::Stats(slice(r.bytes("stats")?)),
+            opcode::GET => Response::Get(object(&mut r)?),
+            opcode::PUT => {
+                let version = r.u64("version")?;
+                Response::Put {
+                    version,
+                    old: object(&mut r)?,
+                }
+            }
+            opcode::DELETE => Response::Delete(opt_version(&mut r)?),
+            opcode::EXPIRE => Response::Expire(opt_version(&mut r)?),
+            opcode::INCREMENT => {
+                let value = r.u64("value")? as i64;
+                Response::Increment {
+                    value,
+                    version: r.u64("version")?,
+                }
+            }
+            opcode::MULTI_GET => {
+                let count = r.count("objects", 1, BATCH_ITEMS_MAX)?;
+                let mut objects = Vec::with_capacity(count);
+                for _ in 0..count {
+                    objects.push(object(&mut r)?);
+                }
+                Response::MultiGet(objects)
+            }
+            opcode::MULTI_PUT => Response::MultiPut {
+                version: r.u64("version")?,
+            },
+            opcode::SCAN_KEYS => {
+                let cursor = r.u64("cursor")?;
+                let count = r.count("keys", 4, u32::MAX)?;
+                let mut keys = Vec::with_capacity(count);
+                for _ in 0..count {
+                    keys.push(slice(r.bytes("key")?));
+                }
+                Response::ScanKeys { cursor, keys }
+            }
+            other => {
+                return Err(DecodeError::bad(format!(
+                    "reply to unknown opcode 0x{other:02x}"
+                )))
+            }
+        };
+        r.finish()?;
+        Ok(response)
+    }
+}
+
+/// The client's first 8 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientHello {
+    /// The highest protocol version the client speaks.
+    pub version_max: u16,
+    pub flags: u16,
+}
+
+impl ClientHello {
+    pub fn encode(&self) -> [u8; CLIENT_HELLO_LEN] {
+        let mut b = [0u8; CLIENT_HELLO_LEN];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&self.version_max.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8; CLIENT_HELLO_LEN]) -> Result<ClientHello, DecodeError> {
+        if b[..4] != MAGIC {
+            return Err(DecodeError::bad("bad magic: not a ramlog native client"));
+        }
+        Ok(ClientHello {
+            version_max: u16::from_le_bytes([b[4], b[5]]),
+            flags: u16::from_le_bytes([b[6], b[7]]),
+        })
+    }
+}
+
+/// The server's 24-byte answer to the client hello; it carries the limits the client must respect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerHello {
+    /// The version both sides will speak; 0 = none in common (the server then closes).
+    pub version: u16,
+    pub flags: u16,
+    pub max_frame_bytes: u32,
+    pub max_in_flight: u32,
+    pub key_size_max_bytes: u32,
+    pub value_size_max_bytes: u32,
+}
+
+impl ServerHello {
+    pub fn encode(&self) -> [u8; SERVER_HELLO_LEN] {
+        let mut b = [0u8; SERVER_HELLO_LEN];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.max_frame_bytes.to_le_bytes());
+        b[12..16].copy_from_slice(&self.max_in_flight.to_le_bytes());
+        b[16..20].copy_from_slice(&self.key_size_max_bytes.to_le_bytes());
+        b[20..24].copy_from_slice(&self.value_size_max_bytes.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8; SERVER_HELLO_LEN]) -> Result<ServerHello, DecodeError> {
+        if b[..4] != MAGIC {
+            return Err(DecodeError::bad("bad magic: not a ramlog native server"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Ok(ServerHello {
+            version: u16::from_le_bytes([b[4], b[5]]),
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            max_frame_bytes: u32_at(8),
+            max_in_flight: u32_at(12),
+            key_size_max_bytes: u32_at(16),
+            value_size_max_bytes: u32_at(20),
+        })
+    }
+}
+
+/// Decode every complete frame at the start of `buf` as requests, the way a server does. Used by the fuzz
+/// target and the random-bytes property test; returns how many frames decoded and how many were errors.
+pub fn decode_request_stream(mut buf: &[u8], max_frame_bytes: usize) -> (usize, usize) {
+    let (mut ok, mut errors) = (0, 0);
+    loop {
+        match parse_header(buf, max_frame_bytes) {
+            Ok(Some(h)) => {
+                let Some(frame) = buf.get(..h.frame_bytes()) else {
+                    break;
+                };
+                match Request::decode(h.opcode, h.flags_or_status, &frame[HEADER_LEN..]) {
+                    Ok(request) => {
+                        // Re-encoding a decoded request must give the same bytes back, except that a
+                        // TABLE flag with table 0 is dropped.
+                        let mut again = BytesMut::new();
+                        request.encode(h.request_id, &mut again);
+                        let decoded_again = parse_header(&again, FRAME_BYTES_HARD_MAX)
+                            .ok()
+                            .flatten()
+                            .and_then(|h2| {
+                                Request::decode(h2.opcode, h2.flags_or_status, &again[HEADER_LEN..])
+                                    .ok()
+                            });
+                        assert_eq!(
+                            decoded_again.as_ref(),
+                            Some(&request),
+                            "request re-encoding is lossy"
+                        );
+                        ok += 1;
+                    }
+                    Err(_) => errors += 1,
+                }
+                buf = &buf[h.frame_bytes()..];
+            }
+            Ok(None) => break,
+            Err(FrameError::TooLarge { skip_bytes, .. }) => {
+                errors += 1;
+                match buf.get(HEADER_LEN + skip_bytes..) {
+                    Some(rest) => buf = rest,
+                    None => break,
+                }
+            }
+            Err(FrameError::TooShort { .. }) => {
+                errors += 1;
+                break;
+            }
+        }
+    }
+    (ok, errors)
+}
+
+/// Decode every complete frame at the start of `buf` as responses, the way a client does.
+pub fn decode_response_stream(mut buf: &[u8], max_frame_bytes: usize) -> (usize, usize) {
+    let (mut ok, mut errors) = (0, 0);
+    while let Ok(Some(h)) = parse_header(buf, max_frame_bytes) {
+        let Some(frame) = buf.get(..h.frame_bytes()) else {
+            break;
+        };
+        let body = Bytes::copy_from_slice(&frame[HEADER_LEN..]);
+        match Response::decode(h.opcode, h.flags_or_status, body) {
+            Ok(response) => {
+                let mut again = BytesMut::new();
+                response.encode(h.request_id, h.opcode, &mut again);
+                let body_again = Bytes::copy_from_slice(&again[HEADER_LEN..]);
+                let status = again[13];
+                assert_eq!(
+                    Response::decode(h.opcode, status, body_again).ok(),
+                    Some(response)
+                );
+                ok += 1;
+            }
+            Err(_) => errors += 1,
+        }
+        buf = &buf[h.frame_bytes()..];
+    }
+    (ok, errors)
+}
+
+#[cfg(test)]
+#[path = "native_tests.rs"]
+mod tests;

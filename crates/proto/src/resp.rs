@@ -385,6 +385,12 @@ impl<'a> ReplyEncoder<'a> {
         self.protocol
     }
 
+    /// Switches the protocol for the replies that follow (HELLO answers in the version it selects).
+    pub fn set_protocol(&mut self, protocol: u8) {
+        debug_assert!(protocol == 2 || protocol == 3);
+        self.protocol = protocol;
+    }
+
     pub fn resp3(&self) -> bool {
         self.protocol >= 3
     }

@@ -1,0 +1,169 @@
+//! The `ramlog server` and `ramlog up` subcommands: flags and environment variables, the runtime,
+//! and Ctrl-C handling. The binary only forwards to [`run_server`] and [`run_up`].
+
+use crate::config::{ConfigOverrides, PersistenceMode, ServerConfig};
+use crate::server::Server;
+use anyhow::Context;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Flags shared by `ramlog server` and `ramlog up`. Each may also come from the environment
+/// variable named beside it; flags win over the environment, which wins over the config file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerFlags {
+    /// TOML configuration file (see docs/operations.md).
+    #[arg(long, env = "RAMLOG_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1).
+    #[arg(long, env = "RAMLOG_BIND")]
+    pub bind: Option<IpAddr>,
+    /// RESP (Redis protocol) port (default 6380).
+    #[arg(long, env = "RAMLOG_RESP_PORT")]
+    pub resp_port: Option<u16>,
+    /// Native protocol port (default 7380; 0 = off).
+    #[arg(long, env = "RAMLOG_NATIVE_PORT")]
+    pub native_port: Option<u16>,
+    /// Admin HTTP port (default 8380; 0 = off).
+    #[arg(long, env = "RAMLOG_ADMIN_PORT")]
+    pub admin_port: Option<u16>,
+    /// Data directory (default ./ramlog-data).
+    #[arg(long, env = "RAMLOG_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Memory budget, e.g. 2GiB (default 1GiB).
+    #[arg(long, env = "RAMLOG_MEMORY", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Require this password (AUTH); empty = no password.
+    #[arg(long, env = "RAMLOG_PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+    /// Most simultaneous client connections (default 10000).
+    #[arg(long, env = "RAMLOG_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Close connections idle this many seconds (default 0 = never).
+    #[arg(long, env = "RAMLOG_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<u64>,
+    /// Worker threads (default 2).
+    #[arg(long, env = "RAMLOG_WORKERS")]
+    pub workers: Option<usize>,
+    /// Persistence: off, async (flushed every 100 ms) or durable (fdatasync before the reply).
+    #[arg(long, env = "RAMLOG_PERSISTENCE")]
+    pub persistence: Option<PersistenceMode>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    ramlog_common::parse_size_bytes(s).map_err(|e| e.to_string())
+}
+
+impl ServerFlags {
+    pub fn load(&self) -> anyhow::Result<ServerConfig> {
+        let overrides = ConfigOverrides {
+            bind: self.bind,
+            resp_port: self.resp_port,
+            native_port: self.native_port,
+            admin_port: self.admin_port,
+            data_dir: self.data_dir.clone(),
+            memory_bytes: self.memory,
+            password: self.password.clone(),
+            connections_max: self.max_connections,
+            idle_timeout_secs: self.idle_timeout,
+            worker_threads: self.workers,
+            persistence: self.persistence,
+        };
+        Ok(ServerConfig::load(self.config.as_deref(), &overrides)?)
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAMLOG_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .thread_name("ramlog-worker")
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// `ramlog server`: one server process until Ctrl-C or SIGTERM.
+pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
+    init_logging();
+    let config = flags.load()?;
+    let rt = runtime(&config)?;
+    rt.block_on(async {
+        let server = Server::start(config).await?;
+        let a = server.addresses();
+        // One line that scripts and tests can wait for.
+        println!(
+            "ramlog server ready resp={} admin={} pid={}",
+            a.resp,
+            a.admin.map(|x| x.to_string()).unwrap_or_else(|| "off".into()),
+            std::process::id()
+        );
+        stop_signal().await;
+        server.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+/// `ramlog up`: the whole local deployment with safe defaults. Today that is one server in this
+/// process; the command and its output stay the same when it starts a cluster.
+pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
+    init_logging();
+    let config = flags.load()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
+    let rt = runtime(&config)?;
+    rt.block_on(async {
+        let persistence = config.persistence;
+        let data_dir = config.data_dir.clone();
+        let password = config.password.is_some();
+        let server = Server::start(config).await?;
+        let a = server.addresses();
+        println!("ramlog is up: 1 server on this machine");
+        let auth = if password { " -a <password>" } else { "" };
+        if a.resp.ip().is_loopback() {
+            println!("  connect:  redis-cli -p {}{auth}", a.resp.port());
+        } else {
+            println!("  connect:  redis-cli -h {} -p {}{auth}", a.resp.ip(), a.resp.port());
+        }
+        if let Some(admin) = a.admin {
+            println!("  admin:    http://{admin}/status   (metrics: http://{admin}/metrics)");
+        }
+        if let Some(native) = a.native {
+            println!("  native:   {native}");
+        }
+        println!("  data:     {} (persistence {persistence})", data_dir.display());
+        println!("Press Ctrl-C to stop.");
+        stop_signal().await;
+        println!("stopping...");
+        server.shutdown().await;
+        println!("stopped");
+        anyhow::Ok(())
+    })
+}

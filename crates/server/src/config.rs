@@ -1,0 +1,306 @@
+//! Server configuration: defaults, the TOML file, and overrides from flags and environment variables.
+//!
+//! Precedence, lowest to highest: built-in defaults, the TOML file (`--config FILE` or
+//! `RAMLOG_CONFIG`), environment variables (`RAMLOG_*`), command-line flags. The CLI layer
+//! ([`crate::cli`]) turns flags and environment variables into a [`ConfigOverrides`]; this module
+//! knows nothing of clap. Every limit has a named field with its unit in the name.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+/// Errors in a configuration file or value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("invalid value for {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+/// How writes reach disk on a single server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PersistenceMode {
+    /// Memory only: nothing is written to disk, a restart starts empty.
+    #[default]
+    Off,
+    /// Writes are acknowledged at once and flushed to disk in the background every
+    /// `flush_interval_ms` (Redis's `appendfsync everysec`, at a finer grain).
+    Async,
+    /// A write is acknowledged only after it is on disk (fdatasync).
+    Durable,
+}
+
+impl std::str::FromStr for PersistenceMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" | "none" => Ok(PersistenceMode::Off),
+            "async" | "everysec" => Ok(PersistenceMode::Async),
+            "durable" | "always" => Ok(PersistenceMode::Durable),
+            other => Err(format!("unknown persistence mode {other:?} (use off, async or durable)")),
+        }
+    }
+}
+
+impl std::fmt::Display for PersistenceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PersistenceMode::Off => "off",
+            PersistenceMode::Async => "async",
+            PersistenceMode::Durable => "durable",
+        })
+    }
+}
+
+/// Everything one server process needs to start.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address every listener binds to. Loopback unless configured otherwise.
+    pub bind: IpAddr,
+    /// RESP (Redis protocol) port.
+    pub resp_port: u16,
+    /// Native binary protocol port; 0 turns the listener off.
+    pub native_port: u16,
+    /// Admin HTTP port (`/metrics`, `/status`); 0 turns it off.
+    pub admin_port: u16,
+    /// Where persistent data lives.
+    pub data_dir: PathBuf,
+    /// The engine's fixed memory budget (`1GiB`, `512MiB`, or a number of bytes).
+    #[serde(alias = "memory", deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub memory_bytes: u64,
+    /// Optional password; when set, clients must AUTH (or HELLO ... AUTH) first.
+    pub password: Option<String>,
+    /// Simultaneous client connections (RESP and native together); more are refused with an error.
+    pub connections_max: usize,
+    /// Largest single argument (bulk string) in a request.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub request_arg_size_max_bytes: u64,
+    /// Largest whole request.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub request_size_max_bytes: u64,
+    /// Most arguments in one request.
+    pub request_args_max: usize,
+    /// Largest key.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub key_size_max_bytes: u64,
+    /// Largest value.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub value_size_max_bytes: u64,
+    /// Most pipelined commands answered in one batch; the rest wait (backpressure, no error).
+    pub pipeline_depth_max: usize,
+    /// Replies buffered for one connection before they are written out.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub reply_buffer_max_bytes: u64,
+    /// Close connections idle for this long; 0 = never.
+    pub idle_timeout_secs: u64,
+    /// Close a connection whose replies cannot be written for this long (a client that stopped reading).
+    pub write_timeout_secs: u64,
+    /// Tokio worker threads serving connections.
+    pub worker_threads: usize,
+    /// Tablets of the single-server table 0 (the 16384 slots split evenly), so writers spread.
+    pub tablets: u16,
+    /// Persistence mode for a single server.
+    pub persistence: PersistenceMode,
+    /// Background flush period in `async` persistence.
+    pub flush_interval_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: IpAddr::from([127, 0, 0, 1]),
+            resp_port: 6380,
+            native_port: 7380,
+            admin_port: 8380,
+            data_dir: PathBuf::from("./ramlog-data"),
+            memory_bytes: 1 << 30,
+            password: None,
+            connections_max: 10_000,
+            request_arg_size_max_bytes: 16 << 20,
+            request_size_max_bytes: 64 << 20,
+            request_args_max: 1024 * 1024,
+            key_size_max_bytes: ramlog_common::KEY_SIZE_MAX_BYTES_DEFAULT as u64,
+            value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT as u64,
+            pipeline_depth_max: 1024,
+            reply_buffer_max_bytes: 1 << 20,
+            idle_timeout_secs: 0,
+            write_timeout_secs: 30,
+            worker_threads: 2,
+            tablets: 16,
+            persistence: PersistenceMode::Off,
+            flush_interval_ms: 100,
+        }
+    }
+}
+
+/// Values given on the command line or in the environment; `None` keeps the file's or default value.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigOverrides {
+    pub bind: Option<IpAddr>,
+    pub resp_port: Option<u16>,
+    pub native_port: Option<u16>,
+    pub admin_port: Option<u16>,
+    pub data_dir: Option<PathBuf>,
+    pub memory_bytes: Option<u64>,
+    pub password: Option<String>,
+    pub connections_max: Option<usize>,
+    pub idle_timeout_secs: Option<u64>,
+    pub worker_threads: Option<usize>,
+    pub persistence: Option<PersistenceMode>,
+}
+
+impl ServerConfig {
+    /// Defaults, then the file (if any), then the overrides; checked before it is returned.
+    pub fn load(file: Option<&Path>, overrides: &ConfigOverrides) -> Result<ServerConfig, ConfigError> {
+        let mut config = match file {
+            Some(path) => Self::from_file(path)?,
+            None => ServerConfig::default(),
+        };
+        config.apply(overrides);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })
+    }
+
+    pub fn from_toml(text: &str) -> Result<ServerConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    pub fn apply(&mut self, o: &ConfigOverrides) {
+        macro_rules! set {
+            ($field:ident) => {
+                if let Some(v) = &o.$field {
+                    self.$field = v.clone();
+                }
+            };
+        }
+        set!(bind);
+        set!(resp_port);
+        set!(native_port);
+        set!(admin_port);
+        set!(data_dir);
+        set!(memory_bytes);
+        set!(connections_max);
+        set!(idle_timeout_secs);
+        set!(worker_threads);
+        set!(persistence);
+        if let Some(p) = &o.password {
+            self.password = if p.is_empty() { None } else { Some(p.clone()) };
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| Err(ConfigError::Invalid { field, reason: reason.to_string() });
+        if self.memory_bytes < 16 << 20 {
+            return invalid("memory", "must be at least 16MiB");
+        }
+        if self.connections_max == 0 {
+            return invalid("connections_max", "must be at least 1");
+        }
+        if self.worker_threads == 0 || self.worker_threads > 256 {
+            return invalid("worker_threads", "must be 1..=256");
+        }
+        if self.tablets == 0 || self.tablets > 1024 {
+            return invalid("tablets", "must be 1..=1024");
+        }
+        if self.pipeline_depth_max == 0 {
+            return invalid("pipeline_depth_max", "must be at least 1");
+        }
+        if self.key_size_max_bytes == 0 || self.value_size_max_bytes == 0 {
+            return invalid("key_size_max_bytes", "key and value limits must be positive");
+        }
+        if self.request_arg_size_max_bytes < self.value_size_max_bytes.max(self.key_size_max_bytes) {
+            return invalid("request_arg_size_max_bytes", "must be at least the key and value limits");
+        }
+        if self.request_size_max_bytes < self.request_arg_size_max_bytes {
+            return invalid("request_size_max_bytes", "must be at least request_arg_size_max_bytes");
+        }
+        if self.request_args_max < 3 {
+            return invalid("request_args_max", "must be at least 3");
+        }
+        if self.resp_port != 0 && (self.resp_port == self.native_port || self.resp_port == self.admin_port) {
+            return invalid("resp_port", "ports must differ");
+        }
+        if self.native_port != 0 && self.native_port == self.admin_port {
+            return invalid("native_port", "ports must differ");
+        }
+        if self.persistence != PersistenceMode::Off && self.flush_interval_ms == 0 {
+            return invalid("flush_interval_ms", "must be positive");
+        }
+        Ok(())
+    }
+}
+
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Number(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Number(n) => Ok(n),
+        Size::Text(s) => ramlog_common::parse_size_bytes(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn ser_size<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(*v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_safe_and_valid() {
+        let c = ServerConfig::default();
+        assert!(c.bind.is_loopback());
+        assert_eq!(c.password, None);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn file_then_overrides() {
+        let c = ServerConfig::from_toml(
+            "resp_port = 7000\nmemory = \"2GiB\"\npassword = \"pw\"\npersistence = \"durable\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.resp_port, 7000);
+        assert_eq!(c.memory_bytes, 2 << 30);
+        assert_eq!(c.persistence, PersistenceMode::Durable);
+        assert_eq!(c.admin_port, 8380, "unset keys keep defaults");
+        let mut c2 = c.clone();
+        c2.apply(&ConfigOverrides { resp_port: Some(7001), password: Some(String::new()), ..Default::default() });
+        assert_eq!(c2.resp_port, 7001);
+        assert_eq!(c2.password, None, "an empty password override turns AUTH off");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        assert!(ServerConfig::from_toml("resp_prot = 1\n").is_err());
+        assert!(ServerConfig::from_toml("memory_bytes = \"lots\"\n").is_err());
+        let mut c = ServerConfig { memory_bytes: 1024, ..Default::default() };
+        assert!(c.validate().is_err());
+        c.memory_bytes = 1 << 30;
+        c.admin_port = c.resp_port;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn persistence_mode_names() {
+        assert_eq!("everysec".parse::<PersistenceMode>(), Ok(PersistenceMode::Async));
+        assert_eq!("DURABLE".parse::<PersistenceMode>(), Ok(PersistenceMode::Durable));
+        assert!("sometimes".parse::<PersistenceMode>().is_err());
+    }
+}

@@ -1,0 +1,416 @@
+//! The server's one metrics registry: operation counts, latency histograms, connections, bytes.
+//!
+//! Every figure is an atomic counter bumped on the request path (relaxed ordering, no locks).
+//! [`Snapshot`] reads them all once, together with the engine's statistics, and renders the same
+//! figures three ways: Prometheus text (`/metrics`), JSON (`/status`) and Redis `INFO`.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Operation families with their own count and latency histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Op {
+    Get = 0,
+    Set,
+    Mget,
+    Mset,
+    Del,
+    Exists,
+    Incr,
+    Strlen,
+    Scan,
+    Expire,
+    Ttl,
+    Native,
+    Other,
+}
+
+impl Op {
+    pub const ALL: [Op; 13] = [
+        Op::Get,
+        Op::Set,
+        Op::Mget,
+        Op::Mset,
+        Op::Del,
+        Op::Exists,
+        Op::Incr,
+        Op::Strlen,
+        Op::Scan,
+        Op::Expire,
+        Op::Ttl,
+        Op::Native,
+        Op::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Get => "get",
+            Op::Set => "set",
+            Op::Mget => "mget",
+            Op::Mset => "mset",
+            Op::Del => "del",
+            Op::Exists => "exists",
+            Op::Incr => "incr",
+            Op::Strlen => "strlen",
+            Op::Scan => "scan",
+            Op::Expire => "expire",
+            Op::Ttl => "ttl",
+            Op::Native => "native",
+            Op::Other => "other",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets in microseconds (powers of two up to about 1 s), then +Inf.
+pub const LATENCY_BUCKETS_US: [u64; 21] = [
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288,
+    1048576,
+];
+
+/// A fixed-bucket latency histogram updated with relaxed atomics.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    pub fn record(&self, elapsed: Duration) {
+        let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
+        let us = ns / 1000;
+        let index = LATENCY_BUCKETS_US.iter().position(|&bound| us < bound).unwrap_or(LATENCY_BUCKETS_US.len());
+        self.buckets[index].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+            count: self.count.load(Ordering::Relaxed),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HistogramSnapshot {
+    /// Counts per bucket (not cumulative); the last one is +Inf.
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
+impl HistogramSnapshot {
+    /// Upper bound (µs) of the bucket holding quantile `q`; an estimate good to a factor of two.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = (q * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, &c) in self.buckets.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return LATENCY_BUCKETS_US.get(i).copied().unwrap_or(u64::MAX);
+            }
+        }
+        u64::MAX
+    }
+}
+
+/// All counters of one server process.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    ops: [AtomicU64; Op::ALL.len()],
+    latency: [Histogram; Op::ALL.len()],
+    pub errors: AtomicU64,
+    pub connections_current: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub connections_rejected: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub keyspace_hits: AtomicU64,
+    pub keyspace_misses: AtomicU64,
+}
+
+impl Metrics {
+    pub fn record(&self, op: Op, elapsed: Duration) {
+        self.ops[op as usize].fetch_add(1, Ordering::Relaxed);
+        self.latency[op as usize].record(elapsed);
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Process-level figures that are not counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessInfo {
+    pub version: &'static str,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub resp_port: u16,
+    pub native_port: u16,
+    pub admin_port: u16,
+    pub connections_max: usize,
+    pub rss_bytes: u64,
+    pub persistence: String,
+}
+
+/// The engine's figures, as reported to operators.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct EngineFigures {
+    pub objects: u64,
+    pub memory_bytes_total: u64,
+    pub memory_bytes_live: u64,
+    pub memory_utilisation: f64,
+    pub cleaner_bytes_copied: u64,
+    pub cleaner_bytes_freed: u64,
+    pub write_cost: f64,
+    pub tablets: u64,
+}
+
+/// All figures at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    pub process: ProcessInfo,
+    pub engine: EngineFigures,
+    pub ops: Vec<(String, u64, HistogramSnapshot)>,
+    pub commands_total: u64,
+    pub errors: u64,
+    pub connections_current: u64,
+    pub connections_total: u64,
+    pub connections_rejected: u64,
+    pub protocol_errors: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub keyspace_hits: u64,
+    pub keyspace_misses: u64,
+}
+
+impl Snapshot {
+    pub fn take(metrics: &Metrics, process: ProcessInfo, engine: EngineFigures) -> Snapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let ops: Vec<_> = Op::ALL
+            .iter()
+            .map(|&op| (op.name().to_string(), load(&metrics.ops[op as usize]), metrics.latency[op as usize].read()))
+            .collect();
+        Snapshot {
+            process,
+            engine,
+            commands_total: ops.iter().map(|o| o.1).sum(),
+            ops,
+            errors: load(&metrics.errors),
+            connections_current: load(&metrics.connections_current),
+            connections_total: load(&metrics.connections_total),
+            connections_rejected: load(&metrics.connections_rejected),
+            protocol_errors: load(&metrics.protocol_errors),
+            bytes_in: load(&metrics.bytes_in),
+            bytes_out: load(&metrics.bytes_out),
+            keyspace_hits: load(&metrics.keyspace_hits),
+            keyspace_misses: load(&metrics.keyspace_misses),
+        }
+    }
+
+    /// Prometheus text exposition format (version 0.0.4).
+    pub fn prometheus(&self) -> String {
+        let mut s = String::with_capacity(8192);
+        let mut gauge = |name: &str, help: &str, kind: &str, value: String| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+        };
+        gauge("ramlog_uptime_seconds", "Seconds since the process started.", "gauge", self.process.uptime_secs.to_string());
+        gauge("ramlog_objects", "Objects stored in memory.", "gauge", self.engine.objects.to_string());
+        gauge("ramlog_memory_bytes_total", "The engine's fixed memory budget.", "gauge", self.engine.memory_bytes_total.to_string());
+        gauge("ramlog_memory_bytes_live", "Bytes of live objects in the log.", "gauge", self.engine.memory_bytes_live.to_string());
+        gauge("ramlog_memory_utilisation", "Live bytes over the memory budget.", "gauge", format!("{}", self.engine.memory_utilisation));
+        gauge("ramlog_process_rss_bytes", "Resident set size of the process.", "gauge", self.process.rss_bytes.to_string());
+        gauge("ramlog_cleaner_bytes_copied_total", "Bytes the cleaner copied.", "counter", self.engine.cleaner_bytes_copied.to_string());
+        gauge("ramlog_cleaner_bytes_freed_total", "Bytes the cleaner freed.", "counter", self.engine.cleaner_bytes_freed.to_string());
+        gauge("ramlog_cleaner_write_cost", "Bytes written per byte of new data (1 = no cleaning cost).", "gauge", format!("{}", self.engine.write_cost));
+        gauge("ramlog_tablets", "Tablets held by this server.", "gauge", self.engine.tablets.to_string());
+        gauge("ramlog_connections", "Open client connections.", "gauge", self.connections_current.to_string());
+        gauge("ramlog_connections_total", "Client connections accepted.", "counter", self.connections_total.to_string());
+        gauge("ramlog_connections_rejected_total", "Connections refused at the connection limit.", "counter", self.connections_rejected.to_string());
+        gauge("ramlog_protocol_errors_total", "Connections closed for a protocol error.", "counter", self.protocol_errors.to_string());
+        gauge("ramlog_errors_total", "Commands answered with an error.", "counter", self.errors.to_string());
+        gauge("ramlog_net_input_bytes_total", "Bytes read from clients.", "counter", self.bytes_in.to_string());
+        gauge("ramlog_net_output_bytes_total", "Bytes written to clients.", "counter", self.bytes_out.to_string());
+        gauge("ramlog_keyspace_hits_total", "Reads that found their key.", "counter", self.keyspace_hits.to_string());
+        gauge("ramlog_keyspace_misses_total", "Reads that did not find their key.", "counter", self.keyspace_misses.to_string());
+        let _ = writeln!(s, "# HELP ramlog_commands_total Commands executed, by operation.\n# TYPE ramlog_commands_total counter");
+        for (name, count, _) in &self.ops {
+            let _ = writeln!(s, "ramlog_commands_total{{op=\"{name}\"}} {count}");
+        }
+        let _ = writeln!(
+            s,
+            "# HELP ramlog_command_duration_seconds Command execution time on the server, by operation.\n# TYPE ramlog_command_duration_seconds histogram"
+        );
+        for (name, _, h) in &self.ops {
+            let mut cumulative = 0;
+            for (i, c) in h.buckets.iter().enumerate() {
+                cumulative += c;
+                let le = match LATENCY_BUCKETS_US.get(i) {
+                    Some(us) => format!("{}", *us as f64 / 1e6),
+                    None => "+Inf".to_string(),
+                };
+                let _ = writeln!(s, "ramlog_command_duration_seconds_bucket{{op=\"{name}\",le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(s, "ramlog_command_duration_seconds_sum{{op=\"{name}\"}} {}", h.sum_ns as f64 / 1e9);
+            let _ = writeln!(s, "ramlog_command_duration_seconds_count{{op=\"{name}\"}} {}", h.count);
+        }
+        s
+    }
+
+    /// Redis INFO text for the given section (`None`, `default`, `all` and `everything` give all).
+    pub fn info(&self, section: Option<&str>) -> String {
+        let section = section.map(|s| s.to_ascii_lowercase());
+        let wants = |name: &str| match section.as_deref() {
+            None | Some("default") | Some("all") | Some("everything") => true,
+            Some(s) => s == name,
+        };
+        let mut s = String::with_capacity(4096);
+        if wants("server") {
+            let _ = write!(
+                s,
+                "# Server\r\nredis_version:7.2.0\r\nramlog_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nnative_port:{}\r\nadmin_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n",
+                self.process.version,
+                std::env::consts::OS,
+                self.process.pid,
+                self.process.resp_port,
+                self.process.native_port,
+                self.process.admin_port,
+                self.process.uptime_secs,
+                self.process.uptime_secs / 86400
+            );
+        }
+        if wants("clients") {
+            let _ = write!(
+                s,
+                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
+                self.connections_current, self.process.connections_max
+            );
+        }
+        if wants("memory") {
+            let _ = write!(
+                s,
+                "# Memory\r\nused_memory:{}\r\nused_memory_rss:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\nramlog_memory_utilisation:{:.6}\r\nramlog_cleaner_bytes_copied:{}\r\nramlog_cleaner_bytes_freed:{}\r\nramlog_cleaner_write_cost:{:.6}\r\n\r\n",
+                self.engine.memory_bytes_live,
+                self.process.rss_bytes,
+                self.engine.memory_bytes_total,
+                self.engine.memory_utilisation,
+                self.engine.cleaner_bytes_copied,
+                self.engine.cleaner_bytes_freed,
+                self.engine.write_cost
+            );
+        }
+        if wants("persistence") {
+            let _ = write!(s, "# Persistence\r\nloading:0\r\nramlog_persistence:{}\r\n\r\n", self.process.persistence);
+        }
+        if wants("stats") {
+            let _ = write!(
+                s,
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\nramlog_protocol_errors:{}\r\n\r\n",
+                self.connections_total,
+                self.commands_total,
+                self.connections_rejected,
+                self.bytes_in,
+                self.bytes_out,
+                self.keyspace_hits,
+                self.keyspace_misses,
+                self.errors,
+                self.protocol_errors
+            );
+        }
+        if wants("commandstats") || section.as_deref() == Some("all") {
+            let _ = write!(s, "# Commandstats\r\n");
+            for (name, count, h) in &self.ops {
+                if *count == 0 {
+                    continue;
+                }
+                let usec = h.sum_ns / 1000;
+                let _ = write!(
+                    s,
+                    "cmdstat_{name}:calls={count},usec={usec},usec_per_call={:.2},p50_usec_le={},p99_usec_le={}\r\n",
+                    usec as f64 / *count as f64,
+                    h.quantile_us(0.5),
+                    h.quantile_us(0.99)
+                );
+            }
+            s.push_str("\r\n");
+        }
+        if wants("keyspace") {
+            let _ = write!(s, "# Keyspace\r\n");
+            if self.engine.objects > 0 {
+                let _ = write!(s, "db0:keys={},expires=0,avg_ttl=0\r\n", self.engine.objects);
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(metrics: &Metrics) -> Snapshot {
+        let process = ProcessInfo {
+            version: "0.1.0",
+            pid: 1,
+            uptime_secs: 5,
+            resp_port: 6380,
+            native_port: 7380,
+            admin_port: 8380,
+            connections_max: 10,
+            rss_bytes: 1 << 20,
+            persistence: "off".into(),
+        };
+        let engine = EngineFigures { objects: 3, memory_bytes_total: 1 << 30, ..Default::default() };
+        Snapshot::take(metrics, process, engine)
+    }
+
+    #[test]
+    fn histogram_buckets_and_quantiles() {
+        let h = Histogram::default();
+        for _ in 0..99 {
+            h.record(Duration::from_nanos(1500)); // bucket < 2 µs
+        }
+        h.record(Duration::from_millis(3)); // bucket < 4096 µs
+        let s = h.read();
+        assert_eq!(s.count, 100);
+        assert_eq!(s.quantile_us(0.5), 2);
+        assert_eq!(s.quantile_us(0.99), 2);
+        assert_eq!(s.quantile_us(1.0), 4096);
+    }
+
+    #[test]
+    fn prometheus_and_info_carry_the_same_figures() {
+        let m = Metrics::default();
+        m.record(Op::Get, Duration::from_micros(3));
+        m.record(Op::Get, Duration::from_micros(5));
+        m.record(Op::Set, Duration::from_micros(7));
+        Metrics::add(&m.connections_total, 4);
+        let s = snapshot(&m);
+        let prom = s.prometheus();
+        assert!(prom.contains("ramlog_commands_total{op=\"get\"} 2\n"), "{prom}");
+        assert!(prom.contains("ramlog_command_duration_seconds_count{op=\"set\"} 1\n"));
+        assert!(prom.contains("ramlog_command_duration_seconds_bucket{op=\"get\",le=\"+Inf\"} 2\n"));
+        assert!(prom.contains("ramlog_connections_total 4\n"));
+        assert!(prom.contains("ramlog_objects 3\n"));
+        let info = s.info(None);
+        assert!(info.contains("total_commands_processed:3\r\n"), "{info}");
+        assert!(info.contains("total_connections_received:4\r\n"));
+        assert!(info.contains("cmdstat_get:calls=2,"));
+        assert!(info.contains("db0:keys=3,"));
+        let only = s.info(Some("keyspace"));
+        assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"commands_total\":3"));
+    }
+}

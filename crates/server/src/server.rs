@@ -1,0 +1,252 @@
+//! One server process: the engine, its keyspace, and the listeners (RESP, admin HTTP).
+//!
+//! [`Server::start`] binds every listener first (so that a port in use is reported before anything
+//! runs), then spawns one accept loop per listener on the current tokio runtime. Connections are
+//! tasks of their own; the connection limit is one atomic counter shared by all listeners.
+//! [`Server::shutdown`] stops accepting, ends every connection and stops the engine.
+
+use crate::config::{PersistenceMode, ServerConfig};
+use crate::keyspace::Keyspace;
+use crate::metrics::{EngineFigures, Metrics, ProcessInfo, Snapshot};
+use crate::{admin, resp_conn};
+use ramlog_logmem::{Engine, EngineConfig, EngineError};
+use ramlog_proto::resp::RequestLimits;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("persistence mode {0} is not available in this build (use persistence = \"off\")")]
+    PersistenceUnavailable(PersistenceMode),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The addresses a running server listens on.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub resp: SocketAddr,
+    pub native: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+/// State every connection of one server shares. Nothing in it is locked on the request path.
+pub struct Shared {
+    pub config: ServerConfig,
+    pub keyspace: Keyspace,
+    pub metrics: Metrics,
+    pub started: Instant,
+    pub limits: RequestLimits,
+    addresses: Addresses,
+    node_id: String,
+    next_client_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn resp_port(&self) -> u16 {
+        self.addresses.resp.port()
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
+    }
+
+    /// A 40-hex-digit node id, stable for the life of the process (Redis Cluster's form).
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Waits until every write acknowledged so far is on disk (`durable` persistence).
+    pub async fn wait_durable(&self) {}
+
+    /// All figures at this moment, for `/metrics`, `/status` and `INFO`.
+    pub fn snapshot(&self) -> Snapshot {
+        let engine = self.keyspace.engine();
+        let stats = engine.stats();
+        let figures = EngineFigures {
+            objects: engine.object_count(),
+            memory_bytes_total: stats.memory_bytes_total,
+            memory_bytes_live: stats.live_bytes,
+            memory_utilisation: stats.utilisation,
+            cleaner_bytes_copied: stats.cleaner_bytes_copied,
+            cleaner_bytes_freed: stats.cleaner_bytes_freed,
+            write_cost: stats.write_cost,
+            tablets: self.keyspace.tablets().len() as u64,
+        };
+        let process = ProcessInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            resp_port: self.addresses.resp.port(),
+            native_port: self.addresses.native.map(|a| a.port()).unwrap_or(0),
+            admin_port: self.addresses.admin.map(|a| a.port()).unwrap_or(0),
+            connections_max: self.config.connections_max,
+            rss_bytes: rss_bytes(),
+            persistence: self.config.persistence.to_string(),
+        };
+        Snapshot::take(&self.metrics, process, figures)
+    }
+}
+
+/// Resident set size of this process (from /proc/self/statm; 0 where that does not exist).
+pub fn rss_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+/// A running server.
+pub struct Server {
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl Server {
+    /// Binds the listeners, creates the engine and table 0, and starts serving. Must run inside a
+    /// multi-threaded tokio runtime.
+    pub async fn start(config: ServerConfig) -> Result<Server, ServerError> {
+        config.validate()?;
+        if config.persistence != PersistenceMode::Off {
+            return Err(ServerError::PersistenceUnavailable(config.persistence));
+        }
+        let bind = |port: u16, what: &'static str| {
+            let addr = SocketAddr::new(config.bind, port);
+            async move { TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, what, source }) }
+        };
+        let resp_listener = bind(config.resp_port, "RESP").await?;
+        let admin_listener = if config.admin_port != 0 { Some(bind(config.admin_port, "admin HTTP").await?) } else { None };
+        let addresses = Addresses {
+            resp: resp_listener.local_addr()?,
+            native: None,
+            admin: admin_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+        };
+
+        let engine = Engine::new(EngineConfig {
+            memory_bytes: config.memory_bytes,
+            key_size_max_bytes: config.key_size_max_bytes as usize,
+            value_size_max_bytes: config.value_size_max_bytes as usize,
+            ..EngineConfig::default()
+        })?;
+        let keyspace = Keyspace::create(engine, config.tablets)?;
+        let limits = RequestLimits {
+            bulk_len_max: config.request_arg_size_max_bytes as usize,
+            array_len_max: config.request_args_max,
+            inline_len_max: 64 * 1024,
+            request_len_max: config.request_size_max_bytes as usize,
+        };
+        let node_id = {
+            let seed = (std::process::id() as u64) << 32 ^ addresses.resp.port() as u64 ^ now_nanos();
+            let a = ramlog_common::slot::crc16_xmodem(&seed.to_le_bytes());
+            format!("{:016x}{:016x}{:08x}", seed.rotate_left(17).wrapping_mul(0x9E37_79B9_7F4A_7C15), seed, a)
+        };
+        let shared = Arc::new(Shared {
+            config,
+            keyspace,
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            limits,
+            addresses,
+            node_id,
+            next_client_id: AtomicU64::new(1),
+        });
+        let (shutdown, _) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        tasks.spawn(accept_resp(resp_listener, shared.clone(), shutdown.subscribe()));
+        if let Some(listener) = admin_listener {
+            tasks.spawn(admin::serve(listener, shared.clone(), shutdown.subscribe()));
+        }
+        tracing::info!(resp = %addresses.resp, admin = ?addresses.admin, "server started");
+        Ok(Server { shared, shutdown, tasks })
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        self.shared.addresses
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops accepting, closes every connection, and stops the engine's background threads.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        self.shared.keyspace.engine().shutdown();
+        tracing::info!("server stopped");
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Counts a connection for as long as it lives.
+struct ConnectionGuard(Arc<Shared>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.metrics.connections_current.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes a connection slot, or refuses the connection with Redis's error when all are taken.
+fn admit(shared: &Arc<Shared>) -> Option<ConnectionGuard> {
+    let current = shared.metrics.connections_current.fetch_add(1, Ordering::Relaxed);
+    if current >= shared.config.connections_max as u64 {
+        shared.metrics.connections_current.fetch_sub(1, Ordering::Relaxed);
+        Metrics::add(&shared.metrics.connections_rejected, 1);
+        return None;
+    }
+    Metrics::add(&shared.metrics.connections_total, 1);
+    Some(ConnectionGuard(shared.clone()))
+}
+
+async fn refuse(mut stream: TcpStream, message: &'static [u8]) {
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(message)).await;
+}
+
+async fn accept_resp(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(guard) = admit(&shared) else {
+            tokio::spawn(refuse(stream, b"-ERR max number of clients reached\r\n"));
+            continue;
+        };
+        let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let conn_shared = shared.clone();
+        connections.spawn(async move {
+            let _guard = guard;
+            let ending = resp_conn::serve_resp(stream, conn_shared, id).await;
+            tracing::debug!(client = id, ?ending, "connection closed");
+        });
+    }
+    connections.shutdown().await;
+}

@@ -1,0 +1,341 @@
+"""Every supported command against Redis 7's documented replies, through redis-py (RESP2 and RESP3)."""
+
+import time
+
+import pytest
+import redis
+
+
+def test_ping_echo(r):
+    assert r.ping() is True
+    assert r.echo("hello") == "hello"
+
+
+def test_get_set_basic(r):
+    assert r.get("missing") is None
+    assert r.set("k", "v") is True
+    assert r.get("k") == "v"
+    assert r.set("k", b"\x00\xff binary \r\n") is True
+    assert r.strlen("k") == len(b"\x00\xff binary \r\n")
+
+
+def test_set_conditions(r):
+    assert r.set("k", "1", nx=True) is True
+    assert r.set("k", "2", nx=True) is None
+    assert r.get("k") == "1"
+    assert r.set("k", "3", xx=True) is True
+    assert r.set("absent", "x", xx=True) is None
+    assert r.get("absent") is None
+    # GET returns the old value; with NX it does not overwrite (Redis 7).
+    assert r.set("k", "4", get=True) == "3"
+    assert r.set("k", "5", nx=True, get=True) == "4"
+    assert r.get("k") == "4"
+    assert r.set("new", "n", nx=True, get=True) is None
+    assert r.get("new") == "n"
+    assert r.set("absent2", "x", xx=True, get=True) is None
+    assert r.get("absent2") is None
+
+
+def test_set_option_errors(r):
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SET", "k", "v", "NX", "XX")
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SET", "k", "v", "EX", "10", "PX", "100")
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SET", "k", "v", "KEEPTTL", "EX", "10")
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SET", "k", "v", "BOGUS")
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.execute_command("SET", "k", "v", "EX", "ten")
+    with pytest.raises(redis.ResponseError, match="^invalid expire time in 'set' command$"):
+        r.execute_command("SET", "k", "v", "EX", "0")
+    with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'set' command$"):
+        r.execute_command("SET", "k")
+
+
+def test_set_expiry_options(r):
+    assert r.set("ex", "v", ex=100)
+    assert 99 <= r.ttl("ex") <= 100
+    assert r.set("px", "v", px=100000)
+    assert 99000 <= r.pttl("px") <= 100000
+    at = int(time.time()) + 500
+    assert r.set("exat", "v", exat=at)
+    assert 498 <= r.ttl("exat") <= 500
+    assert r.expiretime("exat") == at
+    assert r.set("pxat", "v", pxat=at * 1000)
+    assert r.pexpiretime("pxat") == at * 1000
+    # KEEPTTL keeps the expiry; a plain SET clears it.
+    assert r.set("ex", "v2", keepttl=True)
+    assert r.ttl("ex") > 0
+    assert r.set("ex", "v3")
+    assert r.ttl("ex") == -1
+
+
+def test_keys_expire(r):
+    assert r.set("short", "v", px=100)
+    assert r.get("short") == "v"
+    time.sleep(0.25)
+    assert r.get("short") is None
+    assert r.exists("short") == 0
+    assert r.ttl("short") == -2
+
+
+def test_ttl_expire_persist(r):
+    assert r.ttl("missing") == -2
+    assert r.pttl("missing") == -2
+    r.set("k", "v")
+    assert r.ttl("k") == -1
+    assert r.expire("k", 100) is True
+    assert 99 <= r.ttl("k") <= 100
+    assert r.expire("k", 200, nx=True) is False
+    assert r.expire("k", 200, gt=True) is True
+    assert r.expire("k", 300, lt=True) is False
+    assert r.expire("k", 50, lt=True) is True
+    assert 49 <= r.ttl("k") <= 50
+    assert r.persist("k") is True
+    assert r.persist("k") is False
+    assert r.ttl("k") == -1
+    assert r.expire("missing", 10) is False
+    assert r.pexpire("k", 100000) is True
+    assert r.expireat("k", int(time.time()) + 1000) is True
+    assert r.pexpireat("k", int(time.time() * 1000) + 1000000) is True
+    # An expiry in the past deletes the key.
+    assert r.expire("k", -1) is True
+    assert r.exists("k") == 0
+    with pytest.raises(redis.ResponseError, match="^NX and XX, GT or LT options at the same time are not compatible$"):
+        r.execute_command("EXPIRE", "k", "10", "NX", "XX")
+
+
+def test_setnx_setex_getset_getdel_append(r):
+    assert r.setnx("a", "1") is True
+    assert r.setnx("a", "2") is False
+    assert r.setex("b", 100, "v") is True
+    assert r.ttl("b") > 0
+    assert r.psetex("c", 100000, "v") is True
+    with pytest.raises(redis.ResponseError, match="^invalid expire time in 'setex' command$"):
+        r.setex("b", 0, "v")
+    assert r.getset("a", "3") == "1"
+    assert r.getdel("a") == "3"
+    assert r.getdel("a") is None
+    assert r.append("s", "hello") == 5
+    assert r.append("s", " world") == 11
+    assert r.get("s") == "hello world"
+
+
+def test_mget_mset(r):
+    assert r.mset({"a": "1", "b": "2", "{tag}c": "3"}) is True
+    assert r.mget("a", "b", "missing", "{tag}c") == ["1", "2", None, "3"]
+    with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'mset' command$"):
+        r.execute_command("MSET", "a", "1", "b")
+    with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'mget' command$"):
+        r.execute_command("MGET")
+
+
+def test_del_exists(r):
+    r.mset({"a": "1", "b": "2"})
+    assert r.exists("a", "a", "b", "missing") == 3
+    assert r.delete("a", "b", "missing") == 2
+    assert r.exists("a", "b") == 0
+    assert r.unlink("nothing") == 0
+
+
+def test_incr_family(r):
+    assert r.incr("n") == 1
+    assert r.incrby("n", 10) == 11
+    assert r.decr("n") == 10
+    assert r.decrby("n", 4) == 6
+    assert r.incrby("n", -10) == -4
+    assert r.get("n") == "-4"
+    r.set("s", "abc")
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.incr("s")
+    r.set("sp", " 1")
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.incr("sp")
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.execute_command("INCRBY", "n", "1.5")
+    r.set("max", str(2**63 - 1))
+    with pytest.raises(redis.ResponseError, match="^increment or decrement would overflow$"):
+        r.incr("max")
+    r.set("min", str(-(2**63)))
+    with pytest.raises(redis.ResponseError, match="^increment or decrement would overflow$"):
+        r.decr("min")
+    with pytest.raises(redis.ResponseError, match="^decrement would overflow$"):
+        r.execute_command("DECRBY", "n", str(-(2**63)))
+    # INCR keeps the key's expiry.
+    r.set("e", "1", ex=100)
+    r.incr("e")
+    assert r.ttl("e") > 0
+
+
+def test_strlen_type(r):
+    r.set("k", "hello")
+    assert r.strlen("k") == 5
+    assert r.strlen("missing") == 0
+    assert r.type("k") == "string"
+    assert r.type("missing") == "none"
+
+
+def test_scan_returns_every_key(r):
+    keys = {f"user:{i}" for i in range(500)} | {f"other:{i}" for i in range(100)}
+    r.mset({k: "v" for k in keys})
+    seen = set()
+    cursor = 0
+    rounds = 0
+    while True:
+        cursor, batch = r.scan(cursor=cursor, count=37)
+        seen.update(batch)
+        rounds += 1
+        if cursor == 0:
+            break
+        assert rounds < 10_000
+    assert seen == keys
+    matched = set(r.scan_iter(match="user:1*", count=50))
+    assert matched == {k for k in keys if k.startswith("user:1")}
+    assert set(r.scan_iter(match="user:*", _type="STRING")) == {k for k in keys if k.startswith("user:")}
+    assert list(r.scan_iter(_type="hash")) == []
+    assert r.dbsize() == 600
+    assert set(r.keys("other:*")) == {k for k in keys if k.startswith("other:")}
+
+
+def test_scan_guarantee_under_concurrent_writes(server):
+    """Keys present for the whole iteration are returned at least once while others come and go."""
+    a = server.client(decode_responses=True)
+    b = server.client(decode_responses=True)
+    stable = {f"stable:{i}" for i in range(2000)}
+    a.mset({k: "v" for k in stable})
+    seen = set()
+    cursor = 0
+    i = 0
+    while True:
+        cursor, batch = a.scan(cursor=cursor, count=50)
+        seen.update(batch)
+        # Churn: create and delete other keys between steps.
+        b.mset({f"churn:{i}:{j}": "x" for j in range(20)})
+        b.delete(*[f"churn:{i - 1}:{j}" for j in range(20)])
+        i += 1
+        if cursor == 0:
+            break
+    assert stable <= seen
+
+
+def test_scan_errors(r):
+    with pytest.raises(redis.ResponseError, match="^invalid cursor$"):
+        r.execute_command("SCAN", "abc")
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SCAN", "0", "COUNT", "0")
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.execute_command("SCAN", "0", "COUNT", "x")
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("SCAN", "0", "MATCH")
+
+
+def test_unknown_command_and_arity(r):
+    with pytest.raises(redis.ResponseError) as e:
+        r.execute_command("FOO", "a", "b")
+    assert str(e.value) == "unknown command 'FOO', with args beginning with: 'a' 'b' "
+    with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'get' command$"):
+        r.execute_command("GET")
+    # The connection goes on.
+    assert r.ping() is True
+
+
+def test_select_flush(r):
+    assert r.select(0) is True
+    with pytest.raises(redis.ResponseError, match="^DB index is out of range$"):
+        r.select(5)
+    r.mset({"a": "1", "b": "2"})
+    assert r.flushdb() is True
+    assert r.dbsize() == 0
+    r.set("c", "3")
+    assert r.flushall() is True
+    assert r.get("c") is None
+
+
+def test_hello_and_client(server):
+    c = server.client(protocol=3)
+    assert c.ping()
+    hello = c.execute_command("HELLO", "3")
+    hello = {k.decode() if isinstance(k, bytes) else k: v for k, v in hello.items()}
+    assert hello["proto"] == 3
+    assert hello["server"] in (b"redis", "redis")
+    assert hello["mode"] in (b"standalone", "standalone")
+    c2 = server.client(protocol=2)
+    flat = c2.execute_command("HELLO", "2")
+    assert b"proto" in flat
+    with pytest.raises(redis.ResponseError, match="^NOPROTO unsupported protocol version$"):
+        c2.execute_command("HELLO", "4")
+    assert c2.client_setname("worker-1") is True
+    assert c2.client_getname() in (b"worker-1", "worker-1")
+    assert isinstance(c2.client_id(), int)
+    with pytest.raises(redis.ResponseError, match="^Client names cannot contain spaces, newlines or special characters.$"):
+        c2.client_setname("has space")
+    with pytest.raises(redis.ResponseError, match="^unknown subcommand 'BOGUS'. Try CLIENT HELP.$"):
+        c2.execute_command("CLIENT", "BOGUS")
+
+
+def test_info_config_command_cluster(r):
+    r.set("k", "v")
+    info = r.info()
+    assert info["redis_version"].startswith("7")
+    assert info["db0"]["keys"] >= 1
+    assert "used_memory" in info and "connected_clients" in info
+    assert r.info("keyspace")["db0"]["keys"] >= 1
+    assert r.config_get("save") == {"save": ""}
+    assert r.config_get("appendonly") == {"appendonly": "no"}
+    assert "maxmemory" in r.config_get("max*")
+    with pytest.raises(redis.ResponseError, match="^unknown subcommand 'BOGUS'. Try CONFIG HELP.$"):
+        r.execute_command("CONFIG", "BOGUS")
+    assert r.command_count() > 20
+    info = r.execute_command("COMMAND", "INFO", "get")
+    assert info
+    assert r.execute_command("CLUSTER", "KEYSLOT", "foo") == 12182
+    assert r.execute_command("CLUSTER", "KEYSLOT", "{user1000}.following") == r.execute_command(
+        "CLUSTER", "KEYSLOT", "{user1000}.followers"
+    )
+    slots = r.execute_command("CLUSTER", "SLOTS")
+    assert slots[0][0] == 0 and slots[0][1] == 16383
+
+
+def test_pipeline_and_transactionless_batch(r):
+    p = r.pipeline(transaction=False)
+    for i in range(1000):
+        p.set(f"p{i}", i)
+    for i in range(1000):
+        p.get(f"p{i}")
+    out = p.execute()
+    assert out[:1000] == [True] * 1000
+    assert out[1000:] == [str(i) for i in range(1000)]
+
+
+def test_large_value_and_limits(r):
+    value = "x" * (1024 * 1024)
+    assert r.set("big", value) is True
+    assert r.strlen("big") == len(value)
+    with pytest.raises(redis.ResponseError, match="^value too large"):
+        r.set("big", value + "y")
+    with pytest.raises(redis.ResponseError, match="^key too large"):
+        r.set("k" * (64 * 1024 + 1), "v")
+    assert r.ping() is True
+
+
+def test_redis_cli(server):
+    assert server.cli("PING") == "PONG"
+    assert server.cli("SET", "k", "v") == "OK"
+    assert server.cli("GET", "k") == "v"
+    assert server.cli("GET", "missing") == ""
+    assert server.cli("INCR", "k") == "ERR value is not an integer or out of range"
+    assert server.cli("FOO", "a") == "ERR unknown command 'FOO', with args beginning with: 'a' "
+    assert server.cli("MSET", "a", "1", "b", "2") == "OK"
+    assert server.cli("MGET", "a", "b", "c") == "1\n2"
+    assert server.cli("DBSIZE") == "3"
+    assert sorted(server.cli("--scan").split("\n")) == ["a", "b", "k"]
+    assert sorted(server.cli("--scan", "--pattern", "[ab]").split("\n")) == ["a", "b"]
+    assert server.cli("-3", "--no-raw", "HELLO", "3").startswith('1# "server" => "redis"')
+    # A batch through stdin, as redis-cli scripts do.
+    assert server.cli(stdin="SET x 1\nINCRBY x 41\nGET x\n") == "OK\n42\n42"
+    # Pipe mode with raw protocol.
+    proto = "".join(f"*3\r\n$3\r\nSET\r\n${len(f'pk{i}')}\r\npk{i}\r\n$1\r\nv\r\n" for i in range(1000))
+    out = server.cli("--pipe", stdin=proto)
+    assert "errors: 0, replies: 1000" in out
+    assert server.cli("EXISTS", "pk0", "pk999") == "2"

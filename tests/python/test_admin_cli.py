@@ -1,0 +1,151 @@
+"""Admin HTTP, INFO, and the `ramlog up` / `ramlog server` command lines (config file, env, flags)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import free_port, ramlog_bin
+
+
+def http_get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return resp.status, resp.headers.get("Content-Type"), resp.read().decode()
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise KeyError(name)
+
+
+def test_metrics_status_and_info_agree(server):
+    c = server.client()
+    for i in range(100):
+        c.set(f"k{i}", "v")
+    for i in range(50):
+        c.get(f"k{i}")
+    c.get("missing")
+    status, ctype, text = http_get(server.admin_port, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    assert metric(text, 'ramlog_commands_total{op="set"}') == 100
+    assert metric(text, 'ramlog_commands_total{op="get"}') == 51
+    assert metric(text, 'ramlog_command_duration_seconds_count{op="set"}') == 100
+    assert metric(text, 'ramlog_command_duration_seconds_bucket{op="get",le="+Inf"}') == 51
+    assert metric(text, "ramlog_objects") == 100
+    assert metric(text, "ramlog_keyspace_hits_total") == 50
+    assert metric(text, "ramlog_keyspace_misses_total") == 1
+    assert metric(text, "ramlog_connections") >= 1
+    assert metric(text, "ramlog_memory_bytes_total") == 256 * 1024 * 1024
+    for name in ["ramlog_memory_utilisation", "ramlog_cleaner_bytes_copied_total", "ramlog_cleaner_bytes_freed_total"]:
+        metric(text, name)
+    info = c.info("all")
+    assert info["db0"]["keys"] == 100
+    assert info["keyspace_hits"] == 50 and info["keyspace_misses"] == 1
+    assert info["cmdstat_set"]["calls"] == 100
+    assert info["maxmemory"] == 256 * 1024 * 1024
+    status, ctype, body = http_get(server.admin_port, "/status")
+    assert ctype == "application/json"
+    doc = json.loads(body)
+    assert doc["status"] == "ok"
+    assert doc["metrics"]["engine"]["objects"] == 100
+    assert doc["metrics"]["keyspace_hits"] == 50
+    with pytest.raises(urllib.error.HTTPError) as e:
+        http_get(server.admin_port, "/nope")
+    assert e.value.code == 404
+
+
+def start(args, env=None, cwd=None):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.Popen(
+        [ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd
+    )
+
+
+def test_up_prints_how_to_connect_and_stops_on_ctrl_c(tmp_path):
+    port, admin, native = free_port(), free_port(), free_port()
+    proc = start(
+        ["up", "--resp-port", str(port), "--admin-port", str(admin), "--native-port", str(native), "--memory", "64MiB"],
+        cwd=tmp_path,
+    )
+    lines = []
+    try:
+        while len(lines) < 10:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C" in line:
+                break
+        text = "".join(lines)
+        assert f"redis-cli -p {port}" in text, text
+        assert f"http://127.0.0.1:{admin}/status" in text, text
+        assert (tmp_path / "ramlog-data").is_dir(), "the default data directory is ./ramlog-data"
+        out = subprocess.run(["redis-cli", "-p", str(port), "SET", "a", "1"], capture_output=True, text=True)
+        assert out.stdout.strip() == "OK"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        assert "stopped" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def wait_ready(proc):
+    line = proc.stdout.readline()
+    assert "ready" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return line
+
+
+def test_config_precedence_file_env_flag(tmp_path):
+    file_port, env_port, flag_port = free_port(), free_port(), free_port()
+    config = tmp_path / "ramlog.toml"
+    config.write_text(
+        f'resp_port = {file_port}\nadmin_port = 0\nnative_port = 0\nmemory = "64MiB"\npassword = "frompass"\n'
+    )
+    for extra_env, extra_args, expected in [
+        ({}, [], file_port),
+        ({"RAMLOG_RESP_PORT": str(env_port)}, [], env_port),
+        ({"RAMLOG_RESP_PORT": str(env_port)}, ["--resp-port", str(flag_port)], flag_port),
+    ]:
+        proc = start(["server", "--config", str(config), *extra_args], env=extra_env)
+        try:
+            line = wait_ready(proc)
+            assert f"resp=127.0.0.1:{expected}" in line
+            out = subprocess.run(
+                ["redis-cli", "-p", str(expected), "-a", "frompass", "--no-auth-warning", "PING"],
+                capture_output=True, text=True,
+            )
+            assert out.stdout.strip() == "PONG"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        assert proc.returncode == 0
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("resp_prot = 1\n")
+    out = subprocess.run([ramlog_bin(), "server", "--config", str(config)], capture_output=True, text=True, timeout=10)
+    assert out.returncode != 0
+    assert "resp_prot" in out.stderr
+    out = subprocess.run([ramlog_bin(), "server", "--memory", "lots"], capture_output=True, text=True, timeout=10)
+    assert out.returncode != 0
+    assert "lots" in out.stderr
+
+
+def test_port_in_use_is_reported(server):
+    out = subprocess.run(
+        [ramlog_bin(), "server", "--resp-port", str(server.port), "--admin-port", "0", "--native-port", "0"],
+        capture_output=True, text=True, timeout=10,
+    )
+    assert out.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{server.port}" in out.stderr

@@ -1,0 +1,90 @@
+//! The client's typed errors: one variant per thing a caller may want to act on.
+
+use ramlog_common::Version;
+use ramlog_proto::native::{ErrorReply, Status};
+use std::time::Duration;
+
+/// Everything a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("handshake with {addr} failed: {reason}")]
+    Handshake { addr: String, reason: String },
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The connection broke before the reply arrived. The request may or may not have been applied.
+    #[error("connection lost: {0}")]
+    ConnectionLost(String),
+    /// The server sent bytes that do not follow the protocol.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The request would exceed the server's frame limit; it was not sent.
+    #[error("request of {bytes} bytes exceeds the server's frame limit of {max_bytes} bytes")]
+    RequestTooLarge { bytes: usize, max_bytes: usize },
+    /// A PUT/DELETE condition did not hold. `current_version` is None if the key is absent.
+    #[error("condition failed (current version: {current_version:?})")]
+    ConditionFailed { current_version: Option<Version> },
+    #[error("value is not an integer or out of range")]
+    NotAnInteger,
+    #[error("increment or decrement would overflow")]
+    IncrementOverflow,
+    #[error("key too large: {0}")]
+    KeyTooLarge(String),
+    #[error("value too large: {0}")]
+    ValueTooLarge(String),
+    #[error("server out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("keys span more than one tablet: {0}")]
+    CrossTablet(String),
+    #[error("frame too large for the server (limit {limit_bytes} bytes): {message}")]
+    FrameTooLarge { limit_bytes: u64, message: String },
+    #[error("server busy: {0}")]
+    Busy(String),
+    #[error("authentication required: {0}")]
+    NoAuth(String),
+    #[error("authentication failed: {0}")]
+    AuthFailed(String),
+    /// Any other error status.
+    #[error("server error {status:?}: {message}")]
+    Server { status: Status, message: String },
+}
+
+impl Error {
+    /// True when a retry on a fresh connection may succeed (the connection, not the request, failed).
+    pub fn is_connection_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Connect { .. } | Error::ConnectionLost(_) | Error::Handshake { .. }
+        )
+    }
+}
+
+impl From<ErrorReply> for Error {
+    fn from(e: ErrorReply) -> Self {
+        let m = e.message;
+        match e.status {
+            Status::ConditionFailed => Error::ConditionFailed {
+                current_version: (e.detail != 0).then_some(e.detail),
+            },
+            Status::NotAnInteger => Error::NotAnInteger,
+            Status::IncrementOverflow => Error::IncrementOverflow,
+            Status::KeyTooLarge => Error::KeyTooLarge(m),
+            Status::ValueTooLarge => Error::ValueTooLarge(m),
+            Status::OutOfMemory => Error::OutOfMemory(m),
+            Status::CrossTablet => Error::CrossTablet(m),
+            Status::FrameTooLarge => Error::FrameTooLarge {
+                limit_bytes: e.detail,
+                message: m,
+            },
+            Status::Busy => Error::Busy(m),
+            Status::NoAuth => Error::NoAuth(m),
+            Status::AuthFailed => Error::AuthFailed(m),
+            status => Error::Server { status, message: m },
+        }
+    }
+}

@@ -1,0 +1,882 @@
+//! The native-protocol side of a server: one task per connection that reads frames, runs them against
+//! the engine and writes the replies back in batches.
+//!
+//! Owns the connection's life: handshake, AUTH state, limits (frame size, requests in flight, reply size),
+//! idle and write timeouts, and resynchronising after an oversize frame. Hides how a request becomes engine
+//! calls: routing by `engine.locate(table, key)`, expiry conversion, and the mapping of engine errors to
+//! protocol status codes. The byte layout itself lives in `ramlog_proto::native`.
+//!
+//! Model: the task reads whatever bytes arrived, answers every complete frame in them in order (engine
+//! calls take microseconds, so no request waits on another connection), and writes all the replies in one
+//! write. A client that stops reading only stalls its own task (and is cut after `write_timeout`).
+
+use bytes::{Buf, BytesMut};
+use ramlog_common::{key_slot, TableId};
+use ramlog_logmem::{Engine, EngineError, TabletId};
+use ramlog_proto::native::{
+    encode_error, opcode, parse_header, ClientHello, Condition, Expiry, FrameError, Request,
+    ServerHello, Status, CLIENT_HELLO_LEN, FRAME_BYTES_HARD_MAX, HEADER_LEN,
+    HELLO_FLAG_AUTH_REQUIRED, PROTOCOL_VERSION, SCAN_COUNT_MAX,
+};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Limits and settings of native connections. `Default` gives the documented defaults.
+#[derive(Clone)]
+pub struct NativeConfig {
+    /// Largest request frame, header included. Larger frames get FRAME_TOO_LARGE.
+    pub max_frame_bytes: usize,
+    /// Most requests answered per batch (pipeline depth); requests beyond it in the same batch get BUSY.
+    pub max_in_flight: usize,
+    /// Oversize frames up to this size are skipped and the connection goes on; larger ones close it.
+    pub resync_max_bytes: usize,
+    /// Largest reply (MULTI_GET, SCAN_KEYS); a larger one is replaced by FRAME_TOO_LARGE.
+    pub max_reply_bytes: usize,
+    /// Replies buffered before they are written out mid-batch.
+    pub reply_flush_bytes: usize,
+    /// Close a connection that sends nothing for this long; zero = never.
+    pub idle_timeout: Duration,
+    /// Close a connection whose replies cannot be written for this long (a client that stopped reading).
+    pub write_timeout: Duration,
+    /// Time allowed for the client hello.
+    pub handshake_timeout: Duration,
+    /// When set, every request but PING and AUTH needs a successful AUTH first.
+    pub password: Option<String>,
+    /// Announced in the server hello (the engine enforces its own limits).
+    pub key_size_max_bytes: usize,
+    pub value_size_max_bytes: usize,
+    /// Produces the STATS reply (the server's `/status` JSON); without it STATS reports engine figures.
+    pub status_json: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+}
+
+impl Default for NativeConfig {
+    fn default() -> Self {
+        NativeConfig {
+            max_frame_bytes: 8 << 20,
+            max_in_flight: 1024,
+            resync_max_bytes: 256 << 20,
+            max_reply_bytes: 64 << 20,
+            reply_flush_bytes: 1 << 20,
+            idle_timeout: Duration::ZERO,
+            write_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            password: None,
+            key_size_max_bytes: ramlog_common::KEY_SIZE_MAX_BYTES_DEFAULT,
+            value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
+            status_json: None,
+        }
+    }
+}
+
+impl fmt::Debug for NativeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NativeConfig")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("resync_max_bytes", &self.resync_max_bytes)
+            .field("max_reply_bytes", &self.max_reply_bytes)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serve one native-protocol connection until the client leaves, breaks the protocol beyond repair, idles
+/// out or stops reading. Never panics on client input; errors end the connection and are logged at debug.
+pub async fn serve_native_connection(
+    stream: TcpStream,
+    engine: Arc<Engine>,
+    config: Arc<NativeConfig>,
+) {
+    let peer = stream.peer_addr().ok();
+    if let Err(e) = serve(stream, &engine, &config).await {
+        tracing::debug!(?peer, "native connection closed: {e}");
+    }
+}
+
+#[derive(Debug)]
+enum Closed {
+    Io(std::io::Error),
+    Reason(&'static str),
+}
+
+impl fmt::Display for Closed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Closed::Io(e) => write!(f, "{e}"),
+            Closed::Reason(r) => f.write_str(r),
+        }
+    }
+}
+
+impl From<std::io::Error> for Closed {
+    fn from(e: std::io::Error) -> Self {
+        Closed::Io(e)
+    }
+}
+
+/// Per-connection state that requests see.
+struct Session<'a> {
+    engine: &'a Engine,
+    config: &'a NativeConfig,
+    authenticated: bool,
+    /// Scratch space reused across SCAN_KEYS requests.
+    scan_keys: Vec<Vec<u8>>,
+}
+
+async fn write_with_timeout(
+    stream: &mut TcpStream,
+    buf: &[u8],
+    timeout: Duration,
+) -> Result<(), Closed> {
+    match tokio::time::timeout(timeout, stream.write_all(buf)).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(Closed::Reason("client did not read its replies in time")),
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    engine: &Engine,
+    config: &NativeConfig,
+) -> Result<(), Closed> {
+    let _ = stream.set_nodelay(true);
+    let mut hello = [0u8; CLIENT_HELLO_LEN];
+    match tokio::time::timeout(config.handshake_timeout, stream.read_exact(&mut hello)).await {
+        Ok(r) => {
+            r?;
+        }
+        Err(_) => return Err(Closed::Reason("no client hello in time")),
+    }
+    // Not a ramlog client (a Redis client on the wrong port, say): close without a word.
+    let client =
+        ClientHello::decode(&hello).map_err(|_| Closed::Reason("bad magic in client hello"))?;
+    let version = if client.version_max >= PROTOCOL_VERSION {
+        PROTOCOL_VERSION
+    } else {
+        0
+    };
+    let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let max_frame_bytes = config
+        .max_frame_bytes
+        .clamp(HEADER_LEN + 64, FRAME_BYTES_HARD_MAX);
+    let server_hello = ServerHello {
+        version,
+        flags: if config.password.is_some() {
+            HELLO_FLAG_AUTH_REQUIRED
+        } else {
+            0
+        },
+        max_frame_bytes: clamp(max_frame_bytes),
+        max_in_flight: clamp(config.max_in_flight.max(1)),
+        key_size_max_bytes: clamp(config.key_size_max_bytes),
+        value_size_max_bytes: clamp(config.value_size_max_bytes),
+    };
+    write_with_timeout(&mut stream, &server_hello.encode(), config.write_timeout).await?;
+    if version == 0 {
+        return Err(Closed::Reason("no protocol version in common"));
+    }
+
+    let mut session = Session {
+        engine,
+        config,
+        authenticated: config.password.is_none(),
+        scan_keys: Vec::new(),
+    };
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut output = BytesMut::with_capacity(16 * 1024);
+    // Bytes of an oversize frame still to be discarded.
+    let mut skip_bytes = 0usize;
+    loop {
+        if input.capacity() - input.len() < 4096 {
+            input.reserve(16 * 1024);
+        }
+        let read = stream.read_buf(&mut input);
+        let n = if config.idle_timeout.is_zero() {
+            read.await?
+        } else {
+            match tokio::time::timeout(config.idle_timeout, read).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    encode_error(
+                        &mut output,
+                        0,
+                        0,
+                        Status::BadRequest,
+                        0,
+                        "idle timeout: closing the connection",
+                    );
+                    let _ = write_with_timeout(&mut stream, &output, config.write_timeout).await;
+                    return Err(Closed::Reason("idle timeout"));
+                }
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if skip_bytes > 0 {
+            let discard = skip_bytes.min(input.len());
+            input.advance(discard);
+            skip_bytes -= discard;
+        }
+        let mut answered = 0usize;
+        while skip_bytes == 0 {
+            match parse_header(&input, max_frame_bytes) {
+                Ok(None) => break,
+                Ok(Some(header)) => {
+                    let frame_bytes = header.frame_bytes();
+                    if input.len() < frame_bytes {
+                        input.reserve(frame_bytes - input.len());
+                        break;
+                    }
+                    answered += 1;
+                    if answered > config.max_in_flight.max(1) {
+                        let message = format!(
+                            "more than {} requests in flight on this connection; wait for replies",
+                            config.max_in_flight
+                        );
+                        encode_error(
+                            &mut output,
+                            header.request_id,
+                            header.opcode,
+                            Status::Busy,
+                            config.max_in_flight as u64,
+                            &message,
+                        );
+                    } else {
+                        let body = &input[HEADER_LEN..frame_bytes];
+                        session.answer(
+                            header.request_id,
+                            header.opcode,
+                            header.flags_or_status,
+                            header.reserved,
+                            body,
+                            &mut output,
+                        );
+                    }
+                    input.advance(frame_bytes);
+                    if output.len() >= config.reply_flush_bytes {
+                        write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+                        output.clear();
+                        answered = 0;
+                    }
+                }
+                Err(FrameError::TooShort { .. }) => {
+                    encode_error(
+                        &mut output,
+                        0,
+                        0,
+                        Status::BadRequest,
+                        0,
+                        "frame length shorter than the header; closing",
+                    );
+                    write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+                    return Err(Closed::Reason("frame shorter than its header"));
+                }
+                Err(FrameError::TooLarge {
+                    frame_bytes,
+                    max_bytes,
+                    request_id,
+                    opcode,
+                    skip_bytes: body_len,
+                }) => {
+                    let resync = frame_bytes <= config.resync_max_bytes;
+                    let message = format!(
+                        "frame of {frame_bytes} bytes exceeds the limit of {max_bytes} bytes{}",
+                        if resync { "" } else { "; closing" }
+                    );
+                    encode_error(
+                        &mut output,
+                        request_id,
+                        opcode,
+                        Status::FrameTooLarge,
+                        max_bytes as u64,
+                        &message,
+                    );
+                    if !resync {
+                        write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+                        return Err(Closed::Reason("absurd frame length"));
+                    }
+                    input.advance(HEADER_LEN);
+                    let discard = body_len.min(input.len());
+                    input.advance(discard);
+                    skip_bytes = body_len - discard;
+                }
+            }
+        }
+        if !output.is_empty() {
+            write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+            output.clear();
+        }
+        // Give back memory a large frame or reply left behind.
+        if input.is_empty() && input.capacity() > 1 << 20 {
+            input = BytesMut::with_capacity(16 * 1024);
+        }
+        if output.capacity() > config.reply_flush_bytes.max(1 << 20) * 2 {
+            output = BytesMut::with_capacity(16 * 1024);
+        }
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The engine's absolute expiry (0 = none) for a protocol expiry; `Keep` is handled by the caller.
+fn expire_at_ms(expiry: Expiry) -> u64 {
+    match expiry {
+        Expiry::None | Expiry::Keep => 0,
+        // At least 1: an expiry in the past (or at the epoch) means "already expired", not "never".
+        Expiry::AfterMs(ms) => now_unix_ms().saturating_add(ms).max(1),
+        Expiry::AtUnixMs(at) => at.max(1),
+    }
+}
+
+fn engine_condition(condition: Condition) -> ramlog_logmem::Condition {
+    match condition {
+        Condition::None => ramlog_logmem::Condition::None,
+        Condition::IfAbsent => ramlog_logmem::Condition::IfAbsent,
+        Condition::IfExists => ramlog_logmem::Condition::IfExists,
+        Condition::IfVersion(v) => ramlog_logmem::Condition::IfVersion(v),
+    }
+}
+
+/// An error reply: status, detail number, message.
+struct Failure(Status, u64, String);
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::ConditionFailed { current } => Failure(
+                Status::ConditionFailed,
+                current.map(|o| o.version).unwrap_or(0),
+                message,
+            ),
+            EngineError::NotAnInteger => Failure(Status::NotAnInteger, 0, message),
+            EngineError::IncrementOverflow => Failure(Status::IncrementOverflow, 0, message),
+            EngineError::KeyTooLarge { max, .. } => {
+                Failure(Status::KeyTooLarge, max as u64, message)
+            }
+            EngineError::ValueTooLarge { max, .. } => {
+                Failure(Status::ValueTooLarge, max as u64, message)
+            }
+            EngineError::BatchTooLarge { max, .. } => {
+                Failure(Status::ValueTooLarge, max as u64, message)
+            }
+            EngineError::OutOfMemory { .. } => Failure(Status::OutOfMemory, 0, message),
+            EngineError::NoSuchTablet(_) => Failure(Status::WrongServer, 0, message),
+            _ => Failure(Status::Internal, 0, message),
+        }
+    }
+}
+
+impl Session<'_> {
+    fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
+        self.engine.locate(table, key).ok_or_else(|| {
+            Failure(
+                Status::WrongServer,
+                0,
+                format!(
+                    "this server owns no tablet of table {table} for slot {}",
+                    key_slot(key)
+                ),
+            )
+        })
+    }
+
+    /// The reply for an engine error on `key`. A failed condition reports the key's current version (read
+    /// right after the failure when the engine did not return it; 0 = absent).
+    fn failure(&self, tablet: TabletId, key: &[u8], e: EngineError) -> Failure {
+        match e {
+            EngineError::ConditionFailed { current: None } => {
+                let version = self
+                    .engine
+                    .read_with(tablet, key, |_, version, _| version)
+                    .ok()
+                    .flatten();
+                Failure(
+                    Status::ConditionFailed,
+                    version.unwrap_or(0),
+                    "condition failed".into(),
+                )
+            }
+            e => e.into(),
+        }
+    }
+
+    /// Decode and run one request, appending exactly one reply frame to `out`.
+    fn answer(
+        &mut self,
+        request_id: u64,
+        op: u8,
+        flags: u8,
+        reserved: u16,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) {
+        let start = out.len();
+        let result = if reserved != 0 {
+            Err(Failure(
+                Status::BadRequest,
+                0,
+                "header bytes 14..16 must be zero".into(),
+            ))
+        } else {
+            match Request::decode(op, flags, body) {
+                Ok(request) => self.run(request_id, &request, out),
+                Err(e) => Err(Failure(e.status, 0, e.message)),
+            }
+        };
+        if let Err(Failure(status, detail, message)) = result {
+            out.truncate(start);
+            encode_error(out, request_id, op, status, detail, &message);
+        }
+    }
+
+    fn run(&mut self, id: u64, request: &Request<'_>, out: &mut BytesMut) -> Result<(), Failure> {
+        use ramlog_proto::native::{Object, Response};
+        let op = request.opcode();
+        if !self.authenticated && !matches!(request, Request::Ping { .. } | Request::Auth { .. }) {
+            return Err(Failure(
+                Status::NoAuth,
+                0,
+                "authentication required: send AUTH first".into(),
+            ));
+        }
+        let object = |o: ramlog_logmem::Object| Object {
+            value: o.value.into(),
+            version: o.version,
+            expire_at_ms: o.expire_at_ms,
+        };
+        let reply = match request {
+            Request::Ping { payload } => Response::Pong(bytes::Bytes::copy_from_slice(payload)),
+            Request::Auth { password } => match &self.config.password {
+                None => Response::AuthOk,
+                Some(expected) if constant_time_eq(expected.as_bytes(), password) => {
+                    self.authenticated = true;
+                    Response::AuthOk
+                }
+                Some(_) => {
+                    self.authenticated = false;
+                    return Err(Failure(Status::AuthFailed, 0, "wrong password".into()));
+                }
+            },
+            Request::Stats => Response::Stats(self.stats_json().into()),
+            Request::Get { table, key } => {
+                let tablet = self.tablet(*table, key)?;
+                // Encode straight from the engine's memory: no copy of the value besides the one into `out`.
+                let found =
+                    self.engine
+                        .read_with(tablet, key, |value, version, expire_at_ms| {
+                            get_reply(out, id, value, version, expire_at_ms)
+                        })?;
+                if found.is_none() {
+                    Response::Get(None).encode(id, op, out);
+                }
+                return Ok(());
+            }
+            Request::Put {
+                table,
+                key,
+                value,
+                condition,
+                expiry,
+                return_old,
+            } => {
+                let tablet = self.tablet(*table, key)?;
+                let options = ramlog_logmem::PutOptions {
+                    condition: engine_condition(*condition),
+                    expire_at_ms: expire_at_ms(*expiry),
+                    keep_ttl: *expiry == Expiry::Keep,
+                    return_old: *return_old,
+                };
+                let outcome = self
+                    .engine
+                    .put(tablet, key, value, &options)
+                    .map_err(|e| self.failure(tablet, key, e))?;
+                Response::Put {
+                    version: outcome.version,
+                    old: outcome.old.map(object),
+                }
+            }
+            Request::Delete {
+                table,
+                key,
+                condition,
+            } => {
+                let tablet = self.tablet(*table, key)?;
+                let deleted = self
+                    .engine
+                    .delete(tablet, key, engine_condition(*condition))
+                    .map_err(|e| self.failure(tablet, key, e))?;
+                Response::Delete(deleted)
+            }
+            Request::Increment { table, key, delta } => {
+                let tablet = self.tablet(*table, key)?;
+                let (value, version) = self.engine.increment(tablet, key, *delta)?;
+                Response::Increment { value, version }
+            }
+            Request::Expire { table, key, expiry } => {
+                let tablet = self.tablet(*table, key)?;
+                Response::Expire(self.engine.set_expiry(tablet, key, expire_at_ms(*expiry))?)
+            }
+            Request::MultiGet { table, keys } => {
+                let start = out.len();
+                let frame = begin_multi_get(out, id, keys.len());
+                for key in keys {
+                    let tablet = self.tablet(*table, key)?;
+                    let found =
+                        self.engine
+                            .read_with(tablet, key, |value, version, expire_at_ms| {
+                                put_present_object(out, value, version, expire_at_ms)
+                            })?;
+                    if found.is_none() {
+                        out.extend_from_slice(&[0]);
+                    }
+                    if out.len() - start > self.config.max_reply_bytes {
+                        return Err(reply_too_large(self.config.max_reply_bytes));
+                    }
+                }
+                finish_frame(out, frame);
+                return Ok(());
+            }
+            Request::MultiPut { table, items } => {
+                let Some((first_key, _)) = items.first() else {
+                    return Err(Failure(
+                        Status::BadRequest,
+                        0,
+                        "MULTI_PUT needs at least one item".into(),
+                    ));
+                };
+                let tablet = self.tablet(*table, first_key)?;
+                for (key, _) in items.iter().skip(1) {
+                    if self.tablet(*table, key)? != tablet {
+                        return Err(Failure(
+                            Status::CrossTablet,
+                            0,
+                            "MULTI_PUT keys live on more than one tablet; give them a common {hash tag}".into(),
+                        ));
+                    }
+                }
+                Response::MultiPut {
+                    version: self.engine.multi_put(tablet, items)?,
+                }
+            }
+            Request::ScanKeys {
+                table,
+                cursor,
+                count,
+                pattern,
+            } => {
+                let (next, keys) = self.scan(*table, *cursor, *count, pattern)?;
+                let reply_bytes: usize = keys.iter().map(|k| k.len() + 4).sum();
+                if reply_bytes > self.config.max_reply_bytes {
+                    return Err(reply_too_large(self.config.max_reply_bytes));
+                }
+                Response::ScanKeys {
+                    cursor: next,
+                    keys: keys.into_iter().map(bytes::Bytes::from).collect(),
+                }
+            }
+        };
+        reply.encode(id, op, out);
+        Ok(())
+    }
+
+    /// One step over every tablet of `table` in slot order. The cursor packs the tablet's position in its
+    /// low 16 bits and the engine's cursor inside that tablet above them.
+    fn scan(
+        &mut self,
+        table: TableId,
+        cursor: u64,
+        count: u32,
+        pattern: &[u8],
+    ) -> Result<(u64, Vec<Vec<u8>>), Failure> {
+        const TABLET_BITS: u32 = 16;
+        let mut tablets: Vec<_> = self
+            .engine
+            .tablets()
+            .into_iter()
+            .filter(|t| t.table == table)
+            .collect();
+        if tablets.is_empty() {
+            return Err(Failure(
+                Status::NoSuchTable,
+                0,
+                format!("no tablet of table {table} on this server"),
+            ));
+        }
+        tablets.sort_by_key(|t| t.first_slot);
+        let mut position = (cursor & ((1 << TABLET_BITS) - 1)) as usize;
+        let mut inner = cursor >> TABLET_BITS;
+        if position >= tablets.len() {
+            return Err(Failure(
+                Status::BadRequest,
+                0,
+                format!("invalid cursor {cursor}"),
+            ));
+        }
+        let count = count.clamp(1, SCAN_COUNT_MAX) as usize;
+        let mut matched = Vec::new();
+        let mut visited = 0;
+        let batch = &mut self.scan_keys;
+        loop {
+            batch.clear();
+            let next = self.engine.scan_keys(
+                tablets[position].id,
+                inner,
+                count - visited.min(count - 1),
+                batch,
+            )?;
+            visited += batch.len().max(1);
+            matched.extend(
+                batch
+                    .drain(..)
+                    .filter(|k| pattern.is_empty() || glob_match(pattern, k)),
+            );
+            if next == 0 {
+                position += 1;
+                inner = 0;
+                if position == tablets.len() {
+                    return Ok((0, matched));
+                }
+            } else {
+                inner = next;
+            }
+            if visited >= count {
+                break;
+            }
+        }
+        if inner.leading_zeros() < TABLET_BITS {
+            return Err(Failure(
+                Status::Internal,
+                0,
+                "engine cursor too large to pack".into(),
+            ));
+        }
+        Ok(((inner << TABLET_BITS) | position as u64, matched))
+    }
+
+    fn stats_json(&self) -> String {
+        if let Some(f) = &self.config.status_json {
+            return f();
+        }
+        let s = self.engine.stats();
+        format!(
+            concat!(
+                "{{\"engine\":{{\"total_bytes\":{},\"live_bytes\":{},\"utilisation\":{:.6},",
+                "\"objects\":{},\"tablets\":{},\"free_seglets\":{},\"cleaner_copied_bytes\":{},",
+                "\"cleaner_freed_bytes\":{},\"write_cost\":{:.6}}}}}"
+            ),
+            s.total_bytes,
+            s.live_bytes,
+            finite(s.utilisation),
+            s.objects,
+            s.tablets,
+            s.free_seglets,
+            s.cleaner_copied_bytes,
+            s.cleaner_freed_bytes,
+            finite(s.write_cost),
+        )
+    }
+}
+
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+fn reply_too_large(max: usize) -> Failure {
+    Failure(
+        Status::FrameTooLarge,
+        max as u64,
+        format!("reply would exceed {max} bytes; ask for fewer keys"),
+    )
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+// Direct encoders for the two replies that carry values, so that values go from the engine's memory into
+// the output buffer in one copy. They produce the same bytes as `Response::encode`.
+
+fn begin_frame(out: &mut BytesMut, id: u64, op: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&[op, Status::Ok.to_u8(), 0, 0]);
+    start
+}
+
+fn finish_frame(out: &mut BytesMut, start: usize) {
+    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+fn put_present_object(out: &mut BytesMut, value: &[u8], version: u64, expire_at_ms: u64) {
+    out.reserve(21 + value.len());
+    out.extend_from_slice(&[1]);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&expire_at_ms.to_le_bytes());
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(value);
+}
+
+fn get_reply(out: &mut BytesMut, id: u64, value: &[u8], version: u64, expire_at_ms: u64) {
+    let start = begin_frame(out, id, opcode::GET);
+    put_present_object(out, value, version, expire_at_ms);
+    finish_frame(out, start);
+}
+
+fn begin_multi_get(out: &mut BytesMut, id: u64, count: usize) -> usize {
+    let start = begin_frame(out, id, opcode::MULTI_GET);
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    start
+}
+
+/// Redis's glob (`stringmatchlen`): `*`, `?`, `[abc]`, `[^a-z]`, `\x`. Iterative with one backtrack
+/// point, so it runs in O(pattern × text) whatever the pattern.
+pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() {
+            match pattern[p] {
+                b'*' => {
+                    star = Some((p, t));
+                    p += 1;
+                    continue;
+                }
+                b'?' => {
+                    p += 1;
+                    t += 1;
+                    continue;
+                }
+                b'[' => {
+                    if let Some((matched, next)) = class_match(pattern, p, text[t]) {
+                        if matched {
+                            p = next;
+                            t += 1;
+                            continue;
+                        }
+                    }
+                }
+                b'\\' if p + 1 < pattern.len() => {
+                    if pattern[p + 1] == text[t] {
+                        p += 2;
+                        t += 1;
+                        continue;
+                    }
+                }
+                c => {
+                    if c == text[t] {
+                        p += 1;
+                        t += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        match star {
+            Some((sp, st)) => {
+                p = sp + 1;
+                t = st + 1;
+                star = Some((sp, st + 1));
+            }
+            None => return false,
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// Match `c` against the class starting at `pattern[p] == '['`; returns (matched, index after the class).
+/// An unterminated class extends to the end of the pattern, as in Redis.
+fn class_match(pattern: &[u8], p: usize, c: u8) -> Option<(bool, usize)> {
+    let mut i = p + 1;
+    let negate = pattern.get(i) == Some(&b'^');
+    if negate {
+        i += 1;
+    }
+    let mut matched = false;
+    loop {
+        match pattern.get(i) {
+            None => break,
+            Some(b']') => {
+                i += 1;
+                break;
+            }
+            Some(b'\\') if i + 1 < pattern.len() => {
+                matched |= pattern[i + 1] == c;
+                i += 2;
+            }
+            Some(&lo)
+                if pattern.get(i + 1) == Some(&b'-')
+                    && i + 2 < pattern.len()
+                    && pattern[i + 2] != b']' =>
+            {
+                let hi = pattern[i + 2];
+                let (lo, hi) = if lo <= hi { (lo, hi) } else { (hi, lo) };
+                matched |= (lo..=hi).contains(&c);
+                i += 3;
+            }
+            Some(&x) => {
+                matched |= x == c;
+                i += 1;
+            }
+        }
+    }
+    Some((matched != negate, i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_follows_redis() {
+        assert!(glob_match(b"*", b"anything"));
+        assert!(glob_match(b"user:*", b"user:1"));
+        assert!(!glob_match(b"user:*", b"usr:1"));
+        assert!(glob_match(b"h?llo", b"hello"));
+        assert!(glob_match(b"h[ae]llo", b"hallo"));
+        assert!(!glob_match(b"h[ae]llo", b"hillo"));
+        assert!(glob_match(b"h[^e]llo", b"hallo"));
+        assert!(!glob_match(b"h[^e]llo", b"hello"));
+        assert!(glob_match(b"h[a-b]llo", b"hbllo"));
+        assert!(glob_match(b"h\\*llo", b"h*llo"));
+        assert!(!glob_match(b"h\\*llo", b"hello"));
+        assert!(glob_match(b"*a*b*c", b"xxaxxbxxc"));
+        assert!(!glob_match(b"*a*b*c", b"xxaxxbxx"));
+        assert!(glob_match(b"a**", b"a"));
+        assert!(!glob_match(b"", b"a"));
+        // A pathological pattern finishes quickly.
+        let text = vec![b'a'; 5000];
+        let pattern = [b"*a".repeat(40), b"b".to_vec()].concat();
+        assert!(!glob_match(&pattern, &text));
+    }
+
+    #[test]
+    fn expiry_conversion() {
+        assert_eq!(expire_at_ms(Expiry::None), 0);
+        assert_eq!(
+            expire_at_ms(Expiry::AtUnixMs(0)),
+            1,
+            "the epoch is in the past, not 'never'"
+        );
+        assert_eq!(expire_at_ms(Expiry::AtUnixMs(123)), 123);
+        let later = expire_at_ms(Expiry::AfterMs(10_000));
+        assert!(later >= now_unix_ms() + 9_000 && later <= now_unix_ms() + 10_000);
+    }
+}

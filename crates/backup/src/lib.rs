@@ -1,1 +1,463 @@
-//! ramlog-backup (under construction in this change set).
+//! ramlog-backup: the backup log store (DXRAM's two-level logging, digest 000; DESIGN.md "The
+//! backup"). It keeps tablets durable on this server's disk — other masters' tablets, or the single
+//! server's own — and replays them after a crash.
+//!
+//! What it hides: a bounded ring write buffer; a flush pipeline that sorts entries by tablet and
+//! sends large batches straight to the tablet's secondary log and small batches of many tablets in
+//! one write to the primary log plus per-tablet secondary-log buffers; 8 MiB segments placed as in
+//! DXRAM, preallocated, written with O_DIRECT when the file system allows it (checked at run time;
+//! otherwise buffered writes + fdatasync); CRC32C on every entry; version buffers spilled to
+//! version logs; deletes recorded as versions (never as tombstones in secondary logs); a background
+//! reorganizer; parallel replay. Byte layouts are in `docs/formats.md` ("Backup logs").
+//!
+//! # API
+//! ```no_run
+//! use ramlog_backup::{Backup, Config, Entry, Stage};
+//! let backup = Backup::open("/var/lib/ramlog/backup".as_ref(), Config::default())?;
+//! // Entries of one tablet, in version order; `value: None` is a delete.
+//! let ticket = backup.append(7, &[
+//!     Entry { key: b"k1", value: Some(b"v1"), version: 1, expiry: 0 },
+//!     Entry { key: b"k0", value: None, version: 2, expiry: 0 },
+//! ])?;
+//! assert!(backup.poll(ticket)? >= Stage::Buffered);   // cheap: atomics only
+//! backup.wait(ticket, Stage::Written)?;                // survives a process crash
+//! backup.wait(ticket, Stage::Durable)?;                // fdatasync'd: survives a power cut
+//! let report = backup.replay(7, |e| println!("{:?} = {:?} @{}", e.key, e.value, e.version))?;
+//! assert_eq!(report.lost_keys, 0);
+//! backup.drop_tablet(7)?;
+//! println!("{:?}", backup.stats());
+//! backup.close()?;
+//! # Ok::<(), ramlog_backup::Error>(())
+//! ```
+//!
+//! # Durability semantics (single-server persistence)
+//! * `append` returns once the entries are in the write buffer ([`Stage::Buffered`]); it blocks
+//!   while the buffer is full (back-pressure) and fails with a clear error once the store failed
+//!   (for example [`Error::DiskFull`]) or was closed.
+//! * A flush starts every `flush_interval` (100 ms by default) or when `flush_threshold_bytes` are
+//!   buffered. With the default [`SyncPolicy::EveryFlush`] each flush ends with fdatasync, so an
+//!   appended entry is durable within about one interval plus the write time: Redis's
+//!   `appendfsync everysec`, with a 100 ms period. [`Stage::Written`] (in the files; survives
+//!   kill -9) and [`Stage::Durable`] (fdatasync done; survives power loss) are then reached
+//!   together.
+//! * `durable` mode: call [`Backup::wait`] with [`Stage::Durable`]; it triggers a flush at once
+//!   and returns only after fdatasync, so acknowledging after it is power-loss safe.
+//! * After a restart, [`Backup::replay`] returns every entry that had reached `Written`, with the
+//!   newest version per live key; nothing deleted or stale comes back, and nothing unwritten is
+//!   invented. Entries only `Buffered` at the crash may or may not be present.
+//!
+//! # Limits
+//! Keys ≤ 64 KiB, values ≤ `value_max_bytes` (1 MiB) and ≤ half a segment. A key is identified in
+//! version buffers and logs by a 128-bit hash (xxh3-128). The version log keeps one record per key
+//! ever written to a tablet (deletes included) until the tablet is dropped.
+
+pub mod config;
+mod engine;
+pub mod error;
+pub mod format;
+pub mod io;
+mod reorg;
+mod replay;
+mod tablet;
+mod wbuf;
+#[doc(hidden)]
+pub mod testkit;
+
+pub use config::{Config, SegmentStrategy, SyncPolicy};
+pub use error::{Error, Result};
+pub use io::IoMode;
+pub use reorg::ReorgOutcome;
+pub use replay::{ReplayEntry, ReplayReport};
+
+use engine::Shared;
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// One entry to log: a put (`value: Some`) or a delete (`value: None`) at a version. `expiry` is
+/// carried opaquely and returned by replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub key: &'a [u8],
+    pub value: Option<&'a [u8]>,
+    pub version: u64,
+    pub expiry: u64,
+}
+
+/// Identifies an append; compare with [`Backup::poll`] or wait with [`Backup::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// How far an append has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// In the write buffer (lost if the process dies).
+    Buffered,
+    /// Written to the log files (survives a process crash).
+    Written,
+    /// Written and fdatasync'd (survives a power cut).
+    Durable,
+}
+
+/// Counters and gauges of a backup store.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub io_mode: &'static str,
+    pub tablets: usize,
+    pub appended_entries: u64,
+    pub flushes: u64,
+    pub primary_writes: u64,
+    pub primary_bytes: u64,
+    pub secondary_writes: u64,
+    pub secondary_bytes: u64,
+    pub version_spills: u64,
+    pub version_bytes: u64,
+    pub syncs: u64,
+    pub reorg_runs: u64,
+    pub reorg_segments_cleaned: u64,
+    pub reorg_bytes_freed: u64,
+    pub reorg_bytes_read: u64,
+    pub reorg_corrupt_entries: u64,
+    pub urgent_requests: u64,
+    pub prompt_requests: u64,
+    /// Sum of used bytes over all secondary logs.
+    pub used_bytes: u64,
+    /// Highest fill degree (used / capacity) of any tablet log.
+    pub max_utilisation: f64,
+    pub written_lsn: u64,
+    pub durable_lsn: u64,
+    pub failed: Option<String>,
+}
+
+/// A backup log store in one directory. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Backup {
+    sh: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+impl Backup {
+    /// Opens (or creates) the store in `dir`: reads the manifest, rebuilds segment positions from
+    /// the block headers, cuts torn tails, and moves the primary log's share back into the
+    /// tablets' secondary-log buffers. Starts the flush and reorganization threads.
+    pub fn open(dir: &Path, config: Config) -> Result<Backup> {
+        config.validate().map_err(Error::Config)?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let io_mode = if config.direct_io { io::probe_direct(dir) } else { io::IoMode::Buffered };
+        let seq_base = engine::open_manifest(dir, &config)?;
+        let dropped = engine::read_dropped(dir);
+        let sh = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            wb: wbuf::WriteBuffer::new(
+                config.write_buffer_bytes,
+                config.write_buffer_chunks,
+                config.flush_threshold_bytes,
+                config.flush_interval,
+            ),
+            cfg: config,
+            io_mode,
+            seq: AtomicU64::new(seq_base),
+            tablets: RwLock::new(BTreeMap::new()),
+            primary: Mutex::new(engine::PrimaryLog {
+                file: std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?,
+                path: dir.join("primary.log"),
+                size: 0,
+                offset: 0,
+            }),
+            progress: Mutex::new(engine::Progress { written_lsn: 0, durable_lsn: 0, failed: None }),
+            progress_cv: Condvar::new(),
+            written_lsn: AtomicU64::new(0),
+            durable_lsn: AtomicU64::new(0),
+            sync_requested: AtomicBool::new(false),
+            checkpoint_requested: AtomicBool::new(false),
+            pool: engine::BufPool::new(64 << 20),
+            counters: engine::Counters::default(),
+            reorg_queue: Mutex::new(VecDeque::new()),
+            reorg_cv: Condvar::new(),
+            reorg_done: Mutex::new(0),
+            reorg_done_cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            dropped: Mutex::new(dropped.clone()),
+        });
+        // Tablets with files on disk first (their watermarks decide the primary log's share).
+        let mut ids = Vec::new();
+        for ent in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let ent = ent.map_err(|e| Error::io(dir, e))?;
+            let name = ent.file_name();
+            let name = name.to_string_lossy();
+            if let Some(hex) = name.strip_prefix('t').and_then(|n| n.strip_suffix(".sec")) {
+                if let Ok(id) = u64::from_str_radix(hex, 16) {
+                    ids.push(id);
+                }
+            }
+        }
+        for id in ids {
+            sh.get_or_create_tablet(id)?;
+        }
+        engine::recover_primary(&sh, &dropped)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let mut threads = Vec::new();
+        let s1 = sh.clone();
+        threads.push(spawn("ramlog-backup-flush", move || engine::run_processor(s1, tx))?);
+        let s2 = sh.clone();
+        threads.push(spawn("ramlog-backup-write", move || engine::run_writer(s2, rx))?);
+        if sh.cfg.reorg_enabled {
+            let s3 = sh.clone();
+            threads.push(spawn("ramlog-backup-reorg", move || reorg::run_reorganizer(s3))?);
+        }
+        tracing::info!("backup opened in {} using {}", dir.display(), io_mode.name());
+        Ok(Backup { sh, threads: Mutex::new(threads), closed: AtomicBool::new(false) })
+    }
+
+    /// Which I/O mode is in use (O_DIRECT or the buffered fallback).
+    pub fn io_mode(&self) -> IoMode {
+        self.sh.io_mode
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.sh.cfg
+    }
+
+    /// Appends entries of one tablet (in version order). Returns when they are in the write
+    /// buffer; blocks while it is full.
+    pub fn append(&self, tablet: u64, entries: &[Entry<'_>]) -> Result<Ticket> {
+        let limit = self.sh.cfg.entry_max_bytes();
+        for e in entries {
+            if e.key.len() > format::KEY_MAX_BYTES {
+                return Err(Error::KeyTooLarge { bytes: e.key.len(), limit: format::KEY_MAX_BYTES });
+            }
+            let len = format::entry_bytes(e.key.len(), e.value.map_or(0, |v| v.len()));
+            if len > limit || e.value.is_some_and(|v| v.len() > self.sh.cfg.value_max_bytes) {
+                return Err(Error::EntryTooLarge { bytes: len, limit });
+            }
+        }
+        if let Some(msg) = self.sh.failed() {
+            return Err(Error::Failed(msg));
+        }
+        let lsn = self.sh.wb.append(tablet, entries)?;
+        Ok(Ticket(lsn))
+    }
+
+    /// How far `ticket` has come (atomics only). Fails if the store failed before reaching it.
+    pub fn poll(&self, ticket: Ticket) -> Result<Stage> {
+        if self.sh.durable_lsn.load(Ordering::SeqCst) >= ticket.0 {
+            return Ok(Stage::Durable);
+        }
+        if self.sh.written_lsn.load(Ordering::SeqCst) >= ticket.0 {
+            return Ok(Stage::Written);
+        }
+        if let Some(msg) = self.sh.failed() {
+            return Err(Error::Failed(msg));
+        }
+        Ok(Stage::Buffered)
+    }
+
+    /// Blocks until `ticket` has reached `stage`. Waiting for `Durable` starts a flush at once.
+    pub fn wait(&self, ticket: Ticket, stage: Stage) -> Result<()> {
+        if self.poll(ticket)? >= stage {
+            return Ok(());
+        }
+        if stage == Stage::Durable {
+            self.sh.sync_requested.store(true, Ordering::SeqCst);
+        }
+        if stage >= Stage::Written {
+            self.sh.wb.request_flush();
+        }
+        let mut p = self.sh.progress.lock();
+        loop {
+            let reached = match stage {
+                Stage::Buffered => true,
+                Stage::Written => p.written_lsn >= ticket.0,
+                Stage::Durable => p.durable_lsn >= ticket.0,
+            };
+            if reached {
+                return Ok(());
+            }
+            if let Some(msg) = &p.failed {
+                return Err(Error::Failed(msg.clone()));
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(Error::Closed);
+            }
+            if self.sh.progress_cv.wait_for(&mut p, Duration::from_millis(200)).timed_out() {
+                // The flush may have been taken before our request: ask again.
+                if stage == Stage::Durable {
+                    self.sh.sync_requested.store(true, Ordering::SeqCst);
+                }
+                self.sh.wb.request_flush();
+            }
+        }
+    }
+
+    /// Flushes everything appended so far and waits until it is durable.
+    pub fn flush(&self) -> Result<()> {
+        let t = Ticket(self.sh.wb.lsn());
+        self.sh.sync_requested.store(true, Ordering::SeqCst);
+        self.wait(t, Stage::Durable)
+    }
+
+    /// Writes every secondary-log buffer to its secondary log and spills every version buffer, so
+    /// that a restart needs nothing from the primary log. Then waits until durable.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.sh.checkpoint_requested.store(true, Ordering::SeqCst);
+        self.flush()
+    }
+
+    /// Replays one tablet: `f` sees exactly the newest version of every live key. Everything
+    /// appended before the call is included (it is flushed first).
+    pub fn replay(&self, tablet: u64, mut f: impl FnMut(ReplayEntry<'_>)) -> Result<ReplayReport> {
+        self.flush_for_replay()?;
+        match self.sh.tablet(tablet) {
+            Some(t) => replay::replay_tablet(&self.sh, &t, &mut f),
+            None => Ok(ReplayReport::default()),
+        }
+    }
+
+    /// Replays every tablet, in tablet order.
+    pub fn replay_all(&self, mut f: impl FnMut(ReplayEntry<'_>)) -> Result<ReplayReport> {
+        self.flush_for_replay()?;
+        let tablets: Vec<_> = self.sh.tablets.read().values().cloned().collect();
+        let mut total = ReplayReport::default();
+        for t in tablets {
+            let r = replay::replay_tablet(&self.sh, &t, &mut f)?;
+            total.add(&r);
+        }
+        Ok(total)
+    }
+
+    fn flush_for_replay(&self) -> Result<()> {
+        let t = Ticket(self.sh.wb.lsn());
+        if self.sh.failed().is_some() {
+            // A failed store still replays what is on disk.
+            return Ok(());
+        }
+        self.wait(t, Stage::Written)
+    }
+
+    /// Ids of the tablets this store holds.
+    pub fn tablets(&self) -> Vec<u64> {
+        self.sh.tablets.read().keys().copied().collect()
+    }
+
+    /// Removes a tablet and its files. The caller must not append to it concurrently; appending
+    /// after this returns starts a new, empty tablet.
+    pub fn drop_tablet(&self, tablet: u64) -> Result<()> {
+        self.flush()?;
+        let Some(t) = self.sh.tablet(tablet) else { return Ok(()) };
+        let _guard = t.reorg_lock.lock();
+        self.sh.tablets.write().remove(&tablet);
+        // Primary-log entries of this tablet older than `seq` are ignored from now on.
+        let seq = self.sh.seq.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut d = self.sh.dropped.lock();
+            d.insert(tablet, seq);
+            engine::write_dropped(&self.sh.dir, &d)?;
+        }
+        for p in [&t.sec_path, &t.ver_path] {
+            match std::fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(p, e)),
+            }
+        }
+        io::sync_dir(&self.sh.dir).map_err(|e| Error::io(&self.sh.dir, e))
+    }
+
+    /// Reorganizes one tablet log now (all segments), in the caller's thread. For tests and
+    /// maintenance; the background thread does this on its own.
+    pub fn reorganize(&self, tablet: u64) -> Result<ReorgOutcome> {
+        self.flush()?;
+        reorg::reorganize(&self.sh, tablet, true)
+    }
+
+    /// Fill degree (used / capacity) of one tablet log.
+    pub fn utilisation(&self, tablet: u64) -> f64 {
+        self.sh.tablet(tablet).map_or(0.0, |t| t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.sh.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let tablets: Vec<_> = self.sh.tablets.read().values().cloned().collect();
+        let mut used = 0u64;
+        let mut max_util = 0.0f64;
+        for t in &tablets {
+            let u = t.state.lock().used_bytes();
+            used += u;
+            max_util = max_util.max(u as f64 / t.capacity_bytes() as f64);
+        }
+        Stats {
+            io_mode: self.sh.io_mode.name(),
+            tablets: tablets.len(),
+            appended_entries: l(&c.appended_entries),
+            flushes: l(&c.flushes),
+            primary_writes: l(&c.primary_writes),
+            primary_bytes: l(&c.primary_bytes),
+            secondary_writes: l(&c.secondary_writes),
+            secondary_bytes: l(&c.secondary_bytes),
+            version_spills: l(&c.version_spills),
+            version_bytes: l(&c.version_bytes),
+            syncs: l(&c.syncs),
+            reorg_runs: l(&c.reorg_runs),
+            reorg_segments_cleaned: l(&c.reorg_segments),
+            reorg_bytes_freed: l(&c.reorg_bytes_freed),
+            reorg_bytes_read: l(&c.reorg_bytes_read),
+            reorg_corrupt_entries: l(&c.reorg_corrupt_entries),
+            urgent_requests: l(&c.urgent_requests),
+            prompt_requests: l(&c.prompt_requests),
+            used_bytes: used,
+            max_utilisation: max_util,
+            written_lsn: self.sh.written_lsn.load(Ordering::SeqCst),
+            durable_lsn: self.sh.durable_lsn.load(Ordering::SeqCst),
+            failed: self.sh.failed(),
+        }
+    }
+
+    /// Flushes everything (a checkpoint), stops the threads and closes the files.
+    pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        // Closing the write buffer makes the processor run one last checkpoint flush and exit.
+        self.sh.wb.close();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        let mut it = threads.into_iter();
+        // Processor and writer first (they finish the last flush), then the reorganizer.
+        let flush_threads: Vec<_> = it.by_ref().take(2).collect();
+        for h in flush_threads {
+            let _ = h.join();
+        }
+        self.sh.shutdown.store(true, Ordering::SeqCst);
+        self.sh.reorg_cv.notify_all();
+        for h in it {
+            let _ = h.join();
+        }
+        let _ = deadline;
+        match self.sh.failed() {
+            Some(msg) => Err(Error::Failed(msg)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Backup {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| Error::Io { path: name.into(), source: e })
+}

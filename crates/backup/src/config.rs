@@ -1,0 +1,141 @@
+//! Configuration of a backup store. Defaults follow DXRAM (digest 000, Appendix A) except where
+//! noted; every size is in bytes and every fraction is of a tablet log's capacity.
+
+use std::time::Duration;
+
+/// How reorganization picks segments of a log (digest 000 §6.4–6.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentStrategy {
+    /// DXRAM's default: the largest age × fill degree.
+    AgeTimesUtilisation,
+    /// RAMCloud/LFS cost-benefit, `(1 − u) · age / (1 + u)`, with u the fill degree.
+    CostBenefit,
+    /// Uniformly random among used segments (the baseline).
+    Random,
+}
+
+/// When a flush's writes are made durable with fdatasync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// After every flush (default): "on disk" means durable within one flush interval, like
+    /// Redis's `appendfsync everysec` with a 100 ms period.
+    EveryFlush,
+    /// Only when a caller waits for [`crate::Stage::Durable`] (or at close). Written data
+    /// survives a process crash but not a power cut until then.
+    OnDemand,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Write buffer (ring of `write_buffer_chunks` chunks). Appends block when it is full.
+    pub write_buffer_bytes: usize,
+    pub write_buffer_chunks: usize,
+    /// A flush starts when this much is buffered ...
+    pub flush_threshold_bytes: usize,
+    /// ... or when the oldest buffered entry is this old.
+    pub flush_interval: Duration,
+    /// Two-level logging: small per-tablet batches go to the primary log and the tablet's
+    /// secondary-log buffer. When false every batch goes straight to its secondary log.
+    pub two_level: bool,
+    /// A tablet's batch of at least this many bytes goes straight to its secondary log; this is
+    /// also the size of each secondary-log buffer (DXRAM: 128 KiB).
+    pub secondary_buffer_bytes: usize,
+    /// Primary log size (a circular file).
+    pub primary_log_bytes: u64,
+    /// Segment size of secondary logs (no entry spans two segments).
+    pub segment_bytes: u64,
+    /// Capacity of one tablet's secondary log (DXRAM: 2 × 256 MiB zone).
+    pub tablet_log_capacity_bytes: u64,
+    /// A buffer this full of a segment opens a fresh segment (DXRAM: 75%).
+    pub new_segment_fraction: f64,
+    /// Keys per version buffer before it is spilled to the version log.
+    pub version_buffer_entries: usize,
+    /// Spill when the version buffer is this full (DXRAM: 65%).
+    pub version_spill_fraction: f64,
+    /// Reorganization thresholds, fractions of the log capacity.
+    pub reorg_activation: f64,
+    pub reorg_prompt: f64,
+    pub reorg_enabled: bool,
+    pub reorg_strategy: SegmentStrategy,
+    /// Fraction of a log's segments cleaned per periodic visit (DXRAM: 33%).
+    pub reorg_segments_per_visit: f64,
+    /// Threads that read segments during replay.
+    pub replay_threads: usize,
+    pub sync: SyncPolicy,
+    /// Largest value accepted (DESIGN.md default 1 MiB); bounded by half a segment.
+    pub value_max_bytes: usize,
+    /// Use O_DIRECT when the file system allows it.
+    pub direct_io: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            write_buffer_bytes: 32 << 20,
+            write_buffer_chunks: 8,
+            flush_threshold_bytes: 16 << 20,
+            flush_interval: Duration::from_millis(100),
+            two_level: true,
+            secondary_buffer_bytes: 128 << 10,
+            primary_log_bytes: 256 << 20,
+            segment_bytes: 8 << 20,
+            tablet_log_capacity_bytes: 512 << 20,
+            new_segment_fraction: 0.75,
+            version_buffer_entries: 1 << 16,
+            version_spill_fraction: 0.65,
+            reorg_activation: 0.60,
+            reorg_prompt: 0.75,
+            reorg_enabled: true,
+            reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
+            reorg_segments_per_visit: 0.33,
+            replay_threads: 2,
+            sync: SyncPolicy::EveryFlush,
+            value_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
+            direct_io: true,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the relations between the sizes; returns a description of the first violation.
+    pub fn validate(&self) -> Result<(), String> {
+        let page = crate::format::PAGE_BYTES as u64;
+        if self.segment_bytes < 64 * 1024 || self.segment_bytes % page != 0 || self.segment_bytes > (1 << 31) {
+            return Err("segment_bytes must be a multiple of 4 KiB between 64 KiB and 2 GiB".into());
+        }
+        if self.tablet_log_capacity_bytes < 2 * self.segment_bytes {
+            return Err("tablet_log_capacity_bytes must hold at least two segments".into());
+        }
+        if self.primary_log_bytes < 4 * page || self.primary_log_bytes % page != 0 {
+            return Err("primary_log_bytes must be a multiple of 4 KiB and at least 16 KiB".into());
+        }
+        if self.write_buffer_chunks < 2 || self.write_buffer_bytes / self.write_buffer_chunks < 64 * 1024 {
+            return Err("write buffer needs at least two chunks of 64 KiB".into());
+        }
+        if self.entry_max_bytes() > self.write_buffer_bytes / self.write_buffer_chunks {
+            return Err("a write-buffer chunk must hold the largest entry (raise write_buffer_bytes)".into());
+        }
+        if self.flush_threshold_bytes == 0 || self.flush_threshold_bytes > self.write_buffer_bytes {
+            return Err("flush_threshold_bytes must be in 1..=write_buffer_bytes".into());
+        }
+        if (self.secondary_buffer_bytes as u64) > self.segment_bytes / 2 {
+            return Err("secondary_buffer_bytes must be at most half a segment".into());
+        }
+        if (self.primary_log_bytes as usize) < 2 * self.flush_threshold_bytes.max(self.write_buffer_bytes) {
+            return Err("primary_log_bytes must be at least twice the write buffer".into());
+        }
+        if !(0.0..=1.0).contains(&self.reorg_activation) || !(0.0..=1.0).contains(&self.reorg_prompt) {
+            return Err("reorganization thresholds are fractions in 0..=1".into());
+        }
+        if self.version_buffer_entries < 16 {
+            return Err("version_buffer_entries must be at least 16".into());
+        }
+        Ok(())
+    }
+
+    /// Largest encoded entry: bounded by half a segment (DXRAM) and by the value limit.
+    pub fn entry_max_bytes(&self) -> usize {
+        let by_segment = (self.segment_bytes as usize / 2).saturating_sub(crate::format::BLOCK_HEADER_BYTES);
+        by_segment.min(crate::format::ENTRY_HEADER_BYTES + crate::format::KEY_MAX_BYTES + self.value_max_bytes)
+    }
+}

@@ -1,0 +1,726 @@
+//! The flush pipeline: a processor thread drains the write buffer, sorts entries by tablet and
+//! decides primary vs secondary (two-level logging); a writer thread executes the block writes,
+//! applies versions to the version buffers, spills them, syncs, and publishes progress. Sorting of
+//! one flush overlaps with the disk writes of the previous one (DXRAM's BufferProcessingThread and
+//! WriterThread).
+
+use crate::format::{self, BlockHeader, VersionRecord, BLOCK_HEADER_BYTES, PAGE_BYTES};
+use crate::io::{self, AlignedBuf, IoMode};
+use crate::tablet::{BlockWrite, Tablet};
+use crate::wbuf::{Taken, WriteBuffer};
+use crate::{Config, Error, Result, SyncPolicy};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A small pool of page-aligned buffers so that steady-state flushes do not allocate.
+pub struct BufPool {
+    free: Mutex<Vec<AlignedBuf>>,
+    limit_bytes: usize,
+}
+
+impl BufPool {
+    pub fn new(limit_bytes: usize) -> BufPool {
+        BufPool { free: Mutex::new(Vec::new()), limit_bytes }
+    }
+    pub fn get(&self, len: usize) -> AlignedBuf {
+        let mut g = self.free.lock();
+        let best = g.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
+        match best {
+            Some(i) if g[i].capacity() <= len.max(PAGE_BYTES) * 4 => {
+                let mut b = g.swap_remove(i);
+                b.set_len(0);
+                b
+            }
+            _ => AlignedBuf::new(len),
+        }
+    }
+    pub fn put(&self, buf: AlignedBuf) {
+        let mut g = self.free.lock();
+        let held: usize = g.iter().map(|b| b.capacity()).sum();
+        if held + buf.capacity() <= self.limit_bytes {
+            g.push(buf);
+        }
+    }
+}
+
+/// Counters published through `Backup::stats`.
+#[derive(Default)]
+pub struct Counters {
+    pub appended_entries: AtomicU64,
+    pub flushes: AtomicU64,
+    pub primary_writes: AtomicU64,
+    pub primary_bytes: AtomicU64,
+    pub secondary_writes: AtomicU64,
+    pub secondary_bytes: AtomicU64,
+    pub version_spills: AtomicU64,
+    pub version_bytes: AtomicU64,
+    pub syncs: AtomicU64,
+    pub reorg_runs: AtomicU64,
+    pub reorg_segments: AtomicU64,
+    pub reorg_bytes_freed: AtomicU64,
+    pub reorg_bytes_read: AtomicU64,
+    pub urgent_requests: AtomicU64,
+    pub prompt_requests: AtomicU64,
+    pub reorg_corrupt_entries: AtomicU64,
+}
+
+pub struct Progress {
+    pub written_lsn: u64,
+    pub durable_lsn: u64,
+    pub failed: Option<String>,
+}
+
+pub struct PrimaryLog {
+    pub file: File,
+    pub path: PathBuf,
+    pub size: u64,
+    pub offset: u64,
+}
+
+pub struct Shared {
+    pub dir: PathBuf,
+    pub cfg: Config,
+    pub io_mode: IoMode,
+    pub wb: WriteBuffer,
+    /// Next sequence number: flush cycles and block writes draw from it.
+    pub seq: AtomicU64,
+    pub tablets: RwLock<BTreeMap<u64, Arc<Tablet>>>,
+    pub primary: Mutex<PrimaryLog>,
+    pub progress: Mutex<Progress>,
+    pub progress_cv: Condvar,
+    pub written_lsn: AtomicU64,
+    pub durable_lsn: AtomicU64,
+    pub sync_requested: AtomicBool,
+    pub checkpoint_requested: AtomicBool,
+    pub pool: BufPool,
+    pub counters: Counters,
+    pub reorg_queue: Mutex<VecDeque<(u64, bool)>>,
+    pub reorg_cv: Condvar,
+    /// Bumped after each urgent reorganization; the processor waits on it.
+    pub reorg_done: Mutex<u64>,
+    pub reorg_done_cv: Condvar,
+    pub shutdown: AtomicBool,
+    pub dropped: Mutex<HashMap<u64, u64>>,
+}
+
+impl Shared {
+    pub fn tablet(&self, id: u64) -> Option<Arc<Tablet>> {
+        self.tablets.read().get(&id).cloned()
+    }
+
+    pub fn get_or_create_tablet(&self, id: u64) -> Result<Arc<Tablet>> {
+        if let Some(t) = self.tablet(id) {
+            return Ok(t);
+        }
+        let mut g = self.tablets.write();
+        if let Some(t) = g.get(&id) {
+            return Ok(t.clone());
+        }
+        let (t, _) = Tablet::open(&self.dir, id, self.io_mode, &self.cfg)?;
+        let t = Arc::new(t);
+        g.insert(id, t.clone());
+        Ok(t)
+    }
+
+    pub fn fail(&self, err: &Error) {
+        let msg = err.to_string();
+        tracing::error!("backup failed: {msg}");
+        self.wb.fail(msg.clone());
+        let mut p = self.progress.lock();
+        if p.failed.is_none() {
+            p.failed = Some(msg);
+        }
+        self.progress_cv.notify_all();
+    }
+
+    pub fn failed(&self) -> Option<String> {
+        self.progress.lock().failed.clone()
+    }
+
+    pub fn request_reorg(&self, tablet: u64, urgent: bool) {
+        let mut q = self.reorg_queue.lock();
+        if urgent {
+            q.push_front((tablet, true));
+        } else if !q.iter().any(|(t, _)| *t == tablet) {
+            q.push_back((tablet, false));
+        }
+        self.reorg_cv.notify_all();
+    }
+}
+
+/// Versions learned in one flush, applied by the writer after the data is on disk.
+pub struct VersionBatch {
+    pub tablet: Arc<Tablet>,
+    pub records: Vec<VersionRecord>,
+}
+
+/// One flush cycle, handed from the processor to the writer.
+pub struct Job {
+    pub seq: u64,
+    pub lsn: u64,
+    pub writes: Vec<(Arc<Tablet>, BlockWrite)>,
+    pub primary: Option<(u64, AlignedBuf)>,
+    /// The primary write wraps to offset 0: every SLB has been flushed in `writes`, and all
+    /// version buffers must be spilled before the primary block is written.
+    pub wrap: bool,
+    /// Flush every SLB and spill every version buffer (close, or a requested checkpoint).
+    pub checkpoint: bool,
+    pub versions: Vec<VersionBatch>,
+    pub chunks: Vec<Vec<u8>>,
+    pub force_sync: bool,
+    pub closing: bool,
+}
+
+/// Processor thread body.
+pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
+    loop {
+        let taken = sh.wb.take();
+        let closing = taken.closed;
+        let checkpoint = sh.checkpoint_requested.swap(false, Ordering::SeqCst) || closing;
+        let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || taken.force || closing;
+        let job = if sh.failed().is_some() {
+            Ok(Job {
+                seq: 0,
+                lsn: taken.lsn,
+                writes: Vec::new(),
+                primary: None,
+                wrap: false,
+                checkpoint: false,
+                versions: Vec::new(),
+                chunks: taken.chunks,
+                force_sync: false,
+                closing,
+            })
+        } else {
+            build_job(&sh, taken, checkpoint, force_sync, closing)
+        };
+        match job {
+            Ok(job) => {
+                if tx.send(job).is_err() {
+                    return;
+                }
+            }
+            Err((e, chunks)) => {
+                sh.fail(&e);
+                sh.wb.release(chunks);
+            }
+        }
+        if closing {
+            return;
+        }
+    }
+}
+
+type BuildErr = (Error, Vec<Vec<u8>>);
+
+fn build_job(sh: &Shared, taken: Taken, checkpoint: bool, force_sync: bool, closing: bool) -> std::result::Result<Job, BuildErr> {
+    let Taken { chunks, lsn, .. } = taken;
+    match build_job_inner(sh, &chunks, checkpoint) {
+        Ok((seq, writes, primary, wrap, versions)) => {
+            Ok(Job { seq, lsn, writes, primary, wrap, checkpoint, versions, chunks, force_sync, closing })
+        }
+        Err(e) => Err((e, chunks)),
+    }
+}
+
+type Built = (u64, Vec<(Arc<Tablet>, BlockWrite)>, Option<(u64, AlignedBuf)>, bool, Vec<VersionBatch>);
+
+fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<Built> {
+    let cfg = &sh.cfg;
+    let seq = sh.seq.fetch_add(1, Ordering::SeqCst);
+    // 1. Sort batch records by tablet, keeping arrival order within each tablet.
+    let mut groups: BTreeMap<u64, Vec<&[u8]>> = BTreeMap::new();
+    for chunk in chunks {
+        let mut at = 0usize;
+        while at < chunk.len() {
+            let (tablet, len, _) = format::decode_batch_header(&chunk[at..])
+                .ok_or_else(|| Error::Corrupt("write buffer batch header".into()))?;
+            let body = &chunk[at + format::BATCH_HEADER_BYTES..at + format::BATCH_HEADER_BYTES + len];
+            groups.entry(tablet).or_default().push(body);
+            at += format::BATCH_HEADER_BYTES + len;
+        }
+    }
+    let mut writes: Vec<(Arc<Tablet>, BlockWrite)> = Vec::new();
+    let mut primary_body: Vec<u8> = Vec::new();
+    let mut versions: Vec<VersionBatch> = Vec::new();
+    let mut appended = 0u64;
+    for (tablet_id, bodies) in &groups {
+        let tablet = sh.get_or_create_tablet(*tablet_id)?;
+        // 2. Split puts from deletes, and learn versions.
+        let mut records = Vec::new();
+        let mut puts: Vec<&[u8]> = Vec::with_capacity(bodies.len());
+        let mut deletes: Vec<u8> = Vec::new();
+        let mut put_bytes = 0usize;
+        for body in bodies {
+            let mut at = 0usize;
+            let mut run_start = 0usize;
+            while at < body.len() {
+                let len = format::entry_len_unchecked(&body[at..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
+                let entry = &body[at..at + len];
+                let kind = entry[0];
+                let key = &entry[format::ENTRY_HEADER_BYTES..format::ENTRY_HEADER_BYTES + u32::from_le_bytes([entry[5], entry[6], entry[7], entry[8]]) as usize];
+                let version = u64::from_le_bytes(entry[13..21].try_into().expect("8 bytes"));
+                records.push(VersionRecord { hash: format::key_hash(key), version, deleted: kind == format::KIND_DELETE });
+                appended += 1;
+                if kind == format::KIND_DELETE {
+                    if at > run_start {
+                        puts.push(&body[run_start..at]);
+                        put_bytes += at - run_start;
+                    }
+                    deletes.extend_from_slice(entry);
+                    run_start = at + len;
+                }
+                at += len;
+            }
+            if body.len() > run_start {
+                puts.push(&body[run_start..]);
+                put_bytes += body.len() - run_start;
+            }
+        }
+        // 3. Route: small batches to the primary log + SLB, large ones straight to the secondary log.
+        let mut st = tablet.state.lock();
+        let mut run_puts = false;
+        if put_bytes > 0 {
+            let small = cfg.two_level && put_bytes < cfg.secondary_buffer_bytes;
+            if small && st.slb.len() + put_bytes <= cfg.secondary_buffer_bytes {
+                for p in &puts {
+                    st.slb.extend_from_slice(p);
+                }
+                st.slb_data_seq = seq;
+                run_puts = true;
+            } else {
+                let slb = std::mem::take(&mut st.slb);
+                let mut slices: Vec<&[u8]> = Vec::with_capacity(puts.len() + 1);
+                if !slb.is_empty() {
+                    slices.push(&slb);
+                }
+                slices.extend_from_slice(&puts);
+                let placed = place_with_urgent(sh, &tablet, &mut st, &slices, seq)?;
+                for w in placed {
+                    writes.push((tablet.clone(), w));
+                }
+                st.slb = slb;
+                st.slb.clear();
+            }
+        }
+        drop(st);
+        if run_puts || !deletes.is_empty() {
+            let body_len = if run_puts { put_bytes } else { 0 } + deletes.len();
+            format::encode_run_header(&mut primary_body, *tablet_id, body_len as u32, 0);
+            if run_puts {
+                for p in &puts {
+                    primary_body.extend_from_slice(p);
+                }
+            }
+            primary_body.extend_from_slice(&deletes);
+        }
+        versions.push(VersionBatch { tablet, records });
+    }
+    sh.counters.appended_entries.fetch_add(appended, Ordering::Relaxed);
+    // 4. The primary block (one write for all small batches of this flush).
+    let mut wrap = false;
+    let mut primary = None;
+    if !primary_body.is_empty() {
+        let padded = format::page_align_up(BLOCK_HEADER_BYTES + primary_body.len());
+        let mut pl = sh.primary.lock();
+        if padded as u64 > pl.size {
+            return Err(Error::Corrupt("primary block larger than the primary log".into()));
+        }
+        if pl.offset + padded as u64 > pl.size {
+            wrap = true;
+            pl.offset = 0;
+        }
+        let mut buf = sh.pool.get(padded);
+        {
+            let out = buf.full_mut();
+            out[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + primary_body.len()].copy_from_slice(&primary_body);
+            out[BLOCK_HEADER_BYTES + primary_body.len()..padded].fill(0);
+            BlockHeader {
+                kind: format::BLOCK_PRIMARY,
+                body_len: primary_body.len() as u32,
+                write_seq: sh.seq.fetch_add(1, Ordering::SeqCst),
+                data_seq: seq,
+                tablet: 0,
+                entry_count: 0,
+            }
+            .encode(out);
+        }
+        buf.set_len(padded);
+        primary = Some((pl.offset, buf));
+        pl.offset += padded as u64;
+    }
+    // 5. Before the primary log wraps (or at a checkpoint), every SLB goes to its secondary log.
+    if wrap || checkpoint {
+        let all: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
+        for tablet in all {
+            let mut st = tablet.state.lock();
+            if st.slb.is_empty() {
+                continue;
+            }
+            let slb = std::mem::take(&mut st.slb);
+            let data_seq = st.slb_data_seq.max(1);
+            let placed = place_with_urgent(sh, &tablet, &mut st, &[&slb], data_seq)?;
+            for w in placed {
+                writes.push((tablet.clone(), w));
+            }
+        }
+    }
+    Ok((seq, writes, primary, wrap, versions))
+}
+
+/// Places data, asking for an urgent reorganization (and waiting for it) if the log is full.
+fn place_with_urgent(
+    sh: &Shared,
+    tablet: &Arc<Tablet>,
+    st: &mut parking_lot::MutexGuard<'_, crate::tablet::TabletState>,
+    slices: &[&[u8]],
+    data_seq: u64,
+) -> Result<Vec<BlockWrite>> {
+    for attempt in 0..3 {
+        if let Some(w) = tablet.place(st, slices, data_seq, &sh.seq, &sh.pool, sh.cfg.new_segment_fraction)? {
+            return Ok(w);
+        }
+        if !sh.cfg.reorg_enabled || attempt == 2 {
+            break;
+        }
+        sh.counters.urgent_requests.fetch_add(1, Ordering::Relaxed);
+        let before = *sh.reorg_done.lock();
+        sh.request_reorg(tablet.id, true);
+        // The reorganizer needs the tablet state lock: release it while waiting.
+        parking_lot::MutexGuard::unlocked(st, || {
+            let mut g = sh.reorg_done.lock();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while *g == before && std::time::Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
+                sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(50));
+            }
+        });
+    }
+    Err(Error::LogFull { tablet: tablet.id, capacity_bytes: tablet.capacity_bytes() })
+}
+
+/// Writer thread body.
+pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
+    let mut dirty: HashMap<u64, Arc<Tablet>> = HashMap::new();
+    let mut dirty_versions: HashMap<u64, Arc<Tablet>> = HashMap::new();
+    let mut primary_dirty = false;
+    while let Ok(job) = rx.recv() {
+        let closing = job.closing;
+        let lsn = job.lsn;
+        let chunks_len = job.chunks.len();
+        let result = execute(&sh, job, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+        match result {
+            Ok((chunks, synced)) => {
+                sh.wb.release(chunks);
+                sh.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                let mut p = sh.progress.lock();
+                if p.failed.is_none() {
+                    p.written_lsn = p.written_lsn.max(lsn);
+                    sh.written_lsn.store(p.written_lsn, Ordering::SeqCst);
+                    if synced {
+                        p.durable_lsn = p.durable_lsn.max(lsn);
+                        sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
+                    }
+                }
+                sh.progress_cv.notify_all();
+            }
+            Err((e, chunks)) => {
+                let _ = chunks_len;
+                sh.fail(&e);
+                sh.wb.release(chunks);
+            }
+        }
+        if closing {
+            return;
+        }
+    }
+}
+
+type ExecErr = (Error, Vec<Vec<u8>>);
+
+fn execute(
+    sh: &Shared,
+    job: Job,
+    dirty: &mut HashMap<u64, Arc<Tablet>>,
+    dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
+    primary_dirty: &mut bool,
+) -> std::result::Result<(Vec<Vec<u8>>, bool), ExecErr> {
+    let Job { seq, writes, primary, wrap, checkpoint, versions, chunks, force_sync, .. } = job;
+    if sh.failed().is_some() {
+        return Ok((chunks, false));
+    }
+    let r = (|| -> Result<bool> {
+        // Secondary writes.
+        let mut touched: Vec<Arc<Tablet>> = Vec::new();
+        let mut first_error: Option<Error> = None;
+        for (tablet, w) in &writes {
+            if first_error.is_none() {
+                match tablet.file.write_all_at(w.buf.as_slice(), w.offset) {
+                    Ok(()) => {
+                        sh.counters.secondary_writes.fetch_add(1, Ordering::Relaxed);
+                        sh.counters.secondary_bytes.fetch_add(w.buf.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => first_error = Some(Error::io(&tablet.sec_path, e)),
+                }
+            }
+            if !dirty.contains_key(&tablet.id) {
+                dirty.insert(tablet.id, tablet.clone());
+            }
+            touched.push(tablet.clone());
+        }
+        // Release segment pins whatever happened (a failed backup refuses further writes anyway).
+        for (tablet, w) in &writes {
+            let mut st = tablet.state.lock();
+            if let Some(m) = st.segments.get_mut(w.segment) {
+                m.pending = m.pending.saturating_sub(1);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if !wrap {
+            write_primary(sh, &primary, primary_dirty)?;
+        }
+        // Versions become visible to reorganization only now that their data is on disk.
+        for vb in &versions {
+            let mut st = vb.tablet.state.lock();
+            for r in &vb.records {
+                st.note_version(r.hash, r.version, r.deleted);
+            }
+            st.vbuf_seq = seq;
+        }
+        let spill_at = (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
+        let candidates: Vec<Arc<Tablet>> = if wrap || checkpoint {
+            sh.tablets.read().values().cloned().collect()
+        } else {
+            versions.iter().map(|v| v.tablet.clone()).collect()
+        };
+        for tablet in candidates {
+            let (records, vseq) = {
+                let st = tablet.state.lock();
+                let due = if wrap || checkpoint { !st.vbuf.is_empty() } else { st.vbuf.len() >= spill_at };
+                if !due {
+                    continue;
+                }
+                let records: Vec<VersionRecord> =
+                    st.vbuf.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
+                (records, st.vbuf_seq)
+            };
+            let bytes = tablet.append_versions(vseq, &records)?;
+            {
+                let mut st = tablet.state.lock();
+                // Keep what changed meanwhile (nothing can: this thread applies versions).
+                st.vbuf.clear();
+                st.ver_wm = st.ver_wm.max(vseq);
+            }
+            sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
+            sh.counters.version_bytes.fetch_add(bytes, Ordering::Relaxed);
+            dirty_versions.insert(tablet.id, tablet.clone());
+        }
+        let must_sync = wrap || checkpoint || force_sync || sh.cfg.sync == SyncPolicy::EveryFlush;
+        if must_sync {
+            sync_all(sh, dirty, dirty_versions, primary_dirty)?;
+        }
+        if wrap {
+            write_primary(sh, &primary, primary_dirty)?;
+            if must_sync {
+                sync_all(sh, dirty, dirty_versions, primary_dirty)?;
+            }
+        }
+        // Prompt reorganization requests for logs past the prompt threshold.
+        if sh.cfg.reorg_enabled {
+            for tablet in touched {
+                let mut st = tablet.state.lock();
+                let util = st.used_bytes() as f64 / tablet.capacity_bytes() as f64;
+                if util >= sh.cfg.reorg_prompt && !st.prompt_requested {
+                    st.prompt_requested = true;
+                    drop(st);
+                    sh.counters.prompt_requests.fetch_add(1, Ordering::Relaxed);
+                    sh.request_reorg(tablet.id, false);
+                }
+            }
+        }
+        Ok(must_sync)
+    })();
+    for (_, w) in writes {
+        sh.pool.put(w.buf);
+    }
+    if let Some((_, b)) = primary {
+        sh.pool.put(b);
+    }
+    match r {
+        Ok(synced) => Ok((chunks, synced)),
+        Err(e) => Err((e, chunks)),
+    }
+}
+
+fn write_primary(sh: &Shared, primary: &Option<(u64, AlignedBuf)>, dirty: &mut bool) -> Result<()> {
+    if let Some((offset, buf)) = primary {
+        let pl = sh.primary.lock();
+        pl.file.write_all_at(buf.as_slice(), *offset).map_err(|e| Error::io(&pl.path, e))?;
+        sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
+        sh.counters.primary_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        *dirty = true;
+    }
+    Ok(())
+}
+
+fn sync_all(
+    sh: &Shared,
+    dirty: &mut HashMap<u64, Arc<Tablet>>,
+    dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
+    primary_dirty: &mut bool,
+) -> Result<()> {
+    for (_, t) in dirty.drain() {
+        t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
+        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+    for (_, t) in dirty_versions.drain() {
+        let g = t.verlog.lock();
+        g.file.sync_data().map_err(|e| Error::io(&t.ver_path, e))?;
+        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+    if *primary_dirty {
+        let pl = sh.primary.lock();
+        pl.file.sync_data().map_err(|e| Error::io(&pl.path, e))?;
+        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        *primary_dirty = false;
+    }
+    Ok(())
+}
+
+/// Reads the manifest (creating it on first open) and reserves this run's sequence range.
+pub fn open_manifest(dir: &Path, cfg: &Config) -> Result<u64> {
+    let path = dir.join("MANIFEST");
+    let existing = match std::fs::read(&path) {
+        Ok(bytes) => Some(format::Manifest::decode(&bytes).map_err(|e| Error::Corrupt(format!("MANIFEST: {e}")))?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let base = match existing {
+        Some(m) => {
+            if m.segment_bytes != cfg.segment_bytes || m.primary_bytes != cfg.primary_log_bytes {
+                return Err(Error::Config(format!(
+                    "directory was created with segment_bytes {} and primary_log_bytes {}; the configuration says {} and {}",
+                    m.segment_bytes, m.primary_bytes, cfg.segment_bytes, cfg.primary_log_bytes
+                )));
+            }
+            m.seq_base
+        }
+        None => 1,
+    };
+    // Each run uses sequence numbers in [base, base + 2^32): the next run starts above them all.
+    let next = format::Manifest { segment_bytes: cfg.segment_bytes, primary_bytes: cfg.primary_log_bytes, seq_base: base + (1 << 32) };
+    let tmp = dir.join("MANIFEST.tmp");
+    {
+        let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all_at(&next.encode(), 0).map_err(|e| Error::io(&tmp, e))?;
+        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    io::sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    Ok(base)
+}
+
+/// Dropped tablets: `(tablet, seq)` pairs; primary-log entries of a tablet older than its drop
+/// are ignored on open.
+pub fn read_dropped(dir: &Path) -> HashMap<u64, u64> {
+    let mut out = HashMap::new();
+    if let Ok(bytes) = std::fs::read(dir.join("DROPPED")) {
+        if bytes.len() >= 4 {
+            let crc = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+            if crc32c::crc32c(&bytes[4..]) == crc {
+                for pair in bytes[4..].chunks_exact(16) {
+                    let t = u64::from_le_bytes(pair[0..8].try_into().expect("8 bytes"));
+                    let s = u64::from_le_bytes(pair[8..16].try_into().expect("8 bytes"));
+                    out.insert(t, s);
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn write_dropped(dir: &Path, dropped: &HashMap<u64, u64>) -> Result<()> {
+    let mut body = Vec::with_capacity(4 + dropped.len() * 16);
+    body.extend_from_slice(&[0u8; 4]);
+    let mut pairs: Vec<_> = dropped.iter().collect();
+    pairs.sort();
+    for (t, s) in pairs {
+        body.extend_from_slice(&t.to_le_bytes());
+        body.extend_from_slice(&s.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&body[4..]);
+    body[0..4].copy_from_slice(&crc.to_le_bytes());
+    let tmp = dir.join("DROPPED.tmp");
+    let path = dir.join("DROPPED");
+    {
+        let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all_at(&body, 0).map_err(|e| Error::io(&tmp, e))?;
+        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    io::sync_dir(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Opens the primary log and moves its share back into the tablets' SLBs and version buffers:
+/// entries newer than what each tablet's secondary log (or version log) already holds.
+pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> {
+    let path = sh.dir.join("primary.log");
+    let file = io::open_log(&path, sh.io_mode, true).map_err(|e| Error::io(&path, e))?;
+    let size = sh.cfg.primary_log_bytes;
+    io::preallocate(&file, 0, size).map_err(|e| Error::io(&path, e))?;
+    let mut buf = AlignedBuf::new(size as usize);
+    let n = io::read_exact_at(&file, buf.full_mut(), 0).map_err(|e| Error::io(&path, e))?;
+    buf.set_len(n);
+    let region = buf.as_slice();
+    let mut max_seq = 0u64;
+    let mut err: Option<Error> = None;
+    let end = format::walk_blocks(region, |_, h, body| {
+        max_seq = max_seq.max(h.write_seq);
+        if h.kind != format::BLOCK_PRIMARY || err.is_some() {
+            return;
+        }
+        let seq = h.data_seq;
+        format::walk_runs(body, |run, run_body| {
+            if err.is_some() || dropped.get(&run.tablet).is_some_and(|&d| seq <= d) {
+                return;
+            }
+            let tablet = match sh.get_or_create_tablet(run.tablet) {
+                Ok(t) => t,
+                Err(e) => {
+                    err = Some(e);
+                    return;
+                }
+            };
+            let mut st = tablet.state.lock();
+            let (data_wm, ver_wm) = (st.data_wm, st.ver_wm);
+            format::walk_entries(run_body, |off, e| {
+                if seq > ver_wm {
+                    st.note_version(format::key_hash(e.key), e.version, e.is_delete());
+                    st.vbuf_seq = st.vbuf_seq.max(seq);
+                }
+                if seq > data_wm && !e.is_delete() {
+                    let len = e.encoded_len();
+                    st.slb.extend_from_slice(&run_body[off..off + len]);
+                    st.slb_data_seq = st.slb_data_seq.max(seq);
+                }
+            });
+        });
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let mut pl = sh.primary.lock();
+    pl.file = file;
+    pl.path = path;
+    pl.size = size;
+    pl.offset = end as u64;
+    Ok(max_seq)
+}

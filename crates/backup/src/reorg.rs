@@ -1,0 +1,391 @@
+//! Reorganization (DXRAM's log cleaning, digest 000 §6), run by one background thread local to
+//! the backup. It picks a log (urgent requests, then prompt requests, then the largest log above
+//! the activation threshold, every third time a random eligible one), gathers the current versions
+//! (version log + version buffer, which also compacts the version log), then picks segments by the
+//! configured strategy and keeps only entries that are current.
+//!
+//! Survivors are copied into a free segment (the log keeps one in reserve) and the cleaned
+//! segments are zeroed only after that copy is synced, so a crash at any point loses nothing: at
+//! worst a survivor exists twice, which replay resolves by version.
+
+use crate::engine::Shared;
+use crate::format::{self, BlockHeader, VersionRecord, BLOCK_HEADER_BYTES, PAGE_BYTES};
+use crate::io::{self, AlignedBuf};
+use crate::tablet::{read_versions_file, HashMapU128, Tablet, VersionInfo};
+use crate::{Error, Result, SegmentStrategy};
+use rand::{Rng, SeedableRng};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What one reorganization of one log did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReorgOutcome {
+    pub segments_cleaned: u64,
+    pub bytes_freed: u64,
+    pub bytes_read: u64,
+    pub corrupt_entries: u64,
+}
+
+pub fn run_reorganizer(sh: Arc<Shared>) {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
+    let mut visits = 0u64;
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        let request = {
+            let mut q = sh.reorg_queue.lock();
+            if q.is_empty() {
+                sh.reorg_cv.wait_for(&mut q, Duration::from_millis(100));
+            }
+            q.pop_front()
+        };
+        if sh.shutdown.load(Ordering::SeqCst) {
+            break;
+        }
+        if sh.failed().is_some() {
+            bump_done(&sh);
+            continue;
+        }
+        match request {
+            Some((tablet, urgent)) => {
+                if let Err(e) = reorganize(&sh, tablet, urgent) {
+                    tracing::warn!("reorganization of tablet {tablet:#x} failed: {e}");
+                }
+                if let Some(t) = sh.tablet(tablet) {
+                    t.state.lock().prompt_requested = false;
+                }
+                bump_done(&sh);
+            }
+            None => {
+                let eligible: Vec<(u64, f64)> = sh
+                    .tablets
+                    .read()
+                    .values()
+                    .map(|t| (t.id, t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64))
+                    .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
+                    .collect();
+                if eligible.is_empty() {
+                    continue;
+                }
+                visits += 1;
+                let pick = if visits % 3 == 0 {
+                    eligible[rng.gen_range(0..eligible.len())].0
+                } else {
+                    eligible.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|e| e.0).unwrap_or(eligible[0].0)
+                };
+                if let Err(e) = reorganize(&sh, pick, false) {
+                    tracing::warn!("reorganization of tablet {pick:#x} failed: {e}");
+                }
+            }
+        }
+    }
+    bump_done(&sh);
+}
+
+fn bump_done(sh: &Shared) {
+    let mut g = sh.reorg_done.lock();
+    *g += 1;
+    sh.reorg_done_cv.notify_all();
+}
+
+/// Gathers the current versions of a tablet and rewrites its version log compactly.
+pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInfo>> {
+    let mut map = HashMapU128::default();
+    let mut vl = t.verlog.lock();
+    let (_, file_seq) = read_versions_file(&vl.file, vl.len, &t.ver_path, &mut map)?;
+    let (snapshot, vseq) = {
+        let st = t.state.lock();
+        (st.vbuf.clone(), st.vbuf_seq)
+    };
+    for (h, v) in &snapshot {
+        let slot = map.entry(*h).or_insert(*v);
+        if v.version >= slot.version {
+            *slot = *v;
+        }
+    }
+    let seq = vseq.max(file_seq);
+    let records: Vec<VersionRecord> =
+        map.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
+    let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
+    for chunk in records.chunks(format::VERSION_BLOCK_RECORDS_MAX) {
+        format::encode_version_block(&mut buf, seq, chunk);
+    }
+    let tmp = t.ver_path.with_extension("ver.tmp");
+    {
+        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all_at(&buf, 0).map_err(|e| Error::io(&tmp, e))?;
+        f.sync_data().map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::rename(&tmp, &t.ver_path).map_err(|e| Error::io(&t.ver_path, e))?;
+    if let Some(dir) = t.ver_path.parent() {
+        io::sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    vl.file = std::fs::OpenOptions::new().read(true).write(true).open(&t.ver_path).map_err(|e| Error::io(&t.ver_path, e))?;
+    vl.len = buf.len() as u64;
+    sh.counters.version_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    let mut st = t.state.lock();
+    for (h, v) in &snapshot {
+        if st.vbuf.get(h) == Some(v) {
+            st.vbuf.remove(h);
+        }
+    }
+    st.ver_wm = st.ver_wm.max(vseq);
+    Ok(map)
+}
+
+/// Is this entry current according to the gathered versions? Unknown keys are kept (their
+/// versions arrived after the gather).
+#[inline]
+pub fn is_current(map: &HashMapU128<VersionInfo>, hash: u128, version: u64) -> bool {
+    match map.get(&hash) {
+        None => true,
+        Some(v) if v.deleted => version > v.version,
+        Some(v) => version >= v.version,
+    }
+}
+
+/// Reorganizes one tablet log: all segments if `full` (urgent), else a share chosen by strategy.
+pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> {
+    let Some(t) = sh.tablet(tablet) else { return Ok(ReorgOutcome::default()) };
+    let _guard = t.reorg_lock.lock();
+    sh.counters.reorg_runs.fetch_add(1, Ordering::Relaxed);
+    let map = gather_versions(sh, &t)?;
+    let seg_bytes = t.segment_bytes as usize;
+    let now = Instant::now();
+    // Choose segments.
+    let chosen: Vec<usize> = {
+        let mut st = t.state.lock();
+        let mut cands: Vec<(usize, f64)> = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.used > 0 && s.pending == 0 && !s.reorganizing)
+            .map(|(i, s)| {
+                let u = s.used as f64 / seg_bytes as f64;
+                let age = now.duration_since(s.stamp).as_secs_f64() + 1e-3;
+                let score = match sh.cfg.reorg_strategy {
+                    SegmentStrategy::AgeTimesUtilisation => age * u,
+                    SegmentStrategy::CostBenefit => (1.0 - u) * age / (1.0 + u),
+                    SegmentStrategy::Random => 0.0,
+                };
+                (i, score)
+            })
+            .collect();
+        if !full {
+            let budget = ((st.segments.len() as f64 * sh.cfg.reorg_segments_per_visit).ceil() as usize).max(1);
+            if sh.cfg.reorg_strategy == SegmentStrategy::Random {
+                let mut rng = rand::thread_rng();
+                for i in (1..cands.len()).rev() {
+                    let j = rng.gen_range(0..=i);
+                    cands.swap(i, j);
+                }
+            } else {
+                cands.sort_by(|a, b| b.1.total_cmp(&a.1));
+            }
+            cands.truncate(budget);
+        }
+        let mut chosen: Vec<usize> = cands.into_iter().map(|c| c.0).collect();
+        if full {
+            chosen.sort_unstable();
+        }
+        for &i in &chosen {
+            st.segments[i].reorganizing = true;
+        }
+        chosen
+    };
+    let mut out = Output::new(seg_bytes);
+    let mut outcome = ReorgOutcome::default();
+    let mut read_buf = AlignedBuf::new(seg_bytes);
+    let mut result = Ok(());
+    let mut untouched: Vec<usize> = Vec::new();
+    for (k, &s) in chosen.iter().enumerate() {
+        let r = clean_one(sh, &t, &map, s, &mut read_buf, &mut out, &mut outcome);
+        match r {
+            Ok(true) => {}
+            Ok(false) => untouched.push(s),
+            Err(e) => {
+                untouched.extend_from_slice(&chosen[k..]);
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = out.flush(sh, &t, &mut outcome);
+    } else {
+        untouched.extend(out.sources.drain(..));
+        if let Some(o) = out.segment.take() {
+            untouched.push(o);
+        }
+    }
+    {
+        let mut st = t.state.lock();
+        for s in untouched {
+            if let Some(m) = st.segments.get_mut(s) {
+                m.reorganizing = false;
+            }
+        }
+    }
+    sh.counters.reorg_segments.fetch_add(outcome.segments_cleaned, Ordering::Relaxed);
+    sh.counters.reorg_bytes_freed.fetch_add(outcome.bytes_freed, Ordering::Relaxed);
+    sh.counters.reorg_bytes_read.fetch_add(outcome.bytes_read, Ordering::Relaxed);
+    sh.counters.reorg_corrupt_entries.fetch_add(outcome.corrupt_entries, Ordering::Relaxed);
+    result.map(|_| outcome)
+}
+
+/// The segment survivors are copied into, filled in memory and written once.
+struct Output {
+    buf: AlignedBuf,
+    len: usize,
+    count: u32,
+    data_seq: u64,
+    segment: Option<usize>,
+    /// Cleaned segments whose survivors sit in `buf`; zeroed after `buf` is durable.
+    sources: Vec<usize>,
+    sources_used: u64,
+}
+
+impl Output {
+    fn new(seg_bytes: usize) -> Output {
+        Output { buf: AlignedBuf::new(seg_bytes), len: BLOCK_HEADER_BYTES, count: 0, data_seq: 0, segment: None, sources: Vec::new(), sources_used: 0 }
+    }
+
+    fn flush(&mut self, sh: &Shared, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
+        if self.sources.is_empty() {
+            if let Some(o) = self.segment.take() {
+                t.state.lock().segments[o].reorganizing = false;
+            }
+            return Ok(());
+        }
+        let o = self.segment.expect("an output segment is taken before survivors are copied");
+        let padded = format::page_align_up(self.len);
+        {
+            let out = self.buf.full_mut();
+            out[self.len..padded].fill(0);
+            BlockHeader {
+                kind: format::BLOCK_COMPACTED,
+                body_len: (self.len - BLOCK_HEADER_BYTES) as u32,
+                write_seq: sh.seq.fetch_add(1, Ordering::SeqCst),
+                data_seq: self.data_seq,
+                tablet: t.id,
+                entry_count: self.count,
+            }
+            .encode(out);
+        }
+        self.buf.set_len(padded);
+        let base = o as u64 * t.segment_bytes;
+        t.file.write_all_at(self.buf.as_slice(), base).map_err(|e| Error::io(&t.sec_path, e))?;
+        t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
+        zero_segments(t, &self.sources)?;
+        let mut st = t.state.lock();
+        for &s in &self.sources {
+            let m = &mut st.segments[s];
+            m.used = 0;
+            m.reorganizing = false;
+            m.stamp = Instant::now();
+        }
+        let m = &mut st.segments[o];
+        m.used = padded as u64;
+        m.reorganizing = false;
+        m.stamp = Instant::now();
+        m.data_seq = m.data_seq.max(self.data_seq);
+        outcome.bytes_freed += self.sources_used.saturating_sub(padded as u64);
+        self.sources.clear();
+        self.sources_used = 0;
+        self.len = BLOCK_HEADER_BYTES;
+        self.count = 0;
+        self.data_seq = 0;
+        self.segment = None;
+        Ok(())
+    }
+}
+
+fn zero_segments(t: &Tablet, segments: &[usize]) -> Result<()> {
+    if segments.is_empty() {
+        return Ok(());
+    }
+    let mut zero = AlignedBuf::new(PAGE_BYTES);
+    zero.set_len(PAGE_BYTES);
+    for &s in segments {
+        t.file.write_all_at(zero.as_slice(), s as u64 * t.segment_bytes).map_err(|e| Error::io(&t.sec_path, e))?;
+    }
+    t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))
+}
+
+/// Cleans segment `s`; returns false if it was left as it was (nothing to drop, or no room).
+fn clean_one(
+    sh: &Shared,
+    t: &Tablet,
+    map: &HashMapU128<VersionInfo>,
+    s: usize,
+    read_buf: &mut AlignedBuf,
+    out: &mut Output,
+    outcome: &mut ReorgOutcome,
+) -> Result<bool> {
+    let used = t.state.lock().segments[s].used as usize;
+    let base = s as u64 * t.segment_bytes;
+    let n = io::read_exact_at(&t.file, &mut read_buf.full_mut()[..used], base).map_err(|e| Error::io(&t.sec_path, e))?;
+    read_buf.set_len(n);
+    outcome.bytes_read += n as u64;
+    let region = read_buf.as_slice();
+    let mut keep: Vec<(usize, usize)> = Vec::new();
+    let mut kept_bytes = 0usize;
+    let mut total_entries = 0usize;
+    let mut data_seq = 0u64;
+    let mut corrupt = 0u64;
+    format::walk_blocks(region, |boff, h, body| {
+        if h.tablet != t.id {
+            return;
+        }
+        data_seq = data_seq.max(h.data_seq);
+        let body_at = boff + BLOCK_HEADER_BYTES;
+        let stats = format::walk_entries(body, |off, e| {
+            total_entries += 1;
+            if !e.is_delete() && is_current(map, format::key_hash(e.key), e.version) {
+                let len = e.encoded_len();
+                keep.push((body_at + off, len));
+                kept_bytes += len;
+            }
+        });
+        corrupt += stats.corrupt_entries;
+    });
+    outcome.corrupt_entries += corrupt;
+    if keep.len() == total_entries && corrupt == 0 {
+        return Ok(false);
+    }
+    if keep.is_empty() {
+        outcome.segments_cleaned += 1;
+        zero_segments(t, &[s])?;
+        let mut st = t.state.lock();
+        let m = &mut st.segments[s];
+        outcome.bytes_freed += m.used;
+        m.used = 0;
+        m.reorganizing = false;
+        m.stamp = Instant::now();
+        return Ok(true);
+    }
+    if out.len + kept_bytes > out.buf.capacity() {
+        out.flush(sh, t, outcome)?;
+    }
+    if out.segment.is_none() {
+        let mut st = t.state.lock();
+        match t.free_segment(&mut st, true)? {
+            Some(o) => {
+                st.segments[o].reorganizing = true;
+                out.segment = Some(o);
+            }
+            None => return Ok(false),
+        }
+    }
+    let dst = out.buf.full_mut();
+    for (off, len) in keep {
+        dst[out.len..out.len + len].copy_from_slice(&region[off..off + len]);
+        out.len += len;
+        out.count += 1;
+    }
+    out.data_seq = out.data_seq.max(data_seq);
+    outcome.segments_cleaned += 1;
+    out.sources.push(s);
+    out.sources_used += used as u64;
+    Ok(true)
+}

@@ -1,0 +1,436 @@
+//! One tablet's on-disk state: its secondary log (segments), its secondary-log buffer (SLB), its
+//! version buffer and version log. Placement of a buffer into segments follows DXRAM (digest 000
+//! §4.10): ≥ 75% of a segment → a fresh segment; else the best-fitting used segment; else a fresh
+//! segment; else split over the segments with the most free space. One segment is kept in reserve
+//! for reorganization, which copies survivors out of the segments it cleans.
+
+use crate::format::{self, BlockHeader, VersionRecord, BLOCK_HEADER_BYTES, PAGE_BYTES};
+use crate::io::{self, AlignedBuf, IoMode};
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::File;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Hasher for keys that are already 128-bit hashes: takes the low 64 bits.
+#[derive(Default)]
+pub struct HashedKey(u64);
+
+impl Hasher for HashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+pub type HashMapU128<V> = HashMap<u128, V, BuildHasherDefault<HashedKey>>;
+
+/// The latest version of a key known to the version buffer / log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionInfo {
+    pub version: u64,
+    pub deleted: bool,
+}
+
+/// In-memory metadata of one segment (positions are not persisted; open rebuilds them).
+#[derive(Debug, Clone)]
+pub struct SegMeta {
+    /// Page-aligned end of the last block.
+    pub used: u64,
+    /// Writes placed but not yet executed; reorganization leaves such segments alone.
+    pub pending: u32,
+    /// Being cleaned, or being filled by the cleaner.
+    pub reorganizing: bool,
+    /// Last write or reorganization (for the age in segment selection).
+    pub stamp: Instant,
+    pub data_seq: u64,
+}
+
+impl SegMeta {
+    fn empty() -> SegMeta {
+        SegMeta { used: 0, pending: 0, reorganizing: false, stamp: Instant::now(), data_seq: 0 }
+    }
+}
+
+pub struct TabletState {
+    pub segments: Vec<SegMeta>,
+    pub slb: Vec<u8>,
+    pub slb_data_seq: u64,
+    pub vbuf: HashMapU128<VersionInfo>,
+    /// Flush sequence up to which the version buffer (and log) is complete.
+    pub vbuf_seq: u64,
+    /// Highest flush sequence whose data reached the secondary log.
+    pub data_wm: u64,
+    /// Highest flush sequence covered by the version log on disk.
+    pub ver_wm: u64,
+    pub prompt_requested: bool,
+}
+
+impl TabletState {
+    pub fn used_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.used).sum()
+    }
+
+    /// Applies a version if it is newer than what the buffer holds.
+    pub fn note_version(&mut self, hash: u128, version: u64, deleted: bool) {
+        let slot = self.vbuf.entry(hash).or_insert(VersionInfo { version, deleted });
+        if version >= slot.version {
+            *slot = VersionInfo { version, deleted };
+        }
+    }
+}
+
+pub struct VerLog {
+    pub file: File,
+    pub len: u64,
+}
+
+pub struct Tablet {
+    pub id: u64,
+    pub sec_path: PathBuf,
+    pub ver_path: PathBuf,
+    pub file: File,
+    pub state: Mutex<TabletState>,
+    /// Held by reorganization and replay (they must not interleave on one tablet).
+    pub reorg_lock: Mutex<()>,
+    pub verlog: Mutex<VerLog>,
+    pub segment_bytes: u64,
+    pub max_segments: usize,
+    pub reserve_segments: usize,
+}
+
+pub fn sec_name(id: u64) -> String {
+    format!("t{id:016x}.sec")
+}
+pub fn ver_name(id: u64) -> String {
+    format!("t{id:016x}.ver")
+}
+
+/// What `Tablet::open` found on disk.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OpenScan {
+    pub max_write_seq: u64,
+    pub version_log_truncated_bytes: u64,
+}
+
+impl Tablet {
+    /// Opens (or creates) a tablet's files and rebuilds segment metadata by walking block headers.
+    pub fn open(dir: &Path, id: u64, mode: IoMode, cfg: &crate::Config) -> Result<(Tablet, OpenScan)> {
+        let sec_path = dir.join(sec_name(id));
+        let ver_path = dir.join(ver_name(id));
+        let file = io::open_log(&sec_path, mode, true).map_err(|e| Error::io(&sec_path, e))?;
+        let seg = cfg.segment_bytes;
+        let max_segments = (cfg.tablet_log_capacity_bytes / seg) as usize;
+        let file_len = file.metadata().map_err(|e| Error::io(&sec_path, e))?.len();
+        let allocated = ((file_len / seg) as usize).min(max_segments);
+        let mut scan = OpenScan::default();
+        let mut segments = Vec::with_capacity(allocated);
+        let mut data_wm = 0u64;
+        let mut page = AlignedBuf::new(PAGE_BYTES);
+        for i in 0..allocated {
+            let base = i as u64 * seg;
+            let mut at = 0u64;
+            let mut last_seq = 0u64;
+            let mut meta = SegMeta::empty();
+            while at + BLOCK_HEADER_BYTES as u64 <= seg {
+                let n = io::read_exact_at(&file, page.full_mut(), base + at).map_err(|e| Error::io(&sec_path, e))?;
+                if n < BLOCK_HEADER_BYTES {
+                    break;
+                }
+                let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (seg - at) as usize) else { break };
+                if h.write_seq <= last_seq || h.tablet != id {
+                    break;
+                }
+                last_seq = h.write_seq;
+                meta.data_seq = meta.data_seq.max(h.data_seq);
+                scan.max_write_seq = scan.max_write_seq.max(h.write_seq);
+                at += h.padded_len() as u64;
+            }
+            meta.used = at;
+            data_wm = data_wm.max(meta.data_seq);
+            segments.push(meta);
+        }
+        // Version log: keep the valid prefix, cut a torn tail.
+        let vfile = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&ver_path)
+            .map_err(|e| Error::io(&ver_path, e))?;
+        let bytes = std::fs::read(&ver_path).map_err(|e| Error::io(&ver_path, e))?;
+        let mut at = 0usize;
+        let mut ver_wm = 0u64;
+        while at < bytes.len() {
+            match format::decode_version_block(&bytes[at..]) {
+                Ok((seq, _, len)) => {
+                    ver_wm = ver_wm.max(seq);
+                    at += len;
+                }
+                Err(_) => break,
+            }
+        }
+        if at < bytes.len() {
+            scan.version_log_truncated_bytes = (bytes.len() - at) as u64;
+            vfile.set_len(at as u64).map_err(|e| Error::io(&ver_path, e))?;
+        }
+        let reserve = usize::from(cfg.reorg_enabled);
+        let tablet = Tablet {
+            id,
+            sec_path,
+            ver_path,
+            file,
+            state: Mutex::new(TabletState {
+                segments,
+                slb: Vec::new(),
+                slb_data_seq: 0,
+                vbuf: HashMapU128::default(),
+                vbuf_seq: 0,
+                data_wm,
+                ver_wm,
+                prompt_requested: false,
+            }),
+            reorg_lock: Mutex::new(()),
+            verlog: Mutex::new(VerLog { file: vfile, len: at as u64 }),
+            segment_bytes: seg,
+            max_segments,
+            reserve_segments: reserve,
+        };
+        Ok((tablet, scan))
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.segment_bytes * self.max_segments as u64
+    }
+
+    /// Makes sure segment `i` exists on disk (preallocated).
+    pub fn ensure_segment(&self, st: &mut TabletState, i: usize) -> Result<()> {
+        while st.segments.len() <= i {
+            let idx = st.segments.len() as u64;
+            io::preallocate(&self.file, idx * self.segment_bytes, self.segment_bytes)
+                .map_err(|e| Error::io(&self.sec_path, e))?;
+            st.segments.push(SegMeta::empty());
+        }
+        Ok(())
+    }
+
+    /// Index of a free segment (allocating a new one within capacity), honouring the reserve unless
+    /// `use_reserve`.
+    pub fn free_segment(&self, st: &mut TabletState, use_reserve: bool) -> Result<Option<usize>> {
+        let free_now: Vec<usize> = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.used == 0 && s.pending == 0 && !s.reorganizing)
+            .map(|(i, _)| i)
+            .collect();
+        let unallocated = self.max_segments - st.segments.len();
+        let total_free = free_now.len() + unallocated;
+        let reserve = if use_reserve { 0 } else { self.reserve_segments };
+        if total_free <= reserve {
+            return Ok(None);
+        }
+        if let Some(&i) = free_now.first() {
+            return Ok(Some(i));
+        }
+        let i = st.segments.len();
+        self.ensure_segment(st, i)?;
+        Ok(Some(i))
+    }
+
+    /// Places `total` bytes of whole entries (given as slices) into segments and builds the block
+    /// writes. Returns None if the log has no room (the caller asks for urgent reorganization).
+    pub fn place(
+        &self,
+        st: &mut TabletState,
+        slices: &[&[u8]],
+        data_seq: u64,
+        seq: &std::sync::atomic::AtomicU64,
+        pool: &crate::engine::BufPool,
+        new_segment_fraction: f64,
+    ) -> Result<Option<Vec<BlockWrite>>> {
+        let seg = self.segment_bytes as usize;
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        // Entry boundaries, as (slice, offset, len).
+        let mut entries: Vec<(usize, usize, usize)> = Vec::new();
+        for (si, s) in slices.iter().enumerate() {
+            let mut at = 0usize;
+            while at < s.len() {
+                let len = format::entry_len_unchecked(&s[at..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
+                entries.push((si, at, len));
+                at += len;
+            }
+        }
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (segment, first entry, end entry)
+        let mut next = 0usize;
+        let mut remaining = total;
+        // Work on a scratch copy of `used` so that a failed placement changes nothing.
+        let mut used: Vec<u64> = st.segments.iter().map(|s| s.used).collect();
+        let mut fresh: Vec<usize> = Vec::new();
+        while next < entries.len() {
+            let want = BLOCK_HEADER_BYTES + remaining;
+            let usable = |i: usize, used: &[u64], st: &TabletState| -> usize {
+                if st.segments[i].reorganizing {
+                    0
+                } else {
+                    (seg - used[i] as usize).saturating_sub(BLOCK_HEADER_BYTES)
+                }
+            };
+            let mut choice: Option<usize> = None;
+            if (want as f64) < new_segment_fraction * seg as f64 {
+                // Best fit among used segments.
+                choice = (0..st.segments.len())
+                    .filter(|&i| used[i] > 0 && usable(i, &used, st) >= remaining)
+                    .min_by_key(|&i| usable(i, &used, st));
+            }
+            if choice.is_none() {
+                // A fresh segment (not one we already picked in this placement).
+                let mut found = None;
+                for (i, s) in st.segments.iter().enumerate() {
+                    if used[i] == 0 && s.pending == 0 && !s.reorganizing && !fresh.contains(&i) {
+                        found = Some(i);
+                        break;
+                    }
+                }
+                let free_count = st.segments.iter().enumerate().filter(|(i, s)| used[*i] == 0 && !s.reorganizing && s.pending == 0).count()
+                    + (self.max_segments - st.segments.len());
+                if free_count > self.reserve_segments {
+                    if found.is_none() {
+                        let i = st.segments.len();
+                        self.ensure_segment(st, i)?;
+                        used.push(0);
+                        found = Some(i);
+                    }
+                    choice = found;
+                }
+            }
+            if choice.is_none() {
+                // Split: the segment with the most free space.
+                choice = (0..st.segments.len())
+                    .filter(|&i| usable(i, &used, st) >= entries[next].2)
+                    .max_by_key(|&i| usable(i, &used, st));
+            }
+            let Some(i) = choice else { return Ok(None) };
+            if used[i] == 0 {
+                fresh.push(i);
+            }
+            let room = usable(i, &used, st);
+            let first = next;
+            let mut body = 0usize;
+            while next < entries.len() && body + entries[next].2 <= room {
+                body += entries[next].2;
+                next += 1;
+            }
+            if next == first {
+                return Ok(None);
+            }
+            remaining -= body;
+            used[i] += format::page_align_up(BLOCK_HEADER_BYTES + body) as u64;
+            plan.push((i, first, next));
+        }
+        // Commit: build the buffers and update the metadata.
+        let mut writes = Vec::with_capacity(plan.len());
+        let now = Instant::now();
+        for (i, first, end) in plan {
+            let body: usize = entries[first..end].iter().map(|e| e.2).sum();
+            let padded = format::page_align_up(BLOCK_HEADER_BYTES + body);
+            let mut buf = pool.get(padded);
+            {
+                let out = buf.full_mut();
+                let mut at = BLOCK_HEADER_BYTES;
+                // Copy runs of entries that are contiguous in one slice with one memcpy.
+                let mut k = first;
+                while k < end {
+                    let (si, off, _) = entries[k];
+                    let mut stop = k;
+                    let mut len = 0usize;
+                    while stop < end && entries[stop].0 == si {
+                        len += entries[stop].2;
+                        stop += 1;
+                    }
+                    out[at..at + len].copy_from_slice(&slices[si][off..off + len]);
+                    at += len;
+                    k = stop;
+                }
+                out[at..padded].fill(0);
+                let h = BlockHeader {
+                    kind: format::BLOCK_SECONDARY,
+                    body_len: body as u32,
+                    write_seq: seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                    data_seq,
+                    tablet: self.id,
+                    entry_count: (end - first) as u32,
+                };
+                h.encode(out);
+            }
+            buf.set_len(padded);
+            let m = &mut st.segments[i];
+            let offset = i as u64 * self.segment_bytes + m.used;
+            m.used += padded as u64;
+            m.pending += 1;
+            m.stamp = now;
+            m.data_seq = m.data_seq.max(data_seq);
+            writes.push(BlockWrite { segment: i, offset, buf });
+        }
+        st.data_wm = st.data_wm.max(data_seq);
+        Ok(Some(writes))
+    }
+
+    /// Appends a version block with the given records to the version log (caller syncs).
+    pub fn append_versions(&self, seq: u64, records: &[VersionRecord]) -> Result<u64> {
+        let mut g = self.verlog.lock();
+        let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
+        for chunk in records.chunks(format::VERSION_BLOCK_RECORDS_MAX) {
+            format::encode_version_block(&mut buf, seq, chunk);
+        }
+        if records.is_empty() {
+            format::encode_version_block(&mut buf, seq, &[]);
+        }
+        let at = g.len;
+        g.file.write_all_at(&buf, at).map_err(|e| Error::io(&self.ver_path, e))?;
+        g.len += buf.len() as u64;
+        Ok(buf.len() as u64)
+    }
+}
+
+/// Reads a version log's valid prefix into `into`; returns (bytes read, highest seq).
+pub fn read_versions_file(file: &File, len: u64, path: &Path, into: &mut HashMapU128<VersionInfo>) -> Result<(u64, u64)> {
+    let mut bytes = vec![0u8; len as usize];
+    let n = io::read_exact_at(file, &mut bytes, 0).map_err(|e| Error::io(path, e))?;
+    bytes.truncate(n);
+    let mut at = 0usize;
+    let mut max_seq = 0u64;
+    while at < bytes.len() {
+        match format::decode_version_block(&bytes[at..]) {
+            Ok((seq, recs, len)) => {
+                max_seq = max_seq.max(seq);
+                for r in format::version_records(recs) {
+                    let slot = into.entry(r.hash).or_insert(VersionInfo { version: r.version, deleted: r.deleted });
+                    if r.version >= slot.version {
+                        *slot = VersionInfo { version: r.version, deleted: r.deleted };
+                    }
+                }
+                at += len;
+            }
+            Err(_) => break,
+        }
+    }
+    Ok((at as u64, max_seq))
+}
+
+/// One block write into a secondary log.
+pub struct BlockWrite {
+    pub segment: usize,
+    pub offset: u64,
+    pub buf: AlignedBuf,
+}

@@ -1,0 +1,101 @@
+//! Replay against a BTreeMap oracle after random appends, updates and deletes across many tablets,
+//! with reorganization forced to run often; then again after close and reopen.
+
+mod common;
+use common::*;
+use ramlog_backup::testkit::{crash_config, OwnedEntry};
+use ramlog_backup::{Backup, Config, Entry, SegmentStrategy, Stage};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+
+fn run_oracle(cfg: Config, seed: u64, ops: usize) {
+    let dir = temp_dir("oracle");
+    let mut oracle: BTreeMap<(u64, Vec<u8>), Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut version = 0u64;
+    let tablets = 16u64;
+    let b = Backup::open(dir.path(), cfg.clone()).expect("open");
+    let mut done = 0usize;
+    let mut checks = 0;
+    while done < ops {
+        let tablet = rng.gen_range(0..tablets);
+        let n = rng.gen_range(1..40);
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            version += 1;
+            let key = format!("k{}", rng.gen_range(0..300)).into_bytes();
+            let value = if rng.gen_bool(0.15) {
+                None
+            } else {
+                let len = rng.gen_range(0..400);
+                Some((0..len).map(|_| rng.gen::<u8>()).collect::<Vec<u8>>())
+            };
+            batch.push(OwnedEntry { key, value, version, expiry: version * 3 });
+        }
+        let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
+        let t = b.append(tablet, &entries).expect("append");
+        for e in &batch {
+            oracle.insert((tablet, e.key.clone()), e.value.clone().map(|v| (v, e.version, e.expiry)));
+        }
+        done += n;
+        if rng.gen_bool(0.05) {
+            b.wait(t, Stage::Written).expect("wait");
+        }
+        if rng.gen_bool(0.02) {
+            b.reorganize(rng.gen_range(0..tablets)).expect("reorganize");
+        }
+        if rng.gen_bool(0.01) || done >= ops {
+            checks += 1;
+            let (state, report) = replay_state(&b);
+            assert!(report.is_clean(), "{report:?}");
+            let expected: State = oracle.iter().filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v))).collect();
+            assert_eq!(state.len(), expected.len());
+            assert!(state == expected, "replay differs from the oracle after {done} ops");
+        }
+    }
+    assert!(checks > 0);
+    let stats = b.stats();
+    assert!(stats.reorg_segments_cleaned > 0, "reorganization never ran: {stats:?}");
+    assert!(stats.primary_writes > 0, "two-level logging never used the primary log: {stats:?}");
+    b.close().expect("close");
+    let b = Backup::open(dir.path(), cfg).expect("reopen");
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    let expected: State = oracle.iter().filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v))).collect();
+    assert!(state == expected, "replay differs from the oracle after reopen");
+    assert!(report.max_version >= version - 40);
+}
+
+#[test]
+fn oracle_age_times_utilisation() {
+    run_oracle(crash_config(), 1, 60_000);
+}
+
+#[test]
+fn oracle_cost_benefit_and_random() {
+    run_oracle(Config { reorg_strategy: SegmentStrategy::CostBenefit, ..crash_config() }, 2, 25_000);
+    run_oracle(Config { reorg_strategy: SegmentStrategy::Random, ..crash_config() }, 3, 25_000);
+}
+
+#[test]
+fn oracle_without_two_level_logging() {
+    run_oracle(Config { two_level: false, ..crash_config() }, 4, 20_000);
+}
+
+#[test]
+fn drop_tablet_forgets_it_across_reopen() {
+    let dir = temp_dir("drop");
+    let cfg = crash_config();
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    for t in 0..3u64 {
+        b.append(t, &[Entry { key: b"a", value: Some(b"1"), version: 1, expiry: 0 }]).unwrap();
+    }
+    b.flush().unwrap();
+    b.drop_tablet(1).unwrap();
+    assert_eq!(b.tablets(), vec![0, 2]);
+    drop(b);
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, _) = replay_state(&b);
+    let tablets: Vec<u64> = state.keys().map(|k| k.0).collect();
+    assert_eq!(tablets, vec![0, 2]);
+}

@@ -5,4 +5,5 @@
 //! as its baseline, so that each figure is a ratio rather than a bare time.
 
 pub mod report;
+pub mod resp;
 pub mod util;

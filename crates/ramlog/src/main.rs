@@ -12,6 +12,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a local deployment with safe defaults and print how to connect; Ctrl-C stops it.
+    Up(ramlog_server::cli::ServerFlags),
+    /// Run one server process (RESP, native protocol, admin HTTP).
+    Server(ramlog_server::cli::ServerFlags),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
     Bench(BenchArgs),
 }
@@ -36,11 +40,15 @@ struct BenchArgs {
 enum Suite {
     /// Log-structured memory engine: write cost vs utilisation, fragmentation, bytes/object, point ops.
     Engine,
+    /// RESP server against redis-server with redis-benchmark: req/s, p50, p99, memory per key.
+    Resp,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Up(flags) => ramlog_server::cli::run_up(&flags),
+        Command::Server(flags) => ramlog_server::cli::run_server(&flags),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {
                 for value in Suite::value_variants() {
@@ -52,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             };
             match suite {
                 Suite::Engine => ramlog_bench::engine::run(args.quick, args.json.as_deref()),
+                Suite::Resp => ramlog_bench::resp::run(args.quick, args.json.as_deref()),
             }
         }
     }

@@ -1,0 +1,348 @@
+//! `ramlog bench resp`: ramlog's RESP server against Redis, side by side in one run.
+//!
+//! Starts `redis-server` (no persistence) and `ramlog server` (persistence off) as child processes
+//! on free loopback ports, then:
+//! - memory: loads the same keys with 100 B values over RESP (pipelined SETs) into each and compares
+//!   resident memory per key (RSS of the process after the load, divided by the keys);
+//! - throughput: runs `redis-benchmark -c 50 -d 100 -r 1000000 -t set,get` at pipeline depths 1 and
+//!   16 against each, alternating targets, and compares requests/s, p50 and p99.
+//!
+//! A second row set does the same throughput runs with persistence on (ramlog `async`, Redis
+//! `appendonly yes` + `appendfsync everysec`) when this build of ramlog has persistence.
+
+use crate::report::{Report, Row, Target};
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const VALUE_BYTES: usize = 100;
+const CLIENTS: u32 = 50;
+const KEYSPACE: u64 = 1_000_000;
+
+struct Sizes {
+    memory_keys: u64,
+    requests_p1: u64,
+    requests_p16: u64,
+    repeats: usize,
+}
+
+pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
+    for tool in ["redis-server", "redis-benchmark"] {
+        if which(tool).is_none() {
+            bail!("{tool} not found in PATH (install the redis-server and redis-tools packages; scripts/test does)");
+        }
+    }
+    let sizes = if quick {
+        Sizes { memory_keys: 200_000, requests_p1: 50_000, requests_p16: 200_000, repeats: 1 }
+    } else {
+        Sizes { memory_keys: 2_000_000, requests_p1: 500_000, requests_p16: 2_000_000, repeats: 3 }
+    };
+    let work = std::env::temp_dir().join(format!("ramlog-bench-resp-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut report = Report::new("resp", quick);
+    let result = run_all(&sizes, &work, &mut report);
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    report.finish(json)
+}
+
+fn run_all(sizes: &Sizes, work: &Path, report: &mut Report) -> anyhow::Result<()> {
+    // Memory and throughput with persistence off on both sides.
+    {
+        let redis = Peer::redis(work, false)?;
+        let ramlog = Peer::ramlog(work, "off")?;
+        memory_rows(sizes, &redis, &ramlog, report)?;
+        flush(redis.port)?;
+        flush(ramlog.port)?;
+        throughput_rows(sizes, &redis, &ramlog, "", report)?;
+    }
+    // Persistence on: ramlog `async` (100 ms flush) against Redis appendfsync everysec.
+    match Peer::ramlog(work, "async") {
+        Ok(ramlog) => {
+            let redis = Peer::redis(work, true)?;
+            throughput_rows(sizes, &redis, &ramlog, "persist_", report)?;
+        }
+        Err(e) => println!("persistence rows skipped: {e:#}"),
+    }
+    Ok(())
+}
+
+/// A server under test, stopped when dropped.
+struct Peer {
+    name: &'static str,
+    port: u16,
+    child: Child,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) with a pid we own; a failure only means it already exited.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Peer {
+    fn redis(work: &Path, persistence: bool) -> anyhow::Result<Peer> {
+        let port = free_port()?;
+        let dir = work.join(format!("redis-{port}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
+        cmd.arg("--dir").arg(&dir);
+        if persistence {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting redis-server")?;
+        let peer = Peer { name: "redis", port, child };
+        wait_for_ping(port)?;
+        Ok(peer)
+    }
+
+    fn ramlog(work: &Path, persistence: &str) -> anyhow::Result<Peer> {
+        let port = free_port()?;
+        let dir = work.join(format!("ramlog-{port}"));
+        let exe = std::env::current_exe().context("locating the ramlog binary")?;
+        let mut child = Command::new(exe)
+            .args(["server", "--resp-port", &port.to_string(), "--admin-port", "0", "--native-port", "0"])
+            .args(["--memory", "2GiB", "--persistence", persistence])
+            .arg("--data-dir")
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting ramlog server")?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        if !line.contains("ready") {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            let _ = child.wait();
+            bail!("ramlog server did not start: {}", err.trim());
+        }
+        let peer = Peer { name: "ramlog", port, child };
+        wait_for_ping(port)?;
+        Ok(peer)
+    }
+
+    fn rss_bytes(&self) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap_or(0)
+    }
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|p| p.join(tool)).find(|p| p.is_file())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn connect(port: u16) -> anyhow::Result<TcpStream> {
+    let s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    Ok(s)
+}
+
+fn wait_for_ping(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut s) = connect(port) {
+            let mut buf = [0u8; 7];
+            if s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n" {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("server on port {port} did not answer PING");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends one command and reads one line-sized reply.
+fn command(port: u16, line: &str) -> anyhow::Result<String> {
+    let mut s = connect(port)?;
+    s.write_all(format!("{line}\r\n").as_bytes())?;
+    let mut reader = BufReader::new(s);
+    let mut reply = String::new();
+    reader.read_line(&mut reply)?;
+    Ok(reply.trim_end().to_string())
+}
+
+fn flush(port: u16) -> anyhow::Result<()> {
+    let reply = command(port, "FLUSHALL")?;
+    if reply != "+OK" {
+        bail!("FLUSHALL on port {port}: {reply}");
+    }
+    Ok(())
+}
+
+/// Loads `keys` keys of 100 B values with pipelined SETs (1000 per round trip).
+fn load(port: u16, keys: u64) -> anyhow::Result<()> {
+    const BATCH: u64 = 1000;
+    let mut s = connect(port)?;
+    let value = vec![b'v'; VALUE_BYTES];
+    let mut out = Vec::with_capacity(64 * 1024);
+    let mut reply = vec![0u8; (BATCH as usize) * 5];
+    let mut next = 0;
+    while next < keys {
+        out.clear();
+        let n = BATCH.min(keys - next);
+        for i in next..next + n {
+            let key = format!("key:{i:012}");
+            out.extend_from_slice(format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), VALUE_BYTES).as_bytes());
+            out.extend_from_slice(&value);
+            out.extend_from_slice(b"\r\n");
+        }
+        s.write_all(&out)?;
+        let want = n as usize * 5;
+        s.read_exact(&mut reply[..want]).context("reading SET replies")?;
+        if reply[..want].chunks(5).any(|r| r != b"+OK\r\n") {
+            bail!("a SET failed while loading port {port}: {}", String::from_utf8_lossy(&reply[..want.min(200)]));
+        }
+        next += n;
+    }
+    Ok(())
+}
+
+fn memory_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, report: &mut Report) -> anyhow::Result<()> {
+    let mut per_key = Vec::new();
+    for peer in [redis, ramlog] {
+        let before = peer.rss_bytes();
+        let started = Instant::now();
+        load(peer.port, sizes.memory_keys)?;
+        let secs = started.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(200));
+        let after = peer.rss_bytes();
+        let dbsize = command(peer.port, "DBSIZE")?;
+        if dbsize != format!(":{}", sizes.memory_keys) {
+            bail!("{} holds {dbsize} keys after loading {}", peer.name, sizes.memory_keys);
+        }
+        per_key.push((after as f64 / sizes.memory_keys as f64, (after.saturating_sub(before)) as f64 / sizes.memory_keys as f64, sizes.memory_keys as f64 / secs));
+    }
+    let (redis, ramlog) = (per_key[0], per_key[1]);
+    report.push(Row::versus("memory_rss_per_key", ramlog.0, "B", redis.0).with_target(Target::at_most(0.8)));
+    report.push(Row::versus("memory_rss_growth_per_key", ramlog.1, "B", redis.1));
+    report.push(Row::versus("memory_load_pipelined_set", ramlog.2, "keys/s", redis.2));
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct BenchResult {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Runs redis-benchmark once and returns the SET and GET results.
+fn redis_benchmark(port: u16, requests: u64, pipeline: u32) -> anyhow::Result<(BenchResult, BenchResult)> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &CLIENTS.to_string(), "-d", &VALUE_BYTES.to_string(), "-r", &KEYSPACE.to_string()])
+        .args(["-n", &requests.to_string(), "-P", &pipeline.to_string(), "-t", "set,get", "--csv"])
+        .output()
+        .context("running redis-benchmark")?;
+    if !out.status.success() {
+        bail!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_csv(&text).with_context(|| format!("parsing redis-benchmark output: {text}"))
+}
+
+/// Parses `--csv` output: a header with `test,rps,...,p50_latency_ms,...,p99_latency_ms,...`, then rows.
+fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = lines.next().context("empty output")?.split(',').map(|f| f.trim_matches('"').to_string()).collect();
+    let col = |name: &str| header.iter().position(|h| h == name).with_context(|| format!("no column {name}"));
+    let (rps, p50, p99) = (col("rps")?, col("p50_latency_ms")?, col("p99_latency_ms")?);
+    let mut set = None;
+    let mut get = None;
+    for line in lines {
+        let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
+        let num = |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("short row")?.parse()?) };
+        let result = BenchResult { rps: num(rps)?, p50_ms: num(p50)?, p99_ms: num(p99)? };
+        match fields.first().copied() {
+            Some("SET") => set = Some(result),
+            Some("GET") => get = Some(result),
+            _ => {}
+        }
+    }
+    Ok((set.context("no SET row")?, get.context("no GET row")?))
+}
+
+fn median_by(results: &[BenchResult], f: impl Fn(&BenchResult) -> f64) -> f64 {
+    let values: Vec<f64> = results.iter().map(f).collect();
+    crate::util::median(&values)
+}
+
+fn throughput_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, prefix: &str, report: &mut Report) -> anyhow::Result<()> {
+    for (pipeline, requests) in [(1u32, sizes.requests_p1), (16u32, sizes.requests_p16)] {
+        // [target][op] -> runs; targets alternate so that drift in the machine hits both alike.
+        let mut runs: [[Vec<BenchResult>; 2]; 2] = Default::default();
+        for _ in 0..sizes.repeats {
+            for (t, peer) in [redis, ramlog].iter().enumerate() {
+                let (set, get) = redis_benchmark(peer.port, requests, pipeline)?;
+                runs[t][0].push(set);
+                runs[t][1].push(get);
+            }
+        }
+        for (o, op) in ["set", "get"].iter().enumerate() {
+            let (r, m) = (&runs[0][o], &runs[1][o]);
+            let name = |what: &str| format!("{prefix}{op}_p{pipeline}_{what}");
+            report.push(
+                Row::versus(name("rps"), median_by(m, |x| x.rps), "req/s", median_by(r, |x| x.rps))
+                    .with_target(Target::at_least(1.0)),
+            );
+            report.push(Row::versus(name("p50"), median_by(m, |x| x.p50_ms), "ms", median_by(r, |x| x.p50_ms)));
+            report.push(
+                Row::versus(name("p99"), median_by(m, |x| x.p99_ms), "ms", median_by(r, |x| x.p99_ms))
+                    .with_target(Target::at_most(1.0)),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_benchmark_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"SET\",\"98039.22\",\"0.300\",\"0.080\",\"0.287\",\"0.439\",\"0.567\",\"1.511\"\n\"GET\",\"99009.90\",\"0.290\",\"0.072\",\"0.279\",\"0.423\",\"0.551\",\"0.879\"\n";
+        let (set, get) = parse_csv(text).unwrap();
+        assert_eq!(set.rps, 98039.22);
+        assert_eq!(set.p50_ms, 0.287);
+        assert_eq!(get.p99_ms, 0.551);
+        assert!(parse_csv("").is_err());
+        assert!(parse_csv("\"test\",\"rps\"\n").is_err());
+    }
+}

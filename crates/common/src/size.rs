@@ -20,7 +20,9 @@ pub fn parse_size_bytes(input: &str) -> Result<u64, SizeParseError> {
     if trimmed.is_empty() {
         return Err(SizeParseError::Empty);
     }
-    let split = trimmed.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(trimmed.len());
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
     let multiplier: u64 = match unit.as_str() {
@@ -29,18 +31,29 @@ pub fn parse_size_bytes(input: &str) -> Result<u64, SizeParseError> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(SizeParseError::BadUnit { input: input.to_string(), unit }),
+        _ => {
+            return Err(SizeParseError::BadUnit {
+                input: input.to_string(),
+                unit,
+            })
+        }
     };
     if number.contains('.') {
-        let value: f64 = number.parse().map_err(|_| SizeParseError::BadNumber(input.to_string()))?;
+        let value: f64 = number
+            .parse()
+            .map_err(|_| SizeParseError::BadNumber(input.to_string()))?;
         let bytes = value * multiplier as f64;
         if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
             return Err(SizeParseError::Overflow(input.to_string()));
         }
         return Ok(bytes as u64);
     }
-    let value: u64 = number.parse().map_err(|_| SizeParseError::BadNumber(input.to_string()))?;
-    value.checked_mul(multiplier).ok_or_else(|| SizeParseError::Overflow(input.to_string()))
+    let value: u64 = number
+        .parse()
+        .map_err(|_| SizeParseError::BadNumber(input.to_string()))?;
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| SizeParseError::Overflow(input.to_string()))
 }
 
 #[cfg(test)]
@@ -59,8 +72,17 @@ mod tests {
     #[test]
     fn rejects_garbage() {
         assert_eq!(parse_size_bytes(""), Err(SizeParseError::Empty));
-        assert!(matches!(parse_size_bytes("12 parsecs"), Err(SizeParseError::BadUnit { .. })));
-        assert!(matches!(parse_size_bytes("abc"), Err(SizeParseError::BadNumber(_))));
-        assert!(matches!(parse_size_bytes("99999999999TiB"), Err(SizeParseError::Overflow(_))));
+        assert!(matches!(
+            parse_size_bytes("12 parsecs"),
+            Err(SizeParseError::BadUnit { .. })
+        ));
+        assert!(matches!(
+            parse_size_bytes("abc"),
+            Err(SizeParseError::BadNumber(_))
+        ));
+        assert!(matches!(
+            parse_size_bytes("99999999999TiB"),
+            Err(SizeParseError::Overflow(_))
+        ));
     }
 }

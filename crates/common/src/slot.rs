@@ -9,7 +9,11 @@ pub fn crc16_xmodem(data: &[u8]) -> u16 {
     for &byte in data {
         crc ^= (byte as u16) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc
@@ -45,10 +49,16 @@ mod tests {
         // Values as printed by `redis-cli CLUSTER KEYSLOT`.
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"bar"), 5061);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
+        assert_eq!(
+            key_slot(b"{user1000}.following"),
+            key_slot(b"{user1000}.followers")
+        );
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
         // An empty tag hashes the whole key.
-        assert_eq!(key_slot(b"foo{}{bar}"), crc16_xmodem(b"foo{}{bar}") % SLOT_COUNT);
+        assert_eq!(
+            key_slot(b"foo{}{bar}"),
+            crc16_xmodem(b"foo{}{bar}") % SLOT_COUNT
+        );
         // Only the first tag counts.
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
     }

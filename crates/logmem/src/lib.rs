@@ -1,1 +1,310 @@
-//! Log-structured memory: the master's object store (see crates/logmem/README in lib docs).
+//! ramlog's master memory: log-structured storage for a server's tablets (RAMCloud's design).
+//!
+//! What it owns: a fixed memory budget cut into 64 KiB seglets; one log per tablet made of segments
+//! of up to 128 seglets; per-tablet hash indexes whose references are the only pointers to objects;
+//! the two-level cleaner (compaction and cost-benefit combined cleaning) running beside readers and
+//! writers; epoch-based reclamation of cleaned memory.
+//!
+//! What it hides: entry layout (docs/formats.md), seglet chains and straddling entries, index growth
+//! (linear hashing, no stop-the-world rehash), cleaner scheduling and its memory reserve.
+//!
+//! The interface: [`Engine`] with get / put (conditional, with expiry) / delete / increment /
+//! atomic multi-put per tablet, each write returning its version; versions come from one engine-wide
+//! clock, so they grow per key across delete and re-create. A [`WriteObserver`] sees every tablet's
+//! writes in version order (for replication and persistence). When memory is really full, writes fail
+//! with [`EngineError::OutOfMemory`]; reads keep working.
+
+mod cleaner;
+mod config;
+mod engine;
+pub mod entry;
+mod error;
+mod index;
+mod pool;
+mod segment;
+mod stats;
+
+pub use config::{Balancer, EngineConfig};
+pub use engine::{parse_redis_i64, TABLETS_MAX};
+pub use error::EngineError;
+pub use pool::SEGLET_BYTES;
+pub use ramlog_common::{TableId, Version};
+pub use stats::EngineStats;
+
+use engine::Inner;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Index of a tablet inside one engine.
+pub type TabletId = u32;
+
+/// Receives every tablet's writes in version order, one call per atomic unit (a multi-put is one
+/// call with all its records). Called under the tablet's write lock: it must not block for long.
+pub trait WriteObserver: Send + Sync {
+    fn on_writes(&self, tablet: TabletId, records: &[LoggedWrite<'_>]);
+}
+
+/// One write as the observer sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct LoggedWrite<'a> {
+    pub version: Version,
+    pub key: &'a [u8],
+    /// None for a delete.
+    pub value: Option<&'a [u8]>,
+    /// Unix milliseconds; 0 means no expiry.
+    pub expire_at_ms: u64,
+}
+
+/// An object as read: its value, version and expiry (unix ms, 0 = none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub value: Vec<u8>,
+    pub version: Version,
+    pub expire_at_ms: u64,
+}
+
+/// A write's precondition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Condition {
+    #[default]
+    None,
+    IfAbsent,
+    IfExists,
+    IfVersion(Version),
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PutOptions {
+    pub condition: Condition,
+    /// Unix milliseconds; 0 = no expiry.
+    pub expire_at_ms: u64,
+    /// Keep the previous object's expiry (Redis SET KEEPTTL).
+    pub keep_ttl: bool,
+    /// Return the previous object (Redis SET ... GET).
+    pub return_old: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutOutcome {
+    pub version: Version,
+    pub old: Option<Object>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TabletInfo {
+    pub id: TabletId,
+    pub table: TableId,
+    pub first_slot: u16,
+    pub last_slot: u16,
+    pub objects: u64,
+}
+
+/// The log-structured memory engine. Share it as `Arc<Engine>`; every method takes `&self`.
+pub struct Engine {
+    inner: Arc<Inner>,
+    cleaners: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Maps the memory budget and starts the cleaner threads.
+    pub fn new(config: EngineConfig) -> Result<Arc<Engine>, EngineError> {
+        let threads = config.cleaner_threads;
+        let inner = Arc::new(Inner::new(config)?);
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let inner = inner.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("ramlog-cleaner-{i}"))
+                .spawn(move || cleaner::cleaner_thread(inner, i))
+                .map_err(|e| EngineError::Config(format!("cannot start cleaner thread: {e}")))?;
+            handles.push(handle);
+        }
+        Ok(Arc::new(Engine {
+            inner,
+            cleaners: parking_lot::Mutex::new(handles),
+        }))
+    }
+
+    /// Stops the cleaner threads (idempotent). Reads and writes keep working; writers clean inline.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        self.inner.wake_cleaner();
+        for h in self.cleaners.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Creates a tablet of `table` owning slots `first_slot..=last_slot`.
+    pub fn create_tablet(
+        &self,
+        table: TableId,
+        first_slot: u16,
+        last_slot: u16,
+    ) -> Result<TabletId, EngineError> {
+        self.inner.create_tablet(table, first_slot, last_slot)
+    }
+
+    /// The tablet of `table` that owns `key`'s slot.
+    pub fn locate(&self, table: TableId, key: &[u8]) -> Option<TabletId> {
+        self.inner.locate(table, key)
+    }
+
+    pub fn tablets(&self) -> Vec<TabletInfo> {
+        self.inner.tablet_infos()
+    }
+
+    /// The current object of `key`, or None if absent or expired.
+    pub fn get(&self, tablet: TabletId, key: &[u8]) -> Result<Option<Object>, EngineError> {
+        self.inner
+            .read(tablet, key, |v, version, expire_at_ms| Object {
+                value: v.to_vec(),
+                version,
+                expire_at_ms,
+            })
+    }
+
+    /// Copies the value into `out` (cleared first) and returns the version, without allocating
+    /// when `out` has room.
+    pub fn get_into(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Option<Version>, EngineError> {
+        self.inner.read(tablet, key, |v, version, _| {
+            out.clear();
+            out.extend_from_slice(v);
+            version
+        })
+    }
+
+    /// Calls `f(value, version, expire_at_ms)` on the current object without copying it.
+    pub fn read_with<R>(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        f: impl FnOnce(&[u8], Version, u64) -> R,
+    ) -> Result<Option<R>, EngineError> {
+        self.inner.read(tablet, key, f)
+    }
+
+    pub fn put(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        value: &[u8],
+        opts: &PutOptions,
+    ) -> Result<PutOutcome, EngineError> {
+        self.inner.put(tablet, key, value, opts)
+    }
+
+    /// Deletes `key`; returns the delete's version if the key existed, None if it was absent.
+    pub fn delete(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        condition: Condition,
+    ) -> Result<Option<Version>, EngineError> {
+        self.inner.delete(tablet, key, condition)
+    }
+
+    /// Adds `delta` to a decimal integer value (absent counts as 0), with Redis INCRBY's rules;
+    /// keeps the object's expiry. Returns the new value and its version.
+    pub fn increment(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<(i64, Version), EngineError> {
+        self.inner.increment(tablet, key, delta)
+    }
+
+    /// Rewrites `key` with a new expiry (0 removes it). Returns None if the key is absent.
+    pub fn set_expiry(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        expire_at_ms: u64,
+    ) -> Result<Option<Version>, EngineError> {
+        self.inner.set_expiry(tablet, key, expire_at_ms)
+    }
+
+    /// Writes all items with one version in one append: all or nothing, visible as one version.
+    pub fn multi_put(
+        &self,
+        tablet: TabletId,
+        items: &[(&[u8], &[u8])],
+    ) -> Result<Version, EngineError> {
+        self.inner.multi_put(tablet, items)
+    }
+
+    /// Installs a replayed record with its original version (restart, recovery). Keeps whichever
+    /// version of the key is newer; `value` None removes an older object. The observer is not told.
+    pub fn restore(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        value: Option<&[u8]>,
+        version: Version,
+        expire_at_ms: u64,
+    ) -> Result<(), EngineError> {
+        self.inner
+            .restore(tablet, key, value, version, expire_at_ms)
+    }
+
+    /// Cursor iteration over a tablet's keys with Redis SCAN's guarantee: every key present for the
+    /// whole iteration is returned at least once. Start at 0; a returned cursor of 0 means done.
+    pub fn scan_keys(
+        &self,
+        tablet: TabletId,
+        cursor: u64,
+        count: usize,
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<u64, EngineError> {
+        self.inner.scan_keys(tablet, cursor, count, out)
+    }
+
+    /// Objects in all tablets (expired objects count until they are reclaimed, as in Redis DBSIZE).
+    pub fn object_count(&self) -> u64 {
+        (0..self.inner.tablet_count())
+            .filter_map(|id| self.inner.tablet(id).ok())
+            .map(|t| t.index.len())
+            .sum()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats()
+    }
+
+    /// Runs one cleaning pass on the caller's thread (tests and tools); returns whether it did work.
+    pub fn clean_now(&self) -> bool {
+        let progressed = cleaner::run_pass(&self.inner, true);
+        cleaner::collect_garbage();
+        self.inner.release_reclaimable();
+        progressed
+    }
+
+    /// Runs cleaning passes until a pass finds nothing to do or `max_passes` ran.
+    pub fn clean_until_idle(&self, max_passes: usize) -> usize {
+        let mut n = 0;
+        while n < max_passes && self.clean_now() {
+            n += 1;
+        }
+        for _ in 0..8 {
+            cleaner::collect_garbage();
+            self.inner.release_reclaimable();
+        }
+        n
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

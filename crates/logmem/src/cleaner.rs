@@ -1,0 +1,517 @@
+//! The two-level cleaner (RAMCloud ch. 4–5, 7).
+//!
+//! *Compaction* rewrites one segment into a fresh one holding only its live entries and frees the
+//! difference in seglets; it picks greedily the segment that frees the most seglets per live byte.
+//! *Combined cleaning* picks several segments by cost-benefit with segment age,
+//! `(1 − u)·age / (1 + u)`, and rewrites their live entries into survivor segments sorted by version
+//! (versions come from one clock, so version order is age order). A balancer chooses between them.
+//!
+//! Cleaning never blocks readers, and writers wait at most for one small batch of reference swaps:
+//! entries are copied without locks, then swapped under the tablet's write lock in batches, checking
+//! that the index still points at the old copy. Victim seglets are freed through crossbeam-epoch once
+//! no reader can hold a reference into them.
+//!
+//! Deadlock freedom: writers cannot take the last `reserve` seglets, a combined pass copies at most
+//! what the free seglets can hold, segments above 98% utilisation are never cleaned, and compaction
+//! only runs when it frees at least one seglet.
+
+use crate::config::Balancer;
+use crate::engine::{hash_key, now_ms, Inner};
+use crate::entry::Header;
+use crate::index::{loc_offset, loc_seglet, make_loc, Loc};
+use crate::pool::{AllocClass, NO_SEGLET, SEGLET_BYTES};
+use crate::segment::{AppendError, SegmentState, SegmentWriter};
+use crossbeam_epoch as epoch;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Segments above this utilisation are never cleaned (each pass must free more than it uses).
+const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
+/// Reference swaps done per acquisition of a tablet's write lock.
+const SWAP_BATCH: usize = 128;
+
+/// RAMCloud's trigger: clean when free seglets F <= min(10%, (1 - L) / 2), L the live fraction.
+pub(crate) fn memory_low(inner: &Inner) -> bool {
+    let total = inner.pool.seglet_count() as f64;
+    let free = inner.pool.free_count() as f64 / total;
+    let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
+    free <= 0.10f64.min((1.0 - live) / 2.0)
+        || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
+}
+
+/// Moves deferred frees along: advances the epoch and runs reclaimable destructors.
+pub(crate) fn collect_garbage() {
+    for _ in 0..4 {
+        epoch::pin().flush();
+    }
+}
+
+/// The background cleaner thread's loop.
+pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
+    let mut idle_rounds = 0u32;
+    while !inner.shutdown.load(Ordering::Acquire) {
+        if memory_low(&inner) {
+            // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
+            let progressed = run_pass(&inner, thread_index == 0);
+            collect_garbage();
+            inner.release_reclaimable();
+            inner.last_pass_idle.store(!progressed, Ordering::Release);
+            inner.pass_seq.fetch_add(1, Ordering::AcqRel);
+            inner.memory_cv.notify_all();
+            if progressed {
+                idle_rounds = 0;
+                continue;
+            }
+            idle_rounds = idle_rounds.saturating_add(1);
+        }
+        collect_garbage();
+        if inner.release_reclaimable() > 0 {
+            inner.memory_cv.notify_all();
+        }
+        let mut wake = inner.cleaner_wake.lock();
+        if !*wake {
+            let wait = if idle_rounds > 0 {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(10)
+            };
+            inner.cleaner_cv.wait_for(&mut wake, wait);
+        }
+        *wake = false;
+    }
+}
+
+enum Mode {
+    Compaction,
+    Combined,
+}
+
+/// Runs one cleaning pass. Returns whether it freed or moved anything.
+pub(crate) fn run_pass(inner: &Inner, may_combine: bool) -> bool {
+    let passes = inner.counters.compaction_passes.load(Ordering::Relaxed)
+        + inner.counters.combined_passes.load(Ordering::Relaxed);
+    let mode = match inner.config.balancer {
+        Balancer::TombstoneRatio(ratio) => {
+            // Tombstones are dead from the start in the master (nothing replays its memory log), so
+            // T is 0 unless that changes; the rule is kept so that the policy stays RAMCloud's.
+            let total = inner.total_bytes() as f64;
+            let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / total;
+            let undead_tombstones = 0.0;
+            if may_combine && undead_tombstones / (1.0 - live).max(1e-9) >= ratio {
+                Mode::Combined
+            } else {
+                Mode::Compaction
+            }
+        }
+        Balancer::FixedDuty(pct) => {
+            if may_combine && (passes % 100) < pct as u64 {
+                Mode::Combined
+            } else {
+                Mode::Compaction
+            }
+        }
+    };
+    match mode {
+        Mode::Compaction => {
+            if compact_best(inner) {
+                return true;
+            }
+            inner
+                .counters
+                .compaction_failures
+                .fetch_add(1, Ordering::Relaxed);
+            // Compaction could not free a seglet: combined cleaning must run (RAMCloud rule 3).
+            may_combine && combined_clean(inner)
+        }
+        Mode::Combined => combined_clean(inner) || compact_best(inner),
+    }
+}
+
+/// A live entry found in a victim segment.
+#[derive(Clone, Copy)]
+struct Survivor {
+    loc: Loc,
+    hash: u64,
+    len: u32,
+    version: u64,
+}
+
+/// Walks a closed segment's entries in log order.
+fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &[u8])) {
+    let slot = inner.segments.get(segment);
+    let used = slot.used_bytes.load(Ordering::Acquire) as usize;
+    let mut seglet = slot.first_seglet.load(Ordering::Acquire);
+    let mut off = 0usize;
+    let mut pos = 0usize;
+    while pos < used && seglet != NO_SEGLET {
+        let loc = make_loc(seglet, off);
+        let Ok(len) = inner.with_entry(loc, false, |e| {
+            f(loc, &e.header, e.key);
+            e.header.total_len()
+        }) else {
+            tracing::error!(
+                segment,
+                pos,
+                "undecodable entry while cleaning; rest of segment skipped"
+            );
+            return;
+        };
+        pos += len;
+        off += len;
+        while off >= SEGLET_BYTES && seglet != NO_SEGLET {
+            seglet = inner.pool.next_seglet(seglet);
+            off -= SEGLET_BYTES;
+        }
+    }
+}
+
+/// Collects the live entries of a victim, removing expired objects from the index on the way.
+fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
+    let tablet_id = inner.segments.get(segment).tablet.load(Ordering::Relaxed);
+    let Ok(tablet) = inner.tablet(tablet_id) else {
+        return;
+    };
+    let mut now = None;
+    let mut expired = Vec::new();
+    for_each_entry(inner, segment, |loc, header, key| {
+        if !header.is_object() {
+            return;
+        }
+        let hash = hash_key(key);
+        if tablet.index.find_loc(hash, loc).is_none() {
+            return;
+        }
+        if header.expire_at_ms != 0 && *now.get_or_insert_with(now_ms) >= header.expire_at_ms {
+            expired.push((loc, hash, header.total_len()));
+            return;
+        }
+        out.push(Survivor {
+            loc,
+            hash,
+            len: header.total_len() as u32,
+            version: header.version,
+        });
+    });
+    if !expired.is_empty() {
+        let _head = tablet.head.lock();
+        for (loc, hash, len) in expired {
+            if let Some(slot) = tablet.index.find_loc(hash, loc) {
+                tablet.index.remove(slot);
+                inner.mark_dead(loc, len);
+                inner
+                    .counters
+                    .expired_reclaimed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Copies one entry's raw bytes (header, key, value, CRC unchanged) into a survivor.
+fn copy_entry(
+    inner: &Inner,
+    loc: Loc,
+    len: usize,
+    writer: &mut SegmentWriter,
+    scratch: &mut Vec<u8>,
+) {
+    let off = loc_offset(loc);
+    if off + len <= SEGLET_BYTES {
+        // SAFETY: the victim is claimed by this cleaner and not freed until after the pass.
+        let tail = unsafe { inner.pool.seglet_tail(loc_seglet(loc), off) };
+        writer.write(&inner.pool, &tail[..len]);
+    } else {
+        scratch.clear();
+        let mut seglet = loc_seglet(loc);
+        let mut o = off;
+        while scratch.len() < len && seglet != NO_SEGLET {
+            // SAFETY: as above.
+            let tail = unsafe { inner.pool.seglet_tail(seglet, o) };
+            let n = tail.len().min(len - scratch.len());
+            scratch.extend_from_slice(&tail[..n]);
+            seglet = inner.pool.next_seglet(seglet);
+            o = 0;
+        }
+        debug_assert_eq!(scratch.len(), len);
+        writer.write(&inner.pool, scratch);
+    }
+}
+
+/// Writes `survivors` (all of one tablet) into survivor segments and swings the index to them.
+/// Returns the bytes that ended up live in survivors and the survivor segments' seglets.
+fn relocate(
+    inner: &Inner,
+    tablet_id: u32,
+    survivors: &[Survivor],
+    created: u64,
+) -> Result<(u64, u64), ()> {
+    let tablet = inner.tablet(tablet_id).map_err(|_| ())?;
+    let mut writer: Option<SegmentWriter> = None;
+    let mut moved: Vec<(Survivor, Loc, u32)> = Vec::with_capacity(survivors.len().min(4096));
+    let mut scratch = Vec::new();
+    let mut relocated_bytes = 0u64;
+    let mut survivor_seglets = 0u64;
+    let flush = |moved: &mut Vec<(Survivor, Loc, u32)>, relocated: &mut u64| {
+        let _head = tablet.head.lock();
+        for (s, new_loc, seg) in moved.drain(..) {
+            if let Some(slot) = tablet.index.find_loc(s.hash, s.loc) {
+                tablet.index.replace(slot, s.hash, new_loc);
+                inner.mark_live(seg, s.len as usize);
+                inner.mark_dead(s.loc, s.len as usize);
+                *relocated += s.len as u64;
+            }
+        }
+    };
+    for s in survivors {
+        loop {
+            if writer.is_none() {
+                match SegmentWriter::open(
+                    &inner.segments,
+                    &inner.pool,
+                    AllocClass::Cleaner,
+                    tablet_id,
+                    created,
+                    inner.config.segment_seglets,
+                ) {
+                    Ok(w) => writer = Some(w),
+                    Err(_) => {
+                        flush(&mut moved, &mut relocated_bytes);
+                        return Err(());
+                    }
+                }
+            }
+            let w = writer.as_mut().expect("opened above");
+            match w.reserve(&inner.segments, &inner.pool, s.len as usize) {
+                Ok(()) => {
+                    let new_loc = w.position();
+                    copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
+                    moved.push((*s, new_loc, w.segment));
+                    break;
+                }
+                Err(AppendError::SegmentFull) => {
+                    w.publish(&inner.segments);
+                    flush(&mut moved, &mut relocated_bytes);
+                    let full = writer.take().expect("present");
+                    survivor_seglets += inner
+                        .segments
+                        .get(full.segment)
+                        .seglet_count
+                        .load(Ordering::Relaxed) as u64;
+                    full.close(&inner.segments);
+                }
+                Err(AppendError::NoMemory) => {
+                    w.publish(&inner.segments);
+                    flush(&mut moved, &mut relocated_bytes);
+                    let w = writer.take().expect("present");
+                    w.close(&inner.segments);
+                    return Err(());
+                }
+            }
+        }
+        if moved.len() >= SWAP_BATCH {
+            writer.as_ref().expect("present").publish(&inner.segments);
+            flush(&mut moved, &mut relocated_bytes);
+        }
+    }
+    if let Some(w) = writer.take() {
+        w.publish(&inner.segments);
+        flush(&mut moved, &mut relocated_bytes);
+        if w.used() == 0 {
+            w.abandon(&inner.segments, &inner.pool);
+        } else {
+            survivor_seglets += inner
+                .segments
+                .get(w.segment)
+                .seglet_count
+                .load(Ordering::Relaxed) as u64;
+            w.close(&inner.segments);
+        }
+    }
+    Ok((relocated_bytes, survivor_seglets))
+}
+
+/// Frees a victim once no reader can hold a reference into it.
+fn retire(inner: &Inner, segment: u32) {
+    let slot = inner.segments.get(segment);
+    slot.live_bytes.store(0, Ordering::Relaxed);
+    let seglets = slot.seglet_count.load(Ordering::Relaxed) as u64;
+    inner
+        .counters
+        .cleaner_freed_bytes
+        .fetch_add(seglets * SEGLET_BYTES as u64, Ordering::Relaxed);
+    inner
+        .counters
+        .segments_cleaned
+        .fetch_add(1, Ordering::Relaxed);
+    let queue = inner.reclaimable.clone();
+    let guard = epoch::pin();
+    guard.defer(move || queue.lock().push(segment));
+}
+
+fn utilisation(inner: &Inner, segment: u32) -> f64 {
+    let slot = inner.segments.get(segment);
+    let cap = slot.seglet_count.load(Ordering::Relaxed) as f64 * SEGLET_BYTES as f64;
+    (slot.live_bytes.load(Ordering::Relaxed).max(0) as f64 / cap.max(1.0)).min(1.0)
+}
+
+/// Compacts the closed segment that frees the most seglets per live byte. False if none would free one.
+fn compact_best(inner: &Inner) -> bool {
+    let mut best: Option<(f64, u32)> = None;
+    for (id, slot) in inner.segments.iter() {
+        if slot.state() != SegmentState::Closed {
+            continue;
+        }
+        let seglets = slot.seglet_count.load(Ordering::Relaxed) as i64;
+        let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
+        // Keep 2% free in the compacted segment (so a later combined clean cannot fail).
+        let needed = if live == 0 {
+            0
+        } else {
+            ((live as f64 / 0.98) / SEGLET_BYTES as f64).ceil() as i64
+        };
+        let freeable = seglets - needed;
+        if freeable < 1 {
+            continue;
+        }
+        let score = if live == 0 {
+            f64::INFINITY
+        } else {
+            freeable as f64 / live as f64
+        };
+        if best.is_none_or(|(s, _)| score > s) {
+            best = Some((score, id));
+        }
+    }
+    let Some((_, victim)) = best else {
+        return false;
+    };
+    if !inner.segments.get(victim).claim() {
+        return false;
+    }
+    inner
+        .counters
+        .compaction_passes
+        .fetch_add(1, Ordering::Relaxed);
+    let slot = inner.segments.get(victim);
+    let tablet = slot.tablet.load(Ordering::Relaxed);
+    let created = slot.created.load(Ordering::Relaxed);
+    let mut survivors = Vec::new();
+    live_entries(inner, victim, &mut survivors);
+    match relocate(inner, tablet, &survivors, created) {
+        Ok((relocated, _)) => {
+            inner
+                .counters
+                .cleaner_copied_bytes
+                .fetch_add(relocated, Ordering::Relaxed);
+            retire(inner, victim);
+            true
+        }
+        Err(()) => {
+            // Out of cleaner memory mid-way: what moved is consistent; the rest stays in the victim.
+            abort_victims(inner, &[victim]);
+            false
+        }
+    }
+}
+
+/// After a failed relocation, victims with entries still referenced go back to Closed.
+fn abort_victims(inner: &Inner, victims: &[u32]) {
+    for &v in victims {
+        let slot = inner.segments.get(v);
+        if slot.live_bytes.load(Ordering::Relaxed) <= 0 {
+            retire(inner, v);
+        } else {
+            slot.set_state(SegmentState::Closed);
+        }
+    }
+}
+
+/// Combined cleaning: several segments chosen by cost-benefit, survivors sorted by age.
+fn combined_clean(inner: &Inner) -> bool {
+    let now = inner.clock.load(Ordering::Relaxed);
+    let mut candidates: Vec<(f64, u32, i64)> = Vec::new();
+    for (id, slot) in inner.segments.iter() {
+        if slot.state() != SegmentState::Closed {
+            continue;
+        }
+        let u = utilisation(inner, id);
+        if u > CLEANABLE_UTILISATION_MAX {
+            continue;
+        }
+        let age = now.saturating_sub(slot.created.load(Ordering::Relaxed)) as f64 + 1.0;
+        let score = if u <= 0.0 {
+            f64::INFINITY
+        } else {
+            (1.0 - u) * age / (1.0 + u)
+        };
+        candidates.push((score, id, slot.live_bytes.load(Ordering::Relaxed).max(0)));
+    }
+    if candidates.is_empty() {
+        return false;
+    }
+    candidates.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+    // Copy no more than the free seglets can hold, leaving room for one partial seglet per tablet.
+    let free_bytes = inner.pool.free_count().saturating_sub(4) as i64 * SEGLET_BYTES as i64;
+    let limit = (inner.config.combined_pass_segments_max * inner.segment_capacity) as i64;
+    let budget = limit.min(free_bytes * 9 / 10);
+    let mut chosen = Vec::new();
+    let mut chosen_live = 0i64;
+    let mut chosen_seglets = 0u64;
+    for (_, id, live) in candidates {
+        if chosen_live + live > budget && !chosen.is_empty() {
+            break;
+        }
+        if live > budget {
+            break;
+        }
+        if !inner.segments.get(id).claim() {
+            continue;
+        }
+        chosen_live += live;
+        chosen_seglets += inner.segments.get(id).seglet_count.load(Ordering::Relaxed) as u64;
+        chosen.push(id);
+    }
+    if chosen.is_empty() {
+        return false;
+    }
+    // Only worth it if it frees a seglet.
+    let needed = (chosen_live as f64 / SEGLET_BYTES as f64).ceil() as u64 + 1;
+    if needed >= chosen_seglets && chosen_live > 0 {
+        for &id in &chosen {
+            inner.segments.get(id).set_state(SegmentState::Closed);
+        }
+        return false;
+    }
+    inner
+        .counters
+        .combined_passes
+        .fetch_add(1, Ordering::Relaxed);
+    // Group by tablet; sort each group's survivors by version (age).
+    let mut by_tablet: std::collections::BTreeMap<u32, Vec<Survivor>> = Default::default();
+    for &id in &chosen {
+        let tablet = inner.segments.get(id).tablet.load(Ordering::Relaxed);
+        live_entries(inner, id, by_tablet.entry(tablet).or_default());
+    }
+    let mut ok = true;
+    for (tablet, mut survivors) in by_tablet {
+        survivors.sort_unstable_by_key(|s| s.version);
+        match relocate(inner, tablet, &survivors, now) {
+            Ok((relocated, _)) => {
+                inner
+                    .counters
+                    .cleaner_copied_bytes
+                    .fetch_add(relocated, Ordering::Relaxed);
+            }
+            Err(()) => ok = false,
+        }
+    }
+    if ok {
+        for &id in &chosen {
+            retire(inner, id);
+        }
+    } else {
+        abort_victims(inner, &chosen);
+    }
+    true
+}

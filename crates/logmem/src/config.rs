@@ -1,0 +1,74 @@
+//! Engine configuration.
+
+use crate::WriteObserver;
+use std::sync::Arc;
+
+/// How the cleaner chooses between compaction (one segment, in place) and combined cleaning (several
+/// segments by cost-benefit, survivors sorted by age).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Balancer {
+    /// RAMCloud's default: combined cleaning when tombstones not known to be dead are at least this
+    /// share of the freeable space, `T / (1 - L) >= ratio`; compaction otherwise.
+    TombstoneRatio(f64),
+    /// The combined cleaner runs this percentage of passes (0..=100); compaction the rest.
+    FixedDuty(u8),
+}
+
+impl Default for Balancer {
+    fn default() -> Self {
+        Balancer::TombstoneRatio(0.40)
+    }
+}
+
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Fixed memory budget for the log, split into 64 KiB seglets.
+    pub memory_bytes: u64,
+    /// Seglets per full segment (128 gives RAMCloud's 8 MiB segments). Tests use small segments.
+    pub segment_seglets: usize,
+    pub key_size_max_bytes: usize,
+    pub value_size_max_bytes: usize,
+    /// Background cleaner threads (0 disables background cleaning; writers then clean inline).
+    pub cleaner_threads: usize,
+    pub balancer: Balancer,
+    /// Seglets writers may not take, kept for cleaner survivors. None picks max(2 segments, 1%).
+    pub cleaner_reserve_seglets: Option<usize>,
+    /// Live data a combined pass may copy, in full segments (RAMCloud: 10).
+    pub combined_pass_segments_max: usize,
+    /// How long a writer waits for the cleaner to free memory before failing with out-of-memory.
+    pub oom_wait_ms: u64,
+    /// Receives every tablet's writes in version order.
+    pub write_observer: Option<Arc<dyn WriteObserver>>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            memory_bytes: 1 << 30,
+            segment_seglets: 128,
+            key_size_max_bytes: ramlog_common::KEY_SIZE_MAX_BYTES_DEFAULT,
+            value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
+            cleaner_threads: 1,
+            balancer: Balancer::default(),
+            cleaner_reserve_seglets: None,
+            combined_pass_segments_max: 10,
+            oom_wait_ms: 2000,
+            write_observer: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("memory_bytes", &self.memory_bytes)
+            .field("segment_seglets", &self.segment_seglets)
+            .field("key_size_max_bytes", &self.key_size_max_bytes)
+            .field("value_size_max_bytes", &self.value_size_max_bytes)
+            .field("cleaner_threads", &self.cleaner_threads)
+            .field("balancer", &self.balancer)
+            .field("cleaner_reserve_seglets", &self.cleaner_reserve_seglets)
+            .field("write_observer", &self.write_observer.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,1014 @@
+//! The engine: tablets (one log and one hash index each) over a shared seglet pool.
+//!
+//! Write path (per tablet, under the tablet's write lock): look the key up, check the condition,
+//! take a version from the engine clock, append the entry to the tablet's head segment, swing the
+//! index reference, count the old entry's bytes dead, tell the write observer. Readers take no lock:
+//! they pin an epoch, follow the index reference and copy the value out.
+
+use crate::config::EngineConfig;
+use crate::entry::{
+    self, decode_header, encode_header, encoded_len, Header, HEADER_BYTES_MAX, KIND_OBJECT,
+    KIND_TOMBSTONE,
+};
+use crate::error::EngineError;
+use crate::index::{loc_offset, loc_seglet, HashIndex, Loc, SlotRef};
+use crate::pool::{AllocClass, SegletPool, NO_SEGLET, SEGLET_BYTES};
+use crate::segment::{AppendError, SegmentTable, SegmentWriter};
+use crate::stats::Counters;
+use crate::{Condition, LoggedWrite, Object, PutOptions, PutOutcome, TabletId, TabletInfo};
+use crossbeam_epoch as epoch;
+use parking_lot::{Condvar, Mutex, RwLock};
+use ramlog_common::{key_slot, TableId, Version, SLOT_COUNT};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Upper bound on tablets per engine (one per slot of one table is the finest split).
+pub const TABLETS_MAX: usize = SLOT_COUNT as usize;
+
+#[inline]
+pub(crate) fn hash_key(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[inline]
+fn expired(expire_at_ms: u64, now: &mut Option<u64>) -> bool {
+    if expire_at_ms == 0 {
+        return false;
+    }
+    let now = *now.get_or_insert_with(now_ms);
+    now >= expire_at_ms
+}
+
+pub(crate) struct Tablet {
+    pub table: TableId,
+    pub first_slot: u16,
+    pub last_slot: u16,
+    pub index: HashIndex,
+    /// The write lock: serialises this tablet's appends and index changes.
+    pub head: Mutex<Option<SegmentWriter>>,
+}
+
+pub(crate) struct Inner {
+    pub config: EngineConfig,
+    pub pool: SegletPool,
+    pub segments: SegmentTable,
+    tablets: Box<[OnceLock<Tablet>]>,
+    tablet_count: AtomicU32,
+    tablet_create: Mutex<()>,
+    routes: RwLock<HashMap<TableId, Arc<[AtomicU32]>>>,
+    /// The engine clock: every write takes the next value as its version.
+    pub clock: AtomicU64,
+    pub live_bytes: AtomicI64,
+    pub counters: Counters,
+    pub shutdown: AtomicBool,
+    pub cleaner_wake: Mutex<bool>,
+    pub cleaner_cv: Condvar,
+    pub memory_lock: Mutex<()>,
+    pub memory_cv: Condvar,
+    /// Completed cleaner passes, and whether the last one found nothing it could free.
+    pub pass_seq: AtomicU64,
+    pub last_pass_idle: AtomicBool,
+    pub segment_capacity: usize,
+    /// Segments whose epoch grace period has passed; their seglets can go back to the pool.
+    pub reclaimable: Arc<Mutex<Vec<u32>>>,
+}
+
+/// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
+pub(crate) struct EntryBytes<'a> {
+    pub header: Header,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+impl Inner {
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        if config.segment_seglets == 0 || config.segment_seglets > 128 {
+            return Err(EngineError::Config(format!(
+                "segment_seglets must be 1..=128, got {}",
+                config.segment_seglets
+            )));
+        }
+        if config.key_size_max_bytes > entry::KEY_BYTES_FORMAT_MAX {
+            return Err(EngineError::Config(format!(
+                "key_size_max_bytes above {}",
+                entry::KEY_BYTES_FORMAT_MAX
+            )));
+        }
+        let segment_capacity = config.segment_seglets * SEGLET_BYTES;
+        let largest_entry =
+            HEADER_BYTES_MAX + config.key_size_max_bytes + config.value_size_max_bytes;
+        if largest_entry > segment_capacity / 2 {
+            return Err(EngineError::Config(format!(
+                "the largest entry ({largest_entry} bytes) must fit twice in a segment ({segment_capacity} bytes)"
+            )));
+        }
+        let seglets = (config.memory_bytes / SEGLET_BYTES as u64) as usize;
+        let reserve = config
+            .cleaner_reserve_seglets
+            .unwrap_or_else(|| (2 * config.segment_seglets).max(seglets / 100))
+            .min(seglets / 4);
+        let pool = SegletPool::new(config.memory_bytes, reserve)
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let segments = SegmentTable::new(pool.seglet_count());
+        Ok(Inner {
+            pool,
+            segments,
+            tablets: (0..TABLETS_MAX).map(|_| OnceLock::new()).collect(),
+            tablet_count: AtomicU32::new(0),
+            tablet_create: Mutex::new(()),
+            routes: RwLock::new(HashMap::new()),
+            clock: AtomicU64::new(0),
+            live_bytes: AtomicI64::new(0),
+            counters: Counters::default(),
+            shutdown: AtomicBool::new(false),
+            cleaner_wake: Mutex::new(false),
+            cleaner_cv: Condvar::new(),
+            memory_lock: Mutex::new(()),
+            memory_cv: Condvar::new(),
+            pass_seq: AtomicU64::new(0),
+            last_pass_idle: AtomicBool::new(false),
+            segment_capacity,
+            reclaimable: Arc::new(Mutex::new(Vec::new())),
+            config,
+        })
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        (self.pool.seglet_count() * SEGLET_BYTES) as u64
+    }
+
+    pub fn tablet(&self, id: TabletId) -> Result<&Tablet, EngineError> {
+        self.tablets
+            .get(id as usize)
+            .and_then(|t| t.get())
+            .ok_or(EngineError::NoSuchTablet(id))
+    }
+
+    pub fn tablet_count(&self) -> u32 {
+        self.tablet_count.load(Ordering::Acquire)
+    }
+
+    pub fn create_tablet(
+        &self,
+        table: TableId,
+        first_slot: u16,
+        last_slot: u16,
+    ) -> Result<TabletId, EngineError> {
+        if first_slot > last_slot || last_slot >= SLOT_COUNT {
+            return Err(EngineError::Config(format!(
+                "bad slot range {first_slot}..={last_slot}"
+            )));
+        }
+        let _g = self.tablet_create.lock();
+        let id = self.tablet_count.load(Ordering::Acquire);
+        if id as usize >= TABLETS_MAX {
+            return Err(EngineError::TooManyTablets(TABLETS_MAX));
+        }
+        let tablet = Tablet {
+            table,
+            first_slot,
+            last_slot,
+            index: HashIndex::new(),
+            head: Mutex::new(None),
+        };
+        if self.tablets[id as usize].set(tablet).is_err() {
+            return Err(EngineError::Config("tablet slot already taken".into()));
+        }
+        self.tablet_count.store(id + 1, Ordering::Release);
+        let mut routes = self.routes.write();
+        let route = routes.entry(table).or_insert_with(|| {
+            (0..SLOT_COUNT)
+                .map(|_| AtomicU32::new(u32::MAX))
+                .collect::<Vec<_>>()
+                .into()
+        });
+        for slot in first_slot..=last_slot {
+            route[slot as usize].store(id, Ordering::Release);
+        }
+        Ok(id)
+    }
+
+    pub fn locate(&self, table: TableId, key: &[u8]) -> Option<TabletId> {
+        let slot = key_slot(key);
+        let routes = self.routes.read();
+        let id = routes.get(&table)?[slot as usize].load(Ordering::Acquire);
+        (id != u32::MAX).then_some(id)
+    }
+
+    /// Copies up to `len` bytes starting at `loc`, following the seglet chain.
+    fn gather(&self, loc: Loc, len: usize, out: &mut Vec<u8>) {
+        out.clear();
+        let mut seglet = loc_seglet(loc);
+        let mut off = loc_offset(loc);
+        while out.len() < len && seglet != NO_SEGLET {
+            // SAFETY: the caller holds an epoch guard or owns the segment, so the seglet is not reused.
+            let tail = unsafe { self.pool.seglet_tail(seglet, off) };
+            let n = tail.len().min(len - out.len());
+            out.extend_from_slice(&tail[..n]);
+            seglet = self.pool.next_seglet(seglet);
+            off = 0;
+        }
+    }
+
+    /// Calls `f` with the entry at `loc` as contiguous slices. With `with_value` false the value
+    /// slice may be empty (saves gathering large values when only the key is needed).
+    /// The caller must hold an epoch guard or otherwise keep the segment alive.
+    #[inline]
+    pub fn with_entry<R>(
+        &self,
+        loc: Loc,
+        with_value: bool,
+        f: impl FnOnce(EntryBytes<'_>) -> R,
+    ) -> Result<R, EngineError> {
+        let seglet = loc_seglet(loc);
+        let offset = loc_offset(loc);
+        // SAFETY: guarded by the caller (see above).
+        let tail = unsafe { self.pool.seglet_tail(seglet, offset) };
+        let corrupt = |reason: String| EngineError::Corrupt {
+            seglet,
+            offset,
+            reason,
+        };
+        let header = match decode_header(tail) {
+            Ok(h) => h,
+            Err(entry::DecodeError::Truncated) => {
+                let mut buf = Vec::with_capacity(HEADER_BYTES_MAX);
+                self.gather(loc, HEADER_BYTES_MAX, &mut buf);
+                decode_header(&buf).map_err(|e| corrupt(e.to_string()))?
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
+        };
+        let hl = header.header_len as usize;
+        let kl = header.key_len as usize;
+        let vl = header.value_len as usize;
+        let need = if with_value { hl + kl + vl } else { hl + kl };
+        if need <= tail.len() {
+            let key = &tail[hl..hl + kl];
+            let value = if with_value {
+                &tail[hl + kl..hl + kl + vl]
+            } else {
+                &[][..]
+            };
+            return Ok(f(EntryBytes { header, key, value }));
+        }
+        let mut buf = Vec::with_capacity(need);
+        self.gather(loc, need, &mut buf);
+        if buf.len() < need {
+            return Err(corrupt("entry runs past the end of its segment".into()));
+        }
+        let key = &buf[hl..hl + kl];
+        let value = if with_value {
+            &buf[hl + kl..hl + kl + vl]
+        } else {
+            &[][..]
+        };
+        Ok(f(EntryBytes { header, key, value }))
+    }
+
+    #[inline]
+    pub fn key_matches(&self, loc: Loc, key: &[u8]) -> bool {
+        self.with_entry(loc, false, |e| e.key == key)
+            .unwrap_or(false)
+    }
+
+    /// Hash of the key stored at `loc` (used by index splits).
+    pub fn rehash(&self, loc: Loc) -> u64 {
+        self.with_entry(loc, false, |e| hash_key(e.key))
+            .unwrap_or(0)
+    }
+
+    /// Counts `len` bytes at `loc` as dead.
+    pub fn mark_dead(&self, loc: Loc, len: usize) {
+        let seg = self.pool.owner(loc_seglet(loc));
+        debug_assert_ne!(seg, NO_SEGLET, "a referenced seglet has no owner");
+        if seg != NO_SEGLET {
+            self.segments
+                .get(seg)
+                .live_bytes
+                .fetch_sub(len as i64, Ordering::Relaxed);
+        }
+        self.live_bytes.fetch_sub(len as i64, Ordering::Relaxed);
+    }
+
+    pub fn mark_live(&self, segment: u32, len: usize) {
+        self.segments
+            .get(segment)
+            .live_bytes
+            .fetch_add(len as i64, Ordering::Relaxed);
+        self.live_bytes.fetch_add(len as i64, Ordering::Relaxed);
+    }
+
+    /// Appends `parts` (one or more whole entries, `total` bytes) to a tablet's head segment.
+    fn append(
+        &self,
+        head: &mut Option<SegmentWriter>,
+        tablet: TabletId,
+        parts: &[&[u8]],
+        total: usize,
+    ) -> Result<(Loc, u32), AppendError> {
+        loop {
+            if head.is_none() {
+                let created = self.clock.load(Ordering::Relaxed);
+                *head = Some(SegmentWriter::open(
+                    &self.segments,
+                    &self.pool,
+                    AllocClass::Writer,
+                    tablet,
+                    created,
+                    self.config.segment_seglets,
+                )?);
+            }
+            let writer = head.as_mut().expect("opened above");
+            match writer.reserve(&self.segments, &self.pool, total) {
+                Ok(()) => {
+                    let loc = writer.position();
+                    for p in parts {
+                        writer.write(&self.pool, p);
+                    }
+                    writer.publish(&self.segments);
+                    return Ok((loc, writer.segment));
+                }
+                Err(AppendError::SegmentFull) => {
+                    let full = head.take().expect("present");
+                    full.close(&self.segments);
+                    self.wake_cleaner_if_needed();
+                }
+                Err(AppendError::NoMemory) => return Err(AppendError::NoMemory),
+            }
+        }
+    }
+
+    pub fn out_of_memory(&self) -> EngineError {
+        EngineError::OutOfMemory {
+            live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,
+            total_bytes: self.total_bytes(),
+        }
+    }
+
+    /// Blocks (without any tablet lock) until the cleaner may have freed memory. Fails with
+    /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
+    fn wait_for_memory(&self, started: Instant) -> Result<(), EngineError> {
+        let seq_at_start = self.pass_seq.load(Ordering::Acquire);
+        if self.config.cleaner_threads == 0 {
+            let progressed = crate::cleaner::run_pass(self, true);
+            crate::cleaner::collect_garbage();
+            if !progressed && self.pool.free_count() <= self.pool.reserve_seglets() {
+                return Err(self.out_of_memory());
+            }
+            return Ok(());
+        }
+        self.wake_cleaner();
+        {
+            let mut g = self.memory_lock.lock();
+            self.memory_cv.wait_for(&mut g, Duration::from_millis(5));
+        }
+        if self.pool.free_count() > self.pool.reserve_seglets() {
+            return Ok(());
+        }
+        let passes_since = self
+            .pass_seq
+            .load(Ordering::Acquire)
+            .saturating_sub(seq_at_start);
+        if passes_since >= 2 && self.last_pass_idle.load(Ordering::Acquire) {
+            return Err(self.out_of_memory());
+        }
+        if started.elapsed() >= Duration::from_millis(self.config.oom_wait_ms) {
+            return Err(self.out_of_memory());
+        }
+        Ok(())
+    }
+
+    pub fn wake_cleaner(&self) {
+        let mut w = self.cleaner_wake.lock();
+        *w = true;
+        self.cleaner_cv.notify_all();
+    }
+
+    fn wake_cleaner_if_needed(&self) {
+        if self.config.cleaner_threads > 0 && crate::cleaner::memory_low(self) {
+            self.wake_cleaner();
+        }
+    }
+
+    fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        if key.len() > self.config.key_size_max_bytes {
+            return Err(EngineError::KeyTooLarge {
+                len: key.len(),
+                max: self.config.key_size_max_bytes,
+            });
+        }
+        if value.len() > self.config.value_size_max_bytes {
+            return Err(EngineError::ValueTooLarge {
+                len: value.len(),
+                max: self.config.value_size_max_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Looks a key up for a writer: the slot, the location and the entry's header, ignoring expired objects
+    /// only when `include_expired` is false (they are still returned so they can be replaced).
+    fn find(&self, tablet: &Tablet, hash: u64, key: &[u8]) -> Option<(SlotRef, Loc, Header)> {
+        let (slot, loc) = tablet
+            .index
+            .lookup(hash, |loc| self.key_matches(loc, key))?;
+        let header = self.with_entry(loc, false, |e| e.header).ok()?;
+        Some((slot, loc, header))
+    }
+
+    fn object_at(&self, loc: Loc) -> Option<Object> {
+        self.with_entry(loc, true, |e| Object {
+            value: e.value.to_vec(),
+            version: e.header.version,
+            expire_at_ms: e.header.expire_at_ms,
+        })
+        .ok()
+    }
+
+    /// Reads a key's current object through `f`, without copying when the entry is contiguous.
+    pub fn read<R>(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        f: impl FnOnce(&[u8], Version, u64) -> R,
+    ) -> Result<Option<R>, EngineError> {
+        let tablet = self.tablet(tablet)?;
+        let hash = hash_key(key);
+        let _guard = epoch::pin();
+        let Some((_, loc)) = tablet.index.lookup(hash, |loc| self.key_matches(loc, key)) else {
+            return Ok(None);
+        };
+        self.with_entry(loc, true, |e| {
+            let mut now = None;
+            if expired(e.header.expire_at_ms, &mut now) {
+                None
+            } else {
+                Some(f(e.value, e.header.version, e.header.expire_at_ms))
+            }
+        })
+    }
+
+    /// The one write path: `build` decides, from the current object, what to write (or fails).
+    fn write_one(
+        &self,
+        tablet_id: TabletId,
+        key: &[u8],
+        mut decide: impl FnMut(Option<(&Header, Loc)>) -> Result<WriteAction, EngineError>,
+    ) -> Result<WriteResult, EngineError> {
+        let tablet = self.tablet(tablet_id)?;
+        let hash = hash_key(key);
+        let started = Instant::now();
+        loop {
+            let guard = epoch::pin();
+            let mut head = tablet.head.lock();
+            let mut now = None;
+            let current = self.find(tablet, hash, key);
+            let visible = current
+                .as_ref()
+                .filter(|(_, _, h)| !expired(h.expire_at_ms, &mut now));
+            let old_object = |want: bool| -> Option<Object> {
+                if want {
+                    visible.and_then(|(_, loc, _)| self.object_at(*loc))
+                } else {
+                    None
+                }
+            };
+            let action = decide(visible.map(|(_, loc, h)| (h, *loc)))?;
+            let (kind, value, expire_at_ms, return_old) = match action {
+                WriteAction::Put {
+                    value,
+                    expire_at_ms,
+                    return_old,
+                } => (KIND_OBJECT, value, expire_at_ms, return_old),
+                WriteAction::Delete => {
+                    if visible.is_none() {
+                        // Nothing to delete; an expired leftover is removed quietly.
+                        if let Some((slot, loc, h)) = current {
+                            tablet.index.remove(slot);
+                            self.mark_dead(loc, h.total_len());
+                        }
+                        return Ok(WriteResult {
+                            version: None,
+                            old: None,
+                        });
+                    }
+                    (KIND_TOMBSTONE, Vec::new(), 0, false)
+                }
+                WriteAction::Nothing { return_old } => {
+                    return Ok(WriteResult {
+                        version: None,
+                        old: old_object(return_old),
+                    });
+                }
+            };
+            let old = old_object(return_old);
+            let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+            let mut header = [0u8; HEADER_BYTES_MAX];
+            let hl = encode_header(&mut header, kind, version, key, &value, expire_at_ms);
+            let total = hl + key.len() + value.len();
+            debug_assert_eq!(
+                total,
+                encoded_len(kind, version, key.len(), value.len(), expire_at_ms)
+            );
+            let (loc, segment) =
+                match self.append(&mut head, tablet_id, &[&header[..hl], key, &value], total) {
+                    Ok(placed) => placed,
+                    Err(AppendError::NoMemory) => {
+                        drop(head);
+                        drop(guard);
+                        self.wait_for_memory(started)?;
+                        continue;
+                    }
+                    Err(AppendError::SegmentFull) => {
+                        unreachable!("append retries on a new segment")
+                    }
+                };
+            self.counters
+                .new_bytes
+                .fetch_add(total as u64, Ordering::Relaxed);
+            if kind == KIND_OBJECT {
+                self.mark_live(segment, total);
+                match current {
+                    Some((slot, old_loc, h)) => {
+                        tablet.index.replace(slot, hash, loc);
+                        self.mark_dead(old_loc, h.total_len());
+                    }
+                    None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
+                }
+            } else {
+                // A tombstone records the delete in the tablet's version-ordered log; nothing in the
+                // master replays it, so its bytes are dead from the start.
+                self.counters
+                    .tombstone_bytes
+                    .fetch_add(total as u64, Ordering::Relaxed);
+                let (slot, old_loc, h) =
+                    current.expect("deletes only reach here for a visible key");
+                tablet.index.remove(slot);
+                self.mark_dead(old_loc, h.total_len());
+            }
+            if let Some(obs) = &self.config.write_observer {
+                let value = (kind == KIND_OBJECT).then_some(&value[..]);
+                obs.on_writes(
+                    tablet_id,
+                    &[LoggedWrite {
+                        version,
+                        key,
+                        value,
+                        expire_at_ms,
+                    }],
+                );
+            }
+            return Ok(WriteResult {
+                version: Some(version),
+                old,
+            });
+        }
+    }
+
+    pub fn put(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        value: &[u8],
+        opts: &PutOptions,
+    ) -> Result<PutOutcome, EngineError> {
+        self.check_sizes(key, value)?;
+        let mut failed = false;
+        let result = self.write_one(tablet, key, |current| {
+            let ok = match opts.condition {
+                Condition::None => true,
+                Condition::IfAbsent => current.is_none(),
+                Condition::IfExists => current.is_some(),
+                Condition::IfVersion(v) => current.map(|(h, _)| h.version) == Some(v),
+            };
+            if !ok {
+                failed = true;
+                return Ok(WriteAction::Nothing { return_old: true });
+            }
+            let expire_at_ms = if opts.keep_ttl {
+                current.map(|(h, _)| h.expire_at_ms).unwrap_or(0)
+            } else {
+                opts.expire_at_ms
+            };
+            Ok(WriteAction::Put {
+                value: value.to_vec(),
+                expire_at_ms,
+                return_old: opts.return_old,
+            })
+        })?;
+        if failed {
+            return Err(EngineError::ConditionFailed {
+                current: if opts.return_old { result.old } else { None },
+            });
+        }
+        Ok(PutOutcome {
+            version: result.version.expect("a put writes"),
+            old: result.old,
+        })
+    }
+
+    pub fn delete(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        condition: Condition,
+    ) -> Result<Option<Version>, EngineError> {
+        if key.len() > self.config.key_size_max_bytes {
+            return Err(EngineError::KeyTooLarge {
+                len: key.len(),
+                max: self.config.key_size_max_bytes,
+            });
+        }
+        let mut failed = false;
+        let result = self.write_one(tablet, key, |current| {
+            let ok = match condition {
+                Condition::None | Condition::IfExists => true,
+                Condition::IfAbsent => current.is_none(),
+                Condition::IfVersion(v) => current.map(|(h, _)| h.version) == Some(v),
+            };
+            if !ok {
+                failed = true;
+                return Ok(WriteAction::Nothing { return_old: false });
+            }
+            Ok(WriteAction::Delete)
+        })?;
+        if failed {
+            return Err(EngineError::ConditionFailed { current: None });
+        }
+        Ok(result.version)
+    }
+
+    pub fn increment(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<(i64, Version), EngineError> {
+        self.check_sizes(key, b"")?;
+        let mut new_value = 0i64;
+        let result = self.write_one(tablet, key, |current| {
+            let (old, expire_at_ms) = match current {
+                None => (0i64, 0u64),
+                Some((h, loc)) => {
+                    let parsed = self.with_entry(loc, true, |e| parse_redis_i64(e.value))?;
+                    (parsed.ok_or(EngineError::NotAnInteger)?, h.expire_at_ms)
+                }
+            };
+            new_value = old
+                .checked_add(delta)
+                .ok_or(EngineError::IncrementOverflow)?;
+            Ok(WriteAction::Put {
+                value: new_value.to_string().into_bytes(),
+                expire_at_ms,
+                return_old: false,
+            })
+        })?;
+        Ok((new_value, result.version.expect("an increment writes")))
+    }
+
+    pub fn set_expiry(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        expire_at_ms: u64,
+    ) -> Result<Option<Version>, EngineError> {
+        self.check_sizes(key, b"")?;
+        let result = self.write_one(tablet, key, |current| match current {
+            None => Ok(WriteAction::Nothing { return_old: false }),
+            Some((_, loc)) => {
+                let value = self.with_entry(loc, true, |e| e.value.to_vec())?;
+                Ok(WriteAction::Put {
+                    value,
+                    expire_at_ms,
+                    return_old: false,
+                })
+            }
+        })?;
+        Ok(result.version)
+    }
+
+    /// Writes several objects of one tablet as one unit: one version, one append, all or nothing.
+    pub fn multi_put(
+        &self,
+        tablet_id: TabletId,
+        items: &[(&[u8], &[u8])],
+    ) -> Result<Version, EngineError> {
+        let tablet = self.tablet(tablet_id)?;
+        for (k, v) in items {
+            self.check_sizes(k, v)?;
+        }
+        let started = Instant::now();
+        loop {
+            let guard = epoch::pin();
+            let mut head = tablet.head.lock();
+            let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+            let mut bytes = Vec::new();
+            let mut offsets = Vec::with_capacity(items.len());
+            for (k, v) in items {
+                let mut header = [0u8; HEADER_BYTES_MAX];
+                let hl = encode_header(&mut header, KIND_OBJECT, version, k, v, 0);
+                offsets.push((bytes.len(), hl + k.len() + v.len()));
+                bytes.extend_from_slice(&header[..hl]);
+                bytes.extend_from_slice(k);
+                bytes.extend_from_slice(v);
+            }
+            if bytes.len() > self.segment_capacity {
+                return Err(EngineError::BatchTooLarge {
+                    len: bytes.len(),
+                    max: self.segment_capacity,
+                });
+            }
+            let (start, segment) = match self.append(&mut head, tablet_id, &[&bytes], bytes.len()) {
+                Ok(placed) => placed,
+                Err(AppendError::NoMemory) => {
+                    drop(head);
+                    drop(guard);
+                    self.wait_for_memory(started)?;
+                    continue;
+                }
+                Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
+            };
+            self.counters
+                .new_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let start_seglet = loc_seglet(start);
+            let start_offset = loc_offset(start);
+            for ((k, _), (off, len)) in items.iter().zip(&offsets) {
+                let loc = self.advance(start_seglet, start_offset, *off);
+                let hash = hash_key(k);
+                self.mark_live(segment, *len);
+                match self.find(tablet, hash, k) {
+                    Some((slot, old_loc, h)) => {
+                        tablet.index.replace(slot, hash, loc);
+                        self.mark_dead(old_loc, h.total_len());
+                    }
+                    None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
+                }
+            }
+            if let Some(obs) = &self.config.write_observer {
+                let records: Vec<LoggedWrite<'_>> = items
+                    .iter()
+                    .map(|(k, v)| LoggedWrite {
+                        version,
+                        key: k,
+                        value: Some(v),
+                        expire_at_ms: 0,
+                    })
+                    .collect();
+                obs.on_writes(tablet_id, &records);
+            }
+            return Ok(version);
+        }
+    }
+
+    /// The location `delta` bytes after (seglet, offset) within one segment.
+    fn advance(&self, mut seglet: u32, offset: usize, delta: usize) -> Loc {
+        let mut pos = offset + delta;
+        while pos >= SEGLET_BYTES {
+            seglet = self.pool.next_seglet(seglet);
+            pos -= SEGLET_BYTES;
+        }
+        crate::index::make_loc(seglet, pos)
+    }
+
+    /// Installs a replayed record with its original version; keeps whichever version is newer.
+    pub fn restore(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        value: Option<&[u8]>,
+        version: Version,
+        expire_at_ms: u64,
+    ) -> Result<(), EngineError> {
+        self.check_sizes(key, value.unwrap_or(b""))?;
+        self.clock.fetch_max(version, Ordering::Relaxed);
+        let tablet_ref = self.tablet(tablet)?;
+        let hash = hash_key(key);
+        let started = Instant::now();
+        loop {
+            let guard = epoch::pin();
+            let mut head = tablet_ref.head.lock();
+            let current = self.find(tablet_ref, hash, key);
+            if let Some((_, _, h)) = &current {
+                if h.version >= version {
+                    return Ok(());
+                }
+            }
+            let Some(value) = value else {
+                if let Some((slot, loc, h)) = current {
+                    tablet_ref.index.remove(slot);
+                    self.mark_dead(loc, h.total_len());
+                }
+                return Ok(());
+            };
+            let mut header = [0u8; HEADER_BYTES_MAX];
+            let hl = encode_header(&mut header, KIND_OBJECT, version, key, value, expire_at_ms);
+            let total = hl + key.len() + value.len();
+            let (loc, segment) =
+                match self.append(&mut head, tablet, &[&header[..hl], key, value], total) {
+                    Ok(placed) => placed,
+                    Err(AppendError::NoMemory) => {
+                        drop(head);
+                        drop(guard);
+                        self.wait_for_memory(started)?;
+                        continue;
+                    }
+                    Err(AppendError::SegmentFull) => {
+                        unreachable!("append retries on a new segment")
+                    }
+                };
+            self.counters
+                .new_bytes
+                .fetch_add(total as u64, Ordering::Relaxed);
+            self.mark_live(segment, total);
+            match current {
+                Some((slot, old_loc, h)) => {
+                    tablet_ref.index.replace(slot, hash, loc);
+                    self.mark_dead(old_loc, h.total_len());
+                }
+                None => tablet_ref.index.insert(hash, loc, |l| self.rehash(l)),
+            }
+            return Ok(());
+        }
+    }
+
+    pub fn scan_keys(
+        &self,
+        tablet: TabletId,
+        cursor: u64,
+        count: usize,
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<u64, EngineError> {
+        let tablet = self.tablet(tablet)?;
+        let _guard = epoch::pin();
+        let mut now = None;
+        let next = tablet.index.scan(cursor, count.max(1), |loc| {
+            if let Ok(Some(k)) = self.with_entry(loc, false, |e| {
+                (!expired(e.header.expire_at_ms, &mut now)).then(|| e.key.to_vec())
+            }) {
+                out.push(k);
+            }
+        });
+        Ok(next)
+    }
+
+    pub fn tablet_infos(&self) -> Vec<TabletInfo> {
+        (0..self.tablet_count())
+            .filter_map(|id| {
+                let t = self.tablet(id).ok()?;
+                Some(TabletInfo {
+                    id,
+                    table: t.table,
+                    first_slot: t.first_slot,
+                    last_slot: t.last_slot,
+                    objects: t.index.len(),
+                })
+            })
+            .collect()
+    }
+
+    /// Returns retired segments whose grace period ended to the pool; returns how many.
+    pub fn release_reclaimable(&self) -> usize {
+        let ready: Vec<u32> = std::mem::take(&mut *self.reclaimable.lock());
+        for &segment in &ready {
+            self.segments.release(&self.pool, segment);
+        }
+        ready.len()
+    }
+
+    pub fn stats(&self) -> crate::EngineStats {
+        let c = &self.counters;
+        let mut histogram = [0u64; 10];
+        let mut segments = 0u64;
+        for (_, slot) in self.segments.iter() {
+            match slot.state() {
+                crate::segment::SegmentState::Free => {}
+                crate::segment::SegmentState::Closed => {
+                    segments += 1;
+                    let cap =
+                        slot.seglet_count.load(Ordering::Relaxed) as f64 * SEGLET_BYTES as f64;
+                    let u = slot.live_bytes.load(Ordering::Relaxed).max(0) as f64 / cap.max(1.0);
+                    histogram[((u * 10.0) as usize).min(9)] += 1;
+                }
+                _ => segments += 1,
+            }
+        }
+        let mut objects = 0;
+        let mut index_bytes = 0;
+        for id in 0..self.tablet_count() {
+            if let Ok(t) = self.tablet(id) {
+                objects += t.index.len();
+                index_bytes += t.index.memory_bytes();
+            }
+        }
+        let total = self.total_bytes();
+        let live = self.live_bytes.load(Ordering::Relaxed).max(0) as u64;
+        let new_bytes = c.new_bytes.load(Ordering::Relaxed);
+        let copied = c.cleaner_copied_bytes.load(Ordering::Relaxed);
+        crate::EngineStats {
+            total_bytes: total,
+            live_bytes: live,
+            utilisation: live as f64 / total as f64,
+            total_seglets: self.pool.seglet_count() as u64,
+            free_seglets: self.pool.free_count() as u64,
+            reserve_seglets: self.pool.reserve_seglets() as u64,
+            segments,
+            objects,
+            tablets: self.tablet_count() as u64,
+            index_bytes,
+            new_bytes,
+            tombstone_bytes: c.tombstone_bytes.load(Ordering::Relaxed),
+            cleaner_copied_bytes: copied,
+            cleaner_freed_bytes: c.cleaner_freed_bytes.load(Ordering::Relaxed),
+            write_cost: if new_bytes == 0 {
+                1.0
+            } else {
+                (new_bytes + copied) as f64 / new_bytes as f64
+            },
+            compaction_passes: c.compaction_passes.load(Ordering::Relaxed),
+            combined_passes: c.combined_passes.load(Ordering::Relaxed),
+            compaction_failures: c.compaction_failures.load(Ordering::Relaxed),
+            segments_cleaned: c.segments_cleaned.load(Ordering::Relaxed),
+            expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
+            segment_utilisation_histogram: histogram,
+            version_clock: self.clock.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub(crate) enum WriteAction {
+    Put {
+        value: Vec<u8>,
+        expire_at_ms: u64,
+        return_old: bool,
+    },
+    Delete,
+    Nothing {
+        return_old: bool,
+    },
+}
+
+pub(crate) struct WriteResult {
+    version: Option<Version>,
+    old: Option<Object>,
+}
+
+/// Parses a value the way Redis's INCR does: an optional '-', no '+', no spaces, no leading zeros.
+pub fn parse_redis_i64(bytes: &[u8]) -> Option<i64> {
+    if bytes.is_empty() || bytes.len() > 20 {
+        return None;
+    }
+    let s = std::str::from_utf8(bytes).ok()?;
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
+    if s == "-0" {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_redis_i64;
+
+    #[test]
+    fn redis_integer_rules() {
+        assert_eq!(parse_redis_i64(b"0"), Some(0));
+        assert_eq!(parse_redis_i64(b"-12"), Some(-12));
+        assert_eq!(parse_redis_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_redis_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"01",
+            b"-0",
+            b"1.0",
+            b"9223372036854775808",
+            b"abc",
+            b"-",
+        ] {
+            assert_eq!(
+                parse_redis_i64(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Byte layout of in-memory log entries (documented in docs/formats.md, "In-memory log").
+//!
+//! ```text
+//! u8      kind_flags   bits 0-2 kind (1 object, 2 tombstone), bit 3 has-expiry, bits 4-7 zero
+//! varint  version      LEB128, 1-10 bytes
+//! varint  key_len      LEB128, 1-3 bytes (<= 65536)
+//! varint  value_len    LEB128, 1-4 bytes (objects only; < 2^28)
+//! u64 LE  expire_at_ms only when has-expiry (unix milliseconds)
+//! u32 LE  crc32c       CRC32C of every header byte before it, then the key, then the value
+//! [key_len]   key
+//! [value_len] value    (objects only)
+//! ```
+//! A 13-byte key with a 100-byte value and a 3-byte version takes 10 header bytes (123 in all).
+//! Entries are unaligned and may straddle seglets; they never straddle segments.
+
+use thiserror::Error;
+
+pub const KIND_OBJECT: u8 = 1;
+pub const KIND_TOMBSTONE: u8 = 2;
+const KIND_MASK: u8 = 0x07;
+const FLAG_EXPIRY: u8 = 0x08;
+const FLAGS_RESERVED: u8 = 0xF0;
+
+/// Longest possible header: 1 + 10 + 3 + 4 + 8 + 4.
+pub const HEADER_BYTES_MAX: usize = 30;
+/// Largest key the format can carry.
+pub const KEY_BYTES_FORMAT_MAX: usize = 64 * 1024;
+/// Largest value the format can carry (a 4-byte varint).
+pub const VALUE_BYTES_FORMAT_MAX: usize = (1 << 28) - 1;
+
+#[derive(Debug, Error, PartialEq, Eq, Clone)]
+pub enum DecodeError {
+    #[error("entry header truncated")]
+    Truncated,
+    #[error("unknown entry kind {0}")]
+    BadKind(u8),
+    #[error("reserved flag bits set: {0:#04x}")]
+    ReservedFlags(u8),
+    #[error("malformed varint in entry header")]
+    BadVarint,
+    #[error("key length {0} exceeds the format's maximum")]
+    KeyTooLong(u64),
+    #[error("value length {0} exceeds the format's maximum")]
+    ValueTooLong(u64),
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+}
+
+/// A decoded entry header. `header_len` counts every byte before the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub version: u64,
+    pub key_len: u32,
+    pub value_len: u32,
+    pub expire_at_ms: u64,
+    pub crc: u32,
+    pub header_len: u32,
+}
+
+impl Header {
+    #[inline]
+    pub fn total_len(&self) -> usize {
+        self.header_len as usize + self.key_len as usize + self.value_len as usize
+    }
+    #[inline]
+    pub fn is_object(&self) -> bool {
+        self.kind == KIND_OBJECT
+    }
+}
+
+#[inline]
+fn put_varint(out: &mut [u8], mut pos: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        out[pos] = (v as u8) | 0x80;
+        v >>= 7;
+        pos += 1;
+    }
+    out[pos] = v as u8;
+    pos + 1
+}
+
+#[inline]
+fn get_varint(buf: &[u8], pos: &mut usize, max_bytes: usize) -> Result<u64, DecodeError> {
+    let mut value: u64 = 0;
+    for i in 0..max_bytes {
+        let Some(&b) = buf.get(*pos) else {
+            return Err(DecodeError::Truncated);
+        };
+        *pos += 1;
+        value |= ((b & 0x7F) as u64) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(DecodeError::BadVarint)
+}
+
+/// Length of an encoded entry, without encoding it.
+#[inline]
+pub fn encoded_len(
+    kind: u8,
+    version: u64,
+    key_len: usize,
+    value_len: usize,
+    expire_at_ms: u64,
+) -> usize {
+    let mut n = 1 + varint_len(version) + varint_len(key_len as u64) + 4;
+    if kind == KIND_OBJECT {
+        n += varint_len(value_len as u64) + value_len;
+    }
+    if expire_at_ms != 0 {
+        n += 8;
+    }
+    n + key_len
+}
+
+#[inline]
+fn varint_len(v: u64) -> usize {
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Encodes a header (including the CRC over key and value) into `out`; returns its length.
+pub fn encode_header(
+    out: &mut [u8; HEADER_BYTES_MAX],
+    kind: u8,
+    version: u64,
+    key: &[u8],
+    value: &[u8],
+    expire_at_ms: u64,
+) -> usize {
+    debug_assert!(kind == KIND_OBJECT || kind == KIND_TOMBSTONE);
+    debug_assert!(key.len() <= KEY_BYTES_FORMAT_MAX && value.len() <= VALUE_BYTES_FORMAT_MAX);
+    debug_assert!(kind == KIND_OBJECT || value.is_empty());
+    out[0] = kind | if expire_at_ms != 0 { FLAG_EXPIRY } else { 0 };
+    let mut pos = put_varint(out, 1, version);
+    pos = put_varint(out, pos, key.len() as u64);
+    if kind == KIND_OBJECT {
+        pos = put_varint(out, pos, value.len() as u64);
+    }
+    if expire_at_ms != 0 {
+        out[pos..pos + 8].copy_from_slice(&expire_at_ms.to_le_bytes());
+        pos += 8;
+    }
+    let mut crc = crc32c::crc32c(&out[..pos]);
+    crc = crc32c::crc32c_append(crc, key);
+    crc = crc32c::crc32c_append(crc, value);
+    out[pos..pos + 4].copy_from_slice(&crc.to_le_bytes());
+    pos + 4
+}
+
+/// Decodes a header from the start of `buf`. `buf` may hold more than the header.
+pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
+    let Some(&kind_flags) = buf.first() else {
+        return Err(DecodeError::Truncated);
+    };
+    let kind = kind_flags & KIND_MASK;
+    if kind != KIND_OBJECT && kind != KIND_TOMBSTONE {
+        return Err(DecodeError::BadKind(kind));
+    }
+    if kind_flags & FLAGS_RESERVED != 0 {
+        return Err(DecodeError::ReservedFlags(kind_flags));
+    }
+    let mut pos = 1;
+    let version = get_varint(buf, &mut pos, 10)?;
+    let key_len = get_varint(buf, &mut pos, 3)?;
+    if key_len > KEY_BYTES_FORMAT_MAX as u64 {
+        return Err(DecodeError::KeyTooLong(key_len));
+    }
+    let value_len = if kind == KIND_OBJECT {
+        get_varint(buf, &mut pos, 4)?
+    } else {
+        0
+    };
+    if value_len > VALUE_BYTES_FORMAT_MAX as u64 {
+        return Err(DecodeError::ValueTooLong(value_len));
+    }
+    let mut expire_at_ms = 0;
+    if kind_flags & FLAG_EXPIRY != 0 {
+        let bytes = buf.get(pos..pos + 8).ok_or(DecodeError::Truncated)?;
+        expire_at_ms = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+        pos += 8;
+    }
+    let crc_bytes = buf.get(pos..pos + 4).ok_or(DecodeError::Truncated)?;
+    let crc = u32::from_le_bytes(crc_bytes.try_into().expect("4 bytes"));
+    pos += 4;
+    Ok(Header {
+        kind,
+        version,
+        key_len: key_len as u32,
+        value_len: value_len as u32,
+        expire_at_ms,
+        crc,
+        header_len: pos as u32,
+    })
+}
+
+/// Checks an entry's CRC; `header_bytes` are the bytes before the CRC field.
+pub fn verify(
+    header: &Header,
+    header_bytes: &[u8],
+    key: &[u8],
+    value: &[u8],
+) -> Result<(), DecodeError> {
+    let mut crc = crc32c::crc32c(header_bytes);
+    crc = crc32c::crc32c_append(crc, key);
+    crc = crc32c::crc32c_append(crc, value);
+    if crc != header.crc {
+        return Err(DecodeError::Checksum {
+            stored: header.crc,
+            computed: crc,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes and verifies a whole entry held contiguously in `buf`; returns header, key and value.
+/// This is the decoder the fuzz target drives.
+pub fn decode_entry(buf: &[u8]) -> Result<(Header, &[u8], &[u8]), DecodeError> {
+    let header = decode_header(buf)?;
+    let key_start = header.header_len as usize;
+    let key_end = key_start + header.key_len as usize;
+    let value_end = key_end + header.value_len as usize;
+    if buf.len() < value_end {
+        return Err(DecodeError::Truncated);
+    }
+    let key = &buf[key_start..key_end];
+    let value = &buf[key_end..value_end];
+    verify(&header, &buf[..key_start - 4], key, value)?;
+    Ok((header, key, value))
+}
+
+/// Encodes a whole entry into a vector (tests, tools and the fuzz corpus).
+pub fn encode_entry(
+    kind: u8,
+    version: u64,
+    key: &[u8],
+    value: &[u8],
+    expire_at_ms: u64,
+) -> Vec<u8> {
+    let mut header = [0u8; HEADER_BYTES_MAX];
+    let n = encode_header(&mut header, kind, version, key, value, expire_at_ms);
+    let mut out = Vec::with_capacity(n + key.len() + value.len());
+    out.extend_from_slice(&header[..n]);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn small_object_header_is_ten_bytes() {
+        let e = encode_entry(KIND_OBJECT, 1_000_000, &[7u8; 13], &[1u8; 100], 0);
+        assert_eq!(e.len(), 123);
+        assert_eq!(encoded_len(KIND_OBJECT, 1_000_000, 13, 100, 0), 123);
+    }
+
+    #[test]
+    fn detects_bit_flips() {
+        let e = encode_entry(KIND_OBJECT, 42, b"key", b"value", 0);
+        for byte in 0..e.len() {
+            for bit in 0..8 {
+                let mut bad = e.clone();
+                bad[byte] ^= 1 << bit;
+                if let Ok((h, k, v)) = decode_entry(&bad) {
+                    panic!("flip at {byte}:{bit} decoded as {h:?} {k:?} {v:?}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(version: u64, key in proptest::collection::vec(any::<u8>(), 0..300),
+                      value in proptest::collection::vec(any::<u8>(), 0..2000),
+                      tomb: bool, expire in prop_oneof![Just(0u64), any::<u64>()]) {
+            let kind = if tomb { KIND_TOMBSTONE } else { KIND_OBJECT };
+            let value = if tomb { Vec::new() } else { value };
+            let e = encode_entry(kind, version, &key, &value, expire);
+            prop_assert_eq!(e.len(), encoded_len(kind, version, key.len(), value.len(), expire));
+            let (h, k, v) = decode_entry(&e).unwrap();
+            prop_assert_eq!(h.kind, kind);
+            prop_assert_eq!(h.version, version);
+            prop_assert_eq!(h.expire_at_ms, expire);
+            prop_assert_eq!(k, &key[..]);
+            prop_assert_eq!(v, &value[..]);
+            prop_assert_eq!(h.total_len(), e.len());
+        }
+
+        /// The decoder never panics and never reports an entry longer than its input.
+        #[test]
+        fn decoder_survives_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok((h, _, _)) = decode_entry(&bytes) {
+                prop_assert!(h.total_len() <= bytes.len());
+            }
+        }
+
+        #[test]
+        fn decoder_survives_truncation(cut in 0usize..140) {
+            let e = encode_entry(KIND_OBJECT, 99, b"0123456789abc", &[5u8; 100], 7);
+            let cut = cut.min(e.len());
+            let r = decode_entry(&e[..cut]);
+            if cut < e.len() { prop_assert!(r.is_err()); } else { prop_assert!(r.is_ok()); }
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! A tablet's hash index: cache-line buckets of tagged log references that grow by linear hashing.
+//!
+//! Each bucket is one 64-byte cache line of eight 64-bit slots. A slot is empty (0), a reference to a
+//! log entry (`VALID | tag << 40 | location`), or, in the last slot only, a link to an overflow bucket
+//! (`CHAIN | overflow id`). The 22-bit tag comes from hash bits the bucket number does not use, so a
+//! lookup touches about one object per probe.
+//!
+//! The table grows one bucket at a time (linear hashing): when the load passes `LOAD_MAX`, bucket
+//! `split` is split into `split` and `split + 2^level * BUCKETS_INITIAL`. There is never a
+//! stop-the-world rehash, and bucket arrays are never moved: the directory holds arrays of doubling
+//! size. Overflow buckets come from chunked arenas, so no object ever has a heap allocation of its own.
+//!
+//! Concurrency: one mutator at a time (the caller holds the tablet's write lock), any number of
+//! lock-free readers. A split first copies the moving references into the new bucket, then publishes
+//! the new shape, then clears the old slots; a reader that misses re-checks the shape and retries, so
+//! it never misses a key that was present throughout. References only move towards higher bucket
+//! numbers, which gives cursor scans Redis's "every key present throughout is returned" guarantee.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+const SLOTS: usize = 8;
+const BUCKETS_INITIAL_LOG2: u32 = 4;
+const BUCKETS_INITIAL: u64 = 1 << BUCKETS_INITIAL_LOG2;
+const DIR_ARRAYS: usize = 44;
+const OVERFLOW_CHUNK_LOG2: u32 = 10;
+const OVERFLOW_CHUNK: usize = 1 << OVERFLOW_CHUNK_LOG2;
+const OVERFLOW_CHUNKS_MAX: usize = 1 << 16;
+/// Average references per slot above which a bucket is split.
+const LOAD_MAX: f64 = 0.9;
+
+const CHAIN: u64 = 1 << 63;
+const VALID: u64 = 1 << 62;
+const TAG_SHIFT: u32 = 40;
+const TAG_MASK: u64 = (1 << 22) - 1;
+const LOC_MASK: u64 = (1 << 40) - 1;
+
+/// A location in the log: seglet id (24 bits) and offset inside it (16 bits).
+pub type Loc = u64;
+
+#[inline]
+pub fn make_loc(seglet: u32, offset: usize) -> Loc {
+    debug_assert!(offset < 1 << 16 && (seglet as u64) < 1 << 24);
+    ((seglet as u64) << 16) | offset as u64
+}
+
+#[inline]
+pub fn loc_seglet(loc: Loc) -> u32 {
+    (loc >> 16) as u32
+}
+
+#[inline]
+pub fn loc_offset(loc: Loc) -> usize {
+    (loc & 0xFFFF) as usize
+}
+
+#[inline]
+fn tag_of(hash: u64) -> u64 {
+    (hash >> TAG_SHIFT) & TAG_MASK
+}
+
+#[inline]
+fn make_ref(hash: u64, loc: Loc) -> u64 {
+    VALID | (tag_of(hash) << TAG_SHIFT) | loc
+}
+
+#[repr(C, align(64))]
+pub struct Bucket {
+    slots: [AtomicU64; SLOTS],
+}
+
+/// Where a reference sits, so that the owner of the write lock can replace or clear it.
+#[derive(Clone, Copy)]
+pub struct SlotRef(*const AtomicU64);
+
+impl SlotRef {
+    #[inline]
+    fn get(&self) -> &AtomicU64 {
+        // SAFETY: slot pointers point into bucket arrays that live as long as the index, and the
+        // index outlives every SlotRef (SlotRefs are used under the tablet lock, never stored).
+        unsafe { &*self.0 }
+    }
+}
+
+pub struct HashIndex {
+    /// `level << 56 | split`; the bucket count is `BUCKETS_INITIAL << level` plus `split`.
+    shape: AtomicU64,
+    dir: [AtomicPtr<Bucket>; DIR_ARRAYS],
+    overflow: Box<[AtomicPtr<Bucket>]>,
+    overflow_used: AtomicU64,
+    entries: AtomicU64,
+}
+
+// SAFETY: raw bucket pointers are owned by the index and only freed in Drop.
+unsafe impl Send for HashIndex {}
+// SAFETY: mutation is single-writer (the tablet lock) through atomics; readers use atomics only.
+unsafe impl Sync for HashIndex {}
+
+fn array_len(k: usize) -> usize {
+    if k == 0 {
+        BUCKETS_INITIAL as usize
+    } else {
+        (BUCKETS_INITIAL as usize) << (k - 1)
+    }
+}
+
+fn alloc_buckets(n: usize) -> *mut Bucket {
+    let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
+    // SAFETY: the layout is non-zero sized; all-zero bytes are valid AtomicU64s (empty slots).
+    let ptr = unsafe { alloc_zeroed(layout) } as *mut Bucket;
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    ptr
+}
+
+impl Default for HashIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HashIndex {
+    pub fn new() -> Self {
+        let dir: [AtomicPtr<Bucket>; DIR_ARRAYS] =
+            std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut()));
+        dir[0].store(alloc_buckets(array_len(0)), Ordering::Release);
+        let overflow = (0..OVERFLOW_CHUNKS_MAX)
+            .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+            .collect();
+        HashIndex {
+            shape: AtomicU64::new(0),
+            dir,
+            overflow,
+            overflow_used: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Number of main buckets (not counting overflow buckets).
+    pub fn bucket_count(&self) -> u64 {
+        let shape = self.shape.load(Ordering::Acquire);
+        (BUCKETS_INITIAL << (shape >> 56)) + (shape & ((1 << 56) - 1))
+    }
+
+    /// Bytes of buckets in use (main and overflow). Bucket arrays are allocated zeroed and grow by
+    /// doubling, so the untouched tail of the newest array costs address space, not memory.
+    pub fn memory_bytes(&self) -> u64 {
+        (self.bucket_count() + self.overflow_used.load(Ordering::Relaxed)) * 64
+    }
+
+    /// Number of overflow buckets in use.
+    #[cfg(test)]
+    pub fn overflow_buckets(&self) -> u64 {
+        self.overflow_used.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn bucket_of(shape: u64, hash: u64) -> u64 {
+        let level = shape >> 56;
+        let split = shape & ((1 << 56) - 1);
+        let m = BUCKETS_INITIAL << level;
+        let b = hash & (m - 1);
+        if b < split {
+            hash & (2 * m - 1)
+        } else {
+            b
+        }
+    }
+
+    #[inline]
+    fn bucket(&self, b: u64) -> &Bucket {
+        let (k, off) = if b < BUCKETS_INITIAL {
+            (0usize, b as usize)
+        } else {
+            let q = b >> BUCKETS_INITIAL_LOG2;
+            let k = (63 - q.leading_zeros()) as usize + 1;
+            (k, (b - (BUCKETS_INITIAL << (k - 1))) as usize)
+        };
+        let arr = self.dir[k].load(Ordering::Acquire);
+        assert!(
+            !arr.is_null(),
+            "bucket {b} addressed before its array exists"
+        );
+        // SAFETY: off < array_len(k) by construction, and arrays live until Drop.
+        unsafe { &*arr.add(off) }
+    }
+
+    #[inline]
+    fn overflow_bucket(&self, id: u64) -> &Bucket {
+        let chunk = self.overflow[(id >> OVERFLOW_CHUNK_LOG2) as usize].load(Ordering::Acquire);
+        assert!(!chunk.is_null(), "overflow bucket {id} has no chunk");
+        // SAFETY: the index within the chunk is masked to the chunk length; chunks live until Drop.
+        unsafe { &*chunk.add((id as usize) & (OVERFLOW_CHUNK - 1)) }
+    }
+
+    /// Visits every reference of the chain starting at bucket `b`; stops when `f` returns true.
+    #[inline]
+    fn walk_chain<'a>(
+        &'a self,
+        mut bucket: &'a Bucket,
+        mut f: impl FnMut(&'a AtomicU64, u64) -> bool,
+    ) -> bool {
+        loop {
+            for i in 0..SLOTS - 1 {
+                let v = bucket.slots[i].load(Ordering::Acquire);
+                if v != 0 && f(&bucket.slots[i], v) {
+                    return true;
+                }
+            }
+            let last = &bucket.slots[SLOTS - 1];
+            let v = last.load(Ordering::Acquire);
+            if v & CHAIN != 0 {
+                bucket = self.overflow_bucket(v & !CHAIN);
+                continue;
+            }
+            return v != 0 && f(last, v);
+        }
+    }
+
+    /// Finds the reference whose tag matches `hash` and for which `is_key(loc)` is true.
+    /// Lock-free; safe to call concurrently with the single mutator.
+    #[inline]
+    pub fn lookup(&self, hash: u64, mut is_key: impl FnMut(Loc) -> bool) -> Option<(SlotRef, Loc)> {
+        let tag = tag_of(hash);
+        loop {
+            let shape = self.shape.load(Ordering::Acquire);
+            let bucket = self.bucket(Self::bucket_of(shape, hash));
+            let mut found = None;
+            self.walk_chain(bucket, |slot, v| {
+                if (v >> TAG_SHIFT) & TAG_MASK == tag && v & VALID != 0 {
+                    let loc = v & LOC_MASK;
+                    if is_key(loc) {
+                        found = Some((SlotRef(slot as *const _), loc));
+                        return true;
+                    }
+                }
+                false
+            });
+            if found.is_some() || self.shape.load(Ordering::Acquire) == shape {
+                return found;
+            }
+        }
+    }
+
+    /// Finds the slot that holds exactly `loc` (the cleaner's liveness test: no key comparison).
+    pub fn find_loc(&self, hash: u64, loc: Loc) -> Option<SlotRef> {
+        let want = make_ref(hash, loc);
+        loop {
+            let shape = self.shape.load(Ordering::Acquire);
+            let bucket = self.bucket(Self::bucket_of(shape, hash));
+            let mut found = None;
+            self.walk_chain(bucket, |slot, v| {
+                if v == want {
+                    found = Some(SlotRef(slot as *const _));
+                    return true;
+                }
+                false
+            });
+            if found.is_some() || self.shape.load(Ordering::Acquire) == shape {
+                return found;
+            }
+        }
+    }
+
+    /// Points an existing slot at a new location. Caller holds the write lock.
+    #[inline]
+    pub fn replace(&self, slot: SlotRef, hash: u64, loc: Loc) {
+        debug_assert!(slot.get().load(Ordering::Relaxed) & VALID != 0);
+        slot.get().store(make_ref(hash, loc), Ordering::Release);
+    }
+
+    /// Clears an existing slot. Caller holds the write lock.
+    #[inline]
+    pub fn remove(&self, slot: SlotRef) {
+        debug_assert!(slot.get().load(Ordering::Relaxed) & VALID != 0);
+        slot.get().store(0, Ordering::Release);
+        self.entries.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Adds a reference for a key known to be absent, then grows the table if it is too full.
+    /// `rehash(loc)` must return the hash of the key stored at `loc` (used when splitting).
+    /// Caller holds the write lock.
+    pub fn insert(&self, hash: u64, loc: Loc, rehash: impl FnMut(Loc) -> u64) {
+        let shape = self.shape.load(Ordering::Relaxed);
+        let bucket = self.bucket(Self::bucket_of(shape, hash));
+        self.place(bucket, make_ref(hash, loc));
+        let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
+        if n as f64 > self.bucket_count() as f64 * SLOTS as f64 * LOAD_MAX {
+            self.split_one(rehash);
+        }
+    }
+
+    /// Puts a reference into the first empty slot of a chain, extending the chain if needed.
+    fn place(&self, head: &Bucket, value: u64) -> SlotRef {
+        let mut bucket = head;
+        loop {
+            for i in 0..SLOTS - 1 {
+                if bucket.slots[i].load(Ordering::Relaxed) == 0 {
+                    bucket.slots[i].store(value, Ordering::Release);
+                    return SlotRef(&bucket.slots[i] as *const _);
+                }
+            }
+            let last = &bucket.slots[SLOTS - 1];
+            let v = last.load(Ordering::Relaxed);
+            if v & CHAIN != 0 {
+                bucket = self.overflow_bucket(v & !CHAIN);
+                continue;
+            }
+            if v == 0 {
+                last.store(value, Ordering::Release);
+                return SlotRef(last as *const _);
+            }
+            // Full chain: move the last reference into a new overflow bucket, then link it.
+            let id = self.new_overflow_bucket();
+            let next = self.overflow_bucket(id);
+            next.slots[0].store(v, Ordering::Release);
+            next.slots[1].store(value, Ordering::Release);
+            last.store(CHAIN | id, Ordering::Release);
+            return SlotRef(&next.slots[1] as *const _);
+        }
+    }
+
+    fn new_overflow_bucket(&self) -> u64 {
+        let id = self.overflow_used.fetch_add(1, Ordering::Relaxed);
+        let chunk = (id >> OVERFLOW_CHUNK_LOG2) as usize;
+        assert!(
+            chunk < OVERFLOW_CHUNKS_MAX,
+            "hash index overflow arena exhausted"
+        );
+        if self.overflow[chunk].load(Ordering::Relaxed).is_null() {
+            self.overflow[chunk].store(alloc_buckets(OVERFLOW_CHUNK), Ordering::Release);
+        }
+        id
+    }
+
+    /// Splits bucket `split` into itself and its buddy one doubling above.
+    fn split_one(&self, mut rehash: impl FnMut(Loc) -> u64) {
+        let shape = self.shape.load(Ordering::Relaxed);
+        let level = shape >> 56;
+        let split = shape & ((1 << 56) - 1);
+        let m = BUCKETS_INITIAL << level;
+        let new_b = split + m;
+        // Make sure the array holding the new bucket exists.
+        let q = new_b >> BUCKETS_INITIAL_LOG2;
+        let k = (63 - q.leading_zeros()) as usize + 1;
+        assert!(k < DIR_ARRAYS, "hash index directory exhausted");
+        if self.dir[k].load(Ordering::Relaxed).is_null() {
+            self.dir[k].store(alloc_buckets(array_len(k)), Ordering::Release);
+        }
+        // 1. Copy the references that move into the new bucket.
+        let mut moved: Vec<(SlotRef, u64)> = Vec::new();
+        let old = self.bucket(split);
+        let new = self.bucket(new_b);
+        let mut movers: Vec<(SlotRef, u64)> = Vec::new();
+        self.walk_chain(old, |slot, v| {
+            let hash = rehash(v & LOC_MASK);
+            if hash & (2 * m - 1) == new_b {
+                movers.push((SlotRef(slot as *const _), v));
+            }
+            false
+        });
+        for (slot, v) in movers {
+            self.place(new, v);
+            moved.push((slot, v));
+        }
+        // 2. Publish the new shape: lookups of moved keys now go to the new bucket.
+        let next_shape = if split + 1 == m {
+            (level + 1) << 56
+        } else {
+            (level << 56) | (split + 1)
+        };
+        self.shape.store(next_shape, Ordering::Release);
+        // 3. Clear the old copies.
+        for (slot, v) in moved {
+            debug_assert_eq!(slot.get().load(Ordering::Relaxed), v);
+            slot.get().store(0, Ordering::Release);
+        }
+    }
+
+    /// Collects the references of main buckets `from..` (and their chains) until at least `count`
+    /// references were seen; returns the next bucket to visit, or 0 when the table is exhausted.
+    pub fn scan(&self, from: u64, count: usize, mut f: impl FnMut(Loc)) -> u64 {
+        let mut b = from;
+        let mut seen = 0usize;
+        loop {
+            let buckets = self.bucket_count();
+            if b >= buckets {
+                return 0;
+            }
+            self.walk_chain(self.bucket(b), |_, v| {
+                if v & VALID != 0 {
+                    f(v & LOC_MASK);
+                    seen += 1;
+                }
+                false
+            });
+            b += 1;
+            if seen >= count {
+                return if b >= self.bucket_count() { 0 } else { b };
+            }
+        }
+    }
+}
+
+impl Drop for HashIndex {
+    fn drop(&mut self) {
+        for (k, slot) in self.dir.iter().enumerate() {
+            let p = slot.load(Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: allocated by alloc_buckets with exactly this length.
+                unsafe {
+                    dealloc(
+                        p as *mut u8,
+                        Layout::array::<Bucket>(array_len(k)).expect("layout"),
+                    )
+                };
+            }
+        }
+        for slot in self.overflow.iter() {
+            let p = slot.load(Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets.
+                unsafe {
+                    dealloc(
+                        p as *mut u8,
+                        Layout::array::<Bucket>(OVERFLOW_CHUNK).expect("layout"),
+                    )
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn h(i: u64) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes())
+    }
+
+    /// Uses loc = key id, so rehash(loc) = h(loc).
+    #[test]
+    fn grows_and_finds_everything() {
+        let idx = HashIndex::new();
+        for i in 0..200_000u64 {
+            idx.insert(h(i), i, h);
+        }
+        assert_eq!(idx.len(), 200_000);
+        assert!(idx.bucket_count() > 200_000 / 8);
+        for i in 0..200_000u64 {
+            let (_, loc) = idx
+                .lookup(h(i), |loc| loc == i)
+                .unwrap_or_else(|| panic!("lost {i}"));
+            assert_eq!(loc, i);
+        }
+        assert!(idx
+            .lookup(h(999_999_999), |loc| loc == 999_999_999)
+            .is_none());
+        // Load stays near the target: memory per entry is bounded.
+        let per_entry = idx.memory_bytes() as f64 / idx.len() as f64;
+        assert!(
+            per_entry < 16.0,
+            "{per_entry} bytes per entry, {} overflow buckets",
+            idx.overflow_buckets()
+        );
+    }
+
+    #[test]
+    fn replace_remove_and_scan() {
+        let idx = HashIndex::new();
+        let mut model = HashMap::new();
+        for i in 0..5_000u64 {
+            idx.insert(h(i), i, h);
+            model.insert(i, i);
+        }
+        for i in (0..5_000u64).step_by(3) {
+            let (slot, _) = idx.lookup(h(i), |loc| loc == i).unwrap();
+            idx.remove(slot);
+            model.remove(&i);
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut cursor = 0;
+        loop {
+            cursor = idx.scan(cursor, 100, |loc| {
+                seen.insert(loc);
+            });
+            if cursor == 0 {
+                break;
+            }
+        }
+        assert_eq!(seen.len(), model.len());
+        for k in model.keys() {
+            assert!(seen.contains(k));
+        }
+    }
+
+    #[test]
+    fn concurrent_readers_never_miss_during_growth() {
+        use std::sync::Arc;
+        let idx = Arc::new(HashIndex::new());
+        for i in 0..1000u64 {
+            idx.insert(h(i), i, h);
+        }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let idx = idx.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for i in 0..1000u64 {
+                        assert!(
+                            idx.lookup(h(i), |loc| loc == i).is_some(),
+                            "reader missed {i}"
+                        );
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        for i in 1000..300_000u64 {
+            idx.insert(h(i), i, h);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+    }
+}

@@ -1,0 +1,286 @@
+//! The seglet pool: the engine's whole memory budget, cut into 64 KiB seglets.
+//!
+//! One anonymous mapping holds every seglet; seglet `i` lives at `base + i * SEGLET_BYTES`, so a
+//! log reference is just (seglet id, offset). Pages are touched (and count towards RSS) only when a
+//! seglet is first written. Segments chain their seglets through `next_seglet`, which readers may
+//! follow without locks while they hold an epoch guard. Free seglets sit on a LIFO stack, so the
+//! most recently freed (still resident, cache-warm) seglets are reused first.
+//!
+//! A reserve of seglets is kept for the cleaner: writers may not take the last `reserve` seglets,
+//! so the cleaner can always find room for survivors (RAMCloud's cleaner segment pool).
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// Size of one seglet. Offsets inside a seglet fit in 16 bits.
+pub const SEGLET_BYTES: usize = 64 * 1024;
+/// Marks "no seglet" in chains and owner tables.
+pub const NO_SEGLET: u32 = u32::MAX;
+/// Largest number of seglets a pool may have (a reference keeps 24 bits of seglet id): 1 TiB.
+pub const SEGLETS_MAX: usize = 1 << 24;
+
+/// Who is asking for a seglet: writers cannot dip into the cleaner's reserve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocClass {
+    Writer,
+    Cleaner,
+}
+
+pub struct SegletPool {
+    base: *mut u8,
+    mapping_bytes: usize,
+    seglet_count: usize,
+    reserve_seglets: usize,
+    free: Mutex<Vec<u32>>,
+    free_count: AtomicUsize,
+    /// For every seglet, the next seglet of the same segment, or NO_SEGLET.
+    next: Box<[AtomicU32]>,
+    /// For every seglet, the segment slot that owns it, or NO_SEGLET while free.
+    owner: Box<[AtomicU32]>,
+}
+
+// SAFETY: the mapping is plain memory shared by design; all mutation of seglet contents is
+// coordinated by the log (a seglet has one writer, the owner of its segment's head) and readers only
+// read bytes published through the hash index with Release/Acquire ordering.
+unsafe impl Send for SegletPool {}
+// SAFETY: see `Send` above; the bookkeeping fields are atomics or behind a mutex.
+unsafe impl Sync for SegletPool {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("memory budget of {0} bytes is smaller than the minimum of 4 seglets (256 KiB)")]
+    TooSmall(u64),
+    #[error("memory budget of {0} bytes exceeds the maximum of 1 TiB")]
+    TooLarge(u64),
+    #[error("cannot map {bytes} bytes of memory: {source}")]
+    Map {
+        bytes: usize,
+        source: std::io::Error,
+    },
+}
+
+impl SegletPool {
+    /// Maps `memory_bytes` (rounded down to whole seglets) and puts every seglet on the free stack.
+    pub fn new(memory_bytes: u64, reserve_seglets: usize) -> Result<Self, PoolError> {
+        let seglet_count = (memory_bytes / SEGLET_BYTES as u64) as usize;
+        if seglet_count < 4 {
+            return Err(PoolError::TooSmall(memory_bytes));
+        }
+        if seglet_count > SEGLETS_MAX {
+            return Err(PoolError::TooLarge(memory_bytes));
+        }
+        let mapping_bytes = seglet_count * SEGLET_BYTES;
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapping_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(PoolError::Map {
+                bytes: mapping_bytes,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // Highest ids at the bottom of the stack, so seglet 0 is handed out first.
+        let free: Vec<u32> = (0..seglet_count as u32).rev().collect();
+        let next = (0..seglet_count)
+            .map(|_| AtomicU32::new(NO_SEGLET))
+            .collect();
+        let owner = (0..seglet_count)
+            .map(|_| AtomicU32::new(NO_SEGLET))
+            .collect();
+        Ok(SegletPool {
+            base: base as *mut u8,
+            mapping_bytes,
+            seglet_count,
+            reserve_seglets: reserve_seglets.min(seglet_count / 2),
+            free: Mutex::new(free),
+            free_count: AtomicUsize::new(seglet_count),
+            next,
+            owner,
+        })
+    }
+
+    pub fn seglet_count(&self) -> usize {
+        self.seglet_count
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free_count.load(Ordering::Relaxed)
+    }
+
+    pub fn reserve_seglets(&self) -> usize {
+        self.reserve_seglets
+    }
+
+    /// Takes one free seglet for `segment`, or None when none is available to this class.
+    pub fn alloc(&self, class: AllocClass, segment: u32) -> Option<u32> {
+        let mut free = self.free.lock();
+        let floor = match class {
+            AllocClass::Writer => self.reserve_seglets,
+            AllocClass::Cleaner => 0,
+        };
+        if free.len() <= floor {
+            return None;
+        }
+        let seglet = free.pop()?;
+        self.free_count.store(free.len(), Ordering::Relaxed);
+        drop(free);
+        self.next[seglet as usize].store(NO_SEGLET, Ordering::Relaxed);
+        self.owner[seglet as usize].store(segment, Ordering::Release);
+        Some(seglet)
+    }
+
+    /// Takes `count` seglets at once, or none of them.
+    pub fn alloc_many(
+        &self,
+        class: AllocClass,
+        segment: u32,
+        count: usize,
+        out: &mut Vec<u32>,
+    ) -> bool {
+        let mut free = self.free.lock();
+        let floor = match class {
+            AllocClass::Writer => self.reserve_seglets,
+            AllocClass::Cleaner => 0,
+        };
+        if free.len() < floor + count {
+            return false;
+        }
+        for _ in 0..count {
+            let seglet = free.pop().expect("length checked above");
+            self.next[seglet as usize].store(NO_SEGLET, Ordering::Relaxed);
+            self.owner[seglet as usize].store(segment, Ordering::Release);
+            out.push(seglet);
+        }
+        self.free_count.store(free.len(), Ordering::Relaxed);
+        true
+    }
+
+    /// Returns seglets to the pool. The caller guarantees no reader can still reach them.
+    pub fn release(&self, seglets: &[u32]) {
+        for &s in seglets {
+            debug_assert!((s as usize) < self.seglet_count);
+            self.owner[s as usize].store(NO_SEGLET, Ordering::Relaxed);
+            self.next[s as usize].store(NO_SEGLET, Ordering::Relaxed);
+        }
+        let mut free = self.free.lock();
+        free.extend_from_slice(seglets);
+        debug_assert!(free.len() <= self.seglet_count, "a seglet was freed twice");
+        self.free_count.store(free.len(), Ordering::Relaxed);
+    }
+
+    pub fn next_seglet(&self, seglet: u32) -> u32 {
+        self.next[seglet as usize].load(Ordering::Acquire)
+    }
+
+    pub fn set_next_seglet(&self, seglet: u32, next: u32) {
+        self.next[seglet as usize].store(next, Ordering::Release);
+    }
+
+    pub fn owner(&self, seglet: u32) -> u32 {
+        self.owner[seglet as usize].load(Ordering::Acquire)
+    }
+
+    /// Pointer to the first byte of a seglet.
+    #[inline]
+    pub fn seglet_ptr(&self, seglet: u32) -> *mut u8 {
+        assert!(
+            (seglet as usize) < self.seglet_count,
+            "seglet {seglet} out of range"
+        );
+        // SAFETY: seglet < seglet_count, so the offset stays inside the mapping.
+        unsafe { self.base.add(seglet as usize * SEGLET_BYTES) }
+    }
+
+    /// The bytes of a seglet from `offset` to its end.
+    ///
+    /// # Safety
+    /// The caller must hold an epoch guard (or own the seglet) so that it is not reused meanwhile, and
+    /// must only read bytes that were published before the reference that led here.
+    #[inline]
+    pub unsafe fn seglet_tail(&self, seglet: u32, offset: usize) -> &[u8] {
+        assert!(offset <= SEGLET_BYTES);
+        // SAFETY: in bounds by the assertion; liveness is the caller's obligation.
+        unsafe {
+            std::slice::from_raw_parts(self.seglet_ptr(seglet).add(offset), SEGLET_BYTES - offset)
+        }
+    }
+
+    /// Copies `bytes` into a seglet at `offset`.
+    ///
+    /// # Safety
+    /// The caller must own the seglet's write position: no other thread writes these bytes, and no
+    /// reader has been given a reference to them yet.
+    #[inline]
+    pub unsafe fn write(&self, seglet: u32, offset: usize, bytes: &[u8]) {
+        assert!(
+            offset + bytes.len() <= SEGLET_BYTES,
+            "write past seglet end"
+        );
+        // SAFETY: in bounds by the assertion; exclusivity is the caller's obligation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.seglet_ptr(seglet).add(offset),
+                bytes.len(),
+            )
+        }
+    }
+}
+
+impl Drop for SegletPool {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `new` with this length and is not used after drop.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.mapping_bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_respects_reserve() {
+        let pool = SegletPool::new(16 * SEGLET_BYTES as u64, 4).unwrap();
+        let mut got = Vec::new();
+        while let Some(s) = pool.alloc(AllocClass::Writer, 0) {
+            got.push(s);
+        }
+        assert_eq!(got.len(), 12, "writers stop at the reserve");
+        assert!(
+            pool.alloc(AllocClass::Cleaner, 1).is_some(),
+            "the cleaner may use the reserve"
+        );
+        pool.release(&got);
+        assert_eq!(pool.free_count(), 15);
+    }
+
+    #[test]
+    fn write_and_read_back() {
+        let pool = SegletPool::new(8 * SEGLET_BYTES as u64, 0).unwrap();
+        let s = pool.alloc(AllocClass::Writer, 3).unwrap();
+        assert_eq!(pool.owner(s), 3);
+        // SAFETY: we own the freshly allocated seglet.
+        unsafe {
+            pool.write(s, 100, b"hello");
+            assert_eq!(&pool.seglet_tail(s, 100)[..5], b"hello");
+        }
+    }
+
+    #[test]
+    fn rejects_tiny_budget() {
+        assert!(matches!(
+            SegletPool::new(1000, 0),
+            Err(PoolError::TooSmall(_))
+        ));
+    }
+}

@@ -1,0 +1,54 @@
+//! Engine statistics: counters updated on the hot paths, and the snapshot the server exports.
+
+use std::sync::atomic::AtomicU64;
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    /// Bytes appended by writers (objects and tombstones).
+    pub new_bytes: AtomicU64,
+    pub tombstone_bytes: AtomicU64,
+    /// Bytes of live entries the cleaner copied into survivors.
+    pub cleaner_copied_bytes: AtomicU64,
+    /// Bytes of seglets the cleaner returned to the pool.
+    pub cleaner_freed_bytes: AtomicU64,
+    pub compaction_passes: AtomicU64,
+    pub combined_passes: AtomicU64,
+    pub compaction_failures: AtomicU64,
+    pub segments_cleaned: AtomicU64,
+    pub expired_reclaimed: AtomicU64,
+}
+
+/// A point-in-time view of the engine, for metrics and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    /// The memory budget (whole seglets).
+    pub total_bytes: u64,
+    /// Bytes of entries the index references (headers included).
+    pub live_bytes: u64,
+    /// live_bytes / total_bytes.
+    pub utilisation: f64,
+    pub total_seglets: u64,
+    pub free_seglets: u64,
+    pub reserve_seglets: u64,
+    /// Segments holding data (open or closed).
+    pub segments: u64,
+    pub objects: u64,
+    pub tablets: u64,
+    /// Bytes of hash-index buckets.
+    pub index_bytes: u64,
+    pub new_bytes: u64,
+    pub tombstone_bytes: u64,
+    pub cleaner_copied_bytes: u64,
+    pub cleaner_freed_bytes: u64,
+    /// (new + copied) / new: bytes the log writes per byte of new data.
+    pub write_cost: f64,
+    pub compaction_passes: u64,
+    pub combined_passes: u64,
+    pub compaction_failures: u64,
+    pub segments_cleaned: u64,
+    pub expired_reclaimed: u64,
+    /// Closed segments by utilisation (live / allocated seglet bytes), in tenths: [0,10%), ..., [90%,100%].
+    pub segment_utilisation_histogram: [u64; 10],
+    /// The engine clock: the newest version handed out.
+    pub version_clock: u64,
+}

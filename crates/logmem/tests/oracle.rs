@@ -1,0 +1,494 @@
+//! Property tests: random operations against a BTreeMap oracle, with tiny segments and the cleaner
+//! forced to run constantly (both a background thread and inline passes).
+
+use proptest::prelude::*;
+use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions, SEGLET_BYTES};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, usize),
+    PutIfAbsent(u8, usize),
+    PutIfVersion(u8, usize, bool),
+    PutIfExists(u8, usize),
+    Delete(u8),
+    DeleteIfVersion(u8, bool),
+    Incr(u8, i64),
+    MultiPut(Vec<(u8, usize)>),
+    Get(u8),
+    Clean,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u8..40;
+    let size = prop_oneof![0usize..40, 100usize..400, 3000usize..20_000];
+    prop_oneof![
+        6 => (key.clone(), size.clone()).prop_map(|(k, s)| Op::Put(k, s)),
+        1 => (key.clone(), size.clone()).prop_map(|(k, s)| Op::PutIfAbsent(k, s)),
+        1 => (key.clone(), size.clone(), any::<bool>()).prop_map(|(k, s, b)| Op::PutIfVersion(k, s, b)),
+        1 => (key.clone(), size.clone()).prop_map(|(k, s)| Op::PutIfExists(k, s)),
+        3 => key.clone().prop_map(Op::Delete),
+        1 => (key.clone(), any::<bool>()).prop_map(|(k, b)| Op::DeleteIfVersion(k, b)),
+        1 => (key.clone(), -5i64..5).prop_map(|(k, d)| Op::Incr(k, d)),
+        1 => proptest::collection::vec((key.clone(), 0usize..200), 1..6).prop_map(Op::MultiPut),
+        3 => key.prop_map(Op::Get),
+        1 => Just(Op::Clean),
+    ]
+}
+
+fn key_bytes(k: u8) -> Vec<u8> {
+    format!("key-{k}").into_bytes()
+}
+
+fn value_bytes(k: u8, size: usize, salt: u64) -> Vec<u8> {
+    (0..size)
+        .map(|i| (k as u64 + salt + i as u64 * 7) as u8)
+        .collect()
+}
+
+#[derive(Clone)]
+struct Model {
+    value: Vec<u8>,
+    version: u64,
+}
+
+fn check_all(engine: &Engine, tablet: u32, model: &BTreeMap<u8, Model>) {
+    for k in 0u8..40 {
+        let got = engine.get(tablet, &key_bytes(k)).unwrap();
+        match (got, model.get(&k)) {
+            (None, None) => {}
+            (Some(o), Some(m)) => {
+                assert_eq!(o.value, m.value, "value of key {k}");
+                assert_eq!(o.version, m.version, "version of key {k}");
+            }
+            (g, m) => panic!(
+                "key {k}: engine {:?} model {:?}",
+                g.map(|o| o.version),
+                m.map(|m| m.version)
+            ),
+        }
+    }
+    assert_eq!(engine.object_count(), model.len() as u64);
+}
+
+fn run(ops: Vec<Op>, background_cleaner: bool) {
+    let writes = ops
+        .iter()
+        .filter(|o| !matches!(o, Op::Get(_) | Op::Clean))
+        .count();
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 96 * SEGLET_BYTES as u64,
+        segment_seglets: 2,
+        value_size_max_bytes: 30_000,
+        key_size_max_bytes: 1024,
+        cleaner_threads: usize::from(background_cleaner),
+        cleaner_reserve_seglets: Some(8),
+        ..Default::default()
+    })
+    .unwrap();
+    let tablet = engine.create_tablet(0, 0, 16383).unwrap();
+    let mut model: BTreeMap<u8, Model> = BTreeMap::new();
+    // Highest version ever given to each key, to check versions grow across delete and re-create.
+    let mut last_version: BTreeMap<u8, u64> = BTreeMap::new();
+    let mut salt = 0u64;
+    let bump = |k: u8, v: u64, last: &mut BTreeMap<u8, u64>| {
+        let prev = last.insert(k, v).unwrap_or(0);
+        assert!(v > prev, "version of key {k} went from {prev} to {v}");
+    };
+    for op in ops {
+        salt += 1;
+        match op {
+            Op::Put(k, s) => {
+                let v = value_bytes(k, s, salt);
+                let out = engine
+                    .put(tablet, &key_bytes(k), &v, &PutOptions::default())
+                    .unwrap();
+                bump(k, out.version, &mut last_version);
+                model.insert(
+                    k,
+                    Model {
+                        value: v,
+                        version: out.version,
+                    },
+                );
+            }
+            Op::PutIfAbsent(k, s) => {
+                let v = value_bytes(k, s, salt);
+                let r = engine.put(
+                    tablet,
+                    &key_bytes(k),
+                    &v,
+                    &PutOptions {
+                        condition: Condition::IfAbsent,
+                        ..Default::default()
+                    },
+                );
+                match (r, model.contains_key(&k)) {
+                    (Ok(out), false) => {
+                        bump(k, out.version, &mut last_version);
+                        model.insert(
+                            k,
+                            Model {
+                                value: v,
+                                version: out.version,
+                            },
+                        );
+                    }
+                    (Err(EngineError::ConditionFailed { .. }), true) => {}
+                    (r, present) => panic!("put-if-absent {k}: {r:?}, present {present}"),
+                }
+            }
+            Op::PutIfExists(k, s) => {
+                let v = value_bytes(k, s, salt);
+                let opts = PutOptions {
+                    condition: Condition::IfExists,
+                    return_old: true,
+                    ..Default::default()
+                };
+                match (
+                    engine.put(tablet, &key_bytes(k), &v, &opts),
+                    model.get(&k).cloned(),
+                ) {
+                    (Ok(out), Some(m)) => {
+                        assert_eq!(
+                            out.old.as_ref().map(|o| &o.value),
+                            Some(&m.value),
+                            "SET XX GET old value"
+                        );
+                        bump(k, out.version, &mut last_version);
+                        model.insert(
+                            k,
+                            Model {
+                                value: v,
+                                version: out.version,
+                            },
+                        );
+                    }
+                    (Err(EngineError::ConditionFailed { current: None }), None) => {}
+                    (r, m) => panic!("put-if-exists {k}: {r:?}, model {}", m.is_some()),
+                }
+            }
+            Op::PutIfVersion(k, s, right) => {
+                let v = value_bytes(k, s, salt);
+                let current = model.get(&k).map(|m| m.version);
+                let want = if right {
+                    current.unwrap_or(12345)
+                } else {
+                    current.unwrap_or(0) + 1_000_000
+                };
+                let r = engine.put(
+                    tablet,
+                    &key_bytes(k),
+                    &v,
+                    &PutOptions {
+                        condition: Condition::IfVersion(want),
+                        ..Default::default()
+                    },
+                );
+                match r {
+                    Ok(out) => {
+                        assert_eq!(current, Some(want));
+                        bump(k, out.version, &mut last_version);
+                        model.insert(
+                            k,
+                            Model {
+                                value: v,
+                                version: out.version,
+                            },
+                        );
+                    }
+                    Err(EngineError::ConditionFailed { .. }) => assert_ne!(current, Some(want)),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            Op::Delete(k) => {
+                let r = engine
+                    .delete(tablet, &key_bytes(k), Condition::None)
+                    .unwrap();
+                match (r, model.remove(&k)) {
+                    (Some(v), Some(_)) => bump(k, v, &mut last_version),
+                    (None, None) => {}
+                    (r, m) => panic!("delete {k}: {r:?} vs model {}", m.is_some()),
+                }
+            }
+            Op::DeleteIfVersion(k, right) => {
+                let current = model.get(&k).map(|m| m.version);
+                let want = if right {
+                    current.unwrap_or(1)
+                } else {
+                    current.unwrap_or(0) + 7
+                };
+                match engine.delete(tablet, &key_bytes(k), Condition::IfVersion(want)) {
+                    Ok(Some(v)) => {
+                        assert_eq!(current, Some(want));
+                        bump(k, v, &mut last_version);
+                        model.remove(&k);
+                    }
+                    Err(EngineError::ConditionFailed { .. }) => assert_ne!(current, Some(want)),
+                    r => panic!("delete-if-version {k}: {r:?}"),
+                }
+            }
+            Op::Incr(k, d) => {
+                let current = model.get(&k).map(|m| m.value.clone());
+                let parsed = match &current {
+                    None => Some(0i64),
+                    Some(v) => ramlog_logmem::parse_redis_i64(v),
+                };
+                match (engine.increment(tablet, &key_bytes(k), d), parsed) {
+                    (Ok((n, version)), Some(old)) => {
+                        assert_eq!(n, old + d);
+                        bump(k, version, &mut last_version);
+                        model.insert(
+                            k,
+                            Model {
+                                value: n.to_string().into_bytes(),
+                                version,
+                            },
+                        );
+                    }
+                    (Err(EngineError::NotAnInteger), None) => {}
+                    (r, p) => panic!("incr {k}: {r:?} vs {p:?}"),
+                }
+            }
+            Op::MultiPut(items) => {
+                let owned: Vec<(Vec<u8>, Vec<u8>)> = items
+                    .iter()
+                    .map(|&(k, s)| (key_bytes(k), value_bytes(k, s, salt)))
+                    .collect();
+                let refs: Vec<(&[u8], &[u8])> =
+                    owned.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                let version = engine.multi_put(tablet, &refs).unwrap();
+                for (&(k, _), (_, v)) in items.iter().zip(&owned) {
+                    if last_version.get(&k) != Some(&version) {
+                        bump(k, version, &mut last_version);
+                    }
+                    model.insert(
+                        k,
+                        Model {
+                            value: v.clone(),
+                            version,
+                        },
+                    );
+                }
+            }
+            Op::Get(k) => {
+                let got = engine.get(tablet, &key_bytes(k)).unwrap();
+                assert_eq!(
+                    got.map(|o| (o.value, o.version)),
+                    model.get(&k).map(|m| (m.value.clone(), m.version)),
+                    "get {k}"
+                );
+            }
+            Op::Clean => {
+                engine.clean_until_idle(50);
+                check_all(&engine, tablet, &model);
+            }
+        }
+        if salt % 16 == 0 {
+            engine.clean_now();
+        }
+    }
+    check_all(&engine, tablet, &model);
+    engine.clean_until_idle(1000);
+    check_all(&engine, tablet, &model);
+    let stats = engine.stats();
+    if writes > 150 {
+        assert!(
+            stats.segments_cleaned > 0,
+            "the cleaner never ran: {stats:?}"
+        );
+    }
+    let model_bytes: usize = model.values().map(|m| m.value.len()).sum();
+    assert!(
+        stats.live_bytes as usize >= model_bytes,
+        "live {} < model {}",
+        stats.live_bytes,
+        model_bytes
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_oracle_with_inline_cleaning(ops in proptest::collection::vec(op(), 1..600)) {
+        run(ops, false);
+    }
+
+    #[test]
+    fn matches_oracle_with_background_cleaner(ops in proptest::collection::vec(op(), 1..600)) {
+        run(ops, true);
+    }
+}
+
+#[test]
+fn refuses_oversized_keys_and_values() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 64 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    let big_key = vec![b'k'; 64 * 1024 + 1];
+    assert!(matches!(
+        engine.put(t, &big_key, b"v", &PutOptions::default()),
+        Err(EngineError::KeyTooLarge {
+            len: 65537,
+            max: 65536
+        })
+    ));
+    let big_value = vec![0u8; (1 << 20) + 1];
+    let err = engine
+        .put(t, b"k", &big_value, &PutOptions::default())
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EngineError::ValueTooLarge {
+            len: 1048577,
+            max: 1048576
+        }
+    ));
+    assert!(err.to_string().contains("exceeds the limit"), "{err}");
+    // The largest allowed sizes work, and nothing was stored by the refused writes.
+    let max_key = vec![b'k'; 64 * 1024];
+    let max_value = vec![7u8; 1 << 20];
+    engine
+        .put(t, &max_key, &max_value, &PutOptions::default())
+        .unwrap();
+    assert_eq!(engine.get(t, &max_key).unwrap().unwrap().value, max_value);
+    assert_eq!(engine.object_count(), 1);
+}
+
+#[test]
+fn expiry_hides_and_reclaims() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 8 << 20,
+        segment_seglets: 4,
+        cleaner_threads: 0,
+        value_size_max_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    let past = 1; // 1 ms after the epoch: long expired
+    engine
+        .put(
+            t,
+            b"gone",
+            b"x",
+            &PutOptions {
+                expire_at_ms: past,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let future = u64::MAX / 2;
+    engine
+        .put(
+            t,
+            b"kept",
+            b"y",
+            &PutOptions {
+                expire_at_ms: future,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(engine.get(t, b"gone").unwrap(), None);
+    assert_eq!(
+        engine.get(t, b"kept").unwrap().unwrap().expire_at_ms,
+        future
+    );
+    // SET NX succeeds over an expired key; KEEPTTL keeps the old expiry.
+    engine
+        .put(
+            t,
+            b"gone",
+            b"z",
+            &PutOptions {
+                condition: Condition::IfAbsent,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    engine
+        .put(
+            t,
+            b"kept",
+            b"w",
+            &PutOptions {
+                keep_ttl: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        engine.get(t, b"kept").unwrap().unwrap().expire_at_ms,
+        future
+    );
+    assert_eq!(engine.set_expiry(t, b"missing", 5).unwrap(), None);
+    engine.set_expiry(t, b"kept", past).unwrap().unwrap();
+    assert_eq!(engine.get(t, b"kept").unwrap(), None);
+}
+
+#[test]
+fn scan_keys_returns_every_key_once_per_pass() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 32 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    for i in 0..10_000 {
+        engine
+            .put(t, format!("k{i}").as_bytes(), b"v", &PutOptions::default())
+            .unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut cursor = 0;
+    let mut calls = 0;
+    loop {
+        let mut keys = Vec::new();
+        cursor = engine.scan_keys(t, cursor, 100, &mut keys).unwrap();
+        // Keys present throughout are returned; while iterating, keep writing new ones.
+        engine
+            .put(
+                t,
+                format!("new{calls}").as_bytes(),
+                b"v",
+                &PutOptions::default(),
+            )
+            .unwrap();
+        calls += 1;
+        seen.extend(keys);
+        if cursor == 0 {
+            break;
+        }
+    }
+    for i in 0..10_000 {
+        assert!(seen.contains(format!("k{i}").as_bytes()), "k{i} missing");
+    }
+    assert!(calls > 50);
+}
+
+#[test]
+fn restore_keeps_newest_and_moves_the_clock() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 8 << 20,
+        segment_seglets: 4,
+        value_size_max_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    engine.restore(t, b"a", Some(b"v10"), 10, 0).unwrap();
+    engine.restore(t, b"a", Some(b"v5"), 5, 0).unwrap();
+    assert_eq!(engine.get(t, b"a").unwrap().unwrap().value, b"v10");
+    engine.restore(t, b"a", None, 11, 0).unwrap();
+    assert_eq!(engine.get(t, b"a").unwrap(), None);
+    let v = engine
+        .put(t, b"a", b"new", &PutOptions::default())
+        .unwrap()
+        .version;
+    assert!(v > 11, "version {v} must follow restored versions");
+}

@@ -69,6 +69,8 @@ pub struct Counters {
     pub urgent_requests: AtomicU64,
     pub prompt_requests: AtomicU64,
     pub reorg_corrupt_entries: AtomicU64,
+    pub open_version_bytes_cut: AtomicU64,
+    pub open_version_bytes_damaged: AtomicU64,
 }
 
 pub struct Progress {
@@ -123,7 +125,9 @@ impl Shared {
         if let Some(t) = g.get(&id) {
             return Ok(t.clone());
         }
-        let (t, _) = Tablet::open(&self.dir, id, self.io_mode, &self.cfg)?;
+        let (t, scan) = Tablet::open(&self.dir, id, self.io_mode, &self.cfg)?;
+        self.counters.open_version_bytes_cut.fetch_add(scan.version_log_truncated_bytes, Ordering::Relaxed);
+        self.counters.open_version_bytes_damaged.fetch_add(scan.version_log_damaged_bytes, Ordering::Relaxed);
         let t = Arc::new(t);
         g.insert(id, t.clone());
         Ok(t)

@@ -42,7 +42,7 @@ pub const VERSION_MAGIC: u32 = 0x4C56_4C52;
 /// Version record: hash u128 | version u64 | flags u8.
 pub const VERSION_RECORD_BYTES: usize = 25;
 /// Upper bound on records per version block (bounds decoder work and writer buffers).
-pub const VERSION_BLOCK_RECORDS_MAX: usize = 1 << 20;
+pub const VERSION_BLOCK_RECORDS_MAX: usize = 1 << 16;
 
 /// Errors of the decoders. Each says what was wrong; none carries untrusted data.
 #[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
@@ -421,6 +421,57 @@ pub fn decode_version_block(buf: &[u8]) -> Result<(u64, &[u8], usize), DecodeErr
     Ok((u64_at(buf, 16), &buf[VERSION_BLOCK_HEADER_BYTES..total], total))
 }
 
+/// What a walk over a version log found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VersionWalk {
+    /// End of the last intact block.
+    pub valid_end: usize,
+    /// Bytes skipped between intact blocks (damage in the middle of the log).
+    pub damaged_bytes: u64,
+    /// Bytes after the last intact block (a torn tail, or damage at the end).
+    pub tail_bytes: u64,
+    pub max_seq: u64,
+}
+
+/// Calls `f(seq, records)` for every intact block of a version log. A damaged block is skipped by
+/// searching for the next block that verifies; what cannot be read is counted, never guessed.
+pub fn walk_version_log<'a>(data: &'a [u8], mut f: impl FnMut(u64, &'a [u8])) -> VersionWalk {
+    let mut w = VersionWalk::default();
+    let mut at = 0usize;
+    while at < data.len() {
+        match decode_version_block(&data[at..]) {
+            Ok((seq, recs, len)) => {
+                f(seq, recs);
+                w.max_seq = w.max_seq.max(seq);
+                at += len;
+                w.valid_end = at;
+            }
+            Err(_) => {
+                // Resynchronise on the next magic that starts a verifying block.
+                let magic = VERSION_MAGIC.to_le_bytes();
+                let mut next = None;
+                let mut k = at + 1;
+                while k + 4 <= data.len() {
+                    if data[k..k + 4] == magic && decode_version_block(&data[k..]).is_ok() {
+                        next = Some(k);
+                        break;
+                    }
+                    k += 1;
+                }
+                match next {
+                    Some(k) => {
+                        w.damaged_bytes += (k - at) as u64;
+                        at = k;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+    w.tail_bytes = (data.len() - w.valid_end) as u64;
+    w
+}
+
 /// Iterates the records of a verified version block body.
 pub fn version_records(records: &[u8]) -> impl Iterator<Item = VersionRecord> + '_ {
     records.chunks_exact(VERSION_RECORD_BYTES).map(|r| {
@@ -490,16 +541,8 @@ pub fn decode_everything(data: &[u8]) -> usize {
             walk_entries(body, |_, _| n += 1);
         }
     });
-    let mut at = 0usize;
-    while at < data.len() {
-        match decode_version_block(&data[at..]) {
-            Ok((_, recs, len)) => {
-                n += version_records(recs).count();
-                at += len;
-            }
-            Err(_) => break,
-        }
-    }
+    let w = walk_version_log(data, |_, recs| n += version_records(recs).count());
+    n += w.damaged_bytes as usize;
     if Manifest::decode(data).is_ok() {
         n += 1;
     }

@@ -122,6 +122,9 @@ pub struct Stats {
     pub reorg_bytes_freed: u64,
     pub reorg_bytes_read: u64,
     pub reorg_corrupt_entries: u64,
+    /// Torn version-log tails cut off at open, and damaged version-log bytes found at open.
+    pub open_version_bytes_cut: u64,
+    pub open_version_bytes_damaged: u64,
     pub urgent_requests: u64,
     pub prompt_requests: u64,
     /// Sum of used bytes over all secondary logs.
@@ -407,6 +410,8 @@ impl Backup {
             reorg_bytes_freed: l(&c.reorg_bytes_freed),
             reorg_bytes_read: l(&c.reorg_bytes_read),
             reorg_corrupt_entries: l(&c.reorg_corrupt_entries),
+            open_version_bytes_cut: l(&c.open_version_bytes_cut),
+            open_version_bytes_damaged: l(&c.open_version_bytes_damaged),
             urgent_requests: l(&c.urgent_requests),
             prompt_requests: l(&c.prompt_requests),
             used_bytes: used,

@@ -42,6 +42,9 @@ pub struct ReplayReport {
     pub unreadable_bytes: u64,
     /// Keys whose newest known version had no intact entry (reported, not yielded).
     pub lost_keys: u64,
+    /// Version-log bytes that failed their checksum: the deletes recorded there are unknown, so
+    /// keys deleted in them may come back. Reported so that the caller can restore from a replica.
+    pub damaged_version_bytes: u64,
     /// Highest version seen, deletes included (a restarted master continues above it).
     pub max_version: u64,
     pub bytes_read: u64,
@@ -56,6 +59,7 @@ impl ReplayReport {
         self.corrupt_entries += o.corrupt_entries;
         self.unreadable_bytes += o.unreadable_bytes;
         self.lost_keys += o.lost_keys;
+        self.damaged_version_bytes += o.damaged_version_bytes;
         self.max_version = self.max_version.max(o.max_version);
         self.bytes_read += o.bytes_read;
         self.segments_read += o.segments_read;
@@ -63,7 +67,7 @@ impl ReplayReport {
 
     /// True if nothing damaged was found.
     pub fn is_clean(&self) -> bool {
-        self.corrupt_entries == 0 && self.unreadable_bytes == 0 && self.lost_keys == 0
+        self.corrupt_entries == 0 && self.unreadable_bytes == 0 && self.lost_keys == 0 && self.damaged_version_bytes == 0
     }
 }
 
@@ -114,7 +118,7 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
     let mut report = ReplayReport { bytes_read: ver_bytes.len() as u64, ..Default::default() };
 
     // Phase 1: read and parse segments in parallel; versions are parsed on this thread meanwhile.
-    let (outs, version_parts) = std::thread::scope(|s| -> Result<(Vec<WorkerOut>, Vec<Vec<Item>>)> {
+    let (outs, version_parts, version_damage) = std::thread::scope(|s| -> Result<(Vec<WorkerOut>, Vec<Vec<Item>>, u64)> {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 let segments = &segments;
@@ -143,28 +147,22 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
             })
             .collect();
         let mut vparts: Vec<Vec<Item>> = (0..PARTITIONS).map(|_| Vec::new()).collect();
-        let mut at = 0usize;
-        while at < ver_bytes.len() {
-            match format::decode_version_block(&ver_bytes[at..]) {
-                Ok((_, recs, len)) => {
-                    for r in format::version_records(recs) {
-                        let loc = if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
-                        vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
-                    }
-                    at += len;
-                }
-                Err(_) => break,
+        let walk = format::walk_version_log(&ver_bytes, |_, recs| {
+            for r in format::version_records(recs) {
+                let loc = if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
+                vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
             }
-        }
+        });
         for (h, v) in &vbuf {
             let loc = if v.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
             vparts[partition(*h)].push(Item { hash: *h, version: v.version, loc });
         }
         let mut outs = Vec::with_capacity(threads);
+        let vdamage = walk.damaged_bytes + walk.tail_bytes;
         for h in handles {
             outs.push(h.join().map_err(|_| Error::Corrupt("replay worker panicked".into()))??);
         }
-        Ok((outs, vparts))
+        Ok((outs, vparts, vdamage))
     })?;
 
     // The SLB (primary-log share) is parsed here: it holds bare entries, no block headers.
@@ -185,6 +183,7 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
         report.bytes_read += o.bytes;
     }
     report.corrupt_entries += slb_out.corrupt;
+    report.damaged_version_bytes = version_damage;
     report.segments_read = segments.len() as u64;
     sources[slb_index] = &slb;
 
@@ -241,7 +240,7 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+        handles.into_iter().flat_map(|h| h.join().expect("replay merge worker panicked")).collect()
     });
 
     // Phase 3: yield the winners.

@@ -121,6 +121,7 @@ pub fn ver_name(id: u64) -> String {
 pub struct OpenScan {
     pub max_write_seq: u64,
     pub version_log_truncated_bytes: u64,
+    pub version_log_damaged_bytes: u64,
 }
 
 impl Tablet {
@@ -169,19 +170,13 @@ impl Tablet {
             .open(&ver_path)
             .map_err(|e| Error::io(&ver_path, e))?;
         let bytes = std::fs::read(&ver_path).map_err(|e| Error::io(&ver_path, e))?;
-        let mut at = 0usize;
-        let mut ver_wm = 0u64;
-        while at < bytes.len() {
-            match format::decode_version_block(&bytes[at..]) {
-                Ok((seq, _, len)) => {
-                    ver_wm = ver_wm.max(seq);
-                    at += len;
-                }
-                Err(_) => break,
-            }
-        }
-        if at < bytes.len() {
-            scan.version_log_truncated_bytes = (bytes.len() - at) as u64;
+        let walk = format::walk_version_log(&bytes, |_, _| {});
+        let ver_wm = walk.max_seq;
+        let at = walk.valid_end;
+        scan.version_log_damaged_bytes = walk.damaged_bytes;
+        if walk.tail_bytes > 0 {
+            // Nothing intact follows: a torn tail (or damage at the end). Cut it off.
+            scan.version_log_truncated_bytes = walk.tail_bytes;
             vfile.set_len(at as u64).map_err(|e| Error::io(&ver_path, e))?;
         }
         let reserve = usize::from(cfg.reorg_enabled);
@@ -408,23 +403,15 @@ pub fn read_versions_file(file: &File, len: u64, path: &Path, into: &mut HashMap
     let mut bytes = vec![0u8; len as usize];
     let n = io::read_exact_at(file, &mut bytes, 0).map_err(|e| Error::io(path, e))?;
     bytes.truncate(n);
-    let mut at = 0usize;
-    let mut max_seq = 0u64;
-    while at < bytes.len() {
-        match format::decode_version_block(&bytes[at..]) {
-            Ok((seq, recs, len)) => {
-                max_seq = max_seq.max(seq);
-                for r in format::version_records(recs) {
-                    let slot = into.entry(r.hash).or_insert(VersionInfo { version: r.version, deleted: r.deleted });
-                    if r.version >= slot.version {
-                        *slot = VersionInfo { version: r.version, deleted: r.deleted };
-                    }
-                }
-                at += len;
+    let walk = format::walk_version_log(&bytes, |_, recs| {
+        for r in format::version_records(recs) {
+            let slot = into.entry(r.hash).or_insert(VersionInfo { version: r.version, deleted: r.deleted });
+            if r.version >= slot.version {
+                *slot = VersionInfo { version: r.version, deleted: r.deleted };
             }
-            Err(_) => break,
         }
-    }
+    });
+    let (at, max_seq) = (walk.valid_end, walk.max_seq);
     Ok((at as u64, max_seq))
 }
 

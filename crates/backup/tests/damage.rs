@@ -1,0 +1,216 @@
+//! Damage injection: bit flips and truncations in log files are detected and reported, never
+//! returned; a full disk makes appends fail with a clear error and damages nothing written.
+
+mod common;
+use common::*;
+use ramlog_backup::testkit::{crash_config, OwnedEntry};
+use ramlog_backup::{Backup, Config, Entry, Error, Stage};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Writes a workload with updates and deletes, closes, and returns the oracle of live keys.
+fn fill(dir: &Path, cfg: &Config, seed: u64) -> State {
+    let b = Backup::open(dir, cfg.clone()).unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut oracle: BTreeMap<(u64, Vec<u8>), Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
+    let mut version = 0;
+    for _ in 0..2000 {
+        let tablet = rng.gen_range(0..4u64);
+        let mut batch = Vec::new();
+        for _ in 0..rng.gen_range(1..20) {
+            version += 1;
+            let key = format!("key{}", rng.gen_range(0..600)).into_bytes();
+            let value = if rng.gen_bool(0.1) { None } else { Some(vec![rng.gen::<u8>(); rng.gen_range(1..200)]) };
+            batch.push(OwnedEntry { key, value, version, expiry: 0 });
+        }
+        let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
+        b.append(tablet, &entries).unwrap();
+        for e in batch {
+            oracle.insert((tablet, e.key), e.value.map(|v| (v, e.version, 0)));
+        }
+    }
+    b.close().unwrap();
+    oracle.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+}
+
+fn files(dir: &Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every key replay returns must be exactly the oracle's newest version; missing keys must be
+/// accounted for by the report.
+fn check_subset(state: &State, oracle: &State, report: &ramlog_backup::ReplayReport) -> usize {
+    for (k, v) in state {
+        assert_eq!(oracle.get(k), Some(v), "replay returned something not current for {k:?}");
+    }
+    let missing = oracle.keys().filter(|k| !state.contains_key(*k)).count();
+    assert!(missing as u64 <= report.lost_keys, "{missing} keys missing but only {} reported lost: {report:?}", report.lost_keys);
+    missing
+}
+
+#[test]
+fn bit_flips_in_secondary_logs_are_reported_never_returned() {
+    let dir = temp_dir("flip");
+    let cfg = crash_config();
+    let oracle = fill(dir.path(), &cfg, 11);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    let mut flips = 0;
+    for p in files(dir.path(), "sec") {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let len = f.metadata().unwrap().len();
+        let segs = len / cfg.segment_bytes;
+        for _ in 0..6 {
+            // Flip a bit inside the first 8 KiB of a random segment (where data is).
+            let seg = rng.gen_range(0..segs.max(1));
+            let at = seg * cfg.segment_bytes + rng.gen_range(64..8192);
+            let mut b = [0u8; 1];
+            f.read_exact_at(&mut b, at).unwrap();
+            if b[0] == 0 {
+                continue;
+            }
+            b[0] ^= 1 << rng.gen_range(0..8);
+            f.write_all_at(&b, at).unwrap();
+            flips += 1;
+        }
+    }
+    assert!(flips > 0);
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(!report.is_clean(), "damage went unnoticed: {report:?}");
+    assert!(report.corrupt_entries + report.unreadable_bytes > 0, "{report:?}");
+    let missing = check_subset(&state, &oracle, &report);
+    assert!(missing < oracle.len() / 2, "too much lost to a few bit flips: {missing}");
+}
+
+#[test]
+fn truncated_secondary_log_is_reported() {
+    let dir = temp_dir("trunc");
+    let cfg = crash_config();
+    let oracle = fill(dir.path(), &cfg, 12);
+    let sec = files(dir.path(), "sec");
+    // Cut the largest log in the middle of its last segment's data.
+    let p = sec.iter().max_by_key(|p| std::fs::metadata(p).unwrap().len()).unwrap();
+    let len = std::fs::metadata(p).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len - cfg.segment_bytes * 2 - 5000).unwrap();
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    let missing = check_subset(&state, &oracle, &report);
+    assert!(missing > 0 && report.lost_keys > 0, "truncation not detected: {report:?}");
+}
+
+#[test]
+fn damaged_version_log_is_reported_and_torn_tail_cut() {
+    let dir = temp_dir("verdmg");
+    let cfg = crash_config();
+    let oracle = fill(dir.path(), &cfg, 13);
+    let ver = files(dir.path(), "ver");
+    // A torn tail on one version log: cut silently at open, counted in the stats.
+    let p = &ver[0];
+    let len = std::fs::metadata(p).unwrap().len();
+    {
+        let f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+        f.write_all_at(b"RLVLgarbage-torn-tail", len).unwrap();
+    }
+    // A bit flip inside another version log.
+    let q = &ver[1];
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(q).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, 40).unwrap();
+    b[0] ^= 0x10;
+    f.write_all_at(&b, 40).unwrap();
+    let backup = Backup::open(dir.path(), cfg).unwrap();
+    let stats = backup.stats();
+    assert!(stats.open_version_bytes_cut > 0, "{stats:?}");
+    let (_state, report) = replay_state(&backup);
+    assert!(report.damaged_version_bytes > 0, "version log damage not reported: {report:?}");
+    drop(oracle);
+}
+
+#[test]
+fn disk_full_fails_appends_and_keeps_written_data() {
+    let base = temp_dir("diskfull");
+    let mnt = base.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
+        .arg(&mnt)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("SKIPPED disk_full test: mounting a size-limited tmpfs is not permitted here");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let dir = mnt.join("store");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Ballast, removed after the failure to give the reopen some room.
+    std::fs::write(mnt.join("ballast"), vec![1u8; 1 << 20]).unwrap();
+    let cfg = Config { tablet_log_capacity_bytes: 64 << 20, reorg_enabled: false, ..crash_config() };
+    let b = Backup::open(&dir, cfg.clone()).unwrap();
+    let mut acked: BTreeMap<(u64, Vec<u8>), (Vec<u8>, u64)> = BTreeMap::new();
+    let mut maybe: BTreeMap<(u64, Vec<u8>), (Vec<u8>, u64)> = BTreeMap::new();
+    let mut version = 0u64;
+    let mut error = None;
+    for n in 0..100_000u64 {
+        let tablet = n % 8;
+        let batch: Vec<OwnedEntry> = (0..16)
+            .map(|i| {
+                version += 1;
+                OwnedEntry { key: format!("k{n}-{i}").into_bytes(), value: Some(vec![(n % 251) as u8; 1000]), version, expiry: 0 }
+            })
+            .collect();
+        let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
+        let r = b.append(tablet, &entries).and_then(|t| b.wait(t, Stage::Written));
+        for e in &batch {
+            maybe.insert((tablet, e.key.clone()), (e.value.clone().unwrap(), e.version));
+        }
+        match r {
+            Ok(()) => {
+                for e in &batch {
+                    acked.insert((tablet, e.key.clone()), (e.value.clone().unwrap(), e.version));
+                }
+            }
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    let error = error.expect("the disk never filled up");
+    let msg = error.to_string();
+    assert!(matches!(error, Error::Failed(_) | Error::DiskFull { .. }), "{error:?}");
+    assert!(msg.contains("disk full"), "unclear error: {msg}");
+    // Further appends fail at once with the same clear error.
+    let again = b.append(0, &[Entry { key: b"x", value: Some(b"y"), version: version + 1, expiry: 0 }]).unwrap_err();
+    assert!(again.to_string().contains("disk full"), "{again}");
+    assert!(acked.len() > 1000, "too little written before the disk filled: {}", acked.len());
+    drop(b);
+    std::fs::remove_file(mnt.join("ballast")).unwrap();
+    let b = Backup::open(&dir, cfg).expect("reopen after freeing space");
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    for (k, (v, ver)) in &acked {
+        let got = state.get(k).unwrap_or_else(|| panic!("acknowledged {k:?} lost after disk full"));
+        assert_eq!((&got.0, got.1), (v, *ver));
+    }
+    for (k, got) in &state {
+        let m = maybe.get(k).unwrap_or_else(|| panic!("invented {k:?}"));
+        assert_eq!((&got.0, got.1), (&m.0, m.1));
+    }
+    drop(b);
+}

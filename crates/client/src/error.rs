@@ -27,7 +27,7 @@ pub enum Error {
     #[error("request of {bytes} bytes exceeds the server's frame limit of {max_bytes} bytes")]
     RequestTooLarge { bytes: usize, max_bytes: usize },
     /// A PUT/DELETE condition did not hold. `current_version` is None if the key is absent.
-    #[error("condition failed (current version: {current_version:?})")]
+    #[error("condition failed ({})", describe_current(*.current_version))]
     ConditionFailed { current_version: Option<Version> },
     #[error("value is not an integer or out of range")]
     NotAnInteger,
@@ -86,5 +86,12 @@ impl From<ErrorReply> for Error {
             Status::AuthFailed => Error::AuthFailed(m),
             status => Error::Server { status, message: m },
         }
+    }
+}
+
+fn describe_current(version: Option<Version>) -> String {
+    match version {
+        Some(v) => format!("current version {v}"),
+        None => "key absent".to_string(),
     }
 }

@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "cli")]
+pub mod cli;
 mod connection;
 mod error;
 

@@ -16,6 +16,16 @@ enum Command {
     Up(ramlog_server::cli::ServerFlags),
     /// Run one server process (RESP, native protocol, admin HTTP).
     Server(ramlog_server::cli::ServerFlags),
+    /// Print a key's value (native protocol); exit 1 if absent.
+    Get(ramlog_client::cli::GetArgs),
+    /// Store a value, optionally conditional (--if-absent/--if-exists/--if-version) and expiring.
+    Set(ramlog_client::cli::SetArgs),
+    /// Delete keys; prints how many existed.
+    Del(ramlog_client::cli::DelArgs),
+    /// List keys matching a glob pattern.
+    Scan(ramlog_client::cli::ScanArgs),
+    /// Print a server's status as JSON.
+    Status(ramlog_client::cli::StatusArgs),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
     Bench(BenchArgs),
 }
@@ -49,6 +59,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(flags) => ramlog_server::cli::run_up(&flags),
         Command::Server(flags) => ramlog_server::cli::run_server(&flags),
+        Command::Get(args) => ramlog_client::cli::get(&args),
+        Command::Set(args) => ramlog_client::cli::set(&args),
+        Command::Del(args) => ramlog_client::cli::del(&args),
+        Command::Scan(args) => ramlog_client::cli::scan(&args),
+        Command::Status(args) => ramlog_client::cli::status(&args),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {
                 for value in Suite::value_variants() {

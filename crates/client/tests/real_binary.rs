@@ -1,0 +1,220 @@
+//! The client and the command-line verbs against the real `ramlog server` process.
+//!
+//! The binary is looked up beside the test executable (`target/<profile>/ramlog`), which `cargo build`
+//! of the workspace produces (scripts/test builds everything first). When it is missing the tests say so on
+//! stderr and return without checking anything.
+
+use ramlog_client::{Client, ClientConfig, Condition, Error, PutOptions};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn ramlog_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let bin = profile_dir.join("ramlog");
+    bin.exists().then_some(bin)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct ServerProcess {
+    child: Child,
+    bin: PathBuf,
+    native_port: u16,
+    admin_port: u16,
+    data_dir: PathBuf,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+impl ServerProcess {
+    async fn start(extra: &[&str]) -> Option<ServerProcess> {
+        let Some(bin) = ramlog_binary() else {
+            eprintln!(
+                "ramlog binary not built next to the tests; build the workspace first (skipping)"
+            );
+            return None;
+        };
+        let (resp_port, native_port, admin_port) = (free_port(), free_port(), free_port());
+        let data_dir = std::env::temp_dir().join(format!(
+            "ramlog-client-test-{}-{native_port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let child = Command::new(&bin)
+            .arg("server")
+            .args(["--resp-port", &resp_port.to_string()])
+            .args(["--native-port", &native_port.to_string()])
+            .args(["--admin-port", &admin_port.to_string()])
+            .args(["--data-dir", data_dir.to_str().unwrap()])
+            .args(["--memory", "256MiB"])
+            .args(extra)
+            .env_remove("RAMLOG_PASSWORD")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start ramlog server");
+        let server = ServerProcess {
+            child,
+            bin,
+            native_port,
+            admin_port,
+            data_dir,
+        };
+        // Wait until the native port answers a handshake.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut probe = ClientConfig::new(server.addr());
+            probe.connect_timeout = Duration::from_millis(500);
+            match Client::connect(probe).await {
+                Ok(_) | Err(Error::AuthFailed(_)) => break,
+                Err(e) if Instant::now() > deadline => panic!("server did not come up: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        Some(server)
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.native_port)
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        let port = self.native_port.to_string();
+        let admin = self.admin_port.to_string();
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args).args(["--port", &port]);
+        if args[0] == "status" {
+            cmd.args(["--admin-port", &admin]);
+        }
+        cmd.env_remove("RAMLOG_PASSWORD")
+            .env_remove("RAMLOG_NATIVE_PORT")
+            .output()
+            .expect("run ramlog")
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_against_the_real_server() {
+    let Some(server) = ServerProcess::start(&[]).await else {
+        return;
+    };
+    let mut config = ClientConfig::new(server.addr());
+    config.connections = 2;
+    let c = Client::connect(config).await.unwrap();
+    let v = c.put(b"real:1", b"hello").await.unwrap();
+    let o = c.get(b"real:1").await.unwrap().unwrap();
+    assert_eq!((&o.value[..], o.version), (&b"hello"[..], v));
+    assert!(matches!(
+        c.put_with(b"real:1", b"x", PutOptions { condition: Condition::IfAbsent, ..Default::default() }).await,
+        Err(Error::ConditionFailed { current_version: Some(cv) }) if cv == v
+    ));
+    c.put(b"real:n", b"abc").await.unwrap();
+    assert!(matches!(
+        c.increment(b"real:n", 1).await,
+        Err(Error::NotAnInteger)
+    ));
+    assert!(matches!(
+        c.put(b"real:big", &vec![0u8; (1 << 20) + 1]).await,
+        Err(Error::ValueTooLarge(_))
+    ));
+    // Many tasks in flight on two connections.
+    let mut tasks = Vec::new();
+    for t in 0..32 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..50 {
+                let k = format!("real:{t}:{i}");
+                c.put(k.as_bytes(), k.as_bytes()).await.unwrap();
+                assert_eq!(
+                    &c.get(k.as_bytes()).await.unwrap().unwrap().value[..],
+                    k.as_bytes()
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let keys = c.scan_all(b"real:*:*").await.unwrap();
+    let unique: std::collections::BTreeSet<_> = keys.iter().collect();
+    assert_eq!(unique.len(), 32 * 50);
+    assert!(c.stats().await.unwrap().starts_with('{'));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_line_verbs() {
+    let Some(server) = ServerProcess::start(&[]).await else {
+        return;
+    };
+    let set = server.cli(&["set", "cli:a", "alpha"]);
+    assert!(set.status.success(), "{set:?}");
+    assert!(stdout(&set).starts_with("OK version "), "{}", stdout(&set));
+    let version: u64 = stdout(&set)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let get = server.cli(&["get", "cli:a", "--show-version"]);
+    assert!(get.status.success());
+    assert_eq!(
+        stdout(&get),
+        format!("alpha\nversion {version} expire_at_ms 0\n")
+    );
+
+    // Conditions: if-absent fails on an existing key (non-zero exit, message on stderr).
+    let again = server.cli(&["set", "cli:a", "beta", "--if-absent"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("condition failed"));
+    let cas = server.cli(&[
+        "set",
+        "cli:a",
+        "gamma",
+        "--if-version",
+        &version.to_string(),
+    ]);
+    assert!(cas.status.success(), "{cas:?}");
+
+    assert!(server.cli(&["set", "cli:b", "2"]).status.success());
+    assert!(server.cli(&["set", "other", "3"]).status.success());
+    let scan = server.cli(&["scan", "--match", "cli:*"]);
+    assert!(scan.status.success());
+    let mut keys: Vec<String> = stdout(&scan).lines().map(String::from).collect();
+    keys.sort();
+    assert_eq!(keys, vec!["cli:a", "cli:b"]);
+
+    let del = server.cli(&["del", "cli:a", "cli:b", "cli:none"]);
+    assert_eq!(stdout(&del), "2\n");
+    let missing = server.cli(&["get", "cli:a"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&missing.stderr).trim(), "(nil)");
+
+    let status = server.cli(&["status"]);
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        stdout(&status).trim_start().starts_with('{'),
+        "{}",
+        stdout(&status)
+    );
+}

@@ -704,3 +704,207 @@ async fn decoded_reply_layout_matches_raw_bytes() {
     .concat();
     assert_eq!(buf, expected);
 }
+
+#[tokio::test]
+async fn random_operations_match_a_model() {
+    // A seeded random mix of operations on a few keys, checked against a BTreeMap of (value, version).
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    use std::collections::BTreeMap;
+    let server = start_server(NativeConfig::default()).await;
+    let c = client_for(&server).await;
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut model: BTreeMap<Vec<u8>, (Vec<u8>, u64)> = BTreeMap::new();
+    let mut last_version = 0u64;
+    for step in 0..3000 {
+        let key = format!("{{m}}k{}", rng.gen_range(0..12)).into_bytes();
+        let current = model.get(&key).cloned();
+        match rng.gen_range(0..7) {
+            0 | 1 => {
+                let value = format!("v{step}").into_bytes();
+                let condition = match rng.gen_range(0..4) {
+                    0 => Condition::None,
+                    1 => Condition::IfAbsent,
+                    2 => Condition::IfExists,
+                    _ => Condition::IfVersion(match &current {
+                        Some((_, v)) if rng.gen_bool(0.7) => *v,
+                        _ => rng.gen_range(1..=last_version.max(1)),
+                    }),
+                };
+                let holds = match condition {
+                    Condition::None => true,
+                    Condition::IfAbsent => current.is_none(),
+                    Condition::IfExists => current.is_some(),
+                    Condition::IfVersion(v) => current.as_ref().map(|c| c.1) == Some(v),
+                };
+                let options = PutOptions {
+                    condition,
+                    return_old: rng.gen_bool(0.5),
+                    ..Default::default()
+                };
+                match c.put_with(&key, &value, options).await {
+                    Ok(r) => {
+                        assert!(holds, "step {step}: {condition:?} applied on {current:?}");
+                        assert!(r.version > last_version, "versions only grow");
+                        if options.return_old {
+                            assert_eq!(r.old.map(|o| (o.value.to_vec(), o.version)), current);
+                        }
+                        last_version = r.version;
+                        model.insert(key, (value, r.version));
+                    }
+                    Err(Error::ConditionFailed { current_version }) => {
+                        assert!(!holds, "step {step}: {condition:?} refused on {current:?}");
+                        assert_eq!(current_version, current.map(|c| c.1));
+                    }
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
+            2 => {
+                let condition = if rng.gen_bool(0.5) {
+                    Condition::None
+                } else {
+                    Condition::IfVersion(current.as_ref().map_or(1, |c| c.1))
+                };
+                let holds = match condition {
+                    Condition::IfVersion(v) => current.as_ref().map(|c| c.1) == Some(v),
+                    _ => true,
+                };
+                match c.delete_with(&key, condition).await {
+                    Ok(deleted) => {
+                        assert!(holds);
+                        assert_eq!(deleted.is_some(), current.is_some(), "step {step}");
+                        if let Some(v) = deleted {
+                            assert!(v > last_version);
+                            last_version = v;
+                        }
+                        model.remove(&key);
+                    }
+                    Err(Error::ConditionFailed { .. }) => assert!(!holds, "step {step}"),
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
+            3 => {
+                let delta = rng.gen_range(-5..=5);
+                let as_int = current.as_ref().map(|c| {
+                    std::str::from_utf8(&c.0)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok())
+                });
+                match c.increment(&key, delta).await {
+                    Ok((value, version)) => {
+                        let before = match as_int {
+                            None => 0,
+                            Some(Some(n)) => n,
+                            Some(None) => {
+                                panic!("step {step}: increment of a non-integer succeeded")
+                            }
+                        };
+                        assert_eq!(value, before + delta);
+                        assert!(version > last_version);
+                        last_version = version;
+                        model.insert(key, (value.to_string().into_bytes(), version));
+                    }
+                    Err(Error::NotAnInteger) => assert_eq!(as_int, Some(None), "step {step}"),
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+            }
+            4 => {
+                let keys: Vec<Vec<u8>> =
+                    (0..4).map(|i| format!("{{m}}k{i}").into_bytes()).collect();
+                let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                let got = c.multi_get(&refs).await.unwrap();
+                for (k, o) in keys.iter().zip(got) {
+                    assert_eq!(
+                        o.map(|o| (o.value.to_vec(), o.version)),
+                        model.get(k).cloned(),
+                        "step {step}"
+                    );
+                }
+            }
+            5 => {
+                let items: Vec<(Vec<u8>, Vec<u8>)> = (0..rng.gen_range(1..4))
+                    .map(|_| {
+                        (
+                            format!("{{m}}k{}", rng.gen_range(0..12)).into_bytes(),
+                            format!("mp{step}").into_bytes(),
+                        )
+                    })
+                    .collect();
+                let refs: Vec<(&[u8], &[u8])> =
+                    items.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                let version = c.multi_put(&refs).await.unwrap();
+                assert!(version > last_version);
+                last_version = version;
+                for (k, v) in items {
+                    model.insert(k, (v, version));
+                }
+            }
+            _ => {
+                let got = c.get(&key).await.unwrap();
+                assert_eq!(
+                    got.map(|o| (o.value.to_vec(), o.version)),
+                    current,
+                    "step {step}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_slow_client_does_not_stall_others() {
+    let server = start_server(NativeConfig::default()).await;
+    let c = client_for(&server).await;
+    c.put(b"k", b"v").await.unwrap();
+    // A client that sends its 21-byte frame one byte every 30 ms.
+    let mut slow = Raw::connect(server.addr).await;
+    let mut frame = BytesMut::new();
+    Request::Get {
+        table: 0,
+        key: b"k",
+    }
+    .encode(1, &mut frame);
+    let dribble = tokio::spawn(async move {
+        for b in frame.iter() {
+            slow.stream.write_all(&[*b]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        slow.recv().await
+    });
+    // Meanwhile others are served: all these replies arrive before the slow frame is even complete.
+    for _ in 0..50 {
+        assert!(c.get(b"k").await.unwrap().is_some());
+    }
+    assert!(
+        !dribble.is_finished(),
+        "others were served while the slow client was still sending"
+    );
+    let (id, _, reply) = dribble
+        .await
+        .unwrap()
+        .expect("the slow client gets its answer");
+    assert_eq!(id, 1);
+    assert!(matches!(reply, Response::Get(Some(_))));
+}
+
+#[tokio::test]
+async fn hundreds_of_simultaneous_connections() {
+    let server = start_server(NativeConfig::default()).await;
+    let mut clients = Vec::new();
+    for _ in 0..300 {
+        clients.push(client_for(&server).await);
+    }
+    let mut tasks = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let key = format!("conn{i}");
+            let v = c.put(key.as_bytes(), b"x").await.unwrap();
+            assert_eq!(c.get(key.as_bytes()).await.unwrap().unwrap().version, v);
+            c
+        }));
+    }
+    let mut alive = Vec::new();
+    for t in tasks {
+        alive.push(t.await.unwrap());
+    }
+    assert_eq!(server.engine.object_count(), 300);
+}

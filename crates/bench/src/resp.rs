@@ -36,9 +36,19 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
         }
     }
     let sizes = if quick {
-        Sizes { memory_keys: 200_000, requests_p1: 50_000, requests_p16: 200_000, repeats: 1 }
+        Sizes {
+            memory_keys: 200_000,
+            requests_p1: 50_000,
+            requests_p16: 200_000,
+            repeats: 1,
+        }
     } else {
-        Sizes { memory_keys: 2_000_000, requests_p1: 500_000, requests_p16: 2_000_000, repeats: 3 }
+        Sizes {
+            memory_keys: 2_000_000,
+            requests_p1: 500_000,
+            requests_p16: 2_000_000,
+            repeats: 3,
+        }
     };
     let work = std::env::temp_dir().join(format!("ramlog-bench-resp-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
@@ -101,15 +111,30 @@ impl Peer {
         let dir = work.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir)?;
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""]);
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ]);
         cmd.arg("--dir").arg(&dir);
         if persistence {
             cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
         } else {
             cmd.args(["--appendonly", "no"]);
         }
-        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting redis-server")?;
-        let peer = Peer { name: "redis", port, child };
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting redis-server")?;
+        let peer = Peer {
+            name: "redis",
+            port,
+            child,
+        };
         wait_for_ping(port)?;
         Ok(peer)
     }
@@ -119,7 +144,15 @@ impl Peer {
         let dir = work.join(format!("ramlog-{port}"));
         let exe = std::env::current_exe().context("locating the ramlog binary")?;
         let mut child = Command::new(exe)
-            .args(["server", "--resp-port", &port.to_string(), "--admin-port", "0", "--native-port", "0"])
+            .args([
+                "server",
+                "--resp-port",
+                &port.to_string(),
+                "--admin-port",
+                "0",
+                "--native-port",
+                "0",
+            ])
             .args(["--memory", "2GiB", "--persistence", persistence])
             .arg("--data-dir")
             .arg(&dir)
@@ -140,16 +173,27 @@ impl Peer {
             let _ = child.wait();
             bail!("ramlog server did not start: {}", err.trim());
         }
-        let peer = Peer { name: "ramlog", port, child };
+        let peer = Peer {
+            name: "ramlog",
+            port,
+            child,
+        };
         wait_for_ping(port)?;
         Ok(peer)
     }
 
     fn rss_bytes(&self) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         text.lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
             .map(|kib| kib * 1024)
             .unwrap_or(0)
     }
@@ -157,7 +201,9 @@ impl Peer {
 
 fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|p| p.join(tool)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|p| p.join(tool))
+        .find(|p| p.is_file())
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -176,7 +222,10 @@ fn wait_for_ping(port: u16) -> anyhow::Result<()> {
     loop {
         if let Ok(mut s) = connect(port) {
             let mut buf = [0u8; 7];
-            if s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n" {
+            if s.write_all(b"PING\r\n").is_ok()
+                && s.read_exact(&mut buf).is_ok()
+                && &buf == b"+PONG\r\n"
+            {
                 return Ok(());
             }
         }
@@ -218,22 +267,38 @@ fn load(port: u16, keys: u64) -> anyhow::Result<()> {
         let n = BATCH.min(keys - next);
         for i in next..next + n {
             let key = format!("key:{i:012}");
-            out.extend_from_slice(format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), VALUE_BYTES).as_bytes());
+            out.extend_from_slice(
+                format!(
+                    "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
+                    key.len(),
+                    VALUE_BYTES
+                )
+                .as_bytes(),
+            );
             out.extend_from_slice(&value);
             out.extend_from_slice(b"\r\n");
         }
         s.write_all(&out)?;
         let want = n as usize * 5;
-        s.read_exact(&mut reply[..want]).context("reading SET replies")?;
+        s.read_exact(&mut reply[..want])
+            .context("reading SET replies")?;
         if reply[..want].chunks(5).any(|r| r != b"+OK\r\n") {
-            bail!("a SET failed while loading port {port}: {}", String::from_utf8_lossy(&reply[..want.min(200)]));
+            bail!(
+                "a SET failed while loading port {port}: {}",
+                String::from_utf8_lossy(&reply[..want.min(200)])
+            );
         }
         next += n;
     }
     Ok(())
 }
 
-fn memory_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, report: &mut Report) -> anyhow::Result<()> {
+fn memory_rows(
+    sizes: &Sizes,
+    redis: &Peer,
+    ramlog: &Peer,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let mut per_key = Vec::new();
     for peer in [redis, ramlog] {
         let before = peer.rss_bytes();
@@ -244,14 +309,34 @@ fn memory_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, report: &mut Report) 
         let after = peer.rss_bytes();
         let dbsize = command(peer.port, "DBSIZE")?;
         if dbsize != format!(":{}", sizes.memory_keys) {
-            bail!("{} holds {dbsize} keys after loading {}", peer.name, sizes.memory_keys);
+            bail!(
+                "{} holds {dbsize} keys after loading {}",
+                peer.name,
+                sizes.memory_keys
+            );
         }
-        per_key.push((after as f64 / sizes.memory_keys as f64, (after.saturating_sub(before)) as f64 / sizes.memory_keys as f64, sizes.memory_keys as f64 / secs));
+        per_key.push((
+            after as f64 / sizes.memory_keys as f64,
+            (after.saturating_sub(before)) as f64 / sizes.memory_keys as f64,
+            sizes.memory_keys as f64 / secs,
+        ));
     }
     let (redis, ramlog) = (per_key[0], per_key[1]);
-    report.push(Row::versus("memory_rss_per_key", ramlog.0, "B", redis.0).with_target(Target::at_most(0.8)));
-    report.push(Row::versus("memory_rss_growth_per_key", ramlog.1, "B", redis.1));
-    report.push(Row::versus("memory_load_pipelined_set", ramlog.2, "keys/s", redis.2));
+    report.push(
+        Row::versus("memory_rss_per_key", ramlog.0, "B", redis.0).with_target(Target::at_most(0.8)),
+    );
+    report.push(Row::versus(
+        "memory_rss_growth_per_key",
+        ramlog.1,
+        "B",
+        redis.1,
+    ));
+    report.push(Row::versus(
+        "memory_load_pipelined_set",
+        ramlog.2,
+        "keys/s",
+        redis.2,
+    ));
     Ok(())
 }
 
@@ -263,15 +348,37 @@ struct BenchResult {
 }
 
 /// Runs redis-benchmark once and returns the SET and GET results.
-fn redis_benchmark(port: u16, requests: u64, pipeline: u32) -> anyhow::Result<(BenchResult, BenchResult)> {
+fn redis_benchmark(
+    port: u16,
+    requests: u64,
+    pipeline: u32,
+) -> anyhow::Result<(BenchResult, BenchResult)> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", &CLIENTS.to_string(), "-d", &VALUE_BYTES.to_string(), "-r", &KEYSPACE.to_string()])
-        .args(["-n", &requests.to_string(), "-P", &pipeline.to_string(), "-t", "set,get", "--csv"])
+        .args([
+            "-c",
+            &CLIENTS.to_string(),
+            "-d",
+            &VALUE_BYTES.to_string(),
+            "-r",
+            &KEYSPACE.to_string(),
+        ])
+        .args([
+            "-n",
+            &requests.to_string(),
+            "-P",
+            &pipeline.to_string(),
+            "-t",
+            "set,get",
+            "--csv",
+        ])
         .output()
         .context("running redis-benchmark")?;
     if !out.status.success() {
-        bail!("redis-benchmark failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     parse_csv(&text).with_context(|| format!("parsing redis-benchmark output: {text}"))
@@ -280,15 +387,30 @@ fn redis_benchmark(port: u16, requests: u64, pipeline: u32) -> anyhow::Result<(B
 /// Parses `--csv` output: a header with `test,rps,...,p50_latency_ms,...,p99_latency_ms,...`, then rows.
 fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines.next().context("empty output")?.split(',').map(|f| f.trim_matches('"').to_string()).collect();
-    let col = |name: &str| header.iter().position(|h| h == name).with_context(|| format!("no column {name}"));
+    let header: Vec<String> = lines
+        .next()
+        .context("empty output")?
+        .split(',')
+        .map(|f| f.trim_matches('"').to_string())
+        .collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .with_context(|| format!("no column {name}"))
+    };
     let (rps, p50, p99) = (col("rps")?, col("p50_latency_ms")?, col("p99_latency_ms")?);
     let mut set = None;
     let mut get = None;
     for line in lines {
         let fields: Vec<&str> = line.split(',').map(|f| f.trim_matches('"')).collect();
-        let num = |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("short row")?.parse()?) };
-        let result = BenchResult { rps: num(rps)?, p50_ms: num(p50)?, p99_ms: num(p99)? };
+        let num =
+            |i: usize| -> anyhow::Result<f64> { Ok(fields.get(i).context("short row")?.parse()?) };
+        let result = BenchResult {
+            rps: num(rps)?,
+            p50_ms: num(p50)?,
+            p99_ms: num(p99)?,
+        };
         match fields.first().copied() {
             Some("SET") => set = Some(result),
             Some("GET") => get = Some(result),
@@ -303,7 +425,13 @@ fn median_by(results: &[BenchResult], f: impl Fn(&BenchResult) -> f64) -> f64 {
     crate::util::median(&values)
 }
 
-fn throughput_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, prefix: &str, report: &mut Report) -> anyhow::Result<()> {
+fn throughput_rows(
+    sizes: &Sizes,
+    redis: &Peer,
+    ramlog: &Peer,
+    prefix: &str,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     for (pipeline, requests) in [(1u32, sizes.requests_p1), (16u32, sizes.requests_p16)] {
         // [target][op] -> runs; targets alternate so that drift in the machine hits both alike.
         let mut runs: [[Vec<BenchResult>; 2]; 2] = Default::default();
@@ -318,13 +446,28 @@ fn throughput_rows(sizes: &Sizes, redis: &Peer, ramlog: &Peer, prefix: &str, rep
             let (r, m) = (&runs[0][o], &runs[1][o]);
             let name = |what: &str| format!("{prefix}{op}_p{pipeline}_{what}");
             report.push(
-                Row::versus(name("rps"), median_by(m, |x| x.rps), "req/s", median_by(r, |x| x.rps))
-                    .with_target(Target::at_least(1.0)),
+                Row::versus(
+                    name("rps"),
+                    median_by(m, |x| x.rps),
+                    "req/s",
+                    median_by(r, |x| x.rps),
+                )
+                .with_target(Target::at_least(1.0)),
             );
-            report.push(Row::versus(name("p50"), median_by(m, |x| x.p50_ms), "ms", median_by(r, |x| x.p50_ms)));
+            report.push(Row::versus(
+                name("p50"),
+                median_by(m, |x| x.p50_ms),
+                "ms",
+                median_by(r, |x| x.p50_ms),
+            ));
             report.push(
-                Row::versus(name("p99"), median_by(m, |x| x.p99_ms), "ms", median_by(r, |x| x.p99_ms))
-                    .with_target(Target::at_most(1.0)),
+                Row::versus(
+                    name("p99"),
+                    median_by(m, |x| x.p99_ms),
+                    "ms",
+                    median_by(r, |x| x.p99_ms),
+                )
+                .with_target(Target::at_most(1.0)),
             );
         }
     }

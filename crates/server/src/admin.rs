@@ -15,7 +15,11 @@ use tokio::task::JoinSet;
 const HEAD_MAX_BYTES: usize = 8 * 1024;
 const CONNECTIONS_MAX: usize = 64;
 
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -48,7 +52,13 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         }
         head.extend_from_slice(&chunk[..n]);
         if head.len() > HEAD_MAX_BYTES {
-            return respond(&mut stream, "431 Request Header Fields Too Large", "text/plain", "request head too large\n").await;
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request head too large\n",
+            )
+            .await;
         }
     }
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -57,7 +67,13 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     if method != "GET" && method != "HEAD" {
-        return respond(&mut stream, "405 Method Not Allowed", "text/plain", "only GET\n").await;
+        return respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n",
+        )
+        .await;
     }
     match path {
         "/metrics" => {
@@ -78,7 +94,13 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
                 },
                 "metrics": snapshot,
             });
-            respond(&mut stream, "200 OK", "application/json", &format!("{body:#}\n")).await
+            respond(
+                &mut stream,
+                "200 OK",
+                "application/json",
+                &format!("{body:#}\n"),
+            )
+            .await
         }
         "/" => {
             let body = "ramlog server\n/metrics  Prometheus metrics\n/status   JSON status\n";
@@ -88,7 +110,12 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
 }
 
-async fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str) -> std::io::Result<()> {
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()

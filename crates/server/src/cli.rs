@@ -75,7 +75,10 @@ impl ServerFlags {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAMLOG_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
@@ -92,13 +95,14 @@ async fn stop_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -122,7 +126,9 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
         println!(
             "ramlog server ready resp={} admin={} pid={}",
             a.resp,
-            a.admin.map(|x| x.to_string()).unwrap_or_else(|| "off".into()),
+            a.admin
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "off".into()),
             std::process::id()
         );
         stop_signal().await;
@@ -150,7 +156,11 @@ pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
         if a.resp.ip().is_loopback() {
             println!("  connect:  redis-cli -p {}{auth}", a.resp.port());
         } else {
-            println!("  connect:  redis-cli -h {} -p {}{auth}", a.resp.ip(), a.resp.port());
+            println!(
+                "  connect:  redis-cli -h {} -p {}{auth}",
+                a.resp.ip(),
+                a.resp.port()
+            );
         }
         if let Some(admin) = a.admin {
             println!("  admin:    http://{admin}/status   (metrics: http://{admin}/metrics)");
@@ -158,7 +168,10 @@ pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
         if let Some(native) = a.native {
             println!("  native:   {native}");
         }
-        println!("  data:     {} (persistence {persistence})", data_dir.display());
+        println!(
+            "  data:     {} (persistence {persistence})",
+            data_dir.display()
+        );
         println!("Press Ctrl-C to stop.");
         stop_signal().await;
         println!("stopping...");

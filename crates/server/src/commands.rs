@@ -110,7 +110,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("mget", -2, R, 1, -1, 1, s, Op::Mget, cmd_mget),
         spec!("mset", -3, W, 1, -1, 2, s, Op::Mset, cmd_mset),
         spec!("del", -2, &["write"], 1, -1, 1, k, Op::Del, cmd_del),
-        spec!("unlink", -2, &["write", "fast"], 1, -1, 1, k, Op::Del, cmd_del),
+        spec!(
+            "unlink",
+            -2,
+            &["write", "fast"],
+            1,
+            -1,
+            1,
+            k,
+            Op::Del,
+            cmd_del
+        ),
         spec!("exists", -2, R, 1, -1, 1, k, Op::Exists, cmd_exists),
         spec!("incr", 2, W, 1, 1, 1, s, Op::Incr, cmd_incr),
         spec!("decr", 2, W, 1, 1, 1, s, Op::Incr, cmd_decr),
@@ -125,38 +135,223 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("pttl", 2, R, 1, 1, 1, k, Op::Ttl, cmd_pttl),
         spec!("expiretime", 2, R, 1, 1, 1, k, Op::Ttl, cmd_expiretime),
         spec!("pexpiretime", 2, R, 1, 1, 1, k, Op::Ttl, cmd_pexpiretime),
-        spec!("expire", -3, &["write", "fast"], 1, 1, 1, k, Op::Expire, cmd_expire),
-        spec!("pexpire", -3, &["write", "fast"], 1, 1, 1, k, Op::Expire, cmd_pexpire),
-        spec!("expireat", -3, &["write", "fast"], 1, 1, 1, k, Op::Expire, cmd_expireat),
-        spec!("pexpireat", -3, &["write", "fast"], 1, 1, 1, k, Op::Expire, cmd_pexpireat),
-        spec!("persist", 2, &["write", "fast"], 1, 1, 1, k, Op::Expire, cmd_persist),
-        spec!("flushall", -1, &["write"], 0, 0, 0, a, Op::Other, cmd_flushall),
-        spec!("flushdb", -1, &["write"], 0, 0, 0, a, Op::Other, cmd_flushall),
+        spec!(
+            "expire",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            k,
+            Op::Expire,
+            cmd_expire
+        ),
+        spec!(
+            "pexpire",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            k,
+            Op::Expire,
+            cmd_pexpire
+        ),
+        spec!(
+            "expireat",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            k,
+            Op::Expire,
+            cmd_expireat
+        ),
+        spec!(
+            "pexpireat",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            k,
+            Op::Expire,
+            cmd_pexpireat
+        ),
+        spec!(
+            "persist",
+            2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            k,
+            Op::Expire,
+            cmd_persist
+        ),
+        spec!(
+            "flushall",
+            -1,
+            &["write"],
+            0,
+            0,
+            0,
+            a,
+            Op::Other,
+            cmd_flushall
+        ),
+        spec!(
+            "flushdb",
+            -1,
+            &["write"],
+            0,
+            0,
+            0,
+            a,
+            Op::Other,
+            cmd_flushall
+        ),
         spec!("ping", -1, F, 0, 0, 0, c, Op::Other, cmd_ping),
         spec!("echo", 2, F, 0, 0, 0, c, Op::Other, cmd_echo),
-        spec!("select", 2, &["loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_select),
-        spec!("info", -1, &["loading", "stale"], 0, 0, 0, &["@dangerous"], Op::Other, cmd_info),
+        spec!(
+            "select",
+            2,
+            &["loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            c,
+            Op::Other,
+            cmd_select
+        ),
+        spec!(
+            "info",
+            -1,
+            &["loading", "stale"],
+            0,
+            0,
+            0,
+            &["@dangerous"],
+            Op::Other,
+            cmd_info
+        ),
         spec!("config", -2, A, 0, 0, 0, a, Op::Other, cmd_config),
-        spec!("command", -1, &["loading", "stale"], 0, 0, 0, c, Op::Other, cmd_command),
-        spec!("client", -2, &["loading", "stale"], 0, 0, 0, c, Op::Other, cmd_client),
+        spec!(
+            "command",
+            -1,
+            &["loading", "stale"],
+            0,
+            0,
+            0,
+            c,
+            Op::Other,
+            cmd_command
+        ),
+        spec!(
+            "client",
+            -2,
+            &["loading", "stale"],
+            0,
+            0,
+            0,
+            c,
+            Op::Other,
+            cmd_client
+        ),
         spec!("cluster", -2, &[], 0, 0, 0, &[], Op::Other, cmd_cluster),
-        spec!("time", 1, &["loading", "stale", "fast"], 0, 0, 0, &[], Op::Other, cmd_time),
-        spec!("lastsave", 1, &["loading", "stale", "fast"], 0, 0, 0, &[], Op::Other, cmd_lastsave),
-        spec!("readonly", 1, &["loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_ok),
-        spec!("readwrite", 1, &["loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_ok),
+        spec!(
+            "time",
+            1,
+            &["loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            &[],
+            Op::Other,
+            cmd_time
+        ),
+        spec!(
+            "lastsave",
+            1,
+            &["loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            &[],
+            Op::Other,
+            cmd_lastsave
+        ),
+        spec!(
+            "readonly",
+            1,
+            &["loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            c,
+            Op::Other,
+            cmd_ok
+        ),
+        spec!(
+            "readwrite",
+            1,
+            &["loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            c,
+            Op::Other,
+            cmd_ok
+        ),
     ];
-    let mut auth = spec!("auth", -2, &["noscript", "loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_auth);
+    let mut auth = spec!(
+        "auth",
+        -2,
+        &["noscript", "loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        c,
+        Op::Other,
+        cmd_auth
+    );
     auth.no_auth = true;
-    let mut hello = spec!("hello", -1, &["noscript", "loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_hello);
+    let mut hello = spec!(
+        "hello",
+        -1,
+        &["noscript", "loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        c,
+        Op::Other,
+        cmd_hello
+    );
     hello.no_auth = true;
-    let mut quit = spec!("quit", -1, &["noscript", "loading", "stale", "fast"], 0, 0, 0, c, Op::Other, cmd_quit);
+    let mut quit = spec!(
+        "quit",
+        -1,
+        &["noscript", "loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        c,
+        Op::Other,
+        cmd_quit
+    );
     quit.no_auth = true;
     v.extend([auth, hello, quit]);
     v
 });
 
-static BY_NAME: LazyLock<HashMap<&'static [u8], usize>> =
-    LazyLock::new(|| SPECS.iter().enumerate().map(|(i, s)| (s.name.as_bytes(), i)).collect());
+static BY_NAME: LazyLock<HashMap<&'static [u8], usize>> = LazyLock::new(|| {
+    SPECS
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_bytes(), i))
+        .collect()
+});
 
 /// All supported commands.
 pub fn specs() -> &'static [Spec] {
@@ -189,12 +384,17 @@ pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
     {
         let protocol = session.protocol;
-        let mut ctx = Ctx { shared, session, enc: ReplyEncoder::new(out, protocol) };
+        let mut ctx = Ctx {
+            shared,
+            session,
+            enc: ReplyEncoder::new(out, protocol),
+        };
         match spec {
             None => ctx.enc.error(&unknown_command(args)),
-            Some(spec) if !arity_ok(spec.arity, args.len()) => {
-                ctx.enc.error(&format!("ERR wrong number of arguments for '{}' command", spec.name))
-            }
+            Some(spec) if !arity_ok(spec.arity, args.len()) => ctx.enc.error(&format!(
+                "ERR wrong number of arguments for '{}' command",
+                spec.name
+            )),
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
             Some(spec) => (spec.handler)(&mut ctx, args),
         }
@@ -231,14 +431,23 @@ fn unknown_command(args: &[&[u8]]) -> String {
 
 fn unknown_subcommand(ctx: &mut Ctx<'_>, command: &str, sub: &[u8]) {
     let sub: String = String::from_utf8_lossy(sub).chars().take(128).collect();
-    ctx.enc.error(&format!("ERR unknown subcommand '{sub}'. Try {} HELP.", command.to_ascii_uppercase()));
+    ctx.enc.error(&format!(
+        "ERR unknown subcommand '{sub}'. Try {} HELP.",
+        command.to_ascii_uppercase()
+    ));
 }
 
 fn engine_error(ctx: &mut Ctx<'_>, e: &EngineError) {
     let message = match e {
-        EngineError::KeyTooLarge { len, max } => format!("ERR key too large ({len} bytes, limit {max})"),
-        EngineError::ValueTooLarge { len, max } => format!("ERR value too large ({len} bytes, limit {max})"),
-        EngineError::OutOfMemory { .. } => "OOM command not allowed when used memory > 'maxmemory'.".to_string(),
+        EngineError::KeyTooLarge { len, max } => {
+            format!("ERR key too large ({len} bytes, limit {max})")
+        }
+        EngineError::ValueTooLarge { len, max } => {
+            format!("ERR value too large ({len} bytes, limit {max})")
+        }
+        EngineError::OutOfMemory { .. } => {
+            "OOM command not allowed when used memory > 'maxmemory'.".to_string()
+        }
         EngineError::NotAnInteger => ERR_NOT_INTEGER.to_string(),
         EngineError::IncrementOverflow => ERR_OVERFLOW.to_string(),
         other => format!("ERR {other}"),
@@ -280,7 +489,10 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn eq_ignore_case(a: &[u8], b: &str) -> bool {
@@ -291,14 +503,20 @@ fn eq_ignore_case(a: &[u8], b: &str) -> bool {
 fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, EngineError> {
     let keyspace = &ctx.shared.keyspace;
     let found = keyspace.engine().get(keyspace.tablet_of(key), key)?;
-    let counter = if found.is_some() { &ctx.shared.metrics.keyspace_hits } else { &ctx.shared.metrics.keyspace_misses };
+    let counter = if found.is_some() {
+        &ctx.shared.metrics.keyspace_hits
+    } else {
+        &ctx.shared.metrics.keyspace_misses
+    };
     counter.fetch_add(1, Ordering::Relaxed);
     Ok(found)
 }
 
 fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match read(ctx, args[1]) {
-        Ok(found) => ctx.enc.bulk_or_null(found.as_ref().map(|o| o.value.as_slice())),
+        Ok(found) => ctx
+            .enc
+            .bulk_or_null(found.as_ref().map(|o| o.value.as_slice())),
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -345,7 +563,9 @@ fn parse_set_options(options: &[&[u8]], command: &str) -> Result<SetArgs, String
             }
             let lower = o.to_ascii_lowercase();
             let at = match lower.as_slice() {
-                b"ex" => n.checked_mul(1000).and_then(|ms| ms.checked_add(now_ms() as i64)),
+                b"ex" => n
+                    .checked_mul(1000)
+                    .and_then(|ms| ms.checked_add(now_ms() as i64)),
                 b"px" => n.checked_add(now_ms() as i64),
                 b"exat" => n.checked_mul(1000),
                 _ => Some(n),
@@ -380,18 +600,23 @@ fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     let (key, value) = (args[1], args[2]);
     let keyspace = &ctx.shared.keyspace;
-    match keyspace.engine().put(keyspace.tablet_of(key), key, value, &opts) {
+    match keyspace
+        .engine()
+        .put(keyspace.tablet_of(key), key, value, &opts)
+    {
         Ok(outcome) => {
             ctx.session.wrote = true;
             if set.get {
-                ctx.enc.bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()));
+                ctx.enc
+                    .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()));
             } else {
                 ctx.enc.ok();
             }
         }
         Err(EngineError::ConditionFailed { current }) => {
             if set.get {
-                ctx.enc.bulk_or_null(current.as_ref().map(|o| o.value.as_slice()));
+                ctx.enc
+                    .bulk_or_null(current.as_ref().map(|o| o.value.as_slice()));
             } else {
                 ctx.enc.null();
             }
@@ -400,9 +625,17 @@ fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
-fn set_with(ctx: &mut Ctx<'_>, key: &[u8], value: &[u8], opts: PutOptions) -> Result<bool, EngineError> {
+fn set_with(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    value: &[u8],
+    opts: PutOptions,
+) -> Result<bool, EngineError> {
     let keyspace = &ctx.shared.keyspace;
-    match keyspace.engine().put(keyspace.tablet_of(key), key, value, &opts) {
+    match keyspace
+        .engine()
+        .put(keyspace.tablet_of(key), key, value, &opts)
+    {
         Ok(_) => {
             ctx.session.wrote = true;
             Ok(true)
@@ -413,7 +646,10 @@ fn set_with(ctx: &mut Ctx<'_>, key: &[u8], value: &[u8], opts: PutOptions) -> Re
 }
 
 fn cmd_setnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let opts = PutOptions { condition: Condition::IfAbsent, ..Default::default() };
+    let opts = PutOptions {
+        condition: Condition::IfAbsent,
+        ..Default::default()
+    };
     match set_with(ctx, args[1], args[2], opts) {
         Ok(done) => ctx.enc.integer(i64::from(done)),
         Err(e) => engine_error(ctx, &e),
@@ -424,11 +660,26 @@ fn setex_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, name: &str) {
     let Some(n) = parse_i64(args[2]) else {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
-    let at = if n <= 0 { None } else { n.checked_mul(unit_ms).and_then(|ms| ms.checked_add(now_ms() as i64)) };
-    let Some(at) = at else {
-        return ctx.enc.error(&format!("ERR invalid expire time in '{name}' command"));
+    let at = if n <= 0 {
+        None
+    } else {
+        n.checked_mul(unit_ms)
+            .and_then(|ms| ms.checked_add(now_ms() as i64))
     };
-    match set_with(ctx, args[1], args[3], PutOptions { expire_at_ms: at as u64, ..Default::default() }) {
+    let Some(at) = at else {
+        return ctx
+            .enc
+            .error(&format!("ERR invalid expire time in '{name}' command"));
+    };
+    match set_with(
+        ctx,
+        args[1],
+        args[3],
+        PutOptions {
+            expire_at_ms: at as u64,
+            ..Default::default()
+        },
+    ) {
         Ok(_) => ctx.enc.ok(),
         Err(e) => engine_error(ctx, &e),
     }
@@ -444,11 +695,18 @@ fn cmd_psetex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let keyspace = &ctx.shared.keyspace;
-    let opts = PutOptions { return_old: true, ..Default::default() };
-    match keyspace.engine().put(keyspace.tablet_of(args[1]), args[1], args[2], &opts) {
+    let opts = PutOptions {
+        return_old: true,
+        ..Default::default()
+    };
+    match keyspace
+        .engine()
+        .put(keyspace.tablet_of(args[1]), args[1], args[2], &opts)
+    {
         Ok(outcome) => {
             ctx.session.wrote = true;
-            ctx.enc.bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()))
+            ctx.enc
+                .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()))
         }
         Err(e) => engine_error(ctx, &e),
     }
@@ -467,7 +725,10 @@ fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let Some(object) = found else {
             return ctx.enc.null();
         };
-        match keyspace.engine().delete(tablet, key, Condition::IfVersion(object.version)) {
+        match keyspace
+            .engine()
+            .delete(tablet, key, Condition::IfVersion(object.version))
+        {
             Ok(Some(_)) => {
                 ctx.session.wrote = true;
                 return ctx.enc.bulk(&object.value);
@@ -476,7 +737,8 @@ fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Err(e) => return engine_error(ctx, &e),
         }
     }
-    ctx.enc.error("ERR too much contention on the key, try again")
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
 }
 
 fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -493,7 +755,11 @@ fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             None => (Vec::new(), Condition::IfAbsent),
         };
         value.extend_from_slice(suffix);
-        let opts = PutOptions { condition, keep_ttl: true, ..Default::default() };
+        let opts = PutOptions {
+            condition,
+            keep_ttl: true,
+            ..Default::default()
+        };
         match keyspace.engine().put(tablet, key, &value, &opts) {
             Ok(_) => {
                 ctx.session.wrote = true;
@@ -503,7 +769,8 @@ fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Err(e) => return engine_error(ctx, &e),
         }
     }
-    ctx.enc.error("ERR too much contention on the key, try again")
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
 }
 
 fn cmd_mget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -522,8 +789,10 @@ fn cmd_mget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    if args.len() % 2 == 0 {
-        return ctx.enc.error("ERR wrong number of arguments for 'mset' command");
+    if args.len().is_multiple_of(2) {
+        return ctx
+            .enc
+            .error("ERR wrong number of arguments for 'mset' command");
     }
     let config = &ctx.shared.config;
     // Refuse oversized items before writing anything, so that MSET is never half applied for that reason.
@@ -531,20 +800,27 @@ fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         if pair[0].len() as u64 > config.key_size_max_bytes {
             return engine_error(
                 ctx,
-                &EngineError::KeyTooLarge { len: pair[0].len(), max: config.key_size_max_bytes as usize },
+                &EngineError::KeyTooLarge {
+                    len: pair[0].len(),
+                    max: config.key_size_max_bytes as usize,
+                },
             );
         }
         if pair[1].len() as u64 > config.value_size_max_bytes {
             return engine_error(
                 ctx,
-                &EngineError::ValueTooLarge { len: pair[1].len(), max: config.value_size_max_bytes as usize },
+                &EngineError::ValueTooLarge {
+                    len: pair[1].len(),
+                    max: config.value_size_max_bytes as usize,
+                },
             );
         }
     }
     let keyspace = &ctx.shared.keyspace;
     // Group by tablet: each group is one atomic multi-put. Redis keeps the last of repeated keys;
     // so does a multi-put applied in order.
-    let mut groups: Vec<(u32, Vec<(&[u8], &[u8])>)> = Vec::new();
+    type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
+    let mut groups: Vec<(u32, Items<'_>)> = Vec::new();
     for pair in args[1..].chunks_exact(2) {
         let tablet = keyspace.tablet_of(pair[0]);
         match groups.iter_mut().find(|g| g.0 == tablet) {
@@ -565,7 +841,10 @@ fn cmd_del(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let keyspace = &ctx.shared.keyspace;
     let mut deleted = 0;
     for key in &args[1..] {
-        match keyspace.engine().delete(keyspace.tablet_of(key), key, Condition::None) {
+        match keyspace
+            .engine()
+            .delete(keyspace.tablet_of(key), key, Condition::None)
+        {
             Ok(Some(_)) => deleted += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
@@ -601,7 +880,10 @@ fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
     let keyspace = &ctx.shared.keyspace;
-    match keyspace.engine().increment(keyspace.tablet_of(key), key, delta) {
+    match keyspace
+        .engine()
+        .increment(keyspace.tablet_of(key), key, delta)
+    {
         Ok((value, _)) => {
             ctx.session.wrote = true;
             ctx.enc.integer(value)
@@ -635,14 +917,19 @@ fn cmd_decrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_strlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match read(ctx, args[1]) {
-        Ok(found) => ctx.enc.integer(found.map(|o| o.value.len() as i64).unwrap_or(0)),
+        Ok(found) => ctx
+            .enc
+            .integer(found.map(|o| o.value.len() as i64).unwrap_or(0)),
         Err(e) => engine_error(ctx, &e),
     }
 }
 
 /// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]
 fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let cursor = match std::str::from_utf8(args[1]).ok().and_then(|s| s.parse::<u64>().ok()) {
+    let cursor = match std::str::from_utf8(args[1])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
         Some(c) => c,
         None => return ctx.enc.error("ERR invalid cursor"),
     };
@@ -774,14 +1061,20 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
         }
     }
     if nx && (xx || gt || lt) {
-        return ctx.enc.error("ERR NX and XX, GT or LT options at the same time are not compatible");
+        return ctx
+            .enc
+            .error("ERR NX and XX, GT or LT options at the same time are not compatible");
     }
     if gt && lt {
-        return ctx.enc.error("ERR GT and LT options at the same time are not compatible");
+        return ctx
+            .enc
+            .error("ERR GT and LT options at the same time are not compatible");
     }
     let base = if absolute { 0 } else { now_ms() as i64 };
     let Some(at) = n.checked_mul(unit_ms).and_then(|ms| ms.checked_add(base)) else {
-        return ctx.enc.error(&format!("ERR invalid expire time in '{name}' command"));
+        return ctx
+            .enc
+            .error(&format!("ERR invalid expire time in '{name}' command"));
     };
     let key = args[1];
     let keyspace = &ctx.shared.keyspace;
@@ -793,7 +1086,11 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
             Err(e) => return engine_error(ctx, &e),
         };
         // A key without expiry counts as an infinite TTL for GT and LT.
-        let current = if object.expire_at_ms == 0 { None } else { Some(object.expire_at_ms as i64) };
+        let current = if object.expire_at_ms == 0 {
+            None
+        } else {
+            Some(object.expire_at_ms as i64)
+        };
         let allowed = (!nx || current.is_none())
             && (!xx || current.is_some())
             && (!gt || current.is_some_and(|c| at > c))
@@ -803,7 +1100,10 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
         }
         if at <= now_ms() as i64 {
             // An expiry in the past deletes the key.
-            return match keyspace.engine().delete(tablet, key, Condition::IfVersion(object.version)) {
+            return match keyspace
+                .engine()
+                .delete(tablet, key, Condition::IfVersion(object.version))
+            {
                 Ok(Some(_)) => {
                     ctx.session.wrote = true;
                     ctx.enc.integer(1)
@@ -821,7 +1121,8 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
             Err(e) => engine_error(ctx, &e),
         };
     }
-    ctx.enc.error("ERR too much contention on the key, try again")
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
 }
 
 fn cmd_expire(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -859,7 +1160,11 @@ fn cmd_persist(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    if args.len() > 2 || (args.len() == 2 && !eq_ignore_case(args[1], "sync") && !eq_ignore_case(args[1], "async")) {
+    if args.len() > 2
+        || (args.len() == 2
+            && !eq_ignore_case(args[1], "sync")
+            && !eq_ignore_case(args[1], "async"))
+    {
         return ctx.enc.error(ERR_SYNTAX);
     }
     let keyspace = &ctx.shared.keyspace;
@@ -891,7 +1196,9 @@ fn cmd_ping(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match args.len() {
         1 => ctx.enc.simple("PONG"),
         2 => ctx.enc.bulk(args[1]),
-        _ => ctx.enc.error("ERR wrong number of arguments for 'ping' command"),
+        _ => ctx
+            .enc
+            .error("ERR wrong number of arguments for 'ping' command"),
     }
 }
 
@@ -917,7 +1224,9 @@ fn cmd_quit(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 }
 
 fn cmd_time(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     ctx.enc.array(2);
     ctx.enc.bulk(now.as_secs().to_string().as_bytes());
     ctx.enc.bulk(now.subsec_micros().to_string().as_bytes());
@@ -925,7 +1234,10 @@ fn cmd_time(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 
 fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     let started = std::time::SystemTime::now() - ctx.shared.started.elapsed();
-    let secs = started.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     ctx.enc.integer(secs as i64)
 }
 
@@ -970,8 +1282,14 @@ fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let mut i = 1;
     if args.len() >= 2 {
         match parse_i64(args[1]) {
-            None => return ctx.enc.error("ERR Protocol version is not an integer or out of range"),
-            Some(v) if !(2..=3).contains(&v) => return ctx.enc.error("NOPROTO unsupported protocol version"),
+            None => {
+                return ctx
+                    .enc
+                    .error("ERR Protocol version is not an integer or out of range")
+            }
+            Some(v) if !(2..=3).contains(&v) => {
+                return ctx.enc.error("NOPROTO unsupported protocol version")
+            }
             Some(v) => protocol = v as u8,
         }
         i = 2;
@@ -988,7 +1306,9 @@ fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             i += 2;
         } else {
             let o = String::from_utf8_lossy(args[i]);
-            return ctx.enc.error(&format!("ERR Syntax error in HELLO option '{o}'"));
+            return ctx
+                .enc
+                .error(&format!("ERR Syntax error in HELLO option '{o}'"));
         }
     }
     if let Some((user, pass)) = auth {
@@ -1002,7 +1322,9 @@ fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     if let Some(n) = name {
         if !valid_client_name(n) {
-            return ctx.enc.error("ERR Client names cannot contain spaces, newlines or special characters.");
+            return ctx
+                .enc
+                .error("ERR Client names cannot contain spaces, newlines or special characters.");
         }
         ctx.session.name = if n.is_empty() { None } else { Some(n.to_vec()) };
     }
@@ -1048,9 +1370,20 @@ fn config_params(shared: &Shared) -> Vec<(&'static str, String)> {
         ("maxmemory-policy", "noeviction".into()),
         ("maxclients", c.connections_max.to_string()),
         ("timeout", c.idle_timeout_secs.to_string()),
-        ("proto-max-bulk-len", c.request_arg_size_max_bytes.to_string()),
+        (
+            "proto-max-bulk-len",
+            c.request_arg_size_max_bytes.to_string(),
+        ),
         ("save", String::new()),
-        ("appendonly", if c.persistence == PersistenceMode::Off { "no" } else { "yes" }.into()),
+        (
+            "appendonly",
+            if c.persistence == PersistenceMode::Off {
+                "no"
+            } else {
+                "yes"
+            }
+            .into(),
+        ),
         (
             "appendfsync",
             match c.persistence {
@@ -1069,12 +1402,18 @@ fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1];
     if eq_ignore_case(sub, "get") {
         if args.len() < 3 {
-            return ctx.enc.error("ERR wrong number of arguments for 'config|get' command");
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'config|get' command");
         }
         let params = config_params(ctx.shared);
         let matched: Vec<&(&str, String)> = params
             .iter()
-            .filter(|(name, _)| args[2..].iter().any(|p| glob_match_nocase(p, name.as_bytes())))
+            .filter(|(name, _)| {
+                args[2..]
+                    .iter()
+                    .any(|p| glob_match_nocase(p, name.as_bytes()))
+            })
             .collect();
         ctx.enc.map(matched.len());
         for (name, value) in matched {
@@ -1082,8 +1421,10 @@ fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             ctx.enc.bulk(value.as_bytes());
         }
     } else if eq_ignore_case(sub, "set") {
-        if args.len() < 4 || args.len() % 2 != 0 {
-            return ctx.enc.error("ERR wrong number of arguments for 'config|set' command");
+        if args.len() < 4 || !args.len().is_multiple_of(2) {
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'config|set' command");
         }
         let name = String::from_utf8_lossy(args[2]);
         ctx.enc.error(&format!(
@@ -1092,7 +1433,11 @@ fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     } else if eq_ignore_case(sub, "resetstat") {
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
-        let lines = ["CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:", "GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values."];
+        let lines = [
+            "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "GET <pattern>",
+            "    Return parameters matching the glob-like <pattern> and their values.",
+        ];
         ctx.enc.array(lines.len());
         for l in lines {
             ctx.enc.simple(l);
@@ -1135,7 +1480,11 @@ fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     if eq_ignore_case(sub, "count") {
         ctx.enc.integer(specs.len() as i64);
     } else if eq_ignore_case(sub, "info") {
-        let names: Vec<&[u8]> = if args.len() == 2 { specs.iter().map(|s| s.name.as_bytes()).collect() } else { args[2..].to_vec() };
+        let names: Vec<&[u8]> = if args.len() == 2 {
+            specs.iter().map(|s| s.name.as_bytes()).collect()
+        } else {
+            args[2..].to_vec()
+        };
         ctx.enc.array(names.len());
         for name in names {
             match lookup(name) {
@@ -1153,7 +1502,9 @@ fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     } else if eq_ignore_case(sub, "getkeys") {
         if args.len() < 3 {
-            return ctx.enc.error("ERR wrong number of arguments for 'command|getkeys' command");
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'command|getkeys' command");
         }
         let Some(spec) = lookup(args[2]) else {
             return ctx.enc.error("ERR Invalid command specified");
@@ -1162,8 +1513,15 @@ fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         if spec.first_key <= 0 || !arity_ok(spec.arity, cmd.len()) {
             return ctx.enc.error("ERR The command has no key arguments");
         }
-        let last = if spec.last_key < 0 { cmd.len() as i32 + spec.last_key } else { spec.last_key };
-        let keys: Vec<&[u8]> = (spec.first_key..=last).step_by(spec.step.max(1) as usize).filter_map(|i| cmd.get(i as usize).copied()).collect();
+        let last = if spec.last_key < 0 {
+            cmd.len() as i32 + spec.last_key
+        } else {
+            spec.last_key
+        };
+        let keys: Vec<&[u8]> = (spec.first_key..=last)
+            .step_by(spec.step.max(1) as usize)
+            .filter_map(|i| cmd.get(i as usize).copied())
+            .collect();
         ctx.enc.array(keys.len());
         for k in keys {
             ctx.enc.bulk(k);
@@ -1174,9 +1532,21 @@ fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn client_info_line(shared: &Shared, session: &Session) -> String {
-    let name = session.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-    let lib_name = session.lib_name.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
-    let lib_ver = session.lib_ver.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+    let name = session
+        .name
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
+    let lib_name = session
+        .lib_name
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
+    let lib_ver = session
+        .lib_ver
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
     let _ = shared;
     format!(
         "id={} name={} db=0 resp={} lib-name={} lib-ver={}\n",
@@ -1188,12 +1558,20 @@ fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1];
     if eq_ignore_case(sub, "setname") {
         if args.len() != 3 {
-            return ctx.enc.error("ERR wrong number of arguments for 'client|setname' command");
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'client|setname' command");
         }
         if !valid_client_name(args[2]) {
-            return ctx.enc.error("ERR Client names cannot contain spaces, newlines or special characters.");
+            return ctx
+                .enc
+                .error("ERR Client names cannot contain spaces, newlines or special characters.");
         }
-        ctx.session.name = if args[2].is_empty() { None } else { Some(args[2].to_vec()) };
+        ctx.session.name = if args[2].is_empty() {
+            None
+        } else {
+            Some(args[2].to_vec())
+        };
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "getname") {
         let name = ctx.session.name.clone();
@@ -1202,7 +1580,9 @@ fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ctx.enc.integer(ctx.session.id as i64);
     } else if eq_ignore_case(sub, "setinfo") {
         if args.len() != 4 {
-            return ctx.enc.error("ERR wrong number of arguments for 'client|setinfo' command");
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'client|setinfo' command");
         }
         let attr = args[2];
         let is_name = eq_ignore_case(attr, "lib-name");
@@ -1212,7 +1592,9 @@ fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
         if !valid_client_name(args[3]) {
             let a = String::from_utf8_lossy(attr).to_ascii_lowercase();
-            return ctx.enc.error(&format!("ERR {a} cannot contain spaces, newlines or special characters."));
+            return ctx.enc.error(&format!(
+                "ERR {a} cannot contain spaces, newlines or special characters."
+            ));
         }
         let value = Some(args[3].to_vec());
         if is_name {
@@ -1227,7 +1609,14 @@ fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     } else if eq_ignore_case(sub, "no-evict") || eq_ignore_case(sub, "no-touch") {
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
-        let lines = ["CLIENT <subcommand> [<arg> ...]. Subcommands are:", "ID", "GETNAME", "SETNAME <name>", "SETINFO <LIB-NAME|LIB-VER> <value>", "INFO"];
+        let lines = [
+            "CLIENT <subcommand> [<arg> ...]. Subcommands are:",
+            "ID",
+            "GETNAME",
+            "SETNAME <name>",
+            "SETINFO <LIB-NAME|LIB-VER> <value>",
+            "INFO",
+        ];
         ctx.enc.array(lines.len());
         for l in lines {
             ctx.enc.simple(l);
@@ -1241,7 +1630,9 @@ fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1];
     if eq_ignore_case(sub, "keyslot") {
         if args.len() != 3 {
-            return ctx.enc.error("ERR wrong number of arguments for 'cluster|keyslot' command");
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'cluster|keyslot' command");
         }
         return ctx.enc.integer(i64::from(key_slot(args[2])));
     }
@@ -1285,7 +1676,10 @@ fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ctx.enc.bulk(b"health");
         ctx.enc.bulk(b"online");
     } else if eq_ignore_case(sub, "nodes") {
-        let line = format!("{id} {host}:{port}@0 myself,master - 0 0 1 connected 0-{}\n", SLOT_COUNT - 1);
+        let line = format!(
+            "{id} {host}:{port}@0 myself,master - 0 0 1 connected 0-{}\n",
+            SLOT_COUNT - 1
+        );
         ctx.enc.verbatim("txt", line.as_bytes());
     } else if eq_ignore_case(sub, "info") {
         let text = "cluster_enabled:0\r\ncluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:1\r\ncluster_size:1\r\ncluster_current_epoch:1\r\ncluster_my_epoch:1\r\n";
@@ -1305,14 +1699,27 @@ mod tests {
         assert_eq!(parse_i64(b"-12"), Some(-12));
         assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
-        for bad in [&b"9223372036854775808"[..], b"+1", b" 1", b"01", b"-0", b"1.0", b"", b"-", b"abc"] {
+        for bad in [
+            &b"9223372036854775808"[..],
+            b"+1",
+            b" 1",
+            b"01",
+            b"-0",
+            b"1.0",
+            b"",
+            b"-",
+            b"abc",
+        ] {
             assert_eq!(parse_i64(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
 
     #[test]
     fn unknown_command_message_matches_redis() {
-        assert_eq!(unknown_command(&[b"foo"]), "ERR unknown command 'foo', with args beginning with: ");
+        assert_eq!(
+            unknown_command(&[b"foo"]),
+            "ERR unknown command 'foo', with args beginning with: "
+        );
         assert_eq!(
             unknown_command(&[b"foo", b"a", b"b"]),
             "ERR unknown command 'foo', with args beginning with: 'a' 'b' "
@@ -1330,11 +1737,23 @@ mod tests {
         let parse = |opts: &[&[u8]]| parse_set_options(opts, "set");
         assert!(parse(&[b"NX", b"GET"]).is_ok());
         assert_eq!(parse(&[b"NX", b"XX"]).err().as_deref(), Some(ERR_SYNTAX));
-        assert_eq!(parse(&[b"EX", b"10", b"PX", b"5"]).err().as_deref(), Some(ERR_SYNTAX));
-        assert_eq!(parse(&[b"KEEPTTL", b"EX", b"5"]).err().as_deref(), Some(ERR_SYNTAX));
+        assert_eq!(
+            parse(&[b"EX", b"10", b"PX", b"5"]).err().as_deref(),
+            Some(ERR_SYNTAX)
+        );
+        assert_eq!(
+            parse(&[b"KEEPTTL", b"EX", b"5"]).err().as_deref(),
+            Some(ERR_SYNTAX)
+        );
         assert_eq!(parse(&[b"EX"]).err().as_deref(), Some(ERR_SYNTAX));
-        assert_eq!(parse(&[b"EX", b"x"]).err().as_deref(), Some(ERR_NOT_INTEGER));
-        assert_eq!(parse(&[b"EX", b"0"]).err().as_deref(), Some("ERR invalid expire time in 'set' command"));
+        assert_eq!(
+            parse(&[b"EX", b"x"]).err().as_deref(),
+            Some(ERR_NOT_INTEGER)
+        );
+        assert_eq!(
+            parse(&[b"EX", b"0"]).err().as_deref(),
+            Some("ERR invalid expire time in 'set' command")
+        );
         assert_eq!(
             parse(&[b"EX", b"9223372036854775807"]).err().as_deref(),
             Some("ERR invalid expire time in 'set' command")

@@ -13,9 +13,15 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
     #[error("invalid value for {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
 }
@@ -41,7 +47,9 @@ impl std::str::FromStr for PersistenceMode {
             "off" | "none" => Ok(PersistenceMode::Off),
             "async" | "everysec" => Ok(PersistenceMode::Async),
             "durable" | "always" => Ok(PersistenceMode::Durable),
-            other => Err(format!("unknown persistence mode {other:?} (use off, async or durable)")),
+            other => Err(format!(
+                "unknown persistence mode {other:?} (use off, async or durable)"
+            )),
         }
     }
 }
@@ -71,7 +79,11 @@ pub struct ServerConfig {
     /// Where persistent data lives.
     pub data_dir: PathBuf,
     /// The engine's fixed memory budget (`1GiB`, `512MiB`, or a number of bytes).
-    #[serde(alias = "memory", deserialize_with = "de_size", serialize_with = "ser_size")]
+    #[serde(
+        alias = "memory",
+        deserialize_with = "de_size",
+        serialize_with = "ser_size"
+    )]
     pub memory_bytes: u64,
     /// Optional password; when set, clients must AUTH (or HELLO ... AUTH) first.
     pub password: Option<String>,
@@ -156,7 +168,10 @@ pub struct ConfigOverrides {
 
 impl ServerConfig {
     /// Defaults, then the file (if any), then the overrides; checked before it is returned.
-    pub fn load(file: Option<&Path>, overrides: &ConfigOverrides) -> Result<ServerConfig, ConfigError> {
+    pub fn load(
+        file: Option<&Path>,
+        overrides: &ConfigOverrides,
+    ) -> Result<ServerConfig, ConfigError> {
         let mut config = match file {
             Some(path) => Self::from_file(path)?,
             None => ServerConfig::default(),
@@ -167,9 +182,14 @@ impl ServerConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<ServerConfig, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     pub fn from_toml(text: &str) -> Result<ServerConfig, toml::de::Error> {
@@ -200,7 +220,12 @@ impl ServerConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |field, reason: &str| Err(ConfigError::Invalid { field, reason: reason.to_string() });
+        let invalid = |field, reason: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: reason.to_string(),
+            })
+        };
         if self.memory_bytes < 16 << 20 {
             return invalid("memory", "must be at least 16MiB");
         }
@@ -217,18 +242,30 @@ impl ServerConfig {
             return invalid("pipeline_depth_max", "must be at least 1");
         }
         if self.key_size_max_bytes == 0 || self.value_size_max_bytes == 0 {
-            return invalid("key_size_max_bytes", "key and value limits must be positive");
+            return invalid(
+                "key_size_max_bytes",
+                "key and value limits must be positive",
+            );
         }
-        if self.request_arg_size_max_bytes < self.value_size_max_bytes.max(self.key_size_max_bytes) {
-            return invalid("request_arg_size_max_bytes", "must be at least the key and value limits");
+        if self.request_arg_size_max_bytes < self.value_size_max_bytes.max(self.key_size_max_bytes)
+        {
+            return invalid(
+                "request_arg_size_max_bytes",
+                "must be at least the key and value limits",
+            );
         }
         if self.request_size_max_bytes < self.request_arg_size_max_bytes {
-            return invalid("request_size_max_bytes", "must be at least request_arg_size_max_bytes");
+            return invalid(
+                "request_size_max_bytes",
+                "must be at least request_arg_size_max_bytes",
+            );
         }
         if self.request_args_max < 3 {
             return invalid("request_args_max", "must be at least 3");
         }
-        if self.resp_port != 0 && (self.resp_port == self.native_port || self.resp_port == self.admin_port) {
+        if self.resp_port != 0
+            && (self.resp_port == self.native_port || self.resp_port == self.admin_port)
+        {
             return invalid("resp_port", "ports must differ");
         }
         if self.native_port != 0 && self.native_port == self.admin_port {
@@ -281,16 +318,26 @@ mod tests {
         assert_eq!(c.persistence, PersistenceMode::Durable);
         assert_eq!(c.admin_port, 8380, "unset keys keep defaults");
         let mut c2 = c.clone();
-        c2.apply(&ConfigOverrides { resp_port: Some(7001), password: Some(String::new()), ..Default::default() });
+        c2.apply(&ConfigOverrides {
+            resp_port: Some(7001),
+            password: Some(String::new()),
+            ..Default::default()
+        });
         assert_eq!(c2.resp_port, 7001);
-        assert_eq!(c2.password, None, "an empty password override turns AUTH off");
+        assert_eq!(
+            c2.password, None,
+            "an empty password override turns AUTH off"
+        );
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
         assert!(ServerConfig::from_toml("resp_prot = 1\n").is_err());
         assert!(ServerConfig::from_toml("memory_bytes = \"lots\"\n").is_err());
-        let mut c = ServerConfig { memory_bytes: 1024, ..Default::default() };
+        let mut c = ServerConfig {
+            memory_bytes: 1024,
+            ..Default::default()
+        };
         assert!(c.validate().is_err());
         c.memory_bytes = 1 << 30;
         c.admin_port = c.resp_port;
@@ -299,8 +346,14 @@ mod tests {
 
     #[test]
     fn persistence_mode_names() {
-        assert_eq!("everysec".parse::<PersistenceMode>(), Ok(PersistenceMode::Async));
-        assert_eq!("DURABLE".parse::<PersistenceMode>(), Ok(PersistenceMode::Durable));
+        assert_eq!(
+            "everysec".parse::<PersistenceMode>(),
+            Ok(PersistenceMode::Async)
+        );
+        assert_eq!(
+            "DURABLE".parse::<PersistenceMode>(),
+            Ok(PersistenceMode::Durable)
+        );
         assert!("sometimes".parse::<PersistenceMode>().is_err());
     }
 }

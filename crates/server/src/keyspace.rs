@@ -23,7 +23,10 @@ pub struct Keyspace {
 impl Keyspace {
     /// Creates table 0 as `tablet_count` tablets of equal slot ranges.
     pub fn create(engine: Arc<Engine>, tablet_count: u16) -> Result<Keyspace, EngineError> {
-        assert!(tablet_count >= 1 && tablet_count <= SLOT_COUNT, "tablet count {tablet_count}");
+        assert!(
+            (1..=SLOT_COUNT).contains(&tablet_count),
+            "tablet count {tablet_count}"
+        );
         let per = SLOT_COUNT.div_ceil(tablet_count);
         let mut tablets = Vec::with_capacity(tablet_count as usize);
         let mut slot_to_tablet = vec![0; SLOT_COUNT as usize];
@@ -38,7 +41,12 @@ impl Keyspace {
             first = last + 1;
         }
         let tablet_bits = usize::BITS - (tablets.len().max(2) - 1).leading_zeros();
-        Ok(Keyspace { engine, tablets, slot_to_tablet, tablet_bits })
+        Ok(Keyspace {
+            engine,
+            tablets,
+            slot_to_tablet,
+            tablet_bits,
+        })
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -74,7 +82,9 @@ impl Keyspace {
         let mut batch = Vec::new();
         loop {
             batch.clear();
-            let next = self.engine.scan_keys(self.tablets[index], inner, count.max(1), &mut batch)?;
+            let next =
+                self.engine
+                    .scan_keys(self.tablets[index], inner, count.max(1), &mut batch)?;
             visited += batch.len().max(1);
             for key in batch.drain(..) {
                 if pattern.is_none_or(|p| glob_match(p, &key)) {
@@ -114,12 +124,24 @@ pub fn glob_match_nocase(pattern: &[u8], text: &[u8]) -> bool {
 
 /// `skip_longer` is Redis's cut-off: once a `*` has tried every suffix of the text and failed,
 /// no enclosing `*` can succeed by consuming more, so the search stops (linear, not exponential).
-fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, skip_longer: &mut bool, depth: usize) -> bool {
+fn glob_inner(
+    mut p: &[u8],
+    mut s: &[u8],
+    nocase: bool,
+    skip_longer: &mut bool,
+    depth: usize,
+) -> bool {
     // Bound recursion (Redis does the same against pathological patterns).
     if depth > 1000 {
         return false;
     }
-    let eq = |a: u8, b: u8| if nocase { a.eq_ignore_ascii_case(&b) } else { a == b };
+    let eq = |a: u8, b: u8| {
+        if nocase {
+            a.eq_ignore_ascii_case(&b)
+        } else {
+            a == b
+        }
+    };
     while !p.is_empty() && !s.is_empty() {
         match p[0] {
             b'*' => {

@@ -66,8 +66,8 @@ impl Op {
 
 /// Upper bounds of the latency buckets in microseconds (powers of two up to about 1 s), then +Inf.
 pub const LATENCY_BUCKETS_US: [u64; 21] = [
-    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288,
-    1048576,
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072,
+    262144, 524288, 1048576,
 ];
 
 /// A fixed-bucket latency histogram updated with relaxed atomics.
@@ -82,7 +82,10 @@ impl Histogram {
     pub fn record(&self, elapsed: Duration) {
         let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
         let us = ns / 1000;
-        let index = LATENCY_BUCKETS_US.iter().position(|&bound| us < bound).unwrap_or(LATENCY_BUCKETS_US.len());
+        let index = LATENCY_BUCKETS_US
+            .iter()
+            .position(|&bound| us < bound)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
         self.buckets[index].fetch_add(1, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
@@ -90,7 +93,11 @@ impl Histogram {
 
     fn read(&self) -> HistogramSnapshot {
         HistogramSnapshot {
-            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+            buckets: self
+                .buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
             count: self.count.load(Ordering::Relaxed),
             sum_ns: self.sum_ns.load(Ordering::Relaxed),
         }
@@ -200,7 +207,13 @@ impl Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let ops: Vec<_> = Op::ALL
             .iter()
-            .map(|&op| (op.name().to_string(), load(&metrics.ops[op as usize]), metrics.latency[op as usize].read()))
+            .map(|&op| {
+                (
+                    op.name().to_string(),
+                    load(&metrics.ops[op as usize]),
+                    metrics.latency[op as usize].read(),
+                )
+            })
             .collect();
         Snapshot {
             process,
@@ -223,27 +236,125 @@ impl Snapshot {
     pub fn prometheus(&self) -> String {
         let mut s = String::with_capacity(8192);
         let mut gauge = |name: &str, help: &str, kind: &str, value: String| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
         };
-        gauge("ramlog_uptime_seconds", "Seconds since the process started.", "gauge", self.process.uptime_secs.to_string());
-        gauge("ramlog_objects", "Objects stored in memory.", "gauge", self.engine.objects.to_string());
-        gauge("ramlog_memory_bytes_total", "The engine's fixed memory budget.", "gauge", self.engine.memory_bytes_total.to_string());
-        gauge("ramlog_memory_bytes_live", "Bytes of live objects in the log.", "gauge", self.engine.memory_bytes_live.to_string());
-        gauge("ramlog_memory_utilisation", "Live bytes over the memory budget.", "gauge", format!("{}", self.engine.memory_utilisation));
-        gauge("ramlog_process_rss_bytes", "Resident set size of the process.", "gauge", self.process.rss_bytes.to_string());
-        gauge("ramlog_cleaner_bytes_copied_total", "Bytes the cleaner copied.", "counter", self.engine.cleaner_bytes_copied.to_string());
-        gauge("ramlog_cleaner_bytes_freed_total", "Bytes the cleaner freed.", "counter", self.engine.cleaner_bytes_freed.to_string());
-        gauge("ramlog_cleaner_write_cost", "Bytes written per byte of new data (1 = no cleaning cost).", "gauge", format!("{}", self.engine.write_cost));
-        gauge("ramlog_tablets", "Tablets held by this server.", "gauge", self.engine.tablets.to_string());
-        gauge("ramlog_connections", "Open client connections.", "gauge", self.connections_current.to_string());
-        gauge("ramlog_connections_total", "Client connections accepted.", "counter", self.connections_total.to_string());
-        gauge("ramlog_connections_rejected_total", "Connections refused at the connection limit.", "counter", self.connections_rejected.to_string());
-        gauge("ramlog_protocol_errors_total", "Connections closed for a protocol error.", "counter", self.protocol_errors.to_string());
-        gauge("ramlog_errors_total", "Commands answered with an error.", "counter", self.errors.to_string());
-        gauge("ramlog_net_input_bytes_total", "Bytes read from clients.", "counter", self.bytes_in.to_string());
-        gauge("ramlog_net_output_bytes_total", "Bytes written to clients.", "counter", self.bytes_out.to_string());
-        gauge("ramlog_keyspace_hits_total", "Reads that found their key.", "counter", self.keyspace_hits.to_string());
-        gauge("ramlog_keyspace_misses_total", "Reads that did not find their key.", "counter", self.keyspace_misses.to_string());
+        gauge(
+            "ramlog_uptime_seconds",
+            "Seconds since the process started.",
+            "gauge",
+            self.process.uptime_secs.to_string(),
+        );
+        gauge(
+            "ramlog_objects",
+            "Objects stored in memory.",
+            "gauge",
+            self.engine.objects.to_string(),
+        );
+        gauge(
+            "ramlog_memory_bytes_total",
+            "The engine's fixed memory budget.",
+            "gauge",
+            self.engine.memory_bytes_total.to_string(),
+        );
+        gauge(
+            "ramlog_memory_bytes_live",
+            "Bytes of live objects in the log.",
+            "gauge",
+            self.engine.memory_bytes_live.to_string(),
+        );
+        gauge(
+            "ramlog_memory_utilisation",
+            "Live bytes over the memory budget.",
+            "gauge",
+            format!("{}", self.engine.memory_utilisation),
+        );
+        gauge(
+            "ramlog_process_rss_bytes",
+            "Resident set size of the process.",
+            "gauge",
+            self.process.rss_bytes.to_string(),
+        );
+        gauge(
+            "ramlog_cleaner_bytes_copied_total",
+            "Bytes the cleaner copied.",
+            "counter",
+            self.engine.cleaner_bytes_copied.to_string(),
+        );
+        gauge(
+            "ramlog_cleaner_bytes_freed_total",
+            "Bytes the cleaner freed.",
+            "counter",
+            self.engine.cleaner_bytes_freed.to_string(),
+        );
+        gauge(
+            "ramlog_cleaner_write_cost",
+            "Bytes written per byte of new data (1 = no cleaning cost).",
+            "gauge",
+            format!("{}", self.engine.write_cost),
+        );
+        gauge(
+            "ramlog_tablets",
+            "Tablets held by this server.",
+            "gauge",
+            self.engine.tablets.to_string(),
+        );
+        gauge(
+            "ramlog_connections",
+            "Open client connections.",
+            "gauge",
+            self.connections_current.to_string(),
+        );
+        gauge(
+            "ramlog_connections_total",
+            "Client connections accepted.",
+            "counter",
+            self.connections_total.to_string(),
+        );
+        gauge(
+            "ramlog_connections_rejected_total",
+            "Connections refused at the connection limit.",
+            "counter",
+            self.connections_rejected.to_string(),
+        );
+        gauge(
+            "ramlog_protocol_errors_total",
+            "Connections closed for a protocol error.",
+            "counter",
+            self.protocol_errors.to_string(),
+        );
+        gauge(
+            "ramlog_errors_total",
+            "Commands answered with an error.",
+            "counter",
+            self.errors.to_string(),
+        );
+        gauge(
+            "ramlog_net_input_bytes_total",
+            "Bytes read from clients.",
+            "counter",
+            self.bytes_in.to_string(),
+        );
+        gauge(
+            "ramlog_net_output_bytes_total",
+            "Bytes written to clients.",
+            "counter",
+            self.bytes_out.to_string(),
+        );
+        gauge(
+            "ramlog_keyspace_hits_total",
+            "Reads that found their key.",
+            "counter",
+            self.keyspace_hits.to_string(),
+        );
+        gauge(
+            "ramlog_keyspace_misses_total",
+            "Reads that did not find their key.",
+            "counter",
+            self.keyspace_misses.to_string(),
+        );
         let _ = writeln!(s, "# HELP ramlog_commands_total Commands executed, by operation.\n# TYPE ramlog_commands_total counter");
         for (name, count, _) in &self.ops {
             let _ = writeln!(s, "ramlog_commands_total{{op=\"{name}\"}} {count}");
@@ -262,8 +373,16 @@ impl Snapshot {
                 };
                 let _ = writeln!(s, "ramlog_command_duration_seconds_bucket{{op=\"{name}\",le=\"{le}\"}} {cumulative}");
             }
-            let _ = writeln!(s, "ramlog_command_duration_seconds_sum{{op=\"{name}\"}} {}", h.sum_ns as f64 / 1e9);
-            let _ = writeln!(s, "ramlog_command_duration_seconds_count{{op=\"{name}\"}} {}", h.count);
+            let _ = writeln!(
+                s,
+                "ramlog_command_duration_seconds_sum{{op=\"{name}\"}} {}",
+                h.sum_ns as f64 / 1e9
+            );
+            let _ = writeln!(
+                s,
+                "ramlog_command_duration_seconds_count{{op=\"{name}\"}} {}",
+                h.count
+            );
         }
         s
     }
@@ -311,7 +430,11 @@ impl Snapshot {
             );
         }
         if wants("persistence") {
-            let _ = write!(s, "# Persistence\r\nloading:0\r\nramlog_persistence:{}\r\n\r\n", self.process.persistence);
+            let _ = write!(
+                s,
+                "# Persistence\r\nloading:0\r\nramlog_persistence:{}\r\n\r\n",
+                self.process.persistence
+            );
         }
         if wants("stats") {
             let _ = write!(
@@ -348,7 +471,11 @@ impl Snapshot {
         if wants("keyspace") {
             let _ = write!(s, "# Keyspace\r\n");
             if self.engine.objects > 0 {
-                let _ = write!(s, "db0:keys={},expires=0,avg_ttl=0\r\n", self.engine.objects);
+                let _ = write!(
+                    s,
+                    "db0:keys={},expires=0,avg_ttl=0\r\n",
+                    self.engine.objects
+                );
             }
         }
         s
@@ -371,7 +498,11 @@ mod tests {
             rss_bytes: 1 << 20,
             persistence: "off".into(),
         };
-        let engine = EngineFigures { objects: 3, memory_bytes_total: 1 << 30, ..Default::default() };
+        let engine = EngineFigures {
+            objects: 3,
+            memory_bytes_total: 1 << 30,
+            ..Default::default()
+        };
         Snapshot::take(metrics, process, engine)
     }
 
@@ -398,7 +529,10 @@ mod tests {
         Metrics::add(&m.connections_total, 4);
         let s = snapshot(&m);
         let prom = s.prometheus();
-        assert!(prom.contains("ramlog_commands_total{op=\"get\"} 2\n"), "{prom}");
+        assert!(
+            prom.contains("ramlog_commands_total{op=\"get\"} 2\n"),
+            "{prom}"
+        );
         assert!(prom.contains("ramlog_command_duration_seconds_count{op=\"set\"} 1\n"));
         assert!(prom.contains("ramlog_command_duration_seconds_bucket{op=\"get\",le=\"+Inf\"} 2\n"));
         assert!(prom.contains("ramlog_connections_total 4\n"));

@@ -39,7 +39,8 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Shared>, client_id: u
     let mut request = Request::default();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
-    let idle = (config.idle_timeout_secs > 0).then(|| Duration::from_secs(config.idle_timeout_secs));
+    let idle =
+        (config.idle_timeout_secs > 0).then(|| Duration::from_secs(config.idle_timeout_secs));
     let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
     let reply_buffer_max = config.reply_buffer_max_bytes as usize;
     let depth_max = config.pipeline_depth_max;
@@ -75,7 +76,9 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Shared>, client_id: u
                         break;
                     }
                     if batch >= depth_max || out.len() >= reply_buffer_max {
-                        if let Err(ending) = flush(&mut stream, &shared, &mut session, &mut out, write_timeout).await {
+                        if let Err(ending) =
+                            flush(&mut stream, &shared, &mut session, &mut out, write_timeout).await
+                        {
                             return ending;
                         }
                         batch = 0;
@@ -93,7 +96,9 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Shared>, client_id: u
             Metrics::add(&shared.metrics.protocol_errors, 1);
             ReplyEncoder::new(&mut out, session.protocol).error(&e.message());
         }
-        if let Err(ending) = flush(&mut stream, &shared, &mut session, &mut out, write_timeout).await {
+        if let Err(ending) =
+            flush(&mut stream, &shared, &mut session, &mut out, write_timeout).await
+        {
             return ending;
         }
         if fatal.is_some() {

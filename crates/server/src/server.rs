@@ -26,7 +26,11 @@ pub enum ServerError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
     #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
     #[error("engine: {0}")]
     Engine(#[from] EngineError),
     #[error("persistence mode {0} is not available in this build (use persistence = \"off\")")]
@@ -104,7 +108,11 @@ impl Shared {
 /// Resident set size of this process (from /proc/self/statm; 0 where that does not exist).
 pub fn rss_bytes() -> u64 {
     let text = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -125,14 +133,25 @@ impl Server {
         }
         let bind = |port: u16, what: &'static str| {
             let addr = SocketAddr::new(config.bind, port);
-            async move { TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, what, source }) }
+            async move {
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Bind { addr, what, source })
+            }
         };
         let resp_listener = bind(config.resp_port, "RESP").await?;
-        let admin_listener = if config.admin_port != 0 { Some(bind(config.admin_port, "admin HTTP").await?) } else { None };
+        let admin_listener = if config.admin_port != 0 {
+            Some(bind(config.admin_port, "admin HTTP").await?)
+        } else {
+            None
+        };
         let addresses = Addresses {
             resp: resp_listener.local_addr()?,
             native: None,
-            admin: admin_listener.as_ref().map(|l| l.local_addr()).transpose()?,
+            admin: admin_listener
+                .as_ref()
+                .map(|l| l.local_addr())
+                .transpose()?,
         };
 
         let engine = Engine::new(EngineConfig {
@@ -149,9 +168,15 @@ impl Server {
             request_len_max: config.request_size_max_bytes as usize,
         };
         let node_id = {
-            let seed = (std::process::id() as u64) << 32 ^ addresses.resp.port() as u64 ^ now_nanos();
+            let seed =
+                (std::process::id() as u64) << 32 ^ addresses.resp.port() as u64 ^ now_nanos();
             let a = ramlog_common::slot::crc16_xmodem(&seed.to_le_bytes());
-            format!("{:016x}{:016x}{:08x}", seed.rotate_left(17).wrapping_mul(0x9E37_79B9_7F4A_7C15), seed, a)
+            format!(
+                "{:016x}{:016x}{:08x}",
+                seed.rotate_left(17).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                seed,
+                a
+            )
         };
         let shared = Arc::new(Shared {
             config,
@@ -165,12 +190,20 @@ impl Server {
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_resp(resp_listener, shared.clone(), shutdown.subscribe()));
+        tasks.spawn(accept_resp(
+            resp_listener,
+            shared.clone(),
+            shutdown.subscribe(),
+        ));
         if let Some(listener) = admin_listener {
             tasks.spawn(admin::serve(listener, shared.clone(), shutdown.subscribe()));
         }
         tracing::info!(resp = %addresses.resp, admin = ?addresses.admin, "server started");
-        Ok(Server { shared, shutdown, tasks })
+        Ok(Server {
+            shared,
+            shutdown,
+            tasks,
+        })
     }
 
     pub fn addresses(&self) -> Addresses {
@@ -191,7 +224,10 @@ impl Server {
 }
 
 fn now_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// Counts a connection for as long as it lives.
@@ -199,15 +235,24 @@ struct ConnectionGuard(Arc<Shared>);
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.0.metrics.connections_current.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .metrics
+            .connections_current
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Takes a connection slot, or refuses the connection with Redis's error when all are taken.
 fn admit(shared: &Arc<Shared>) -> Option<ConnectionGuard> {
-    let current = shared.metrics.connections_current.fetch_add(1, Ordering::Relaxed);
+    let current = shared
+        .metrics
+        .connections_current
+        .fetch_add(1, Ordering::Relaxed);
     if current >= shared.config.connections_max as u64 {
-        shared.metrics.connections_current.fetch_sub(1, Ordering::Relaxed);
+        shared
+            .metrics
+            .connections_current
+            .fetch_sub(1, Ordering::Relaxed);
         Metrics::add(&shared.metrics.connections_rejected, 1);
         return None;
     }
@@ -216,10 +261,15 @@ fn admit(shared: &Arc<Shared>) -> Option<ConnectionGuard> {
 }
 
 async fn refuse(mut stream: TcpStream, message: &'static [u8]) {
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(message)).await;
+    let _ =
+        tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(message)).await;
 }
 
-async fn accept_resp(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+async fn accept_resp(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {

@@ -23,7 +23,10 @@ struct Conn {
 
 impl Conn {
     async fn open(server: &Server) -> Conn {
-        Conn { stream: TcpStream::connect(server.addresses().resp).await.unwrap(), buf: Vec::new() }
+        Conn {
+            stream: TcpStream::connect(server.addresses().resp).await.unwrap(),
+            buf: Vec::new(),
+        }
     }
 
     async fn send(&mut self, commands: &[&[&str]]) {
@@ -68,11 +71,20 @@ async fn commands_over_resp2_and_resp3() {
     assert_eq!(c.call(&["GET", "nope"]).await, Reply::Null);
     assert_eq!(c.call(&["SET", "k", "w", "NX"]).await, Reply::Null);
     assert_eq!(c.call(&["SET", "k", "w", "XX", "GET"]).await, bulk("v"));
-    assert_eq!(c.call(&["INCR", "k"]).await, Reply::Error("ERR value is not an integer or out of range".into()));
+    assert_eq!(
+        c.call(&["INCR", "k"]).await,
+        Reply::Error("ERR value is not an integer or out of range".into())
+    );
     assert_eq!(c.call(&["INCRBY", "n", "41"]).await, Reply::Integer(41));
     assert_eq!(c.call(&["INCR", "n"]).await, Reply::Integer(42));
-    assert_eq!(c.call(&["MSET", "a", "1", "b", "2"]).await, Reply::Simple("OK".into()));
-    assert_eq!(c.call(&["MGET", "a", "x", "b"]).await, Reply::Array(vec![bulk("1"), Reply::Null, bulk("2")]));
+    assert_eq!(
+        c.call(&["MSET", "a", "1", "b", "2"]).await,
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(
+        c.call(&["MGET", "a", "x", "b"]).await,
+        Reply::Array(vec![bulk("1"), Reply::Null, bulk("2")])
+    );
     assert_eq!(c.call(&["DEL", "a", "b", "x"]).await, Reply::Integer(2));
     assert_eq!(c.call(&["DBSIZE"]).await, Reply::Integer(2));
     assert_eq!(
@@ -81,12 +93,16 @@ async fn commands_over_resp2_and_resp3() {
     );
     // RESP3 after HELLO 3: maps and the `_` null.
     let hello = c.call(&["HELLO", "3"]).await;
-    let Reply::Map(pairs) = hello else { panic!("HELLO 3 answers a map: {hello:?}") };
+    let Reply::Map(pairs) = hello else {
+        panic!("HELLO 3 answers a map: {hello:?}")
+    };
     assert!(pairs.contains(&(bulk("proto"), Reply::Integer(3))));
     assert_eq!(c.call(&["GET", "nope"]).await, Reply::Null);
     let config = c.call(&["CONFIG", "GET", "appendonly"]).await;
     assert_eq!(config, Reply::Map(vec![(bulk("appendonly"), bulk("no"))]));
-    assert!(matches!(c.call(&["INFO", "keyspace"]).await, Reply::Verbatim(f, t) if f == "txt" && t.starts_with(b"# Keyspace")));
+    assert!(
+        matches!(c.call(&["INFO", "keyspace"]).await, Reply::Verbatim(f, t) if f == "txt" && t.starts_with(b"# Keyspace"))
+    );
     server.shutdown().await;
 }
 
@@ -95,7 +111,10 @@ async fn deep_pipeline_is_answered_in_order() {
     let server = start().await;
     let mut c = Conn::open(&server).await;
     let keys: Vec<String> = (0..5000).map(|i| format!("key:{i}")).collect();
-    let mut commands: Vec<Vec<&str>> = keys.iter().map(|k| vec!["SET", k.as_str(), k.as_str()]).collect();
+    let mut commands: Vec<Vec<&str>> = keys
+        .iter()
+        .map(|k| vec!["SET", k.as_str(), k.as_str()])
+        .collect();
     commands.extend(keys.iter().map(|k| vec!["GET", k.as_str()]));
     let refs: Vec<&[&str]> = commands.iter().map(|c| c.as_slice()).collect();
     c.send(&refs).await;

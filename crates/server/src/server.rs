@@ -82,11 +82,11 @@ impl Shared {
         let stats = engine.stats();
         let figures = EngineFigures {
             objects: engine.object_count(),
-            memory_bytes_total: stats.memory_bytes_total,
+            memory_bytes_total: stats.total_bytes,
             memory_bytes_live: stats.live_bytes,
             memory_utilisation: stats.utilisation,
-            cleaner_bytes_copied: stats.cleaner_bytes_copied,
-            cleaner_bytes_freed: stats.cleaner_bytes_freed,
+            cleaner_bytes_copied: stats.cleaner_copied_bytes,
+            cleaner_bytes_freed: stats.cleaner_freed_bytes,
             write_cost: stats.write_cost,
             tablets: self.keyspace.tablets().len() as u64,
         };

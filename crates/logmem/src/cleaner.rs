@@ -47,6 +47,23 @@ pub(crate) fn collect_garbage() {
     }
 }
 
+/// Waits (briefly, yielding) until retired segments have passed their grace period and are back in
+/// the pool. Readers pin for microseconds, so a few epoch advances suffice.
+pub(crate) fn drain_limbo(inner: &Inner) {
+    for round in 0..1000 {
+        collect_garbage();
+        inner.release_reclaimable();
+        if inner.limbo_seglets.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if round < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 /// The background cleaner thread's loop.
 pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut idle_rounds = 0u32;
@@ -54,8 +71,7 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
         if memory_low(&inner) {
             // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
             let progressed = run_pass(&inner, thread_index == 0);
-            collect_garbage();
-            inner.release_reclaimable();
+            drain_limbo(&inner);
             inner.last_pass_idle.store(!progressed, Ordering::Release);
             inner.pass_seq.fetch_add(1, Ordering::AcqRel);
             inner.memory_cv.notify_all();
@@ -282,7 +298,12 @@ fn relocate(
                 }
             }
             let w = writer.as_mut().expect("opened above");
-            match w.reserve(&inner.segments, &inner.pool, s.len as usize) {
+            match w.reserve(
+                &inner.segments,
+                &inner.pool,
+                s.len as usize,
+                AllocClass::Cleaner,
+            ) {
                 Ok(()) => {
                     let new_loc = w.position();
                     copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
@@ -336,6 +357,7 @@ fn retire(inner: &Inner, segment: u32) {
     let slot = inner.segments.get(segment);
     slot.live_bytes.store(0, Ordering::Relaxed);
     let seglets = slot.seglet_count.load(Ordering::Relaxed) as u64;
+    inner.limbo_seglets.fetch_add(seglets, Ordering::Relaxed);
     inner
         .counters
         .cleaner_freed_bytes
@@ -358,20 +380,18 @@ fn utilisation(inner: &Inner, segment: u32) -> f64 {
 /// Compacts the closed segment that frees the most seglets per live byte. False if none would free one.
 fn compact_best(inner: &Inner) -> bool {
     let mut best: Option<(f64, u32)> = None;
+    let free_now = inner.pool.free_count();
     for (id, slot) in inner.segments.iter() {
         if slot.state() != SegmentState::Closed {
             continue;
         }
         let seglets = slot.seglet_count.load(Ordering::Relaxed) as i64;
         let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
-        // Keep 2% free in the compacted segment (so a later combined clean cannot fail).
-        let needed = if live == 0 {
-            0
-        } else {
-            ((live as f64 / 0.98) / SEGLET_BYTES as f64).ceil() as i64
-        };
+        // Memory segments have no on-disk twin, so compaction packs them full (no 2% slack); the copy
+        // must fit in the seglets that are free right now, since the victim is freed only afterwards.
+        let needed = (live as u64).div_ceil(SEGLET_BYTES as u64) as i64;
         let freeable = seglets - needed;
-        if freeable < 1 {
+        if freeable < 1 || needed as usize >= free_now {
             continue;
         }
         let score = if live == 0 {

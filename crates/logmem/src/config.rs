@@ -31,7 +31,7 @@ pub struct EngineConfig {
     /// Background cleaner threads (0 disables background cleaning; writers then clean inline).
     pub cleaner_threads: usize,
     pub balancer: Balancer,
-    /// Seglets writers may not take, kept for cleaner survivors. None picks max(2 segments, 1%).
+    /// Seglets writers may not take, kept for cleaner survivors. None picks max(one segment + 4, 1%).
     pub cleaner_reserve_seglets: Option<usize>,
     /// Live data a combined pass may copy, in full segments (RAMCloud: 10).
     pub combined_pass_segments_max: usize,

@@ -80,6 +80,8 @@ pub(crate) struct Inner {
     pub segment_capacity: usize,
     /// Segments whose epoch grace period has passed; their seglets can go back to the pool.
     pub reclaimable: Arc<Mutex<Vec<u32>>>,
+    /// Seglets of retired segments still waiting for their grace period.
+    pub limbo_seglets: AtomicU64,
 }
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
@@ -114,7 +116,7 @@ impl Inner {
         let seglets = (config.memory_bytes / SEGLET_BYTES as u64) as usize;
         let reserve = config
             .cleaner_reserve_seglets
-            .unwrap_or_else(|| (2 * config.segment_seglets).max(seglets / 100))
+            .unwrap_or_else(|| (config.segment_seglets + 4).max(seglets / 100))
             .min(seglets / 4);
         let pool = SegletPool::new(config.memory_bytes, reserve)
             .map_err(|e| EngineError::Config(e.to_string()))?;
@@ -138,6 +140,7 @@ impl Inner {
             last_pass_idle: AtomicBool::new(false),
             segment_capacity,
             reclaimable: Arc::new(Mutex::new(Vec::new())),
+            limbo_seglets: AtomicU64::new(0),
             config,
         })
     }
@@ -314,6 +317,7 @@ impl Inner {
         tablet: TabletId,
         parts: &[&[u8]],
         total: usize,
+        class: AllocClass,
     ) -> Result<(Loc, u32), AppendError> {
         loop {
             if head.is_none() {
@@ -321,14 +325,14 @@ impl Inner {
                 *head = Some(SegmentWriter::open(
                     &self.segments,
                     &self.pool,
-                    AllocClass::Writer,
+                    class,
                     tablet,
                     created,
                     self.config.segment_seglets,
                 )?);
             }
             let writer = head.as_mut().expect("opened above");
-            match writer.reserve(&self.segments, &self.pool, total) {
+            match writer.reserve(&self.segments, &self.pool, total, class) {
                 Ok(()) => {
                     let loc = writer.position();
                     for p in parts {
@@ -360,7 +364,7 @@ impl Inner {
         let seq_at_start = self.pass_seq.load(Ordering::Acquire);
         if self.config.cleaner_threads == 0 {
             let progressed = crate::cleaner::run_pass(self, true);
-            crate::cleaner::collect_garbage();
+            crate::cleaner::drain_limbo(self);
             if !progressed && self.pool.free_count() <= self.pool.reserve_seglets() {
                 return Err(self.out_of_memory());
             }
@@ -378,7 +382,8 @@ impl Inner {
             .pass_seq
             .load(Ordering::Acquire)
             .saturating_sub(seq_at_start);
-        if passes_since >= 2 && self.last_pass_idle.load(Ordering::Acquire) {
+        let nothing_pending = self.limbo_seglets.load(Ordering::Relaxed) == 0;
+        if passes_since >= 2 && nothing_pending && self.last_pass_idle.load(Ordering::Acquire) {
             return Err(self.out_of_memory());
         }
         if started.elapsed() >= Duration::from_millis(self.config.oom_wait_ms) {
@@ -519,19 +524,28 @@ impl Inner {
                 total,
                 encoded_len(kind, version, key.len(), value.len(), expire_at_ms)
             );
-            let (loc, segment) =
-                match self.append(&mut head, tablet_id, &[&header[..hl], key, &value], total) {
-                    Ok(placed) => placed,
-                    Err(AppendError::NoMemory) => {
-                        drop(head);
-                        drop(guard);
-                        self.wait_for_memory(started)?;
-                        continue;
-                    }
-                    Err(AppendError::SegmentFull) => {
-                        unreachable!("append retries on a new segment")
-                    }
-                };
+            let (loc, segment) = match self.append(
+                &mut head,
+                tablet_id,
+                &[&header[..hl], key, &value],
+                total,
+                if kind == KIND_TOMBSTONE {
+                    AllocClass::Delete
+                } else {
+                    AllocClass::Writer
+                },
+            ) {
+                Ok(placed) => placed,
+                Err(AppendError::NoMemory) => {
+                    drop(head);
+                    drop(guard);
+                    self.wait_for_memory(started)?;
+                    continue;
+                }
+                Err(AppendError::SegmentFull) => {
+                    unreachable!("append retries on a new segment")
+                }
+            };
             self.counters
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
@@ -727,7 +741,13 @@ impl Inner {
                     max: self.segment_capacity,
                 });
             }
-            let (start, segment) = match self.append(&mut head, tablet_id, &[&bytes], bytes.len()) {
+            let (start, segment) = match self.append(
+                &mut head,
+                tablet_id,
+                &[&bytes],
+                bytes.len(),
+                AllocClass::Writer,
+            ) {
                 Ok(placed) => placed,
                 Err(AppendError::NoMemory) => {
                     drop(head);
@@ -813,19 +833,24 @@ impl Inner {
             let mut header = [0u8; HEADER_BYTES_MAX];
             let hl = encode_header(&mut header, KIND_OBJECT, version, key, value, expire_at_ms);
             let total = hl + key.len() + value.len();
-            let (loc, segment) =
-                match self.append(&mut head, tablet, &[&header[..hl], key, value], total) {
-                    Ok(placed) => placed,
-                    Err(AppendError::NoMemory) => {
-                        drop(head);
-                        drop(guard);
-                        self.wait_for_memory(started)?;
-                        continue;
-                    }
-                    Err(AppendError::SegmentFull) => {
-                        unreachable!("append retries on a new segment")
-                    }
-                };
+            let (loc, segment) = match self.append(
+                &mut head,
+                tablet,
+                &[&header[..hl], key, value],
+                total,
+                AllocClass::Writer,
+            ) {
+                Ok(placed) => placed,
+                Err(AppendError::NoMemory) => {
+                    drop(head);
+                    drop(guard);
+                    self.wait_for_memory(started)?;
+                    continue;
+                }
+                Err(AppendError::SegmentFull) => {
+                    unreachable!("append retries on a new segment")
+                }
+            };
             self.counters
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
@@ -880,7 +905,13 @@ impl Inner {
     pub fn release_reclaimable(&self) -> usize {
         let ready: Vec<u32> = std::mem::take(&mut *self.reclaimable.lock());
         for &segment in &ready {
+            let seglets = self
+                .segments
+                .get(segment)
+                .seglet_count
+                .load(Ordering::Relaxed) as u64;
             self.segments.release(&self.pool, segment);
+            self.limbo_seglets.fetch_sub(seglets, Ordering::Relaxed);
         }
         ready.len()
     }

@@ -284,8 +284,7 @@ impl Engine {
     /// Runs one cleaning pass on the caller's thread (tests and tools); returns whether it did work.
     pub fn clean_now(&self) -> bool {
         let progressed = cleaner::run_pass(&self.inner, true);
-        cleaner::collect_garbage();
-        self.inner.release_reclaimable();
+        cleaner::drain_limbo(&self.inner);
         progressed
     }
 
@@ -295,10 +294,7 @@ impl Engine {
         while n < max_passes && self.clean_now() {
             n += 1;
         }
-        for _ in 0..8 {
-            cleaner::collect_garbage();
-            self.inner.release_reclaimable();
-        }
+        cleaner::drain_limbo(&self.inner);
         n
     }
 }

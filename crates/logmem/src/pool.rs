@@ -23,6 +23,9 @@ pub const SEGLETS_MAX: usize = 1 << 24;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocClass {
     Writer,
+    /// Deletes may use half of the reserve: a delete needs room for its tombstone, and it must be
+    /// possible to delete when writes are already refused.
+    Delete,
     Cleaner,
 }
 
@@ -122,10 +125,7 @@ impl SegletPool {
     /// Takes one free seglet for `segment`, or None when none is available to this class.
     pub fn alloc(&self, class: AllocClass, segment: u32) -> Option<u32> {
         let mut free = self.free.lock();
-        let floor = match class {
-            AllocClass::Writer => self.reserve_seglets,
-            AllocClass::Cleaner => 0,
-        };
+        let floor = self.floor(class);
         if free.len() <= floor {
             return None;
         }
@@ -146,10 +146,7 @@ impl SegletPool {
         out: &mut Vec<u32>,
     ) -> bool {
         let mut free = self.free.lock();
-        let floor = match class {
-            AllocClass::Writer => self.reserve_seglets,
-            AllocClass::Cleaner => 0,
-        };
+        let floor = self.floor(class);
         if free.len() < floor + count {
             return false;
         }
@@ -161,6 +158,14 @@ impl SegletPool {
         }
         self.free_count.store(free.len(), Ordering::Relaxed);
         true
+    }
+
+    fn floor(&self, class: AllocClass) -> usize {
+        match class {
+            AllocClass::Writer => self.reserve_seglets,
+            AllocClass::Delete => self.reserve_seglets / 2,
+            AllocClass::Cleaner => 0,
+        }
     }
 
     /// Returns seglets to the pool. The caller guarantees no reader can still reach them.

@@ -140,7 +140,6 @@ pub struct SegmentWriter {
     seglets: Vec<u32>,
     used: usize,
     capacity: usize,
-    class: AllocClass,
 }
 
 impl SegmentWriter {
@@ -173,7 +172,6 @@ impl SegmentWriter {
             seglets,
             used: 0,
             capacity: segment_seglets * SEGLET_BYTES,
-            class,
         })
     }
 
@@ -187,6 +185,7 @@ impl SegmentWriter {
         table: &SegmentTable,
         pool: &SegletPool,
         len: usize,
+        class: AllocClass,
     ) -> Result<(), AppendError> {
         let end = self.used + len;
         if end > self.capacity {
@@ -195,12 +194,7 @@ impl SegmentWriter {
         let needed = end.div_ceil(SEGLET_BYTES).max(1);
         if needed > self.seglets.len() {
             let mut fresh = Vec::with_capacity(needed - self.seglets.len());
-            if !pool.alloc_many(
-                self.class,
-                self.segment,
-                needed - self.seglets.len(),
-                &mut fresh,
-            ) {
+            if !pool.alloc_many(class, self.segment, needed - self.seglets.len(), &mut fresh) {
                 return Err(AppendError::NoMemory);
             }
             for s in fresh {

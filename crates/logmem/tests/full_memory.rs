@@ -1,0 +1,147 @@
+//! Memory pressure: fill to 98% utilisation with random sizes and random deletes and keep making
+//! progress; then push past it and get a clean out-of-memory error, with every object still readable.
+
+use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions, SEGLET_BYTES};
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+
+#[test]
+fn progress_at_98_percent_then_clean_out_of_memory() {
+    // 8 MiB segments need a budget of about 1 GiB for the cleaner reserve (one segment + 4 seglets,
+    // or 1%) and the compaction tails (half a seglet per segment) to leave 98% for live data.
+    let total = 16384 * SEGLET_BYTES as u64; // 1 GiB
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: total,
+        cleaner_threads: 1,
+        oom_wait_ms: 5000,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(98);
+    let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut next_key = 0u64;
+    let key_bytes = |k: u64| format!("object-{k:012}").into_bytes();
+
+    // Phase 1: fill towards 98% live, with overwrites and deletes mixed in.
+    let target = 0.98;
+    let mut writes = 0u64;
+    loop {
+        if writes % 1000 == 0 && engine.stats().utilisation >= target {
+            break;
+        }
+        let len = rng.gen_range(50..3000);
+        let value = vec![rng.gen::<u8>(); len];
+        let key = if !model.is_empty() && rng.gen_bool(0.3) {
+            rng.gen_range(0..next_key)
+        } else {
+            next_key += 1;
+            next_key - 1
+        };
+        match engine.put(t, &key_bytes(key), &value, &PutOptions::default()) {
+            Ok(_) => {
+                model.insert(key, value);
+            }
+            Err(EngineError::OutOfMemory { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        if rng.gen_bool(0.05) {
+            let k = rng.gen_range(0..next_key);
+            engine.delete(t, &key_bytes(k), Condition::None).unwrap();
+            model.remove(&k);
+        }
+        writes += 1;
+        assert!(writes < 5_000_000, "fill did not converge");
+    }
+    let reached = engine.stats().utilisation;
+    assert!(reached >= 0.95, "stopped early at {reached:.3}");
+
+    // Phase 2: at ~98%, keep overwriting existing keys with same-size values: the cleaner must keep up.
+    let keys: Vec<u64> = model.keys().copied().collect();
+    let mut steady_ok = 0;
+    for i in 0..20_000 {
+        let k = keys[rng.gen_range(0..keys.len())];
+        let len = model[&k].len();
+        let value: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
+        match engine.put(t, &key_bytes(k), &value, &PutOptions::default()) {
+            Ok(_) => {
+                model.insert(k, value);
+                steady_ok += 1;
+            }
+            Err(EngineError::OutOfMemory { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        steady_ok >= 19_000,
+        "only {steady_ok} of 20000 overwrites succeeded at {reached:.3} utilisation"
+    );
+
+    // Phase 3: push past full: new keys until out of memory; the error is clean and reports sizes.
+    let err = loop {
+        next_key += 1;
+        match engine.put(
+            t,
+            &key_bytes(next_key),
+            &vec![1u8; 2000],
+            &PutOptions::default(),
+        ) {
+            Ok(_) => {
+                model.insert(next_key, vec![1u8; 2000]);
+            }
+            Err(e) => break e,
+        }
+    };
+    match &err {
+        EngineError::OutOfMemory {
+            live_bytes,
+            total_bytes,
+        } => {
+            assert_eq!(*total_bytes, total);
+            assert!(*live_bytes as f64 >= 0.95 * total as f64, "{err}");
+        }
+        other => panic!("expected out of memory, got {other}"),
+    }
+    assert!(err.to_string().starts_with("out of memory"), "{err}");
+
+    // Every object is still readable and correct.
+    for (k, v) in &model {
+        assert_eq!(
+            engine
+                .get(t, &key_bytes(*k))
+                .unwrap()
+                .map(|o| o.value)
+                .as_ref(),
+            Some(v),
+            "object {k}"
+        );
+    }
+    // Deletes still work when full, and free room for new writes.
+    let victims: Vec<u64> = model.keys().copied().take(model.len() / 10).collect();
+    for k in &victims {
+        assert!(engine
+            .delete(t, &key_bytes(*k), Condition::None)
+            .unwrap()
+            .is_some());
+        model.remove(k);
+    }
+    let mut accepted = 0;
+    for _ in 0..200 {
+        next_key += 1;
+        if engine
+            .put(
+                t,
+                &key_bytes(next_key),
+                &vec![2u8; 2000],
+                &PutOptions::default(),
+            )
+            .is_ok()
+        {
+            accepted += 1;
+        }
+    }
+    assert_eq!(
+        accepted, 200,
+        "writes must succeed again after deletes free memory"
+    );
+}

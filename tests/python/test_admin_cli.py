@@ -149,3 +149,19 @@ def test_port_in_use_is_reported(server):
     )
     assert out.returncode != 0
     assert f"cannot listen on 127.0.0.1:{server.port}" in out.stderr
+
+
+def test_native_port_listens_beside_resp(tmp_path):
+    resp, native = free_port(), free_port()
+    proc = start(["server", "--resp-port", str(resp), "--native-port", str(native), "--admin-port", "0", "--memory", "64MiB"])
+    try:
+        line = wait_ready(proc)
+        assert f"native=127.0.0.1:{native}" in line
+        import socket
+
+        with socket.create_connection(("127.0.0.1", native), timeout=5):
+            pass
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0

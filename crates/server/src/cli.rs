@@ -90,28 +90,27 @@ fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the runtime")
 }
 
-/// Waits for Ctrl-C or SIGTERM.
-async fn stop_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Registers for Ctrl-C (SIGINT) and SIGTERM at once, and returns a future that ends on either.
+/// Registering before the server reports ready means a signal sent right after "ready" is not lost.
+#[cfg(unix)]
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
+    })
+}
+
+#[cfg(not(unix))]
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// `ramlog server`: one server process until Ctrl-C or SIGTERM.
@@ -120,18 +119,22 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
     let config = flags.load()?;
     let rt = runtime(&config)?;
     rt.block_on(async {
+        let stop = stop_signal()?;
         let server = Server::start(config).await?;
         let a = server.addresses();
         // One line that scripts and tests can wait for.
         println!(
-            "ramlog server ready resp={} admin={} pid={}",
+            "ramlog server ready resp={} native={} admin={} pid={}",
             a.resp,
+            a.native
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "off".into()),
             a.admin
                 .map(|x| x.to_string())
                 .unwrap_or_else(|| "off".into()),
             std::process::id()
         );
-        stop_signal().await;
+        stop.await;
         server.shutdown().await;
         anyhow::Ok(())
     })
@@ -146,6 +149,7 @@ pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
         .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
     let rt = runtime(&config)?;
     rt.block_on(async {
+        let stop = stop_signal()?;
         let persistence = config.persistence;
         let data_dir = config.data_dir.clone();
         let password = config.password.is_some();
@@ -173,7 +177,7 @@ pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
             data_dir.display()
         );
         println!("Press Ctrl-C to stop.");
-        stop_signal().await;
+        stop.await;
         println!("stopping...");
         server.shutdown().await;
         println!("stopped");

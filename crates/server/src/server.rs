@@ -8,6 +8,7 @@
 use crate::config::{PersistenceMode, ServerConfig};
 use crate::keyspace::Keyspace;
 use crate::metrics::{EngineFigures, Metrics, ProcessInfo, Snapshot};
+use crate::native::{serve_native_connection, NativeConfig};
 use crate::{admin, resp_conn};
 use ramlog_logmem::{Engine, EngineConfig, EngineError};
 use ramlog_proto::resp::RequestLimits;
@@ -140,6 +141,11 @@ impl Server {
             }
         };
         let resp_listener = bind(config.resp_port, "RESP").await?;
+        let native_listener = if config.native_port != 0 {
+            Some(bind(config.native_port, "native protocol").await?)
+        } else {
+            None
+        };
         let admin_listener = if config.admin_port != 0 {
             Some(bind(config.admin_port, "admin HTTP").await?)
         } else {
@@ -147,7 +153,10 @@ impl Server {
         };
         let addresses = Addresses {
             resp: resp_listener.local_addr()?,
-            native: None,
+            native: native_listener
+                .as_ref()
+                .map(|l| l.local_addr())
+                .transpose()?,
             admin: admin_listener
                 .as_ref()
                 .map(|l| l.local_addr())
@@ -195,10 +204,19 @@ impl Server {
             shared.clone(),
             shutdown.subscribe(),
         ));
+        if let Some(listener) = native_listener {
+            let native_config = Arc::new(native_config(&shared));
+            tasks.spawn(accept_native(
+                listener,
+                shared.clone(),
+                native_config,
+                shutdown.subscribe(),
+            ));
+        }
         if let Some(listener) = admin_listener {
             tasks.spawn(admin::serve(listener, shared.clone(), shutdown.subscribe()));
         }
-        tracing::info!(resp = %addresses.resp, admin = ?addresses.admin, "server started");
+        tracing::info!(resp = %addresses.resp, native = ?addresses.native, admin = ?addresses.admin, "server started");
         Ok(Server {
             shared,
             shutdown,
@@ -296,6 +314,60 @@ async fn accept_resp(
             let _guard = guard;
             let ending = resp_conn::serve_resp(stream, conn_shared, id).await;
             tracing::debug!(client = id, ?ending, "connection closed");
+        });
+    }
+    connections.shutdown().await;
+}
+
+/// The native protocol's settings, from the server's configuration.
+fn native_config(shared: &Arc<Shared>) -> NativeConfig {
+    let config = &shared.config;
+    let weak = Arc::downgrade(shared);
+    NativeConfig {
+        idle_timeout: std::time::Duration::from_secs(config.idle_timeout_secs),
+        write_timeout: std::time::Duration::from_secs(config.write_timeout_secs.max(1)),
+        password: config.password.clone(),
+        key_size_max_bytes: config.key_size_max_bytes as usize,
+        value_size_max_bytes: config.value_size_max_bytes as usize,
+        status_json: Some(Arc::new(move || match weak.upgrade() {
+            Some(shared) => serde_json::to_string(&shared.snapshot()).unwrap_or_default(),
+            None => "{}".to_string(),
+        })),
+        ..NativeConfig::default()
+    }
+}
+
+async fn accept_native(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    native_config: Arc<NativeConfig>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        // Over the limit the native connection is simply closed: its handshake has no text error.
+        let Some(guard) = admit(&shared) else {
+            drop(stream);
+            continue;
+        };
+        let engine = shared.keyspace.engine().clone();
+        let native_config = native_config.clone();
+        connections.spawn(async move {
+            let _guard = guard;
+            serve_native_connection(stream, engine, native_config).await;
         });
     }
     connections.shutdown().await;

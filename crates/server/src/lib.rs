@@ -13,6 +13,7 @@ pub mod config;
 pub mod keyspace;
 pub mod metrics;
 pub mod native;
+pub mod persistence;
 pub mod resp_conn;
 pub mod server;
 

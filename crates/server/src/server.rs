@@ -9,6 +9,7 @@ use crate::config::{PersistenceMode, ServerConfig};
 use crate::keyspace::Keyspace;
 use crate::metrics::{EngineFigures, Metrics, ProcessInfo, Snapshot};
 use crate::native::{serve_native_connection, NativeConfig};
+use crate::persistence::Persistence;
 use crate::{admin, resp_conn};
 use ramlog_logmem::{Engine, EngineConfig, EngineError};
 use ramlog_proto::resp::RequestLimits;
@@ -34,8 +35,8 @@ pub enum ServerError {
     },
     #[error("engine: {0}")]
     Engine(#[from] EngineError),
-    #[error("persistence mode {0} is not available in this build (use persistence = \"off\")")]
-    PersistenceUnavailable(PersistenceMode),
+    #[error("persistence: {0}")]
+    Persistence(#[from] crate::persistence::PersistenceError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -57,6 +58,7 @@ pub struct Shared {
     pub limits: RequestLimits,
     addresses: Addresses,
     node_id: String,
+    persistence: Option<Arc<Persistence>>,
     next_client_id: AtomicU64,
 }
 
@@ -75,7 +77,14 @@ impl Shared {
     }
 
     /// Waits until every write acknowledged so far is on disk (`durable` persistence).
-    pub async fn wait_durable(&self) {}
+    pub async fn wait_durable(&self) {
+        if let Some(p) = &self.persistence {
+            if p.mode() == PersistenceMode::Durable {
+                let p = p.clone();
+                let _ = tokio::task::spawn_blocking(move || p.wait_durable_blocking()).await;
+            }
+        }
+    }
 
     /// All figures at this moment, for `/metrics`, `/status` and `INFO`.
     pub fn snapshot(&self) -> Snapshot {
@@ -129,9 +138,6 @@ impl Server {
     /// multi-threaded tokio runtime.
     pub async fn start(config: ServerConfig) -> Result<Server, ServerError> {
         config.validate()?;
-        if config.persistence != PersistenceMode::Off {
-            return Err(ServerError::PersistenceUnavailable(config.persistence));
-        }
         let bind = |port: u16, what: &'static str| {
             let addr = SocketAddr::new(config.bind, port);
             async move {
@@ -163,13 +169,36 @@ impl Server {
                 .transpose()?,
         };
 
+        let persistence = match config.persistence {
+            PersistenceMode::Off => None,
+            _ => Some(Persistence::open(&config)?),
+        };
         let engine = Engine::new(EngineConfig {
+            write_observer: persistence.clone().map(|p| p as Arc<dyn ramlog_logmem::WriteObserver>),
             memory_bytes: config.memory_bytes,
             key_size_max_bytes: config.key_size_max_bytes as usize,
             value_size_max_bytes: config.value_size_max_bytes as usize,
             ..EngineConfig::default()
         })?;
         let keyspace = Keyspace::create(engine, config.tablets)?;
+        let keyspace = match &persistence {
+            None => keyspace,
+            Some(p) => {
+                let p = p.clone();
+                let (keyspace, restored) = tokio::task::spawn_blocking(move || {
+                    let restored = p.replay(|key, value, version, expire_at_ms| {
+                        let tablet = keyspace.tablet_of(key);
+                        keyspace.engine().restore(tablet, key, Some(value), version, expire_at_ms)
+                    });
+                    (keyspace, restored)
+                })
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let restored = restored?;
+                tracing::info!(objects = restored, "replayed the data directory");
+                keyspace
+            }
+        };
         let limits = RequestLimits {
             bulk_len_max: config.request_arg_size_max_bytes as usize,
             array_len_max: config.request_args_max,
@@ -195,6 +224,7 @@ impl Server {
             limits,
             addresses,
             node_id,
+            persistence,
             next_client_id: AtomicU64::new(1),
         });
         let (shutdown, _) = watch::channel(false);
@@ -237,6 +267,9 @@ impl Server {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         self.shared.keyspace.engine().shutdown();
+        if let Some(p) = self.shared.persistence.clone() {
+            let _ = tokio::task::spawn_blocking(move || p.flush()).await;
+        }
         tracing::info!("server stopped");
     }
 }

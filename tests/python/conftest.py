@@ -42,6 +42,7 @@ class Server:
             "--native-port", "0",
             "--data-dir", str(self.data_dir),
             "--memory", "256MiB",
+            *(() if "--persistence" in extra_args else ("--persistence", "off")),
             *extra_args,
         ]
         full_env = dict(os.environ)

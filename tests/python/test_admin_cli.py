@@ -110,6 +110,7 @@ def test_config_precedence_file_env_flag(tmp_path):
     config = tmp_path / "ramlog.toml"
     config.write_text(
         f'resp_port = {file_port}\nadmin_port = 0\nnative_port = 0\nmemory = "64MiB"\npassword = "frompass"\n'
+        f'persistence = "off"\ndata_dir = "{tmp_path / "data"}"\n'
     )
     for extra_env, extra_args, expected in [
         ({}, [], file_port),
@@ -144,7 +145,8 @@ def test_bad_config_is_a_clear_error(tmp_path):
 
 def test_port_in_use_is_reported(server):
     out = subprocess.run(
-        [ramlog_bin(), "server", "--resp-port", str(server.port), "--admin-port", "0", "--native-port", "0"],
+        [ramlog_bin(), "server", "--resp-port", str(server.port), "--admin-port", "0", "--native-port", "0",
+         "--persistence", "off"],
         capture_output=True, text=True, timeout=10,
     )
     assert out.returncode != 0
@@ -153,7 +155,10 @@ def test_port_in_use_is_reported(server):
 
 def test_native_port_listens_beside_resp(tmp_path):
     resp, native = free_port(), free_port()
-    proc = start(["server", "--resp-port", str(resp), "--native-port", str(native), "--admin-port", "0", "--memory", "64MiB"])
+    proc = start(
+        ["server", "--resp-port", str(resp), "--native-port", str(native), "--admin-port", "0", "--memory", "64MiB"],
+        cwd=tmp_path,
+    )
     try:
         line = wait_ready(proc)
         assert f"native=127.0.0.1:{native}" in line

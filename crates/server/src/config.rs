@@ -144,7 +144,7 @@ impl Default for ServerConfig {
             write_timeout_secs: 30,
             worker_threads: 2,
             tablets: 16,
-            persistence: PersistenceMode::Off,
+            persistence: PersistenceMode::Async,
             flush_interval_ms: 100,
         }
     }

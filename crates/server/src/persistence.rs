@@ -22,14 +22,24 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum PersistenceError {
     #[error("backup store in {path}: {source}")]
-    Backup { path: PathBuf, source: ramlog_backup::Error },
+    Backup {
+        path: PathBuf,
+        source: ramlog_backup::Error,
+    },
     #[error("data directory {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(
         "data directory {path} was written with {found} tablets but the configuration asks for {wanted}; \
          start with tablets = {found} or use an empty data directory"
     )]
-    LayoutChanged { path: PathBuf, found: u16, wanted: u16 },
+    LayoutChanged {
+        path: PathBuf,
+        found: u16,
+        wanted: u16,
+    },
 }
 
 pub struct Persistence {
@@ -47,7 +57,10 @@ impl Persistence {
     pub fn open(config: &ServerConfig) -> Result<Arc<Persistence>, PersistenceError> {
         debug_assert!(config.persistence != PersistenceMode::Off);
         let dir = config.data_dir.join("backup");
-        std::fs::create_dir_all(&dir).map_err(|source| PersistenceError::Io { path: dir.clone(), source })?;
+        std::fs::create_dir_all(&dir).map_err(|source| PersistenceError::Io {
+            path: dir.clone(),
+            source,
+        })?;
         check_layout(&config.data_dir, config.tablets)?;
         let backup_config = BackupConfig {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
@@ -55,7 +68,10 @@ impl Persistence {
             ..BackupConfig::default()
         };
         let backup =
-            Backup::open(&dir, backup_config).map_err(|source| PersistenceError::Backup { path: dir.clone(), source })?;
+            Backup::open(&dir, backup_config).map_err(|source| PersistenceError::Backup {
+                path: dir.clone(),
+                source,
+            })?;
         Ok(Arc::new(Persistence {
             backup,
             mode: config.persistence,
@@ -80,7 +96,10 @@ impl Persistence {
                     }
                 }
             })
-            .map_err(|source| PersistenceError::Backup { path: PathBuf::from("backup"), source })?;
+            .map_err(|source| PersistenceError::Backup {
+                path: PathBuf::from("backup"),
+                source,
+            })?;
         if let Some(err) = first_error {
             tracing::error!(error = %err, "some replayed objects could not be restored");
         }
@@ -123,7 +142,12 @@ impl WriteObserver for Persistence {
         }
         let entries: Vec<Entry<'_>> = records
             .iter()
-            .map(|r| Entry { key: r.key, value: r.value, version: r.version, expiry: r.expire_at_ms })
+            .map(|r| Entry {
+                key: r.key,
+                value: r.value,
+                version: r.version,
+                expiry: r.expire_at_ms,
+            })
             .collect();
         match self.backup.append(u64::from(tablet), &entries) {
             Ok(ticket) => {
@@ -144,14 +168,19 @@ fn check_layout(data_dir: &Path, tablets: u16) -> Result<(), PersistenceError> {
                 .and_then(|v| v.trim().parse::<u16>().ok())
                 .unwrap_or(0);
             if found != tablets {
-                return Err(PersistenceError::LayoutChanged { path: data_dir.to_path_buf(), found, wanted: tablets });
+                return Err(PersistenceError::LayoutChanged {
+                    path: data_dir.to_path_buf(),
+                    found,
+                    wanted: tablets,
+                });
             }
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, format!("# written by ramlog server; do not edit\ntablets = {tablets}\n"))
-                .map_err(|source| PersistenceError::Io { path, source })
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::write(
+            &path,
+            format!("# written by ramlog server; do not edit\ntablets = {tablets}\n"),
+        )
+        .map_err(|source| PersistenceError::Io { path, source }),
         Err(source) => Err(PersistenceError::Io { path, source }),
     }
 }

@@ -174,7 +174,9 @@ impl Server {
             _ => Some(Persistence::open(&config)?),
         };
         let engine = Engine::new(EngineConfig {
-            write_observer: persistence.clone().map(|p| p as Arc<dyn ramlog_logmem::WriteObserver>),
+            write_observer: persistence
+                .clone()
+                .map(|p| p as Arc<dyn ramlog_logmem::WriteObserver>),
             memory_bytes: config.memory_bytes,
             key_size_max_bytes: config.key_size_max_bytes as usize,
             value_size_max_bytes: config.value_size_max_bytes as usize,
@@ -188,7 +190,9 @@ impl Server {
                 let (keyspace, restored) = tokio::task::spawn_blocking(move || {
                     let restored = p.replay(|key, value, version, expire_at_ms| {
                         let tablet = keyspace.tablet_of(key);
-                        keyspace.engine().restore(tablet, key, Some(value), version, expire_at_ms)
+                        keyspace
+                            .engine()
+                            .restore(tablet, key, Some(value), version, expire_at_ms)
                     });
                     (keyspace, restored)
                 })

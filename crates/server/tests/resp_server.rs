@@ -1,7 +1,7 @@
 //! Starts a real server in process on an ephemeral port and talks RESP to it over TCP.
 
 use ramlog_proto::resp::{encode_command, Reply, ReplyDecoder};
-use ramlog_server::{Server, ServerConfig};
+use ramlog_server::{PersistenceMode, Server, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -11,6 +11,7 @@ async fn start() -> Server {
         native_port: 0,
         admin_port: 0,
         memory_bytes: 64 << 20,
+        persistence: PersistenceMode::Off,
         ..ServerConfig::default()
     };
     Server::start(config).await.expect("server starts")

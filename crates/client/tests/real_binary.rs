@@ -1,8 +1,8 @@
 //! The client and the command-line verbs against the real `ramlog server` process.
 //!
 //! The binary is looked up beside the test executable (`target/<profile>/ramlog`), which `cargo build`
-//! of the workspace produces (scripts/test builds everything first). When it is missing the tests say so on
-//! stderr and return without checking anything.
+//! of the workspace produces (scripts/test builds everything first). When it is missing the tests fail
+//! under CI (`CI` set) and otherwise say so on stderr and return without checking anything.
 
 use ramlog_client::{Client, ClientConfig, Condition, Error, PutOptions};
 use std::net::TcpListener;
@@ -44,9 +44,12 @@ impl Drop for ServerProcess {
 impl ServerProcess {
     async fn start(extra: &[&str]) -> Option<ServerProcess> {
         let Some(bin) = ramlog_binary() else {
-            eprintln!(
-                "ramlog binary not built next to the tests; build the workspace first (skipping)"
-            );
+            let message = "the ramlog binary is not built next to the tests: \
+                           run `cargo build -p ramlog` with the same profile first";
+            if std::env::var_os("CI").is_some() {
+                panic!("{message}");
+            }
+            eprintln!("{message} (skipping)");
             return None;
         };
         let (resp_port, native_port, admin_port) = (free_port(), free_port(), free_port());

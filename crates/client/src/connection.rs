@@ -10,8 +10,8 @@ use crate::{ClientConfig, Error};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use ramlog_proto::native::{
-    parse_header, ClientHello, Request, Response, ServerHello, HEADER_LEN, PROTOCOL_VERSION,
-    SERVER_HELLO_LEN,
+    parse_header, ClientHello, ErrorReply, Request, Response, ServerHello, HEADER_LEN,
+    HELLO_FLAG_REFUSED, PROTOCOL_VERSION, REFUSAL_BODY_MAX_BYTES, SERVER_HELLO_LEN,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -115,6 +115,14 @@ impl Connection {
             Err(_) => return Err(handshake_error("no server hello in time".into())),
         };
         let hello = ServerHello::decode(&buf).map_err(|e| handshake_error(e.message))?;
+        if hello.flags & HELLO_FLAG_REFUSED != 0 {
+            let refusal =
+                tokio::time::timeout(config.connect_timeout, read_refusal(&mut stream)).await;
+            return Err(match refusal {
+                Ok(Some(e)) => e.into(),
+                _ => handshake_error("the server refused the connection".into()),
+            });
+        }
         if hello.version != PROTOCOL_VERSION {
             return Err(handshake_error(format!(
                 "server offers protocol version {}, this client speaks {PROTOCOL_VERSION}",
@@ -253,6 +261,19 @@ impl Connection {
         }
         drop(permits);
         Ok(replies)
+    }
+}
+
+/// The error frame that follows a refusing server hello.
+async fn read_refusal(stream: &mut TcpStream) -> Option<ErrorReply> {
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).await.ok()?;
+    let h = parse_header(&header, HEADER_LEN + REFUSAL_BODY_MAX_BYTES).ok()??;
+    let mut body = vec![0u8; h.body_len];
+    stream.read_exact(&mut body).await.ok()?;
+    match Response::decode(h.opcode, h.flags_or_status, Bytes::from(body)) {
+        Ok(Response::Error(e)) => Some(e),
+        _ => None,
     }
 }
 

@@ -908,3 +908,50 @@ async fn hundreds_of_simultaneous_connections() {
     }
     assert_eq!(server.engine.object_count(), 300);
 }
+
+#[tokio::test]
+async fn a_refused_connection_gets_a_clear_error() {
+    // What a server at its connection limit does with one more native client.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(ramlog_server::native::refuse_native_connection(
+                stream,
+                "max number of clients reached",
+            ));
+        }
+    });
+    match Client::connect(ClientConfig::new(addr.to_string())).await {
+        Err(Error::Busy(message)) => assert_eq!(message, "max number of clients reached"),
+        Err(e) => panic!("expected Busy, got {e}"),
+        Ok(_) => panic!("expected Busy, got a connection"),
+    }
+}
+
+#[tokio::test]
+async fn the_request_observer_sees_every_answered_request() {
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let config = NativeConfig {
+        request_observer: Some(std::sync::Arc::new(move |op, _elapsed, ok| {
+            sink.lock().push((op, ok))
+        })),
+        ..Default::default()
+    };
+    let server = start_server(config).await;
+    let c = client_for(&server).await;
+    c.put(b"k", b"v").await.unwrap();
+    c.get(b"k").await.unwrap();
+    c.get(b"absent").await.unwrap();
+    assert!(c.increment(b"k", 1).await.is_err());
+    assert_eq!(
+        *seen.lock(),
+        vec![
+            (opcode::PUT, true),
+            (opcode::GET, true),
+            (opcode::GET, true),
+            (opcode::INCREMENT, false)
+        ]
+    );
+}

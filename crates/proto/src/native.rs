@@ -34,6 +34,11 @@ pub const SCAN_COUNT_MAX: u32 = 65_536;
 
 /// Server hello flag: the server requires AUTH before data operations.
 pub const HELLO_FLAG_AUTH_REQUIRED: u16 = 0x0001;
+/// Server hello flag: the server refuses this connection (for example too many connections). One error
+/// frame with request id 0 follows, then the server closes.
+pub const HELLO_FLAG_REFUSED: u16 = 0x0002;
+/// Largest body of the error frame that follows a refusing hello.
+pub const REFUSAL_BODY_MAX_BYTES: usize = 4096;
 
 /// Opcodes (byte 12 of a frame header).
 pub mod opcode {

@@ -16,11 +16,12 @@ use ramlog_logmem::{Engine, EngineError, TabletId};
 use ramlog_proto::native::{
     encode_error, opcode, parse_header, ClientHello, Condition, Expiry, FrameError, Request,
     ServerHello, Status, CLIENT_HELLO_LEN, FRAME_BYTES_HARD_MAX, HEADER_LEN,
-    HELLO_FLAG_AUTH_REQUIRED, PROTOCOL_VERSION, SCAN_COUNT_MAX,
+    HELLO_FLAG_AUTH_REQUIRED, HELLO_FLAG_REFUSED, PROTOCOL_VERSION, REFUSAL_BODY_MAX_BYTES,
+    SCAN_COUNT_MAX,
 };
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -50,6 +51,9 @@ pub struct NativeConfig {
     pub value_size_max_bytes: usize,
     /// Produces the STATS reply (the server's `/status` JSON); without it STATS reports engine figures.
     pub status_json: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Told about every answered request: its opcode, the time spent on it, and whether it succeeded
+    /// (for the server's metrics). Requests refused with BUSY or FRAME_TOO_LARGE are not reported.
+    pub request_observer: Option<Arc<dyn Fn(u8, Duration, bool) + Send + Sync>>,
 }
 
 impl Default for NativeConfig {
@@ -67,6 +71,7 @@ impl Default for NativeConfig {
             key_size_max_bytes: ramlog_common::KEY_SIZE_MAX_BYTES_DEFAULT,
             value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
             status_json: None,
+            request_observer: None,
         }
     }
 }
@@ -139,14 +144,10 @@ async fn write_with_timeout(
     }
 }
 
-async fn serve(
-    mut stream: TcpStream,
-    engine: &Engine,
-    config: &NativeConfig,
-) -> Result<(), Closed> {
-    let _ = stream.set_nodelay(true);
+/// Read the client hello; returns the version to speak (0 = none in common).
+async fn read_client_hello(stream: &mut TcpStream, timeout: Duration) -> Result<u16, Closed> {
     let mut hello = [0u8; CLIENT_HELLO_LEN];
-    match tokio::time::timeout(config.handshake_timeout, stream.read_exact(&mut hello)).await {
+    match tokio::time::timeout(timeout, stream.read_exact(&mut hello)).await {
         Ok(r) => {
             r?;
         }
@@ -155,27 +156,63 @@ async fn serve(
     // Not a ramlog client (a Redis client on the wrong port, say): close without a word.
     let client =
         ClientHello::decode(&hello).map_err(|_| Closed::Reason("bad magic in client hello"))?;
-    let version = if client.version_max >= PROTOCOL_VERSION {
+    Ok(if client.version_max >= PROTOCOL_VERSION {
         PROTOCOL_VERSION
     } else {
         0
-    };
+    })
+}
+
+fn server_hello(config: &NativeConfig, version: u16, flags: u16) -> ServerHello {
     let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    let max_frame_bytes = config
-        .max_frame_bytes
-        .clamp(HEADER_LEN + 64, FRAME_BYTES_HARD_MAX);
-    let server_hello = ServerHello {
+    ServerHello {
         version,
-        flags: if config.password.is_some() {
-            HELLO_FLAG_AUTH_REQUIRED
-        } else {
-            0
-        },
-        max_frame_bytes: clamp(max_frame_bytes),
+        flags,
+        max_frame_bytes: clamp(
+            config
+                .max_frame_bytes
+                .clamp(HEADER_LEN + 64, FRAME_BYTES_HARD_MAX),
+        ),
         max_in_flight: clamp(config.max_in_flight.max(1)),
         key_size_max_bytes: clamp(config.key_size_max_bytes),
         value_size_max_bytes: clamp(config.value_size_max_bytes),
+    }
+}
+
+/// Turn a native client away with a clear error (for example when the server is at its connection
+/// limit): the handshake completes with the REFUSED flag, one error frame (request id 0, status BUSY,
+/// `message`) follows, and the connection is closed. Takes at most a few seconds.
+pub async fn refuse_native_connection(mut stream: TcpStream, message: &str) {
+    let timeout = Duration::from_secs(2);
+    let Ok(version) = read_client_hello(&mut stream, timeout).await else {
+        return;
     };
+    let config = NativeConfig::default();
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&server_hello(&config, version, HELLO_FLAG_REFUSED).encode());
+    let mut message = message.to_string();
+    while message.len() > REFUSAL_BODY_MAX_BYTES - 12 {
+        message.pop();
+    }
+    encode_error(&mut out, 0, 0, Status::Busy, 0, &message);
+    let _ = write_with_timeout(&mut stream, &out, timeout).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    engine: &Engine,
+    config: &NativeConfig,
+) -> Result<(), Closed> {
+    let _ = stream.set_nodelay(true);
+    let version = read_client_hello(&mut stream, config.handshake_timeout).await?;
+    let flags = if config.password.is_some() {
+        HELLO_FLAG_AUTH_REQUIRED
+    } else {
+        0
+    };
+    let server_hello = server_hello(config, version, flags);
+    let max_frame_bytes = server_hello.max_frame_bytes as usize;
     write_with_timeout(&mut stream, &server_hello.encode(), config.write_timeout).await?;
     if version == 0 {
         return Err(Closed::Reason("no protocol version in common"));
@@ -249,6 +286,8 @@ async fn serve(
                         );
                     } else {
                         let body = &input[HEADER_LEN..frame_bytes];
+                        let reply_at = output.len();
+                        let started = config.request_observer.as_ref().map(|_| Instant::now());
                         session.answer(
                             header.request_id,
                             header.opcode,
@@ -257,6 +296,11 @@ async fn serve(
                             body,
                             &mut output,
                         );
+                        if let (Some(observe), Some(started)) = (&config.request_observer, started)
+                        {
+                            let ok = output.get(reply_at + 13) == Some(&Status::Ok.to_u8());
+                            observe(header.opcode, started.elapsed(), ok);
+                        }
                     }
                     input.advance(frame_bytes);
                     if output.len() >= config.reply_flush_bytes {

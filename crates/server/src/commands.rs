@@ -513,10 +513,22 @@ fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, EngineError> {
 }
 
 fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    match read(ctx, args[1]) {
-        Ok(found) => ctx
-            .enc
-            .bulk_or_null(found.as_ref().map(|o| o.value.as_slice())),
+    let key = args[1];
+    let keyspace = &ctx.shared.keyspace;
+    let metrics = &ctx.shared.metrics;
+    let enc = &mut ctx.enc;
+    // Encode straight from the log: no copy of the value into a temporary.
+    match keyspace
+        .engine()
+        .read_with(keyspace.tablet_of(key), key, |value, _, _| enc.bulk(value))
+    {
+        Ok(Some(())) => {
+            metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(None) => {
+            metrics.keyspace_misses.fetch_add(1, Ordering::Relaxed);
+            enc.null();
+        }
         Err(e) => engine_error(ctx, &e),
     }
 }

@@ -339,3 +339,11 @@ def test_redis_cli(server):
     out = server.cli("--pipe", stdin=proto)
     assert "errors: 0, replies: 1000" in out
     assert server.cli("EXISTS", "pk0", "pk999") == "2"
+
+
+def test_shutdown_command_stops_the_server(make_server):
+    s = make_server()
+    assert s.cli("SET", "k", "v") == "OK"
+    s.cli("SHUTDOWN", "NOSAVE")
+    s.proc.wait(timeout=10)
+    assert s.proc.returncode == 0

@@ -134,7 +134,10 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "off".into()),
             std::process::id()
         );
-        stop.await;
+        tokio::select! {
+            _ = stop => {}
+            _ = server.shutdown_requested() => {}
+        }
         server.shutdown().await;
         anyhow::Ok(())
     })
@@ -177,7 +180,10 @@ pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
             data_dir.display()
         );
         println!("Press Ctrl-C to stop.");
-        stop.await;
+        tokio::select! {
+            _ = stop => {}
+            _ = server.shutdown_requested() => {}
+        }
         println!("stopping...");
         server.shutdown().await;
         println!("stopped");

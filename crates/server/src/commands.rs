@@ -304,6 +304,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             Op::Other,
             cmd_ok
         ),
+        spec!(
+            "shutdown",
+            -1,
+            &["admin", "noscript", "loading", "stale"],
+            0,
+            0,
+            0,
+            a,
+            Op::Other,
+            cmd_shutdown
+        ),
     ];
     let mut auth = spec!(
         "auth",
@@ -1233,6 +1244,21 @@ fn cmd_select(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 fn cmd_quit(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     ctx.session.closing = true;
     ctx.enc.ok()
+}
+
+/// SHUTDOWN [NOSAVE|SAVE] [NOW] [FORCE]: stops the server as Ctrl-C does (persistence is flushed
+/// either way). As in Redis, a successful SHUTDOWN closes the connection without a reply.
+fn cmd_shutdown(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    for a in &args[1..] {
+        let known = ["nosave", "save", "now", "force"]
+            .iter()
+            .any(|o| eq_ignore_case(a, o));
+        if !known {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+    }
+    ctx.shared.request_shutdown();
+    ctx.session.closing = true;
 }
 
 fn cmd_time(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {

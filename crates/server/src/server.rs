@@ -60,6 +60,7 @@ pub struct Shared {
     node_id: String,
     persistence: Option<Arc<Persistence>>,
     next_client_id: AtomicU64,
+    shutdown_requested: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -74,6 +75,11 @@ impl Shared {
     /// A 40-hex-digit node id, stable for the life of the process (Redis Cluster's form).
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// Asks the process running this server to stop (the SHUTDOWN command).
+    pub fn request_shutdown(&self) {
+        self.shutdown_requested.notify_one();
     }
 
     /// Waits until every write acknowledged so far is on disk (`durable` persistence).
@@ -230,6 +236,7 @@ impl Server {
             node_id,
             persistence,
             next_client_id: AtomicU64::new(1),
+            shutdown_requested: tokio::sync::Notify::new(),
         });
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -264,6 +271,11 @@ impl Server {
 
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Ends when a client sent SHUTDOWN.
+    pub async fn shutdown_requested(&self) {
+        self.shared.shutdown_requested.notified().await
     }
 
     /// Stops accepting, closes every connection, and stops the engine's background threads.

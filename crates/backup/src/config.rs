@@ -62,6 +62,8 @@ pub struct Config {
     /// Threads that read segments during replay.
     pub replay_threads: usize,
     pub sync: SyncPolicy,
+    /// Threads that issue the writes and fdatasyncs of one flush concurrently.
+    pub io_threads: usize,
     /// Largest value accepted (DESIGN.md default 1 MiB); bounded by half a segment.
     pub value_max_bytes: usize,
     /// Use O_DIRECT when the file system allows it.
@@ -90,6 +92,7 @@ impl Default for Config {
             reorg_segments_per_visit: 0.33,
             replay_threads: 2,
             sync: SyncPolicy::EveryFlush,
+            io_threads: 8,
             value_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
             direct_io: true,
         }

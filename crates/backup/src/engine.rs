@@ -4,10 +4,10 @@
 //! one flush overlaps with the disk writes of the previous one (DXRAM's BufferProcessingThread and
 //! WriterThread).
 
-use crate::format::{self, BlockHeader, VersionRecord, BLOCK_HEADER_BYTES, PAGE_BYTES};
+use crate::format::{self, BlockHeader, BLOCK_HEADER_BYTES, PAGE_BYTES};
 use crate::io::{self, AlignedBuf, IoMode};
 use crate::tablet::{BlockWrite, Tablet};
-use crate::wbuf::{Taken, WriteBuffer};
+use crate::wbuf::{Chunk, Taken, WriteBuffer};
 use crate::{Config, Error, Result, SyncPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -19,33 +19,40 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A small pool of page-aligned buffers so that steady-state flushes do not allocate.
+/// A pool of page-aligned buffers in power-of-two size classes, so that steady-state flushes
+/// neither allocate nor zero fresh memory. Bounded by `limit_bytes`.
 pub struct BufPool {
-    free: Mutex<Vec<AlignedBuf>>,
+    free: Mutex<(Vec<Vec<AlignedBuf>>, usize)>,
     limit_bytes: usize,
 }
 
 impl BufPool {
     pub fn new(limit_bytes: usize) -> BufPool {
-        BufPool { free: Mutex::new(Vec::new()), limit_bytes }
+        BufPool { free: Mutex::new(((0..40).map(|_| Vec::new()).collect(), 0)), limit_bytes }
+    }
+    fn class(len: usize) -> usize {
+        len.max(PAGE_BYTES).next_power_of_two().trailing_zeros() as usize
     }
     pub fn get(&self, len: usize) -> AlignedBuf {
+        let c = Self::class(len);
         let mut g = self.free.lock();
-        let best = g.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
-        match best {
-            Some(i) if g[i].capacity() <= len.max(PAGE_BYTES) * 4 => {
-                let mut b = g.swap_remove(i);
-                b.set_len(0);
-                b
-            }
-            _ => AlignedBuf::new(len),
+        if let Some(mut b) = g.0[c].pop() {
+            g.1 -= b.capacity();
+            b.set_len(0);
+            return b;
         }
+        drop(g);
+        AlignedBuf::new(1usize << c)
     }
     pub fn put(&self, buf: AlignedBuf) {
+        let c = Self::class(buf.capacity());
+        if buf.capacity() != 1usize << c {
+            return;
+        }
         let mut g = self.free.lock();
-        let held: usize = g.iter().map(|b| b.capacity()).sum();
-        if held + buf.capacity() <= self.limit_bytes {
-            g.push(buf);
+        if g.1 + buf.capacity() <= self.limit_bytes {
+            g.1 += buf.capacity();
+            g.0[c].push(buf);
         }
     }
 }
@@ -70,6 +77,11 @@ pub struct Counters {
     pub prompt_requests: AtomicU64,
     pub reorg_corrupt_entries: AtomicU64,
     pub open_version_bytes_cut: AtomicU64,
+    /// Time spent (ns): sorting/copying in the processor, writing, syncing, applying versions.
+    pub process_ns: AtomicU64,
+    pub write_ns: AtomicU64,
+    pub sync_ns: AtomicU64,
+    pub version_ns: AtomicU64,
     pub open_version_bytes_damaged: AtomicU64,
 }
 
@@ -80,7 +92,7 @@ pub struct Progress {
 }
 
 pub struct PrimaryLog {
-    pub file: File,
+    pub file: Arc<File>,
     pub path: PathBuf,
     pub size: u64,
     pub offset: u64,
@@ -159,10 +171,11 @@ impl Shared {
     }
 }
 
-/// Versions learned in one flush, applied by the writer after the data is on disk.
+/// Versions learned in one flush (as (chunk, batch) indexes into the job's chunks), applied by
+/// the writer after the data is on disk.
 pub struct VersionBatch {
     pub tablet: Arc<Tablet>,
-    pub records: Vec<VersionRecord>,
+    pub batches: Vec<(usize, usize)>,
 }
 
 /// One flush cycle, handed from the processor to the writer.
@@ -177,7 +190,7 @@ pub struct Job {
     /// Flush every SLB and spill every version buffer (close, or a requested checkpoint).
     pub checkpoint: bool,
     pub versions: Vec<VersionBatch>,
-    pub chunks: Vec<Vec<u8>>,
+    pub chunks: Vec<Chunk>,
     pub force_sync: bool,
     pub closing: bool,
 }
@@ -188,7 +201,8 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
         let taken = sh.wb.take();
         let closing = taken.closed;
         let checkpoint = sh.checkpoint_requested.swap(false, Ordering::SeqCst) || closing;
-        let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || taken.force || closing;
+        let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || closing;
+        let t0 = std::time::Instant::now();
         let job = if sh.failed().is_some() {
             Ok(Job {
                 seq: 0,
@@ -205,6 +219,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
         } else {
             build_job(&sh, taken, checkpoint, force_sync, closing)
         };
+        sh.counters.process_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match job {
             Ok(job) => {
                 if tx.send(job).is_err() {
@@ -222,7 +237,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
     }
 }
 
-type BuildErr = (Error, Vec<Vec<u8>>);
+type BuildErr = (Error, Vec<Chunk>);
 
 fn build_job(sh: &Shared, taken: Taken, checkpoint: bool, force_sync: bool, closing: bool) -> std::result::Result<Job, BuildErr> {
     let Taken { chunks, lsn, .. } = taken;
@@ -236,61 +251,42 @@ fn build_job(sh: &Shared, taken: Taken, checkpoint: bool, force_sync: bool, clos
 
 type Built = (u64, Vec<(Arc<Tablet>, BlockWrite)>, Option<(u64, AlignedBuf)>, bool, Vec<VersionBatch>);
 
-fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<Built> {
+fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Built> {
     let cfg = &sh.cfg;
     let seq = sh.seq.fetch_add(1, Ordering::SeqCst);
-    // 1. Sort batch records by tablet, keeping arrival order within each tablet.
-    let mut groups: BTreeMap<u64, Vec<&[u8]>> = BTreeMap::new();
-    for chunk in chunks {
-        let mut at = 0usize;
-        while at < chunk.len() {
-            let (tablet, len, _) = format::decode_batch_header(&chunk[at..])
-                .ok_or_else(|| Error::Corrupt("write buffer batch header".into()))?;
-            let body = &chunk[at + format::BATCH_HEADER_BYTES..at + format::BATCH_HEADER_BYTES + len];
-            groups.entry(tablet).or_default().push(body);
-            at += format::BATCH_HEADER_BYTES + len;
+    // 1. Sort batches by tablet, keeping arrival order within each tablet (side tables only).
+    let mut groups: BTreeMap<u64, Vec<(usize, usize)>> = BTreeMap::new();
+    let mut appended = 0u64;
+    for (c, chunk) in chunks.iter().enumerate() {
+        for (b, meta) in chunk.batches.iter().enumerate() {
+            groups.entry(meta.tablet).or_default().push((c, b));
+            appended += meta.rec_count as u64;
         }
     }
     let mut writes: Vec<(Arc<Tablet>, BlockWrite)> = Vec::new();
-    let mut primary_body: Vec<u8> = Vec::new();
+    let mut primary_runs: Vec<(u64, Vec<&[u8]>, usize)> = Vec::new();
     let mut versions: Vec<VersionBatch> = Vec::new();
-    let mut appended = 0u64;
-    for (tablet_id, bodies) in &groups {
-        let tablet = sh.get_or_create_tablet(*tablet_id)?;
-        // 2. Split puts from deletes, and learn versions.
-        let mut records = Vec::new();
-        let mut puts: Vec<&[u8]> = Vec::with_capacity(bodies.len());
-        let mut deletes: Vec<u8> = Vec::new();
+    for (tablet_id, batches) in groups {
+        let tablet = sh.get_or_create_tablet(tablet_id)?;
+        let mut puts: Vec<&[u8]> = Vec::with_capacity(batches.len());
+        let mut deletes: Vec<&[u8]> = Vec::new();
         let mut put_bytes = 0usize;
-        for body in bodies {
-            let mut at = 0usize;
-            let mut run_start = 0usize;
-            while at < body.len() {
-                let len = format::entry_len_unchecked(&body[at..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
-                let entry = &body[at..at + len];
-                let kind = entry[0];
-                let key = &entry[format::ENTRY_HEADER_BYTES..format::ENTRY_HEADER_BYTES + u32::from_le_bytes([entry[5], entry[6], entry[7], entry[8]]) as usize];
-                let version = u64::from_le_bytes(entry[13..21].try_into().expect("8 bytes"));
-                records.push(VersionRecord { hash: format::key_hash(key), version, deleted: kind == format::KIND_DELETE });
-                appended += 1;
-                if kind == format::KIND_DELETE {
-                    if at > run_start {
-                        puts.push(&body[run_start..at]);
-                        put_bytes += at - run_start;
-                    }
-                    deletes.extend_from_slice(entry);
-                    run_start = at + len;
-                }
-                at += len;
-            }
-            if body.len() > run_start {
-                puts.push(&body[run_start..]);
-                put_bytes += body.len() - run_start;
+        let mut delete_bytes = 0usize;
+        for &(c, b) in &batches {
+            let meta = &chunks[c].batches[b];
+            let bytes = chunks[c].batch_bytes(meta);
+            if meta.deletes {
+                deletes.push(bytes);
+                delete_bytes += bytes.len();
+            } else {
+                puts.push(bytes);
+                put_bytes += bytes.len();
             }
         }
-        // 3. Route: small batches to the primary log + SLB, large ones straight to the secondary log.
+        // 2. Route: small batches to the primary log + SLB, large ones straight to the secondary log.
         let mut st = tablet.state.lock();
-        let mut run_puts = false;
+        let mut run: Vec<&[u8]> = Vec::new();
+        let mut run_bytes = 0usize;
         if put_bytes > 0 {
             let small = cfg.two_level && put_bytes < cfg.secondary_buffer_bytes;
             if small && st.slb.len() + put_bytes <= cfg.secondary_buffer_bytes {
@@ -298,7 +294,8 @@ fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<
                     st.slb.extend_from_slice(p);
                 }
                 st.slb_data_seq = seq;
-                run_puts = true;
+                run.extend_from_slice(&puts);
+                run_bytes += put_bytes;
             } else {
                 let slb = std::mem::take(&mut st.slb);
                 let mut slices: Vec<&[u8]> = Vec::with_capacity(puts.len() + 1);
@@ -315,24 +312,22 @@ fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<
             }
         }
         drop(st);
-        if run_puts || !deletes.is_empty() {
-            let body_len = if run_puts { put_bytes } else { 0 } + deletes.len();
-            format::encode_run_header(&mut primary_body, *tablet_id, body_len as u32, 0);
-            if run_puts {
-                for p in &puts {
-                    primary_body.extend_from_slice(p);
-                }
-            }
-            primary_body.extend_from_slice(&deletes);
+        // Deletes are versions: they go to the primary log (durable now) and the version buffer,
+        // never to the secondary log.
+        run.extend_from_slice(&deletes);
+        run_bytes += delete_bytes;
+        if run_bytes > 0 {
+            primary_runs.push((tablet_id, run, run_bytes));
         }
-        versions.push(VersionBatch { tablet, records });
+        versions.push(VersionBatch { tablet, batches });
     }
     sh.counters.appended_entries.fetch_add(appended, Ordering::Relaxed);
-    // 4. The primary block (one write for all small batches of this flush).
+    // 3. The primary block: one write for all small batches of this flush.
     let mut wrap = false;
     let mut primary = None;
-    if !primary_body.is_empty() {
-        let padded = format::page_align_up(BLOCK_HEADER_BYTES + primary_body.len());
+    if !primary_runs.is_empty() {
+        let body_len: usize = primary_runs.iter().map(|r| format::RUN_HEADER_BYTES + r.2).sum();
+        let padded = format::page_align_up(BLOCK_HEADER_BYTES + body_len);
         let mut pl = sh.primary.lock();
         if padded as u64 > pl.size {
             return Err(Error::Corrupt("primary block larger than the primary log".into()));
@@ -344,11 +339,22 @@ fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<
         let mut buf = sh.pool.get(padded);
         {
             let out = buf.full_mut();
-            out[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + primary_body.len()].copy_from_slice(&primary_body);
-            out[BLOCK_HEADER_BYTES + primary_body.len()..padded].fill(0);
+            let mut at = BLOCK_HEADER_BYTES;
+            for (tablet, slices, bytes) in &primary_runs {
+                let mut hdr = Vec::with_capacity(format::RUN_HEADER_BYTES);
+                format::encode_run_header(&mut hdr, *tablet, *bytes as u32, 0);
+                out[at..at + hdr.len()].copy_from_slice(&hdr);
+                at += hdr.len();
+                for s in slices {
+                    out[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+            }
+            debug_assert_eq!(at, BLOCK_HEADER_BYTES + body_len);
+            out[at..padded].fill(0);
             BlockHeader {
                 kind: format::BLOCK_PRIMARY,
-                body_len: primary_body.len() as u32,
+                body_len: body_len as u32,
                 write_seq: sh.seq.fetch_add(1, Ordering::SeqCst),
                 data_seq: seq,
                 tablet: 0,
@@ -360,7 +366,7 @@ fn build_job_inner(sh: &Shared, chunks: &[Vec<u8>], checkpoint: bool) -> Result<
         primary = Some((pl.offset, buf));
         pl.offset += padded as u64;
     }
-    // 5. Before the primary log wraps (or at a checkpoint), every SLB goes to its secondary log.
+    // 4. Before the primary log wraps (or at a checkpoint), every SLB goes to its secondary log.
     if wrap || checkpoint {
         let all: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
         for tablet in all {
@@ -446,7 +452,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
     }
 }
 
-type ExecErr = (Error, Vec<Vec<u8>>);
+type ExecErr = (Error, Vec<Chunk>);
 
 fn execute(
     sh: &Shared,
@@ -454,30 +460,40 @@ fn execute(
     dirty: &mut HashMap<u64, Arc<Tablet>>,
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
-) -> std::result::Result<(Vec<Vec<u8>>, bool), ExecErr> {
+) -> std::result::Result<(Vec<Chunk>, bool), ExecErr> {
     let Job { seq, writes, primary, wrap, checkpoint, versions, chunks, force_sync, .. } = job;
     if sh.failed().is_some() {
         return Ok((chunks, false));
     }
     let r = (|| -> Result<bool> {
-        // Secondary writes.
+        let t0 = std::time::Instant::now();
+        // Secondary writes (and the primary write unless it wraps), issued in parallel: the disk
+        // reaches its bandwidth only with several requests in flight. Nothing is acknowledged
+        // before all of them (and the sync) complete, so their order does not matter.
         let mut touched: Vec<Arc<Tablet>> = Vec::new();
-        let mut first_error: Option<Error> = None;
-        for (tablet, w) in &writes {
-            if first_error.is_none() {
-                match tablet.file.write_all_at(w.buf.as_slice(), w.offset) {
-                    Ok(()) => {
-                        sh.counters.secondary_writes.fetch_add(1, Ordering::Relaxed);
-                        sh.counters.secondary_bytes.fetch_add(w.buf.len() as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => first_error = Some(Error::io(&tablet.sec_path, e)),
-                }
-            }
+        for (tablet, _) in &writes {
             if !dirty.contains_key(&tablet.id) {
                 dirty.insert(tablet.id, tablet.clone());
             }
             touched.push(tablet.clone());
         }
+        let mut ios: Vec<Io<'_>> = writes.iter().map(|(t, w)| Io::Write { file: &t.file, path: &t.sec_path, buf: w.buf.as_slice(), offset: w.offset }).collect();
+        let (pfile, ppath) = {
+            let pl = sh.primary.lock();
+            (pl.file.clone(), pl.path.clone())
+        };
+        let primary_guard = if !wrap { primary.as_ref().map(|p| ((), p)) } else { None };
+        if let Some((_, (offset, buf))) = &primary_guard {
+            ios.push(Io::Write { file: &pfile, path: &ppath, buf: buf.as_slice(), offset: *offset });
+        }
+        let first_error = run_parallel(&ios, sh.cfg.io_threads).err();
+        if let Some((_, (_, buf))) = &primary_guard {
+            sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
+            sh.counters.primary_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            *primary_dirty = true;
+        }
+        sh.counters.secondary_writes.fetch_add(writes.len() as u64, Ordering::Relaxed);
+        sh.counters.secondary_bytes.fetch_add(writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(), Ordering::Relaxed);
         // Release segment pins whatever happened (a failed backup refuses further writes anyway).
         for (tablet, w) in &writes {
             let mut st = tablet.state.lock();
@@ -488,14 +504,14 @@ fn execute(
         if let Some(e) = first_error {
             return Err(e);
         }
-        if !wrap {
-            write_primary(sh, &primary, primary_dirty)?;
-        }
+        let t1 = std::time::Instant::now();
+        sh.counters.write_ns.fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
         // Versions become visible to reorganization only now that their data is on disk.
         for vb in &versions {
             let mut st = vb.tablet.state.lock();
-            for r in &vb.records {
-                st.note_version(r.hash, r.version, r.deleted);
+            for &(c, b) in &vb.batches {
+                let chunk = &chunks[c];
+                st.vbuf.extend_from_slice(chunk.batch_records(&chunk.batches[b]));
             }
             st.vbuf_seq = seq;
         }
@@ -507,30 +523,30 @@ fn execute(
         };
         for tablet in candidates {
             let (records, vseq) = {
-                let st = tablet.state.lock();
+                let mut st = tablet.state.lock();
                 let due = if wrap || checkpoint { !st.vbuf.is_empty() } else { st.vbuf.len() >= spill_at };
                 if !due {
                     continue;
                 }
-                let records: Vec<VersionRecord> =
-                    st.vbuf.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
+                let records = st.take_versions();
                 (records, st.vbuf_seq)
             };
             let bytes = tablet.append_versions(vseq, &records)?;
             {
                 let mut st = tablet.state.lock();
-                // Keep what changed meanwhile (nothing can: this thread applies versions).
-                st.vbuf.clear();
                 st.ver_wm = st.ver_wm.max(vseq);
             }
             sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
             sh.counters.version_bytes.fetch_add(bytes, Ordering::Relaxed);
             dirty_versions.insert(tablet.id, tablet.clone());
         }
+        let t2 = std::time::Instant::now();
+        sh.counters.version_ns.fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
         let must_sync = wrap || checkpoint || force_sync || sh.cfg.sync == SyncPolicy::EveryFlush;
         if must_sync {
             sync_all(sh, dirty, dirty_versions, primary_dirty)?;
         }
+        sh.counters.sync_ns.fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if wrap {
             write_primary(sh, &primary, primary_dirty)?;
             if must_sync {
@@ -581,22 +597,69 @@ fn sync_all(
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
 ) -> Result<()> {
-    for (_, t) in dirty.drain() {
-        t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
-        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+    let tablets: Vec<Arc<Tablet>> = dirty.drain().map(|(_, t)| t).collect();
+    let versions: Vec<Arc<Tablet>> = dirty_versions.drain().map(|(_, t)| t).collect();
+    let vguards: Vec<_> = versions.iter().map(|t| (t.verlog.lock(), t)).collect();
+    let pl = if *primary_dirty {
+        let g = sh.primary.lock();
+        Some((g.file.clone(), g.path.clone()))
+    } else {
+        None
+    };
+    let mut ios: Vec<Io<'_>> = tablets.iter().map(|t| Io::Sync { file: &t.file, path: &t.sec_path }).collect();
+    ios.extend(vguards.iter().map(|(g, t)| Io::Sync { file: &g.file, path: &t.ver_path }));
+    if let Some((file, path)) = &pl {
+        ios.push(Io::Sync { file, path });
     }
-    for (_, t) in dirty_versions.drain() {
-        let g = t.verlog.lock();
-        g.file.sync_data().map_err(|e| Error::io(&t.ver_path, e))?;
-        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-    }
-    if *primary_dirty {
-        let pl = sh.primary.lock();
-        pl.file.sync_data().map_err(|e| Error::io(&pl.path, e))?;
-        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        *primary_dirty = false;
-    }
+    sh.counters.syncs.fetch_add(ios.len() as u64, Ordering::Relaxed);
+    run_parallel(&ios, sh.cfg.io_threads)?;
+    *primary_dirty = false;
     Ok(())
+}
+
+/// One disk operation of a flush.
+enum Io<'a> {
+    Write { file: &'a File, path: &'a Path, buf: &'a [u8], offset: u64 },
+    Sync { file: &'a File, path: &'a Path },
+}
+
+impl Io<'_> {
+    fn run(&self) -> Result<()> {
+        match self {
+            Io::Write { file, path, buf, offset } => file.write_all_at(buf, *offset).map_err(|e| Error::io(path, e)),
+            Io::Sync { file, path } => file.sync_data().map_err(|e| Error::io(path, e)),
+        }
+    }
+}
+
+/// Runs the operations on up to `threads` threads (several requests in flight; concurrent
+/// fdatasyncs also share journal commits). Returns the first error.
+fn run_parallel(ios: &[Io<'_>], threads: usize) -> Result<()> {
+    let threads = threads.clamp(1, ios.len().max(1));
+    if threads == 1 {
+        for io in ios {
+            io.run()?;
+        }
+        return Ok(());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(io) = ios.get(i) else { break };
+                if let Err(e) = io.run() {
+                    first_error.lock().get_or_insert(e);
+                    break;
+                }
+            });
+        }
+    });
+    match first_error.into_inner() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Reads the manifest (creating it on first open) and reserves this run's sequence range.
@@ -680,17 +743,28 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
     let file = io::open_log(&path, sh.io_mode, true).map_err(|e| Error::io(&path, e))?;
     let size = sh.cfg.primary_log_bytes;
     io::preallocate(&file, 0, size).map_err(|e| Error::io(&path, e))?;
-    let mut buf = AlignedBuf::new(size as usize);
-    let n = io::read_exact_at(&file, buf.full_mut(), 0).map_err(|e| Error::io(&path, e))?;
-    buf.set_len(n);
-    let region = buf.as_slice();
+    // Walk the chain block by block (reading only what it covers, not the whole file).
     let mut max_seq = 0u64;
     let mut err: Option<Error> = None;
-    let end = format::walk_blocks(region, |_, h, body| {
-        max_seq = max_seq.max(h.write_seq);
-        if h.kind != format::BLOCK_PRIMARY || err.is_some() {
-            return;
+    let mut at = 0u64;
+    let mut last_seq = 0u64;
+    let mut page = AlignedBuf::new(PAGE_BYTES);
+    let mut block = AlignedBuf::new(PAGE_BYTES);
+    while at + BLOCK_HEADER_BYTES as u64 <= size {
+        let n = io::read_exact_at(&file, page.full_mut(), at).map_err(|e| Error::io(&path, e))?;
+        let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (size - at) as usize) else { break };
+        if h.write_seq <= last_seq || h.kind != format::BLOCK_PRIMARY {
+            break;
         }
+        last_seq = h.write_seq;
+        max_seq = max_seq.max(h.write_seq);
+        let padded = h.padded_len();
+        if block.capacity() < padded {
+            block = AlignedBuf::new(padded);
+        }
+        let n = io::read_exact_at(&file, &mut block.full_mut()[..padded], at).map_err(|e| Error::io(&path, e))?;
+        block.set_len(n);
+        let body = &block.as_slice()[BLOCK_HEADER_BYTES..(BLOCK_HEADER_BYTES + h.body_len as usize).min(n)];
         let seq = h.data_seq;
         format::walk_runs(body, |run, run_body| {
             if err.is_some() || dropped.get(&run.tablet).is_some_and(|&d| seq <= d) {
@@ -709,6 +783,9 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
                 if seq > ver_wm {
                     st.note_version(format::key_hash(e.key), e.version, e.is_delete());
                     st.vbuf_seq = st.vbuf_seq.max(seq);
+                    if st.vbuf.len() > (1 << 20) {
+                        crate::tablet::dedup_newest(&mut st.vbuf);
+                    }
                 }
                 if seq > data_wm && !e.is_delete() {
                     let len = e.encoded_len();
@@ -717,12 +794,14 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
                 }
             });
         });
-    });
+        at += padded as u64;
+    }
+    let end = at as usize;
     if let Some(e) = err {
         return Err(e);
     }
     let mut pl = sh.primary.lock();
-    pl.file = file;
+    pl.file = Arc::new(file);
     pl.path = path;
     pl.size = size;
     pl.offset = end as u64;

@@ -133,6 +133,13 @@ pub struct Stats {
     pub max_utilisation: f64,
     pub written_lsn: u64,
     pub durable_lsn: u64,
+    /// Milliseconds spent: producers blocked on a full write buffer, sorting and copying,
+    /// writing, applying versions, syncing.
+    pub producer_wait_ms: u64,
+    pub process_ms: u64,
+    pub write_ms: u64,
+    pub version_ms: u64,
+    pub sync_ms: u64,
     pub failed: Option<String>,
 }
 
@@ -166,7 +173,7 @@ impl Backup {
             seq: AtomicU64::new(seq_base),
             tablets: RwLock::new(BTreeMap::new()),
             primary: Mutex::new(engine::PrimaryLog {
-                file: std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?,
+                file: Arc::new(std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?),
                 path: dir.join("primary.log"),
                 size: 0,
                 offset: 0,
@@ -177,7 +184,7 @@ impl Backup {
             durable_lsn: AtomicU64::new(0),
             sync_requested: AtomicBool::new(false),
             checkpoint_requested: AtomicBool::new(false),
-            pool: engine::BufPool::new(64 << 20),
+            pool: engine::BufPool::new(128 << 20),
             counters: engine::Counters::default(),
             reorg_queue: Mutex::new(VecDeque::new()),
             reorg_cv: Condvar::new(),
@@ -418,6 +425,11 @@ impl Backup {
             max_utilisation: max_util,
             written_lsn: self.sh.written_lsn.load(Ordering::SeqCst),
             durable_lsn: self.sh.durable_lsn.load(Ordering::SeqCst),
+            producer_wait_ms: self.sh.wb.producer_wait_ns() / 1_000_000,
+            process_ms: l(&c.process_ns) / 1_000_000,
+            write_ms: l(&c.write_ns) / 1_000_000,
+            version_ms: l(&c.version_ns) / 1_000_000,
+            sync_ms: l(&c.sync_ns) / 1_000_000,
             failed: self.sh.failed(),
         }
     }

@@ -93,14 +93,15 @@ pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInf
     let mut map = HashMapU128::default();
     let mut vl = t.verlog.lock();
     let (_, file_seq) = read_versions_file(&vl.file, vl.len, &t.ver_path, &mut map)?;
-    let (snapshot, vseq) = {
+    let (snapshot, vseq, vepoch) = {
         let st = t.state.lock();
-        (st.vbuf.clone(), st.vbuf_seq)
+        (st.vbuf.clone(), st.vbuf_seq, st.vbuf_epoch)
     };
-    for (h, v) in &snapshot {
-        let slot = map.entry(*h).or_insert(*v);
+    for r in &snapshot {
+        let v = VersionInfo { version: r.version, deleted: r.deleted };
+        let slot = map.entry(r.hash).or_insert(v);
         if v.version >= slot.version {
-            *slot = *v;
+            *slot = v;
         }
     }
     let seq = vseq.max(file_seq);
@@ -124,10 +125,10 @@ pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInf
     vl.len = buf.len() as u64;
     sh.counters.version_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
     let mut st = t.state.lock();
-    for (h, v) in &snapshot {
-        if st.vbuf.get(h) == Some(v) {
-            st.vbuf.remove(h);
-        }
+    // The records captured are in the compacted log now; drop them unless the buffer was taken
+    // (spilled) meanwhile, in which case it no longer starts with them.
+    if st.vbuf_epoch == vepoch && st.vbuf.len() >= snapshot.len() {
+        st.vbuf.drain(..snapshot.len());
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(map)

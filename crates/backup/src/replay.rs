@@ -153,9 +153,9 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
                 vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
             }
         });
-        for (h, v) in &vbuf {
-            let loc = if v.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
-            vparts[partition(*h)].push(Item { hash: *h, version: v.version, loc });
+        for r in &vbuf {
+            let loc = if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
+            vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
         }
         let mut outs = Vec::with_capacity(threads);
         let vdamage = walk.damaged_bytes + walk.tail_bytes;

@@ -66,7 +66,11 @@ pub struct TabletState {
     pub segments: Vec<SegMeta>,
     pub slb: Vec<u8>,
     pub slb_data_seq: u64,
-    pub vbuf: HashMapU128<VersionInfo>,
+    /// Version buffer: version records of this tablet not yet in the version log, appended as
+    /// they come (cheap); the newest record per key wins wherever they are read.
+    pub vbuf: Vec<VersionRecord>,
+    /// Bumped whenever the version buffer is taken, so reorganization can tell if it changed.
+    pub vbuf_epoch: u64,
     /// Flush sequence up to which the version buffer (and log) is complete.
     pub vbuf_seq: u64,
     /// Highest flush sequence whose data reached the secondary log.
@@ -81,13 +85,23 @@ impl TabletState {
         self.segments.iter().map(|s| s.used).sum()
     }
 
-    /// Applies a version if it is newer than what the buffer holds.
+    /// Records a version (put or delete) in the version buffer.
     pub fn note_version(&mut self, hash: u128, version: u64, deleted: bool) {
-        let slot = self.vbuf.entry(hash).or_insert(VersionInfo { version, deleted });
-        if version >= slot.version {
-            *slot = VersionInfo { version, deleted };
-        }
+        self.vbuf.push(VersionRecord { hash, version, deleted });
     }
+
+    /// Takes the version buffer. Records are not deduplicated here (that would cost a sort per
+    /// spill); the version log is compacted, newest record per key, at every reorganization.
+    pub fn take_versions(&mut self) -> Vec<VersionRecord> {
+        self.vbuf_epoch += 1;
+        std::mem::take(&mut self.vbuf)
+    }
+}
+
+/// Sorts by key hash and keeps the newest record of each key.
+pub fn dedup_newest(v: &mut Vec<VersionRecord>) {
+    v.sort_unstable_by(|a, b| a.hash.cmp(&b.hash).then(b.version.cmp(&a.version)));
+    v.dedup_by_key(|r| r.hash);
 }
 
 pub struct VerLog {
@@ -189,7 +203,8 @@ impl Tablet {
                 segments,
                 slb: Vec::new(),
                 slb_data_seq: 0,
-                vbuf: HashMapU128::default(),
+                vbuf: Vec::new(),
+                vbuf_epoch: 0,
                 vbuf_seq: 0,
                 data_wm,
                 ver_wm,
@@ -256,23 +271,14 @@ impl Tablet {
     ) -> Result<Option<Vec<BlockWrite>>> {
         let seg = self.segment_bytes as usize;
         let total: usize = slices.iter().map(|s| s.len()).sum();
-        // Entry boundaries, as (slice, offset, len).
-        let mut entries: Vec<(usize, usize, usize)> = Vec::new();
-        for (si, s) in slices.iter().enumerate() {
-            let mut at = 0usize;
-            while at < s.len() {
-                let len = format::entry_len_unchecked(&s[at..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
-                entries.push((si, at, len));
-                at += len;
-            }
-        }
-        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (segment, first entry, end entry)
-        let mut next = 0usize;
+        // Each slice is a run of whole entries; entries are walked only where a cut is needed.
+        let mut plan: Vec<(usize, Vec<(usize, usize, usize)>, usize)> = Vec::new(); // (segment, ranges, body)
+        let (mut si, mut off) = (0usize, 0usize);
         let mut remaining = total;
         // Work on a scratch copy of `used` so that a failed placement changes nothing.
         let mut used: Vec<u64> = st.segments.iter().map(|s| s.used).collect();
         let mut fresh: Vec<usize> = Vec::new();
-        while next < entries.len() {
+        while remaining > 0 {
             let want = BLOCK_HEADER_BYTES + remaining;
             let usable = |i: usize, used: &[u64], st: &TabletState| -> usize {
                 if st.segments[i].reorganizing {
@@ -289,17 +295,19 @@ impl Tablet {
                     .min_by_key(|&i| usable(i, &used, st));
             }
             if choice.is_none() {
-                // A fresh segment (not one we already picked in this placement).
-                let mut found = None;
-                for (i, s) in st.segments.iter().enumerate() {
-                    if used[i] == 0 && s.pending == 0 && !s.reorganizing && !fresh.contains(&i) {
-                        found = Some(i);
-                        break;
-                    }
-                }
-                let free_count = st.segments.iter().enumerate().filter(|(i, s)| used[*i] == 0 && !s.reorganizing && s.pending == 0).count()
+                // A fresh segment (not one already picked in this placement), keeping the reserve.
+                let free_count = st
+                    .segments
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| used[*i] == 0 && !s.reorganizing && s.pending == 0)
+                    .count()
                     + (self.max_segments - st.segments.len());
                 if free_count > self.reserve_segments {
+                    let mut found = (0..st.segments.len()).find(|&i| {
+                        let s = &st.segments[i];
+                        used[i] == 0 && s.pending == 0 && !s.reorganizing && !fresh.contains(&i)
+                    });
                     if found.is_none() {
                         let i = st.segments.len();
                         self.ensure_segment(st, i)?;
@@ -311,51 +319,59 @@ impl Tablet {
             }
             if choice.is_none() {
                 // Split: the segment with the most free space.
-                choice = (0..st.segments.len())
-                    .filter(|&i| usable(i, &used, st) >= entries[next].2)
-                    .max_by_key(|&i| usable(i, &used, st));
+                choice = (0..st.segments.len()).filter(|&i| usable(i, &used, st) > 0).max_by_key(|&i| usable(i, &used, st));
             }
             let Some(i) = choice else { return Ok(None) };
+            let room = usable(i, &used, st);
+            let mut ranges = Vec::new();
+            let mut body = 0usize;
+            while si < slices.len() {
+                let s = slices[si];
+                if body + (s.len() - off) <= room {
+                    ranges.push((si, off, s.len()));
+                    body += s.len() - off;
+                    si += 1;
+                    off = 0;
+                    continue;
+                }
+                // Cut inside this slice at the last entry that fits.
+                let mut end = off;
+                while end < s.len() {
+                    let len = format::entry_len_unchecked(&s[end..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
+                    if body + (end - off) + len > room {
+                        break;
+                    }
+                    end += len;
+                }
+                if end > off {
+                    ranges.push((si, off, end));
+                    body += end - off;
+                    off = end;
+                }
+                break;
+            }
+            if body == 0 {
+                return Ok(None);
+            }
             if used[i] == 0 {
                 fresh.push(i);
             }
-            let room = usable(i, &used, st);
-            let first = next;
-            let mut body = 0usize;
-            while next < entries.len() && body + entries[next].2 <= room {
-                body += entries[next].2;
-                next += 1;
-            }
-            if next == first {
-                return Ok(None);
-            }
             remaining -= body;
             used[i] += format::page_align_up(BLOCK_HEADER_BYTES + body) as u64;
-            plan.push((i, first, next));
+            plan.push((i, ranges, body));
         }
         // Commit: build the buffers and update the metadata.
         let mut writes = Vec::with_capacity(plan.len());
         let now = Instant::now();
-        for (i, first, end) in plan {
-            let body: usize = entries[first..end].iter().map(|e| e.2).sum();
+        for (i, ranges, body) in plan {
             let padded = format::page_align_up(BLOCK_HEADER_BYTES + body);
             let mut buf = pool.get(padded);
             {
                 let out = buf.full_mut();
                 let mut at = BLOCK_HEADER_BYTES;
-                // Copy runs of entries that are contiguous in one slice with one memcpy.
-                let mut k = first;
-                while k < end {
-                    let (si, off, _) = entries[k];
-                    let mut stop = k;
-                    let mut len = 0usize;
-                    while stop < end && entries[stop].0 == si {
-                        len += entries[stop].2;
-                        stop += 1;
-                    }
-                    out[at..at + len].copy_from_slice(&slices[si][off..off + len]);
-                    at += len;
-                    k = stop;
+                for (si, from, to) in ranges {
+                    out[at..at + (to - from)].copy_from_slice(&slices[si][from..to]);
+                    at += to - from;
                 }
                 out[at..padded].fill(0);
                 let h = BlockHeader {
@@ -364,7 +380,7 @@ impl Tablet {
                     write_seq: seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
                     data_seq,
                     tablet: self.id,
-                    entry_count: (end - first) as u32,
+                    entry_count: 0,
                 };
                 h.encode(out);
             }

@@ -2,13 +2,52 @@
 //! flusher drains. Producers block when every chunk is full or in flight (back-pressure); memory
 //! never grows beyond `write_buffer_bytes`.
 //!
-//! Each append becomes one or more batch records: `tablet u64 | body_len u32 | count u32` followed
-//! by encoded entries (CRC computed by the producer, as DXRAM's message handler does).
+//! A chunk holds encoded entries (CRC computed by the producer, as DXRAM's message handler does)
+//! plus two side tables filled while the entries are hot in the producer's cache: the batches
+//! (tablet, byte range, puts or deletes) and each entry's version record (key hash, version). The
+//! flusher then sorts and routes by the side tables alone and touches entry bytes only to copy
+//! them.
 
-use crate::format::{self, BATCH_HEADER_BYTES};
+use crate::format::{self, VersionRecord};
 use crate::{Entry, Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// A run of entries of one tablet inside a chunk, all puts or all deletes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchMeta {
+    pub tablet: u64,
+    pub start: usize,
+    pub len: usize,
+    pub rec_start: usize,
+    pub rec_count: usize,
+    pub deletes: bool,
+}
+
+/// One chunk of the ring.
+#[derive(Default)]
+pub(crate) struct Chunk {
+    pub data: Vec<u8>,
+    pub batches: Vec<BatchMeta>,
+    pub records: Vec<VersionRecord>,
+}
+
+impl Chunk {
+    fn with_capacity(bytes: usize) -> Chunk {
+        Chunk { data: Vec::with_capacity(bytes), batches: Vec::new(), records: Vec::new() }
+    }
+    fn clear(&mut self) {
+        self.data.clear();
+        self.batches.clear();
+        self.records.clear();
+    }
+    pub fn batch_bytes(&self, b: &BatchMeta) -> &[u8] {
+        &self.data[b.start..b.start + b.len]
+    }
+    pub fn batch_records(&self, b: &BatchMeta) -> &[VersionRecord] {
+        &self.records[b.rec_start..b.rec_start + b.rec_count]
+    }
+}
 
 pub(crate) struct WriteBuffer {
     inner: Mutex<Inner>,
@@ -22,9 +61,9 @@ pub(crate) struct WriteBuffer {
 }
 
 struct Inner {
-    cur: Vec<u8>,
-    full: Vec<Vec<u8>>,
-    free: Vec<Vec<u8>>,
+    cur: Chunk,
+    full: Vec<Chunk>,
+    free: Vec<Chunk>,
     buffered: usize,
     /// Total bytes ever appended: the ticket of an append is this value after it.
     lsn: u64,
@@ -32,23 +71,23 @@ struct Inner {
     force: bool,
     closed: bool,
     failed: Option<String>,
+    producer_wait_ns: u64,
 }
 
 /// What one flush took out of the buffer.
 pub(crate) struct Taken {
-    pub chunks: Vec<Vec<u8>>,
+    pub chunks: Vec<Chunk>,
     pub lsn: u64,
-    pub force: bool,
     pub closed: bool,
 }
 
 impl WriteBuffer {
     pub fn new(total_bytes: usize, chunks: usize, flush_threshold: usize, flush_interval: Duration) -> Self {
         let chunk_bytes = total_bytes / chunks;
-        let free = (0..chunks - 1).map(|_| Vec::with_capacity(chunk_bytes)).collect();
+        let free = (0..chunks - 1).map(|_| Chunk::with_capacity(chunk_bytes)).collect();
         WriteBuffer {
             inner: Mutex::new(Inner {
-                cur: Vec::with_capacity(chunk_bytes),
+                cur: Chunk::with_capacity(chunk_bytes),
                 full: Vec::new(),
                 free,
                 buffered: 0,
@@ -57,6 +96,7 @@ impl WriteBuffer {
                 force: false,
                 closed: false,
                 failed: None,
+                producer_wait_ns: 0,
             }),
             space: Condvar::new(),
             work: Condvar::new(),
@@ -77,7 +117,7 @@ impl WriteBuffer {
             while end < entries.len() {
                 let e = &entries[end];
                 let len = format::entry_bytes(e.key.len(), e.value.map_or(0, |v| v.len()));
-                if BATCH_HEADER_BYTES + body + len > self.chunk_bytes {
+                if body + len > self.chunk_bytes {
                     break;
                 }
                 body += len;
@@ -91,7 +131,7 @@ impl WriteBuffer {
     }
 
     fn append_record(&self, tablet: u64, entries: &[Entry<'_>], body: usize) -> Result<u64> {
-        let need = BATCH_HEADER_BYTES + body;
+        let need = body;
         let mut g = self.inner.lock();
         loop {
             if let Some(msg) = &g.failed {
@@ -100,10 +140,11 @@ impl WriteBuffer {
             if g.closed {
                 return Err(Error::Closed);
             }
-            if g.cur.capacity() > 0 && g.cur.len() + need <= g.cur.capacity() {
+            let cap = g.cur.data.capacity();
+            if cap > 0 && g.cur.data.len() + need <= cap {
                 break;
             }
-            if g.cur.capacity() > 0 && !g.cur.is_empty() {
+            if cap > 0 && !g.cur.data.is_empty() {
                 let cur = std::mem::take(&mut g.cur);
                 g.full.push(cur);
             }
@@ -114,19 +155,30 @@ impl WriteBuffer {
             // Every chunk is full or being flushed: wake the flusher and wait (back-pressure).
             g.force = true;
             self.work.notify_one();
+            let t = Instant::now();
             self.space.wait(&mut g);
+            g.producer_wait_ns += t.elapsed().as_nanos() as u64;
         }
         let cur = &mut g.cur;
-        let at = cur.len();
-        cur.resize(at + BATCH_HEADER_BYTES, 0);
+        let at = cur.data.len();
+        let mut open: Option<BatchMeta> = None;
         for e in entries {
-            match e.value {
-                Some(v) => format::encode_entry(cur, format::KIND_PUT, e.key, v, e.version, e.expiry),
-                None => format::encode_entry(cur, format::KIND_DELETE, e.key, &[], e.version, e.expiry),
+            let deletes = e.value.is_none();
+            if open.is_some_and(|b| b.deletes != deletes) {
+                cur.batches.extend(open.take());
             }
+            let start = cur.data.len();
+            let meta = open.get_or_insert(BatchMeta { tablet, start, len: 0, rec_start: cur.records.len(), rec_count: 0, deletes });
+            match e.value {
+                Some(v) => format::encode_entry(&mut cur.data, format::KIND_PUT, e.key, v, e.version, e.expiry),
+                None => format::encode_entry(&mut cur.data, format::KIND_DELETE, e.key, &[], e.version, e.expiry),
+            }
+            meta.len += cur.data.len() - start;
+            meta.rec_count += 1;
+            cur.records.push(VersionRecord { hash: format::key_hash(e.key), version: e.version, deleted: deletes });
         }
-        debug_assert_eq!(cur.len(), at + need);
-        format::encode_batch_header(&mut cur[at..], tablet, body as u32, entries.len() as u32);
+        cur.batches.extend(open);
+        debug_assert_eq!(cur.data.len(), at + need);
         g.buffered += need;
         g.lsn += need as u64;
         if g.oldest.is_none() {
@@ -141,6 +193,11 @@ impl WriteBuffer {
     /// Current stream position (ticket of everything appended so far).
     pub fn lsn(&self) -> u64 {
         self.inner.lock().lsn
+    }
+
+    /// Total time producers spent blocked on a full buffer (ns).
+    pub fn producer_wait_ns(&self) -> u64 {
+        self.inner.lock().producer_wait_ns
     }
 
     /// Asks for a flush now.
@@ -165,22 +222,22 @@ impl WriteBuffer {
             self.work.wait_for(&mut g, wait.max(Duration::from_millis(1)));
         }
         let mut chunks = std::mem::take(&mut g.full);
-        if !g.cur.is_empty() {
+        if !g.cur.data.is_empty() {
             let next = g.free.pop().unwrap_or_default();
             chunks.push(std::mem::replace(&mut g.cur, next));
         }
         g.buffered = 0;
         g.oldest = None;
-        let force = std::mem::take(&mut g.force);
-        Taken { chunks, lsn: g.lsn, force, closed: g.closed }
+        g.force = false;
+        Taken { chunks, lsn: g.lsn, closed: g.closed }
     }
 
     /// Returns drained chunks to the ring.
-    pub fn release(&self, chunks: Vec<Vec<u8>>) {
+    pub fn release(&self, chunks: Vec<Chunk>) {
         let mut g = self.inner.lock();
         for mut c in chunks {
             c.clear();
-            if g.cur.capacity() == 0 {
+            if g.cur.data.capacity() == 0 {
                 g.cur = c;
             } else {
                 g.free.push(c);

@@ -4,6 +4,7 @@
 //! one row per figure, with the peer or physical limit measured in the same run
 //! as its baseline, so that each figure is a ratio rather than a bare time.
 
+pub mod backup;
 pub mod report;
 pub mod resp;
 pub mod util;

@@ -52,6 +52,8 @@ enum Suite {
     Engine,
     /// RESP server against redis-server with redis-benchmark: req/s, p50, p99, memory per key.
     Resp,
+    /// Backup logs (two-level logging): throughput vs raw disk, two-level on/off, reorganization, replay.
+    Backup,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -76,6 +78,7 @@ fn main() -> anyhow::Result<()> {
             match suite {
                 Suite::Engine => ramlog_bench::engine::run(args.quick, args.json.as_deref()),
                 Suite::Resp => ramlog_bench::resp::run(args.quick, args.json.as_deref()),
+                Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
             }
         }
     }

@@ -1,0 +1,649 @@
+//! `ramlog bench backup`: the backup log store (DXRAM two-level logging) on this machine's disk.
+//!
+//! Every throughput is compared with raw sequential O_DIRECT write bandwidth (8 MiB writes to a
+//! preallocated file) measured on the same disk in the same run. Four groups of rows:
+//! 1. logging throughput for 64 B, 128 B, 512 B and 4 KiB entries (key + value) over 1 tablet and
+//!    over 256 tablets (round-robin and random), batches of 10 entries;
+//! 2. two-level logging on vs off for small scattered batches over 256 tablets;
+//! 3. reorganization under sequential, uniform, zipf and hot-and-cold updates (digest 000 §9.5,
+//!    §11.4): maximum log utilisation, throughput relative to the same updates without
+//!    reorganization, bytes freed per segment cleaned;
+//! 4. replay of one tablet log of 256 MiB of 64 B entries (10% superseded, 1% deleted) from a cold
+//!    cache (segments are read with O_DIRECT).
+//!
+//! Data lives under `$RAMLOG_BENCH_DIR` (default `target/bench-data` in the working directory)
+//! and is removed afterwards.
+
+use crate::report::{Report, Row, Target};
+use crate::util::{scramble, Zipf};
+use anyhow::{Context, Result};
+use ramlog_backup::io::{open_log, preallocate, AlignedBuf, IoMode};
+use ramlog_backup::{Backup, Config, Entry};
+use rand::{Rng, SeedableRng};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const KEY_BYTES: usize = 16;
+
+/// A scratch directory that is removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(root: &Path, name: &str) -> Result<Scratch> {
+        let p = root.join(name);
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).with_context(|| format!("create {}", p.display()))?;
+        Ok(Scratch(p))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bench_root() -> Result<PathBuf> {
+    let root = match std::env::var_os("RAMLOG_BENCH_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::current_dir()?.join("target").join("bench-data"),
+    };
+    let root = root.join(format!("backup-{}", std::process::id()));
+    std::fs::create_dir_all(&root).with_context(|| format!("create {}", root.display()))?;
+    Ok(root)
+}
+
+/// Raw sequential write bandwidth in bytes/s: 8 MiB O_DIRECT writes into a preallocated file,
+/// then fdatasync (best of `runs`).
+fn raw_bandwidth(dir: &Path, total_bytes: u64, runs: usize) -> Result<(f64, IoMode)> {
+    let mode = ramlog_backup::io::probe_direct(dir);
+    let path = dir.join("raw.bin");
+    let block = 8usize << 20;
+    let mut buf = AlignedBuf::new(block);
+    for (i, b) in buf.full_mut().iter_mut().enumerate() {
+        *b = (i * 31 % 251) as u8;
+    }
+    buf.set_len(block);
+    let mut best = 0.0f64;
+    for _ in 0..runs {
+        let _ = std::fs::remove_file(&path);
+        let f = open_log(&path, mode, true)?;
+        preallocate(&f, 0, total_bytes)?;
+        let start = Instant::now();
+        let mut off = 0u64;
+        while off < total_bytes {
+            f.write_all_at(buf.as_slice(), off)?;
+            off += block as u64;
+        }
+        f.sync_data()?;
+        best = best.max(total_bytes as f64 / start.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok((best, mode))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Spread {
+    One,
+    RoundRobin,
+    Random,
+}
+
+impl Spread {
+    fn name(self) -> &'static str {
+        match self {
+            Spread::One => "1tablet",
+            Spread::RoundRobin => "256tablets_rr",
+            Spread::Random => "256tablets_random",
+        }
+    }
+}
+
+fn fill_key(buf: &mut [u8], id: u64) {
+    buf[..8].copy_from_slice(&id.to_be_bytes());
+    buf[8..16].copy_from_slice(&scramble(id).to_le_bytes());
+}
+
+/// Logs `count` entries of `size` bytes (key + value) in batches of 10; returns entries/s,
+/// measured until everything is durable.
+fn log_throughput(dir: &Path, cfg: Config, size: usize, spread: Spread, count: u64) -> Result<f64> {
+    let b = Backup::open(dir, cfg)?;
+    let value = vec![0x5Au8; size - KEY_BYTES];
+    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(size as u64);
+    let start = Instant::now();
+    let mut id = 0u64;
+    let mut batch_no = 0u64;
+    while id < count {
+        let tablet = match spread {
+            Spread::One => 0,
+            Spread::RoundRobin => batch_no % 256,
+            Spread::Random => rng.gen_range(0..256),
+        };
+        for (i, k) in keys.iter_mut().enumerate() {
+            fill_key(k, id + i as u64);
+        }
+        let entries: [Entry<'_>; 10] = std::array::from_fn(|i| Entry {
+            key: &keys[i],
+            value: Some(&value),
+            version: id + i as u64 + 1,
+            expiry: 0,
+        });
+        b.append(tablet, &entries)?;
+        id += 10;
+        batch_no += 1;
+    }
+    b.flush()?;
+    let secs = start.elapsed().as_secs_f64();
+    drop(b);
+    Ok(count as f64 / secs)
+}
+
+fn throughput_config() -> Config {
+    Config {
+        reorg_enabled: false,
+        tablet_log_capacity_bytes: 8 << 30,
+        ..Config::default()
+    }
+}
+
+/// Small scattered batches over 256 tablets: 64 B entries, one batch of 10 per random tablet.
+fn scattered(dir: &Path, two_level: bool, count: u64) -> Result<(f64, ramlog_backup::Stats)> {
+    let cfg = Config {
+        two_level,
+        reorg_enabled: false,
+        tablet_log_capacity_bytes: 1 << 30,
+        write_buffer_bytes: 8 << 20,
+        write_buffer_chunks: 8,
+        flush_threshold_bytes: 4 << 20,
+        ..Config::default()
+    };
+    let b = Backup::open(dir, cfg)?;
+    let value = vec![0x33u8; 64 - KEY_BYTES];
+    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while n < count {
+        let tablet = rng.gen_range(0..256u64);
+        let first = rng.gen_range(0..1u64 << 32);
+        for (i, k) in keys.iter_mut().enumerate() {
+            fill_key(k, first + i as u64);
+        }
+        let entries: [Entry<'_>; 10] = std::array::from_fn(|i| Entry {
+            key: &keys[i],
+            value: Some(&value),
+            version: n + i as u64 + 1,
+            expiry: 0,
+        });
+        b.append(tablet, &entries)?;
+        n += 10;
+    }
+    b.flush()?;
+    let secs = start.elapsed().as_secs_f64();
+    let stats = b.stats();
+    drop(b);
+    Ok((count as f64 / secs, stats))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pattern {
+    Sequential,
+    Uniform,
+    Zipf,
+    HotCold,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Sequential => "sequential",
+            Pattern::Uniform => "uniform",
+            Pattern::Zipf => "zipf",
+            Pattern::HotCold => "hotcold",
+        }
+    }
+}
+
+struct ReorgRun {
+    entries_per_s: f64,
+    max_utilisation: f64,
+    mean_utilisation: f64,
+    freed_per_segment: f64,
+    segments_cleaned: u64,
+    urgent: u64,
+}
+
+/// Phase 1 loads every key once (not measured); phase 2 applies 2× as many updates in batches of
+/// 10 consecutive keys chosen by the pattern (DXRAM §9.5). Utilisation is sampled every 20 ms.
+fn reorg_run(
+    dir: &Path,
+    pattern: Pattern,
+    reorg: bool,
+    tablets: u64,
+    keys_per_tablet: u64,
+    segment_bytes: u64,
+    capacity: u64,
+) -> Result<ReorgRun> {
+    let cfg = Config {
+        reorg_enabled: reorg,
+        segment_bytes,
+        tablet_log_capacity_bytes: if reorg { capacity } else { capacity * 8 },
+        version_buffer_entries: 1 << 15,
+        write_buffer_bytes: 16 << 20,
+        flush_threshold_bytes: 8 << 20,
+        secondary_buffer_bytes: 16 << 10,
+        primary_log_bytes: 64 << 20,
+        ..Config::default()
+    };
+    let b = std::sync::Arc::new(Backup::open(dir, cfg)?);
+    let value = vec![0x77u8; 64 - KEY_BYTES];
+    let total_keys = tablets * keys_per_tablet;
+    let mut version = 0u64;
+    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut append_batch = |b: &Backup, first: u64, version: &mut u64| -> Result<()> {
+        let tablet = first / keys_per_tablet;
+        let local = first % keys_per_tablet;
+        let start = if local + 10 > keys_per_tablet {
+            keys_per_tablet - 10
+        } else {
+            local
+        };
+        for (i, k) in keys.iter_mut().enumerate() {
+            fill_key(k, tablet * keys_per_tablet + start + i as u64);
+        }
+        let base = *version;
+        *version += 10;
+        let entries: [Entry<'_>; 10] = std::array::from_fn(|i| Entry {
+            key: &keys[i],
+            value: Some(&value),
+            version: base + i as u64 + 1,
+            expiry: 0,
+        });
+        b.append(tablet, &entries)?;
+        Ok(())
+    };
+    // Phase 1: load.
+    let mut k = 0;
+    while k < total_keys {
+        append_batch(&b, k, &mut version)?;
+        k += 10;
+    }
+    b.flush()?;
+    // Phase 2: updates, with a utilisation sampler.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (b, stop) = (b.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.push(b.stats().max_utilisation);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            samples
+        })
+    };
+    let before = b.stats();
+    let zipf = Zipf::new(total_keys, 0.99);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
+    let hot: Vec<u64> = (0..total_keys)
+        .filter(|&i| scramble(i ^ 0xABCD) % 10 == 0)
+        .collect();
+    let cold: Vec<u64> = (0..total_keys)
+        .filter(|&i| scramble(i ^ 0xABCD) % 10 != 0)
+        .collect();
+    let updates = 2 * total_keys;
+    let start = Instant::now();
+    let mut done = 0u64;
+    let mut seq = 0u64;
+    while done < updates {
+        let first = match pattern {
+            Pattern::Sequential => {
+                let f = seq % total_keys;
+                seq += 10;
+                f
+            }
+            Pattern::Uniform => rng.gen_range(0..total_keys),
+            Pattern::Zipf => scramble(zipf.sample(&mut rng)) % total_keys,
+            Pattern::HotCold => {
+                if rng.gen_bool(0.9) {
+                    hot[rng.gen_range(0..hot.len())]
+                } else {
+                    cold[rng.gen_range(0..cold.len())]
+                }
+            }
+        };
+        append_batch(&b, first, &mut version)?;
+        done += 10;
+    }
+    b.flush()?;
+    let secs = start.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let after = b.stats();
+    let cleaned = after.reorg_segments_cleaned - before.reorg_segments_cleaned;
+    let freed = after.reorg_bytes_freed - before.reorg_bytes_freed;
+    let run = ReorgRun {
+        entries_per_s: updates as f64 / secs,
+        max_utilisation: samples
+            .iter()
+            .copied()
+            .fold(after.max_utilisation, f64::max),
+        mean_utilisation: if samples.is_empty() {
+            after.max_utilisation
+        } else {
+            samples.iter().sum::<f64>() / samples.len() as f64
+        },
+        freed_per_segment: if cleaned > 0 {
+            freed as f64 / cleaned as f64
+        } else {
+            0.0
+        },
+        segments_cleaned: cleaned,
+        urgent: after.urgent_requests - before.urgent_requests,
+    };
+    drop(b);
+    Ok(run)
+}
+
+/// Builds one tablet log of about `log_bytes` of 64 B entries (10% superseded, 1% deleted),
+/// reopens it and times a replay. Returns (seconds, live keys, bytes read).
+fn replay_run(dir: &Path, log_bytes: u64) -> Result<(f64, u64, u64, bool)> {
+    let cfg = Config {
+        reorg_enabled: false,
+        tablet_log_capacity_bytes: 2 * log_bytes + (64 << 20),
+        ..Config::default()
+    };
+    let entry_disk = (ramlog_backup::format::ENTRY_HEADER_BYTES + 64) as u64;
+    let total = log_bytes / entry_disk;
+    let keys = total * 100 / 111; // keys + 10% updates + 1% deletes ≈ total
+    {
+        let b = Backup::open(dir, cfg.clone())?;
+        let value = vec![0x42u8; 64 - KEY_BYTES];
+        let mut key = [0u8; KEY_BYTES];
+        let mut version = 0u64;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let mut batch: Vec<([u8; KEY_BYTES], bool)> = Vec::with_capacity(10);
+        let flush = |b: &Backup,
+                     batch: &mut Vec<([u8; KEY_BYTES], bool)>,
+                     version: &mut u64|
+         -> Result<()> {
+            let entries: Vec<Entry<'_>> = batch
+                .iter()
+                .map(|(k, del)| {
+                    *version += 1;
+                    Entry {
+                        key: k,
+                        value: if *del { None } else { Some(&value) },
+                        version: *version,
+                        expiry: 0,
+                    }
+                })
+                .collect();
+            b.append(0, &entries)?;
+            batch.clear();
+            Ok(())
+        };
+        for id in 0..keys {
+            fill_key(&mut key, id);
+            batch.push((key, false));
+            // 10% of keys get a newer version, 1% are deleted (later, so the first copy is stale).
+            if id >= 1000 && rng.gen_bool(0.10) {
+                fill_key(&mut key, rng.gen_range(0..id));
+                batch.push((key, false));
+            }
+            if id >= 1000 && rng.gen_bool(0.01) {
+                fill_key(&mut key, rng.gen_range(0..id));
+                batch.push((key, true));
+            }
+            if batch.len() >= 10 {
+                flush(&b, &mut batch, &mut version)?;
+            }
+        }
+        if !batch.is_empty() {
+            flush(&b, &mut batch, &mut version)?;
+        }
+        b.close()?;
+    }
+    // Cold cache: segments are read with O_DIRECT; also ask the kernel to drop its caches.
+    let dropped = std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok();
+    let b = Backup::open(dir, cfg)?;
+    let start = Instant::now();
+    let mut live = 0u64;
+    let mut checksum = 0u64;
+    let report = b.replay(0, |e| {
+        live += 1;
+        checksum = checksum.wrapping_add(e.version ^ e.value.len() as u64);
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        report.is_clean() && report.live_keys == live,
+        "replay was not clean: {report:?}"
+    );
+    std::hint::black_box(checksum);
+    Ok((secs, live, report.bytes_read, dropped))
+}
+
+pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
+    let root = bench_root()?;
+    let _cleanup = Scratch(root.clone());
+    let mut report = Report::new("backup", quick);
+
+    // Baseline: raw sequential O_DIRECT write bandwidth on this disk.
+    let raw_bytes: u64 = if quick { 256 << 20 } else { 1 << 30 };
+    let (raw, mode) = raw_bandwidth(&root, raw_bytes, if quick { 1 } else { 2 })?;
+    println!(
+        "backup bench: data in {}; I/O mode {}",
+        root.display(),
+        mode.name()
+    );
+    report.push(Row::plain("raw_sequential_write_MBps", raw / 1e6, "MB/s"));
+    let raw_mbps = raw / 1e6;
+
+    // RAMLOG_BENCH_BACKUP_GROUPS=log,two_level,reorg,replay runs a subset (for development).
+    let groups = std::env::var("RAMLOG_BENCH_BACKUP_GROUPS")
+        .unwrap_or_else(|_| "log,two_level,reorg,replay".into());
+    let want = |g: &str| groups.split(',').any(|x| x.trim() == g);
+    // RAMLOG_BENCH_BACKUP_ROWS=512B/1tablet keeps only logging rows whose name contains it.
+    let rows = std::env::var("RAMLOG_BENCH_BACKUP_ROWS").unwrap_or_default();
+
+    // 1. Logging throughput.
+    let bytes_per_row: u64 = if quick { 48 << 20 } else { 512 << 20 };
+    for size in [64usize, 128, 512, 4096] {
+        if !want("log") {
+            continue;
+        }
+        for spread in [Spread::One, Spread::RoundRobin, Spread::Random] {
+            if !format!("log/{size}B/{}", spread.name()).contains(&rows) {
+                continue;
+            }
+            let scratch = Scratch::new(&root, "log")?;
+            let count = (bytes_per_row / size as u64).max(1000) / 10 * 10;
+            let eps = log_throughput(&scratch.0, throughput_config(), size, spread, count)?;
+            let name = format!("log/{size}B/{}", spread.name());
+            let mbps = eps * size as f64 / 1e6;
+            if size == 64 {
+                report.push(
+                    Row::plain(format!("{name}/entries_per_s"), eps, "ent/s")
+                        .with_target(Target::at_least(1.5e6)),
+                );
+            } else {
+                report.push(Row::plain(format!("{name}/entries_per_s"), eps, "ent/s"));
+            }
+            let row = Row::versus(format!("{name}/MBps_vs_raw"), mbps, "MB/s", raw_mbps);
+            report.push(if size >= 512 {
+                row.with_target(Target::at_least(0.75))
+            } else {
+                row
+            });
+        }
+    }
+
+    // 2. Two-level logging on vs off, small scattered batches over 256 tablets.
+    let scattered_count: u64 = if quick { 600_000 } else { 4_000_000 };
+    if want("two_level") {
+        let (off, off_stats) = {
+            let s = Scratch::new(&root, "off")?;
+            scattered(&s.0, false, scattered_count)?
+        };
+        let (on, on_stats) = {
+            let s = Scratch::new(&root, "on")?;
+            scattered(&s.0, true, scattered_count)?
+        };
+        report.push(Row::versus(
+            "two_level/off/entries_per_s",
+            off,
+            "ent/s",
+            raw_mbps * 1e6 / 64.0,
+        ));
+        report.push(Row::versus(
+            "two_level/on/entries_per_s",
+            on,
+            "ent/s",
+            raw_mbps * 1e6 / 64.0,
+        ));
+        report.push(
+            Row::versus("two_level/on_vs_off", on, "ent/s", off).with_target(Target::at_least(2.0)),
+        );
+        let avg_write = |s: &ramlog_backup::Stats| {
+            (s.primary_bytes + s.secondary_bytes) as f64
+                / (s.primary_writes + s.secondary_writes).max(1) as f64
+                / 1024.0
+        };
+        report.push(Row::plain(
+            "two_level/off/avg_write_KiB",
+            avg_write(&off_stats),
+            "KiB",
+        ));
+        report.push(Row::plain(
+            "two_level/on/avg_write_KiB",
+            avg_write(&on_stats),
+            "KiB",
+        ));
+    }
+
+    // 3. Reorganization under update patterns.
+    let (tablets, segment, capacity) = if quick {
+        (2u64, 256u64 << 10, 16u64 << 20)
+    } else {
+        (8u64, 1u64 << 20, 64u64 << 20)
+    };
+    // Live data ≈ 45% of the log capacity (DXRAM: a 256 MB zone in a 512 MB log).
+    let entry_disk = (ramlog_backup::format::ENTRY_HEADER_BYTES + 64) as u64;
+    let keys_per_tablet = capacity * 45 / 100 / entry_disk / 10 * 10;
+    for pattern in [
+        Pattern::Sequential,
+        Pattern::Uniform,
+        Pattern::Zipf,
+        Pattern::HotCold,
+    ] {
+        if !want("reorg") {
+            break;
+        }
+        let base = {
+            let s = Scratch::new(&root, "noreorg")?;
+            reorg_run(
+                &s.0,
+                pattern,
+                false,
+                tablets,
+                keys_per_tablet,
+                segment,
+                capacity,
+            )?
+        };
+        let run = {
+            let s = Scratch::new(&root, "reorg")?;
+            reorg_run(
+                &s.0,
+                pattern,
+                true,
+                tablets,
+                keys_per_tablet,
+                segment,
+                capacity,
+            )?
+        };
+        let name = format!("reorg/{}", pattern.name());
+        report.push(
+            Row::plain(
+                format!("{name}/max_utilisation"),
+                run.max_utilisation,
+                "frac",
+            )
+            .with_target(Target::at_most(0.80)),
+        );
+        report.push(Row::plain(
+            format!("{name}/mean_utilisation"),
+            run.mean_utilisation,
+            "frac",
+        ));
+        report.push(
+            Row::versus(
+                format!("{name}/entries_per_s_vs_no_reorg"),
+                run.entries_per_s,
+                "ent/s",
+                base.entries_per_s,
+            )
+            .with_target(Target::at_least(0.4)),
+        );
+        report.push(Row::versus(
+            format!("{name}/MBps_vs_raw"),
+            run.entries_per_s * 64.0 / 1e6,
+            "MB/s",
+            raw_mbps,
+        ));
+        report.push(Row::plain(
+            format!("{name}/freed_per_segment_KiB"),
+            run.freed_per_segment / 1024.0,
+            "KiB",
+        ));
+        report.push(Row::plain(
+            format!("{name}/segments_cleaned"),
+            run.segments_cleaned as f64,
+            "segs",
+        ));
+        report.push(Row::plain(
+            format!("{name}/urgent_requests"),
+            run.urgent as f64,
+            "count",
+        ));
+    }
+
+    // 4. Replay of one 256 MiB tablet log of 64 B entries, cold cache.
+    let log_bytes: u64 = if quick { 48 << 20 } else { 256 << 20 };
+    if want("replay") {
+        let s = Scratch::new(&root, "replay")?;
+        let (secs, live, bytes, dropped) = replay_run(&s.0, log_bytes)?;
+        drop(s);
+        if !dropped {
+            println!(
+                "note: could not drop the page cache; segment reads use O_DIRECT (cold) regardless"
+            );
+        }
+        let label = if quick {
+            "replay/48MiB_64B"
+        } else {
+            "replay/256MiB_64B"
+        };
+        report.push(
+            Row::plain(format!("{label}/seconds"), secs, "s").with_target(Target::at_most(1.0)),
+        );
+        report.push(Row::plain(
+            format!("{label}/live_keys"),
+            live as f64,
+            "keys",
+        ));
+        report.push(Row::versus(
+            format!("{label}/read_MBps_vs_raw_write"),
+            bytes as f64 / secs / 1e6,
+            "MB/s",
+            raw_mbps,
+        ));
+    }
+
+    report.finish(json)
+}

@@ -52,6 +52,8 @@ enum Suite {
     Engine,
     /// RESP server against redis-server with redis-benchmark: req/s, p50, p99, memory per key.
     Resp,
+    /// Native protocol and Rust client against RESP (redis-benchmark) on the same server.
+    Native,
     /// Backup logs (two-level logging): throughput vs raw disk, two-level on/off, reorganization, replay.
     Backup,
 }
@@ -78,6 +80,7 @@ fn main() -> anyhow::Result<()> {
             match suite {
                 Suite::Engine => ramlog_bench::engine::run(args.quick, args.json.as_deref()),
                 Suite::Resp => ramlog_bench::resp::run(args.quick, args.json.as_deref()),
+                Suite::Native => ramlog_bench::native::run(args.quick, args.json.as_deref()),
                 Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
             }
         }

@@ -267,3 +267,23 @@ def test_password(make_server):
     with pytest.raises(redis.AuthenticationError):
         server.client(password="nope").ping()
     assert server.cli("-a", "s3cret", "--no-auth-warning", "GET", "k") == "v"
+
+
+def test_large_request_arriving_in_small_pieces(server):
+    """An MSET of 100,000 pairs sent 1 KiB at a time is decoded incrementally, not re-read per piece."""
+    n = 100_000
+    parts = [b"*%d\r\n$4\r\nMSET\r\n" % (1 + 2 * n)]
+    for i in range(n):
+        k = b"m:%d" % i
+        parts.append(b"$%d\r\n%s\r\n$1\r\nv\r\n" % (len(k), k))
+    frame = b"".join(parts)
+    s = raw(server, timeout=60)
+    start = time.time()
+    for i in range(0, len(frame), 1024):
+        s.sendall(frame[i : i + 1024])
+    assert read_exactly_replies(s, 1) == b"+OK\r\n"
+    assert time.time() - start < 30
+    s.close()
+    c = server.client()
+    assert c.dbsize() == n
+    assert c.get("m:99999") == b"v"

@@ -76,6 +76,10 @@ pub struct Request {
     /// Inline requests: unquoted arguments, owned (quotes and escapes change the bytes).
     owned: Vec<Vec<u8>>,
     inline: bool,
+    /// An incomplete multibulk request: its argument count and where its next argument starts.
+    /// The arguments before it stay in `spans`, so that a large request arriving in many reads is
+    /// not decoded again from its start on every read.
+    resume: Option<(usize, usize)>,
 }
 
 impl Request {
@@ -110,6 +114,7 @@ impl Request {
         self.spans.clear();
         self.owned.clear();
         self.inline = false;
+        self.resume = None;
     }
 }
 
@@ -133,7 +138,15 @@ impl RequestDecoder {
     /// Returns `Ok(Some(consumed))` when a whole request was found (its arguments are in `request`,
     /// as ranges of `buf[..consumed]`), `Ok(None)` when `buf` holds only part of one, and an error
     /// when the bytes can never become a valid request.
+    ///
+    /// After `Ok(None)`, the next call with the same `request` must pass the same bytes again
+    /// (possibly followed by more): decoding resumes where it stopped.
     pub fn decode(&self, buf: &[u8], request: &mut Request) -> Result<Option<usize>, RespError> {
+        if let Some((count, pos)) = request.resume.take() {
+            if buf.first() == Some(&b'*') && pos <= buf.len() && request.spans.len() < count {
+                return self.decode_bulks(buf, request, count, pos);
+            }
+        }
         request.clear();
         match buf.first() {
             None => Ok(None),
@@ -158,7 +171,7 @@ impl RequestDecoder {
         if count > self.limits.array_len_max as i64 {
             return Err(RespError::InvalidMultibulkLength);
         }
-        let mut pos = line_end + 2;
+        let pos = line_end + 2;
         if count <= 0 {
             // `*0` and `*-1` are empty requests that Redis skips.
             return Ok(Some(pos));
@@ -166,8 +179,21 @@ impl RequestDecoder {
         let count = count as usize;
         // Reserve only for what can be present in the buffer, never by the claimed count alone.
         request.spans.reserve(count.min(buf.len() / 4 + 1));
-        for _ in 0..count {
+        self.decode_bulks(buf, request, count, pos)
+    }
+
+    /// Decodes the bulk strings of a multibulk request from `pos`, after `request.spans` already
+    /// holds the ones before it.
+    fn decode_bulks(
+        &self,
+        buf: &[u8],
+        request: &mut Request,
+        count: usize,
+        mut pos: usize,
+    ) -> Result<Option<usize>, RespError> {
+        while request.spans.len() < count {
             let Some(&marker) = buf.get(pos) else {
+                request.resume = Some((count, pos));
                 return Ok(None);
             };
             if marker != b'$' {
@@ -177,6 +203,7 @@ impl RequestDecoder {
                 if buf.len() - pos > 32 {
                     return Err(RespError::BulkCountTooBig);
                 }
+                request.resume = Some((count, pos));
                 return Ok(None);
             };
             let len = parse_len(&buf[pos + 1..len_end]).ok_or(RespError::InvalidBulkLength)?;
@@ -193,6 +220,7 @@ impl RequestDecoder {
                 });
             }
             if buf.len() < end + 2 {
+                request.resume = Some((count, pos));
                 return Ok(None);
             }
             if &buf[end..end + 2] != b"\r\n" {
@@ -1019,6 +1047,36 @@ mod tests {
                 pos += n;
             }
             prop_assert_eq!(pos, encoded_len);
+        }
+
+        /// Feeding a stream in random chunks (resuming partial requests) gives the same requests as
+        /// feeding it whole.
+        #[test]
+        fn chunked_feeding_matches_whole(commands in prop::collection::vec(arb_args(), 1..6), cuts in prop::collection::vec(1usize..64, 1..40)) {
+            let mut stream = Vec::new();
+            for c in &commands {
+                let refs: Vec<&[u8]> = c.iter().map(|a| a.as_slice()).collect();
+                encode_command(&mut stream, &refs);
+            }
+            let decoder = RequestDecoder::default();
+            let mut request = Request::default();
+            let mut buf: Vec<u8> = Vec::new();
+            let mut fed = 0;
+            let mut got = Vec::new();
+            let mut cut = cuts.iter().cycle();
+            while fed < stream.len() {
+                let n = (*cut.next().unwrap()).min(stream.len() - fed);
+                buf.extend_from_slice(&stream[fed..fed + n]);
+                fed += n;
+                let mut pos = 0;
+                while let Some(used) = decoder.decode(&buf[pos..], &mut request).unwrap() {
+                    got.push(request.args(&buf[pos..]).into_iter().map(|a| a.to_vec()).collect::<Vec<_>>());
+                    pos += used;
+                }
+                buf.drain(..pos);
+            }
+            prop_assert!(buf.is_empty());
+            prop_assert_eq!(got, commands);
         }
 
         /// Mutating one byte of a valid stream yields an error, a partial result or other commands, never a panic.

@@ -71,7 +71,12 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
         if memory_low(&inner) {
             // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
             let progressed = run_pass(&inner, thread_index == 0);
-            drain_limbo(&inner);
+            collect_garbage();
+            inner.release_reclaimable();
+            // Wait for the grace period only when writers are starved for memory.
+            if inner.pool.free_count() <= inner.pool.reserve_seglets() {
+                drain_limbo(&inner);
+            }
             inner.last_pass_idle.store(!progressed, Ordering::Release);
             inner.pass_seq.fetch_add(1, Ordering::AcqRel);
             inner.memory_cv.notify_all();
@@ -183,32 +188,45 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
 }
 
 /// Collects the live entries of a victim, removing expired objects from the index on the way.
+/// Index buckets are prefetched a batch ahead, so the liveness probes overlap their cache misses.
 fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
+    const BATCH: usize = 16;
     let tablet_id = inner.segments.get(segment).tablet.load(Ordering::Relaxed);
     let Ok(tablet) = inner.tablet(tablet_id) else {
         return;
     };
     let mut now = None;
     let mut expired = Vec::new();
+    let mut pending: Vec<(Loc, u64, Header)> = Vec::with_capacity(BATCH);
+    let mut check = |pending: &mut Vec<(Loc, u64, Header)>, out: &mut Vec<Survivor>| {
+        for (loc, hash, header) in pending.drain(..) {
+            if tablet.index.find_loc(hash, loc).is_none() {
+                continue;
+            }
+            if header.expire_at_ms != 0 && *now.get_or_insert_with(now_ms) >= header.expire_at_ms {
+                expired.push((loc, hash, header.total_len()));
+                continue;
+            }
+            out.push(Survivor {
+                loc,
+                hash,
+                len: header.total_len() as u32,
+                version: header.version,
+            });
+        }
+    };
     for_each_entry(inner, segment, |loc, header, key| {
         if !header.is_object() {
             return;
         }
         let hash = hash_key(key);
-        if tablet.index.find_loc(hash, loc).is_none() {
-            return;
+        tablet.index.prefetch(hash);
+        pending.push((loc, hash, *header));
+        if pending.len() == BATCH {
+            check(&mut pending, out);
         }
-        if header.expire_at_ms != 0 && *now.get_or_insert_with(now_ms) >= header.expire_at_ms {
-            expired.push((loc, hash, header.total_len()));
-            return;
-        }
-        out.push(Survivor {
-            loc,
-            hash,
-            len: header.total_len() as u32,
-            version: header.version,
-        });
     });
+    check(&mut pending, out);
     if !expired.is_empty() {
         let _head = tablet.head.lock();
         for (loc, hash, len) in expired {
@@ -268,16 +286,38 @@ fn relocate(
     let mut scratch = Vec::new();
     let mut relocated_bytes = 0u64;
     let mut survivor_seglets = 0u64;
+    // Relocation moves bytes between segments and leaves the engine's live total unchanged, so only
+    // segment counters change, once per batch (the victim's are reset when it is retired).
     let flush = |moved: &mut Vec<(Survivor, Loc, u32)>, relocated: &mut u64| {
-        let _head = tablet.head.lock();
+        let head = tablet.head.lock();
+        let mut gained: Option<(u32, i64)> = None;
         for (s, new_loc, seg) in moved.drain(..) {
             if let Some(slot) = tablet.index.find_loc(s.hash, s.loc) {
                 tablet.index.replace(slot, s.hash, new_loc);
-                inner.mark_live(seg, s.len as usize);
-                inner.mark_dead(s.loc, s.len as usize);
                 *relocated += s.len as u64;
+                match &mut gained {
+                    Some((g, n)) if *g == seg => *n += s.len as i64,
+                    _ => {
+                        if let Some((g, n)) = gained.take() {
+                            inner
+                                .segments
+                                .get(g)
+                                .live_bytes
+                                .fetch_add(n, Ordering::Relaxed);
+                        }
+                        gained = Some((seg, s.len as i64));
+                    }
+                }
             }
         }
+        if let Some((g, n)) = gained {
+            inner
+                .segments
+                .get(g)
+                .live_bytes
+                .fetch_add(n, Ordering::Relaxed);
+        }
+        drop(head);
     };
     for s in survivors {
         loop {
@@ -439,7 +479,19 @@ fn compact_best(inner: &Inner) -> bool {
 fn abort_victims(inner: &Inner, victims: &[u32]) {
     for &v in victims {
         let slot = inner.segments.get(v);
-        if slot.live_bytes.load(Ordering::Relaxed) <= 0 {
+        // Relocations do not decrement victims as they go; count what is still referenced.
+        let tablet_id = slot.tablet.load(Ordering::Relaxed);
+        let mut live = 0i64;
+        if let Ok(tablet) = inner.tablet(tablet_id) {
+            let _head = tablet.head.lock();
+            for_each_entry(inner, v, |loc, header, key| {
+                if header.is_object() && tablet.index.find_loc(hash_key(key), loc).is_some() {
+                    live += header.total_len() as i64;
+                }
+            });
+            slot.live_bytes.store(live, Ordering::Relaxed);
+        }
+        if live <= 0 {
             retire(inner, v);
         } else {
             slot.set_state(SegmentState::Closed);

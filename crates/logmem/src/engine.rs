@@ -17,6 +17,7 @@ use crate::segment::{AppendError, SegmentTable, SegmentWriter};
 use crate::stats::Counters;
 use crate::{Condition, LoggedWrite, Object, PutOptions, PutOutcome, TabletId, TabletInfo};
 use crossbeam_epoch as epoch;
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 use ramlog_common::{key_slot, TableId, Version, SLOT_COUNT};
 use std::collections::HashMap;
@@ -61,13 +62,13 @@ pub(crate) struct Inner {
     pub config: EngineConfig,
     pub pool: SegletPool,
     pub segments: SegmentTable,
-    tablets: Box<[OnceLock<Tablet>]>,
+    tablets: Box<[OnceLock<Box<Tablet>>]>,
     tablet_count: AtomicU32,
     tablet_create: Mutex<()>,
     routes: RwLock<HashMap<TableId, Arc<[AtomicU32]>>>,
     /// The engine clock: every write takes the next value as its version.
-    pub clock: AtomicU64,
-    pub live_bytes: AtomicI64,
+    pub clock: CachePadded<AtomicU64>,
+    pub live_bytes: CachePadded<AtomicI64>,
     pub counters: Counters,
     pub shutdown: AtomicBool,
     pub cleaner_wake: Mutex<bool>,
@@ -128,8 +129,8 @@ impl Inner {
             tablet_count: AtomicU32::new(0),
             tablet_create: Mutex::new(()),
             routes: RwLock::new(HashMap::new()),
-            clock: AtomicU64::new(0),
-            live_bytes: AtomicI64::new(0),
+            clock: CachePadded::new(AtomicU64::new(0)),
+            live_bytes: CachePadded::new(AtomicI64::new(0)),
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
             cleaner_wake: Mutex::new(false),
@@ -153,6 +154,7 @@ impl Inner {
         self.tablets
             .get(id as usize)
             .and_then(|t| t.get())
+            .map(|t| &**t)
             .ok_or(EngineError::NoSuchTablet(id))
     }
 
@@ -183,7 +185,7 @@ impl Inner {
             index: HashIndex::new(),
             head: Mutex::new(None),
         };
-        if self.tablets[id as usize].set(tablet).is_err() {
+        if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
         }
         self.tablet_count.store(id + 1, Ordering::Release);

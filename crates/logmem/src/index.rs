@@ -25,7 +25,7 @@ const BUCKETS_INITIAL: u64 = 1 << BUCKETS_INITIAL_LOG2;
 const DIR_ARRAYS: usize = 44;
 const OVERFLOW_CHUNK_LOG2: u32 = 10;
 const OVERFLOW_CHUNK: usize = 1 << OVERFLOW_CHUNK_LOG2;
-const OVERFLOW_CHUNKS_MAX: usize = 1 << 16;
+const OVERFLOW_CHUNKS_MAX: usize = 1 << 13;
 /// Average references per slot above which a bucket is split.
 const LOAD_MAX: f64 = 0.9;
 
@@ -245,6 +245,22 @@ impl HashIndex {
                 return found;
             }
         }
+    }
+
+    /// Starts loading the bucket `hash` maps to, so that a later lookup finds it in cache.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        let shape = self.shape.load(Ordering::Acquire);
+        let bucket = self.bucket(Self::bucket_of(shape, hash));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetching is a hint; the address is a valid bucket.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                bucket as *const Bucket as *const i8,
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bucket;
     }
 
     /// Finds the slot that holds exactly `loc` (the cleaner's liveness test: no key comparison).

@@ -1,12 +1,13 @@
 //! Engine statistics: counters updated on the hot paths, and the snapshot the server exports.
 
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::AtomicU64;
 
 #[derive(Default)]
 pub(crate) struct Counters {
     /// Bytes appended by writers (objects and tombstones).
-    pub new_bytes: AtomicU64,
-    pub tombstone_bytes: AtomicU64,
+    pub new_bytes: CachePadded<AtomicU64>,
+    pub tombstone_bytes: CachePadded<AtomicU64>,
     /// Bytes of live entries the cleaner copied into survivors.
     pub cleaner_copied_bytes: AtomicU64,
     /// Bytes of seglets the cleaner returned to the pool.

@@ -50,11 +50,17 @@ pub struct NativeConfig {
     pub key_size_max_bytes: usize,
     pub value_size_max_bytes: usize,
     /// Produces the STATS reply (the server's `/status` JSON); without it STATS reports engine figures.
-    pub status_json: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    pub status_json: Option<StatusJson>,
     /// Told about every answered request: its opcode, the time spent on it, and whether it succeeded
     /// (for the server's metrics). Requests refused with BUSY or FRAME_TOO_LARGE are not reported.
-    pub request_observer: Option<Arc<dyn Fn(u8, Duration, bool) + Send + Sync>>,
+    pub request_observer: Option<RequestObserver>,
 }
+
+/// Produces the server's status JSON for STATS.
+pub type StatusJson = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Called with (opcode, time spent, succeeded) for each answered request.
+pub type RequestObserver = Arc<dyn Fn(u8, Duration, bool) + Send + Sync>;
 
 impl Default for NativeConfig {
     fn default() -> Self {

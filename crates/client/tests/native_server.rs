@@ -955,3 +955,73 @@ async fn the_request_observer_sees_every_answered_request() {
         ]
     );
 }
+
+#[tokio::test]
+async fn random_garbage_never_takes_the_server_down() {
+    // Seeded: valid frames with random bytes changed, and pure noise, on many connections; each
+    // connection sends its bytes, half-closes, and reads until the server closes. Then a normal client
+    // must still be served.
+    use rand::{rngs::SmallRng, Rng, SeedableRng};
+    let server = start_server(NativeConfig {
+        max_frame_bytes: 64 << 10,
+        ..Default::default()
+    })
+    .await;
+    let mut rng = SmallRng::seed_from_u64(7);
+    for round in 0..150 {
+        let mut raw = Raw::connect(server.addr).await;
+        let mut bytes = BytesMut::new();
+        for id in 0..rng.gen_range(1..20u64) {
+            let key = format!("g{}", rng.gen_range(0..50));
+            match rng.gen_range(0..4) {
+                0 => Request::Get {
+                    table: 0,
+                    key: key.as_bytes(),
+                }
+                .encode(id, &mut bytes),
+                1 => Request::Put {
+                    table: rng.gen_range(0..2),
+                    key: key.as_bytes(),
+                    value: b"value",
+                    condition: Condition::IfVersion(rng.gen()),
+                    expiry: Expiry::AfterMs(rng.gen_range(0..1000)),
+                    return_old: rng.gen(),
+                }
+                .encode(id, &mut bytes),
+                2 => Request::MultiGet {
+                    table: 0,
+                    keys: vec![key.as_bytes(); 3],
+                }
+                .encode(id, &mut bytes),
+                _ => Request::ScanKeys {
+                    table: 0,
+                    cursor: rng.gen(),
+                    count: rng.gen(),
+                    pattern: b"g*",
+                }
+                .encode(id, &mut bytes),
+            }
+        }
+        if round % 5 == 0 {
+            bytes.extend((0..rng.gen_range(0..200)).map(|_| rng.gen::<u8>()));
+        }
+        for _ in 0..rng.gen_range(0..6) {
+            let at = rng.gen_range(0..bytes.len());
+            bytes[at] = rng.gen();
+        }
+        raw.send(&bytes).await;
+        raw.stream.shutdown().await.unwrap();
+        let mut sink = Vec::new();
+        let read = tokio::io::AsyncReadExt::read_to_end(&mut raw.stream, &mut sink);
+        tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("the server closes a half-closed connection")
+            .ok();
+    }
+    let c = client_for(&server).await;
+    c.put(b"after", b"garbage").await.unwrap();
+    assert_eq!(
+        &c.get(b"after").await.unwrap().unwrap().value[..],
+        b"garbage"
+    );
+}

@@ -62,7 +62,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "  time: producer blocked {} ms, process {} ms, write {} ms, versions {} ms, sync {} ms",
         s.producer_wait_ms, s.process_ms, s.write_ms, s.version_ms, s.sync_ms
     );
-    drop(b);
+    b.close()?;
+    if std::env::var_os("REPLAY").is_some() {
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+        let t = Instant::now();
+        let b = Backup::open(&dir, Config { reorg_enabled: false, tablet_log_capacity_bytes: 8 << 30, ..Config::default() })?;
+        let opened = t.elapsed();
+        let cpu = || {
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: getrusage fills the struct we own.
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+            (ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6) + (ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6)
+        };
+        let c0 = cpu();
+        let t = Instant::now();
+        let mut n = 0u64;
+        let r = b.replay_all(|_| n += 1)?;
+        println!("  reopen {:?}, replay {:?} wall, {:.2} s CPU: {n} keys, {:?}", opened, t.elapsed(), cpu() - c0, r);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -73,27 +73,78 @@ impl ReplayReport {
 
 const LOC_DELETE: u64 = u64::MAX;
 const LOC_KNOWN_PUT: u64 = u64::MAX - 1;
-const PARTITIONS: usize = 64;
+const SHARDS: usize = 64;
 
-#[derive(Clone, Copy)]
-struct Item {
-    hash: u128,
-    version: u64,
-    /// source index << 32 | offset, or LOC_DELETE / LOC_KNOWN_PUT.
-    loc: u64,
-}
+type Shard = HashMapU128<(u64, u64)>;
 
 #[inline]
-fn partition(hash: u128) -> usize {
-    (hash >> 122) as usize & (PARTITIONS - 1)
+fn shard_of(hash: u128) -> usize {
+    (hash >> 122) as usize & (SHARDS - 1)
 }
 
+/// Merges one candidate (version, location) for a key: the newest version wins; at equal
+/// versions a delete beats data, and data beats a bare "known put" record.
+#[inline]
+fn merge(map: &mut Shard, hash: u128, version: u64, loc: u64) -> bool {
+    match map.entry(hash) {
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert((version, loc));
+            false
+        }
+        std::collections::hash_map::Entry::Occupied(mut o) => {
+            let (bv, bl) = *o.get();
+            let replace = version > bv || (version == bv && (loc == LOC_DELETE || (bl == LOC_KNOWN_PUT && loc < LOC_KNOWN_PUT)));
+            if replace {
+                o.insert((version, loc));
+            }
+            true
+        }
+    }
+}
+
+/// Candidates buffered per shard before taking the shard's lock (amortises locking).
+struct Batcher<'a> {
+    shards: &'a [parking_lot::Mutex<Shard>],
+    pending: Vec<Vec<(u128, u64, u64)>>,
+    superseded: u64,
+}
+
+impl<'a> Batcher<'a> {
+    fn new(shards: &'a [parking_lot::Mutex<Shard>]) -> Self {
+        Batcher { shards, pending: (0..SHARDS).map(|_| Vec::with_capacity(256)).collect(), superseded: 0 }
+    }
+    #[inline]
+    fn push(&mut self, hash: u128, version: u64, loc: u64) {
+        let s = shard_of(hash);
+        self.pending[s].push((hash, version, loc));
+        if self.pending[s].len() >= 256 {
+            self.drain(s);
+        }
+    }
+    fn drain(&mut self, s: usize) {
+        let mut map = self.shards[s].lock();
+        for &(h, v, l) in &self.pending[s] {
+            if merge(&mut map, h, v, l) {
+                self.superseded += 1;
+            }
+        }
+        self.pending[s].clear();
+    }
+    fn finish(mut self) -> u64 {
+        for s in 0..SHARDS {
+            self.drain(s);
+        }
+        self.superseded
+    }
+}
+
+#[derive(Default)]
 struct WorkerOut {
     buffers: Vec<(usize, AlignedBuf)>,
-    parts: Vec<Vec<Item>>,
     corrupt: u64,
     unreadable: u64,
     bytes: u64,
+    data_entries: u64,
 }
 
 /// Replays one tablet; `f` is called once per live key.
@@ -105,32 +156,30 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
             st.segments.iter().enumerate().filter(|(_, s)| s.used > 0).map(|(i, s)| (i, s.used)).collect();
         (segs, st.slb.clone(), st.vbuf.clone())
     };
-    let ver_bytes = {
+    let (ver_file, ver_len) = {
         let vl = t.verlog.lock();
-        let mut b = vec![0u8; vl.len as usize];
-        let n = io::read_exact_at(&vl.file, &mut b, 0).map_err(|e| Error::io(&t.ver_path, e))?;
-        b.truncate(n);
-        b
+        (vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?, vl.len)
     };
     let threads = sh.cfg.replay_threads.max(1);
+    let trace = std::env::var_os("RAMLOG_BACKUP_TRACE").is_some();
+    let t0 = std::time::Instant::now();
     let next = AtomicUsize::new(0);
     let slb_index = segments.len();
-    let mut report = ReplayReport { bytes_read: ver_bytes.len() as u64, ..Default::default() };
+    let used_total: u64 = segments.iter().map(|s| s.1).sum::<u64>() + slb.len() as u64;
+    let expect_keys = (used_total / (ENTRY_HEADER_BYTES as u64 + 16)).max(1024) as usize;
+    let shards: Vec<parking_lot::Mutex<Shard>> =
+        (0..SHARDS).map(|_| parking_lot::Mutex::new(Shard::with_capacity_and_hasher(expect_keys / SHARDS + 16, Default::default()))).collect();
+    let mut report = ReplayReport { bytes_read: ver_len, ..Default::default() };
 
-    // Phase 1: read and parse segments in parallel; versions are parsed on this thread meanwhile.
-    let (outs, version_parts, version_damage) = std::thread::scope(|s| -> Result<(Vec<WorkerOut>, Vec<Vec<Item>>, u64)> {
+    // Phase 1: threads read segments (and one the version log) and merge candidates into the
+    // sharded map of newest versions.
+    let results = std::thread::scope(|s| -> Result<(Vec<WorkerOut>, u64, u64)> {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let segments = &segments;
-                let next = &next;
-                s.spawn(move || -> Result<WorkerOut> {
-                    let mut out = WorkerOut {
-                        buffers: Vec::new(),
-                        parts: (0..PARTITIONS).map(|_| Vec::new()).collect(),
-                        corrupt: 0,
-                        unreadable: 0,
-                        bytes: 0,
-                    };
+                let (segments, next, shards) = (&segments, &next, &shards);
+                s.spawn(move || -> Result<(WorkerOut, u64)> {
+                    let mut out = WorkerOut::default();
+                    let mut batch = Batcher::new(shards);
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&(seg, used)) = segments.get(k) else { break };
@@ -139,41 +188,48 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
                             .map_err(|e| Error::io(&t.sec_path, e))?;
                         buf.set_len(n);
                         out.bytes += n as u64;
-                        parse_region(buf.as_slice(), k, t.id, &mut out);
+                        parse_region(buf.as_slice(), k, t.id, &mut out, &mut batch);
                         out.buffers.push((k, buf));
                     }
-                    Ok(out)
+                    let superseded = batch.finish();
+                    Ok((out, superseded))
                 })
             })
             .collect();
-        let mut vparts: Vec<Vec<Item>> = (0..PARTITIONS).map(|_| Vec::new()).collect();
+        // This thread: the version log, the version buffer and the SLB.
+        let mut batch = Batcher::new(&shards);
+        let mut ver_bytes = vec![0u8; ver_len as usize];
+        let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0).map_err(|e| Error::io(&t.ver_path, e))?;
+        ver_bytes.truncate(n);
         let walk = format::walk_version_log(&ver_bytes, |_, recs| {
             for r in format::version_records(recs) {
-                let loc = if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
-                vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
+                batch.push(r.hash, r.version, if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT });
             }
         });
         for r in &vbuf {
-            let loc = if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT };
-            vparts[partition(r.hash)].push(Item { hash: r.hash, version: r.version, loc });
+            batch.push(r.hash, r.version, if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT });
         }
-        let mut outs = Vec::with_capacity(threads);
-        let vdamage = walk.damaged_bytes + walk.tail_bytes;
+        let mut slb_out = WorkerOut::default();
+        let stats = format::walk_entries(&slb, |off, e| {
+            slb_out.data_entries += 1;
+            batch.push(format::key_hash(e.key), e.version, ((slb_index as u64) << 32) | off as u64);
+        });
+        slb_out.corrupt += stats.corrupt_entries;
+        slb_out.unreadable += stats.unreadable_bytes;
+        batch.finish();
+        let mut outs = vec![slb_out];
         for h in handles {
-            outs.push(h.join().map_err(|_| Error::Corrupt("replay worker panicked".into()))??);
+            let (o, _) = h.join().map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
+            outs.push(o);
         }
-        Ok((outs, vparts, vdamage))
+        Ok((outs, walk.damaged_bytes + walk.tail_bytes, 0))
     })?;
-
-    // The SLB (primary-log share) is parsed here: it holds bare entries, no block headers.
-    let mut slb_out = WorkerOut { buffers: Vec::new(), parts: (0..PARTITIONS).map(|_| Vec::new()).collect(), corrupt: 0, unreadable: 0, bytes: 0 };
-    let stats = format::walk_entries(&slb, |off, e| {
-        let h = format::key_hash(e.key);
-        slb_out.parts[partition(h)].push(Item { hash: h, version: e.version, loc: ((slb_index as u64) << 32) | off as u64 });
-    });
-    slb_out.corrupt += stats.corrupt_entries;
-
+    let (outs, version_damage, _) = results;
+    if trace {
+        eprintln!("replay {:#x}: phase 1 (read+merge) {:?}", t.id, t0.elapsed());
+    }
     let mut sources: Vec<&[u8]> = vec![&[]; segments.len() + 1];
+    let mut data_entries = 0u64;
     for o in &outs {
         for (k, b) in &o.buffers {
             sources[*k] = b.as_slice();
@@ -181,84 +237,34 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
         report.corrupt_entries += o.corrupt;
         report.unreadable_bytes += o.unreadable;
         report.bytes_read += o.bytes;
+        data_entries += o.data_entries;
     }
-    report.corrupt_entries += slb_out.corrupt;
     report.damaged_version_bytes = version_damage;
     report.segments_read = segments.len() as u64;
     sources[slb_index] = &slb;
 
-    // Phase 2: merge each hash partition (in parallel) into its winners.
-    let next_part = AtomicUsize::new(0);
-    let merged: Vec<(usize, Vec<(u64, u64)>, ReplayReport)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let outs = &outs;
-                let version_parts = &version_parts;
-                let slb_out = &slb_out;
-                let next_part = &next_part;
-                s.spawn(move || {
-                    let mut done = Vec::new();
-                    loop {
-                        let p = next_part.fetch_add(1, Ordering::Relaxed);
-                        if p >= PARTITIONS {
-                            break;
-                        }
-                        let n: usize = outs.iter().map(|o| o.parts[p].len()).sum::<usize>() + version_parts[p].len();
-                        let mut best: HashMapU128<(u64, u64)> = HashMapU128::with_capacity_and_hasher(n, Default::default());
-                        let mut rep = ReplayReport::default();
-                        let all = outs.iter().map(|o| &o.parts[p]).chain(std::iter::once(&slb_out.parts[p])).chain(std::iter::once(&version_parts[p]));
-                        for items in all {
-                            for it in items {
-                                rep.max_version = rep.max_version.max(it.version);
-                                match best.entry(it.hash) {
-                                    std::collections::hash_map::Entry::Vacant(v) => {
-                                        v.insert((it.version, it.loc));
-                                    }
-                                    std::collections::hash_map::Entry::Occupied(mut o) => {
-                                        let (bv, bl) = *o.get();
-                                        let replace = it.version > bv
-                                            || (it.version == bv && (it.loc == LOC_DELETE || (bl == LOC_KNOWN_PUT && it.loc < LOC_KNOWN_PUT)));
-                                        if replace {
-                                            o.insert((it.version, it.loc));
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        let mut winners = Vec::with_capacity(best.len());
-                        for (_, (v, loc)) in best {
-                            match loc {
-                                LOC_DELETE => rep.deleted_keys += 1,
-                                LOC_KNOWN_PUT => rep.lost_keys += 1,
-                                _ => winners.push((loc, v)),
-                            }
-                        }
-                        rep.live_keys = winners.len() as u64;
-                        done.push((p, winners, rep));
-                    }
-                    done
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("replay merge worker panicked")).collect()
-    });
-
-    // Phase 3: yield the winners.
-    let data_items: u64 = outs.iter().map(|o| o.parts.iter().map(|v| v.len() as u64).sum::<u64>()).sum::<u64>()
-        + slb_out.parts.iter().map(|v| v.len() as u64).sum::<u64>();
-    for (_, winners, rep) in &merged {
-        report.live_keys += rep.live_keys;
-        report.deleted_keys += rep.deleted_keys;
-        report.lost_keys += rep.lost_keys;
-        report.max_version = report.max_version.max(rep.max_version);
-        for &(loc, _) in winners {
-            let src = sources[(loc >> 32) as usize];
-            let off = (loc & 0xFFFF_FFFF) as usize;
-            let e = entry_at(&src[off..]);
-            f(ReplayEntry { tablet: t.id, key: e.0, value: e.1, version: e.2, expiry: e.3 });
+    // Phase 2: yield the winners.
+    for shard in shards {
+        let map = shard.into_inner();
+        for (_, (v, loc)) in map {
+            report.max_version = report.max_version.max(v);
+            match loc {
+                LOC_DELETE => report.deleted_keys += 1,
+                LOC_KNOWN_PUT => report.lost_keys += 1,
+                _ => {
+                    let src = sources[(loc >> 32) as usize];
+                    let off = (loc & 0xFFFF_FFFF) as usize;
+                    let e = entry_at(&src[off..]);
+                    report.live_keys += 1;
+                    f(ReplayEntry { tablet: t.id, key: e.0, value: e.1, version: e.2, expiry: e.3 });
+                }
+            }
         }
     }
-    report.stale_entries = data_items.saturating_sub(report.live_keys);
+    report.stale_entries = data_entries.saturating_sub(report.live_keys);
+    if trace {
+        eprintln!("replay {:#x}: phase 2 (yield) {:?}", t.id, t0.elapsed());
+    }
     Ok(report)
 }
 
@@ -272,7 +278,7 @@ fn entry_at(b: &[u8]) -> (&[u8], &[u8], u64, u64) {
     (&b[ENTRY_HEADER_BYTES..ENTRY_HEADER_BYTES + kl], &b[ENTRY_HEADER_BYTES + kl..ENTRY_HEADER_BYTES + kl + vl], version, expiry)
 }
 
-fn parse_region(region: &[u8], source: usize, tablet: u64, out: &mut WorkerOut) {
+fn parse_region(region: &[u8], source: usize, tablet: u64, out: &mut WorkerOut, batch: &mut Batcher<'_>) {
     let src = (source as u64) << 32;
     format::walk_blocks(region, |boff, h, body| {
         if h.tablet != tablet {
@@ -283,8 +289,8 @@ fn parse_region(region: &[u8], source: usize, tablet: u64, out: &mut WorkerOut) 
             if e.is_delete() {
                 return;
             }
-            let hash = format::key_hash(e.key);
-            out.parts[partition(hash)].push(Item { hash, version: e.version, loc: src | (body_at + off) as u64 });
+            out.data_entries += 1;
+            batch.push(format::key_hash(e.key), e.version, src | (body_at + off) as u64);
         });
         out.corrupt += stats.corrupt_entries;
         out.unreadable += stats.unreadable_bytes;

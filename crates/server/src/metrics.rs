@@ -24,12 +24,11 @@ pub enum Op {
     Scan,
     Expire,
     Ttl,
-    Native,
     Other,
 }
 
 impl Op {
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 12] = [
         Op::Get,
         Op::Set,
         Op::Mget,
@@ -41,7 +40,6 @@ impl Op {
         Op::Scan,
         Op::Expire,
         Op::Ttl,
-        Op::Native,
         Op::Other,
     ];
 
@@ -58,7 +56,6 @@ impl Op {
             Op::Scan => "scan",
             Op::Expire => "expire",
             Op::Ttl => "ttl",
-            Op::Native => "native",
             Op::Other => "other",
         }
     }

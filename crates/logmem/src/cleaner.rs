@@ -32,9 +32,11 @@ const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
 const SWAP_BATCH: usize = 128;
 
 /// RAMCloud's trigger: clean when free seglets F <= min(10%, (1 - L) / 2), L the live fraction.
+/// F counts only seglets writers may take (the cleaner's reserve is not free memory for them), so
+/// the cleaner starts before writers reach the reserve and runs beside them instead of in turns.
 pub(crate) fn memory_low(inner: &Inner) -> bool {
     let total = inner.pool.seglet_count() as f64;
-    let free = inner.pool.free_count() as f64 / total;
+    let free = inner.pool.free_count().saturating_sub(inner.pool.reserve_seglets()) as f64 / total;
     let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
     free <= 0.10f64.min((1.0 - live) / 2.0)
         || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
@@ -72,7 +74,9 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
             // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
             let progressed = run_pass(&inner, thread_index == 0);
             collect_garbage();
-            inner.release_reclaimable();
+            if inner.release_reclaimable() > 0 {
+                inner.memory_cv.notify_all();
+            }
             // Wait for the grace period only when writers are starved for memory.
             if inner.pool.free_count() <= inner.pool.reserve_seglets() {
                 drain_limbo(&inner);

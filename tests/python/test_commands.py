@@ -347,3 +347,35 @@ def test_shutdown_command_stops_the_server(make_server):
     s.cli("SHUTDOWN", "NOSAVE")
     s.proc.wait(timeout=10)
     assert s.proc.returncode == 0
+
+
+def test_multi_exec_and_default_redis_py_pipeline(r):
+    p = r.pipeline()  # transaction=True: MULTI ... EXEC
+    p.set("a", "1").incr("a").get("a").mget("a", "missing")
+    assert p.execute() == [True, 2, "2", ["2", None]]
+    with pytest.raises(redis.ResponseError, match="^EXEC without MULTI$"):
+        r.execute_command("EXEC")
+    with pytest.raises(redis.ResponseError, match="^DISCARD without MULTI$"):
+        r.execute_command("DISCARD")
+
+
+def test_multi_queueing_errors_abort_exec(server):
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s.sendall(b"MULTI\r\nSET k v\r\nNOSUCH x\r\nGET\r\nEXEC\r\nGET k\r\nMULTI\r\nMULTI\r\nSET k w\r\nDISCARD\r\nGET k\r\n")
+    want = (
+        b"+OK\r\n+QUEUED\r\n"
+        b"-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n"
+        b"-ERR wrong number of arguments for 'get' command\r\n"
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n"
+        b"$-1\r\n"
+        b"+OK\r\n-ERR MULTI calls can not be nested\r\n+QUEUED\r\n+OK\r\n$-1\r\n"
+    )
+    data = b""
+    while len(data) < len(want):
+        chunk = s.recv(4096)
+        assert chunk
+        data += chunk
+    assert data == want
+    s.close()

@@ -413,6 +413,11 @@ impl<'a> ReplyEncoder<'a> {
         self.protocol
     }
 
+    /// The buffer replies are appended to (to nest replies written by other code, as EXEC does).
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
+        self.out
+    }
+
     /// Switches the protocol for the replies that follow (HELLO answers in the version it selects).
     pub fn set_protocol(&mut self, protocol: u8) {
         debug_assert!(protocol == 2 || protocol == 3);

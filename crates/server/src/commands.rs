@@ -30,6 +30,10 @@ pub struct Session {
     pub closing: bool,
     /// Whether this connection wrote since the last durability wait (for `durable` persistence).
     pub wrote: bool,
+    /// Commands queued since MULTI (None outside a transaction).
+    pub multi: Option<Vec<Vec<Vec<u8>>>>,
+    /// A command queued after MULTI was refused: EXEC will discard the transaction.
+    pub multi_failed: bool,
 }
 
 impl Session {
@@ -43,6 +47,8 @@ impl Session {
             lib_ver: None,
             closing: false,
             wrote: false,
+            multi: None,
+            multi_failed: false,
         }
     }
 }
@@ -305,6 +311,39 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             cmd_ok
         ),
         spec!(
+            "multi",
+            1,
+            &["noscript", "loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            &["@transaction"],
+            Op::Other,
+            cmd_multi
+        ),
+        spec!(
+            "exec",
+            1,
+            &["noscript", "loading", "stale"],
+            0,
+            0,
+            0,
+            &["@transaction"],
+            Op::Other,
+            cmd_exec
+        ),
+        spec!(
+            "discard",
+            1,
+            &["noscript", "loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            &["@transaction"],
+            Op::Other,
+            cmd_discard
+        ),
+        spec!(
             "shutdown",
             -1,
             &["admin", "noscript", "loading", "stale"],
@@ -400,13 +439,33 @@ pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut
             session,
             enc: ReplyEncoder::new(out, protocol),
         };
+        let in_multi = ctx.session.multi.is_some();
         match spec {
+            None if in_multi => {
+                ctx.session.multi_failed = true;
+                ctx.enc.error(&unknown_command(args))
+            }
             None => ctx.enc.error(&unknown_command(args)),
+            Some(spec) if in_multi && !arity_ok(spec.arity, args.len()) => {
+                ctx.session.multi_failed = true;
+                ctx.enc.error(&format!(
+                    "ERR wrong number of arguments for '{}' command",
+                    spec.name
+                ))
+            }
             Some(spec) if !arity_ok(spec.arity, args.len()) => ctx.enc.error(&format!(
                 "ERR wrong number of arguments for '{}' command",
                 spec.name
             )),
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
+            Some(spec)
+                if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") =>
+            {
+                if let Some(queue) = ctx.session.multi.as_mut() {
+                    queue.push(args.iter().map(|a| a.to_vec()).collect());
+                }
+                ctx.enc.simple("QUEUED")
+            }
             Some(spec) => (spec.handler)(&mut ctx, args),
         }
     }
@@ -1243,6 +1302,44 @@ fn cmd_select(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_quit(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     ctx.session.closing = true;
+    ctx.enc.ok()
+}
+
+/// MULTI: queue the following commands until EXEC. EXEC runs them back to back on this connection
+/// and answers an array of their replies. Each command is atomic on its own; the batch is not
+/// isolated from other connections' writes (there is no WATCH), so it is a pipeline with Redis's
+/// transaction framing, which is what clients such as redis-py use for their default pipelines.
+fn cmd_multi(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    if ctx.session.multi.is_some() {
+        return ctx.enc.error("ERR MULTI calls can not be nested");
+    }
+    ctx.session.multi = Some(Vec::new());
+    ctx.session.multi_failed = false;
+    ctx.enc.ok()
+}
+
+fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    let Some(queue) = ctx.session.multi.take() else {
+        return ctx.enc.error("ERR EXEC without MULTI");
+    };
+    if std::mem::take(&mut ctx.session.multi_failed) {
+        return ctx
+            .enc
+            .error("EXECABORT Transaction discarded because of previous errors.");
+    }
+    ctx.enc.array(queue.len());
+    let out = ctx.enc.buffer();
+    for command in &queue {
+        let args: Vec<&[u8]> = command.iter().map(|a| a.as_slice()).collect();
+        execute(ctx.shared, ctx.session, &args, out);
+    }
+}
+
+fn cmd_discard(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    if ctx.session.multi.take().is_none() {
+        return ctx.enc.error("ERR DISCARD without MULTI");
+    }
+    ctx.session.multi_failed = false;
     ctx.enc.ok()
 }
 

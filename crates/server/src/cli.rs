@@ -72,6 +72,17 @@ impl ServerFlags {
     }
 }
 
+/// Listening beyond loopback without a password lets anyone on the network read and write.
+fn warn_if_exposed(config: &ServerConfig) {
+    if !config.bind.is_loopback() && config.password.is_none() {
+        eprintln!(
+            "warning: listening on {} without a password: anyone who can reach this address can read and \
+             write every key (set `password`, --password or RAMLOG_PASSWORD)",
+            config.bind
+        );
+    }
+}
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RAMLOG_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -117,6 +128,7 @@ fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
     init_logging();
     let config = flags.load()?;
+    warn_if_exposed(&config);
     let rt = runtime(&config)?;
     rt.block_on(async {
         let stop = stop_signal()?;
@@ -148,6 +160,7 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
 pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
     init_logging();
     let config = flags.load()?;
+    warn_if_exposed(&config);
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
     let rt = runtime(&config)?;

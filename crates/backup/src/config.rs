@@ -55,6 +55,9 @@ pub struct Config {
     /// Reorganization thresholds, fractions of the log capacity.
     pub reorg_activation: f64,
     pub reorg_prompt: f64,
+    /// Placing data into a log fuller than this first waits for a reorganization of it
+    /// (back-pressure that keeps utilisation bounded when writes outpace the cleaner).
+    pub reorg_throttle: f64,
     pub reorg_enabled: bool,
     pub reorg_strategy: SegmentStrategy,
     /// Fraction of a log's segments cleaned per periodic visit (DXRAM: 33%).
@@ -87,6 +90,7 @@ impl Default for Config {
             version_spill_fraction: 0.65,
             reorg_activation: 0.60,
             reorg_prompt: 0.75,
+            reorg_throttle: 0.78,
             reorg_enabled: true,
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
@@ -127,7 +131,7 @@ impl Config {
         if (self.primary_log_bytes as usize) < 2 * self.flush_threshold_bytes.max(self.write_buffer_bytes) {
             return Err("primary_log_bytes must be at least twice the write buffer".into());
         }
-        if !(0.0..=1.0).contains(&self.reorg_activation) || !(0.0..=1.0).contains(&self.reorg_prompt) {
+        if ![self.reorg_activation, self.reorg_prompt, self.reorg_throttle].iter().all(|f| (0.0..=1.0).contains(f)) {
             return Err("reorganization thresholds are fractions in 0..=1".into());
         }
         if self.version_buffer_entries < 16 {

@@ -75,6 +75,7 @@ pub struct Counters {
     pub reorg_bytes_read: AtomicU64,
     pub urgent_requests: AtomicU64,
     pub prompt_requests: AtomicU64,
+    pub throttle_waits: AtomicU64,
     pub reorg_corrupt_entries: AtomicU64,
     pub open_version_bytes_cut: AtomicU64,
     /// Time spent (ns): sorting/copying in the processor, writing, syncing, applying versions.
@@ -158,6 +159,16 @@ impl Shared {
 
     pub fn failed(&self) -> Option<String> {
         self.progress.lock().failed.clone()
+    }
+
+    /// Asks for a partial reorganization of `tablet` ahead of everything but urgent requests.
+    pub fn request_reorg_front(&self, tablet: u64) {
+        let mut q = self.reorg_queue.lock();
+        if !q.iter().any(|(t, _)| *t == tablet) {
+            let at = q.iter().take_while(|(_, urgent)| *urgent).count();
+            q.insert(at, (tablet, false));
+        }
+        self.reorg_cv.notify_all();
     }
 
     pub fn request_reorg(&self, tablet: u64, urgent: bool) {
@@ -393,6 +404,26 @@ fn place_with_urgent(
     slices: &[&[u8]],
     data_seq: u64,
 ) -> Result<Vec<BlockWrite>> {
+    // Throttle: a log above the throttle threshold waits for the cleaner first, so utilisation
+    // stays bounded when writes outpace reorganization.
+    if sh.cfg.reorg_enabled {
+        for _ in 0..100 {
+            let util = st.used_bytes() as f64 / tablet.capacity_bytes() as f64;
+            if util <= sh.cfg.reorg_throttle || sh.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            sh.counters.throttle_waits.fetch_add(1, Ordering::Relaxed);
+            let before = *sh.reorg_done.lock();
+            sh.request_reorg_front(tablet.id);
+            parking_lot::MutexGuard::unlocked(st, || {
+                let mut g = sh.reorg_done.lock();
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                while *g == before && std::time::Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
+                    sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
+                }
+            });
+        }
+    }
     for attempt in 0..3 {
         if let Some(w) = tablet.place(st, slices, data_seq, &sh.seq, &sh.pool, sh.cfg.new_segment_fraction)? {
             return Ok(w);

@@ -127,6 +127,8 @@ pub struct Stats {
     pub open_version_bytes_damaged: u64,
     pub urgent_requests: u64,
     pub prompt_requests: u64,
+    /// Times a flush waited for the cleaner because a log was above `reorg_throttle`.
+    pub throttle_waits: u64,
     /// Sum of used bytes over all secondary logs.
     pub used_bytes: u64,
     /// Highest fill degree (used / capacity) of any tablet log.
@@ -421,6 +423,7 @@ impl Backup {
             open_version_bytes_damaged: l(&c.open_version_bytes_damaged),
             urgent_requests: l(&c.urgent_requests),
             prompt_requests: l(&c.prompt_requests),
+            throttle_waits: l(&c.throttle_waits),
             used_bytes: used,
             max_utilisation: max_util,
             written_lsn: self.sh.written_lsn.load(Ordering::SeqCst),

@@ -11,7 +11,7 @@
 use crate::engine::Shared;
 use crate::format::{self, BlockHeader, VersionRecord, BLOCK_HEADER_BYTES, PAGE_BYTES};
 use crate::io::{self, AlignedBuf};
-use crate::tablet::{read_versions_file, HashMapU128, Tablet, VersionInfo};
+use crate::tablet::{HashMapU128, Tablet, VersionInfo};
 use crate::{Error, Result, SegmentStrategy};
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
@@ -31,14 +31,18 @@ pub struct ReorgOutcome {
 pub fn run_reorganizer(sh: Arc<Shared>) {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
     let mut visits = 0u64;
+    let mut idle = false;
+    let mut caches: std::collections::HashMap<u64, VersionCache> = std::collections::HashMap::new();
     while !sh.shutdown.load(Ordering::SeqCst) {
         let request = {
             let mut q = sh.reorg_queue.lock();
-            if q.is_empty() {
+            // Sleep only when the last look found nothing to do (DXRAM: 100 ms when idle).
+            if q.is_empty() && idle {
                 sh.reorg_cv.wait_for(&mut q, Duration::from_millis(100));
             }
             q.pop_front()
         };
+        idle = false;
         if sh.shutdown.load(Ordering::SeqCst) {
             break;
         }
@@ -48,7 +52,7 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
         }
         match request {
             Some((tablet, urgent)) => {
-                if let Err(e) = reorganize(&sh, tablet, urgent) {
+                if let Err(e) = reorganize_cached(&sh, tablet, urgent, cache_for(&mut caches, tablet)) {
                     tracing::warn!("reorganization of tablet {tablet:#x} failed: {e}");
                 }
                 if let Some(t) = sh.tablet(tablet) {
@@ -65,6 +69,7 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
                     .collect();
                 if eligible.is_empty() {
+                    idle = true;
                     continue;
                 }
                 visits += 1;
@@ -73,7 +78,7 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                 } else {
                     eligible.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|e| e.0).unwrap_or(eligible[0].0)
                 };
-                if let Err(e) = reorganize(&sh, pick, false) {
+                if let Err(e) = reorganize_cached(&sh, pick, false, cache_for(&mut caches, pick)) {
                     tracing::warn!("reorganization of tablet {pick:#x} failed: {e}");
                 }
             }
@@ -82,31 +87,95 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
     bump_done(&sh);
 }
 
+/// Keys cached over all tablets' version maps (about 48 bytes each).
+const VERSION_CACHE_KEYS_MAX: usize = 1 << 23;
+
+/// The cache of one tablet, evicting other tablets' caches while the total is over the bound.
+fn cache_for(caches: &mut std::collections::HashMap<u64, VersionCache>, tablet: u64) -> &mut VersionCache {
+    loop {
+        let total: usize = caches.values().map(|c| c.map.len()).sum();
+        if total <= VERSION_CACHE_KEYS_MAX {
+            break;
+        }
+        let victim = caches.iter().filter(|(t, _)| **t != tablet).max_by_key(|(_, c)| c.map.len()).map(|(t, _)| *t);
+        match victim {
+            Some(v) => {
+                caches.remove(&v);
+            }
+            None => break,
+        }
+    }
+    caches.entry(tablet).or_default()
+}
+
 fn bump_done(sh: &Shared) {
     let mut g = sh.reorg_done.lock();
     *g += 1;
     sh.reorg_done_cv.notify_all();
 }
 
-/// Gathers the current versions of a tablet and rewrites its version log compactly.
-pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInfo>> {
-    let mut map = HashMapU128::default();
+/// The reorganizer's copy of one tablet's version map, kept between visits so that a visit reads
+/// only what the version log gained since the last one.
+#[derive(Default)]
+pub struct VersionCache {
+    tablet: Option<u64>,
+    map: HashMapU128<VersionInfo>,
+    /// Version-log length already merged into `map`.
+    log_len: u64,
+    /// Identity of the version-log file (a rewrite or a drop invalidates the cache).
+    inode: u64,
+}
+
+fn inode_of(f: &std::fs::File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().map(|m| m.ino()).unwrap_or(0)
+}
+
+/// Gathers the current versions of a tablet (version log + version buffer). The version log is
+/// rewritten compactly (newest record per key) when it has grown to twice its compacted size.
+pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache) -> Result<&'c HashMapU128<VersionInfo>> {
     let mut vl = t.verlog.lock();
-    let (_, file_seq) = read_versions_file(&vl.file, vl.len, &t.ver_path, &mut map)?;
+    let inode = inode_of(&vl.file);
+    if cache.tablet != Some(t.id) || cache.inode != inode || cache.log_len > vl.len {
+        cache.tablet = Some(t.id);
+        cache.map.clear();
+        cache.log_len = 0;
+        cache.inode = inode;
+    }
+    // Only the part of the log not merged yet.
+    let mut tail = vec![0u8; (vl.len - cache.log_len) as usize];
+    let n = io::read_exact_at(&vl.file, &mut tail, cache.log_len).map_err(|e| Error::io(&t.ver_path, e))?;
+    tail.truncate(n);
+    let mut file_seq = 0u64;
+    let walk = format::walk_version_log(&tail, |seq, recs| {
+        file_seq = file_seq.max(seq);
+        for r in format::version_records(recs) {
+            let v = VersionInfo { version: r.version, deleted: r.deleted };
+            let slot = cache.map.entry(r.hash).or_insert(v);
+            if v.version >= slot.version {
+                *slot = v;
+            }
+        }
+    });
+    cache.log_len += walk.valid_end as u64;
     let (snapshot, vseq, vepoch) = {
         let st = t.state.lock();
         (st.vbuf.clone(), st.vbuf_seq, st.vbuf_epoch)
     };
     for r in &snapshot {
         let v = VersionInfo { version: r.version, deleted: r.deleted };
-        let slot = map.entry(r.hash).or_insert(v);
+        let slot = cache.map.entry(r.hash).or_insert(v);
         if v.version >= slot.version {
             *slot = v;
         }
     }
+    let compact_len = (cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
+    if vl.len <= 2 * compact_len {
+        return Ok(&cache.map);
+    }
     let seq = vseq.max(file_seq);
     let records: Vec<VersionRecord> =
-        map.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
+        cache.map.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
     let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
     for chunk in records.chunks(format::VERSION_BLOCK_RECORDS_MAX) {
         format::encode_version_block(&mut buf, seq, chunk);
@@ -123,6 +192,8 @@ pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInf
     }
     vl.file = std::fs::OpenOptions::new().read(true).write(true).open(&t.ver_path).map_err(|e| Error::io(&t.ver_path, e))?;
     vl.len = buf.len() as u64;
+    cache.inode = inode_of(&vl.file);
+    cache.log_len = vl.len;
     sh.counters.version_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
     let mut st = t.state.lock();
     // The records captured are in the compacted log now; drop them unless the buffer was taken
@@ -131,7 +202,7 @@ pub fn gather_versions(sh: &Shared, t: &Tablet) -> Result<HashMapU128<VersionInf
         st.vbuf.drain(..snapshot.len());
     }
     st.ver_wm = st.ver_wm.max(vseq);
-    Ok(map)
+    Ok(&cache.map)
 }
 
 /// Is this entry current according to the gathered versions? Unknown keys are kept (their
@@ -147,10 +218,14 @@ pub fn is_current(map: &HashMapU128<VersionInfo>, hash: u128, version: u64) -> b
 
 /// Reorganizes one tablet log: all segments if `full` (urgent), else a share chosen by strategy.
 pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> {
+    reorganize_cached(sh, tablet, full, &mut VersionCache::default())
+}
+
+pub fn reorganize_cached(sh: &Shared, tablet: u64, full: bool, cache: &mut VersionCache) -> Result<ReorgOutcome> {
     let Some(t) = sh.tablet(tablet) else { return Ok(ReorgOutcome::default()) };
     let _guard = t.reorg_lock.lock();
     sh.counters.reorg_runs.fetch_add(1, Ordering::Relaxed);
-    let map = gather_versions(sh, &t)?;
+    let map = gather_versions(sh, &t, cache)?;
     let seg_bytes = t.segment_bytes as usize;
     let now = Instant::now();
     // Choose segments.
@@ -200,7 +275,7 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
     let mut result = Ok(());
     let mut untouched: Vec<usize> = Vec::new();
     for (k, &s) in chosen.iter().enumerate() {
-        let r = clean_one(sh, &t, &map, s, &mut read_buf, &mut out, &mut outcome);
+        let r = clean_one(sh, &t, map, s, &mut read_buf, &mut out, &mut outcome);
         match r {
             Ok(true) => {}
             Ok(false) => untouched.push(s),
@@ -215,6 +290,7 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
         result = out.flush(sh, &t, &mut outcome);
     } else {
         untouched.extend(out.sources.drain(..));
+        untouched.extend(out.pending_free.drain(..));
         if let Some(o) = out.segment.take() {
             untouched.push(o);
         }
@@ -227,6 +303,16 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
             }
         }
     }
+    if std::env::var_os("RAMLOG_BACKUP_TRACE").is_some() {
+        let util = t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64;
+        eprintln!(
+            "reorg {tablet:#x} full={full}: chose {} cleaned {} freed {} KiB read {} KiB -> util {util:.3}",
+            chosen.len(),
+            outcome.segments_cleaned,
+            outcome.bytes_freed >> 10,
+            outcome.bytes_read >> 10
+        );
+    }
     sh.counters.reorg_segments.fetch_add(outcome.segments_cleaned, Ordering::Relaxed);
     sh.counters.reorg_bytes_freed.fetch_add(outcome.bytes_freed, Ordering::Relaxed);
     sh.counters.reorg_bytes_read.fetch_add(outcome.bytes_read, Ordering::Relaxed);
@@ -234,24 +320,42 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
     result.map(|_| outcome)
 }
 
-/// The segment survivors are copied into, filled in memory and written once.
+/// The segment survivors are copied into, filled in memory and written once. Cleaned segments
+/// are zeroed (freed) in batches, after one fdatasync has made all copies of their survivors
+/// durable.
 struct Output {
     buf: AlignedBuf,
     len: usize,
     count: u32,
     data_seq: u64,
     segment: Option<usize>,
-    /// Cleaned segments whose survivors sit in `buf`; zeroed after `buf` is durable.
+    /// Cleaned segments whose survivors sit in `buf`.
     sources: Vec<usize>,
     sources_used: u64,
+    /// Cleaned segments whose survivors are written (not yet synced) or that had none.
+    pending_free: Vec<usize>,
+    pending_used: u64,
+    pending_written: u64,
 }
 
 impl Output {
     fn new(seg_bytes: usize) -> Output {
-        Output { buf: AlignedBuf::new(seg_bytes), len: BLOCK_HEADER_BYTES, count: 0, data_seq: 0, segment: None, sources: Vec::new(), sources_used: 0 }
+        Output {
+            buf: AlignedBuf::new(seg_bytes),
+            len: BLOCK_HEADER_BYTES,
+            count: 0,
+            data_seq: 0,
+            segment: None,
+            sources: Vec::new(),
+            sources_used: 0,
+            pending_free: Vec::new(),
+            pending_used: 0,
+            pending_written: 0,
+        }
     }
 
-    fn flush(&mut self, sh: &Shared, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
+    /// Writes the output segment (no sync yet); its sources wait in `pending_free`.
+    fn write_out(&mut self, sh: &Shared, t: &Tablet) -> Result<()> {
         if self.sources.is_empty() {
             if let Some(o) = self.segment.take() {
                 t.state.lock().segments[o].reorganizing = false;
@@ -276,22 +380,17 @@ impl Output {
         self.buf.set_len(padded);
         let base = o as u64 * t.segment_bytes;
         t.file.write_all_at(self.buf.as_slice(), base).map_err(|e| Error::io(&t.sec_path, e))?;
-        t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
-        zero_segments(t, &self.sources)?;
-        let mut st = t.state.lock();
-        for &s in &self.sources {
-            let m = &mut st.segments[s];
-            m.used = 0;
+        {
+            let mut st = t.state.lock();
+            let m = &mut st.segments[o];
+            m.used = padded as u64;
             m.reorganizing = false;
             m.stamp = Instant::now();
+            m.data_seq = m.data_seq.max(self.data_seq);
         }
-        let m = &mut st.segments[o];
-        m.used = padded as u64;
-        m.reorganizing = false;
-        m.stamp = Instant::now();
-        m.data_seq = m.data_seq.max(self.data_seq);
-        outcome.bytes_freed += self.sources_used.saturating_sub(padded as u64);
-        self.sources.clear();
+        self.pending_free.append(&mut self.sources);
+        self.pending_used += self.sources_used;
+        self.pending_written += padded as u64;
         self.sources_used = 0;
         self.len = BLOCK_HEADER_BYTES;
         self.count = 0;
@@ -299,6 +398,101 @@ impl Output {
         self.segment = None;
         Ok(())
     }
+
+    /// Syncs the written outputs, then zeroes and frees the cleaned segments.
+    fn commit(&mut self, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
+        if self.pending_free.is_empty() {
+            return Ok(());
+        }
+        t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
+        zero_segments(t, &self.pending_free)?;
+        let mut st = t.state.lock();
+        for &s in &self.pending_free {
+            let m = &mut st.segments[s];
+            m.used = 0;
+            m.reorganizing = false;
+            m.stamp = Instant::now();
+        }
+        outcome.bytes_freed += self.pending_used.saturating_sub(self.pending_written);
+        self.pending_free.clear();
+        self.pending_used = 0;
+        self.pending_written = 0;
+        Ok(())
+    }
+
+    fn flush(&mut self, sh: &Shared, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
+        self.write_out(sh, t)?;
+        self.commit(t, outcome)
+    }
+}
+
+/// Fallback when no segment is free: writes the survivors of `s` as one compacted block at the
+/// end of another used segment that has room, then queues `s` to be freed.
+#[allow(clippy::too_many_arguments)]
+fn append_survivors_elsewhere(
+    sh: &Shared,
+    t: &Tablet,
+    s: usize,
+    region: &[u8],
+    keep: &[(usize, usize)],
+    kept_bytes: usize,
+    data_seq: u64,
+    used: u64,
+    out: &mut Output,
+    outcome: &mut ReorgOutcome,
+) -> Result<bool> {
+    let padded = format::page_align_up(BLOCK_HEADER_BYTES + kept_bytes);
+    let target = {
+        let mut st = t.state.lock();
+        let seg = t.segment_bytes;
+        let found = (0..st.segments.len())
+            .filter(|&i| {
+                let m = &st.segments[i];
+                i != s && m.used > 0 && m.pending == 0 && !m.reorganizing && seg - m.used >= padded as u64
+            })
+            .min_by_key(|&i| seg - st.segments[i].used);
+        if let Some(i) = found {
+            st.segments[i].reorganizing = true;
+        }
+        found.map(|i| (i, st.segments[i].used))
+    };
+    let Some((i, at)) = target else { return Ok(false) };
+    let mut buf = AlignedBuf::new(padded);
+    {
+        let dst = buf.full_mut();
+        let mut w = BLOCK_HEADER_BYTES;
+        for &(off, len) in keep {
+            dst[w..w + len].copy_from_slice(&region[off..off + len]);
+            w += len;
+        }
+        BlockHeader {
+            kind: format::BLOCK_COMPACTED,
+            body_len: kept_bytes as u32,
+            write_seq: sh.seq.fetch_add(1, Ordering::SeqCst),
+            data_seq,
+            tablet: t.id,
+            entry_count: keep.len() as u32,
+        }
+        .encode(dst);
+    }
+    buf.set_len(padded);
+    let r = t.file.write_all_at(buf.as_slice(), i as u64 * t.segment_bytes + at).map_err(|e| Error::io(&t.sec_path, e));
+    {
+        let mut st = t.state.lock();
+        let m = &mut st.segments[i];
+        m.reorganizing = false;
+        if r.is_ok() {
+            m.used = at + padded as u64;
+            m.stamp = Instant::now();
+            m.data_seq = m.data_seq.max(data_seq);
+        }
+    }
+    r?;
+    outcome.segments_cleaned += 1;
+    out.pending_free.push(s);
+    out.pending_used += used;
+    out.pending_written += padded as u64;
+    Ok(true)
 }
 
 fn zero_segments(t: &Tablet, segments: &[usize]) -> Result<()> {
@@ -356,26 +550,33 @@ fn clean_one(
     }
     if keep.is_empty() {
         outcome.segments_cleaned += 1;
-        zero_segments(t, &[s])?;
-        let mut st = t.state.lock();
-        let m = &mut st.segments[s];
-        outcome.bytes_freed += m.used;
-        m.used = 0;
-        m.reorganizing = false;
-        m.stamp = Instant::now();
+        out.pending_free.push(s);
+        out.pending_used += used as u64;
         return Ok(true);
     }
     if out.len + kept_bytes > out.buf.capacity() {
-        out.flush(sh, t, outcome)?;
+        out.write_out(sh, t)?;
     }
-    if out.segment.is_none() {
-        let mut st = t.state.lock();
-        match t.free_segment(&mut st, true)? {
-            Some(o) => {
+    for attempt in 0..2 {
+        if out.segment.is_some() {
+            break;
+        }
+        let got = {
+            let mut st = t.state.lock();
+            let got = t.free_segment(&mut st, true)?;
+            if let Some(o) = got {
                 st.segments[o].reorganizing = true;
-                out.segment = Some(o);
             }
-            None => return Ok(false),
+            got
+        };
+        match got {
+            Some(o) => out.segment = Some(o),
+            // No free segment: make the cleaned ones free first.
+            None if attempt == 0 => out.commit(t, outcome)?,
+            None => {
+                // Still none: append the survivors to a used segment with room for them.
+                return append_survivors_elsewhere(sh, t, s, region, &keep, kept_bytes, data_seq, used as u64, out, outcome);
+            }
         }
     }
     let dst = out.buf.full_mut();

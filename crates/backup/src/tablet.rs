@@ -318,8 +318,10 @@ impl Tablet {
                 }
             }
             if choice.is_none() {
-                // Split: the segment with the most free space.
-                choice = (0..st.segments.len()).filter(|&i| usable(i, &used, st) > 0).max_by_key(|&i| usable(i, &used, st));
+                // Split: the used segment with the most free space (free ones are the reserve).
+                choice = (0..st.segments.len())
+                    .filter(|&i| used[i] > 0 && usable(i, &used, st) > 0)
+                    .max_by_key(|&i| usable(i, &used, st));
             }
             let Some(i) = choice else { return Ok(None) };
             let room = usable(i, &used, st);
@@ -412,23 +414,6 @@ impl Tablet {
         g.len += buf.len() as u64;
         Ok(buf.len() as u64)
     }
-}
-
-/// Reads a version log's valid prefix into `into`; returns (bytes read, highest seq).
-pub fn read_versions_file(file: &File, len: u64, path: &Path, into: &mut HashMapU128<VersionInfo>) -> Result<(u64, u64)> {
-    let mut bytes = vec![0u8; len as usize];
-    let n = io::read_exact_at(file, &mut bytes, 0).map_err(|e| Error::io(path, e))?;
-    bytes.truncate(n);
-    let walk = format::walk_version_log(&bytes, |_, recs| {
-        for r in format::version_records(recs) {
-            let slot = into.entry(r.hash).or_insert(VersionInfo { version: r.version, deleted: r.deleted });
-            if r.version >= slot.version {
-                *slot = VersionInfo { version: r.version, deleted: r.deleted };
-            }
-        }
-    });
-    let (at, max_seq) = (walk.valid_end, walk.max_seq);
-    Ok((at as u64, max_seq))
 }
 
 /// One block write into a secondary log.

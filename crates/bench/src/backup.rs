@@ -233,8 +233,10 @@ fn reorg_run(
         segment_bytes,
         tablet_log_capacity_bytes: if reorg { capacity } else { capacity * 8 },
         version_buffer_entries: 1 << 15,
-        write_buffer_bytes: 16 << 20,
-        flush_threshold_bytes: 8 << 20,
+        // About 1/64 of a log's capacity per tablet per flush.
+        write_buffer_bytes: (capacity / 64 * tablets).max(4 << 20) as usize,
+        write_buffer_chunks: 2,
+        flush_threshold_bytes: (capacity / 64 * tablets / 2).max(1 << 20) as usize,
         secondary_buffer_bytes: 16 << 10,
         primary_log_bytes: 64 << 20,
         ..Config::default()
@@ -542,8 +544,8 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
         Pattern::Zipf,
         Pattern::HotCold,
     ] {
-        if !want("reorg") {
-            break;
+        if !want("reorg") || !format!("reorg/{}", pattern.name()).contains(&rows) {
+            continue;
         }
         let base = {
             let s = Scratch::new(&root, "noreorg")?;

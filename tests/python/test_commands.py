@@ -379,3 +379,26 @@ def test_multi_queueing_errors_abort_exec(server):
         data += chunk
     assert data == want
     s.close()
+
+
+def test_getrange_getex(r):
+    r.set("s", "This is a string")
+    assert r.getrange("s", 0, 3) == "This"
+    assert r.getrange("s", -3, -1) == "ing"
+    assert r.getrange("s", 0, -1) == "This is a string"
+    assert r.getrange("s", 10, 100) == "string"
+    assert r.getrange("s", 5, 3) == ""
+    assert r.getrange("s", -1, -5) == ""
+    assert r.getrange("missing", 0, -1) == ""
+    with pytest.raises(redis.ResponseError, match="^value is not an integer or out of range$"):
+        r.execute_command("GETRANGE", "s", "a", "1")
+    assert r.getex("s", ex=100) == "This is a string"
+    assert 99 <= r.ttl("s") <= 100
+    assert r.getex("s", persist=True) == "This is a string"
+    assert r.ttl("s") == -1
+    assert r.getex("s") == "This is a string"
+    assert r.getex("missing", ex=10) is None
+    with pytest.raises(redis.ResponseError, match="^syntax error$"):
+        r.execute_command("GETEX", "s", "EX", "10", "PX", "10")
+    with pytest.raises(redis.ResponseError, match="^invalid expire time in 'getex' command$"):
+        r.execute_command("GETEX", "s", "EX", "0")

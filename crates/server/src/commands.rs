@@ -133,6 +133,39 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("incrby", 3, W, 1, 1, 1, s, Op::Incr, cmd_incrby),
         spec!("decrby", 3, W, 1, 1, 1, s, Op::Incr, cmd_decrby),
         spec!("strlen", 2, R, 1, 1, 1, s, Op::Strlen, cmd_strlen),
+        spec!(
+            "getrange",
+            4,
+            &["readonly"],
+            1,
+            1,
+            1,
+            s,
+            Op::Get,
+            cmd_getrange
+        ),
+        spec!(
+            "substr",
+            4,
+            &["readonly"],
+            1,
+            1,
+            1,
+            s,
+            Op::Get,
+            cmd_getrange
+        ),
+        spec!(
+            "getex",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            s,
+            Op::Get,
+            cmd_getex
+        ),
         spec!("type", 2, R, 1, 1, 1, k, Op::Exists, cmd_type),
         spec!("scan", -2, &["readonly"], 0, 0, 0, k, Op::Scan, cmd_scan),
         spec!("keys", 2, &["readonly"], 0, 0, 0, k, Op::Scan, cmd_keys),
@@ -1004,6 +1037,98 @@ fn cmd_strlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             .integer(found.map(|o| o.value.len() as i64).unwrap_or(0)),
         Err(e) => engine_error(ctx, &e),
     }
+}
+
+/// GETRANGE key start end, with Redis's index rules (negative counts from the end, clamped).
+fn cmd_getrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(mut start), Some(mut end)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let value = match read(ctx, args[1]) {
+        Ok(found) => found.map(|o| o.value).unwrap_or_default(),
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let len = value.len() as i64;
+    if start < 0 && end < 0 && start > end {
+        return ctx.enc.bulk(b"");
+    }
+    if start < 0 {
+        start += len;
+    }
+    if end < 0 {
+        end += len;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= len {
+        end = len - 1;
+    }
+    if len == 0 || start > end {
+        return ctx.enc.bulk(b"");
+    }
+    ctx.enc.bulk(&value[start as usize..=end as usize]);
+}
+
+/// GETEX key [EX s | PX ms | EXAT s | PXAT ms | PERSIST]: the value, and a new expiry.
+fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    // None = leave the expiry alone; Some(0) = remove it.
+    let mut expire_at: Option<u64> = None;
+    let mut i = 2;
+    while i < args.len() {
+        let o = args[i];
+        if eq_ignore_case(o, "persist") && expire_at.is_none() {
+            expire_at = Some(0);
+            i += 1;
+            continue;
+        }
+        let unit = if eq_ignore_case(o, "ex") || eq_ignore_case(o, "exat") {
+            1000
+        } else if eq_ignore_case(o, "px") || eq_ignore_case(o, "pxat") {
+            1
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        };
+        if expire_at.is_some() || i + 1 >= args.len() {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        let Some(n) = parse_i64(args[i + 1]) else {
+            return ctx.enc.error(ERR_NOT_INTEGER);
+        };
+        let absolute = o.len() == 4;
+        let base = if absolute { 0 } else { now_ms() as i64 };
+        match n.checked_mul(unit).and_then(|ms| ms.checked_add(base)) {
+            Some(at) if n > 0 => expire_at = Some(at as u64),
+            _ => return ctx.enc.error("ERR invalid expire time in 'getex' command"),
+        }
+        i += 2;
+    }
+    let key = args[1];
+    let found = match read(ctx, key) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(object) = found else {
+        return ctx.enc.null();
+    };
+    if let Some(at) = expire_at {
+        let keyspace = &ctx.shared.keyspace;
+        let tablet = keyspace.tablet_of(key);
+        let result = if at != 0 && at <= now_ms() {
+            keyspace
+                .engine()
+                .delete(tablet, key, Condition::IfVersion(object.version))
+        } else if at == 0 && object.expire_at_ms == 0 {
+            Ok(None) // PERSIST on a key without expiry: nothing to write
+        } else {
+            keyspace.engine().set_expiry(tablet, key, at)
+        };
+        match result {
+            Ok(Some(_)) => ctx.session.wrote = true,
+            Ok(None) | Err(EngineError::ConditionFailed { .. }) => {}
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.bulk(&object.value);
 }
 
 /// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]

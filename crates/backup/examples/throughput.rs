@@ -13,7 +13,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mib: u64 = a[4].parse()?;
     let random = a.get(5).is_some_and(|s| s == "random");
     let _ = std::fs::remove_dir_all(&dir);
-    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     let cfg = Config {
         reorg_enabled: false,
         tablet_log_capacity_bytes: 8 << 30,
@@ -21,7 +26,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         write_buffer_chunks: env("WB_CHUNKS", 8),
         flush_threshold_bytes: env("FLUSH_MB", 16) << 20,
         secondary_buffer_bytes: env("SLB_KB", 128) << 10,
-        sync: if env("SYNC", 1) == 1 { ramlog_backup::SyncPolicy::EveryFlush } else { ramlog_backup::SyncPolicy::OnDemand },
+        sync: if env("SYNC", 1) == 1 {
+            ramlog_backup::SyncPolicy::EveryFlush
+        } else {
+            ramlog_backup::SyncPolicy::OnDemand
+        },
         ..Config::default()
     };
     let b = Backup::open(&dir, cfg)?;
@@ -33,11 +42,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut id = 0u64;
     let mut n = 0u64;
     while id < count {
-        let tablet = if random { rng.gen_range(0..tablets) } else { n % tablets };
+        let tablet = if random {
+            rng.gen_range(0..tablets)
+        } else {
+            n % tablets
+        };
         for (i, k) in keys.iter_mut().enumerate() {
             k[..8].copy_from_slice(&(id + i as u64).to_be_bytes());
         }
-        let entries: [Entry<'_>; 10] = std::array::from_fn(|i| Entry { key: &keys[i], value: Some(&value), version: id + i as u64 + 1, expiry: 0 });
+        let entries: [Entry<'_>; 10] = std::array::from_fn(|i| Entry {
+            key: &keys[i],
+            value: Some(&value),
+            version: id + i as u64 + 1,
+            expiry: 0,
+        });
         b.append(tablet, &entries)?;
         id += 10;
         n += 1;
@@ -66,19 +84,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("REPLAY").is_some() {
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
         let t = Instant::now();
-        let b = Backup::open(&dir, Config { reorg_enabled: false, tablet_log_capacity_bytes: 8 << 30, ..Config::default() })?;
+        let b = Backup::open(
+            &dir,
+            Config {
+                reorg_enabled: false,
+                tablet_log_capacity_bytes: 8 << 30,
+                ..Config::default()
+            },
+        )?;
         let opened = t.elapsed();
         let cpu = || {
             let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: getrusage fills the struct we own.
             unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-            (ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6) + (ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6)
+            (ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6)
+                + (ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6)
         };
         let c0 = cpu();
         let t = Instant::now();
         let mut n = 0u64;
         let r = b.replay_all(|_| n += 1)?;
-        println!("  reopen {:?}, replay {:?} wall, {:.2} s CPU: {n} keys, {:?}", opened, t.elapsed(), cpu() - c0, r);
+        println!(
+            "  reopen {:?}, replay {:?} wall, {:.2} s CPU: {n} keys, {:?}",
+            opened,
+            t.elapsed(),
+            cpu() - c0,
+            r
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

@@ -90,7 +90,7 @@ impl Default for Config {
             version_spill_fraction: 0.65,
             reorg_activation: 0.60,
             reorg_prompt: 0.75,
-            reorg_throttle: 0.78,
+            reorg_throttle: 0.72,
             reorg_enabled: true,
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
@@ -107,20 +107,30 @@ impl Config {
     /// Checks the relations between the sizes; returns a description of the first violation.
     pub fn validate(&self) -> Result<(), String> {
         let page = crate::format::PAGE_BYTES as u64;
-        if self.segment_bytes < 64 * 1024 || self.segment_bytes % page != 0 || self.segment_bytes > (1 << 31) {
-            return Err("segment_bytes must be a multiple of 4 KiB between 64 KiB and 2 GiB".into());
+        if self.segment_bytes < 64 * 1024
+            || !self.segment_bytes.is_multiple_of(page)
+            || self.segment_bytes > (1 << 31)
+        {
+            return Err(
+                "segment_bytes must be a multiple of 4 KiB between 64 KiB and 2 GiB".into(),
+            );
         }
         if self.tablet_log_capacity_bytes < 2 * self.segment_bytes {
             return Err("tablet_log_capacity_bytes must hold at least two segments".into());
         }
-        if self.primary_log_bytes < 4 * page || self.primary_log_bytes % page != 0 {
+        if self.primary_log_bytes < 4 * page || !self.primary_log_bytes.is_multiple_of(page) {
             return Err("primary_log_bytes must be a multiple of 4 KiB and at least 16 KiB".into());
         }
-        if self.write_buffer_chunks < 2 || self.write_buffer_bytes / self.write_buffer_chunks < 64 * 1024 {
+        if self.write_buffer_chunks < 2
+            || self.write_buffer_bytes / self.write_buffer_chunks < 64 * 1024
+        {
             return Err("write buffer needs at least two chunks of 64 KiB".into());
         }
         if self.entry_max_bytes() > self.write_buffer_bytes / self.write_buffer_chunks {
-            return Err("a write-buffer chunk must hold the largest entry (raise write_buffer_bytes)".into());
+            return Err(
+                "a write-buffer chunk must hold the largest entry (raise write_buffer_bytes)"
+                    .into(),
+            );
         }
         if self.flush_threshold_bytes == 0 || self.flush_threshold_bytes > self.write_buffer_bytes {
             return Err("flush_threshold_bytes must be in 1..=write_buffer_bytes".into());
@@ -128,10 +138,19 @@ impl Config {
         if (self.secondary_buffer_bytes as u64) > self.segment_bytes / 2 {
             return Err("secondary_buffer_bytes must be at most half a segment".into());
         }
-        if (self.primary_log_bytes as usize) < 2 * self.flush_threshold_bytes.max(self.write_buffer_bytes) {
+        if (self.primary_log_bytes as usize)
+            < 2 * self.flush_threshold_bytes.max(self.write_buffer_bytes)
+        {
             return Err("primary_log_bytes must be at least twice the write buffer".into());
         }
-        if ![self.reorg_activation, self.reorg_prompt, self.reorg_throttle].iter().all(|f| (0.0..=1.0).contains(f)) {
+        if ![
+            self.reorg_activation,
+            self.reorg_prompt,
+            self.reorg_throttle,
+        ]
+        .iter()
+        .all(|f| (0.0..=1.0).contains(f))
+        {
             return Err("reorganization thresholds are fractions in 0..=1".into());
         }
         if self.version_buffer_entries < 16 {
@@ -142,7 +161,10 @@ impl Config {
 
     /// Largest encoded entry: bounded by half a segment (DXRAM) and by the value limit.
     pub fn entry_max_bytes(&self) -> usize {
-        let by_segment = (self.segment_bytes as usize / 2).saturating_sub(crate::format::BLOCK_HEADER_BYTES);
-        by_segment.min(crate::format::ENTRY_HEADER_BYTES + crate::format::KEY_MAX_BYTES + self.value_max_bytes)
+        let by_segment =
+            (self.segment_bytes as usize / 2).saturating_sub(crate::format::BLOCK_HEADER_BYTES);
+        by_segment.min(
+            crate::format::ENTRY_HEADER_BYTES + crate::format::KEY_MAX_BYTES + self.value_max_bytes,
+        )
     }
 }

@@ -28,7 +28,10 @@ pub struct BufPool {
 
 impl BufPool {
     pub fn new(limit_bytes: usize) -> BufPool {
-        BufPool { free: Mutex::new(((0..40).map(|_| Vec::new()).collect(), 0)), limit_bytes }
+        BufPool {
+            free: Mutex::new(((0..40).map(|_| Vec::new()).collect(), 0)),
+            limit_bytes,
+        }
     }
     fn class(len: usize) -> usize {
         len.max(PAGE_BYTES).next_power_of_two().trailing_zeros() as usize
@@ -139,8 +142,12 @@ impl Shared {
             return Ok(t.clone());
         }
         let (t, scan) = Tablet::open(&self.dir, id, self.io_mode, &self.cfg)?;
-        self.counters.open_version_bytes_cut.fetch_add(scan.version_log_truncated_bytes, Ordering::Relaxed);
-        self.counters.open_version_bytes_damaged.fetch_add(scan.version_log_damaged_bytes, Ordering::Relaxed);
+        self.counters
+            .open_version_bytes_cut
+            .fetch_add(scan.version_log_truncated_bytes, Ordering::Relaxed);
+        self.counters
+            .open_version_bytes_damaged
+            .fetch_add(scan.version_log_damaged_bytes, Ordering::Relaxed);
         let t = Arc::new(t);
         g.insert(id, t.clone());
         Ok(t)
@@ -230,7 +237,9 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
         } else {
             build_job(&sh, taken, checkpoint, force_sync, closing)
         };
-        sh.counters.process_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        sh.counters
+            .process_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match job {
             Ok(job) => {
                 if tx.send(job).is_err() {
@@ -250,17 +259,38 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
 
 type BuildErr = (Error, Vec<Chunk>);
 
-fn build_job(sh: &Shared, taken: Taken, checkpoint: bool, force_sync: bool, closing: bool) -> std::result::Result<Job, BuildErr> {
+fn build_job(
+    sh: &Shared,
+    taken: Taken,
+    checkpoint: bool,
+    force_sync: bool,
+    closing: bool,
+) -> std::result::Result<Job, BuildErr> {
     let Taken { chunks, lsn, .. } = taken;
     match build_job_inner(sh, &chunks, checkpoint) {
-        Ok((seq, writes, primary, wrap, versions)) => {
-            Ok(Job { seq, lsn, writes, primary, wrap, checkpoint, versions, chunks, force_sync, closing })
-        }
+        Ok((seq, writes, primary, wrap, versions)) => Ok(Job {
+            seq,
+            lsn,
+            writes,
+            primary,
+            wrap,
+            checkpoint,
+            versions,
+            chunks,
+            force_sync,
+            closing,
+        }),
         Err(e) => Err((e, chunks)),
     }
 }
 
-type Built = (u64, Vec<(Arc<Tablet>, BlockWrite)>, Option<(u64, AlignedBuf)>, bool, Vec<VersionBatch>);
+type Built = (
+    u64,
+    Vec<(Arc<Tablet>, BlockWrite)>,
+    Option<(u64, AlignedBuf)>,
+    bool,
+    Vec<VersionBatch>,
+);
 
 fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Built> {
     let cfg = &sh.cfg;
@@ -332,16 +362,23 @@ fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Bu
         }
         versions.push(VersionBatch { tablet, batches });
     }
-    sh.counters.appended_entries.fetch_add(appended, Ordering::Relaxed);
+    sh.counters
+        .appended_entries
+        .fetch_add(appended, Ordering::Relaxed);
     // 3. The primary block: one write for all small batches of this flush.
     let mut wrap = false;
     let mut primary = None;
     if !primary_runs.is_empty() {
-        let body_len: usize = primary_runs.iter().map(|r| format::RUN_HEADER_BYTES + r.2).sum();
+        let body_len: usize = primary_runs
+            .iter()
+            .map(|r| format::RUN_HEADER_BYTES + r.2)
+            .sum();
         let padded = format::page_align_up(BLOCK_HEADER_BYTES + body_len);
         let mut pl = sh.primary.lock();
         if padded as u64 > pl.size {
-            return Err(Error::Corrupt("primary block larger than the primary log".into()));
+            return Err(Error::Corrupt(
+                "primary block larger than the primary log".into(),
+            ));
         }
         if pl.offset + padded as u64 > pl.size {
             wrap = true;
@@ -418,14 +455,24 @@ fn place_with_urgent(
             parking_lot::MutexGuard::unlocked(st, || {
                 let mut g = sh.reorg_done.lock();
                 let deadline = std::time::Instant::now() + Duration::from_secs(5);
-                while *g == before && std::time::Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
+                while *g == before
+                    && std::time::Instant::now() < deadline
+                    && !sh.shutdown.load(Ordering::SeqCst)
+                {
                     sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
                 }
             });
         }
     }
     for attempt in 0..3 {
-        if let Some(w) = tablet.place(st, slices, data_seq, &sh.seq, &sh.pool, sh.cfg.new_segment_fraction)? {
+        if let Some(w) = tablet.place(
+            st,
+            slices,
+            data_seq,
+            &sh.seq,
+            &sh.pool,
+            sh.cfg.new_segment_fraction,
+        )? {
             return Ok(w);
         }
         if !sh.cfg.reorg_enabled || attempt == 2 {
@@ -438,12 +485,18 @@ fn place_with_urgent(
         parking_lot::MutexGuard::unlocked(st, || {
             let mut g = sh.reorg_done.lock();
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while *g == before && std::time::Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
+            while *g == before
+                && std::time::Instant::now() < deadline
+                && !sh.shutdown.load(Ordering::SeqCst)
+            {
                 sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(50));
             }
         });
     }
-    Err(Error::LogFull { tablet: tablet.id, capacity_bytes: tablet.capacity_bytes() })
+    Err(Error::LogFull {
+        tablet: tablet.id,
+        capacity_bytes: tablet.capacity_bytes(),
+    })
 }
 
 /// Writer thread body.
@@ -455,7 +508,13 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
         let closing = job.closing;
         let lsn = job.lsn;
         let chunks_len = job.chunks.len();
-        let result = execute(&sh, job, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+        let result = execute(
+            &sh,
+            job,
+            &mut dirty,
+            &mut dirty_versions,
+            &mut primary_dirty,
+        );
         match result {
             Ok((chunks, synced)) => {
                 sh.wb.release(chunks);
@@ -492,7 +551,17 @@ fn execute(
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
 ) -> std::result::Result<(Vec<Chunk>, bool), ExecErr> {
-    let Job { seq, writes, primary, wrap, checkpoint, versions, chunks, force_sync, .. } = job;
+    let Job {
+        seq,
+        writes,
+        primary,
+        wrap,
+        checkpoint,
+        versions,
+        chunks,
+        force_sync,
+        ..
+    } = job;
     if sh.failed().is_some() {
         return Ok((chunks, false));
     }
@@ -503,28 +572,50 @@ fn execute(
         // before all of them (and the sync) complete, so their order does not matter.
         let mut touched: Vec<Arc<Tablet>> = Vec::new();
         for (tablet, _) in &writes {
-            if !dirty.contains_key(&tablet.id) {
-                dirty.insert(tablet.id, tablet.clone());
-            }
+            dirty.entry(tablet.id).or_insert_with(|| tablet.clone());
             touched.push(tablet.clone());
         }
-        let mut ios: Vec<Io<'_>> = writes.iter().map(|(t, w)| Io::Write { file: &t.file, path: &t.sec_path, buf: w.buf.as_slice(), offset: w.offset }).collect();
+        let mut ios: Vec<Io<'_>> = writes
+            .iter()
+            .map(|(t, w)| Io::Write {
+                file: &t.file,
+                path: &t.sec_path,
+                buf: w.buf.as_slice(),
+                offset: w.offset,
+            })
+            .collect();
         let (pfile, ppath) = {
             let pl = sh.primary.lock();
             (pl.file.clone(), pl.path.clone())
         };
-        let primary_guard = if !wrap { primary.as_ref().map(|p| ((), p)) } else { None };
+        let primary_guard = if !wrap {
+            primary.as_ref().map(|p| ((), p))
+        } else {
+            None
+        };
         if let Some((_, (offset, buf))) = &primary_guard {
-            ios.push(Io::Write { file: &pfile, path: &ppath, buf: buf.as_slice(), offset: *offset });
+            ios.push(Io::Write {
+                file: &pfile,
+                path: &ppath,
+                buf: buf.as_slice(),
+                offset: *offset,
+            });
         }
         let first_error = run_parallel(&ios, sh.cfg.io_threads).err();
         if let Some((_, (_, buf))) = &primary_guard {
             sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
-            sh.counters.primary_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            sh.counters
+                .primary_bytes
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
             *primary_dirty = true;
         }
-        sh.counters.secondary_writes.fetch_add(writes.len() as u64, Ordering::Relaxed);
-        sh.counters.secondary_bytes.fetch_add(writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(), Ordering::Relaxed);
+        sh.counters
+            .secondary_writes
+            .fetch_add(writes.len() as u64, Ordering::Relaxed);
+        sh.counters.secondary_bytes.fetch_add(
+            writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(),
+            Ordering::Relaxed,
+        );
         // Release segment pins whatever happened (a failed backup refuses further writes anyway).
         for (tablet, w) in &writes {
             let mut st = tablet.state.lock();
@@ -536,17 +627,21 @@ fn execute(
             return Err(e);
         }
         let t1 = std::time::Instant::now();
-        sh.counters.write_ns.fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
+        sh.counters
+            .write_ns
+            .fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
         // Versions become visible to reorganization only now that their data is on disk.
         for vb in &versions {
             let mut st = vb.tablet.state.lock();
             for &(c, b) in &vb.batches {
                 let chunk = &chunks[c];
-                st.vbuf.extend_from_slice(chunk.batch_records(&chunk.batches[b]));
+                st.vbuf
+                    .extend_from_slice(chunk.batch_records(&chunk.batches[b]));
             }
             st.vbuf_seq = seq;
         }
-        let spill_at = (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
+        let spill_at =
+            (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
         let candidates: Vec<Arc<Tablet>> = if wrap || checkpoint {
             sh.tablets.read().values().cloned().collect()
         } else {
@@ -555,7 +650,11 @@ fn execute(
         for tablet in candidates {
             let (records, vseq) = {
                 let mut st = tablet.state.lock();
-                let due = if wrap || checkpoint { !st.vbuf.is_empty() } else { st.vbuf.len() >= spill_at };
+                let due = if wrap || checkpoint {
+                    !st.vbuf.is_empty()
+                } else {
+                    st.vbuf.len() >= spill_at
+                };
                 if !due {
                     continue;
                 }
@@ -568,16 +667,22 @@ fn execute(
                 st.ver_wm = st.ver_wm.max(vseq);
             }
             sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
-            sh.counters.version_bytes.fetch_add(bytes, Ordering::Relaxed);
+            sh.counters
+                .version_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
             dirty_versions.insert(tablet.id, tablet.clone());
         }
         let t2 = std::time::Instant::now();
-        sh.counters.version_ns.fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
+        sh.counters
+            .version_ns
+            .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
         let must_sync = wrap || checkpoint || force_sync || sh.cfg.sync == SyncPolicy::EveryFlush;
         if must_sync {
             sync_all(sh, dirty, dirty_versions, primary_dirty)?;
         }
-        sh.counters.sync_ns.fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        sh.counters
+            .sync_ns
+            .fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if wrap {
             write_primary(sh, &primary, primary_dirty)?;
             if must_sync {
@@ -614,9 +719,13 @@ fn execute(
 fn write_primary(sh: &Shared, primary: &Option<(u64, AlignedBuf)>, dirty: &mut bool) -> Result<()> {
     if let Some((offset, buf)) = primary {
         let pl = sh.primary.lock();
-        pl.file.write_all_at(buf.as_slice(), *offset).map_err(|e| Error::io(&pl.path, e))?;
+        pl.file
+            .write_all_at(buf.as_slice(), *offset)
+            .map_err(|e| Error::io(&pl.path, e))?;
         sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
-        sh.counters.primary_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        sh.counters
+            .primary_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         *dirty = true;
     }
     Ok(())
@@ -637,12 +746,23 @@ fn sync_all(
     } else {
         None
     };
-    let mut ios: Vec<Io<'_>> = tablets.iter().map(|t| Io::Sync { file: &t.file, path: &t.sec_path }).collect();
-    ios.extend(vguards.iter().map(|(g, t)| Io::Sync { file: &g.file, path: &t.ver_path }));
+    let mut ios: Vec<Io<'_>> = tablets
+        .iter()
+        .map(|t| Io::Sync {
+            file: &t.file,
+            path: &t.sec_path,
+        })
+        .collect();
+    ios.extend(vguards.iter().map(|(g, t)| Io::Sync {
+        file: &g.file,
+        path: &t.ver_path,
+    }));
     if let Some((file, path)) = &pl {
         ios.push(Io::Sync { file, path });
     }
-    sh.counters.syncs.fetch_add(ios.len() as u64, Ordering::Relaxed);
+    sh.counters
+        .syncs
+        .fetch_add(ios.len() as u64, Ordering::Relaxed);
     run_parallel(&ios, sh.cfg.io_threads)?;
     *primary_dirty = false;
     Ok(())
@@ -650,14 +770,29 @@ fn sync_all(
 
 /// One disk operation of a flush.
 enum Io<'a> {
-    Write { file: &'a File, path: &'a Path, buf: &'a [u8], offset: u64 },
-    Sync { file: &'a File, path: &'a Path },
+    Write {
+        file: &'a File,
+        path: &'a Path,
+        buf: &'a [u8],
+        offset: u64,
+    },
+    Sync {
+        file: &'a File,
+        path: &'a Path,
+    },
 }
 
 impl Io<'_> {
     fn run(&self) -> Result<()> {
         match self {
-            Io::Write { file, path, buf, offset } => file.write_all_at(buf, *offset).map_err(|e| Error::io(path, e)),
+            Io::Write {
+                file,
+                path,
+                buf,
+                offset,
+            } => file
+                .write_all_at(buf, *offset)
+                .map_err(|e| Error::io(path, e)),
             Io::Sync { file, path } => file.sync_data().map_err(|e| Error::io(path, e)),
         }
     }
@@ -697,7 +832,10 @@ fn run_parallel(ios: &[Io<'_>], threads: usize) -> Result<()> {
 pub fn open_manifest(dir: &Path, cfg: &Config) -> Result<u64> {
     let path = dir.join("MANIFEST");
     let existing = match std::fs::read(&path) {
-        Ok(bytes) => Some(format::Manifest::decode(&bytes).map_err(|e| Error::Corrupt(format!("MANIFEST: {e}")))?),
+        Ok(bytes) => Some(
+            format::Manifest::decode(&bytes)
+                .map_err(|e| Error::Corrupt(format!("MANIFEST: {e}")))?,
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io(&path, e)),
     };
@@ -714,11 +852,16 @@ pub fn open_manifest(dir: &Path, cfg: &Config) -> Result<u64> {
         None => 1,
     };
     // Each run uses sequence numbers in [base, base + 2^32): the next run starts above them all.
-    let next = format::Manifest { segment_bytes: cfg.segment_bytes, primary_bytes: cfg.primary_log_bytes, seq_base: base + (1 << 32) };
+    let next = format::Manifest {
+        segment_bytes: cfg.segment_bytes,
+        primary_bytes: cfg.primary_log_bytes,
+        seq_base: base + (1 << 32),
+    };
     let tmp = dir.join("MANIFEST.tmp");
     {
         let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all_at(&next.encode(), 0).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all_at(&next.encode(), 0)
+            .map_err(|e| Error::io(&tmp, e))?;
         f.sync_all().map_err(|e| Error::io(&tmp, e))?;
     }
     std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
@@ -783,7 +926,9 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
     let mut block = AlignedBuf::new(PAGE_BYTES);
     while at + BLOCK_HEADER_BYTES as u64 <= size {
         let n = io::read_exact_at(&file, page.full_mut(), at).map_err(|e| Error::io(&path, e))?;
-        let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (size - at) as usize) else { break };
+        let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (size - at) as usize) else {
+            break;
+        };
         if h.write_seq <= last_seq || h.kind != format::BLOCK_PRIMARY {
             break;
         }
@@ -793,9 +938,11 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
         if block.capacity() < padded {
             block = AlignedBuf::new(padded);
         }
-        let n = io::read_exact_at(&file, &mut block.full_mut()[..padded], at).map_err(|e| Error::io(&path, e))?;
+        let n = io::read_exact_at(&file, &mut block.full_mut()[..padded], at)
+            .map_err(|e| Error::io(&path, e))?;
         block.set_len(n);
-        let body = &block.as_slice()[BLOCK_HEADER_BYTES..(BLOCK_HEADER_BYTES + h.body_len as usize).min(n)];
+        let body = &block.as_slice()
+            [BLOCK_HEADER_BYTES..(BLOCK_HEADER_BYTES + h.body_len as usize).min(n)];
         let seq = h.data_seq;
         format::walk_runs(body, |run, run_body| {
             if err.is_some() || dropped.get(&run.tablet).is_some_and(|&d| seq <= d) {

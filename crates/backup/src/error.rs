@@ -7,7 +7,10 @@ pub enum Error {
     #[error("invalid backup configuration: {0}")]
     Config(String),
     #[error("I/O error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("disk full while writing {path}: appends are refused; data already written is intact (free space and reopen)")]
     DiskFull { path: String },
     #[error("tablet {tablet:#x} log is full ({capacity_bytes} bytes of live data) even after reorganization")]
@@ -29,9 +32,14 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Error {
         if crate::io::is_no_space(&source) {
-            Error::DiskFull { path: path.display().to_string() }
+            Error::DiskFull {
+                path: path.display().to_string(),
+            }
         } else {
-            Error::Io { path: path.display().to_string(), source }
+            Error::Io {
+                path: path.display().to_string(),
+                source,
+            }
         }
     }
 }

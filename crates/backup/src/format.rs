@@ -115,7 +115,14 @@ impl EntryRef<'_> {
 }
 
 /// Appends one entry (header with CRC32C, key, value) to `out`.
-pub fn encode_entry(out: &mut Vec<u8>, kind: u8, key: &[u8], value: &[u8], version: u64, expiry: u64) {
+pub fn encode_entry(
+    out: &mut Vec<u8>,
+    kind: u8,
+    key: &[u8],
+    value: &[u8],
+    version: u64,
+    expiry: u64,
+) {
     debug_assert!(kind == KIND_PUT || kind == KIND_DELETE);
     debug_assert!(key.len() <= KEY_MAX_BYTES);
     let start = out.len();
@@ -300,7 +307,10 @@ impl BlockHeader {
 /// Walks the chain of blocks in `region` (a segment or the primary log) from offset 0: each block
 /// must decode and have a larger `write_seq` than the one before; the first block that does not is
 /// the end of data. Calls `f(offset, header, body)` for each block of the chain.
-pub fn walk_blocks<'a>(region: &'a [u8], mut f: impl FnMut(usize, &BlockHeader, &'a [u8])) -> usize {
+pub fn walk_blocks<'a>(
+    region: &'a [u8],
+    mut f: impl FnMut(usize, &BlockHeader, &'a [u8]),
+) -> usize {
     let mut at = 0usize;
     let mut last_seq = 0u64;
     while at + BLOCK_HEADER_BYTES <= region.len() {
@@ -340,7 +350,11 @@ pub fn walk_runs<'a>(body: &'a [u8], mut f: impl FnMut(RunHeader, &'a [u8])) -> 
         if body.len() - at < RUN_HEADER_BYTES {
             return false;
         }
-        let run = RunHeader { tablet: u64_at(body, at), body_len: u32_at(body, at + 8), flags: u32_at(body, at + 12) };
+        let run = RunHeader {
+            tablet: u64_at(body, at),
+            body_len: u32_at(body, at + 8),
+            flags: u32_at(body, at + 12),
+        };
         let start = at + RUN_HEADER_BYTES;
         let Some(end) = start.checked_add(run.body_len as usize) else {
             return false;
@@ -418,7 +432,11 @@ pub fn decode_version_block(buf: &[u8]) -> Result<(u64, &[u8], usize), DecodeErr
     if crc32c::crc32c(&buf[8..total]) != u32_at(buf, 4) {
         return Err(DecodeError::BadVersionChecksum);
     }
-    Ok((u64_at(buf, 16), &buf[VERSION_BLOCK_HEADER_BYTES..total], total))
+    Ok((
+        u64_at(buf, 16),
+        &buf[VERSION_BLOCK_HEADER_BYTES..total],
+        total,
+    ))
 }
 
 /// What a walk over a version log found.
@@ -477,7 +495,11 @@ pub fn version_records(records: &[u8]) -> impl Iterator<Item = VersionRecord> + 
     records.chunks_exact(VERSION_RECORD_BYTES).map(|r| {
         let mut h = [0u8; 16];
         h.copy_from_slice(&r[0..16]);
-        VersionRecord { hash: u128::from_le_bytes(h), version: u64_at(r, 16), deleted: r[24] != 0 }
+        VersionRecord {
+            hash: u128::from_le_bytes(h),
+            version: u64_at(r, 16),
+            deleted: r[24] != 0,
+        }
     })
 }
 
@@ -521,7 +543,11 @@ impl Manifest {
         if crc32c::crc32c(&b[8..MANIFEST_BYTES]) != u32_at(b, 4) {
             return Err(DecodeError::BadHeaderChecksum);
         }
-        Ok(Manifest { segment_bytes: u64_at(b, 8), primary_bytes: u64_at(b, 16), seq_base: u64_at(b, 24) })
+        Ok(Manifest {
+            segment_bytes: u64_at(b, 8),
+            primary_bytes: u64_at(b, 16),
+            seq_base: u64_at(b, 24),
+        })
     }
 }
 
@@ -563,7 +589,10 @@ mod tests {
         encode_entry(&mut buf, KIND_PUT, b"key", b"value", 7, 99);
         encode_entry(&mut buf, KIND_DELETE, b"gone", b"", 8, 0);
         let (e, len) = decode_entry(&buf).unwrap();
-        assert_eq!((e.key, e.value, e.version, e.expiry), (&b"key"[..], &b"value"[..], 7, 99));
+        assert_eq!(
+            (e.key, e.value, e.version, e.expiry),
+            (&b"key"[..], &b"value"[..], 7, 99)
+        );
         assert_eq!(len, entry_bytes(3, 5));
         let (e2, _) = decode_entry(&buf[len..]).unwrap();
         assert!(e2.is_delete());
@@ -575,7 +604,14 @@ mod tests {
     fn walk_skips_one_corrupt_entry_and_resyncs() {
         let mut buf = Vec::new();
         for i in 0..5u64 {
-            encode_entry(&mut buf, KIND_PUT, format!("k{i}").as_bytes(), b"vvvv", i + 1, 0);
+            encode_entry(
+                &mut buf,
+                KIND_PUT,
+                format!("k{i}").as_bytes(),
+                b"vvvv",
+                i + 1,
+                0,
+            );
         }
         let one = entry_bytes(2, 4);
         buf[one * 2 + ENTRY_HEADER_BYTES + 3] ^= 0x40; // value byte of entry 2
@@ -588,7 +624,14 @@ mod tests {
     #[test]
     fn block_header_round_trip_and_chain_end() {
         let mut region = vec![0u8; PAGE_BYTES * 4];
-        let h = BlockHeader { kind: BLOCK_SECONDARY, body_len: 100, write_seq: 5, data_seq: 3, tablet: 9, entry_count: 1 };
+        let h = BlockHeader {
+            kind: BLOCK_SECONDARY,
+            body_len: 100,
+            write_seq: 5,
+            data_seq: 3,
+            tablet: 9,
+            entry_count: 1,
+        };
         h.encode(&mut region);
         assert_eq!(BlockHeader::decode(&region, region.len()).unwrap(), h);
         // A second block with a lower write_seq is stale: the chain ends before it.
@@ -598,14 +641,25 @@ mod tests {
         let end = walk_blocks(&region, |_, _, _| n += 1);
         assert_eq!((n, end), (1, PAGE_BYTES));
         region[20] ^= 1;
-        assert_eq!(BlockHeader::decode(&region, region.len()), Err(DecodeError::BadHeaderChecksum));
+        assert_eq!(
+            BlockHeader::decode(&region, region.len()),
+            Err(DecodeError::BadHeaderChecksum)
+        );
     }
 
     #[test]
     fn version_block_round_trip() {
         let recs = vec![
-            VersionRecord { hash: 1 << 100, version: 3, deleted: false },
-            VersionRecord { hash: 77, version: 9, deleted: true },
+            VersionRecord {
+                hash: 1 << 100,
+                version: 3,
+                deleted: false,
+            },
+            VersionRecord {
+                hash: 77,
+                version: 9,
+                deleted: true,
+            },
         ];
         let mut buf = Vec::new();
         encode_version_block(&mut buf, 42, &recs);
@@ -614,12 +668,19 @@ mod tests {
         assert_eq!(version_records(body).collect::<Vec<_>>(), recs);
         let last = buf.len() - 1;
         buf[last] ^= 1;
-        assert_eq!(decode_version_block(&buf), Err(DecodeError::BadVersionChecksum));
+        assert_eq!(
+            decode_version_block(&buf),
+            Err(DecodeError::BadVersionChecksum)
+        );
     }
 
     #[test]
     fn manifest_round_trip() {
-        let m = Manifest { segment_bytes: 8 << 20, primary_bytes: 256 << 20, seq_base: 1 << 32 };
+        let m = Manifest {
+            segment_bytes: 8 << 20,
+            primary_bytes: 256 << 20,
+            seq_base: 1 << 32,
+        };
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
     }
 

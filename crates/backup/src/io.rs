@@ -121,7 +121,10 @@ pub fn probe_direct(dir: &Path) -> IoMode {
     match result {
         Ok(()) => IoMode::Direct,
         Err(e) => {
-            tracing::warn!("O_DIRECT not usable in {}: {e}; using buffered writes + fdatasync", dir.display());
+            tracing::warn!(
+                "O_DIRECT not usable in {}: {e}; using buffered writes + fdatasync",
+                dir.display()
+            );
             IoMode::Buffered
         }
     }
@@ -149,7 +152,8 @@ pub fn read_exact_at(f: &File, buf: &mut [u8], mut offset: u64) -> io::Result<us
 pub fn preallocate(f: &File, offset: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fallocate on a valid descriptor with in-range arguments.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
+    let rc =
+        unsafe { libc::fallocate(f.as_raw_fd(), 0, offset as libc::off_t, len as libc::off_t) };
     if rc == 0 {
         return Ok(());
     }

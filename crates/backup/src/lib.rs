@@ -59,9 +59,9 @@ pub mod io;
 mod reorg;
 mod replay;
 mod tablet;
-mod wbuf;
 #[doc(hidden)]
 pub mod testkit;
+mod wbuf;
 
 pub use config::{Config, SegmentStrategy, SyncPolicy};
 pub use error::{Error, Result};
@@ -159,7 +159,11 @@ impl Backup {
     pub fn open(dir: &Path, config: Config) -> Result<Backup> {
         config.validate().map_err(Error::Config)?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let io_mode = if config.direct_io { io::probe_direct(dir) } else { io::IoMode::Buffered };
+        let io_mode = if config.direct_io {
+            io::probe_direct(dir)
+        } else {
+            io::IoMode::Buffered
+        };
         let seq_base = engine::open_manifest(dir, &config)?;
         let dropped = engine::read_dropped(dir);
         let sh = Arc::new(Shared {
@@ -180,7 +184,11 @@ impl Backup {
                 size: 0,
                 offset: 0,
             }),
-            progress: Mutex::new(engine::Progress { written_lsn: 0, durable_lsn: 0, failed: None }),
+            progress: Mutex::new(engine::Progress {
+                written_lsn: 0,
+                durable_lsn: 0,
+                failed: None,
+            }),
             progress_cv: Condvar::new(),
             written_lsn: AtomicU64::new(0),
             durable_lsn: AtomicU64::new(0),
@@ -214,15 +222,29 @@ impl Backup {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let mut threads = Vec::new();
         let s1 = sh.clone();
-        threads.push(spawn("ramlog-backup-flush", move || engine::run_processor(s1, tx))?);
+        threads.push(spawn("ramlog-backup-flush", move || {
+            engine::run_processor(s1, tx)
+        })?);
         let s2 = sh.clone();
-        threads.push(spawn("ramlog-backup-write", move || engine::run_writer(s2, rx))?);
+        threads.push(spawn("ramlog-backup-write", move || {
+            engine::run_writer(s2, rx)
+        })?);
         if sh.cfg.reorg_enabled {
             let s3 = sh.clone();
-            threads.push(spawn("ramlog-backup-reorg", move || reorg::run_reorganizer(s3))?);
+            threads.push(spawn("ramlog-backup-reorg", move || {
+                reorg::run_reorganizer(s3)
+            })?);
         }
-        tracing::info!("backup opened in {} using {}", dir.display(), io_mode.name());
-        Ok(Backup { sh, threads: Mutex::new(threads), closed: AtomicBool::new(false) })
+        tracing::info!(
+            "backup opened in {} using {}",
+            dir.display(),
+            io_mode.name()
+        );
+        Ok(Backup {
+            sh,
+            threads: Mutex::new(threads),
+            closed: AtomicBool::new(false),
+        })
     }
 
     /// Which I/O mode is in use (O_DIRECT or the buffered fallback).
@@ -240,10 +262,16 @@ impl Backup {
         let limit = self.sh.cfg.entry_max_bytes();
         for e in entries {
             if e.key.len() > format::KEY_MAX_BYTES {
-                return Err(Error::KeyTooLarge { bytes: e.key.len(), limit: format::KEY_MAX_BYTES });
+                return Err(Error::KeyTooLarge {
+                    bytes: e.key.len(),
+                    limit: format::KEY_MAX_BYTES,
+                });
             }
             let len = format::entry_bytes(e.key.len(), e.value.map_or(0, |v| v.len()));
-            if len > limit || e.value.is_some_and(|v| v.len() > self.sh.cfg.value_max_bytes) {
+            if len > limit
+                || e.value
+                    .is_some_and(|v| v.len() > self.sh.cfg.value_max_bytes)
+            {
                 return Err(Error::EntryTooLarge { bytes: len, limit });
             }
         }
@@ -295,7 +323,12 @@ impl Backup {
             if self.closed.load(Ordering::SeqCst) {
                 return Err(Error::Closed);
             }
-            if self.sh.progress_cv.wait_for(&mut p, Duration::from_millis(200)).timed_out() {
+            if self
+                .sh
+                .progress_cv
+                .wait_for(&mut p, Duration::from_millis(200))
+                .timed_out()
+            {
                 // The flush may have been taken before our request: ask again.
                 if stage == Stage::Durable {
                     self.sh.sync_requested.store(true, Ordering::SeqCst);
@@ -359,7 +392,9 @@ impl Backup {
     /// after this returns starts a new, empty tablet.
     pub fn drop_tablet(&self, tablet: u64) -> Result<()> {
         self.flush()?;
-        let Some(t) = self.sh.tablet(tablet) else { return Ok(()) };
+        let Some(t) = self.sh.tablet(tablet) else {
+            return Ok(());
+        };
         let _guard = t.reorg_lock.lock();
         self.sh.tablets.write().remove(&tablet);
         // Primary-log entries of this tablet older than `seq` are ignored from now on.
@@ -388,7 +423,9 @@ impl Backup {
 
     /// Fill degree (used / capacity) of one tablet log.
     pub fn utilisation(&self, tablet: u64) -> f64 {
-        self.sh.tablet(tablet).map_or(0.0, |t| t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64)
+        self.sh.tablet(tablet).map_or(0.0, |t| {
+            t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64
+        })
     }
 
     pub fn stats(&self) -> Stats {
@@ -479,5 +516,8 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
     std::thread::Builder::new()
         .name(name.into())
         .spawn(f)
-        .map_err(|e| Error::Io { path: name.into(), source: e })
+        .map_err(|e| Error::Io {
+            path: name.into(),
+            source: e,
+        })
 }

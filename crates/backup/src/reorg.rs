@@ -52,7 +52,9 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
         }
         match request {
             Some((tablet, urgent)) => {
-                if let Err(e) = reorganize_cached(&sh, tablet, urgent, cache_for(&mut caches, tablet)) {
+                if let Err(e) =
+                    reorganize_cached(&sh, tablet, urgent, cache_for(&mut caches, tablet))
+                {
                     tracing::warn!("reorganization of tablet {tablet:#x} failed: {e}");
                 }
                 if let Some(t) = sh.tablet(tablet) {
@@ -65,7 +67,12 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     .tablets
                     .read()
                     .values()
-                    .map(|t| (t.id, t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64))
+                    .map(|t| {
+                        (
+                            t.id,
+                            t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64,
+                        )
+                    })
                     .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
                     .collect();
                 if eligible.is_empty() {
@@ -73,10 +80,14 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     continue;
                 }
                 visits += 1;
-                let pick = if visits % 3 == 0 {
+                let pick = if visits.is_multiple_of(3) {
                     eligible[rng.gen_range(0..eligible.len())].0
                 } else {
-                    eligible.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|e| e.0).unwrap_or(eligible[0].0)
+                    eligible
+                        .iter()
+                        .max_by(|a, b| a.1.total_cmp(&b.1))
+                        .map(|e| e.0)
+                        .unwrap_or(eligible[0].0)
                 };
                 if let Err(e) = reorganize_cached(&sh, pick, false, cache_for(&mut caches, pick)) {
                     tracing::warn!("reorganization of tablet {pick:#x} failed: {e}");
@@ -91,13 +102,20 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
 const VERSION_CACHE_KEYS_MAX: usize = 1 << 23;
 
 /// The cache of one tablet, evicting other tablets' caches while the total is over the bound.
-fn cache_for(caches: &mut std::collections::HashMap<u64, VersionCache>, tablet: u64) -> &mut VersionCache {
+fn cache_for(
+    caches: &mut std::collections::HashMap<u64, VersionCache>,
+    tablet: u64,
+) -> &mut VersionCache {
     loop {
         let total: usize = caches.values().map(|c| c.map.len()).sum();
         if total <= VERSION_CACHE_KEYS_MAX {
             break;
         }
-        let victim = caches.iter().filter(|(t, _)| **t != tablet).max_by_key(|(_, c)| c.map.len()).map(|(t, _)| *t);
+        let victim = caches
+            .iter()
+            .filter(|(t, _)| **t != tablet)
+            .max_by_key(|(_, c)| c.map.len())
+            .map(|(t, _)| *t);
         match victim {
             Some(v) => {
                 caches.remove(&v);
@@ -133,7 +151,11 @@ fn inode_of(f: &std::fs::File) -> u64 {
 
 /// Gathers the current versions of a tablet (version log + version buffer). The version log is
 /// rewritten compactly (newest record per key) when it has grown to twice its compacted size.
-pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache) -> Result<&'c HashMapU128<VersionInfo>> {
+pub fn gather_versions<'c>(
+    sh: &Shared,
+    t: &Tablet,
+    cache: &'c mut VersionCache,
+) -> Result<&'c HashMapU128<VersionInfo>> {
     let mut vl = t.verlog.lock();
     let inode = inode_of(&vl.file);
     if cache.tablet != Some(t.id) || cache.inode != inode || cache.log_len > vl.len {
@@ -144,13 +166,17 @@ pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache)
     }
     // Only the part of the log not merged yet.
     let mut tail = vec![0u8; (vl.len - cache.log_len) as usize];
-    let n = io::read_exact_at(&vl.file, &mut tail, cache.log_len).map_err(|e| Error::io(&t.ver_path, e))?;
+    let n = io::read_exact_at(&vl.file, &mut tail, cache.log_len)
+        .map_err(|e| Error::io(&t.ver_path, e))?;
     tail.truncate(n);
     let mut file_seq = 0u64;
     let walk = format::walk_version_log(&tail, |seq, recs| {
         file_seq = file_seq.max(seq);
         for r in format::version_records(recs) {
-            let v = VersionInfo { version: r.version, deleted: r.deleted };
+            let v = VersionInfo {
+                version: r.version,
+                deleted: r.deleted,
+            };
             let slot = cache.map.entry(r.hash).or_insert(v);
             if v.version >= slot.version {
                 *slot = v;
@@ -163,7 +189,10 @@ pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache)
         (st.vbuf.clone(), st.vbuf_seq, st.vbuf_epoch)
     };
     for r in &snapshot {
-        let v = VersionInfo { version: r.version, deleted: r.deleted };
+        let v = VersionInfo {
+            version: r.version,
+            deleted: r.deleted,
+        };
         let slot = cache.map.entry(r.hash).or_insert(v);
         if v.version >= slot.version {
             *slot = v;
@@ -174,8 +203,15 @@ pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache)
         return Ok(&cache.map);
     }
     let seq = vseq.max(file_seq);
-    let records: Vec<VersionRecord> =
-        cache.map.iter().map(|(h, v)| VersionRecord { hash: *h, version: v.version, deleted: v.deleted }).collect();
+    let records: Vec<VersionRecord> = cache
+        .map
+        .iter()
+        .map(|(h, v)| VersionRecord {
+            hash: *h,
+            version: v.version,
+            deleted: v.deleted,
+        })
+        .collect();
     let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
     for chunk in records.chunks(format::VERSION_BLOCK_RECORDS_MAX) {
         format::encode_version_block(&mut buf, seq, chunk);
@@ -190,11 +226,17 @@ pub fn gather_versions<'c>(sh: &Shared, t: &Tablet, cache: &'c mut VersionCache)
     if let Some(dir) = t.ver_path.parent() {
         io::sync_dir(dir).map_err(|e| Error::io(dir, e))?;
     }
-    vl.file = std::fs::OpenOptions::new().read(true).write(true).open(&t.ver_path).map_err(|e| Error::io(&t.ver_path, e))?;
+    vl.file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&t.ver_path)
+        .map_err(|e| Error::io(&t.ver_path, e))?;
     vl.len = buf.len() as u64;
     cache.inode = inode_of(&vl.file);
     cache.log_len = vl.len;
-    sh.counters.version_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    sh.counters
+        .version_bytes
+        .fetch_add(buf.len() as u64, Ordering::Relaxed);
     let mut st = t.state.lock();
     // The records captured are in the compacted log now; drop them unless the buffer was taken
     // (spilled) meanwhile, in which case it no longer starts with them.
@@ -221,8 +263,15 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
     reorganize_cached(sh, tablet, full, &mut VersionCache::default())
 }
 
-pub fn reorganize_cached(sh: &Shared, tablet: u64, full: bool, cache: &mut VersionCache) -> Result<ReorgOutcome> {
-    let Some(t) = sh.tablet(tablet) else { return Ok(ReorgOutcome::default()) };
+pub fn reorganize_cached(
+    sh: &Shared,
+    tablet: u64,
+    full: bool,
+    cache: &mut VersionCache,
+) -> Result<ReorgOutcome> {
+    let Some(t) = sh.tablet(tablet) else {
+        return Ok(ReorgOutcome::default());
+    };
     let _guard = t.reorg_lock.lock();
     sh.counters.reorg_runs.fetch_add(1, Ordering::Relaxed);
     let map = gather_versions(sh, &t, cache)?;
@@ -248,7 +297,9 @@ pub fn reorganize_cached(sh: &Shared, tablet: u64, full: bool, cache: &mut Versi
             })
             .collect();
         if !full {
-            let budget = ((st.segments.len() as f64 * sh.cfg.reorg_segments_per_visit).ceil() as usize).max(1);
+            let budget = ((st.segments.len() as f64 * sh.cfg.reorg_segments_per_visit).ceil()
+                as usize)
+                .max(1);
             if sh.cfg.reorg_strategy == SegmentStrategy::Random {
                 let mut rng = rand::thread_rng();
                 for i in (1..cands.len()).rev() {
@@ -289,8 +340,8 @@ pub fn reorganize_cached(sh: &Shared, tablet: u64, full: bool, cache: &mut Versi
     if result.is_ok() {
         result = out.flush(sh, &t, &mut outcome);
     } else {
-        untouched.extend(out.sources.drain(..));
-        untouched.extend(out.pending_free.drain(..));
+        untouched.append(&mut out.sources);
+        untouched.append(&mut out.pending_free);
         if let Some(o) = out.segment.take() {
             untouched.push(o);
         }
@@ -313,10 +364,18 @@ pub fn reorganize_cached(sh: &Shared, tablet: u64, full: bool, cache: &mut Versi
             outcome.bytes_read >> 10
         );
     }
-    sh.counters.reorg_segments.fetch_add(outcome.segments_cleaned, Ordering::Relaxed);
-    sh.counters.reorg_bytes_freed.fetch_add(outcome.bytes_freed, Ordering::Relaxed);
-    sh.counters.reorg_bytes_read.fetch_add(outcome.bytes_read, Ordering::Relaxed);
-    sh.counters.reorg_corrupt_entries.fetch_add(outcome.corrupt_entries, Ordering::Relaxed);
+    sh.counters
+        .reorg_segments
+        .fetch_add(outcome.segments_cleaned, Ordering::Relaxed);
+    sh.counters
+        .reorg_bytes_freed
+        .fetch_add(outcome.bytes_freed, Ordering::Relaxed);
+    sh.counters
+        .reorg_bytes_read
+        .fetch_add(outcome.bytes_read, Ordering::Relaxed);
+    sh.counters
+        .reorg_corrupt_entries
+        .fetch_add(outcome.corrupt_entries, Ordering::Relaxed);
     result.map(|_| outcome)
 }
 
@@ -362,7 +421,9 @@ impl Output {
             }
             return Ok(());
         }
-        let o = self.segment.expect("an output segment is taken before survivors are copied");
+        let o = self
+            .segment
+            .expect("an output segment is taken before survivors are copied");
         let padded = format::page_align_up(self.len);
         {
             let out = self.buf.full_mut();
@@ -379,7 +440,9 @@ impl Output {
         }
         self.buf.set_len(padded);
         let base = o as u64 * t.segment_bytes;
-        t.file.write_all_at(self.buf.as_slice(), base).map_err(|e| Error::io(&t.sec_path, e))?;
+        t.file
+            .write_all_at(self.buf.as_slice(), base)
+            .map_err(|e| Error::io(&t.sec_path, e))?;
         {
             let mut st = t.state.lock();
             let m = &mut st.segments[o];
@@ -448,7 +511,11 @@ fn append_survivors_elsewhere(
         let found = (0..st.segments.len())
             .filter(|&i| {
                 let m = &st.segments[i];
-                i != s && m.used > 0 && m.pending == 0 && !m.reorganizing && seg - m.used >= padded as u64
+                i != s
+                    && m.used > 0
+                    && m.pending == 0
+                    && !m.reorganizing
+                    && seg - m.used >= padded as u64
             })
             .min_by_key(|&i| seg - st.segments[i].used);
         if let Some(i) = found {
@@ -456,7 +523,9 @@ fn append_survivors_elsewhere(
         }
         found.map(|i| (i, st.segments[i].used))
     };
-    let Some((i, at)) = target else { return Ok(false) };
+    let Some((i, at)) = target else {
+        return Ok(false);
+    };
     let mut buf = AlignedBuf::new(padded);
     {
         let dst = buf.full_mut();
@@ -476,7 +545,10 @@ fn append_survivors_elsewhere(
         .encode(dst);
     }
     buf.set_len(padded);
-    let r = t.file.write_all_at(buf.as_slice(), i as u64 * t.segment_bytes + at).map_err(|e| Error::io(&t.sec_path, e));
+    let r = t
+        .file
+        .write_all_at(buf.as_slice(), i as u64 * t.segment_bytes + at)
+        .map_err(|e| Error::io(&t.sec_path, e));
     {
         let mut st = t.state.lock();
         let m = &mut st.segments[i];
@@ -502,7 +574,9 @@ fn zero_segments(t: &Tablet, segments: &[usize]) -> Result<()> {
     let mut zero = AlignedBuf::new(PAGE_BYTES);
     zero.set_len(PAGE_BYTES);
     for &s in segments {
-        t.file.write_all_at(zero.as_slice(), s as u64 * t.segment_bytes).map_err(|e| Error::io(&t.sec_path, e))?;
+        t.file
+            .write_all_at(zero.as_slice(), s as u64 * t.segment_bytes)
+            .map_err(|e| Error::io(&t.sec_path, e))?;
     }
     t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))
 }
@@ -519,7 +593,8 @@ fn clean_one(
 ) -> Result<bool> {
     let used = t.state.lock().segments[s].used as usize;
     let base = s as u64 * t.segment_bytes;
-    let n = io::read_exact_at(&t.file, &mut read_buf.full_mut()[..used], base).map_err(|e| Error::io(&t.sec_path, e))?;
+    let n = io::read_exact_at(&t.file, &mut read_buf.full_mut()[..used], base)
+        .map_err(|e| Error::io(&t.sec_path, e))?;
     read_buf.set_len(n);
     outcome.bytes_read += n as u64;
     let region = read_buf.as_slice();
@@ -552,6 +627,9 @@ fn clean_one(
         outcome.segments_cleaned += 1;
         out.pending_free.push(s);
         out.pending_used += used as u64;
+        if out.pending_free.len() >= 4 {
+            out.commit(t, outcome)?;
+        }
         return Ok(true);
     }
     if out.len + kept_bytes > out.buf.capacity() {
@@ -575,7 +653,18 @@ fn clean_one(
             None if attempt == 0 => out.commit(t, outcome)?,
             None => {
                 // Still none: append the survivors to a used segment with room for them.
-                return append_survivors_elsewhere(sh, t, s, region, &keep, kept_bytes, data_seq, used as u64, out, outcome);
+                return append_survivors_elsewhere(
+                    sh,
+                    t,
+                    s,
+                    region,
+                    &keep,
+                    kept_bytes,
+                    data_seq,
+                    used as u64,
+                    out,
+                    outcome,
+                );
             }
         }
     }
@@ -589,5 +678,9 @@ fn clean_one(
     outcome.segments_cleaned += 1;
     out.sources.push(s);
     out.sources_used += used as u64;
+    // Free cleaned segments every few segments, so the log's fill never balloons with copies.
+    if out.pending_free.len() >= 4 {
+        out.commit(t, outcome)?;
+    }
     Ok(true)
 }

@@ -67,7 +67,10 @@ impl ReplayReport {
 
     /// True if nothing damaged was found.
     pub fn is_clean(&self) -> bool {
-        self.corrupt_entries == 0 && self.unreadable_bytes == 0 && self.lost_keys == 0 && self.damaged_version_bytes == 0
+        self.corrupt_entries == 0
+            && self.unreadable_bytes == 0
+            && self.lost_keys == 0
+            && self.damaged_version_bytes == 0
     }
 }
 
@@ -93,7 +96,9 @@ fn merge(map: &mut Shard, hash: u128, version: u64, loc: u64) -> bool {
         }
         std::collections::hash_map::Entry::Occupied(mut o) => {
             let (bv, bl) = *o.get();
-            let replace = version > bv || (version == bv && (loc == LOC_DELETE || (bl == LOC_KNOWN_PUT && loc < LOC_KNOWN_PUT)));
+            let replace = version > bv
+                || (version == bv
+                    && (loc == LOC_DELETE || (bl == LOC_KNOWN_PUT && loc < LOC_KNOWN_PUT)));
             if replace {
                 o.insert((version, loc));
             }
@@ -111,7 +116,11 @@ struct Batcher<'a> {
 
 impl<'a> Batcher<'a> {
     fn new(shards: &'a [parking_lot::Mutex<Shard>]) -> Self {
-        Batcher { shards, pending: (0..SHARDS).map(|_| Vec::with_capacity(256)).collect(), superseded: 0 }
+        Batcher {
+            shards,
+            pending: (0..SHARDS).map(|_| Vec::with_capacity(256)).collect(),
+            superseded: 0,
+        }
     }
     #[inline]
     fn push(&mut self, hash: u128, version: u64, loc: u64) {
@@ -148,17 +157,29 @@ struct WorkerOut {
 }
 
 /// Replays one tablet; `f` is called once per live key.
-pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry<'_>)) -> Result<ReplayReport> {
+pub fn replay_tablet(
+    sh: &Shared,
+    t: &Arc<Tablet>,
+    f: &mut dyn FnMut(ReplayEntry<'_>),
+) -> Result<ReplayReport> {
     let _guard = t.reorg_lock.lock();
     let (segments, slb, vbuf) = {
         let st = t.state.lock();
-        let segs: Vec<(usize, u64)> =
-            st.segments.iter().enumerate().filter(|(_, s)| s.used > 0).map(|(i, s)| (i, s.used)).collect();
+        let segs: Vec<(usize, u64)> = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.used > 0)
+            .map(|(i, s)| (i, s.used))
+            .collect();
         (segs, st.slb.clone(), st.vbuf.clone())
     };
     let (ver_file, ver_len) = {
         let vl = t.verlog.lock();
-        (vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?, vl.len)
+        (
+            vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?,
+            vl.len,
+        )
     };
     let threads = sh.cfg.replay_threads.max(1);
     let trace = std::env::var_os("RAMLOG_BACKUP_TRACE").is_some();
@@ -167,9 +188,18 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
     let slb_index = segments.len();
     let used_total: u64 = segments.iter().map(|s| s.1).sum::<u64>() + slb.len() as u64;
     let expect_keys = (used_total / (ENTRY_HEADER_BYTES as u64 + 16)).max(1024) as usize;
-    let shards: Vec<parking_lot::Mutex<Shard>> =
-        (0..SHARDS).map(|_| parking_lot::Mutex::new(Shard::with_capacity_and_hasher(expect_keys / SHARDS + 16, Default::default()))).collect();
-    let mut report = ReplayReport { bytes_read: ver_len, ..Default::default() };
+    let shards: Vec<parking_lot::Mutex<Shard>> = (0..SHARDS)
+        .map(|_| {
+            parking_lot::Mutex::new(Shard::with_capacity_and_hasher(
+                expect_keys / SHARDS + 16,
+                Default::default(),
+            ))
+        })
+        .collect();
+    let mut report = ReplayReport {
+        bytes_read: ver_len,
+        ..Default::default()
+    };
 
     // Phase 1: threads read segments (and one the version log) and merge candidates into the
     // sharded map of newest versions.
@@ -182,10 +212,16 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
                     let mut batch = Batcher::new(shards);
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(seg, used)) = segments.get(k) else { break };
+                        let Some(&(seg, used)) = segments.get(k) else {
+                            break;
+                        };
                         let mut buf = AlignedBuf::new(used as usize);
-                        let n = io::read_exact_at(&t.file, &mut buf.full_mut()[..used as usize], seg as u64 * t.segment_bytes)
-                            .map_err(|e| Error::io(&t.sec_path, e))?;
+                        let n = io::read_exact_at(
+                            &t.file,
+                            &mut buf.full_mut()[..used as usize],
+                            seg as u64 * t.segment_bytes,
+                        )
+                        .map_err(|e| Error::io(&t.sec_path, e))?;
                         buf.set_len(n);
                         out.bytes += n as u64;
                         parse_region(buf.as_slice(), k, t.id, &mut out, &mut batch);
@@ -199,34 +235,53 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
         // This thread: the version log, the version buffer and the SLB.
         let mut batch = Batcher::new(&shards);
         let mut ver_bytes = vec![0u8; ver_len as usize];
-        let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0).map_err(|e| Error::io(&t.ver_path, e))?;
+        let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0)
+            .map_err(|e| Error::io(&t.ver_path, e))?;
         ver_bytes.truncate(n);
         let walk = format::walk_version_log(&ver_bytes, |_, recs| {
             for r in format::version_records(recs) {
-                batch.push(r.hash, r.version, if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT });
+                batch.push(
+                    r.hash,
+                    r.version,
+                    if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT },
+                );
             }
         });
         for r in &vbuf {
-            batch.push(r.hash, r.version, if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT });
+            batch.push(
+                r.hash,
+                r.version,
+                if r.deleted { LOC_DELETE } else { LOC_KNOWN_PUT },
+            );
         }
         let mut slb_out = WorkerOut::default();
         let stats = format::walk_entries(&slb, |off, e| {
             slb_out.data_entries += 1;
-            batch.push(format::key_hash(e.key), e.version, ((slb_index as u64) << 32) | off as u64);
+            batch.push(
+                format::key_hash(e.key),
+                e.version,
+                ((slb_index as u64) << 32) | off as u64,
+            );
         });
         slb_out.corrupt += stats.corrupt_entries;
         slb_out.unreadable += stats.unreadable_bytes;
         batch.finish();
         let mut outs = vec![slb_out];
         for h in handles {
-            let (o, _) = h.join().map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
+            let (o, _) = h
+                .join()
+                .map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
             outs.push(o);
         }
         Ok((outs, walk.damaged_bytes + walk.tail_bytes, 0))
     })?;
     let (outs, version_damage, _) = results;
     if trace {
-        eprintln!("replay {:#x}: phase 1 (read+merge) {:?}", t.id, t0.elapsed());
+        eprintln!(
+            "replay {:#x}: phase 1 (read+merge) {:?}",
+            t.id,
+            t0.elapsed()
+        );
     }
     let mut sources: Vec<&[u8]> = vec![&[]; segments.len() + 1];
     let mut data_entries = 0u64;
@@ -256,7 +311,13 @@ pub fn replay_tablet(sh: &Shared, t: &Arc<Tablet>, f: &mut dyn FnMut(ReplayEntry
                     let off = (loc & 0xFFFF_FFFF) as usize;
                     let e = entry_at(&src[off..]);
                     report.live_keys += 1;
-                    f(ReplayEntry { tablet: t.id, key: e.0, value: e.1, version: e.2, expiry: e.3 });
+                    f(ReplayEntry {
+                        tablet: t.id,
+                        key: e.0,
+                        value: e.1,
+                        version: e.2,
+                        expiry: e.3,
+                    });
                 }
             }
         }
@@ -275,10 +336,21 @@ fn entry_at(b: &[u8]) -> (&[u8], &[u8], u64, u64) {
     let vl = u32::from_le_bytes([b[9], b[10], b[11], b[12]]) as usize;
     let version = u64::from_le_bytes(b[13..21].try_into().expect("8 bytes"));
     let expiry = u64::from_le_bytes(b[21..29].try_into().expect("8 bytes"));
-    (&b[ENTRY_HEADER_BYTES..ENTRY_HEADER_BYTES + kl], &b[ENTRY_HEADER_BYTES + kl..ENTRY_HEADER_BYTES + kl + vl], version, expiry)
+    (
+        &b[ENTRY_HEADER_BYTES..ENTRY_HEADER_BYTES + kl],
+        &b[ENTRY_HEADER_BYTES + kl..ENTRY_HEADER_BYTES + kl + vl],
+        version,
+        expiry,
+    )
 }
 
-fn parse_region(region: &[u8], source: usize, tablet: u64, out: &mut WorkerOut, batch: &mut Batcher<'_>) {
+fn parse_region(
+    region: &[u8],
+    source: usize,
+    tablet: u64,
+    out: &mut WorkerOut,
+    batch: &mut Batcher<'_>,
+) {
     let src = (source as u64) << 32;
     format::walk_blocks(region, |boff, h, body| {
         if h.tablet != tablet {
@@ -290,7 +362,11 @@ fn parse_region(region: &[u8], source: usize, tablet: u64, out: &mut WorkerOut, 
                 return;
             }
             out.data_entries += 1;
-            batch.push(format::key_hash(e.key), e.version, src | (body_at + off) as u64);
+            batch.push(
+                format::key_hash(e.key),
+                e.version,
+                src | (body_at + off) as u64,
+            );
         });
         out.corrupt += stats.corrupt_entries;
         out.unreadable += stats.unreadable_bytes;

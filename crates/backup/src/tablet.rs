@@ -58,7 +58,13 @@ pub struct SegMeta {
 
 impl SegMeta {
     fn empty() -> SegMeta {
-        SegMeta { used: 0, pending: 0, reorganizing: false, stamp: Instant::now(), data_seq: 0 }
+        SegMeta {
+            used: 0,
+            pending: 0,
+            reorganizing: false,
+            stamp: Instant::now(),
+            data_seq: 0,
+        }
     }
 }
 
@@ -87,7 +93,11 @@ impl TabletState {
 
     /// Records a version (put or delete) in the version buffer.
     pub fn note_version(&mut self, hash: u128, version: u64, deleted: bool) {
-        self.vbuf.push(VersionRecord { hash, version, deleted });
+        self.vbuf.push(VersionRecord {
+            hash,
+            version,
+            deleted,
+        });
     }
 
     /// Takes the version buffer. Records are not deduplicated here (that would cost a sort per
@@ -140,7 +150,12 @@ pub struct OpenScan {
 
 impl Tablet {
     /// Opens (or creates) a tablet's files and rebuilds segment metadata by walking block headers.
-    pub fn open(dir: &Path, id: u64, mode: IoMode, cfg: &crate::Config) -> Result<(Tablet, OpenScan)> {
+    pub fn open(
+        dir: &Path,
+        id: u64,
+        mode: IoMode,
+        cfg: &crate::Config,
+    ) -> Result<(Tablet, OpenScan)> {
         let sec_path = dir.join(sec_name(id));
         let ver_path = dir.join(ver_name(id));
         let file = io::open_log(&sec_path, mode, true).map_err(|e| Error::io(&sec_path, e))?;
@@ -158,11 +173,14 @@ impl Tablet {
             let mut last_seq = 0u64;
             let mut meta = SegMeta::empty();
             while at + BLOCK_HEADER_BYTES as u64 <= seg {
-                let n = io::read_exact_at(&file, page.full_mut(), base + at).map_err(|e| Error::io(&sec_path, e))?;
+                let n = io::read_exact_at(&file, page.full_mut(), base + at)
+                    .map_err(|e| Error::io(&sec_path, e))?;
                 if n < BLOCK_HEADER_BYTES {
                     break;
                 }
-                let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (seg - at) as usize) else { break };
+                let Ok(h) = BlockHeader::decode(&page.full_mut()[..n], (seg - at) as usize) else {
+                    break;
+                };
                 if h.write_seq <= last_seq || h.tablet != id {
                     break;
                 }
@@ -191,7 +209,9 @@ impl Tablet {
         if walk.tail_bytes > 0 {
             // Nothing intact follows: a torn tail (or damage at the end). Cut it off.
             scan.version_log_truncated_bytes = walk.tail_bytes;
-            vfile.set_len(at as u64).map_err(|e| Error::io(&ver_path, e))?;
+            vfile
+                .set_len(at as u64)
+                .map_err(|e| Error::io(&ver_path, e))?;
         }
         let reserve = usize::from(cfg.reorg_enabled);
         let tablet = Tablet {
@@ -211,7 +231,10 @@ impl Tablet {
                 prompt_requested: false,
             }),
             reorg_lock: Mutex::new(()),
-            verlog: Mutex::new(VerLog { file: vfile, len: at as u64 }),
+            verlog: Mutex::new(VerLog {
+                file: vfile,
+                len: at as u64,
+            }),
             segment_bytes: seg,
             max_segments,
             reserve_segments: reserve,
@@ -246,7 +269,11 @@ impl Tablet {
             .collect();
         let unallocated = self.max_segments - st.segments.len();
         let total_free = free_now.len() + unallocated;
-        let reserve = if use_reserve { 0 } else { self.reserve_segments };
+        let reserve = if use_reserve {
+            0
+        } else {
+            self.reserve_segments
+        };
         if total_free <= reserve {
             return Ok(None);
         }
@@ -272,7 +299,8 @@ impl Tablet {
         let seg = self.segment_bytes as usize;
         let total: usize = slices.iter().map(|s| s.len()).sum();
         // Each slice is a run of whole entries; entries are walked only where a cut is needed.
-        let mut plan: Vec<(usize, Vec<(usize, usize, usize)>, usize)> = Vec::new(); // (segment, ranges, body)
+        // (segment, ranges (slice, from, to) to copy, body bytes)
+        let mut plan: Vec<(usize, Vec<Range3>, usize)> = Vec::new();
         let (mut si, mut off) = (0usize, 0usize);
         let mut remaining = total;
         // Work on a scratch copy of `used` so that a failed placement changes nothing.
@@ -339,7 +367,8 @@ impl Tablet {
                 // Cut inside this slice at the last entry that fits.
                 let mut end = off;
                 while end < s.len() {
-                    let len = format::entry_len_unchecked(&s[end..]).map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
+                    let len = format::entry_len_unchecked(&s[end..])
+                        .map_err(|e| Error::Corrupt(format!("write buffer: {e}")))?;
                     if body + (end - off) + len > room {
                         break;
                     }
@@ -393,7 +422,11 @@ impl Tablet {
             m.pending += 1;
             m.stamp = now;
             m.data_seq = m.data_seq.max(data_seq);
-            writes.push(BlockWrite { segment: i, offset, buf });
+            writes.push(BlockWrite {
+                segment: i,
+                offset,
+                buf,
+            });
         }
         st.data_wm = st.data_wm.max(data_seq);
         Ok(Some(writes))
@@ -410,11 +443,15 @@ impl Tablet {
             format::encode_version_block(&mut buf, seq, &[]);
         }
         let at = g.len;
-        g.file.write_all_at(&buf, at).map_err(|e| Error::io(&self.ver_path, e))?;
+        g.file
+            .write_all_at(&buf, at)
+            .map_err(|e| Error::io(&self.ver_path, e))?;
         g.len += buf.len() as u64;
         Ok(buf.len() as u64)
     }
 }
+
+type Range3 = (usize, usize, usize);
 
 /// One block write into a secondary log.
 pub struct BlockWrite {

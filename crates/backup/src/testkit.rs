@@ -14,7 +14,12 @@ pub struct OwnedEntry {
 
 impl OwnedEntry {
     pub fn as_entry(&self) -> crate::Entry<'_> {
-        crate::Entry { key: &self.key, value: self.value.as_deref(), version: self.version, expiry: self.expiry }
+        crate::Entry {
+            key: &self.key,
+            value: self.value.as_deref(),
+            version: self.version,
+            expiry: self.expiry,
+        }
     }
 }
 
@@ -22,20 +27,33 @@ impl OwnedEntry {
 pub fn value_for(key: &[u8], version: u64) -> Vec<u8> {
     let h = crate::format::key_hash(key) as u64 ^ version.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let len = 1 + (h % 300) as usize;
-    (0..len).map(|i| (h >> (i % 8 * 8)) as u8 ^ i as u8).collect()
+    (0..len)
+        .map(|i| (h >> (i % 8 * 8)) as u8 ^ i as u8)
+        .collect()
 }
 
 /// Batch `n` of round `round` of the crash workload: (tablet, entries).
 pub fn crash_batch(seed: u64, round: u64, n: u64) -> (u64, Vec<OwnedEntry>) {
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed ^ (round << 48) ^ n.wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(
+        seed ^ (round << 48) ^ n.wrapping_mul(0x2545_F491_4F6C_DD1D),
+    );
     let tablet = rng.gen_range(0..4u64);
     let count = rng.gen_range(1..24u64);
     let entries = (0..count)
         .map(|i| {
             let key = format!("key-{}", rng.gen_range(0..400u32)).into_bytes();
             let version = (round << 40) | (n << 6) | i;
-            let value = if rng.gen_bool(0.1) { None } else { Some(value_for(&key, version)) };
-            OwnedEntry { key, value, version, expiry: version ^ 0xFF }
+            let value = if rng.gen_bool(0.1) {
+                None
+            } else {
+                Some(value_for(&key, version))
+            };
+            OwnedEntry {
+                key,
+                value,
+                version,
+                expiry: version ^ 0xFF,
+            }
         })
         .collect();
     (tablet, entries)

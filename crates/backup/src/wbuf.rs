@@ -34,7 +34,11 @@ pub(crate) struct Chunk {
 
 impl Chunk {
     fn with_capacity(bytes: usize) -> Chunk {
-        Chunk { data: Vec::with_capacity(bytes), batches: Vec::new(), records: Vec::new() }
+        Chunk {
+            data: Vec::with_capacity(bytes),
+            batches: Vec::new(),
+            records: Vec::new(),
+        }
     }
     fn clear(&mut self) {
         self.data.clear();
@@ -82,9 +86,16 @@ pub(crate) struct Taken {
 }
 
 impl WriteBuffer {
-    pub fn new(total_bytes: usize, chunks: usize, flush_threshold: usize, flush_interval: Duration) -> Self {
+    pub fn new(
+        total_bytes: usize,
+        chunks: usize,
+        flush_threshold: usize,
+        flush_interval: Duration,
+    ) -> Self {
         let chunk_bytes = total_bytes / chunks;
-        let free = (0..chunks - 1).map(|_| Chunk::with_capacity(chunk_bytes)).collect();
+        let free = (0..chunks - 1)
+            .map(|_| Chunk::with_capacity(chunk_bytes))
+            .collect();
         WriteBuffer {
             inner: Mutex::new(Inner {
                 cur: Chunk::with_capacity(chunk_bytes),
@@ -123,7 +134,10 @@ impl WriteBuffer {
                 body += len;
                 end += 1;
             }
-            debug_assert!(end > start, "entry sizes are validated against the chunk size");
+            debug_assert!(
+                end > start,
+                "entry sizes are validated against the chunk size"
+            );
             ticket = self.append_record(tablet, &entries[start..end], body)?;
             start = end;
         }
@@ -168,14 +182,39 @@ impl WriteBuffer {
                 cur.batches.extend(open.take());
             }
             let start = cur.data.len();
-            let meta = open.get_or_insert(BatchMeta { tablet, start, len: 0, rec_start: cur.records.len(), rec_count: 0, deletes });
+            let meta = open.get_or_insert(BatchMeta {
+                tablet,
+                start,
+                len: 0,
+                rec_start: cur.records.len(),
+                rec_count: 0,
+                deletes,
+            });
             match e.value {
-                Some(v) => format::encode_entry(&mut cur.data, format::KIND_PUT, e.key, v, e.version, e.expiry),
-                None => format::encode_entry(&mut cur.data, format::KIND_DELETE, e.key, &[], e.version, e.expiry),
+                Some(v) => format::encode_entry(
+                    &mut cur.data,
+                    format::KIND_PUT,
+                    e.key,
+                    v,
+                    e.version,
+                    e.expiry,
+                ),
+                None => format::encode_entry(
+                    &mut cur.data,
+                    format::KIND_DELETE,
+                    e.key,
+                    &[],
+                    e.version,
+                    e.expiry,
+                ),
             }
             meta.len += cur.data.len() - start;
             meta.rec_count += 1;
-            cur.records.push(VersionRecord { hash: format::key_hash(e.key), version: e.version, deleted: deletes });
+            cur.records.push(VersionRecord {
+                hash: format::key_hash(e.key),
+                version: e.version,
+                deleted: deletes,
+            });
         }
         cur.batches.extend(open);
         debug_assert_eq!(cur.data.len(), at + need);
@@ -219,7 +258,8 @@ impl WriteBuffer {
                 Some(t) => self.flush_interval.saturating_sub(t.elapsed()),
                 None => self.flush_interval,
             };
-            self.work.wait_for(&mut g, wait.max(Duration::from_millis(1)));
+            self.work
+                .wait_for(&mut g, wait.max(Duration::from_millis(1)));
         }
         let mut chunks = std::mem::take(&mut g.full);
         if !g.cur.data.is_empty() {
@@ -229,7 +269,11 @@ impl WriteBuffer {
         g.buffered = 0;
         g.oldest = None;
         g.force = false;
-        Taken { chunks, lsn: g.lsn, closed: g.closed }
+        Taken {
+            chunks,
+            lsn: g.lsn,
+            closed: g.closed,
+        }
     }
 
     /// Returns drained chunks to the ring.

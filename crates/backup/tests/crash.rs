@@ -54,7 +54,10 @@ fn run_child(dir: &std::path::Path, seed: u64, round: u64, kill_after: Duration)
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(*opened.lock().unwrap(), "crash child did not open the store");
+    assert!(
+        *opened.lock().unwrap(),
+        "crash child did not open the store"
+    );
     std::thread::sleep(kill_after);
     child.kill().expect("kill -9");
     let _ = child.wait();
@@ -93,7 +96,8 @@ fn kill_minus_nine_at_random_points() {
                 let acked = l.acked.is_some_and(|a| n <= a);
                 for e in entries {
                     let h = hist.entry((tablet, e.key.clone())).or_default();
-                    h.maybe.insert(e.version, e.value.as_ref().map(|_| e.expiry));
+                    h.maybe
+                        .insert(e.version, e.value.as_ref().map(|_| e.expiry));
                     if acked {
                         h.acked_max = h.acked_max.max(e.version);
                     }
@@ -102,19 +106,32 @@ fn kill_minus_nine_at_random_points() {
         }
         let b = Backup::open(dir.path(), crash_config()).expect("reopen after kill -9");
         let (state, report) = replay_state(&b);
-        assert_eq!(report.corrupt_entries, 0, "kill -9 cannot tear writes: {report:?}");
+        assert_eq!(
+            report.corrupt_entries, 0,
+            "kill -9 cannot tear writes: {report:?}"
+        );
         assert_eq!(report.lost_keys, 0, "{report:?}");
         assert_eq!(report.damaged_version_bytes, 0, "{report:?}");
         for ((tablet, key), (value, version, expiry)) in &state {
-            let h = hist.get(&(*tablet, key.clone())).unwrap_or_else(|| panic!("invented key {key:?}"));
+            let h = hist
+                .get(&(*tablet, key.clone()))
+                .unwrap_or_else(|| panic!("invented key {key:?}"));
             match h.maybe.get(version) {
                 Some(Some(exp)) => {
                     assert_eq!(expiry, exp);
-                    assert_eq!(value, &value_for(key, *version), "value of {key:?}@{version} differs");
+                    assert_eq!(
+                        value,
+                        &value_for(key, *version),
+                        "value of {key:?}@{version} differs"
+                    );
                 }
                 _ => panic!("invented version {version} of {key:?}"),
             }
-            assert!(*version >= h.acked_max, "stale {key:?}: {version} < acknowledged {}", h.acked_max);
+            assert!(
+                *version >= h.acked_max,
+                "stale {key:?}: {version} < acknowledged {}",
+                h.acked_max
+            );
         }
         for ((tablet, key), h) in &hist {
             if h.acked_max == 0 || state.contains_key(&(*tablet, key.clone())) {
@@ -122,9 +139,16 @@ fn kill_minus_nine_at_random_points() {
             }
             // Absent: something at or after the acknowledged version must be a delete.
             let deleted = h.maybe.range(h.acked_max..).any(|(_, v)| v.is_none());
-            assert!(deleted, "acknowledged key {key:?} (version {}) is missing after round {round}", h.acked_max);
+            assert!(
+                deleted,
+                "acknowledged key {key:?} (version {}) is missing after round {round}",
+                h.acked_max
+            );
         }
         b.close().expect("close");
     }
-    assert!(total_acked > 20, "the child acknowledged too little to test anything ({total_acked} batches)");
+    assert!(
+        total_acked > 20,
+        "the child acknowledged too little to test anything ({total_acked} batches)"
+    );
 }

@@ -22,8 +22,17 @@ fn fill(dir: &Path, cfg: &Config, seed: u64) -> State {
         for _ in 0..rng.gen_range(1..20) {
             version += 1;
             let key = format!("key{}", rng.gen_range(0..600)).into_bytes();
-            let value = if rng.gen_bool(0.1) { None } else { Some(vec![rng.gen::<u8>(); rng.gen_range(1..200)]) };
-            batch.push(OwnedEntry { key, value, version, expiry: 0 });
+            let value = if rng.gen_bool(0.1) {
+                None
+            } else {
+                Some(vec![rng.gen::<u8>(); rng.gen_range(1..200)])
+            };
+            batch.push(OwnedEntry {
+                key,
+                value,
+                version,
+                expiry: 0,
+            });
         }
         let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
         b.append(tablet, &entries).unwrap();
@@ -32,7 +41,10 @@ fn fill(dir: &Path, cfg: &Config, seed: u64) -> State {
         }
     }
     b.close().unwrap();
-    oracle.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+    oracle
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
 }
 
 fn files(dir: &Path, ext: &str) -> Vec<std::path::PathBuf> {
@@ -49,10 +61,18 @@ fn files(dir: &Path, ext: &str) -> Vec<std::path::PathBuf> {
 /// accounted for by the report.
 fn check_subset(state: &State, oracle: &State, report: &ramlog_backup::ReplayReport) -> usize {
     for (k, v) in state {
-        assert_eq!(oracle.get(k), Some(v), "replay returned something not current for {k:?}");
+        assert_eq!(
+            oracle.get(k),
+            Some(v),
+            "replay returned something not current for {k:?}"
+        );
     }
     let missing = oracle.keys().filter(|k| !state.contains_key(*k)).count();
-    assert!(missing as u64 <= report.lost_keys, "{missing} keys missing but only {} reported lost: {report:?}", report.lost_keys);
+    assert!(
+        missing as u64 <= report.lost_keys,
+        "{missing} keys missing but only {} reported lost: {report:?}",
+        report.lost_keys
+    );
     missing
 }
 
@@ -64,7 +84,11 @@ fn bit_flips_in_secondary_logs_are_reported_never_returned() {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
     let mut flips = 0;
     for p in files(dir.path(), "sec") {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
         let len = f.metadata().unwrap().len();
         let segs = len / cfg.segment_bytes;
         for _ in 0..6 {
@@ -85,9 +109,15 @@ fn bit_flips_in_secondary_logs_are_reported_never_returned() {
     let b = Backup::open(dir.path(), cfg).unwrap();
     let (state, report) = replay_state(&b);
     assert!(!report.is_clean(), "damage went unnoticed: {report:?}");
-    assert!(report.corrupt_entries + report.unreadable_bytes > 0, "{report:?}");
+    assert!(
+        report.corrupt_entries + report.unreadable_bytes > 0,
+        "{report:?}"
+    );
     let missing = check_subset(&state, &oracle, &report);
-    assert!(missing < oracle.len() / 2, "too much lost to a few bit flips: {missing}");
+    assert!(
+        missing < oracle.len() / 2,
+        "too much lost to a few bit flips: {missing}"
+    );
 }
 
 #[test]
@@ -97,13 +127,24 @@ fn truncated_secondary_log_is_reported() {
     let oracle = fill(dir.path(), &cfg, 12);
     let sec = files(dir.path(), "sec");
     // Cut the largest log in the middle of its last segment's data.
-    let p = sec.iter().max_by_key(|p| std::fs::metadata(p).unwrap().len()).unwrap();
+    let p = sec
+        .iter()
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
     let len = std::fs::metadata(p).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(p).unwrap().set_len(len - cfg.segment_bytes * 2 - 5000).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_len(len - cfg.segment_bytes * 2 - 5000)
+        .unwrap();
     let b = Backup::open(dir.path(), cfg).unwrap();
     let (state, report) = replay_state(&b);
     let missing = check_subset(&state, &oracle, &report);
-    assert!(missing > 0 && report.lost_keys > 0, "truncation not detected: {report:?}");
+    assert!(
+        missing > 0 && report.lost_keys > 0,
+        "truncation not detected: {report:?}"
+    );
 }
 
 #[test]
@@ -121,7 +162,11 @@ fn damaged_version_log_is_reported_and_torn_tail_cut() {
     }
     // A bit flip inside another version log.
     let q = &ver[1];
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(q).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(q)
+        .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, 40).unwrap();
     b[0] ^= 0x10;
@@ -167,7 +212,11 @@ fn disk_full_fails_appends_and_keeps_written_data() {
     std::fs::create_dir_all(&dir).unwrap();
     // Ballast, removed after the failure to give the reopen some room.
     std::fs::write(mnt.join("ballast"), vec![1u8; 1 << 20]).unwrap();
-    let cfg = Config { tablet_log_capacity_bytes: 64 << 20, reorg_enabled: false, ..crash_config() };
+    let cfg = Config {
+        tablet_log_capacity_bytes: 64 << 20,
+        reorg_enabled: false,
+        ..crash_config()
+    };
     let b = Backup::open(&dir, cfg.clone()).unwrap();
     let mut acked: BTreeMap<(u64, Vec<u8>), (Vec<u8>, u64)> = BTreeMap::new();
     let mut maybe: BTreeMap<(u64, Vec<u8>), (Vec<u8>, u64)> = BTreeMap::new();
@@ -178,18 +227,31 @@ fn disk_full_fails_appends_and_keeps_written_data() {
         let batch: Vec<OwnedEntry> = (0..16)
             .map(|i| {
                 version += 1;
-                OwnedEntry { key: format!("k{n}-{i}").into_bytes(), value: Some(vec![(n % 251) as u8; 1000]), version, expiry: 0 }
+                OwnedEntry {
+                    key: format!("k{n}-{i}").into_bytes(),
+                    value: Some(vec![(n % 251) as u8; 1000]),
+                    version,
+                    expiry: 0,
+                }
             })
             .collect();
         let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
-        let r = b.append(tablet, &entries).and_then(|t| b.wait(t, Stage::Written));
+        let r = b
+            .append(tablet, &entries)
+            .and_then(|t| b.wait(t, Stage::Written));
         for e in &batch {
-            maybe.insert((tablet, e.key.clone()), (e.value.clone().unwrap(), e.version));
+            maybe.insert(
+                (tablet, e.key.clone()),
+                (e.value.clone().unwrap(), e.version),
+            );
         }
         match r {
             Ok(()) => {
                 for e in &batch {
-                    acked.insert((tablet, e.key.clone()), (e.value.clone().unwrap(), e.version));
+                    acked.insert(
+                        (tablet, e.key.clone()),
+                        (e.value.clone().unwrap(), e.version),
+                    );
                 }
             }
             Err(e) => {
@@ -200,19 +262,38 @@ fn disk_full_fails_appends_and_keeps_written_data() {
     }
     let error = error.expect("the disk never filled up");
     let msg = error.to_string();
-    assert!(matches!(error, Error::Failed(_) | Error::DiskFull { .. }), "{error:?}");
+    assert!(
+        matches!(error, Error::Failed(_) | Error::DiskFull { .. }),
+        "{error:?}"
+    );
     assert!(msg.contains("disk full"), "unclear error: {msg}");
     // Further appends fail at once with the same clear error.
-    let again = b.append(0, &[Entry { key: b"x", value: Some(b"y"), version: version + 1, expiry: 0 }]).unwrap_err();
+    let again = b
+        .append(
+            0,
+            &[Entry {
+                key: b"x",
+                value: Some(b"y"),
+                version: version + 1,
+                expiry: 0,
+            }],
+        )
+        .unwrap_err();
     assert!(again.to_string().contains("disk full"), "{again}");
-    assert!(acked.len() > 1000, "too little written before the disk filled: {}", acked.len());
+    assert!(
+        acked.len() > 1000,
+        "too little written before the disk filled: {}",
+        acked.len()
+    );
     drop(b);
     std::fs::remove_file(mnt.join("ballast")).unwrap();
     let b = Backup::open(&dir, cfg).expect("reopen after freeing space");
     let (state, report) = replay_state(&b);
     assert!(report.is_clean(), "{report:?}");
     for (k, (v, ver)) in &acked {
-        let got = state.get(k).unwrap_or_else(|| panic!("acknowledged {k:?} lost after disk full"));
+        let got = state
+            .get(k)
+            .unwrap_or_else(|| panic!("acknowledged {k:?} lost after disk full"));
         assert_eq!((&got.0, got.1), (v, *ver));
     }
     for (k, got) in &state {

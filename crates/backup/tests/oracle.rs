@@ -30,12 +30,20 @@ fn run_oracle(cfg: Config, seed: u64, ops: usize) {
                 let len = rng.gen_range(0..400);
                 Some((0..len).map(|_| rng.gen::<u8>()).collect::<Vec<u8>>())
             };
-            batch.push(OwnedEntry { key, value, version, expiry: version * 3 });
+            batch.push(OwnedEntry {
+                key,
+                value,
+                version,
+                expiry: version * 3,
+            });
         }
         let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
         let t = b.append(tablet, &entries).expect("append");
         for e in &batch {
-            oracle.insert((tablet, e.key.clone()), e.value.clone().map(|v| (v, e.version, e.expiry)));
+            oracle.insert(
+                (tablet, e.key.clone()),
+                e.value.clone().map(|v| (v, e.version, e.expiry)),
+            );
         }
         done += n;
         if rng.gen_bool(0.05) {
@@ -48,21 +56,39 @@ fn run_oracle(cfg: Config, seed: u64, ops: usize) {
             checks += 1;
             let (state, report) = replay_state(&b);
             assert!(report.is_clean(), "{report:?}");
-            let expected: State = oracle.iter().filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v))).collect();
+            let expected: State = oracle
+                .iter()
+                .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+                .collect();
             assert_eq!(state.len(), expected.len());
-            assert!(state == expected, "replay differs from the oracle after {done} ops");
+            assert!(
+                state == expected,
+                "replay differs from the oracle after {done} ops"
+            );
         }
     }
     assert!(checks > 0);
     let stats = b.stats();
-    assert!(stats.reorg_segments_cleaned > 0, "reorganization never ran: {stats:?}");
-    assert!(stats.primary_writes > 0, "two-level logging never used the primary log: {stats:?}");
+    assert!(
+        stats.reorg_segments_cleaned > 0,
+        "reorganization never ran: {stats:?}"
+    );
+    assert!(
+        stats.primary_writes > 0,
+        "two-level logging never used the primary log: {stats:?}"
+    );
     b.close().expect("close");
     let b = Backup::open(dir.path(), cfg).expect("reopen");
     let (state, report) = replay_state(&b);
     assert!(report.is_clean(), "{report:?}");
-    let expected: State = oracle.iter().filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v))).collect();
-    assert!(state == expected, "replay differs from the oracle after reopen");
+    let expected: State = oracle
+        .iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+        .collect();
+    assert!(
+        state == expected,
+        "replay differs from the oracle after reopen"
+    );
     assert!(report.max_version >= version - 40);
 }
 
@@ -73,13 +99,34 @@ fn oracle_age_times_utilisation() {
 
 #[test]
 fn oracle_cost_benefit_and_random() {
-    run_oracle(Config { reorg_strategy: SegmentStrategy::CostBenefit, ..crash_config() }, 2, 25_000);
-    run_oracle(Config { reorg_strategy: SegmentStrategy::Random, ..crash_config() }, 3, 25_000);
+    run_oracle(
+        Config {
+            reorg_strategy: SegmentStrategy::CostBenefit,
+            ..crash_config()
+        },
+        2,
+        25_000,
+    );
+    run_oracle(
+        Config {
+            reorg_strategy: SegmentStrategy::Random,
+            ..crash_config()
+        },
+        3,
+        25_000,
+    );
 }
 
 #[test]
 fn oracle_without_two_level_logging() {
-    run_oracle(Config { two_level: false, ..crash_config() }, 4, 20_000);
+    run_oracle(
+        Config {
+            two_level: false,
+            ..crash_config()
+        },
+        4,
+        20_000,
+    );
 }
 
 #[test]
@@ -88,7 +135,16 @@ fn drop_tablet_forgets_it_across_reopen() {
     let cfg = crash_config();
     let b = Backup::open(dir.path(), cfg.clone()).unwrap();
     for t in 0..3u64 {
-        b.append(t, &[Entry { key: b"a", value: Some(b"1"), version: 1, expiry: 0 }]).unwrap();
+        b.append(
+            t,
+            &[Entry {
+                key: b"a",
+                value: Some(b"1"),
+                version: 1,
+                expiry: 0,
+            }],
+        )
+        .unwrap();
     }
     b.flush().unwrap();
     b.drop_tablet(1).unwrap();

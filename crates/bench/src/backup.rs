@@ -110,7 +110,7 @@ fn fill_key(buf: &mut [u8], id: u64) {
 fn log_throughput(dir: &Path, cfg: Config, size: usize, spread: Spread, count: u64) -> Result<f64> {
     let b = Backup::open(dir, cfg)?;
     let value = vec![0x5Au8; size - KEY_BYTES];
-    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut keys = [[0u8; KEY_BYTES]; 10];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(size as u64);
     let start = Instant::now();
     let mut id = 0u64;
@@ -163,7 +163,7 @@ fn scattered(dir: &Path, two_level: bool, count: u64) -> Result<(f64, ramlog_bac
     };
     let b = Backup::open(dir, cfg)?;
     let value = vec![0x33u8; 64 - KEY_BYTES];
-    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut keys = [[0u8; KEY_BYTES]; 10];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
     let start = Instant::now();
     let mut n = 0u64;
@@ -245,7 +245,7 @@ fn reorg_run(
     let value = vec![0x77u8; 64 - KEY_BYTES];
     let total_keys = tablets * keys_per_tablet;
     let mut version = 0u64;
-    let mut keys = vec![[0u8; KEY_BYTES]; 10];
+    let mut keys = [[0u8; KEY_BYTES]; 10];
     let mut append_batch = |b: &Backup, first: u64, version: &mut u64| -> Result<()> {
         let tablet = first / keys_per_tablet;
         let local = first % keys_per_tablet;
@@ -292,10 +292,10 @@ fn reorg_run(
     let zipf = Zipf::new(total_keys, 0.99);
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);
     let hot: Vec<u64> = (0..total_keys)
-        .filter(|&i| scramble(i ^ 0xABCD) % 10 == 0)
+        .filter(|&i| scramble(i ^ 0xABCD).is_multiple_of(10))
         .collect();
     let cold: Vec<u64> = (0..total_keys)
-        .filter(|&i| scramble(i ^ 0xABCD) % 10 != 0)
+        .filter(|&i| !scramble(i ^ 0xABCD).is_multiple_of(10))
         .collect();
     let updates = 2 * total_keys;
     let start = Instant::now();

@@ -171,7 +171,10 @@ impl Peer {
                 let _ = e.read_to_string(&mut err);
             }
             let _ = child.wait();
-            bail!("ramlog server did not start: {}", err.lines().next().unwrap_or("").trim());
+            bail!(
+                "ramlog server did not start: {}",
+                err.lines().next().unwrap_or("").trim()
+            );
         }
         let peer = Peer {
             name: "ramlog",

@@ -154,11 +154,11 @@ fn scattered(dir: &Path, two_level: bool, count: u64) -> Result<(f64, ramlog_bac
         two_level,
         reorg_enabled: false,
         tablet_log_capacity_bytes: 1 << 30,
-        // Flushes of 1 MiB over 256 tablets: about 4 KiB per tablet per flush, 1/32 of the
+        // Flushes of 512 KiB over 256 tablets: about 2 KiB per tablet per flush, 1/64 of the
         // 128 KiB secondary-log buffer (DXRAM's Fig. 16 regime of small per-zone batches).
         write_buffer_bytes: 4 << 20,
         write_buffer_chunks: 2,
-        flush_threshold_bytes: 1 << 20,
+        flush_threshold_bytes: 512 << 10,
         ..Config::default()
     };
     let b = Backup::open(dir, cfg)?;

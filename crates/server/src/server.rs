@@ -7,8 +7,8 @@
 
 use crate::config::{PersistenceMode, ServerConfig};
 use crate::keyspace::Keyspace;
-use crate::metrics::{EngineFigures, Metrics, ProcessInfo, Snapshot};
-use crate::native::{serve_native_connection, NativeConfig};
+use crate::metrics::{EngineFigures, Metrics, Op, ProcessInfo, Snapshot};
+use crate::native::{refuse_native_connection, serve_native_connection, NativeConfig};
 use crate::persistence::Persistence;
 use crate::{admin, resp_conn};
 use ramlog_logmem::{Engine, EngineConfig, EngineError};
@@ -372,6 +372,7 @@ async fn accept_resp(
 fn native_config(shared: &Arc<Shared>) -> NativeConfig {
     let config = &shared.config;
     let weak = Arc::downgrade(shared);
+    let observed = Arc::downgrade(shared);
     NativeConfig {
         idle_timeout: std::time::Duration::from_secs(config.idle_timeout_secs),
         write_timeout: std::time::Duration::from_secs(config.write_timeout_secs.max(1)),
@@ -382,7 +383,31 @@ fn native_config(shared: &Arc<Shared>) -> NativeConfig {
             Some(shared) => serde_json::to_string(&shared.snapshot()).unwrap_or_default(),
             None => "{}".to_string(),
         })),
+        request_observer: Some(Arc::new(move |opcode_byte, elapsed, ok| {
+            if let Some(shared) = observed.upgrade() {
+                shared.metrics.record(native_op(opcode_byte), elapsed);
+                if !ok {
+                    Metrics::add(&shared.metrics.errors, 1);
+                }
+            }
+        })),
         ..NativeConfig::default()
+    }
+}
+
+/// The metrics family of a native request.
+fn native_op(opcode_byte: u8) -> Op {
+    use ramlog_proto::native::opcode;
+    match opcode_byte {
+        opcode::GET => Op::Get,
+        opcode::PUT => Op::Set,
+        opcode::DELETE => Op::Del,
+        opcode::INCREMENT => Op::Incr,
+        opcode::MULTI_GET => Op::Mget,
+        opcode::MULTI_PUT => Op::Mset,
+        opcode::SCAN_KEYS => Op::Scan,
+        opcode::EXPIRE => Op::Expire,
+        _ => Op::Other,
     }
 }
 
@@ -407,9 +432,11 @@ async fn accept_native(
                 continue;
             }
         };
-        // Over the limit the native connection is simply closed: its handshake has no text error.
         let Some(guard) = admit(&shared) else {
-            drop(stream);
+            tokio::spawn(refuse_native_connection(
+                stream,
+                "max number of clients reached",
+            ));
             continue;
         };
         let engine = shared.keyspace.engine().clone();

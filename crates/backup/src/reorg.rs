@@ -354,9 +354,9 @@ pub fn reorganize_cached(
             }
         }
     }
-    if std::env::var_os("RAMLOG_BACKUP_TRACE").is_some() {
+    if tracing::enabled!(tracing::Level::DEBUG) {
         let util = t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64;
-        eprintln!(
+        tracing::debug!(
             "reorg {tablet:#x} full={full}: chose {} cleaned {} freed {} KiB read {} KiB -> util {util:.3}",
             chosen.len(),
             outcome.segments_cleaned,

@@ -182,7 +182,7 @@ pub fn replay_tablet(
         )
     };
     let threads = sh.cfg.replay_threads.max(1);
-    let trace = std::env::var_os("RAMLOG_BACKUP_TRACE").is_some();
+    let trace = tracing::enabled!(tracing::Level::DEBUG);
     let t0 = std::time::Instant::now();
     let next = AtomicUsize::new(0);
     let slb_index = segments.len();
@@ -277,7 +277,7 @@ pub fn replay_tablet(
     })?;
     let (outs, version_damage, _) = results;
     if trace {
-        eprintln!(
+        tracing::debug!(
             "replay {:#x}: phase 1 (read+merge) {:?}",
             t.id,
             t0.elapsed()
@@ -324,7 +324,7 @@ pub fn replay_tablet(
     }
     report.stale_entries = data_entries.saturating_sub(report.live_keys);
     if trace {
-        eprintln!("replay {:#x}: phase 2 (yield) {:?}", t.id, t0.elapsed());
+        tracing::debug!("replay {:#x}: phase 2 (yield) {:?}", t.id, t0.elapsed());
     }
     Ok(report)
 }

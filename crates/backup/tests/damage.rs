@@ -14,7 +14,7 @@ use std::path::Path;
 fn fill(dir: &Path, cfg: &Config, seed: u64) -> State {
     let b = Backup::open(dir, cfg.clone()).unwrap();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut oracle: BTreeMap<(u64, Vec<u8>), Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
+    let mut oracle: BTreeMap<Key, Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
     let mut version = 0;
     for _ in 0..2000 {
         let tablet = rng.gen_range(0..4u64);

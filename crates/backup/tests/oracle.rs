@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 fn run_oracle(cfg: Config, seed: u64, ops: usize) {
     let dir = temp_dir("oracle");
-    let mut oracle: BTreeMap<(u64, Vec<u8>), Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
+    let mut oracle: BTreeMap<Key, Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let mut version = 0u64;
     let tablets = 16u64;

@@ -46,6 +46,15 @@
 //!   newest version per live key; nothing deleted or stale comes back, and nothing unwritten is
 //!   invented. Entries only `Buffered` at the crash may or may not be present.
 //!
+//! # Threads and back-pressure
+//! Three threads per store: the flusher (drains the write buffer, sorts by tablet, routes to the
+//! primary or secondary logs, places buffers in segments), the writer (issues one flush's writes
+//! and fdatasyncs on `io_threads` threads, applies versions, spills version buffers) and the
+//! reorganizer (activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
+//! `reorg_throttle`, 72%, first waits for it). Appends block only on a full write buffer.
+//! A failed write (for example a full disk) makes the store refuse appends with that error; what
+//! was written before stays intact and replays after a reopen.
+//!
 //! # Limits
 //! Keys ≤ 64 KiB, values ≤ `value_max_bytes` (1 MiB) and ≤ half a segment. A key is identified in
 //! version buffers and logs by a 128-bit hash (xxh3-128). The version log keeps one record per key

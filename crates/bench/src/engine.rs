@@ -561,7 +561,7 @@ fn child(spec: &str) -> anyhow::Result<()> {
                 .iter()
                 .find(|w| w.name == *name)
                 .context("unknown workload")?;
-            let volume = 2.0;
+            let volume = 1.5;
             let (peak_live, ops, secs) = match *which {
                 "engine" => {
                     // Entry headers are ~12 B plus the 8 B key: budget for the densest phase at 94%.
@@ -614,6 +614,18 @@ fn child(spec: &str) -> anyhow::Result<()> {
             }
             result.insert("rss", rss_bytes() as f64);
             result.insert("rss_before", rss_before as f64);
+        }
+        // One write-throughput point, for profiling: write:<util>:<size>:<zipf|uniform>:<memory>.
+        ["write", util, size, dist, memory] => {
+            let r = write_at(
+                memory.parse()?,
+                util.parse()?,
+                size.parse()?,
+                *dist == "zipf",
+                2.0,
+            )?;
+            result.insert("ops_per_sec", r.ops_per_sec);
+            result.insert("write_cost", r.write_cost);
         }
         _ => bail!("bad child spec {spec}"),
     }

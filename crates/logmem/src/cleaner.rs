@@ -36,7 +36,11 @@ const SWAP_BATCH: usize = 128;
 /// the cleaner starts before writers reach the reserve and runs beside them instead of in turns.
 pub(crate) fn memory_low(inner: &Inner) -> bool {
     let total = inner.pool.seglet_count() as f64;
-    let free = inner.pool.free_count().saturating_sub(inner.pool.reserve_seglets()) as f64 / total;
+    let free = inner
+        .pool
+        .free_count()
+        .saturating_sub(inner.pool.reserve_seglets()) as f64
+        / total;
     let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
     free <= 0.10f64.min((1.0 - live) / 2.0)
         || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
@@ -192,18 +196,35 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
 }
 
 /// Collects the live entries of a victim, removing expired objects from the index on the way.
-/// Index buckets are prefetched a batch ahead, so the liveness probes overlap their cache misses.
+/// The victim's entries are parsed first; the liveness probes then run with index buckets
+/// prefetched a fixed distance ahead, so their cache misses overlap.
 fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
-    const BATCH: usize = 16;
+    const PREFETCH_AHEAD: usize = 24;
     let tablet_id = inner.segments.get(segment).tablet.load(Ordering::Relaxed);
     let Ok(tablet) = inner.tablet(tablet_id) else {
         return;
     };
     let mut now = None;
     let mut expired = Vec::new();
-    let mut pending: Vec<(Loc, u64, Header)> = Vec::with_capacity(BATCH);
-    let mut check = |pending: &mut Vec<(Loc, u64, Header)>, out: &mut Vec<Survivor>| {
-        for (loc, hash, header) in pending.drain(..) {
+    let mut objects: Vec<(Loc, u64, Header)> = Vec::new();
+    for_each_entry(inner, segment, |loc, header, key| {
+        if header.is_object() {
+            objects.push((loc, hash_key(key), *header));
+        }
+    });
+    for (loc, hash, header) in objects.iter().take(PREFETCH_AHEAD) {
+        let _ = (loc, header);
+        tablet.index.prefetch(*hash);
+    }
+    for chunk_start in (0..objects.len()).step_by(256) {
+        // Lock-free probes walk overflow buckets, which are reused only after a grace period.
+        let _guard = epoch::pin();
+        let chunk_end = (chunk_start + 256).min(objects.len());
+        for i in chunk_start..chunk_end {
+            if let Some((_, ahead, _)) = objects.get(i + PREFETCH_AHEAD) {
+                tablet.index.prefetch(*ahead);
+            }
+            let (loc, hash, header) = objects[i];
             if tablet.index.find_loc(hash, loc).is_none() {
                 continue;
             }
@@ -218,24 +239,12 @@ fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
                 version: header.version,
             });
         }
-    };
-    for_each_entry(inner, segment, |loc, header, key| {
-        if !header.is_object() {
-            return;
-        }
-        let hash = hash_key(key);
-        tablet.index.prefetch(hash);
-        pending.push((loc, hash, *header));
-        if pending.len() == BATCH {
-            check(&mut pending, out);
-        }
-    });
-    check(&mut pending, out);
+    }
     if !expired.is_empty() {
         let _head = tablet.head.lock();
         for (loc, hash, len) in expired {
             if let Some(slot) = tablet.index.find_loc(hash, loc) {
-                tablet.index.remove(slot);
+                tablet.index.remove_and_compact(slot, hash);
                 inner.mark_dead(loc, len);
                 inner
                     .counters

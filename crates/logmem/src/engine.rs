@@ -500,7 +500,7 @@ impl Inner {
                     if visible.is_none() {
                         // Nothing to delete; an expired leftover is removed quietly.
                         if let Some((slot, loc, h)) = current {
-                            tablet.index.remove(slot);
+                            tablet.index.remove_and_compact(slot, hash);
                             self.mark_dead(loc, h.total_len());
                         }
                         return Ok(WriteResult {
@@ -568,7 +568,7 @@ impl Inner {
                     .fetch_add(total as u64, Ordering::Relaxed);
                 let (slot, old_loc, h) =
                     current.expect("deletes only reach here for a visible key");
-                tablet.index.remove(slot);
+                tablet.index.remove_and_compact(slot, hash);
                 self.mark_dead(old_loc, h.total_len());
             }
             if let Some(obs) = &self.config.write_observer {
@@ -827,7 +827,7 @@ impl Inner {
             }
             let Some(value) = value else {
                 if let Some((slot, loc, h)) = current {
-                    tablet_ref.index.remove(slot);
+                    tablet_ref.index.remove_and_compact(slot, hash);
                     self.mark_dead(loc, h.total_len());
                 }
                 return Ok(());

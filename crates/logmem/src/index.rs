@@ -16,8 +16,11 @@
 //! it never misses a key that was present throughout. References only move towards higher bucket
 //! numbers, which gives cursor scans Redis's "every key present throughout is returned" guarantee.
 
+use crossbeam_epoch as epoch;
+use parking_lot::Mutex;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::Arc;
 
 const SLOTS: usize = 8;
 const BUCKETS_INITIAL_LOG2: u32 = 4;
@@ -83,12 +86,43 @@ impl SlotRef {
 }
 
 pub struct HashIndex {
-    /// `level << 56 | split`; the bucket count is `BUCKETS_INITIAL << level` plus `split`.
+    /// `level << 58 | moves << 40 | split`; the bucket count is `BUCKETS_INITIAL << level` plus
+    /// `split`. `moves` changes whenever references move between slots, so that a reader that
+    /// missed while anything moved retries.
     shape: AtomicU64,
     dir: [AtomicPtr<Bucket>; DIR_ARRAYS],
     overflow: Box<[AtomicPtr<Bucket>]>,
     overflow_used: AtomicU64,
+    /// Overflow buckets unlinked from chains, zeroed, whose grace period has passed: reused first.
+    overflow_ready: Arc<Mutex<Vec<u64>>>,
+    overflow_in_use: AtomicU64,
     entries: AtomicU64,
+}
+
+const LEVEL_SHIFT: u32 = 58;
+const MOVES_SHIFT: u32 = 40;
+const MOVES_MASK: u64 = (1 << 18) - 1;
+const SPLIT_MASK: u64 = (1 << 40) - 1;
+
+#[inline]
+fn shape_level(shape: u64) -> u64 {
+    shape >> LEVEL_SHIFT
+}
+
+#[inline]
+fn shape_split(shape: u64) -> u64 {
+    shape & SPLIT_MASK
+}
+
+#[inline]
+fn shape_moves(shape: u64) -> u64 {
+    (shape >> MOVES_SHIFT) & MOVES_MASK
+}
+
+#[inline]
+fn make_shape(level: u64, moves: u64, split: u64) -> u64 {
+    debug_assert!(split <= SPLIT_MASK);
+    (level << LEVEL_SHIFT) | ((moves & MOVES_MASK) << MOVES_SHIFT) | split
 }
 
 // SAFETY: raw bucket pointers are owned by the index and only freed in Drop.
@@ -111,6 +145,7 @@ fn alloc_buckets(n: usize) -> *mut Bucket {
     if ptr.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
+    crate::pool::advise_huge_pages(ptr as *mut u8, layout.size());
     ptr
 }
 
@@ -133,6 +168,8 @@ impl HashIndex {
             dir,
             overflow,
             overflow_used: AtomicU64::new(0),
+            overflow_ready: Arc::new(Mutex::new(Vec::new())),
+            overflow_in_use: AtomicU64::new(0),
             entries: AtomicU64::new(0),
         }
     }
@@ -144,25 +181,25 @@ impl HashIndex {
     /// Number of main buckets (not counting overflow buckets).
     pub fn bucket_count(&self) -> u64 {
         let shape = self.shape.load(Ordering::Acquire);
-        (BUCKETS_INITIAL << (shape >> 56)) + (shape & ((1 << 56) - 1))
+        (BUCKETS_INITIAL << shape_level(shape)) + shape_split(shape)
     }
 
     /// Bytes of buckets in use (main and overflow). Bucket arrays are allocated zeroed and grow by
     /// doubling, so the untouched tail of the newest array costs address space, not memory.
     pub fn memory_bytes(&self) -> u64 {
-        (self.bucket_count() + self.overflow_used.load(Ordering::Relaxed)) * 64
+        (self.bucket_count() + self.overflow_in_use.load(Ordering::Relaxed)) * 64
     }
 
     /// Number of overflow buckets in use.
     #[cfg(test)]
     pub fn overflow_buckets(&self) -> u64 {
-        self.overflow_used.load(Ordering::Relaxed)
+        self.overflow_in_use.load(Ordering::Relaxed)
     }
 
     #[inline]
     fn bucket_of(shape: u64, hash: u64) -> u64 {
-        let level = shape >> 56;
-        let split = shape & ((1 << 56) - 1);
+        let level = shape_level(shape);
+        let split = shape_split(shape);
         let m = BUCKETS_INITIAL << level;
         let b = hash & (m - 1);
         if b < split {
@@ -298,6 +335,14 @@ impl HashIndex {
         self.entries.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Clears a slot and shortens its chain when the holes allow. `hash` is the removed key's hash.
+    /// Caller holds the write lock.
+    pub fn remove_and_compact(&self, slot: SlotRef, hash: u64) {
+        self.remove(slot);
+        let shape = self.shape.load(Ordering::Relaxed);
+        self.compact_chain(self.bucket(Self::bucket_of(shape, hash)));
+    }
+
     /// Adds a reference for a key known to be absent, then grows the table if it is too full.
     /// `rehash(loc)` must return the hash of the key stored at `loc` (used when splitting).
     /// Caller holds the write lock.
@@ -342,6 +387,10 @@ impl HashIndex {
     }
 
     fn new_overflow_bucket(&self) -> u64 {
+        self.overflow_in_use.fetch_add(1, Ordering::Relaxed);
+        if let Some(id) = self.overflow_ready.lock().pop() {
+            return id;
+        }
         let id = self.overflow_used.fetch_add(1, Ordering::Relaxed);
         let chunk = (id >> OVERFLOW_CHUNK_LOG2) as usize;
         assert!(
@@ -357,8 +406,8 @@ impl HashIndex {
     /// Splits bucket `split` into itself and its buddy one doubling above.
     fn split_one(&self, mut rehash: impl FnMut(Loc) -> u64) {
         let shape = self.shape.load(Ordering::Relaxed);
-        let level = shape >> 56;
-        let split = shape & ((1 << 56) - 1);
+        let level = shape_level(shape);
+        let split = shape_split(shape);
         let m = BUCKETS_INITIAL << level;
         let new_b = split + m;
         // Make sure the array holding the new bucket exists.
@@ -385,16 +434,73 @@ impl HashIndex {
             moved.push((slot, v));
         }
         // 2. Publish the new shape: lookups of moved keys now go to the new bucket.
+        let moves = shape_moves(shape) + 1;
         let next_shape = if split + 1 == m {
-            (level + 1) << 56
+            make_shape(level + 1, moves, 0)
         } else {
-            (level << 56) | (split + 1)
+            make_shape(level, moves, split + 1)
         };
         self.shape.store(next_shape, Ordering::Release);
-        // 3. Clear the old copies.
+        // 3. Clear the old copies, then give back the overflow buckets the old chain no longer needs.
         for (slot, v) in moved {
             debug_assert_eq!(slot.get().load(Ordering::Relaxed), v);
             slot.get().store(0, Ordering::Release);
+        }
+        self.compact_chain(old);
+    }
+
+    /// Shortens a chain: while the last overflow bucket's references fit in the holes of the buckets
+    /// before it, copies them there, bumps `moves`, clears the originals and unlinks the bucket. The
+    /// bucket is reused only after an epoch grace period, so a reader still inside it sees empty
+    /// slots, misses, notices the bumped shape and retries. Caller holds the write lock.
+    fn compact_chain(&self, head: &Bucket) {
+        loop {
+            let mut chain: Vec<&Bucket> = vec![head];
+            let mut ids: Vec<u64> = Vec::new();
+            loop {
+                let v = chain.last().expect("non-empty").slots[SLOTS - 1].load(Ordering::Relaxed);
+                if v & CHAIN == 0 {
+                    break;
+                }
+                ids.push(v & !CHAIN);
+                chain.push(self.overflow_bucket(v & !CHAIN));
+            }
+            if chain.len() < 2 {
+                return;
+            }
+            let last = chain[chain.len() - 1];
+            let entries: Vec<usize> = (0..SLOTS)
+                .filter(|&i| last.slots[i].load(Ordering::Relaxed) != 0)
+                .collect();
+            let mut holes: Vec<&AtomicU64> = Vec::new();
+            for b in &chain[..chain.len() - 1] {
+                for i in 0..SLOTS - 1 {
+                    if b.slots[i].load(Ordering::Relaxed) == 0 {
+                        holes.push(&b.slots[i]);
+                    }
+                }
+            }
+            if entries.len() > holes.len() {
+                return;
+            }
+            for (&i, hole) in entries.iter().zip(&holes) {
+                hole.store(last.slots[i].load(Ordering::Relaxed), Ordering::Release);
+            }
+            let shape = self.shape.load(Ordering::Relaxed);
+            let bumped = make_shape(
+                shape_level(shape),
+                shape_moves(shape) + 1,
+                shape_split(shape),
+            );
+            self.shape.store(bumped, Ordering::Release);
+            for &i in &entries {
+                last.slots[i].store(0, Ordering::Release);
+            }
+            chain[chain.len() - 2].slots[SLOTS - 1].store(0, Ordering::Release);
+            let id = *ids.last().expect("chain has an overflow bucket");
+            self.overflow_in_use.fetch_sub(1, Ordering::Relaxed);
+            let ready = self.overflow_ready.clone();
+            epoch::pin().defer(move || ready.lock().push(id));
         }
     }
 
@@ -531,6 +637,7 @@ mod tests {
             std::thread::spawn(move || {
                 let mut rounds = 0u64;
                 while !stop.load(Ordering::Relaxed) {
+                    let _guard = epoch::pin();
                     for i in 0..1000u64 {
                         assert!(
                             idx.lookup(h(i), |loc| loc == i).is_some(),

@@ -361,6 +361,8 @@ fn relocate(
                     let new_loc = w.position();
                     copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
                     moved.push((*s, new_loc, w.segment));
+                    // The swap under the lock probes this bucket again: start loading it now.
+                    tablet.index.prefetch(s.hash);
                     break;
                 }
                 Err(AppendError::SegmentFull) => {

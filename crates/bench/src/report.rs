@@ -24,10 +24,16 @@ pub struct Target {
 
 impl Target {
     pub fn at_least(value: f64) -> Self {
-        Target { op: TargetOp::AtLeast, value }
+        Target {
+            op: TargetOp::AtLeast,
+            value,
+        }
     }
     pub fn at_most(value: f64) -> Self {
-        Target { op: TargetOp::AtMost, value }
+        Target {
+            op: TargetOp::AtMost,
+            value,
+        }
     }
     pub fn holds(&self, measured: f64) -> bool {
         match self.op {
@@ -52,13 +58,38 @@ pub struct Row {
 impl Row {
     /// A figure with nothing to compare against.
     pub fn plain(name: impl Into<String>, value: f64, unit: impl Into<String>) -> Self {
-        Row { name: name.into(), value, unit: unit.into(), baseline: None, ratio: None, target: None, pass: None }
+        Row {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            baseline: None,
+            ratio: None,
+            target: None,
+            pass: None,
+        }
     }
 
     /// A figure compared with a baseline measured in the same run; ratio = value / baseline.
-    pub fn versus(name: impl Into<String>, value: f64, unit: impl Into<String>, baseline: f64) -> Self {
-        let ratio = if baseline != 0.0 { Some(value / baseline) } else { None };
-        Row { name: name.into(), value, unit: unit.into(), baseline: Some(baseline), ratio, target: None, pass: None }
+    pub fn versus(
+        name: impl Into<String>,
+        value: f64,
+        unit: impl Into<String>,
+        baseline: f64,
+    ) -> Self {
+        let ratio = if baseline != 0.0 {
+            Some(value / baseline)
+        } else {
+            None
+        };
+        Row {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            baseline: Some(baseline),
+            ratio,
+            target: None,
+            pass: None,
+        }
     }
 
     /// Attaches a target: it judges `ratio` when there is one, else `value`.
@@ -79,7 +110,11 @@ pub struct Report {
 
 impl Report {
     pub fn new(suite: &str, quick: bool) -> Self {
-        Report { suite: suite.to_string(), quick, rows: Vec::new() }
+        Report {
+            suite: suite.to_string(),
+            quick,
+            rows: Vec::new(),
+        }
     }
 
     /// Adds a row and prints it at once, so a long run shows progress.
@@ -95,7 +130,11 @@ impl Report {
     /// Prints the whole table again (the final summary) and writes JSON if asked.
     pub fn finish(&self, json_path: Option<&Path>) -> anyhow::Result<()> {
         println!();
-        println!("== {} ({}) ==", self.suite, if self.quick { "quick" } else { "full" });
+        println!(
+            "== {} ({}) ==",
+            self.suite,
+            if self.quick { "quick" } else { "full" }
+        );
         println!("{}", header_line());
         for row in &self.rows {
             println!("{}", format_row(row));
@@ -121,10 +160,23 @@ fn header_line() -> String {
 
 fn format_row(row: &Row) -> String {
     let baseline = row.baseline.map(fmt_num).unwrap_or_else(|| "-".into());
-    let ratio = row.ratio.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into());
+    let ratio = row
+        .ratio
+        .map(|r| format!("{r:.3}"))
+        .unwrap_or_else(|| "-".into());
     let target = row
         .target
-        .map(|t| format!("{}{}", if t.op == TargetOp::AtLeast { ">=" } else { "<=" }, fmt_num(t.value)))
+        .map(|t| {
+            format!(
+                "{}{}",
+                if t.op == TargetOp::AtLeast {
+                    ">="
+                } else {
+                    "<="
+                },
+                fmt_num(t.value)
+            )
+        })
         .unwrap_or_else(|| "-".into());
     let pass = match row.pass {
         Some(true) => "yes",

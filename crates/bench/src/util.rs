@@ -5,7 +5,11 @@ use rand::Rng;
 /// Resident set size of this process in bytes (from /proc/self/statm).
 pub fn rss_bytes() -> u64 {
     let text = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let resident_pages: u64 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let resident_pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     resident_pages * page.max(4096) as u64
@@ -16,7 +20,12 @@ pub fn peak_rss_bytes() -> u64 {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("VmHWM:") {
-            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            let kib: u64 = rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
             return kib * 1024;
         }
     }
@@ -57,7 +66,13 @@ impl Zipf {
         let zeta2 = zeta(2, theta);
         let alpha = 1.0 / (1.0 - theta);
         let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan);
-        Zipf { n, theta, alpha, zetan, eta }
+        Zipf {
+            n,
+            theta,
+            alpha,
+            zetan,
+            eta,
+        }
     }
 
     /// A rank in `0..n`; rank 0 is the most popular. Callers scramble ranks into keys.

@@ -24,6 +24,9 @@ pub fn parse_size_bytes(input: &str) -> Result<u64, SizeParseError> {
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(trimmed.len());
     let (number, unit) = trimmed.split_at(split);
+    if number.is_empty() {
+        return Err(SizeParseError::BadNumber(input.to_string()));
+    }
     let unit = unit.trim().to_ascii_lowercase();
     let multiplier: u64 = match unit.as_str() {
         "" | "b" => 1,

@@ -33,10 +33,22 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
         "machine: {} cores; full targets apply to the full run only",
         num_cpus()
     );
-    write_throughput(&mut report, quick)?;
-    fragmentation(&mut report, quick)?;
-    bytes_per_object(&mut report, quick)?;
-    point_ops(&mut report, quick)?;
+    // RAMLOG_BENCH_ENGINE_SECTIONS=write,frag,bpo,point runs a subset (all by default).
+    let sections = std::env::var("RAMLOG_BENCH_ENGINE_SECTIONS")
+        .unwrap_or_else(|_| "write,frag,bpo,point".into());
+    let wants = |name: &str| sections.split(',').any(|s| s.trim() == name);
+    if wants("write") {
+        write_throughput(&mut report, quick)?;
+    }
+    if wants("frag") {
+        fragmentation(&mut report, quick)?;
+    }
+    if wants("bpo") {
+        bytes_per_object(&mut report, quick)?;
+    }
+    if wants("point") {
+        point_ops(&mut report, quick)?;
+    }
     report.finish(json)
 }
 

@@ -27,7 +27,7 @@ fn progress_at_98_percent_then_clean_out_of_memory() {
     let target = 0.98;
     let mut writes = 0u64;
     loop {
-        if writes % 1000 == 0 && engine.stats().utilisation >= target {
+        if writes.is_multiple_of(1000) && engine.stats().utilisation >= target {
             break;
         }
         let len = rng.gen_range(50..3000);

@@ -284,7 +284,7 @@ fn run(ops: Vec<Op>, background_cleaner: bool) {
                 check_all(&engine, tablet, &model);
             }
         }
-        if salt % 16 == 0 {
+        if salt.is_multiple_of(16) {
             engine.clean_now();
         }
     }

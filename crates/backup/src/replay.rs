@@ -17,6 +17,10 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// What phase 1 of a replay returns: per-worker outputs, bytes read, and the version-log records
+/// (key hash, version, deleted) per shard.
+type PhaseOneOut = (Vec<WorkerOut>, u64, Vec<Vec<(u128, u64, bool)>>);
+
 /// One live key as replay yields it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayEntry<'a> {
@@ -203,75 +207,73 @@ pub fn replay_tablet(
 
     // Phase 1: threads read segments (and one the version log) and merge candidates into the
     // sharded map of newest versions.
-    let results = std::thread::scope(
-        |s| -> Result<(Vec<WorkerOut>, u64, Vec<Vec<(u128, u64, bool)>>)> {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (segments, next, shards) = (&segments, &next, &shards);
-                    s.spawn(move || -> Result<(WorkerOut, u64)> {
-                        let mut out = WorkerOut::default();
-                        let mut batch = Batcher::new(shards);
-                        loop {
-                            let k = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(&(seg, used)) = segments.get(k) else {
-                                break;
-                            };
-                            let mut buf = AlignedBuf::new(used as usize);
-                            let n = io::read_exact_at(
-                                &t.file,
-                                &mut buf.full_mut()[..used as usize],
-                                seg as u64 * t.segment_bytes,
-                            )
-                            .map_err(|e| Error::io(&t.sec_path, e))?;
-                            buf.set_len(n);
-                            out.bytes += n as u64;
-                            parse_region(buf.as_slice(), k, t.id, &mut out, &mut batch);
-                            out.buffers.push((k, buf));
-                        }
-                        let superseded = batch.finish();
-                        Ok((out, superseded))
-                    })
+    let results = std::thread::scope(|s| -> Result<PhaseOneOut> {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (segments, next, shards) = (&segments, &next, &shards);
+                s.spawn(move || -> Result<(WorkerOut, u64)> {
+                    let mut out = WorkerOut::default();
+                    let mut batch = Batcher::new(shards);
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(seg, used)) = segments.get(k) else {
+                            break;
+                        };
+                        let mut buf = AlignedBuf::new(used as usize);
+                        let n = io::read_exact_at(
+                            &t.file,
+                            &mut buf.full_mut()[..used as usize],
+                            seg as u64 * t.segment_bytes,
+                        )
+                        .map_err(|e| Error::io(&t.sec_path, e))?;
+                        buf.set_len(n);
+                        out.bytes += n as u64;
+                        parse_region(buf.as_slice(), k, t.id, &mut out, &mut batch);
+                        out.buffers.push((k, buf));
+                    }
+                    let superseded = batch.finish();
+                    Ok((out, superseded))
                 })
-                .collect();
-            // This thread: the version log, the version buffer and the SLB.
-            let mut batch = Batcher::new(&shards);
-            let mut ver_bytes = vec![0u8; ver_len as usize];
-            let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0)
-                .map_err(|e| Error::io(&t.ver_path, e))?;
-            ver_bytes.truncate(n);
-            // Version records are only bucketed here; they are checked against the data once the
-            // segments are merged (phase 1b), one shard at a time.
-            let mut vparts: Vec<Vec<(u128, u64, bool)>> = (0..SHARDS).map(|_| Vec::new()).collect();
-            let walk = format::walk_version_log(&ver_bytes, |_, recs| {
-                for r in format::version_records(recs) {
-                    vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
-                }
-            });
-            for r in &vbuf {
+            })
+            .collect();
+        // This thread: the version log, the version buffer and the SLB.
+        let mut batch = Batcher::new(&shards);
+        let mut ver_bytes = vec![0u8; ver_len as usize];
+        let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0)
+            .map_err(|e| Error::io(&t.ver_path, e))?;
+        ver_bytes.truncate(n);
+        // Version records are only bucketed here; they are checked against the data once the
+        // segments are merged (phase 1b), one shard at a time.
+        let mut vparts: Vec<Vec<(u128, u64, bool)>> = (0..SHARDS).map(|_| Vec::new()).collect();
+        let walk = format::walk_version_log(&ver_bytes, |_, recs| {
+            for r in format::version_records(recs) {
                 vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
             }
-            let mut slb_out = WorkerOut::default();
-            let stats = format::walk_entries(&slb, |off, e| {
-                slb_out.data_entries += 1;
-                batch.push(
-                    format::key_hash(e.key),
-                    e.version,
-                    ((slb_index as u64) << 32) | off as u64,
-                );
-            });
-            slb_out.corrupt += stats.corrupt_entries;
-            slb_out.unreadable += stats.unreadable_bytes;
-            batch.finish();
-            let mut outs = vec![slb_out];
-            for h in handles {
-                let (o, _) = h
-                    .join()
-                    .map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
-                outs.push(o);
-            }
-            Ok((outs, walk.damaged_bytes + walk.tail_bytes, vparts))
-        },
-    )?;
+        });
+        for r in &vbuf {
+            vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
+        }
+        let mut slb_out = WorkerOut::default();
+        let stats = format::walk_entries(&slb, |off, e| {
+            slb_out.data_entries += 1;
+            batch.push(
+                format::key_hash(e.key),
+                e.version,
+                ((slb_index as u64) << 32) | off as u64,
+            );
+        });
+        slb_out.corrupt += stats.corrupt_entries;
+        slb_out.unreadable += stats.unreadable_bytes;
+        batch.finish();
+        let mut outs = vec![slb_out];
+        for h in handles {
+            let (o, _) = h
+                .join()
+                .map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
+            outs.push(o);
+        }
+        Ok((outs, walk.damaged_bytes + walk.tail_bytes, vparts))
+    })?;
     let (outs, version_damage, vparts) = results;
     if trace {
         tracing::debug!(

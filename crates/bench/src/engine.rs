@@ -479,7 +479,7 @@ fn point_ops(report: &mut Report, quick: bool) -> anyhow::Result<()> {
     let key = |i: u64| format!("key:{i:012}").into_bytes();
     let value = vec![0x42u8; 100];
     // Budget: twice the live entry bytes plus index, so puts run at ~50% utilisation.
-    let (engine, t) = engine_with(((n * 135 * 2) as u64).max(64 << 20))?;
+    let (engine, t) = engine_with((n * 135 * 2).max(64 << 20))?;
     let mut map: HashMap<Vec<u8>, Vec<u8>> = HashMap::with_capacity(0);
     for i in 0..n {
         engine.put(t, &key(i), &value, &PutOptions::default())?;

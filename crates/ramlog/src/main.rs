@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "ramlog", version, about = "ramlog: a distributed in-memory key-value store")]
+#[command(
+    name = "ramlog",
+    version,
+    about = "ramlog: a distributed in-memory key-value store"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -422,6 +422,24 @@ impl Inner {
         Ok(())
     }
 
+    /// Points a key's index reference at a newly appended object: replaces the current reference
+    /// (counting the old entry dead) or inserts a new one. Caller holds the tablet's write lock.
+    fn point_index_at(
+        &self,
+        tablet: &Tablet,
+        hash: u64,
+        current: Option<(SlotRef, Loc, Header)>,
+        loc: Loc,
+    ) {
+        match current {
+            Some((slot, old_loc, h)) => {
+                tablet.index.replace(slot, hash, loc);
+                self.mark_dead(old_loc, h.total_len());
+            }
+            None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
+        }
+    }
+
     /// Looks a key up for a writer: the slot, the location and the entry's header, ignoring expired objects
     /// only when `include_expired` is false (they are still returned so they can be replaced).
     fn find(&self, tablet: &Tablet, hash: u64, key: &[u8]) -> Option<(SlotRef, Loc, Header)> {
@@ -553,13 +571,7 @@ impl Inner {
                 .fetch_add(total as u64, Ordering::Relaxed);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
-                match current {
-                    Some((slot, old_loc, h)) => {
-                        tablet.index.replace(slot, hash, loc);
-                        self.mark_dead(old_loc, h.total_len());
-                    }
-                    None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
-                }
+                self.point_index_at(tablet, hash, current, loc);
             } else {
                 // A tombstone records the delete in the tablet's version-ordered log; nothing in the
                 // master replays it, so its bytes are dead from the start.
@@ -768,13 +780,8 @@ impl Inner {
                 let loc = self.advance(start_seglet, start_offset, *off);
                 let hash = hash_key(k);
                 self.mark_live(segment, *len);
-                match self.find(tablet, hash, k) {
-                    Some((slot, old_loc, h)) => {
-                        tablet.index.replace(slot, hash, loc);
-                        self.mark_dead(old_loc, h.total_len());
-                    }
-                    None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
-                }
+                let current = self.find(tablet, hash, k);
+                self.point_index_at(tablet, hash, current, loc);
             }
             if let Some(obs) = &self.config.write_observer {
                 let records: Vec<LoggedWrite<'_>> = items
@@ -857,13 +864,7 @@ impl Inner {
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
             self.mark_live(segment, total);
-            match current {
-                Some((slot, old_loc, h)) => {
-                    tablet_ref.index.replace(slot, hash, loc);
-                    self.mark_dead(old_loc, h.total_len());
-                }
-                None => tablet_ref.index.insert(hash, loc, |l| self.rehash(l)),
-            }
+            self.point_index_at(tablet_ref, hash, current, loc);
             return Ok(());
         }
     }

@@ -21,6 +21,7 @@ pub mod entry;
 mod error;
 mod index;
 mod pool;
+pub mod query;
 mod segment;
 mod stats;
 

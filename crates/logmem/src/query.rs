@@ -1,0 +1,1 @@
+//! Scan queries: key filters, table schemas, predicates, projection and aggregation.

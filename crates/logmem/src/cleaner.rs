@@ -17,7 +17,7 @@
 
 use crate::config::Balancer;
 use crate::engine::{hash_key, now_ms, Inner};
-use crate::entry::Header;
+use crate::entry::{Header, STATE_MOVED, STATE_RETAINED, STATE_SUPERSEDED};
 use crate::index::{loc_offset, loc_seglet, make_loc, Loc};
 use crate::pool::{AllocClass, NO_SEGLET, SEGLET_BYTES};
 use crate::segment::{AppendError, SegmentState, SegmentWriter};
@@ -30,6 +30,9 @@ use std::time::Duration;
 const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
 /// Reference swaps done per acquisition of a tablet's write lock.
 const SWAP_BATCH: usize = 128;
+/// Segments below this utilisation found by scans are compacted even without memory pressure
+/// (TellStore's 50% rule).
+pub(crate) const SPARSE_UTILISATION: f64 = 0.5;
 
 /// RAMCloud's trigger: clean when free seglets F <= min(10%, (1 - L) / 2), L the live fraction.
 /// F counts only seglets writers may take (the cleaner's reserve is not free memory for them), so
@@ -74,6 +77,16 @@ pub(crate) fn drain_limbo(inner: &Inner) {
 pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut idle_rounds = 0u32;
     while !inner.shutdown.load(Ordering::Acquire) {
+        if thread_index == 0 {
+            inner.snapshots.release_overdue(&inner);
+            queue_released_retention(&inner);
+            if compact_sparse(&inner) {
+                collect_garbage();
+                if inner.release_reclaimable() > 0 {
+                    inner.memory_cv.notify_all();
+                }
+            }
+        }
         if memory_low(&inner) {
             // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
             let progressed = run_pass(&inner, thread_index == 0);
@@ -164,9 +177,12 @@ struct Survivor {
     hash: u64,
     len: u32,
     version: u64,
+    /// The victim segment it comes from.
+    segment: u32,
 }
 
-/// Walks a closed segment's entries in log order.
+/// Walks a closed segment's entries in log order. The header's `state` is read atomically before
+/// the rest, so for a RETAINED entry the CRC field already holds its valid-to.
 fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &[u8])) {
     let slot = inner.segments.get(segment);
     let used = slot.used_bytes.load(Ordering::Acquire) as usize;
@@ -175,9 +191,12 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
     let mut pos = 0usize;
     while pos < used && seglet != NO_SEGLET {
         let loc = make_loc(seglet, off);
+        let state = inner.entry_state(loc).load(Ordering::Acquire) & crate::entry::STATE_MASK;
         let Ok(len) = inner.with_entry(loc, false, |e| {
-            f(loc, &e.header, e.key);
-            e.header.total_len()
+            let mut header = e.header;
+            header.state = state;
+            f(loc, &header, e.key);
+            header.total_len()
         }) else {
             tracing::error!(
                 segment,
@@ -195,68 +214,100 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
     }
 }
 
-/// Collects the live entries of a victim, removing expired objects from the index on the way.
-/// The victim's entries are parsed first; the liveness probes then run with index buckets
-/// prefetched a fixed distance ahead, so their cache misses overlap.
+/// Collects the live entries of a victim from their state bits alone (no index probe): current
+/// objects and RETAINED versions some snapshot still needs. Expired objects no snapshot can read,
+/// and retained versions no snapshot needs, are removed from the index on the way.
 fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
-    const PREFETCH_AHEAD: usize = 24;
     let tablet_id = inner.segments.get(segment).tablet.load(Ordering::Relaxed);
     let Ok(tablet) = inner.tablet(tablet_id) else {
         return;
     };
     let mut now = None;
-    let mut expired = Vec::new();
-    let mut objects: Vec<(Loc, u64, Header)> = Vec::new();
+    let mut removable: Vec<(Loc, u64)> = Vec::new();
     for_each_entry(inner, segment, |loc, header, key| {
-        if header.is_object() {
-            objects.push((loc, hash_key(key), *header));
+        if !header.is_object() || header.state & STATE_MOVED != 0 {
+            return;
         }
+        let hash = hash_key(key);
+        if header.state & STATE_SUPERSEDED != 0 {
+            if header.state & STATE_RETAINED == 0 {
+                return;
+            }
+            let valid_to = inner.retained_valid_to(tablet, header, key);
+            if !inner.snapshots.any_within(header.version, valid_to) {
+                removable.push((loc, hash));
+                return;
+            }
+        } else if header.expire_at_ms != 0
+            && *now.get_or_insert_with(now_ms) >= header.expire_at_ms
+            && !inner.snapshots.any_at_or_above(header.version)
+        {
+            removable.push((loc, hash));
+            return;
+        }
+        out.push(Survivor {
+            loc,
+            hash,
+            len: header.total_len() as u32,
+            version: header.version,
+            segment,
+        });
     });
-    for (loc, hash, header) in objects.iter().take(PREFETCH_AHEAD) {
-        let _ = (loc, header);
-        tablet.index.prefetch(*hash);
+    if removable.is_empty() {
+        return;
     }
-    for chunk_start in (0..objects.len()).step_by(256) {
-        // Lock-free probes walk overflow buckets, which are reused only after a grace period.
-        let _guard = epoch::pin();
-        let chunk_end = (chunk_start + 256).min(objects.len());
-        for i in chunk_start..chunk_end {
-            if let Some((_, ahead, _)) = objects.get(i + PREFETCH_AHEAD) {
-                tablet.index.prefetch(*ahead);
+    // Removal happens under the write lock, after checking again: a snapshot may have been opened,
+    // or the object replaced, since the walk.
+    let _guard = epoch::pin();
+    let _head = tablet.head.lock();
+    let mut key_buf = Vec::new();
+    for (loc, hash) in removable {
+        let state = inner.entry_state(loc).load(Ordering::Acquire);
+        let Some(slot) = tablet.index.find_loc(hash, loc) else {
+            continue;
+        };
+        let Ok(mut header) = inner.with_entry(loc, false, |e| {
+            key_buf.clear();
+            key_buf.extend_from_slice(e.key);
+            e.header
+        }) else {
+            continue;
+        };
+        header.state = state & crate::entry::STATE_MASK;
+        if state & STATE_RETAINED != 0 {
+            let valid_to = inner.retained_valid_to(tablet, &header, &key_buf);
+            if !inner.snapshots.any_within(header.version, valid_to) {
+                inner.drop_retained(tablet, slot, hash, loc, &header, &key_buf);
             }
-            let (loc, hash, header) = objects[i];
-            if tablet.index.find_loc(hash, loc).is_none() {
-                continue;
-            }
-            if header.expire_at_ms != 0 && *now.get_or_insert_with(now_ms) >= header.expire_at_ms {
-                expired.push((loc, hash, header.total_len()));
-                continue;
-            }
-            out.push(Survivor {
-                loc,
-                hash,
-                len: header.total_len() as u32,
-                version: header.version,
-            });
-        }
-    }
-    if !expired.is_empty() {
-        let _head = tablet.head.lock();
-        for (loc, hash, len) in expired {
-            if let Some(slot) = tablet.index.find_loc(hash, loc) {
-                tablet.index.remove_and_compact(slot, hash);
-                inner.mark_dead(loc, len);
-                inner
-                    .counters
-                    .expired_reclaimed
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+        } else if state & STATE_SUPERSEDED == 0 && !inner.snapshots.any_at_or_above(header.version)
+        {
+            let by = inner.clock.load(Ordering::Relaxed) + 1;
+            inner.supersede(tablet, hash, &key_buf, (slot, loc, header), None, by);
+            inner
+                .counters
+                .expired_reclaimed
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-/// Copies one entry's raw bytes (header, key, value, CRC unchanged) into a survivor.
+/// Copies one entry's raw bytes (header, key, value, CRC unchanged) into a survivor, marked MOVED
+/// until its reference is swapped to it.
 fn copy_entry(
+    inner: &Inner,
+    loc: Loc,
+    len: usize,
+    writer: &mut SegmentWriter,
+    scratch: &mut Vec<u8>,
+) {
+    let dest = writer.position();
+    copy_bytes(inner, loc, len, writer, scratch);
+    inner
+        .entry_state(dest)
+        .fetch_or(STATE_MOVED, Ordering::Release);
+}
+
+fn copy_bytes(
     inner: &Inner,
     loc: Loc,
     len: usize,
@@ -295,18 +346,25 @@ fn relocate(
 ) -> Result<(u64, u64), ()> {
     let tablet = inner.tablet(tablet_id).map_err(|_| ())?;
     let mut writer: Option<SegmentWriter> = None;
-    let mut moved: Vec<(Survivor, Loc, u32)> = Vec::with_capacity(survivors.len().min(4096));
+    let mut moved: Vec<Moved> = Vec::with_capacity(survivors.len().min(4096));
     let mut scratch = Vec::new();
     let mut relocated_bytes = 0u64;
     let mut survivor_seglets = 0u64;
+    let mut blocked = false;
     // Relocation moves bytes between segments and leaves the engine's live total unchanged, so only
     // segment counters change, once per batch (the victim's are reset when it is retired).
-    let flush = |moved: &mut Vec<(Survivor, Loc, u32)>, relocated: &mut u64| {
+    let mut flush = |moved: &mut Vec<Moved>, relocated: &mut u64| {
+        let _guard = epoch::pin();
         let head = tablet.head.lock();
         let mut gained: Option<(u32, i64)> = None;
-        for (s, new_loc, seg) in moved.drain(..) {
-            if let Some(slot) = tablet.index.find_loc(s.hash, s.loc) {
-                tablet.index.replace(slot, s.hash, new_loc);
+        for m in moved.drain(..) {
+            let Moved {
+                survivor: s,
+                new_loc,
+                segment: seg,
+                offset,
+            } = m;
+            if swap_in(inner, tablet, &s, new_loc, seg, offset, &mut blocked) {
                 *relocated += s.len as u64;
                 match &mut gained {
                     Some((g, n)) if *g == seg => *n += s.len as i64,
@@ -359,8 +417,14 @@ fn relocate(
             ) {
                 Ok(()) => {
                     let new_loc = w.position();
+                    let offset = w.used() as u32;
                     copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
-                    moved.push((*s, new_loc, w.segment));
+                    moved.push(Moved {
+                        survivor: *s,
+                        new_loc,
+                        segment: w.segment,
+                        offset,
+                    });
                     // The swap under the lock probes this bucket again: start loading it now.
                     tablet.index.prefetch(s.hash);
                     break;
@@ -404,12 +468,100 @@ fn relocate(
             w.close(&inner.segments);
         }
     }
+    if blocked {
+        // A scan pinned a victim or this survivor's range meanwhile: what was not swapped stays in
+        // the victim, which goes back to Closed.
+        return Err(());
+    }
     Ok((relocated_bytes, survivor_seglets))
 }
 
-/// Frees a victim once no reader can hold a reference into it.
-fn retire(inner: &Inner, segment: u32) {
+/// A copy waiting for its reference swap.
+struct Moved {
+    survivor: Survivor,
+    new_loc: Loc,
+    /// Survivor segment and the copy's byte offset in it.
+    segment: u32,
+    offset: u32,
+}
+
+/// Swaps the index reference of one entry to its copy, carrying over the state bits (and a
+/// RETAINED entry's valid-to) the original gained since it was copied. Returns false when the entry
+/// died meanwhile (the copy stays MOVED, i.e. garbage) or a scan forbids the swap (`blocked`).
+/// Caller holds the tablet's write lock.
+fn swap_in(
+    inner: &Inner,
+    tablet: &crate::engine::Tablet,
+    s: &Survivor,
+    new_loc: Loc,
+    dest_segment: u32,
+    dest_offset: u32,
+    blocked: &mut bool,
+) -> bool {
+    let src_byte = inner.entry_state(s.loc).load(Ordering::Acquire);
+    if src_byte & STATE_MOVED != 0
+        || (src_byte & STATE_SUPERSEDED != 0 && src_byte & STATE_RETAINED == 0)
+    {
+        return false;
+    }
+    // A scan reading the victim, or the range of the survivor the copy sits in, must see no entry
+    // change between live and MOVED while it reads: such swaps wait for another pass.
+    let src_pinned = inner.segments.get(s.segment).pins.load(Ordering::Acquire) != 0;
+    let dest = inner.segments.get(dest_segment);
+    let dest_pinned = dest.pins.load(Ordering::Acquire) != 0
+        && dest_offset < dest.pinned_upto.load(Ordering::Acquire);
+    if src_pinned || dest_pinned {
+        *blocked = true;
+        return false;
+    }
+    let Some(slot) = tablet.index.find_loc(s.hash, s.loc) else {
+        return false;
+    };
+    if src_byte & STATE_RETAINED != 0 {
+        let Ok(Some(())) = inner.with_entry(s.loc, false, |e| {
+            let mut header = e.header;
+            header.state = src_byte & crate::entry::STATE_MASK;
+            let valid_to = inner.retained_valid_to(tablet, &header, e.key);
+            if !inner.snapshots.any_within(header.version, valid_to) {
+                inner.drop_retained(tablet, slot, s.hash, s.loc, &header, e.key);
+                return None;
+            }
+            inner.write_in_entry(new_loc, header.crc_offset(), &header.crc.to_le_bytes());
+            Some(())
+        }) else {
+            return false;
+        };
+        let len = s.len as i64;
+        inner
+            .segments
+            .get(s.segment)
+            .retained_bytes
+            .fetch_sub(len, Ordering::Relaxed);
+        dest.retained_bytes.fetch_add(len, Ordering::Relaxed);
+    }
+    inner
+        .entry_state(new_loc)
+        .store(src_byte & !STATE_MOVED, Ordering::Release);
+    tablet.index.replace(slot, s.hash, new_loc);
+    inner
+        .entry_state(s.loc)
+        .fetch_or(STATE_MOVED, Ordering::Release);
+    true
+}
+
+/// Frees a victim once no reader can hold a reference into it, unless a scan pinned it meanwhile
+/// (then it goes back to Closed). Returns whether it was retired.
+fn retire(inner: &Inner, segment: u32) -> bool {
     let slot = inner.segments.get(segment);
+    {
+        // Scans pin under the tablet's write lock and skip Retired segments.
+        let tablet = inner.tablet(slot.tablet.load(Ordering::Relaxed)).ok();
+        let _head = tablet.map(|t| t.head.lock());
+        if slot.pins.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        slot.set_state(SegmentState::Retired);
+    }
     slot.live_bytes.store(0, Ordering::Relaxed);
     let seglets = slot.seglet_count.load(Ordering::Relaxed) as u64;
     inner.limbo_seglets.fetch_add(seglets, Ordering::Relaxed);
@@ -424,12 +576,69 @@ fn retire(inner: &Inner, segment: u32) {
     let queue = inner.reclaimable.clone();
     let guard = epoch::pin();
     guard.defer(move || queue.lock().push(segment));
+    true
 }
 
 fn utilisation(inner: &Inner, segment: u32) -> f64 {
     let slot = inner.segments.get(segment);
     let cap = slot.seglet_count.load(Ordering::Relaxed) as f64 * SEGLET_BYTES as f64;
-    (slot.live_bytes.load(Ordering::Relaxed).max(0) as f64 / cap.max(1.0)).min(1.0)
+    (effective_live(inner, slot) as f64 / cap.max(1.0)).min(1.0)
+}
+
+/// Live bytes of a segment as the cleaner should weigh them: retained versions count as garbage
+/// when no snapshot is open (they are, and the cleaner drops them when it meets them).
+fn effective_live(inner: &Inner, slot: &crate::segment::SegmentSlot) -> i64 {
+    let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
+    if inner.snapshots.open_count() == 0 {
+        (live - slot.retained_bytes.load(Ordering::Relaxed).max(0)).max(0)
+    } else {
+        live
+    }
+}
+
+/// After snapshots were released: queues the segments whose retained versions made them mostly
+/// garbage, so the cleaner compacts them even when memory is not short.
+pub(crate) fn queue_released_retention(inner: &Inner) {
+    if !inner.retention_released.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    let mut sparse = Vec::new();
+    for (id, slot) in inner.segments.iter() {
+        if slot.state() == SegmentState::Closed
+            && slot.retained_bytes.load(Ordering::Relaxed) > 0
+            && utilisation(inner, id) < SPARSE_UTILISATION
+        {
+            sparse.push(id);
+        }
+    }
+    if !sparse.is_empty() {
+        let mut q = inner.sparse.lock();
+        for id in sparse {
+            if !q.contains(&id) {
+                q.push(id);
+            }
+        }
+    }
+}
+
+/// Compacts the segments queued as sparse (by scans, or after snapshots were released). Returns
+/// whether it compacted any.
+pub(crate) fn compact_sparse(inner: &Inner) -> bool {
+    let mut any = false;
+    loop {
+        let Some(id) = inner.sparse.lock().pop() else {
+            return any;
+        };
+        let slot = inner.segments.get(id);
+        if slot.state() != SegmentState::Closed || utilisation(inner, id) >= SPARSE_UTILISATION {
+            continue;
+        }
+        let live = effective_live(inner, slot) as u64;
+        if live.div_ceil(SEGLET_BYTES as u64) as usize + 1 >= inner.pool.free_count() {
+            continue;
+        }
+        any |= compact_segment(inner, id);
+    }
 }
 
 /// Compacts the closed segment that frees the most seglets per live byte. False if none would free one.
@@ -441,7 +650,7 @@ fn compact_best(inner: &Inner) -> bool {
             continue;
         }
         let seglets = slot.seglet_count.load(Ordering::Relaxed) as i64;
-        let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
+        let live = effective_live(inner, slot);
         // Memory segments have no on-disk twin, so compaction packs them full (no 2% slack); the copy
         // must fit in the seglets that are free right now, since the victim is freed only afterwards.
         let needed = (live as u64).div_ceil(SEGLET_BYTES as u64) as i64;
@@ -461,6 +670,11 @@ fn compact_best(inner: &Inner) -> bool {
     let Some((_, victim)) = best else {
         return false;
     };
+    compact_segment(inner, victim)
+}
+
+/// Compacts one closed segment: its live entries move to a fresh segment and it is freed.
+pub(crate) fn compact_segment(inner: &Inner, victim: u32) -> bool {
     if !inner.segments.get(victim).claim() {
         return false;
     }
@@ -479,7 +693,9 @@ fn compact_best(inner: &Inner) -> bool {
                 .counters
                 .cleaner_copied_bytes
                 .fetch_add(relocated, Ordering::Relaxed);
-            retire(inner, victim);
+            if !retire(inner, victim) {
+                abort_victims(inner, &[victim]);
+            }
             true
         }
         Err(()) => {
@@ -506,9 +722,7 @@ fn abort_victims(inner: &Inner, victims: &[u32]) {
             });
             slot.live_bytes.store(live, Ordering::Relaxed);
         }
-        if live <= 0 {
-            retire(inner, v);
-        } else {
+        if live > 0 || !retire(inner, v) {
             slot.set_state(SegmentState::Closed);
         }
     }
@@ -532,7 +746,7 @@ fn combined_clean(inner: &Inner) -> bool {
         } else {
             (1.0 - u) * age / (1.0 + u)
         };
-        candidates.push((score, id, slot.live_bytes.load(Ordering::Relaxed).max(0)));
+        candidates.push((score, id, effective_live(inner, slot)));
     }
     if candidates.is_empty() {
         return false;
@@ -595,7 +809,9 @@ fn combined_clean(inner: &Inner) -> bool {
     }
     if ok {
         for &id in &chosen {
-            retire(inner, id);
+            if !retire(inner, id) {
+                abort_victims(inner, &[id]);
+            }
         }
     } else {
         abort_victims(inner, &chosen);

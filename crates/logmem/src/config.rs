@@ -39,6 +39,13 @@ pub struct EngineConfig {
     pub oom_wait_ms: u64,
     /// Receives every tablet's writes in version order.
     pub write_observer: Option<Arc<dyn WriteObserver>>,
+    /// A snapshot older than this fails with "snapshot too old" and stops holding memory.
+    pub snapshot_max_age_ms: u64,
+    /// A snapshot fails with "snapshot too old" once more than this many bytes of superseded
+    /// versions were kept since it was taken. None picks 1/8 of the memory budget.
+    pub snapshot_max_retained_bytes: Option<u64>,
+    /// How long a shared scan waits for other scans of the same tablet to join its pass.
+    pub scan_batch_wait_us: u64,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +61,9 @@ impl Default for EngineConfig {
             combined_pass_segments_max: 10,
             oom_wait_ms: 2000,
             write_observer: None,
+            snapshot_max_age_ms: 60_000,
+            snapshot_max_retained_bytes: None,
+            scan_batch_wait_us: 200,
         }
     }
 }
@@ -69,6 +79,12 @@ impl std::fmt::Debug for EngineConfig {
             .field("balancer", &self.balancer)
             .field("cleaner_reserve_seglets", &self.cleaner_reserve_seglets)
             .field("write_observer", &self.write_observer.is_some())
+            .field("snapshot_max_age_ms", &self.snapshot_max_age_ms)
+            .field(
+                "snapshot_max_retained_bytes",
+                &self.snapshot_max_retained_bytes,
+            )
+            .field("scan_batch_wait_us", &self.scan_batch_wait_us)
             .finish()
     }
 }

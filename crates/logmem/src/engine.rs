@@ -8,8 +8,9 @@
 use crate::config::EngineConfig;
 use crate::entry::{
     self, decode_header, encode_header, encoded_len, Header, HEADER_BYTES_MAX, KIND_OBJECT,
-    KIND_TOMBSTONE,
+    KIND_TOMBSTONE, STATE_RETAINED, STATE_SUPERSEDED, VALID_TO_FAR,
 };
+use crate::mvcc::{PinSet, Snapshots};
 use crate::error::EngineError;
 use crate::index::{loc_offset, loc_seglet, HashIndex, Loc, SlotRef};
 use crate::pool::{AllocClass, SegletPool, NO_SEGLET, SEGLET_BYTES};
@@ -21,7 +22,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 use ramlog_common::{key_slot, TableId, Version, SLOT_COUNT};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,10 @@ pub(crate) struct Tablet {
     pub index: HashIndex,
     /// The write lock: serialises this tablet's appends and index changes.
     pub head: Mutex<Option<SegmentWriter>>,
+    /// Shared log scans of this tablet (one pass at a time; arrivals join the next pass).
+    pub scans: crate::scan::ScanQueue,
+    /// Valid-to of RETAINED entries whose delta does not fit in 32 bits: (key, version) -> valid-to.
+    pub far_valid_to: Mutex<HashMap<(Vec<u8>, u64), u64>>,
 }
 
 pub(crate) struct Inner {
@@ -83,6 +88,15 @@ pub(crate) struct Inner {
     pub reclaimable: Arc<Mutex<Vec<u32>>>,
     /// Seglets of retired segments still waiting for their grace period.
     pub limbo_seglets: AtomicU64,
+    /// Open snapshots (MVCC).
+    pub snapshots: Snapshots,
+    /// Bytes of RETAINED entries not yet reclaimed (included in `live_bytes`).
+    pub retained_bytes: CachePadded<AtomicI64>,
+    /// Set when a snapshot closes while retained bytes exist: the cleaner looks for segments that
+    /// became sparse.
+    pub retention_released: AtomicBool,
+    /// Segments a scan (or a snapshot release) found mostly garbage: the cleaner compacts them next.
+    pub sparse: Mutex<Vec<u32>>,
 }
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
@@ -142,6 +156,10 @@ impl Inner {
             segment_capacity,
             reclaimable: Arc::new(Mutex::new(Vec::new())),
             limbo_seglets: AtomicU64::new(0),
+            snapshots: Snapshots::default(),
+            retained_bytes: CachePadded::new(AtomicI64::new(0)),
+            retention_released: AtomicBool::new(false),
+            sparse: Mutex::new(Vec::new()),
             config,
         })
     }
@@ -184,6 +202,8 @@ impl Inner {
             last_slot,
             index: HashIndex::new(),
             head: Mutex::new(None),
+            scans: crate::scan::ScanQueue::default(),
+            far_valid_to: Mutex::new(HashMap::new()),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -312,6 +332,198 @@ impl Inner {
         self.live_bytes.fetch_add(len as i64, Ordering::Relaxed);
     }
 
+    /// The first byte of the entry at `loc` (kind, flags and state bits), for atomic state changes.
+    /// The caller keeps the entry's seglet alive (epoch guard, tablet lock, cleaner claim or pin).
+    #[inline]
+    pub fn entry_state(&self, loc: Loc) -> &AtomicU8 {
+        // SAFETY: `loc` addresses a byte inside the pool mapping, which lives as long as `self`;
+        // AtomicU8 has the size and alignment of u8; every concurrent access to this byte that may
+        // race with a state change goes through an atomic.
+        unsafe {
+            AtomicU8::from_ptr(
+                self.pool
+                    .seglet_ptr(loc_seglet(loc))
+                    .add(loc_offset(loc)),
+            )
+        }
+    }
+
+    /// Overwrites `bytes` at `offset` inside the entry at `loc` (following its seglet chain).
+    /// Only used for the CRC field of an entry that is becoming RETAINED, before the state bit
+    /// that makes readers look at it is set. Caller holds the tablet's write lock.
+    pub fn write_in_entry(&self, loc: Loc, offset: usize, bytes: &[u8]) {
+        let mut at = self.advance(loc_seglet(loc), loc_offset(loc), offset);
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let off = loc_offset(at);
+            let n = rest.len().min(SEGLET_BYTES - off);
+            // SAFETY: the bytes lie inside the entry, which the caller keeps alive; no reader
+            // interprets them until the RETAINED bit is published afterwards with Release.
+            unsafe { self.pool.write(loc_seglet(at), off, &rest[..n]) };
+            rest = &rest[n..];
+            if !rest.is_empty() {
+                at = crate::index::make_loc(self.pool.next_seglet(loc_seglet(at)), 0);
+            }
+        }
+    }
+
+    /// Reads the 4-byte CRC (or valid-to delta) field of the entry at `loc`.
+    pub fn read_crc_field(&self, loc: Loc, header: &Header) -> u32 {
+        let mut buf = Vec::with_capacity(header.header_len as usize);
+        self.gather(loc, header.header_len as usize, &mut buf);
+        let off = header.crc_offset();
+        buf.get(off..off + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .unwrap_or(0)
+    }
+
+    /// The exclusive end of a RETAINED entry's validity.
+    pub fn retained_valid_to(&self, tablet: &Tablet, header: &Header, key: &[u8]) -> u64 {
+        match header.retained_valid_to() {
+            Some(to) => to,
+            None => tablet
+                .far_valid_to
+                .lock()
+                .get(&(key.to_vec(), header.version))
+                .copied()
+                .unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Opens a snapshot at the current version (see `mvcc`).
+    pub fn open_snapshot(self: &Arc<Inner>) -> crate::Snapshot {
+        let _creating = self.tablet_create.lock();
+        let heads: Vec<_> = (0..self.tablet_count())
+            .filter_map(|id| self.tablet(id).ok())
+            .map(|t| t.head.lock())
+            .collect();
+        let version = self.clock.load(Ordering::SeqCst);
+        let entry = self
+            .snapshots
+            .register(version, self.counters.retained_total.load(Ordering::Relaxed));
+        drop(heads);
+        crate::Snapshot {
+            inner: self.clone(),
+            entry,
+        }
+    }
+
+    /// Bytes of superseded versions a snapshot may keep alive before it is too old.
+    pub fn snapshot_retained_limit(&self) -> u64 {
+        self.config
+            .snapshot_max_retained_bytes
+            .unwrap_or(self.total_bytes() / 8)
+    }
+
+    /// A snapshot closed while retained versions exist: have the cleaner look for sparse segments.
+    pub fn note_retention_released(&self) {
+        self.retention_released.store(true, Ordering::Release);
+        if self.config.cleaner_threads > 0 {
+            self.wake_cleaner();
+        }
+    }
+
+    /// Drops every pin of a pin set.
+    pub fn unpin_all(&self, pins: &PinSet) {
+        let segments: Vec<u32> = std::mem::take(&mut *pins.segments.lock());
+        for seg in segments {
+            self.unpin(seg);
+        }
+    }
+
+    /// Drops one scan pin of a segment.
+    pub fn unpin(&self, seg: u32) {
+        let slot = self.segments.get(seg);
+        let tablet = self.tablet(slot.tablet.load(Ordering::Relaxed)).ok();
+        let _head = tablet.map(|t| t.head.lock());
+        if slot.pins.fetch_sub(1, Ordering::AcqRel) == 1 {
+            slot.pinned_upto.store(0, Ordering::Release);
+        }
+    }
+
+    /// Marks a key's current object replaced at version `by`, by a new object at `new_loc` or by a
+    /// delete (None). If an open snapshot may still read it, it stays readable: RETAINED, with its
+    /// valid-to in the entry and a HISTORIC index reference. Otherwise it is garbage at once.
+    /// Caller holds the tablet's write lock.
+    pub fn supersede(
+        &self,
+        tablet: &Tablet,
+        hash: u64,
+        key: &[u8],
+        current: (SlotRef, Loc, Header),
+        new_loc: Option<Loc>,
+        by: Version,
+    ) {
+        let (slot, old_loc, h) = current;
+        let len = h.total_len();
+        if self.snapshots.any_at_or_above(h.version) && by > h.version {
+            let delta = by - h.version;
+            let field = if delta < VALID_TO_FAR as u64 {
+                delta as u32
+            } else {
+                tablet
+                    .far_valid_to
+                    .lock()
+                    .insert((key.to_vec(), h.version), by);
+                VALID_TO_FAR
+            };
+            self.write_in_entry(old_loc, h.crc_offset(), &field.to_le_bytes());
+            self.entry_state(old_loc)
+                .fetch_or(STATE_SUPERSEDED | STATE_RETAINED, Ordering::Release);
+            // The new reference goes in first, so a reader never finds the key missing; the insert
+            // may move references (a split), so the old one is found again before it turns HISTORIC.
+            if let Some(loc) = new_loc {
+                tablet.index.insert(hash, loc, |l| self.rehash(l));
+            }
+            let _ = slot;
+            if let Some(old_slot) = tablet.index.find_loc(hash, old_loc) {
+                tablet.index.make_historic(old_slot);
+            }
+            let seg = self.pool.owner(loc_seglet(old_loc));
+            if seg != NO_SEGLET {
+                self.segments
+                    .get(seg)
+                    .retained_bytes
+                    .fetch_add(len as i64, Ordering::Relaxed);
+            }
+            self.retained_bytes.fetch_add(len as i64, Ordering::Relaxed);
+            self.counters
+                .retained_total
+                .fetch_add(len as u64, Ordering::Relaxed);
+        } else {
+            self.entry_state(old_loc)
+                .fetch_or(STATE_SUPERSEDED, Ordering::Release);
+            match new_loc {
+                Some(loc) => tablet.index.replace(slot, hash, loc),
+                None => tablet.index.remove_and_compact(slot, hash),
+            }
+            self.mark_dead(old_loc, len);
+        }
+    }
+
+    /// Removes a RETAINED entry no snapshot needs any more: its HISTORIC reference, its bytes and
+    /// its far valid-to. Caller holds the tablet's write lock.
+    pub fn drop_retained(&self, tablet: &Tablet, slot: SlotRef, hash: u64, loc: Loc, h: &Header, key: &[u8]) {
+        debug_assert!(tablet.index.is_historic(slot));
+        tablet.index.remove_and_compact(slot, hash);
+        let len = h.total_len() as i64;
+        self.mark_dead(loc, len as usize);
+        let seg = self.pool.owner(loc_seglet(loc));
+        if seg != NO_SEGLET {
+            self.segments
+                .get(seg)
+                .retained_bytes
+                .fetch_sub(len, Ordering::Relaxed);
+        }
+        self.retained_bytes.fetch_sub(len, Ordering::Relaxed);
+        self.counters
+            .retained_reclaimed
+            .fetch_add(len as u64, Ordering::Relaxed);
+        if h.retained_valid_to().is_none() {
+            tablet.far_valid_to.lock().remove(&(key.to_vec(), h.version));
+        }
+    }
+
     /// Appends `parts` (one or more whole entries, `total` bytes) to a tablet's head segment.
     fn append(
         &self,
@@ -364,6 +576,18 @@ impl Inner {
     /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
     fn wait_for_memory(&self, started: Instant) -> Result<(), EngineError> {
         let seq_at_start = self.pass_seq.load(Ordering::Acquire);
+        // Snapshots must not hold memory until writes fail: past half the wait, or when the
+        // cleaner has nothing left, the oldest snapshot is released first.
+        let give_up_soon = started.elapsed() >= Duration::from_millis(self.config.oom_wait_ms / 2)
+            || self.last_pass_idle.load(Ordering::Acquire);
+        if give_up_soon
+            && self.retained_bytes.load(Ordering::Relaxed) > 0
+            && self
+                .snapshots
+                .release_oldest(self, "memory is full and it kept superseded versions alive")
+        {
+            self.retention_released.store(true, Ordering::Release);
+        }
         if self.config.cleaner_threads == 0 {
             let progressed = crate::cleaner::run_pass(self, true);
             crate::cleaner::drain_limbo(self);
@@ -424,18 +648,18 @@ impl Inner {
 
     /// Points a key's index reference at a newly appended object: replaces the current reference
     /// (counting the old entry dead) or inserts a new one. Caller holds the tablet's write lock.
+    #[allow(clippy::too_many_arguments)]
     fn point_index_at(
         &self,
         tablet: &Tablet,
         hash: u64,
+        key: &[u8],
         current: Option<(SlotRef, Loc, Header)>,
         loc: Loc,
+        version: Version,
     ) {
         match current {
-            Some((slot, old_loc, h)) => {
-                tablet.index.replace(slot, hash, loc);
-                self.mark_dead(old_loc, h.total_len());
-            }
+            Some(c) => self.supersede(tablet, hash, key, c, Some(loc), version),
             None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
         }
     }
@@ -516,10 +740,11 @@ impl Inner {
                 } => (KIND_OBJECT, value, expire_at_ms, return_old),
                 WriteAction::Delete => {
                     if visible.is_none() {
-                        // Nothing to delete; an expired leftover is removed quietly.
-                        if let Some((slot, loc, h)) = current {
-                            tablet.index.remove_and_compact(slot, hash);
-                            self.mark_dead(loc, h.total_len());
+                        // Nothing to delete; an expired leftover is removed quietly (a snapshot taken
+                        // before it expired may keep it).
+                        if let Some(c) = current {
+                            let by = self.clock.load(Ordering::Relaxed) + 1;
+                            self.supersede(tablet, hash, key, c, None, by);
                         }
                         return Ok(WriteResult {
                             version: None,
@@ -571,17 +796,15 @@ impl Inner {
                 .fetch_add(total as u64, Ordering::Relaxed);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
-                self.point_index_at(tablet, hash, current, loc);
+                self.point_index_at(tablet, hash, key, current, loc, version);
             } else {
                 // A tombstone records the delete in the tablet's version-ordered log; nothing in the
                 // master replays it, so its bytes are dead from the start.
                 self.counters
                     .tombstone_bytes
                     .fetch_add(total as u64, Ordering::Relaxed);
-                let (slot, old_loc, h) =
-                    current.expect("deletes only reach here for a visible key");
-                tablet.index.remove_and_compact(slot, hash);
-                self.mark_dead(old_loc, h.total_len());
+                let c = current.expect("deletes only reach here for a visible key");
+                self.supersede(tablet, hash, key, c, None, version);
             }
             if let Some(obs) = &self.config.write_observer {
                 let value = (kind == KIND_OBJECT).then_some(&value[..]);
@@ -781,7 +1004,7 @@ impl Inner {
                 let hash = hash_key(k);
                 self.mark_live(segment, *len);
                 let current = self.find(tablet, hash, k);
-                self.point_index_at(tablet, hash, current, loc);
+                self.point_index_at(tablet, hash, k, current, loc, version);
             }
             if let Some(obs) = &self.config.write_observer {
                 let records: Vec<LoggedWrite<'_>> = items
@@ -833,9 +1056,8 @@ impl Inner {
                 }
             }
             let Some(value) = value else {
-                if let Some((slot, loc, h)) = current {
-                    tablet_ref.index.remove_and_compact(slot, hash);
-                    self.mark_dead(loc, h.total_len());
+                if let Some(c) = current {
+                    self.supersede(tablet_ref, hash, key, c, None, version);
                 }
                 return Ok(());
             };
@@ -864,7 +1086,7 @@ impl Inner {
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
             self.mark_live(segment, total);
-            self.point_index_at(tablet_ref, hash, current, loc);
+            self.point_index_at(tablet_ref, hash, key, current, loc, version);
             return Ok(());
         }
     }
@@ -925,7 +1147,7 @@ impl Inner {
         let mut segments = 0u64;
         for (_, slot) in self.segments.iter() {
             match slot.state() {
-                crate::segment::SegmentState::Free => {}
+                crate::segment::SegmentState::Free | crate::segment::SegmentState::Retired => {}
                 crate::segment::SegmentState::Closed => {
                     segments += 1;
                     let cap =
@@ -975,6 +1197,13 @@ impl Inner {
             expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
             segment_utilisation_histogram: histogram,
             version_clock: self.clock.load(Ordering::Relaxed),
+            retained_bytes: self.retained_bytes.load(Ordering::Relaxed).max(0) as u64,
+            retained_reclaimed_bytes: c.retained_reclaimed.load(Ordering::Relaxed),
+            snapshots_open: self.snapshots.open_count() as u64,
+            snapshots_too_old: c.snapshots_too_old.load(Ordering::Relaxed),
+            scan_passes: c.scan_passes.load(Ordering::Relaxed),
+            scan_queries: c.scan_queries.load(Ordering::Relaxed),
+            scan_sparse_segments: c.scan_sparse_segments.load(Ordering::Relaxed),
         }
     }
 }

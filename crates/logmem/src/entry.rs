@@ -1,17 +1,29 @@
 //! Byte layout of in-memory log entries (documented in docs/formats.md, "In-memory log").
 //!
 //! ```text
-//! u8      kind_flags   bits 0-2 kind (1 object, 2 tombstone), bit 3 has-expiry, bits 4-7 zero
-//! varint  version      LEB128, 1-10 bytes
+//! u8      kind_flags   bits 0-2 kind (1 object, 2 tombstone), bit 3 has-expiry,
+//!                      bits 4-6 state (mutable, see below), bit 7 zero
+//! varint  version      LEB128, 1-10 bytes: the version that wrote it (its valid-from)
 //! varint  key_len      LEB128, 1-3 bytes (<= 65536)
 //! varint  value_len    LEB128, 1-4 bytes (objects only; < 2^28)
 //! u64 LE  expire_at_ms only when has-expiry (unix milliseconds)
-//! u32 LE  crc32c       CRC32C of every header byte before it, then the key, then the value
+//! u32 LE  crc32c       CRC32C of every header byte before it (state bits taken as 0), then the key,
+//!                      then the value; for a RETAINED entry, its valid-to instead (see below)
 //! [key_len]   key
 //! [value_len] value    (objects only)
 //! ```
 //! A 13-byte key with a 100-byte value and a 3-byte version takes 10 header bytes (123 in all).
 //! Entries are unaligned and may straddle seglets; they never straddle segments.
+//!
+//! The state bits make the log self-describing for scans (TellStore's valid-from/valid-to, without
+//! its 40-byte header). They change in place, under the tablet's write lock, and only ever get set:
+//! - SUPERSEDED: a newer version (or a delete) replaced this object. Without RETAINED, no snapshot
+//!   can see it: it is garbage.
+//! - RETAINED (with SUPERSEDED): an open snapshot may still read it. The CRC field then holds
+//!   `valid_to - version` (u32 LE; `u32::MAX` means "too far, ask the tablet's far-valid-to table"),
+//!   written before the flag is set. The entry is visible to snapshot s iff version <= s < valid_to.
+//! - MOVED: not the live copy. Set on a cleaner's copy until its reference is swapped to it, and on
+//!   the original once the swap is done; exactly one of the two lacks it at any time.
 
 use thiserror::Error;
 
@@ -19,7 +31,17 @@ pub const KIND_OBJECT: u8 = 1;
 pub const KIND_TOMBSTONE: u8 = 2;
 const KIND_MASK: u8 = 0x07;
 const FLAG_EXPIRY: u8 = 0x08;
-const FLAGS_RESERVED: u8 = 0xF0;
+/// A newer version or a delete replaced this object.
+pub const STATE_SUPERSEDED: u8 = 0x10;
+/// Superseded but kept for an open snapshot; the CRC field holds the valid-to delta.
+pub const STATE_RETAINED: u8 = 0x20;
+/// Not the live copy (a cleaner copy not yet swapped in, or an original that was swapped out).
+pub const STATE_MOVED: u8 = 0x40;
+/// Every mutable state bit.
+pub const STATE_MASK: u8 = 0x70;
+const FLAGS_RESERVED: u8 = 0x80;
+/// Valid-to delta meaning "does not fit in 32 bits".
+pub const VALID_TO_FAR: u32 = u32::MAX;
 
 /// Longest possible header: 1 + 10 + 3 + 4 + 8 + 4.
 pub const HEADER_BYTES_MAX: usize = 30;
@@ -56,6 +78,8 @@ pub struct Header {
     pub expire_at_ms: u64,
     pub crc: u32,
     pub header_len: u32,
+    /// State bits (SUPERSEDED, RETAINED, MOVED) as read; they may change after the read.
+    pub state: u8,
 }
 
 impl Header {
@@ -66,6 +90,16 @@ impl Header {
     #[inline]
     pub fn is_object(&self) -> bool {
         self.kind == KIND_OBJECT
+    }
+    /// Offset of the CRC (or valid-to delta) field from the start of the entry.
+    #[inline]
+    pub fn crc_offset(&self) -> usize {
+        self.header_len as usize - 4
+    }
+    /// The valid-to of a RETAINED entry: Some(exclusive end) when it fits the delta, None when far.
+    #[inline]
+    pub fn retained_valid_to(&self) -> Option<u64> {
+        (self.crc != VALID_TO_FAR).then(|| self.version + self.crc as u64)
     }
 }
 
@@ -162,6 +196,10 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
     if kind_flags & FLAGS_RESERVED != 0 {
         return Err(DecodeError::ReservedFlags(kind_flags));
     }
+    let state = kind_flags & STATE_MASK;
+    if state != 0 && state & STATE_SUPERSEDED == 0 && state != STATE_MOVED {
+        return Err(DecodeError::ReservedFlags(kind_flags));
+    }
     let mut pos = 1;
     let version = get_varint(buf, &mut pos, 10)?;
     let key_len = get_varint(buf, &mut pos, 3)?;
@@ -193,17 +231,26 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, DecodeError> {
         expire_at_ms,
         crc,
         header_len: pos as u32,
+        state,
     })
 }
 
-/// Checks an entry's CRC; `header_bytes` are the bytes before the CRC field.
+/// Checks an entry's CRC; `header_bytes` are the bytes before the CRC field. A RETAINED entry's CRC
+/// field holds its valid-to, so it has no checksum left to check.
 pub fn verify(
     header: &Header,
     header_bytes: &[u8],
     key: &[u8],
     value: &[u8],
 ) -> Result<(), DecodeError> {
-    let mut crc = crc32c::crc32c(header_bytes);
+    if header.state & STATE_RETAINED != 0 {
+        return Ok(());
+    }
+    let Some((&first, rest)) = header_bytes.split_first() else {
+        return Err(DecodeError::Truncated);
+    };
+    let mut crc = crc32c::crc32c(&[first & !STATE_MASK]);
+    crc = crc32c::crc32c_append(crc, rest);
     crc = crc32c::crc32c_append(crc, key);
     crc = crc32c::crc32c_append(crc, value);
     if crc != header.crc {
@@ -268,10 +315,36 @@ mod tests {
                 let mut bad = e.clone();
                 bad[byte] ^= 1 << bit;
                 if let Ok((h, k, v)) = decode_entry(&bad) {
-                    panic!("flip at {byte}:{bit} decoded as {h:?} {k:?} {v:?}");
+                    // The state bits change in place and are outside the checksum by design; a flip
+                    // there may decode, but only as a state change (a RETAINED flip is never valid
+                    // alone, since RETAINED needs SUPERSEDED).
+                    let state_bit = byte == 0 && (0x10..=0x40).contains(&(1u8 << bit));
+                    assert!(
+                        state_bit && h.state == 1 << bit && k == b"key" && v == b"value",
+                        "flip at {byte}:{bit} decoded as {h:?} {k:?} {v:?}"
+                    );
                 }
             }
         }
+    }
+
+    #[test]
+    fn retained_entries_carry_valid_to_in_the_crc_field() {
+        let mut e = encode_entry(KIND_OBJECT, 1000, b"key", b"value", 0);
+        let h = decode_header(&e).unwrap();
+        assert_eq!(h.state, 0);
+        let off = h.crc_offset();
+        e[off..off + 4].copy_from_slice(&25u32.to_le_bytes());
+        e[0] |= STATE_SUPERSEDED | STATE_RETAINED;
+        let (h, k, v) = decode_entry(&e).unwrap();
+        assert_eq!((k, v), (&b"key"[..], &b"value"[..]));
+        assert_eq!(h.state, STATE_SUPERSEDED | STATE_RETAINED);
+        assert_eq!(h.retained_valid_to(), Some(1025));
+        e[off..off + 4].copy_from_slice(&VALID_TO_FAR.to_le_bytes());
+        assert_eq!(decode_header(&e).unwrap().retained_valid_to(), None);
+        // RETAINED without SUPERSEDED is not a state the engine writes.
+        e[0] &= !STATE_SUPERSEDED;
+        assert!(decode_header(&e).is_err());
     }
 
     proptest! {

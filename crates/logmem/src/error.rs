@@ -22,6 +22,10 @@ pub enum EngineError {
     BatchTooLarge { len: usize, max: usize },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("snapshot too old: snapshot {version} was released because {reason}")]
+    SnapshotTooOld { version: u64, reason: String },
+    #[error("invalid scan query: {0}")]
+    Query(String),
     #[error("corrupt log entry at seglet {seglet} offset {offset}: {reason}")]
     Corrupt {
         seglet: u32,

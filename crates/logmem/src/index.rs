@@ -1,9 +1,11 @@
 //! A tablet's hash index: cache-line buckets of tagged log references that grow by linear hashing.
 //!
 //! Each bucket is one 64-byte cache line of eight 64-bit slots. A slot is empty (0), a reference to a
-//! log entry (`VALID | tag << 40 | location`), or, in the last slot only, a link to an overflow bucket
-//! (`CHAIN | overflow id`). The 22-bit tag comes from hash bits the bucket number does not use, so a
-//! lookup touches about one object per probe.
+//! log entry (`VALID | HISTORIC? | tag << 40 | location`), or, in the last slot only, a link to an
+//! overflow bucket (`CHAIN | overflow id`). The 21-bit tag comes from hash bits the bucket number does
+//! not use, so a lookup touches about one object per probe. A key has at most one current reference;
+//! HISTORIC references point at superseded versions an open snapshot may still read (MVCC), so the
+//! cleaner relocates them with the same single swap as current ones.
 //!
 //! The table grows one bucket at a time (linear hashing): when the load passes `LOAD_MAX`, bucket
 //! `split` is split into `split` and `split + 2^level * BUCKETS_INITIAL`. There is never a
@@ -34,8 +36,9 @@ const LOAD_MAX: f64 = 0.9;
 
 const CHAIN: u64 = 1 << 63;
 const VALID: u64 = 1 << 62;
+const HISTORIC: u64 = 1 << 61;
 const TAG_SHIFT: u32 = 40;
-const TAG_MASK: u64 = (1 << 22) - 1;
+const TAG_MASK: u64 = (1 << 21) - 1;
 const LOC_MASK: u64 = (1 << 40) - 1;
 
 /// A location in the log: seglet id (24 bits) and offset inside it (16 bits).
@@ -97,6 +100,8 @@ pub struct HashIndex {
     overflow_ready: Arc<Mutex<Vec<u64>>>,
     overflow_in_use: AtomicU64,
     entries: AtomicU64,
+    /// How many of `entries` are HISTORIC.
+    historic: AtomicU64,
 }
 
 const LEVEL_SHIFT: u32 = 58;
@@ -171,11 +176,20 @@ impl HashIndex {
             overflow_ready: Arc::new(Mutex::new(Vec::new())),
             overflow_in_use: AtomicU64::new(0),
             entries: AtomicU64::new(0),
+            historic: AtomicU64::new(0),
         }
     }
 
+    /// Number of keys (current references).
     pub fn len(&self) -> u64 {
-        self.entries.load(Ordering::Relaxed)
+        self.entries
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.historic.load(Ordering::Relaxed))
+    }
+
+    /// Number of HISTORIC references (versions kept for snapshots).
+    pub fn historic_len(&self) -> u64 {
+        self.historic.load(Ordering::Relaxed)
     }
 
     /// Number of main buckets (not counting overflow buckets).
@@ -269,7 +283,7 @@ impl HashIndex {
             let bucket = self.bucket(Self::bucket_of(shape, hash));
             let mut found = None;
             self.walk_chain(bucket, |slot, v| {
-                if (v >> TAG_SHIFT) & TAG_MASK == tag && v & VALID != 0 {
+                if (v >> TAG_SHIFT) & TAG_MASK == tag && v & (VALID | HISTORIC) == VALID {
                     let loc = v & LOC_MASK;
                     if is_key(loc) {
                         found = Some((SlotRef(slot as *const _), loc));
@@ -280,6 +294,27 @@ impl HashIndex {
             });
             if found.is_some() || self.shape.load(Ordering::Acquire) == shape {
                 return found;
+            }
+        }
+    }
+
+    /// Calls `f(loc, historic)` for every reference (current and HISTORIC) whose tag matches `hash`,
+    /// as one consistent view: a walk that overlapped a move is repeated. `f` may see a location
+    /// twice (a reference being moved by a split); callers deduplicate by location.
+    pub fn lookup_versions(&self, hash: u64, out: &mut Vec<(Loc, bool)>) {
+        let tag = tag_of(hash);
+        loop {
+            out.clear();
+            let shape = self.shape.load(Ordering::Acquire);
+            let bucket = self.bucket(Self::bucket_of(shape, hash));
+            self.walk_chain(bucket, |_, v| {
+                if (v >> TAG_SHIFT) & TAG_MASK == tag && v & VALID != 0 {
+                    out.push((v & LOC_MASK, v & HISTORIC != 0));
+                }
+                false
+            });
+            if self.shape.load(Ordering::Acquire) == shape {
+                return;
             }
         }
     }
@@ -308,7 +343,7 @@ impl HashIndex {
             let bucket = self.bucket(Self::bucket_of(shape, hash));
             let mut found = None;
             self.walk_chain(bucket, |slot, v| {
-                if v == want {
+                if v & !HISTORIC == want {
                     found = Some(SlotRef(slot as *const _));
                     return true;
                 }
@@ -320,19 +355,42 @@ impl HashIndex {
         }
     }
 
-    /// Points an existing slot at a new location. Caller holds the write lock.
+    /// Points an existing slot at a new location, keeping it current or HISTORIC. Caller holds the
+    /// write lock.
     #[inline]
     pub fn replace(&self, slot: SlotRef, hash: u64, loc: Loc) {
-        debug_assert!(slot.get().load(Ordering::Relaxed) & VALID != 0);
-        slot.get().store(make_ref(hash, loc), Ordering::Release);
+        let old = slot.get().load(Ordering::Relaxed);
+        debug_assert!(old & VALID != 0);
+        slot.get()
+            .store(make_ref(hash, loc) | (old & HISTORIC), Ordering::Release);
+    }
+
+    /// Whether a slot holds a HISTORIC reference.
+    #[inline]
+    pub fn is_historic(&self, slot: SlotRef) -> bool {
+        slot.get().load(Ordering::Relaxed) & HISTORIC != 0
+    }
+
+    /// Turns a key's current reference into a HISTORIC one (its object was superseded but a snapshot
+    /// may still read it). Caller holds the write lock.
+    #[inline]
+    pub fn make_historic(&self, slot: SlotRef) {
+        let old = slot.get().load(Ordering::Relaxed);
+        debug_assert!(old & VALID != 0 && old & HISTORIC == 0);
+        slot.get().store(old | HISTORIC, Ordering::Release);
+        self.historic.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Clears an existing slot. Caller holds the write lock.
     #[inline]
     pub fn remove(&self, slot: SlotRef) {
-        debug_assert!(slot.get().load(Ordering::Relaxed) & VALID != 0);
+        let old = slot.get().load(Ordering::Relaxed);
+        debug_assert!(old & VALID != 0);
         slot.get().store(0, Ordering::Release);
         self.entries.fetch_sub(1, Ordering::Relaxed);
+        if old & HISTORIC != 0 {
+            self.historic.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Clears a slot and shortens its chain when the holes allow. `hash` is the removed key's hash.
@@ -507,6 +565,15 @@ impl HashIndex {
     /// Collects the references of main buckets `from..` (and their chains) until at least `count`
     /// references were seen; returns the next bucket to visit, or 0 when the table is exhausted.
     pub fn scan(&self, from: u64, count: usize, mut f: impl FnMut(Loc)) -> u64 {
+        self.scan_refs(from, count, |loc, historic| {
+            if !historic {
+                f(loc)
+            }
+        })
+    }
+
+    /// Like [`HashIndex::scan`], but visits HISTORIC references too: `f(loc, historic)`.
+    pub fn scan_refs(&self, from: u64, count: usize, mut f: impl FnMut(Loc, bool)) -> u64 {
         let mut b = from;
         let mut seen = 0usize;
         loop {
@@ -516,7 +583,7 @@ impl HashIndex {
             }
             self.walk_chain(self.bucket(b), |_, v| {
                 if v & VALID != 0 {
-                    f(v & LOC_MASK);
+                    f(v & LOC_MASK, v & HISTORIC != 0);
                     seen += 1;
                 }
                 false

@@ -20,14 +20,17 @@ mod engine;
 pub mod entry;
 mod error;
 mod index;
+mod mvcc;
 mod pool;
 pub mod query;
+mod scan;
 mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
 pub use engine::{parse_redis_i64, TABLETS_MAX};
 pub use error::EngineError;
+pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
 pub use ramlog_common::{TableId, Version};
 pub use stats::EngineStats;

@@ -18,6 +18,8 @@ pub enum SegmentState {
     Closed = 2,
     /// Claimed by a cleaner pass.
     Cleaning = 3,
+    /// Cleaned; its seglets go back to the pool after an epoch grace period. Scans skip it.
+    Retired = 4,
 }
 
 pub struct SegmentSlot {
@@ -31,6 +33,13 @@ pub struct SegmentSlot {
     pub live_bytes: AtomicI64,
     /// Value of the engine clock when the segment's data was first written (its age).
     pub created: AtomicU64,
+    /// Bytes of superseded entries kept for snapshots (RETAINED), included in `live_bytes`.
+    pub retained_bytes: AtomicI64,
+    /// Scans that still have to read this segment; the cleaner leaves pinned segments alone.
+    pub pins: AtomicU32,
+    /// While pinned: the largest `used_bytes` a pinning scan captured. Cleaner copies placed below
+    /// it may not be swapped in (the scan reads that range and must see no state change there).
+    pub pinned_upto: AtomicU32,
 }
 
 impl SegmentSlot {
@@ -43,6 +52,9 @@ impl SegmentSlot {
             used_bytes: AtomicU32::new(0),
             live_bytes: AtomicI64::new(0),
             created: AtomicU64::new(0),
+            retained_bytes: AtomicI64::new(0),
+            pins: AtomicU32::new(0),
+            pinned_upto: AtomicU32::new(0),
         }
     }
 
@@ -51,7 +63,8 @@ impl SegmentSlot {
             0 => SegmentState::Free,
             1 => SegmentState::Open,
             2 => SegmentState::Closed,
-            _ => SegmentState::Cleaning,
+            3 => SegmentState::Cleaning,
+            _ => SegmentState::Retired,
         }
     }
 
@@ -61,6 +74,9 @@ impl SegmentSlot {
 
     /// Moves Closed → Cleaning; false if another cleaner got there first or the segment is not closed.
     pub fn claim(&self) -> bool {
+        if self.pins.load(Ordering::Acquire) != 0 {
+            return false;
+        }
         self.state
             .compare_exchange(
                 SegmentState::Closed as u8,
@@ -120,6 +136,8 @@ impl SegmentTable {
         slot.seglet_count.store(0, Ordering::Relaxed);
         slot.used_bytes.store(0, Ordering::Relaxed);
         slot.live_bytes.store(0, Ordering::Relaxed);
+        slot.retained_bytes.store(0, Ordering::Relaxed);
+        debug_assert_eq!(slot.pins.load(Ordering::Relaxed), 0);
         slot.set_state(SegmentState::Free);
         self.give_back(id);
     }
@@ -163,6 +181,7 @@ impl SegmentWriter {
         slot.seglet_count.store(1, Ordering::Relaxed);
         slot.used_bytes.store(0, Ordering::Relaxed);
         slot.live_bytes.store(0, Ordering::Relaxed);
+        slot.retained_bytes.store(0, Ordering::Relaxed);
         slot.created.store(created, Ordering::Relaxed);
         slot.set_state(SegmentState::Open);
         let mut seglets = Vec::with_capacity(segment_seglets);

@@ -17,6 +17,14 @@ pub(crate) struct Counters {
     pub compaction_failures: AtomicU64,
     pub segments_cleaned: AtomicU64,
     pub expired_reclaimed: AtomicU64,
+    /// Superseded versions kept for snapshots, ever (bytes); drives the retained-bytes bound.
+    pub retained_total: CachePadded<AtomicU64>,
+    /// Retained versions the cleaner dropped once no snapshot needed them (bytes).
+    pub retained_reclaimed: AtomicU64,
+    pub snapshots_too_old: AtomicU64,
+    pub scan_passes: AtomicU64,
+    pub scan_queries: AtomicU64,
+    pub scan_sparse_segments: AtomicU64,
 }
 
 /// A point-in-time view of the engine, for metrics and benchmarks.
@@ -52,4 +60,14 @@ pub struct EngineStats {
     pub segment_utilisation_histogram: [u64; 10],
     /// The engine clock: the newest version handed out.
     pub version_clock: u64,
+    /// Bytes of superseded versions currently kept for snapshots (or not yet reclaimed).
+    pub retained_bytes: u64,
+    pub retained_reclaimed_bytes: u64,
+    pub snapshots_open: u64,
+    pub snapshots_too_old: u64,
+    /// Log-scan passes over a tablet, and the queries they served (shared scans: queries > passes).
+    pub scan_passes: u64,
+    pub scan_queries: u64,
+    /// Segments scans found at least half garbage and handed to the cleaner.
+    pub scan_sparse_segments: u64,
 }

@@ -1,0 +1,245 @@
+//! Snapshots (MVCC): a snapshot is a read version; superseded versions stay readable while an open
+//! snapshot may need them, and no longer.
+//!
+//! Opening a snapshot takes every tablet's write lock for a moment, reads the clock and registers the
+//! version. Versions are handed out under a tablet's write lock, so afterwards every write with a
+//! version at or below the snapshot is complete, and every later writer sees the snapshot when it
+//! decides whether the object it replaces must be kept (RETAINED, see `entry`).
+//!
+//! Bounds: a snapshot older than `snapshot_max_age_ms`, or one since whose opening more than
+//! `snapshot_max_retained_bytes` of superseded versions were kept, is released ("snapshot too old"):
+//! it stops holding memory, and using it fails with [`EngineError::SnapshotTooOld`]. When writers run
+//! out of memory, the oldest snapshot is released before a write fails.
+
+use crate::engine::{now_ms, Inner};
+use crate::error::EngineError;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Segments a scan has pinned and not yet released.
+#[derive(Default)]
+pub(crate) struct PinSet {
+    pub segments: Mutex<Vec<u32>>,
+}
+
+pub(crate) struct SnapshotEntry {
+    pub id: u64,
+    pub version: u64,
+    /// Wall-clock time of the snapshot: objects that expired before it are not visible.
+    pub wall_ms: u64,
+    opened: Instant,
+    retained_at_open: u64,
+    /// Why it was released early; None while valid.
+    released: Mutex<Option<String>>,
+    /// Pins of the scans reading at this snapshot; dropped when the snapshot is released.
+    pinsets: Mutex<Vec<Arc<PinSet>>>,
+}
+
+impl SnapshotEntry {
+    pub fn released_reason(&self) -> Option<String> {
+        self.released.lock().clone()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Snapshots {
+    open: Mutex<BTreeMap<(u64, u64), Arc<SnapshotEntry>>>,
+    /// Newest open snapshot version + 1; 0 when none is open. Read by writers.
+    newest_plus1: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl Snapshots {
+    /// Whether an open snapshot may read an object of version `version` (it is at or above it).
+    #[inline]
+    pub fn any_at_or_above(&self, version: u64) -> bool {
+        self.newest_plus1.load(Ordering::Acquire) > version
+    }
+
+    /// Whether an open snapshot s has `from <= s < to` (a retained version is still needed).
+    pub fn any_within(&self, from: u64, to: u64) -> bool {
+        if from >= to {
+            return false;
+        }
+        self.open
+            .lock()
+            .range((from, 0)..(to, 0))
+            .next()
+            .is_some()
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open.lock().len()
+    }
+
+    /// Versions of the open snapshots, sorted.
+    pub fn open_versions(&self) -> Vec<u64> {
+        self.open.lock().keys().map(|(v, _)| *v).collect()
+    }
+
+    pub fn oldest(&self) -> Option<u64> {
+        self.open.lock().keys().next().map(|(v, _)| *v)
+    }
+
+    fn refresh_newest(&self, open: &BTreeMap<(u64, u64), Arc<SnapshotEntry>>) {
+        let newest = open.keys().next_back().map(|(v, _)| v + 1).unwrap_or(0);
+        self.newest_plus1.store(newest, Ordering::Release);
+    }
+
+    /// Registers a snapshot at `version`. The caller holds every tablet's write lock.
+    pub fn register(&self, version: u64, retained_total: u64) -> Arc<SnapshotEntry> {
+        let entry = Arc::new(SnapshotEntry {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            version,
+            wall_ms: now_ms(),
+            opened: Instant::now(),
+            retained_at_open: retained_total,
+            released: Mutex::new(None),
+            pinsets: Mutex::new(Vec::new()),
+        });
+        let mut open = self.open.lock();
+        open.insert((version, entry.id), entry.clone());
+        self.refresh_newest(&open);
+        entry
+    }
+
+    /// Removes a snapshot (closed by its owner, or released early with `reason`) and drops its pins.
+    /// Returns whether it was still open.
+    pub fn release(&self, inner: &Inner, entry: &SnapshotEntry, reason: Option<String>) -> bool {
+        let was_open = {
+            let mut open = self.open.lock();
+            let was = open.remove(&(entry.version, entry.id)).is_some();
+            self.refresh_newest(&open);
+            was
+        };
+        if let Some(reason) = reason {
+            let mut released = entry.released.lock();
+            if released.is_none() {
+                *released = Some(reason);
+            }
+        }
+        let pinsets: Vec<Arc<PinSet>> = std::mem::take(&mut *entry.pinsets.lock());
+        for p in pinsets {
+            inner.unpin_all(&p);
+        }
+        if was_open && inner.retained_bytes.load(Ordering::Relaxed) > 0 {
+            inner.note_retention_released();
+        }
+        was_open
+    }
+
+    /// Attaches a scan's pins to its snapshot, so that releasing the snapshot releases them.
+    pub fn attach_pins(&self, entry: &SnapshotEntry, pins: Arc<PinSet>) {
+        entry.pinsets.lock().push(pins);
+    }
+
+    /// Fails if the snapshot was released or is past a bound (then releases it).
+    pub fn check(&self, inner: &Inner, entry: &SnapshotEntry) -> Result<(), EngineError> {
+        if let Some(reason) = overdue(inner, entry) {
+            if self.release(inner, entry, Some(reason)) {
+                inner
+                    .counters
+                    .snapshots_too_old
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        match entry.released_reason() {
+            Some(reason) => Err(EngineError::SnapshotTooOld {
+                version: entry.version,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Releases every snapshot past its age or retained-bytes bound (the cleaner calls this).
+    pub fn release_overdue(&self, inner: &Inner) {
+        let entries: Vec<Arc<SnapshotEntry>> = self.open.lock().values().cloned().collect();
+        for e in entries {
+            let _ = self.check(inner, &e);
+        }
+    }
+
+    /// Releases the oldest open snapshot (memory is needed); false if none is open.
+    pub fn release_oldest(&self, inner: &Inner, reason: &str) -> bool {
+        let oldest = self.open.lock().values().next().cloned();
+        match oldest {
+            Some(e) => {
+                if self.release(inner, &e, Some(reason.to_string())) {
+                    inner
+                        .counters
+                        .snapshots_too_old
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn overdue(inner: &Inner, entry: &SnapshotEntry) -> Option<String> {
+    let age_ms = entry.opened.elapsed().as_millis() as u64;
+    if age_ms > inner.config.snapshot_max_age_ms {
+        return Some(format!(
+            "it is {age_ms} ms old (limit {} ms)",
+            inner.config.snapshot_max_age_ms
+        ));
+    }
+    let retained = inner
+        .counters
+        .retained_total
+        .load(Ordering::Relaxed)
+        .saturating_sub(entry.retained_at_open);
+    let limit = inner.snapshot_retained_limit();
+    if retained > limit {
+        return Some(format!(
+            "{retained} bytes of superseded versions were kept for it (limit {limit})"
+        ));
+    }
+    None
+}
+
+/// An open snapshot: a read version. Reads and scans through it see exactly the objects visible
+/// at that version. Dropping it releases what it kept alive.
+pub struct Snapshot {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) entry: Arc<SnapshotEntry>,
+}
+
+impl Snapshot {
+    /// The read version: every write with a version at or below it is visible, nothing newer.
+    pub fn version(&self) -> u64 {
+        self.entry.version
+    }
+
+    /// Wall-clock time (unix ms) the snapshot was taken; objects expired by then are not visible.
+    pub fn wall_ms(&self) -> u64 {
+        self.entry.wall_ms
+    }
+
+    /// Fails with "snapshot too old" if the snapshot was released or is past a bound.
+    pub fn check(&self) -> Result<(), EngineError> {
+        self.inner.snapshots.check(&self.inner, &self.entry)
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("version", &self.entry.version)
+            .field("id", &self.entry.id)
+            .finish()
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        self.inner
+            .snapshots
+            .release(&self.inner, &self.entry, None);
+    }
+}

@@ -1,0 +1,589 @@
+//! Log-order scans (TellStore): a scan reads a tablet's segments sequentially and decides each
+//! entry's visibility from the entry itself (its version, state bits and, when RETAINED, valid-to),
+//! with no hash-index probe per entry.
+//!
+//! Consistency with the cleaner: a scan captures the tablet's segments and their lengths under the
+//! tablet's write lock and pins them. The cleaner does not clean pinned segments, and does not swap
+//! in copies that lie inside a pinned range, so while a scan runs no entry it has still to read
+//! changes between live and MOVED. Entries written after the capture have versions above every
+//! snapshot the pass serves, so nothing visible lies beyond the captured lengths. A segment is
+//! unpinned as soon as it has been read; readers also hold an epoch guard per segment, so memory
+//! stays valid even if a snapshot is released (and its pins dropped) mid-read.
+//!
+//! Shared scans: one pass at a time per tablet. Scans arriving while a pass runs queue up and the
+//! next pass serves all of them, reading the data once (TellStore's batching); a pass also waits
+//! `scan_batch_wait_us` before it starts, so scans that arrive together share the first pass.
+//!
+//! Garbage collection in scans: each pass measures every segment's live bytes; a closed segment
+//! below half full is handed to the cleaner, which compacts it even when memory is not short.
+
+use crate::engine::{Inner, Tablet};
+use crate::entry::{
+    decode_header, DecodeError, Header, HEADER_BYTES_MAX, KIND_OBJECT, STATE_MASK, STATE_MOVED,
+    STATE_RETAINED, STATE_SUPERSEDED,
+};
+use crate::error::EngineError;
+use crate::index::{make_loc, Loc};
+use crate::mvcc::{PinSet, SnapshotEntry};
+use crate::pool::{NO_SEGLET, SEGLET_BYTES};
+use crate::segment::SegmentState;
+use crate::TabletId;
+use crossbeam_epoch as epoch;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One entry as a scan sees it.
+pub(crate) struct ScanEntry<'a> {
+    pub header: &'a Header,
+    /// State bits, read atomically before the header.
+    pub state: u8,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+}
+
+/// Visibility of one entry at a snapshot.
+#[inline]
+pub(crate) fn visible_at(
+    inner: &Inner,
+    tablet: &Tablet,
+    e: &ScanEntry<'_>,
+    version: u64,
+    wall_ms: u64,
+) -> bool {
+    let h = e.header;
+    if h.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 || h.version > version {
+        return false;
+    }
+    if e.state & STATE_SUPERSEDED != 0 {
+        if e.state & STATE_RETAINED == 0 {
+            return false;
+        }
+        if version >= inner.retained_valid_to(tablet, h, e.key) {
+            return false;
+        }
+    }
+    h.expire_at_ms == 0 || h.expire_at_ms > wall_ms
+}
+
+/// Whether an entry still holds memory someone needs: a current object, or a retained version
+/// that one of the `open` snapshot versions (sorted) can read. Used for the scan's garbage count.
+#[inline]
+fn needed(inner: &Inner, tablet: &Tablet, e: &ScanEntry<'_>, open: &[u64]) -> bool {
+    let h = e.header;
+    if h.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+        return false;
+    }
+    if e.state & STATE_SUPERSEDED == 0 {
+        return true;
+    }
+    if e.state & STATE_RETAINED == 0 {
+        return false;
+    }
+    let to = inner.retained_valid_to(tablet, h, e.key);
+    let i = open.partition_point(|&s| s < h.version);
+    i < open.len() && open[i] < to
+}
+
+/// A captured segment: the bytes a scan reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Captured {
+    pub segment: u32,
+    pub used: u32,
+}
+
+/// The segments of a tablet, pinned, as of one instant under its write lock.
+pub(crate) struct Capture {
+    pub segments: Vec<Captured>,
+    pub pins: Arc<PinSet>,
+}
+
+/// Captures and pins a tablet's segments. Every snapshot registered before this call sees, within
+/// the captured ranges, exactly the versions it can read.
+pub(crate) fn capture(inner: &Inner, tablet_id: TabletId) -> Result<Capture, EngineError> {
+    let tablet = inner.tablet(tablet_id)?;
+    let pins = Arc::new(PinSet::default());
+    let mut segments = Vec::new();
+    {
+        let _head = tablet.head.lock();
+        for (id, slot) in inner.segments.iter() {
+            let state = slot.state();
+            if !matches!(
+                state,
+                SegmentState::Open | SegmentState::Closed | SegmentState::Cleaning
+            ) || slot.tablet.load(Ordering::Acquire) != tablet_id
+            {
+                continue;
+            }
+            let used = slot.used_bytes.load(Ordering::Acquire);
+            if used == 0 {
+                continue;
+            }
+            slot.pins.fetch_add(1, Ordering::AcqRel);
+            slot.pinned_upto.fetch_max(used, Ordering::AcqRel);
+            segments.push(Captured { segment: id, used });
+        }
+        pins.segments
+            .lock()
+            .extend(segments.iter().map(|c| c.segment));
+    }
+    // Oldest data first: segments were created in clock order, survivors carry their data's age.
+    segments.sort_by_key(|c| inner.segments.get(c.segment).created.load(Ordering::Relaxed));
+    Ok(Capture { segments, pins })
+}
+
+/// Releases one segment's pin if the pin set still holds it.
+pub(crate) fn unpin_one(inner: &Inner, pins: &PinSet, segment: u32) {
+    let had = {
+        let mut p = pins.segments.lock();
+        match p.iter().position(|&s| s == segment) {
+            Some(i) => {
+                p.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    };
+    if had {
+        inner.unpin(segment);
+    }
+}
+
+/// A resumable position inside one captured segment.
+pub(crate) struct SegmentWalk {
+    pub segment: u32,
+    used: usize,
+    seglet: u32,
+    /// Offset of `seglet` inside the segment.
+    seglet_start: usize,
+    off: usize,
+    /// Bytes of entries some snapshot or reader still needs, and of all entries, seen so far.
+    pub needed_bytes: u64,
+    pub seen_bytes: u64,
+}
+
+impl SegmentWalk {
+    pub fn new(inner: &Inner, c: Captured) -> Self {
+        SegmentWalk {
+            segment: c.segment,
+            used: c.used as usize,
+            seglet: inner
+                .segments
+                .get(c.segment)
+                .first_seglet
+                .load(Ordering::Acquire),
+            seglet_start: 0,
+            off: 0,
+            needed_bytes: 0,
+            seen_bytes: 0,
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        self.seglet_start + self.off >= self.used
+    }
+
+    /// Visits entries in log order until `f` returns false (after that entry) or the segment ends.
+    /// Returns Ok(true) when the segment is finished. The caller holds an epoch guard.
+    pub fn walk(
+        &mut self,
+        inner: &Inner,
+        tablet: &Tablet,
+        open: &[u64],
+        scratch: &mut Vec<u8>,
+        mut f: impl FnMut(&ScanEntry<'_>) -> bool,
+    ) -> Result<bool, EngineError> {
+        loop {
+            if self.done() {
+                return Ok(true);
+            }
+            if self.seglet == NO_SEGLET {
+                return Err(self.corrupt("segment ends before its used length".into()));
+            }
+            let limit = (self.used - self.seglet_start).min(SEGLET_BYTES);
+            // SAFETY: the segment is pinned or the caller holds an epoch guard, so the seglet is
+            // not reused; the bytes below `used` were published before the capture.
+            let base = unsafe { inner.pool.seglet_tail(self.seglet, 0) };
+            let base = &base[..limit];
+            // Fast path: entries wholly inside this seglet.
+            while self.off < limit {
+                let off = self.off;
+                let state = inner
+                    .entry_state(make_loc(self.seglet, off))
+                    .load(Ordering::Acquire)
+                    & STATE_MASK;
+                let h = match decode_header(&base[off..]) {
+                    Ok(h) => h,
+                    Err(DecodeError::Truncated) => break,
+                    Err(e) => return Err(self.corrupt(e.to_string())),
+                };
+                let total = h.total_len();
+                if off + total > limit {
+                    break;
+                }
+                let hl = h.header_len as usize;
+                let kl = h.key_len as usize;
+                let e = ScanEntry {
+                    header: &h,
+                    state,
+                    key: &base[off + hl..off + hl + kl],
+                    value: &base[off + hl + kl..off + total],
+                };
+                self.account(inner, tablet, &e, open, total);
+                self.off += total;
+                if !f(&e) {
+                    self.normalise(inner);
+                    return Ok(self.done());
+                }
+            }
+            if self.off >= limit {
+                if limit < SEGLET_BYTES {
+                    return Ok(true);
+                }
+                self.normalise(inner);
+                continue;
+            }
+            // Slow path: an entry that straddles seglets.
+            let loc = make_loc(self.seglet, self.off);
+            let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
+            gather(inner, self.seglet, self.off, HEADER_BYTES_MAX, scratch);
+            let h = decode_header(scratch).map_err(|e| self.corrupt(e.to_string()))?;
+            let total = h.total_len();
+            if self.seglet_start + self.off + total > self.used {
+                return Err(self.corrupt("entry runs past the captured length".into()));
+            }
+            gather(inner, self.seglet, self.off, total, scratch);
+            if scratch.len() < total {
+                return Err(self.corrupt("entry runs past the end of its segment".into()));
+            }
+            let hl = h.header_len as usize;
+            let kl = h.key_len as usize;
+            let e = ScanEntry {
+                header: &h,
+                state,
+                key: &scratch[hl..hl + kl],
+                value: &scratch[hl + kl..total],
+            };
+            self.account(inner, tablet, &e, open, total);
+            self.off += total;
+            let go_on = f(&e);
+            self.normalise(inner);
+            if !go_on {
+                return Ok(self.done());
+            }
+        }
+    }
+
+    #[inline]
+    fn account(
+        &mut self,
+        inner: &Inner,
+        tablet: &Tablet,
+        e: &ScanEntry<'_>,
+        open: &[u64],
+        total: usize,
+    ) {
+        self.seen_bytes += total as u64;
+        if needed(inner, tablet, e, open) {
+            self.needed_bytes += total as u64;
+        }
+    }
+
+    /// Moves to the next seglet while the offset is past the current one.
+    fn normalise(&mut self, inner: &Inner) {
+        while self.off >= SEGLET_BYTES && self.seglet != NO_SEGLET {
+            self.seglet = inner.pool.next_seglet(self.seglet);
+            self.seglet_start += SEGLET_BYTES;
+            self.off -= SEGLET_BYTES;
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> EngineError {
+        EngineError::Corrupt {
+            seglet: self.seglet,
+            offset: self.off,
+            reason: format!("segment {}: {reason}", self.segment),
+        }
+    }
+}
+
+fn gather(inner: &Inner, mut seglet: u32, mut off: usize, len: usize, out: &mut Vec<u8>) {
+    out.clear();
+    while out.len() < len && seglet != NO_SEGLET {
+        // SAFETY: as in `SegmentWalk::walk`.
+        let tail = unsafe { inner.pool.seglet_tail(seglet, off) };
+        let n = tail.len().min(len - out.len());
+        out.extend_from_slice(&tail[..n]);
+        seglet = inner.pool.next_seglet(seglet);
+        off = 0;
+    }
+}
+
+/// After a segment was read in full: hands it to the cleaner if it is mostly garbage.
+pub(crate) fn report_garbage(inner: &Inner, walk: &SegmentWalk) {
+    let slot = inner.segments.get(walk.segment);
+    if slot.state() != SegmentState::Closed {
+        return;
+    }
+    let capacity = slot.seglet_count.load(Ordering::Relaxed) as u64 * SEGLET_BYTES as u64;
+    if capacity == 0 || (walk.needed_bytes as f64) >= crate::cleaner::SPARSE_UTILISATION * capacity as f64 {
+        return;
+    }
+    let mut q = inner.sparse.lock();
+    if !q.contains(&walk.segment) {
+        q.push(walk.segment);
+        inner
+            .counters
+            .scan_sparse_segments
+            .fetch_add(1, Ordering::Relaxed);
+        drop(q);
+        if inner.config.cleaner_threads > 0 {
+            inner.wake_cleaner();
+        }
+    }
+}
+
+/// Sorted versions of the open snapshots (for garbage accounting).
+pub(crate) fn open_versions(inner: &Inner) -> Vec<u64> {
+    inner.snapshots.open_versions()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared passes
+
+/// What a query does with the entries visible at its snapshot.
+pub(crate) trait Sink: Send {
+    /// Called for each visible object; returns false to stop early (the pass goes on for others).
+    fn visit(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool;
+}
+
+/// One scan request waiting for (or served by) a pass.
+pub(crate) struct Job {
+    pub snapshot: Arc<SnapshotEntry>,
+    pub sink: Mutex<Box<dyn Sink>>,
+    result: Mutex<Option<Result<(), EngineError>>>,
+    done: Condvar,
+}
+
+impl Job {
+    pub fn new(snapshot: Arc<SnapshotEntry>, sink: Box<dyn Sink>) -> Arc<Job> {
+        Arc::new(Job {
+            snapshot,
+            sink: Mutex::new(sink),
+            result: Mutex::new(None),
+            done: Condvar::new(),
+        })
+    }
+
+    fn finish(&self, r: Result<(), EngineError>) {
+        *self.result.lock() = Some(r);
+        self.done.notify_all();
+    }
+}
+
+/// Per-tablet scheduler of shared passes.
+#[derive(Default)]
+pub(crate) struct ScanQueue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: Vec<Arc<Job>>,
+    running: bool,
+}
+
+/// Runs `job` over one tablet, sharing the pass with whatever other scans of the tablet arrive.
+/// Blocks until the job is done.
+pub(crate) fn run_shared(
+    inner: &Inner,
+    tablet_id: TabletId,
+    job: Arc<Job>,
+) -> Result<(), EngineError> {
+    let tablet = inner.tablet(tablet_id)?;
+    let lead = {
+        let mut st = tablet.scans.state.lock();
+        st.pending.push(job.clone());
+        if st.running {
+            false
+        } else {
+            st.running = true;
+            true
+        }
+    };
+    if lead {
+        if inner.config.scan_batch_wait_us > 0 {
+            std::thread::sleep(Duration::from_micros(inner.config.scan_batch_wait_us));
+        }
+        loop {
+            let batch = {
+                let mut st = tablet.scans.state.lock();
+                if st.pending.is_empty() {
+                    st.running = false;
+                    break;
+                }
+                std::mem::take(&mut st.pending)
+            };
+            let r = run_pass(inner, tablet_id, tablet, &batch);
+            for j in &batch {
+                let own = match &r {
+                    Ok(()) => inner.snapshots.check(inner, &j.snapshot),
+                    Err(e) => Err(e.clone()),
+                };
+                j.finish(own);
+            }
+        }
+    }
+    let mut res = job.result.lock();
+    while res.is_none() {
+        job.done.wait(&mut res);
+    }
+    res.take().expect("set above")
+}
+
+/// One pass over a tablet for a batch of jobs.
+fn run_pass(
+    inner: &Inner,
+    tablet_id: TabletId,
+    tablet: &Tablet,
+    batch: &[Arc<Job>],
+) -> Result<(), EngineError> {
+    inner.counters.scan_passes.fetch_add(1, Ordering::Relaxed);
+    inner
+        .counters
+        .scan_queries
+        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    let cap = capture(inner, tablet_id)?;
+    for j in batch {
+        inner.snapshots.attach_pins(&j.snapshot, cap.pins.clone());
+    }
+    let open = open_versions(inner);
+    let mut sinks: Vec<_> = batch.iter().map(|j| j.sink.lock()).collect();
+    let mut active: Vec<bool> = vec![true; batch.len()];
+    let snaps: Vec<(u64, u64)> = batch
+        .iter()
+        .map(|j| (j.snapshot.version, j.snapshot.wall_ms))
+        .collect();
+    let mut scratch = Vec::new();
+    let mut result = Ok(());
+    for c in &cap.segments {
+        if !active.iter().any(|&a| a) {
+            break;
+        }
+        let mut walk = SegmentWalk::new(inner, *c);
+        let guard = epoch::pin();
+        let r = walk.walk(inner, tablet, &open, &mut scratch, |e| {
+            if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+                return true;
+            }
+            for (i, sink) in sinks.iter_mut().enumerate() {
+                if active[i] && visible_at(inner, tablet, e, snaps[i].0, snaps[i].1) {
+                    active[i] = sink.visit(
+                        e.key,
+                        e.value,
+                        e.header.version,
+                        e.header.expire_at_ms,
+                    );
+                }
+            }
+            true
+        });
+        drop(guard);
+        if let Err(e) = r {
+            tracing::error!(error = %e, "scan stopped at a corrupt entry");
+            result = Err(e);
+            break;
+        }
+        report_garbage(inner, &walk);
+        unpin_one(inner, &cap.pins, c.segment);
+        // Jobs whose snapshot was released mid-pass stop here; they fail when the pass ends.
+        for (i, j) in batch.iter().enumerate() {
+            if active[i] && j.snapshot.released_reason().is_some() {
+                active[i] = false;
+            }
+        }
+    }
+    inner.unpin_all(&cap.pins);
+    result
+}
+
+/// Reads `key` as of a snapshot: the version visible at it, if any.
+pub(crate) fn get_at(
+    inner: &Inner,
+    tablet: &Tablet,
+    key: &[u8],
+    version: u64,
+    wall_ms: u64,
+) -> Result<Option<crate::Object>, EngineError> {
+    let hash = crate::engine::hash_key(key);
+    let _guard = epoch::pin();
+    let mut refs = Vec::new();
+    tablet.index.lookup_versions(hash, &mut refs);
+    for (loc, _) in refs {
+        let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
+        let found = inner.with_entry(loc, true, |e| {
+            if e.key != key {
+                return None;
+            }
+            let se = ScanEntry {
+                header: &e.header,
+                state,
+                key: e.key,
+                value: e.value,
+            };
+            visible_at(inner, tablet, &se, version, wall_ms).then(|| crate::Object {
+                value: e.value.to_vec(),
+                version: e.header.version,
+                expire_at_ms: e.header.expire_at_ms,
+            })
+        })?;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
+}
+
+/// The baseline: walks the hash index and follows every reference into the log (random access).
+pub(crate) fn hash_index_scan(
+    inner: &Inner,
+    tablet: &Tablet,
+    version: u64,
+    wall_ms: u64,
+    sink: &mut dyn Sink,
+) -> Result<(), EngineError> {
+    let mut cursor = 0u64;
+    let mut locs: Vec<Loc> = Vec::with_capacity(1024);
+    loop {
+        let guard = epoch::pin();
+        locs.clear();
+        let next = tablet
+            .index
+            .scan_refs(cursor, 1024, |loc, _| locs.push(loc));
+        for &loc in &locs {
+            let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
+            let go_on = inner.with_entry(loc, true, |e| {
+                let se = ScanEntry {
+                    header: &e.header,
+                    state,
+                    key: e.key,
+                    value: e.value,
+                };
+                if visible_at(inner, tablet, &se, version, wall_ms) {
+                    sink.visit(e.key, e.value, e.header.version, e.header.expire_at_ms)
+                } else {
+                    true
+                }
+            })?;
+            if !go_on {
+                return Ok(());
+            }
+        }
+        drop(guard);
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}

@@ -12,6 +12,7 @@
 
 use bytes::{Buf, BytesMut};
 use ramlog_common::{key_slot, TableId};
+use ramlog_logmem::query::glob_match;
 use ramlog_logmem::{Engine, EngineError, TabletId};
 use ramlog_proto::native::{
     encode_error, opcode, parse_header, ClientHello, Condition, Expiry, FrameError, Request,
@@ -796,126 +797,9 @@ fn begin_multi_get(out: &mut BytesMut, id: u64, count: usize) -> usize {
     start
 }
 
-/// Redis's glob (`stringmatchlen`): `*`, `?`, `[abc]`, `[^a-z]`, `\x`. Iterative with one backtrack
-/// point, so it runs in O(pattern × text) whatever the pattern.
-pub fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() {
-            match pattern[p] {
-                b'*' => {
-                    star = Some((p, t));
-                    p += 1;
-                    continue;
-                }
-                b'?' => {
-                    p += 1;
-                    t += 1;
-                    continue;
-                }
-                b'[' => {
-                    if let Some((matched, next)) = class_match(pattern, p, text[t]) {
-                        if matched {
-                            p = next;
-                            t += 1;
-                            continue;
-                        }
-                    }
-                }
-                b'\\' if p + 1 < pattern.len() => {
-                    if pattern[p + 1] == text[t] {
-                        p += 2;
-                        t += 1;
-                        continue;
-                    }
-                }
-                c => {
-                    if c == text[t] {
-                        p += 1;
-                        t += 1;
-                        continue;
-                    }
-                }
-            }
-        }
-        match star {
-            Some((sp, st)) => {
-                p = sp + 1;
-                t = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    pattern[p..].iter().all(|&c| c == b'*')
-}
-
-/// Match `c` against the class starting at `pattern[p] == '['`; returns (matched, index after the class).
-/// An unterminated class extends to the end of the pattern, as in Redis.
-fn class_match(pattern: &[u8], p: usize, c: u8) -> Option<(bool, usize)> {
-    let mut i = p + 1;
-    let negate = pattern.get(i) == Some(&b'^');
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    loop {
-        match pattern.get(i) {
-            None => break,
-            Some(b']') => {
-                i += 1;
-                break;
-            }
-            Some(b'\\') if i + 1 < pattern.len() => {
-                matched |= pattern[i + 1] == c;
-                i += 2;
-            }
-            Some(&lo)
-                if pattern.get(i + 1) == Some(&b'-')
-                    && i + 2 < pattern.len()
-                    && pattern[i + 2] != b']' =>
-            {
-                let hi = pattern[i + 2];
-                let (lo, hi) = if lo <= hi { (lo, hi) } else { (hi, lo) };
-                matched |= (lo..=hi).contains(&c);
-                i += 3;
-            }
-            Some(&x) => {
-                matched |= x == c;
-                i += 1;
-            }
-        }
-    }
-    Some((matched != negate, i))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn glob_follows_redis() {
-        assert!(glob_match(b"*", b"anything"));
-        assert!(glob_match(b"user:*", b"user:1"));
-        assert!(!glob_match(b"user:*", b"usr:1"));
-        assert!(glob_match(b"h?llo", b"hello"));
-        assert!(glob_match(b"h[ae]llo", b"hallo"));
-        assert!(!glob_match(b"h[ae]llo", b"hillo"));
-        assert!(glob_match(b"h[^e]llo", b"hallo"));
-        assert!(!glob_match(b"h[^e]llo", b"hello"));
-        assert!(glob_match(b"h[a-b]llo", b"hbllo"));
-        assert!(glob_match(b"h\\*llo", b"h*llo"));
-        assert!(!glob_match(b"h\\*llo", b"hello"));
-        assert!(glob_match(b"*a*b*c", b"xxaxxbxxc"));
-        assert!(!glob_match(b"*a*b*c", b"xxaxxbxx"));
-        assert!(glob_match(b"a**", b"a"));
-        assert!(!glob_match(b"", b"a"));
-        // A pathological pattern finishes quickly.
-        let text = vec![b'a'; 5000];
-        let pattern = [b"*a".repeat(40), b"b".to_vec()].concat();
-        assert!(!glob_match(&pattern, &text));
-    }
 
     #[test]
     fn expiry_conversion() {

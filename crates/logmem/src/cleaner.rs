@@ -625,12 +625,19 @@ pub(crate) fn queue_released_retention(inner: &Inner) {
 /// whether it compacted any.
 pub(crate) fn compact_sparse(inner: &Inner) -> bool {
     let mut any = false;
+    let mut later = Vec::new();
     loop {
         let Some(id) = inner.sparse.lock().pop() else {
+            // Segments a scan still pins are tried again on the next round.
+            inner.sparse.lock().extend(later);
             return any;
         };
         let slot = inner.segments.get(id);
         if slot.state() != SegmentState::Closed || utilisation(inner, id) >= SPARSE_UTILISATION {
+            continue;
+        }
+        if slot.pins.load(Ordering::Acquire) != 0 {
+            later.push(id);
             continue;
         }
         let live = effective_live(inner, slot) as u64;

@@ -10,9 +10,9 @@ use crate::entry::{
     self, decode_header, encode_header, encoded_len, Header, HEADER_BYTES_MAX, KIND_OBJECT,
     KIND_TOMBSTONE, STATE_RETAINED, STATE_SUPERSEDED, VALID_TO_FAR,
 };
-use crate::mvcc::{PinSet, Snapshots};
 use crate::error::EngineError;
 use crate::index::{loc_offset, loc_seglet, HashIndex, Loc, SlotRef};
+use crate::mvcc::{PinSet, Snapshots};
 use crate::pool::{AllocClass, SegletPool, NO_SEGLET, SEGLET_BYTES};
 use crate::segment::{AppendError, SegmentTable, SegmentWriter};
 use crate::stats::Counters;
@@ -97,6 +97,8 @@ pub(crate) struct Inner {
     pub retention_released: AtomicBool,
     /// Segments a scan (or a snapshot release) found mostly garbage: the cleaner compacts them next.
     pub sparse: Mutex<Vec<u32>>,
+    /// Optional per-table schemas (scans filter, project and aggregate by field).
+    pub schemas: RwLock<HashMap<TableId, Arc<crate::query::Schema>>>,
 }
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
@@ -160,6 +162,7 @@ impl Inner {
             retained_bytes: CachePadded::new(AtomicI64::new(0)),
             retention_released: AtomicBool::new(false),
             sparse: Mutex::new(Vec::new()),
+            schemas: RwLock::new(HashMap::new()),
             config,
         })
     }
@@ -339,13 +342,7 @@ impl Inner {
         // SAFETY: `loc` addresses a byte inside the pool mapping, which lives as long as `self`;
         // AtomicU8 has the size and alignment of u8; every concurrent access to this byte that may
         // race with a state change goes through an atomic.
-        unsafe {
-            AtomicU8::from_ptr(
-                self.pool
-                    .seglet_ptr(loc_seglet(loc))
-                    .add(loc_offset(loc)),
-            )
-        }
+        unsafe { AtomicU8::from_ptr(self.pool.seglet_ptr(loc_seglet(loc)).add(loc_offset(loc))) }
     }
 
     /// Overwrites `bytes` at `offset` inside the entry at `loc` (following its seglet chain).
@@ -365,16 +362,6 @@ impl Inner {
                 at = crate::index::make_loc(self.pool.next_seglet(loc_seglet(at)), 0);
             }
         }
-    }
-
-    /// Reads the 4-byte CRC (or valid-to delta) field of the entry at `loc`.
-    pub fn read_crc_field(&self, loc: Loc, header: &Header) -> u32 {
-        let mut buf = Vec::with_capacity(header.header_len as usize);
-        self.gather(loc, header.header_len as usize, &mut buf);
-        let off = header.crc_offset();
-        buf.get(off..off + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .unwrap_or(0)
     }
 
     /// The exclusive end of a RETAINED entry's validity.
@@ -398,9 +385,10 @@ impl Inner {
             .map(|t| t.head.lock())
             .collect();
         let version = self.clock.load(Ordering::SeqCst);
-        let entry = self
-            .snapshots
-            .register(version, self.counters.retained_total.load(Ordering::Relaxed));
+        let entry = self.snapshots.register(
+            version,
+            self.counters.retained_total.load(Ordering::Relaxed),
+        );
         drop(heads);
         crate::Snapshot {
             inner: self.clone(),
@@ -503,7 +491,15 @@ impl Inner {
 
     /// Removes a RETAINED entry no snapshot needs any more: its HISTORIC reference, its bytes and
     /// its far valid-to. Caller holds the tablet's write lock.
-    pub fn drop_retained(&self, tablet: &Tablet, slot: SlotRef, hash: u64, loc: Loc, h: &Header, key: &[u8]) {
+    pub fn drop_retained(
+        &self,
+        tablet: &Tablet,
+        slot: SlotRef,
+        hash: u64,
+        loc: Loc,
+        h: &Header,
+        key: &[u8],
+    ) {
         debug_assert!(tablet.index.is_historic(slot));
         tablet.index.remove_and_compact(slot, hash);
         let len = h.total_len() as i64;
@@ -520,7 +516,10 @@ impl Inner {
             .retained_reclaimed
             .fetch_add(len as u64, Ordering::Relaxed);
         if h.retained_valid_to().is_none() {
-            tablet.far_valid_to.lock().remove(&(key.to_vec(), h.version));
+            tablet
+                .far_valid_to
+                .lock()
+                .remove(&(key.to_vec(), h.version));
         }
     }
 
@@ -1160,9 +1159,11 @@ impl Inner {
         }
         let mut objects = 0;
         let mut index_bytes = 0;
+        let mut retained_versions = 0;
         for id in 0..self.tablet_count() {
             if let Ok(t) = self.tablet(id) {
                 objects += t.index.len();
+                retained_versions += t.index.historic_len();
                 index_bytes += t.index.memory_bytes();
             }
         }
@@ -1198,6 +1199,7 @@ impl Inner {
             segment_utilisation_histogram: histogram,
             version_clock: self.clock.load(Ordering::Relaxed),
             retained_bytes: self.retained_bytes.load(Ordering::Relaxed).max(0) as u64,
+            retained_versions,
             retained_reclaimed_bytes: c.retained_reclaimed.load(Ordering::Relaxed),
             snapshots_open: self.snapshots.open_count() as u64,
             snapshots_too_old: c.snapshots_too_old.load(Ordering::Relaxed),

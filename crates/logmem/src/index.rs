@@ -102,6 +102,9 @@ pub struct HashIndex {
     entries: AtomicU64,
     /// How many of `entries` are HISTORIC.
     historic: AtomicU64,
+    /// While non-zero, inserts do not split buckets (a full index walk is running, and references
+    /// must not move between buckets under it); growth catches up afterwards.
+    split_hold: std::sync::atomic::AtomicU32,
 }
 
 const LEVEL_SHIFT: u32 = 58;
@@ -177,6 +180,7 @@ impl HashIndex {
             overflow_in_use: AtomicU64::new(0),
             entries: AtomicU64::new(0),
             historic: AtomicU64::new(0),
+            split_hold: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -409,7 +413,9 @@ impl HashIndex {
         let bucket = self.bucket(Self::bucket_of(shape, hash));
         self.place(bucket, make_ref(hash, loc));
         let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
-        if n as f64 > self.bucket_count() as f64 * SLOTS as f64 * LOAD_MAX {
+        if n as f64 > self.bucket_count() as f64 * SLOTS as f64 * LOAD_MAX
+            && self.split_hold.load(Ordering::Acquire) == 0
+        {
             self.split_one(rehash);
         }
     }
@@ -572,22 +578,45 @@ impl HashIndex {
         })
     }
 
-    /// Like [`HashIndex::scan`], but visits HISTORIC references too: `f(loc, historic)`.
+    /// Stops bucket splits until [`HashIndex::release_splits`]. Call it under the write lock, so
+    /// that no split is under way when it returns.
+    pub fn hold_splits(&self) {
+        self.split_hold.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn release_splits(&self) {
+        self.split_hold.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Like [`HashIndex::scan`], but visits HISTORIC references too: `f(loc, historic)`. Each
+    /// bucket's chain is read as one consistent view (re-read if references moved meanwhile).
+    /// With splits held, every reference present throughout is visited exactly once.
     pub fn scan_refs(&self, from: u64, count: usize, mut f: impl FnMut(Loc, bool)) -> u64 {
         let mut b = from;
         let mut seen = 0usize;
+        let mut chain: Vec<u64> = Vec::with_capacity(16);
         loop {
             let buckets = self.bucket_count();
             if b >= buckets {
                 return 0;
             }
-            self.walk_chain(self.bucket(b), |_, v| {
-                if v & VALID != 0 {
-                    f(v & LOC_MASK, v & HISTORIC != 0);
-                    seen += 1;
+            loop {
+                let shape = self.shape.load(Ordering::Acquire);
+                chain.clear();
+                self.walk_chain(self.bucket(b), |_, v| {
+                    if v & VALID != 0 {
+                        chain.push(v);
+                    }
+                    false
+                });
+                if shape_moves(self.shape.load(Ordering::Acquire)) == shape_moves(shape) {
+                    break;
                 }
-                false
-            });
+            }
+            for &v in &chain {
+                f(v & LOC_MASK, v & HISTORIC != 0);
+                seen += 1;
+            }
             b += 1;
             if seen >= count {
                 return if b >= self.bucket_count() { 0 } else { b };

@@ -33,6 +33,7 @@ pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
 pub use ramlog_common::{TableId, Version};
+pub use scan::ScanCursor;
 pub use stats::EngineStats;
 
 use engine::Inner;
@@ -102,6 +103,40 @@ pub struct TabletInfo {
     pub first_slot: u16,
     pub last_slot: u16,
     pub objects: u64,
+}
+
+/// One object a scan returns: its key, its value (projected when the query projects), version and
+/// expiry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanRecord {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub version: Version,
+    pub expire_at_ms: u64,
+}
+
+/// What a scan produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScanOutput {
+    /// Matching records (empty for an aggregate query).
+    pub records: Vec<ScanRecord>,
+    /// The aggregates' values, in query order, for an aggregate query.
+    pub aggregates: Option<Vec<query::Value>>,
+    /// Records that matched the query.
+    pub matched: u64,
+    /// Values that are not records of the table's schema (skipped).
+    pub malformed: u64,
+    /// The record limit stopped the scan early.
+    pub truncated: bool,
+}
+
+/// How a scan finds the objects (the hash-index walk is the benchmark's baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanMethod {
+    /// Sequential reads of the log, visibility from the entries (shared passes).
+    Log,
+    /// A walk of the hash index, following each reference into the log.
+    HashIndex,
 }
 
 /// The log-structured memory engine. Share it as `Arc<Engine>`; every method takes `&self`.
@@ -283,6 +318,128 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()
+    }
+
+    /// Sets (or with None removes) the schema of a table's records, used by scan queries.
+    pub fn set_schema(&self, table: TableId, schema: Option<query::Schema>) {
+        let mut schemas = self.inner.schemas.write();
+        match schema {
+            Some(s) => {
+                schemas.insert(table, Arc::new(s));
+            }
+            None => {
+                schemas.remove(&table);
+            }
+        }
+    }
+
+    /// The schema of a table, if it has one.
+    pub fn schema(&self, table: TableId) -> Option<Arc<query::Schema>> {
+        self.inner.schemas.read().get(&table).cloned()
+    }
+
+    /// Opens a snapshot at the current version: reads and scans through it see exactly the writes
+    /// up to it. Superseded versions it can read stay in memory until it is dropped or too old.
+    pub fn snapshot(&self) -> Snapshot {
+        self.inner.open_snapshot()
+    }
+
+    /// The object `key` had at the snapshot (None if absent, deleted or expired then).
+    pub fn get_at(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        snapshot: &Snapshot,
+    ) -> Result<Option<Object>, EngineError> {
+        snapshot.check()?;
+        let t = self.inner.tablet(tablet)?;
+        let found = scan::get_at(&self.inner, t, key, snapshot.version(), snapshot.wall_ms())?;
+        snapshot.check()?;
+        Ok(found)
+    }
+
+    fn compile(
+        &self,
+        table: TableId,
+        q: &query::Query,
+    ) -> Result<Arc<query::CompiledQuery>, EngineError> {
+        let schema = self.schema(table);
+        query::CompiledQuery::new(q.clone(), schema.as_deref())
+            .map(Arc::new)
+            .map_err(|e| EngineError::Query(e.to_string()))
+    }
+
+    fn table_tablets(&self, table: TableId) -> Vec<TabletId> {
+        self.tablets()
+            .into_iter()
+            .filter(|t| t.table == table)
+            .map(|t| t.id)
+            .collect()
+    }
+
+    /// Scans a whole table at a snapshot: filters, then projects (at most `max_records` records)
+    /// or aggregates. With [`ScanMethod::Log`] concurrent scans of a tablet share passes.
+    pub fn scan(
+        &self,
+        table: TableId,
+        snapshot: &Snapshot,
+        q: &query::Query,
+        method: ScanMethod,
+        max_records: usize,
+    ) -> Result<ScanOutput, EngineError> {
+        snapshot.check()?;
+        let compiled = self.compile(table, q)?;
+        let mut total = scan::QuerySink::new(compiled.clone(), max_records);
+        for tablet in self.table_tablets(table) {
+            let room = max_records.saturating_sub(total.out.records.len());
+            let sink = scan::QuerySink::new(compiled.clone(), room);
+            let sink = match method {
+                ScanMethod::Log => scan::query_tablet(&self.inner, tablet, &snapshot.entry, sink)?,
+                ScanMethod::HashIndex => {
+                    let mut sink = sink;
+                    let t = self.inner.tablet(tablet)?;
+                    scan::hash_index_scan(
+                        &self.inner,
+                        t,
+                        snapshot.version(),
+                        snapshot.wall_ms(),
+                        &mut sink,
+                    )?;
+                    sink
+                }
+            };
+            total.merge(sink);
+            if total.out.truncated {
+                break;
+            }
+        }
+        snapshot.check()?;
+        total.finish()
+    }
+
+    /// Opens a resumable scan of a table at `snapshot` (which the cursor keeps open), returning
+    /// records page by page. Aggregates need [`Engine::scan`].
+    pub fn scan_cursor(
+        &self,
+        table: TableId,
+        snapshot: Snapshot,
+        q: &query::Query,
+    ) -> Result<ScanCursor, EngineError> {
+        snapshot.check()?;
+        let compiled = self.compile(table, q)?;
+        if compiled.is_aggregate() {
+            return Err(EngineError::Query(
+                "a paged scan returns records; aggregate with a one-shot scan".into(),
+            ));
+        }
+        Ok(ScanCursor {
+            inner: self.inner.clone(),
+            snapshot,
+            query: compiled,
+            tablets: self.table_tablets(table).into(),
+            current: None,
+            scratch: Vec::new(),
+        })
     }
 
     /// Runs one cleaning pass on the caller's thread (tests and tools); returns whether it did work.

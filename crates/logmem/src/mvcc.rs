@@ -64,11 +64,7 @@ impl Snapshots {
         if from >= to {
             return false;
         }
-        self.open
-            .lock()
-            .range((from, 0)..(to, 0))
-            .next()
-            .is_some()
+        self.open.lock().range((from, 0)..(to, 0)).next().is_some()
     }
 
     pub fn open_count(&self) -> usize {
@@ -78,10 +74,6 @@ impl Snapshots {
     /// Versions of the open snapshots, sorted.
     pub fn open_versions(&self) -> Vec<u64> {
         self.open.lock().keys().map(|(v, _)| *v).collect()
-    }
-
-    pub fn oldest(&self) -> Option<u64> {
-        self.open.lock().keys().next().map(|(v, _)| *v)
     }
 
     fn refresh_newest(&self, open: &BTreeMap<(u64, u64), Arc<SnapshotEntry>>) {
@@ -238,8 +230,6 @@ impl std::fmt::Debug for Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        self.inner
-            .snapshots
-            .release(&self.inner, &self.entry, None);
+        self.inner.snapshots.release(&self.inner, &self.entry, None);
     }
 }

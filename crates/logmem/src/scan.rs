@@ -26,8 +26,10 @@ use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
+use crate::query::{AggState, CompiledQuery, QueryError};
 use crate::segment::SegmentState;
 use crate::TabletId;
+use crate::{ScanOutput, ScanRecord};
 use crossbeam_epoch as epoch;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
@@ -129,7 +131,13 @@ pub(crate) fn capture(inner: &Inner, tablet_id: TabletId) -> Result<Capture, Eng
             .extend(segments.iter().map(|c| c.segment));
     }
     // Oldest data first: segments were created in clock order, survivors carry their data's age.
-    segments.sort_by_key(|c| inner.segments.get(c.segment).created.load(Ordering::Relaxed));
+    segments.sort_by_key(|c| {
+        inner
+            .segments
+            .get(c.segment)
+            .created
+            .load(Ordering::Relaxed)
+    });
     Ok(Capture { segments, pins })
 }
 
@@ -327,7 +335,9 @@ pub(crate) fn report_garbage(inner: &Inner, walk: &SegmentWalk) {
         return;
     }
     let capacity = slot.seglet_count.load(Ordering::Relaxed) as u64 * SEGLET_BYTES as u64;
-    if capacity == 0 || (walk.needed_bytes as f64) >= crate::cleaner::SPARSE_UTILISATION * capacity as f64 {
+    if capacity == 0
+        || (walk.needed_bytes as f64) >= crate::cleaner::SPARSE_UTILISATION * capacity as f64
+    {
         return;
     }
     let mut q = inner.sparse.lock();
@@ -356,6 +366,11 @@ pub(crate) fn open_versions(inner: &Inner) -> Vec<u64> {
 pub(crate) trait Sink: Send {
     /// Called for each visible object; returns false to stop early (the pass goes on for others).
     fn visit(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool;
+
+    /// The query sink inside, to hand results back once the job is done.
+    fn into_query_sink(self: Box<Self>) -> Option<QuerySink> {
+        None
+    }
 }
 
 /// One scan request waiting for (or served by) a pass.
@@ -479,12 +494,7 @@ fn run_pass(
             }
             for (i, sink) in sinks.iter_mut().enumerate() {
                 if active[i] && visible_at(inner, tablet, e, snaps[i].0, snaps[i].1) {
-                    active[i] = sink.visit(
-                        e.key,
-                        e.value,
-                        e.header.version,
-                        e.header.expire_at_ms,
-                    );
+                    active[i] = sink.visit(e.key, e.value, e.header.version, e.header.expire_at_ms);
                 }
             }
             true
@@ -495,8 +505,8 @@ fn run_pass(
             result = Err(e);
             break;
         }
-        report_garbage(inner, &walk);
         unpin_one(inner, &cap.pins, c.segment);
+        report_garbage(inner, &walk);
         // Jobs whose snapshot was released mid-pass stop here; they fail when the pass ends.
         for (i, j) in batch.iter().enumerate() {
             if active[i] && j.snapshot.released_reason().is_some() {
@@ -519,30 +529,41 @@ pub(crate) fn get_at(
     let hash = crate::engine::hash_key(key);
     let _guard = epoch::pin();
     let mut refs = Vec::new();
-    tablet.index.lookup_versions(hash, &mut refs);
-    for (loc, _) in refs {
-        let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
-        let found = inner.with_entry(loc, true, |e| {
-            if e.key != key {
-                return None;
+    // A reference read just before the cleaner swapped it may lead to the original, already
+    // marked MOVED: then the index is read again (it points at the copy by now).
+    loop {
+        tablet.index.lookup_versions(hash, &mut refs);
+        let mut moved = false;
+        for &(loc, _) in &refs {
+            let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
+            let found = inner.with_entry(loc, true, |e| {
+                if e.key != key {
+                    return None;
+                }
+                if state & STATE_MOVED != 0 {
+                    moved = true;
+                    return None;
+                }
+                let se = ScanEntry {
+                    header: &e.header,
+                    state,
+                    key: e.key,
+                    value: e.value,
+                };
+                visible_at(inner, tablet, &se, version, wall_ms).then(|| crate::Object {
+                    value: e.value.to_vec(),
+                    version: e.header.version,
+                    expire_at_ms: e.header.expire_at_ms,
+                })
+            })?;
+            if found.is_some() {
+                return Ok(found);
             }
-            let se = ScanEntry {
-                header: &e.header,
-                state,
-                key: e.key,
-                value: e.value,
-            };
-            visible_at(inner, tablet, &se, version, wall_ms).then(|| crate::Object {
-                value: e.value.to_vec(),
-                version: e.header.version,
-                expire_at_ms: e.header.expire_at_ms,
-            })
-        })?;
-        if found.is_some() {
-            return Ok(found);
+        }
+        if !moved {
+            return Ok(None);
         }
     }
-    Ok(None)
 }
 
 /// The baseline: walks the hash index and follows every reference into the log (random access).
@@ -553,6 +574,18 @@ pub(crate) fn hash_index_scan(
     wall_ms: u64,
     sink: &mut dyn Sink,
 ) -> Result<(), EngineError> {
+    // References must not move between buckets under the walk (that could show one twice).
+    {
+        let _head = tablet.head.lock();
+        tablet.index.hold_splits();
+    }
+    struct Release<'a>(&'a Tablet);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0.index.release_splits();
+        }
+    }
+    let _release = Release(tablet);
     let mut cursor = 0u64;
     let mut locs: Vec<Loc> = Vec::with_capacity(1024);
     loop {
@@ -563,7 +596,13 @@ pub(crate) fn hash_index_scan(
             .scan_refs(cursor, 1024, |loc, _| locs.push(loc));
         for &loc in &locs {
             let state = inner.entry_state(loc).load(Ordering::Acquire) & STATE_MASK;
+            let mut moved_key = None;
             let go_on = inner.with_entry(loc, true, |e| {
+                if state & STATE_MOVED != 0 {
+                    // Swapped to a copy after the bucket was read: follow the index to it.
+                    moved_key = Some(e.key.to_vec());
+                    return true;
+                }
                 let se = ScanEntry {
                     header: &e.header,
                     state,
@@ -579,11 +618,262 @@ pub(crate) fn hash_index_scan(
             if !go_on {
                 return Ok(());
             }
+            if let Some(key) = moved_key {
+                if let Some(o) = get_at(inner, tablet, &key, version, wall_ms)? {
+                    // Only this reference's version: the key's other versions have their own.
+                    let own = inner.with_entry(loc, false, |e| e.header.version)?;
+                    if o.version == own && !sink.visit(&key, &o.value, o.version, o.expire_at_ms) {
+                        return Ok(());
+                    }
+                }
+            }
         }
         drop(guard);
         if next == 0 {
             return Ok(());
         }
         cursor = next;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries
+
+/// A sink that evaluates a compiled query: filter, then projection into records or aggregation.
+pub(crate) struct QuerySink {
+    pub query: Arc<CompiledQuery>,
+    pub max_records: usize,
+    pub out: ScanOutput,
+    pub agg: Option<AggState>,
+    pub error: Option<EngineError>,
+}
+
+impl QuerySink {
+    pub fn new(query: Arc<CompiledQuery>, max_records: usize) -> QuerySink {
+        let agg = query.is_aggregate().then(|| query.agg_state());
+        QuerySink {
+            query,
+            max_records,
+            out: ScanOutput::default(),
+            agg,
+            error: None,
+        }
+    }
+
+    /// Folds another tablet's result into this one.
+    pub fn merge(&mut self, other: QuerySink) {
+        self.out.matched += other.out.matched;
+        self.out.malformed += other.out.malformed;
+        self.out.truncated |= other.out.truncated;
+        let room = self.max_records.saturating_sub(self.out.records.len());
+        if other.out.records.len() > room {
+            self.out.truncated = true;
+        }
+        self.out
+            .records
+            .extend(other.out.records.into_iter().take(room));
+        if let (Some(a), Some(b)) = (&mut self.agg, &other.agg) {
+            a.merge(b);
+        }
+        if self.error.is_none() {
+            self.error = other.error;
+        }
+    }
+
+    pub fn finish(mut self) -> Result<ScanOutput, EngineError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if let Some(agg) = &self.agg {
+            self.out.aggregates = Some(
+                agg.try_finish()
+                    .map_err(|e| EngineError::Query(e.to_string()))?,
+            );
+        }
+        Ok(self.out)
+    }
+
+    /// Handles one visible object; false once the record limit is reached.
+    #[inline]
+    pub fn accept(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
+        match self.query.matches(key, value) {
+            Ok(true) => {}
+            Ok(false) => return true,
+            Err(_) => {
+                self.out.malformed += 1;
+                return true;
+            }
+        }
+        if let Some(agg) = &mut self.agg {
+            match agg.update(value) {
+                Ok(()) => self.out.matched += 1,
+                Err(QueryError::SumOverflow { field }) => {
+                    self.error = Some(EngineError::Query(format!(
+                        "the sum of field {field} does not fit in an i64"
+                    )));
+                    return false;
+                }
+                Err(_) => self.out.malformed += 1,
+            }
+            return true;
+        }
+        if self.out.records.len() >= self.max_records {
+            self.out.truncated = true;
+            return false;
+        }
+        let mut projected = Vec::new();
+        if self.query.project(value, &mut projected).is_err() {
+            self.out.malformed += 1;
+            return true;
+        }
+        self.out.matched += 1;
+        self.out.records.push(ScanRecord {
+            key: key.to_vec(),
+            value: projected,
+            version,
+            expire_at_ms,
+        });
+        true
+    }
+}
+
+impl Sink for QuerySink {
+    #[inline]
+    fn visit(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
+        self.accept(key, value, version, expire_at_ms)
+    }
+
+    fn into_query_sink(self: Box<Self>) -> Option<QuerySink> {
+        Some(*self)
+    }
+}
+
+/// A placeholder left in a job once its sink was taken back.
+struct Taken;
+
+impl Sink for Taken {
+    fn visit(&mut self, _: &[u8], _: &[u8], _: u64, _: u64) -> bool {
+        false
+    }
+}
+
+/// Runs a query over one tablet through the shared-pass scheduler.
+pub(crate) fn query_tablet(
+    inner: &Inner,
+    tablet: TabletId,
+    snapshot: &Arc<SnapshotEntry>,
+    sink: QuerySink,
+) -> Result<QuerySink, EngineError> {
+    let job = Job::new(snapshot.clone(), Box::new(sink));
+    run_shared(inner, tablet, job.clone())?;
+    let sink = std::mem::replace(&mut *job.sink.lock(), Box::new(Taken));
+    Ok(sink
+        .into_query_sink()
+        .expect("a query job holds a query sink"))
+}
+
+/// Resumable paging through a table's log at one snapshot.
+pub struct ScanCursor {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) snapshot: crate::Snapshot,
+    pub(crate) query: Arc<CompiledQuery>,
+    pub(crate) tablets: std::collections::VecDeque<TabletId>,
+    pub(crate) current: Option<CursorTablet>,
+    pub(crate) scratch: Vec<u8>,
+}
+
+pub(crate) struct CursorTablet {
+    tablet: TabletId,
+    capture: Capture,
+    next_segment: usize,
+    walk: Option<SegmentWalk>,
+    open: Vec<u64>,
+}
+
+impl ScanCursor {
+    /// The snapshot the cursor reads at.
+    pub fn snapshot(&self) -> &crate::Snapshot {
+        &self.snapshot
+    }
+
+    /// Whether every tablet has been read.
+    pub fn is_done(&self) -> bool {
+        self.current.is_none() && self.tablets.is_empty()
+    }
+
+    /// Returns up to `max` more matching records (projected), in log order per tablet. An empty
+    /// page with `is_done()` true means the scan is complete.
+    pub fn next_page(&mut self, max: usize) -> Result<Vec<ScanRecord>, EngineError> {
+        let max = max.max(1);
+        let inner = self.inner.clone();
+        let mut sink = QuerySink::new(self.query.clone(), max);
+        self.snapshot.check()?;
+        let (version, wall_ms) = (self.snapshot.version(), self.snapshot.wall_ms());
+        while sink.out.records.len() < max {
+            if self.current.is_none() {
+                let Some(t) = self.tablets.pop_front() else {
+                    break;
+                };
+                let capture = capture(&inner, t)?;
+                inner
+                    .snapshots
+                    .attach_pins(&self.snapshot.entry, capture.pins.clone());
+                self.current = Some(CursorTablet {
+                    tablet: t,
+                    capture,
+                    next_segment: 0,
+                    walk: None,
+                    open: open_versions(&inner),
+                });
+            }
+            let cur = self.current.as_mut().expect("set above");
+            let tablet = inner.tablet(cur.tablet)?;
+            if cur.walk.is_none() {
+                match cur.capture.segments.get(cur.next_segment) {
+                    Some(c) => cur.walk = Some(SegmentWalk::new(&inner, *c)),
+                    None => {
+                        inner.unpin_all(&cur.capture.pins);
+                        self.current = None;
+                        continue;
+                    }
+                }
+            }
+            let walk = cur.walk.as_mut().expect("set above");
+            let guard = epoch::pin();
+            let finished = walk.walk(&inner, tablet, &cur.open, &mut self.scratch, |e| {
+                if visible_at(&inner, tablet, e, version, wall_ms) {
+                    sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
+                }
+                sink.out.records.len() < max
+            })?;
+            drop(guard);
+            if finished {
+                let walk = cur.walk.take().expect("present");
+                unpin_one(&inner, &cur.capture.pins, walk.segment);
+                report_garbage(&inner, &walk);
+                cur.next_segment += 1;
+            }
+            self.snapshot.check()?;
+        }
+        let out = sink.finish()?;
+        Ok(out.records)
+    }
+}
+
+impl Drop for ScanCursor {
+    fn drop(&mut self) {
+        if let Some(cur) = self.current.take() {
+            self.inner.unpin_all(&cur.capture.pins);
+        }
+    }
+}
+
+impl std::fmt::Debug for ScanCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScanCursor")
+            .field("snapshot", &self.snapshot.version())
+            .field("tablets_left", &self.tablets.len())
+            .field("done", &self.is_done())
+            .finish()
     }
 }

@@ -63,6 +63,8 @@ pub struct EngineStats {
     /// Bytes of superseded versions currently kept for snapshots (or not yet reclaimed).
     pub retained_bytes: u64,
     pub retained_reclaimed_bytes: u64,
+    /// Superseded versions currently kept (HISTORIC index references).
+    pub retained_versions: u64,
     pub snapshots_open: u64,
     pub snapshots_too_old: u64,
     /// Log-scan passes over a tablet, and the queries they served (shared scans: queries > passes).

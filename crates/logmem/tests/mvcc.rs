@@ -1,0 +1,493 @@
+//! Snapshots and log-order scans against an oracle built from the versions writes returned.
+
+use ramlog_logmem::query::{KeyFilter, Query};
+use ramlog_logmem::{
+    Condition, Engine, EngineConfig, EngineError, PutOptions, ScanMethod, ScanRecord, TabletId,
+};
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TABLE: u64 = 7;
+
+fn engine(
+    memory: u64,
+    segment_seglets: usize,
+    tweak: impl FnOnce(&mut EngineConfig),
+) -> Arc<Engine> {
+    let mut config = EngineConfig {
+        memory_bytes: memory,
+        segment_seglets,
+        oom_wait_ms: 5000,
+        value_size_max_bytes: 32 << 10,
+        key_size_max_bytes: 1024,
+        ..EngineConfig::default()
+    };
+    tweak(&mut config);
+    let e = Engine::new(config).unwrap();
+    // Two tablets split the slot space, so whole-table scans merge tablets.
+    e.create_tablet(TABLE, 0, 8191).unwrap();
+    e.create_tablet(TABLE, 8192, 16383).unwrap();
+    e
+}
+
+fn tablet(e: &Engine, key: &[u8]) -> TabletId {
+    e.locate(TABLE, key).unwrap()
+}
+
+fn all() -> Query {
+    Query::keys(KeyFilter::All)
+}
+
+fn as_map(records: Vec<ScanRecord>) -> BTreeMap<Vec<u8>, (Vec<u8>, u64)> {
+    as_map_of("scan", records)
+}
+
+fn as_map_of(what: &str, records: Vec<ScanRecord>) -> BTreeMap<Vec<u8>, (Vec<u8>, u64)> {
+    let mut m = BTreeMap::new();
+    for r in records {
+        let k = r.key.clone();
+        let v = r.version;
+        if let Some(old) = m.insert(r.key, (r.value, r.version)) {
+            panic!(
+                "{what}: key {:?} returned twice (versions {} and {v})",
+                String::from_utf8_lossy(&k),
+                old.1
+            );
+        }
+    }
+    m
+}
+
+#[test]
+fn snapshot_reads_see_exactly_their_version() {
+    let e = engine(64 << 20, 8, |_| {});
+    let put = |k: &str, v: &str| {
+        e.put(
+            tablet(&e, k.as_bytes()),
+            k.as_bytes(),
+            v.as_bytes(),
+            &PutOptions::default(),
+        )
+        .unwrap()
+        .version
+    };
+    put("a", "a1");
+    put("b", "b1");
+    put("c", "c1");
+    let s1 = e.snapshot();
+    put("a", "a2");
+    e.delete(tablet(&e, b"b"), b"b", Condition::None).unwrap();
+    put("d", "d1");
+    let s2 = e.snapshot();
+    put("a", "a3");
+    put("b", "b2");
+
+    let at = |s: &ramlog_logmem::Snapshot, k: &str| {
+        e.get_at(tablet(&e, k.as_bytes()), k.as_bytes(), s)
+            .unwrap()
+            .map(|o| String::from_utf8(o.value).unwrap())
+    };
+    assert_eq!(at(&s1, "a").as_deref(), Some("a1"));
+    assert_eq!(at(&s1, "b").as_deref(), Some("b1"));
+    assert_eq!(at(&s1, "d"), None);
+    assert_eq!(at(&s2, "a").as_deref(), Some("a2"));
+    assert_eq!(at(&s2, "b"), None);
+    assert_eq!(at(&s2, "d").as_deref(), Some("d1"));
+    assert_eq!(e.get(tablet(&e, b"a"), b"a").unwrap().unwrap().value, b"a3");
+
+    for method in [ScanMethod::Log, ScanMethod::HashIndex] {
+        let got = as_map(
+            e.scan(TABLE, &s1, &all(), method, usize::MAX)
+                .unwrap()
+                .records,
+        );
+        let keys: Vec<_> = got
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                (b"a".to_vec(), b"a1".to_vec()),
+                (b"b".to_vec(), b"b1".to_vec()),
+                (b"c".to_vec(), b"c1".to_vec())
+            ],
+            "{method:?}"
+        );
+        let got = as_map(
+            e.scan(TABLE, &s2, &all(), method, usize::MAX)
+                .unwrap()
+                .records,
+        );
+        let keys: Vec<_> = got.keys().cloned().collect();
+        assert_eq!(
+            keys,
+            vec![b"a".to_vec(), b"c".to_vec(), b"d".to_vec()],
+            "{method:?}"
+        );
+    }
+    // Versions kept for s1 and s2 are released with them.
+    assert!(e.stats().retained_versions > 0);
+    drop(s1);
+    drop(s2);
+    assert_eq!(e.stats().snapshots_open, 0);
+}
+
+/// Writers, the cleaner (forced to run constantly) and scans at snapshots run together; each
+/// scan must equal the oracle's state at its snapshot: nothing missing, nothing doubled, nothing
+/// stale or deleted.
+#[test]
+fn scans_are_snapshot_isolated_under_writers_and_cleaner() {
+    let e = engine(12 << 20, 4, |c| {
+        c.snapshot_max_retained_bytes = Some(64 << 20);
+        c.scan_batch_wait_us = 0;
+    });
+    let keys: Vec<Vec<u8>> = (0..1500)
+        .map(|i| format!("key:{i:05}").into_bytes())
+        .collect();
+    // Per key: every write as (version, value or delete).
+    let history: Arc<Mutex<HashMap<Vec<u8>, Vec<(u64, Option<Vec<u8>>)>>>> = Default::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for w in 0..3u64 {
+        let (e, keys, history, stop) = (e.clone(), keys.clone(), history.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(w);
+            let mut local: Vec<(Vec<u8>, u64, Option<Vec<u8>>)> = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) && n < 120_000 {
+                n += 1;
+                let k = &keys[rng.gen_range(0..keys.len())];
+                let t = tablet(&e, k);
+                if rng.gen_bool(0.15) {
+                    if let Some(v) = e.delete(t, k, Condition::None).unwrap() {
+                        local.push((k.clone(), v, None));
+                    }
+                } else {
+                    let len = rng.gen_range(20..400);
+                    let value: Vec<u8> = format!("{w}:{n}:")
+                        .into_bytes()
+                        .into_iter()
+                        .cycle()
+                        .take(len)
+                        .collect();
+                    let v = e.put(t, k, &value, &PutOptions::default()).unwrap().version;
+                    local.push((k.clone(), v, Some(value)));
+                }
+            }
+            let mut h = history.lock().unwrap();
+            for (k, v, val) in local {
+                h.entry(k).or_default().push((v, val));
+            }
+        }));
+    }
+    {
+        let (e, stop) = (e.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                e.clean_now();
+            }
+        }));
+    }
+    // Scans at snapshots, with all three readers: log scan, hash-index scan, paged cursor.
+    let mut observed: Vec<(u64, &'static str, BTreeMap<Vec<u8>, (Vec<u8>, u64)>)> = Vec::new();
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        round += 1;
+        let s = e.snapshot();
+        let v = s.version();
+        std::thread::sleep(Duration::from_millis(3));
+        let log = e
+            .scan(TABLE, &s, &all(), ScanMethod::Log, usize::MAX)
+            .unwrap();
+        observed.push((v, "log", as_map_of("log", log.records)));
+        if round % 3 == 0 {
+            let hash = e
+                .scan(TABLE, &s, &all(), ScanMethod::HashIndex, usize::MAX)
+                .unwrap();
+            observed.push((v, "hash", as_map_of("hash", hash.records)));
+        }
+        if round % 3 == 1 {
+            let mut cursor = e.scan_cursor(TABLE, s, &all()).unwrap();
+            let mut pages = Vec::new();
+            while !cursor.is_done() {
+                pages.extend(cursor.next_page(97).unwrap());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            observed.push((v, "cursor", as_map_of("cursor", pages)));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = e.stats();
+    assert!(
+        stats.cleaner_copied_bytes > 0,
+        "the cleaner never moved anything: {stats:?}"
+    );
+    let history = history.lock().unwrap();
+    let mut sorted: HashMap<&Vec<u8>, Vec<&(u64, Option<Vec<u8>>)>> = HashMap::new();
+    for (k, h) in history.iter() {
+        let mut h: Vec<_> = h.iter().collect();
+        h.sort_by_key(|(v, _)| *v);
+        sorted.insert(k, h);
+    }
+    assert!(observed.len() >= 10, "only {} scans ran", observed.len());
+    for (s, method, got) in &observed {
+        let mut expect = BTreeMap::new();
+        for (k, h) in &sorted {
+            if let Some((v, Some(val))) = h.iter().rev().find(|(v, _)| v <= s) {
+                expect.insert((*k).clone(), (val.clone(), *v));
+            }
+        }
+        assert_eq!(
+            got.len(),
+            expect.len(),
+            "{method} scan at {s}: wrong number of keys"
+        );
+        assert!(
+            got == &expect,
+            "{method} scan at {s} differs from the oracle"
+        );
+    }
+}
+
+#[test]
+fn snapshot_too_old_by_age_and_by_retained_bytes() {
+    let e = engine(64 << 20, 8, |c| {
+        c.snapshot_max_age_ms = 100;
+        c.snapshot_max_retained_bytes = Some(64 << 10);
+    });
+    let t = tablet(&e, b"x");
+    e.put(t, b"x", b"1", &PutOptions::default()).unwrap();
+    let s = e.snapshot();
+    assert!(e.get_at(t, b"x", &s).unwrap().is_some());
+    std::thread::sleep(Duration::from_millis(150));
+    match e.get_at(t, b"x", &s) {
+        Err(EngineError::SnapshotTooOld { reason, .. }) => {
+            assert!(reason.contains("ms old"), "{reason}")
+        }
+        other => panic!("expected snapshot too old, got {other:?}"),
+    }
+    assert!(matches!(
+        e.scan(TABLE, &s, &all(), ScanMethod::Log, 10),
+        Err(EngineError::SnapshotTooOld { .. })
+    ));
+
+    // Retained bytes: overwriting 1000 keys of 200 B under a snapshot keeps ~210 KB > 64 KiB.
+    let keys: Vec<Vec<u8>> = (0..1000).map(|i| format!("r{i}").into_bytes()).collect();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[1u8; 200], &PutOptions::default())
+            .unwrap();
+    }
+    let s = e.snapshot();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[2u8; 200], &PutOptions::default())
+            .unwrap();
+    }
+    match e.scan(TABLE, &s, &all(), ScanMethod::Log, usize::MAX) {
+        Err(EngineError::SnapshotTooOld { reason, .. }) => {
+            assert!(reason.contains("bytes of superseded versions"), "{reason}")
+        }
+        other => panic!(
+            "expected snapshot too old, got {:?}",
+            other.map(|o| o.records.len())
+        ),
+    }
+    // A fresh snapshot works and sees the new values.
+    let fresh = e.snapshot();
+    let out = e
+        .scan(TABLE, &fresh, &all(), ScanMethod::Log, usize::MAX)
+        .unwrap();
+    assert!(out
+        .records
+        .iter()
+        .filter(|r| r.key.starts_with(b"r"))
+        .all(|r| r.value == [2u8; 200]));
+    assert!(e.stats().snapshots_too_old >= 2);
+}
+
+#[test]
+fn memory_held_for_a_snapshot_is_reclaimed_after_release() {
+    let e = engine(64 << 20, 8, |c| {
+        c.snapshot_max_retained_bytes = Some(64 << 20)
+    });
+    let keys: Vec<Vec<u8>> = (0..20_000)
+        .map(|i| format!("m{i:06}").into_bytes())
+        .collect();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[1u8; 300], &PutOptions::default())
+            .unwrap();
+    }
+    let live_before = e.stats().live_bytes;
+    let s = e.snapshot();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[2u8; 300], &PutOptions::default())
+            .unwrap();
+    }
+    let held = e.stats();
+    assert!(held.retained_bytes >= live_before * 9 / 10, "{held:?}");
+    assert_eq!(held.retained_versions, keys.len() as u64);
+    // The snapshot still reads the old values.
+    let k = &keys[123];
+    assert_eq!(
+        e.get_at(tablet(&e, k), k, &s).unwrap().unwrap().value,
+        vec![1u8; 300]
+    );
+    drop(s);
+    // No memory pressure here: the cleaner compacts the segments the release left sparse.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.stats().retained_bytes > held.retained_bytes / 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Segments the release left mostly garbage are compacted at once; the few retained versions
+    // in segments that are still mostly live go with the next ordinary cleaning of those segments.
+    let after = e.stats();
+    assert!(
+        after.retained_bytes <= held.retained_bytes / 20,
+        "{after:?}"
+    );
+    assert!(
+        after.retained_reclaimed_bytes >= held.retained_bytes * 19 / 20,
+        "{after:?}"
+    );
+    assert!(
+        after.retained_versions <= keys.len() as u64 / 20,
+        "{after:?}"
+    );
+    assert!(
+        after.live_bytes <= live_before + live_before / 10,
+        "{after:?} vs {live_before}"
+    );
+    assert_eq!(
+        e.get(tablet(&e, k), k).unwrap().unwrap().value,
+        vec![2u8; 300]
+    );
+}
+
+#[test]
+fn scans_hand_sparse_segments_to_the_cleaner() {
+    let e = engine(256 << 20, 16, |_| {});
+    let keys: Vec<Vec<u8>> = (0..30_000)
+        .map(|i| format!("g{i:06}").into_bytes())
+        .collect();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[1u8; 200], &PutOptions::default())
+            .unwrap();
+    }
+    // Overwrite two thirds: old segments become one-third live, with memory far from full.
+    for k in keys.iter().filter(|k| k.last().unwrap() % 3 != 0) {
+        e.put(tablet(&e, k), k, &[2u8; 200], &PutOptions::default())
+            .unwrap();
+    }
+    let before = e.stats();
+    assert_eq!(before.scan_sparse_segments, 0);
+    let s = e.snapshot();
+    let out = e
+        .scan(TABLE, &s, &all(), ScanMethod::Log, usize::MAX)
+        .unwrap();
+    assert_eq!(out.records.len(), keys.len());
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (e.stats().segments_cleaned == before.segments_cleaned
+        || e.stats().free_seglets <= before.free_seglets)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = e.stats();
+    assert!(after.scan_sparse_segments > 0, "{after:?}");
+    assert!(
+        after.segments_cleaned > before.segments_cleaned,
+        "{after:?}"
+    );
+    assert!(after.free_seglets > before.free_seglets, "{after:?}");
+    // Nothing was lost.
+    for k in &keys {
+        let want = if k.last().unwrap() % 3 != 0 { 2u8 } else { 1u8 };
+        assert_eq!(
+            e.get(tablet(&e, k), k).unwrap().unwrap().value,
+            vec![want; 200]
+        );
+    }
+}
+
+#[test]
+fn concurrent_scans_share_passes() {
+    let e = engine(128 << 20, 16, |c| c.scan_batch_wait_us = 2000);
+    for i in 0..20_000 {
+        let k = format!("{}-{i:06}", i % 4).into_bytes();
+        e.put(tablet(&e, &k), &k, &[3u8; 100], &PutOptions::default())
+            .unwrap();
+    }
+    let before = e.stats();
+    let barrier = Arc::new(std::sync::Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let (e, barrier) = (e.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let q = Query::keys(KeyFilter::Prefix(format!("{i}-").into_bytes()));
+                let s = e.snapshot();
+                barrier.wait();
+                e.scan(TABLE, &s, &q, ScanMethod::Log, usize::MAX)
+                    .unwrap()
+                    .records
+                    .len()
+            })
+        })
+        .collect();
+    let counts: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(counts, vec![5000, 5000, 5000, 5000]);
+    let after = e.stats();
+    let passes = after.scan_passes - before.scan_passes;
+    let queries = after.scan_queries - before.scan_queries;
+    assert_eq!(queries, 8, "4 scans over 2 tablets");
+    assert!(
+        passes < queries,
+        "no pass was shared: {passes} passes for {queries} queries"
+    );
+}
+
+#[test]
+fn cursor_pages_resume_and_match_a_one_shot_scan() {
+    let e = engine(64 << 20, 4, |_| {});
+    for i in 0..5000 {
+        let k = format!("p{i:05}").into_bytes();
+        e.put(
+            tablet(&e, &k),
+            &k,
+            format!("v{i}").as_bytes(),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    }
+    let s = e.snapshot();
+    let q = Query::keys(KeyFilter::Glob(b"p*7".to_vec()));
+    let one_shot = as_map(
+        e.scan(TABLE, &s, &q, ScanMethod::Log, usize::MAX)
+            .unwrap()
+            .records,
+    );
+    assert_eq!(one_shot.len(), 500);
+    let mut cursor = e.scan_cursor(TABLE, s, &q).unwrap();
+    // Writes between pages are not seen by the cursor's snapshot.
+    let mut pages = Vec::new();
+    let mut n = 0;
+    while !cursor.is_done() {
+        let page = cursor.next_page(33).unwrap();
+        assert!(page.len() <= 33);
+        pages.extend(page);
+        n += 1;
+        let k = format!("p{:05}", n * 10 + 7).into_bytes();
+        e.delete(tablet(&e, &k), &k, Condition::None).unwrap();
+        let k = format!("new{n}7").into_bytes();
+        e.put(tablet(&e, &k), &k, b"x", &PutOptions::default())
+            .unwrap();
+    }
+    assert_eq!(as_map(pages), one_shot);
+}

@@ -2,7 +2,10 @@
 //! forced to run constantly (both a background thread and inline passes).
 
 use proptest::prelude::*;
-use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions, SEGLET_BYTES};
+use ramlog_logmem::query::{KeyFilter, Query};
+use ramlog_logmem::{
+    Condition, Engine, EngineConfig, EngineError, PutOptions, ScanMethod, Snapshot, SEGLET_BYTES,
+};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
@@ -17,6 +20,13 @@ enum Op {
     MultiPut(Vec<(u8, usize)>),
     Get(u8),
     Clean,
+    /// Open a snapshot (at most three stay open; the oldest is closed first).
+    Snapshot,
+    /// Read a key at the i-th open snapshot (modulo their number).
+    GetAt(u8, usize),
+    /// Scan the table at the i-th open snapshot, by log or hash index.
+    ScanAt(usize, bool),
+    Release(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -31,8 +41,12 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key.clone(), any::<bool>()).prop_map(|(k, b)| Op::DeleteIfVersion(k, b)),
         1 => (key.clone(), -5i64..5).prop_map(|(k, d)| Op::Incr(k, d)),
         1 => proptest::collection::vec((key.clone(), 0usize..200), 1..6).prop_map(Op::MultiPut),
-        3 => key.prop_map(Op::Get),
+        3 => key.clone().prop_map(Op::Get),
         1 => Just(Op::Clean),
+        1 => Just(Op::Snapshot),
+        2 => (key, any::<usize>()).prop_map(|(k, i)| Op::GetAt(k, i)),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(i, h)| Op::ScanAt(i, h)),
+        1 => any::<usize>().prop_map(Op::Release),
     ]
 }
 
@@ -74,7 +88,19 @@ fn check_all(engine: &Engine, tablet: u32, model: &BTreeMap<u8, Model>) {
 fn run(ops: Vec<Op>, background_cleaner: bool) {
     let writes = ops
         .iter()
-        .filter(|o| !matches!(o, Op::Get(_) | Op::Clean))
+        .filter(|o| {
+            matches!(
+                o,
+                Op::Put(..)
+                    | Op::PutIfAbsent(..)
+                    | Op::PutIfVersion(..)
+                    | Op::PutIfExists(..)
+                    | Op::Delete(_)
+                    | Op::DeleteIfVersion(..)
+                    | Op::Incr(..)
+                    | Op::MultiPut(_)
+            )
+        })
         .count();
     let engine = Engine::new(EngineConfig {
         memory_bytes: 96 * SEGLET_BYTES as u64,
@@ -91,6 +117,8 @@ fn run(ops: Vec<Op>, background_cleaner: bool) {
     // Highest version ever given to each key, to check versions grow across delete and re-create.
     let mut last_version: BTreeMap<u8, u64> = BTreeMap::new();
     let mut salt = 0u64;
+    // Open snapshots with the model's state when each was taken.
+    let mut snapshots: Vec<(Snapshot, BTreeMap<u8, Model>)> = Vec::new();
     let bump = |k: u8, v: u64, last: &mut BTreeMap<u8, u64>| {
         let prev = last.insert(k, v).unwrap_or(0);
         assert!(v > prev, "version of key {k} went from {prev} to {v}");
@@ -283,12 +311,73 @@ fn run(ops: Vec<Op>, background_cleaner: bool) {
                 engine.clean_until_idle(50);
                 check_all(&engine, tablet, &model);
             }
+            Op::Snapshot => {
+                if snapshots.len() == 3 {
+                    snapshots.remove(0);
+                }
+                snapshots.push((engine.snapshot(), model.clone()));
+            }
+            Op::GetAt(k, i) => {
+                if !snapshots.is_empty() {
+                    let (snap, then) = &snapshots[i % snapshots.len()];
+                    match engine.get_at(tablet, &key_bytes(k), snap) {
+                        Ok(got) => assert_eq!(
+                            got.map(|o| (o.value, o.version)),
+                            then.get(&k).map(|m| (m.value.clone(), m.version)),
+                            "get {k} at snapshot {}",
+                            snap.version()
+                        ),
+                        // Snapshots are released when memory runs short or they keep too much.
+                        Err(EngineError::SnapshotTooOld { .. }) => {}
+                        Err(e) => panic!("get_at: {e}"),
+                    }
+                }
+            }
+            Op::ScanAt(i, hash) => {
+                if !snapshots.is_empty() {
+                    let (snap, then) = &snapshots[i % snapshots.len()];
+                    let method = if hash {
+                        ScanMethod::HashIndex
+                    } else {
+                        ScanMethod::Log
+                    };
+                    match engine.scan(0, snap, &Query::keys(KeyFilter::All), method, usize::MAX) {
+                        Ok(out) => {
+                            let mut got: Vec<(Vec<u8>, Vec<u8>, u64)> = out
+                                .records
+                                .into_iter()
+                                .map(|r| (r.key, r.value, r.version))
+                                .collect();
+                            got.sort();
+                            let mut want: Vec<(Vec<u8>, Vec<u8>, u64)> = then
+                                .iter()
+                                .map(|(k, m)| (key_bytes(*k), m.value.clone(), m.version))
+                                .collect();
+                            want.sort();
+                            assert!(
+                                got == want,
+                                "{method:?} scan at snapshot {}",
+                                snap.version()
+                            );
+                        }
+                        Err(EngineError::SnapshotTooOld { .. }) => {}
+                        Err(e) => panic!("scan: {e}"),
+                    }
+                }
+            }
+            Op::Release(i) => {
+                if !snapshots.is_empty() {
+                    let n = snapshots.len();
+                    snapshots.remove(i % n);
+                }
+            }
         }
         if salt.is_multiple_of(16) {
             engine.clean_now();
         }
     }
     check_all(&engine, tablet, &model);
+    drop(snapshots);
     engine.clean_until_idle(1000);
     check_all(&engine, tablet, &model);
     let stats = engine.stats();

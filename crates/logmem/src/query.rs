@@ -1469,6 +1469,23 @@ struct CompiledPredicate {
 impl CompiledPredicate {
     #[inline(always)]
     fn eval(&self, view: &RecordView<'_>) -> Result<bool, SchemaError> {
+        // String and bytes fields compare as bytes: skip the UTF-8 check of `get`.
+        if self.slot.ty.fixed_width().is_none() {
+            let bytes = view.var(self.slot.pos as usize)?;
+            let null = view.is_null(&self.slot);
+            if null && !bytes.is_empty() {
+                return Err(SchemaError::MalformedRecord(
+                    "NULL field with nonzero length",
+                ));
+            }
+            return Ok(match &self.test {
+                Test::IsNull => null,
+                _ if null => false,
+                Test::Bytes(op, c) => op.holds(bytes.cmp(c)),
+                Test::Prefix(c) => bytes.starts_with(c),
+                _ => false,
+            });
+        }
         let field = view.get(&self.slot)?;
         Ok(match (&self.test, field) {
             (Test::IsNull, f) => matches!(f, FieldRef::Null),
@@ -1644,9 +1661,10 @@ impl CompiledQuery {
     ///
     /// Allocates nothing and reads only the fields the predicate names. Err means the value is
     /// not a record of the schema; checked are the envelope (header, sizes, total length) and the
-    /// fields evaluated, so a defect confined to a field the predicate does not read (say, bad
-    /// UTF-8 in another string field) is not seen here ([`Schema::validate`] sees everything;
-    /// [`CompiledQuery::project`] checks every field it copies).
+    /// fields evaluated, except that string contents compare as bytes and are not UTF-8-checked.
+    /// So a defect confined to a field the predicate does not read, or bad UTF-8 in a string, is
+    /// not seen here ([`Schema::validate`] sees everything; [`CompiledQuery::project`] checks
+    /// every field it copies).
     #[inline]
     pub fn matches(&self, key: &[u8], value: &[u8]) -> Result<bool, QueryError> {
         if !self.key_filter.matches(key) {
@@ -2273,6 +2291,26 @@ mod tests {
             s.field(&rec[..3], 0),
             Err(SchemaError::MalformedRecord(_))
         ));
+        // A record that would be valid with 2-byte offsets, but 1-byte offsets are enough.
+        let one = Schema::new(vec![Field::new("s", FieldType::String)]).unwrap();
+        assert_eq!(
+            one.encode(&[Value::Str("ab".into())]).unwrap(),
+            vec![0x04, 0, 2, b'a', b'b']
+        );
+        assert_eq!(
+            one.decode(&[0x05, 0, 2, 0, b'a', b'b']),
+            Err(SchemaError::MalformedRecord(
+                "offset width is not the smallest"
+            ))
+        );
+        assert!(
+            one.field(&[0x04, 0, 3, b'a', b'b'], 0).is_err(),
+            "last offset past the end"
+        );
+        assert!(
+            one.field(&[0x04, 0, 1, b'a', b'b'], 0).is_err(),
+            "trailing byte"
+        );
     }
 
     #[test]

@@ -589,7 +589,7 @@ fn utilisation(inner: &Inner, segment: u32) -> f64 {
 /// when no snapshot is open (they are, and the cleaner drops them when it meets them).
 fn effective_live(inner: &Inner, slot: &crate::segment::SegmentSlot) -> i64 {
     let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
-    if inner.snapshots.open_count() == 0 {
+    if !inner.snapshots.any_open() {
         (live - slot.retained_bytes.load(Ordering::Relaxed).max(0)).max(0)
     } else {
         live

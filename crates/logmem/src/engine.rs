@@ -445,6 +445,8 @@ impl Inner {
         let (slot, old_loc, h) = current;
         let len = h.total_len();
         if self.snapshots.any_at_or_above(h.version) && by > h.version {
+            // `slot` may move when the new reference goes in; the old one is found again below.
+            let _ = slot;
             let delta = by - h.version;
             let field = if delta < VALID_TO_FAR as u64 {
                 delta as u32
@@ -463,7 +465,6 @@ impl Inner {
             if let Some(loc) = new_loc {
                 tablet.index.insert(hash, loc, |l| self.rehash(l));
             }
-            let _ = slot;
             if let Some(old_slot) = tablet.index.find_loc(hash, old_loc) {
                 tablet.index.make_historic(old_slot);
             }

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 const TABLE: u64 = 7;
 
+/// Per key: every write as (version, value or None for a delete).
+type History = HashMap<Vec<u8>, Vec<(u64, Option<Vec<u8>>)>>;
+/// A scan's result: key -> (value, version).
+type Seen = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
+
 fn engine(
     memory: u64,
     segment_seglets: usize,
@@ -41,11 +46,11 @@ fn all() -> Query {
     Query::keys(KeyFilter::All)
 }
 
-fn as_map(records: Vec<ScanRecord>) -> BTreeMap<Vec<u8>, (Vec<u8>, u64)> {
+fn as_map(records: Vec<ScanRecord>) -> Seen {
     as_map_of("scan", records)
 }
 
-fn as_map_of(what: &str, records: Vec<ScanRecord>) -> BTreeMap<Vec<u8>, (Vec<u8>, u64)> {
+fn as_map_of(what: &str, records: Vec<ScanRecord>) -> Seen {
     let mut m = BTreeMap::new();
     for r in records {
         let k = r.key.clone();
@@ -149,7 +154,7 @@ fn scans_are_snapshot_isolated_under_writers_and_cleaner() {
         .map(|i| format!("key:{i:05}").into_bytes())
         .collect();
     // Per key: every write as (version, value or delete).
-    let history: Arc<Mutex<HashMap<Vec<u8>, Vec<(u64, Option<Vec<u8>>)>>>> = Default::default();
+    let history: Arc<Mutex<History>> = Default::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     for w in 0..3u64 {
@@ -193,7 +198,7 @@ fn scans_are_snapshot_isolated_under_writers_and_cleaner() {
         }));
     }
     // Scans at snapshots, with all three readers: log scan, hash-index scan, paged cursor.
-    let mut observed: Vec<(u64, &'static str, BTreeMap<Vec<u8>, (Vec<u8>, u64)>)> = Vec::new();
+    let mut observed: Vec<(u64, &'static str, Seen)> = Vec::new();
     let started = Instant::now();
     let mut round = 0;
     while started.elapsed() < Duration::from_secs(6) {
@@ -231,6 +236,7 @@ fn scans_are_snapshot_isolated_under_writers_and_cleaner() {
         "the cleaner never moved anything: {stats:?}"
     );
     let history = history.lock().unwrap();
+    #[allow(clippy::type_complexity)]
     let mut sorted: HashMap<&Vec<u8>, Vec<&(u64, Option<Vec<u8>>)>> = HashMap::new();
     for (k, h) in history.iter() {
         let mut h: Vec<_> = h.iter().collect();

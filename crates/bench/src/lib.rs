@@ -9,4 +9,5 @@ pub mod engine;
 pub mod native;
 pub mod report;
 pub mod resp;
+pub mod scan;
 pub mod util;

@@ -60,6 +60,8 @@ enum Suite {
     Native,
     /// Backup logs (two-level logging): throughput vs raw disk, two-level on/off, reorganization, replay.
     Backup,
+    /// Log-order scans against hash-index scans and gets, scan bandwidth, shared scans, writes during scans.
+    Scan,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,6 +88,7 @@ fn main() -> anyhow::Result<()> {
                 Suite::Resp => ramlog_bench::resp::run(args.quick, args.json.as_deref()),
                 Suite::Native => ramlog_bench::native::run(args.quick, args.json.as_deref()),
                 Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
+                Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
             }
         }
     }

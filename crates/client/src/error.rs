@@ -49,6 +49,24 @@ pub enum Error {
     NoAuth(String),
     #[error("authentication failed: {0}")]
     AuthFailed(String),
+    /// The snapshot was released by the server (past its age or retained-bytes bound).
+    #[error("{message}")]
+    SnapshotTooOld { version: Version, message: String },
+    /// No snapshot with this id on the connection (released, or the connection was replaced).
+    #[error("no such snapshot {0}")]
+    NoSuchSnapshot(u64),
+    /// No paged scan with this id on the connection (finished, closed, or failed).
+    #[error("no such paged scan {0}")]
+    NoSuchCursor(u64),
+    /// The connection holds as many snapshots or paged scans as the server allows.
+    #[error("too many open (limit {limit}): {message}")]
+    TooManyOpen { limit: u64, message: String },
+    /// The snapshot already backs a paged scan (one paged scan per snapshot).
+    #[error("snapshot in use by paged scan {cursor}: {message}")]
+    SnapshotInUse { cursor: u64, message: String },
+    /// A query that cannot be sent (checked locally).
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
     /// Any other error status.
     #[error("server error {status:?}: {message}")]
     Server { status: Status, message: String },
@@ -84,6 +102,20 @@ impl From<ErrorReply> for Error {
             Status::Busy => Error::Busy(m),
             Status::NoAuth => Error::NoAuth(m),
             Status::AuthFailed => Error::AuthFailed(m),
+            Status::SnapshotTooOld => Error::SnapshotTooOld {
+                version: e.detail,
+                message: m,
+            },
+            Status::NoSuchSnapshot => Error::NoSuchSnapshot(e.detail),
+            Status::NoSuchCursor => Error::NoSuchCursor(e.detail),
+            Status::TooManyOpen => Error::TooManyOpen {
+                limit: e.detail,
+                message: m,
+            },
+            Status::SnapshotInUse => Error::SnapshotInUse {
+                cursor: e.detail,
+                message: m,
+            },
             status => Error::Server { status, message: m },
         }
     }

@@ -24,9 +24,13 @@
 pub mod cli;
 mod connection;
 mod error;
+mod scan;
 
 pub use error::Error;
-pub use ramlog_proto::native::{Condition, Expiry, Object, Request, Response, ServerHello};
+/// Queries, schemas and values of filtered scans (the engine's own types and wire forms).
+pub use ramlog_logmem::query;
+pub use ramlog_proto::native::{Condition, Expiry, Object, Record, Request, Response, ServerHello};
+pub use scan::{PagedScan, ScanAggregates, ScanResult, Snapshot};
 
 use bytes::Bytes;
 use connection::Connection;
@@ -175,6 +179,15 @@ impl Client {
         let conn = Connection::open(&self.inner.config).await?;
         *slot.current.lock() = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// A connection of the pool (round-robin), for state that lives on one connection.
+    async fn pooled_connection(&self) -> Result<Arc<Connection>, Error> {
+        let slot = self.pick_slot();
+        match tokio::time::timeout(self.timeout, self.connection(slot)).await {
+            Ok(c) => c,
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
     }
 
     fn pick_slot(&self) -> usize {

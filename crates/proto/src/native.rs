@@ -31,6 +31,8 @@ pub const FRAME_BYTES_HARD_MAX: usize = 1 << 30;
 pub const BATCH_ITEMS_MAX: u32 = 65_536;
 /// Largest SCAN-KEYS count hint the server honours (larger hints are clamped).
 pub const SCAN_COUNT_MAX: u32 = 65_536;
+/// Most records a SCAN_FILTERED / SCAN_NEXT page may carry (larger requests are clamped).
+pub const SCAN_PAGE_RECORDS_MAX: u32 = 10_000;
 
 /// Server hello flag: the server requires AUTH before data operations.
 pub const HELLO_FLAG_AUTH_REQUIRED: u16 = 0x0001;
@@ -53,20 +55,27 @@ pub mod opcode {
     pub const MULTI_PUT: u8 = 0x15;
     pub const SCAN_KEYS: u8 = 0x16;
     pub const EXPIRE: u8 = 0x17;
-    /// Reserved: open a read snapshot (MVCC).
+    /// Open a read snapshot (MVCC) held by the connection.
     pub const SNAPSHOT_OPEN: u8 = 0x20;
-    /// Reserved: release a read snapshot.
+    /// Release a read snapshot.
     pub const SNAPSHOT_RELEASE: u8 = 0x21;
-    /// Reserved: scan objects with predicates, projection and aggregation.
+    /// Scan a table's objects with a key filter, predicates, projection or aggregates.
     pub const SCAN_FILTERED: u8 = 0x22;
+    /// Read one key at a snapshot.
+    pub const GET_AT: u8 = 0x23;
+    /// The next page of a paged SCAN_FILTERED.
+    pub const SCAN_NEXT: u8 = 0x24;
+    /// Close a paged scan before its end.
+    pub const SCAN_CLOSE: u8 = 0x25;
+    /// Set (or remove) a table's schema.
+    pub const SET_SCHEMA: u8 = 0x26;
+    /// Read a table's schema.
+    pub const GET_SCHEMA: u8 = 0x27;
 
-    /// True for opcodes the protocol reserves for later versions (snapshots, filtered scans, 0x30..=0x3F
-    /// for server-to-server traffic).
+    /// True for opcodes the protocol reserves for later versions (0x30..=0x3F for server-to-server
+    /// traffic).
     pub fn is_reserved(op: u8) -> bool {
-        matches!(
-            op,
-            SNAPSHOT_OPEN | SNAPSHOT_RELEASE | SCAN_FILTERED | 0x30..=0x3F
-        )
+        matches!(op, 0x30..=0x3F)
     }
 
     /// A readable name, for messages and logs.
@@ -86,6 +95,11 @@ pub mod opcode {
             SNAPSHOT_OPEN => "SNAPSHOT_OPEN",
             SNAPSHOT_RELEASE => "SNAPSHOT_RELEASE",
             SCAN_FILTERED => "SCAN_FILTERED",
+            GET_AT => "GET_AT",
+            SCAN_NEXT => "SCAN_NEXT",
+            SCAN_CLOSE => "SCAN_CLOSE",
+            SET_SCHEMA => "SET_SCHEMA",
+            GET_SCHEMA => "GET_SCHEMA",
             _ => "UNKNOWN",
         }
     }
@@ -98,6 +112,7 @@ pub mod flag {
     /// PUT only: return the previous object.
     pub const RETURN_OLD: u8 = 0x02;
     /// Reserved: GET, MULTI_GET and SCAN_KEYS read from a snapshot (u64 snapshot id after the table).
+    /// Snapshot reads are GET_AT and SCAN_FILTERED today.
     pub const SNAPSHOT: u8 = 0x04;
     /// Reserved: SCAN_KEYS carries a filter after the pattern.
     pub const FILTER: u8 = 0x08;
@@ -124,6 +139,17 @@ pub enum Status {
     /// This server owns no tablet for the key (routing is stale).
     WrongServer,
     NoSuchTable,
+    /// The snapshot was released by the server because it passed its age or retained-bytes bound.
+    /// Detail: the snapshot's version.
+    SnapshotTooOld,
+    /// No snapshot with this id is open on this connection. Detail: the id.
+    NoSuchSnapshot,
+    /// No paged scan with this id is open on this connection. Detail: the id.
+    NoSuchCursor,
+    /// The connection holds as many snapshots or paged scans as allowed. Detail: the limit.
+    TooManyOpen,
+    /// The snapshot already backs a paged scan (one paged scan per snapshot). Detail: the scan's id.
+    SnapshotInUse,
     /// The body does not follow the layout of its opcode.
     BadRequest,
     UnknownOpcode,
@@ -156,6 +182,11 @@ impl Status {
             Status::CrossTablet => 0x07,
             Status::WrongServer => 0x08,
             Status::NoSuchTable => 0x09,
+            Status::SnapshotTooOld => 0x0A,
+            Status::NoSuchSnapshot => 0x0B,
+            Status::NoSuchCursor => 0x0C,
+            Status::TooManyOpen => 0x0D,
+            Status::SnapshotInUse => 0x0E,
             Status::BadRequest => 0x10,
             Status::UnknownOpcode => 0x11,
             Status::Unsupported => 0x12,
@@ -180,6 +211,11 @@ impl Status {
             0x07 => Status::CrossTablet,
             0x08 => Status::WrongServer,
             0x09 => Status::NoSuchTable,
+            0x0A => Status::SnapshotTooOld,
+            0x0B => Status::NoSuchSnapshot,
+            0x0C => Status::NoSuchCursor,
+            0x0D => Status::TooManyOpen,
+            0x0E => Status::SnapshotInUse,
             0x10 => Status::BadRequest,
             0x11 => Status::UnknownOpcode,
             0x12 => Status::Unsupported,
@@ -499,6 +535,38 @@ pub enum Request<'a> {
         count: u32,
         pattern: &'a [u8],
     },
+    /// Open a snapshot held by this connection.
+    SnapshotOpen,
+    SnapshotRelease {
+        snapshot: u64,
+    },
+    /// `snapshot` 0 = a fresh snapshot for this scan. `query` is `ramlog_logmem::query::Query::to_bytes`.
+    ScanFiltered {
+        table: TableId,
+        snapshot: u64,
+        max_records: u32,
+        query: &'a [u8],
+    },
+    GetAt {
+        table: TableId,
+        snapshot: u64,
+        key: &'a [u8],
+    },
+    ScanNext {
+        cursor: u64,
+        max_records: u32,
+    },
+    ScanClose {
+        cursor: u64,
+    },
+    /// `schema` is `ramlog_logmem::query::Schema::to_bytes`; empty removes the table's schema.
+    SetSchema {
+        table: TableId,
+        schema: &'a [u8],
+    },
+    GetSchema {
+        table: TableId,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -515,12 +583,26 @@ impl<'a> Request<'a> {
             Request::MultiGet { .. } => opcode::MULTI_GET,
             Request::MultiPut { .. } => opcode::MULTI_PUT,
             Request::ScanKeys { .. } => opcode::SCAN_KEYS,
+            Request::SnapshotOpen => opcode::SNAPSHOT_OPEN,
+            Request::SnapshotRelease { .. } => opcode::SNAPSHOT_RELEASE,
+            Request::ScanFiltered { .. } => opcode::SCAN_FILTERED,
+            Request::GetAt { .. } => opcode::GET_AT,
+            Request::ScanNext { .. } => opcode::SCAN_NEXT,
+            Request::ScanClose { .. } => opcode::SCAN_CLOSE,
+            Request::SetSchema { .. } => opcode::SET_SCHEMA,
+            Request::GetSchema { .. } => opcode::GET_SCHEMA,
         }
     }
 
     fn table(&self) -> Option<TableId> {
         match self {
-            Request::Ping { .. } | Request::Auth { .. } | Request::Stats => None,
+            Request::Ping { .. }
+            | Request::Auth { .. }
+            | Request::Stats
+            | Request::SnapshotOpen
+            | Request::SnapshotRelease { .. }
+            | Request::ScanNext { .. }
+            | Request::ScanClose { .. } => None,
             Request::Get { table, .. }
             | Request::Put { table, .. }
             | Request::Delete { table, .. }
@@ -528,7 +610,11 @@ impl<'a> Request<'a> {
             | Request::Expire { table, .. }
             | Request::MultiGet { table, .. }
             | Request::MultiPut { table, .. }
-            | Request::ScanKeys { table, .. } => Some(*table),
+            | Request::ScanKeys { table, .. }
+            | Request::ScanFiltered { table, .. }
+            | Request::GetAt { table, .. }
+            | Request::SetSchema { table, .. }
+            | Request::GetSchema { table } => Some(*table),
         }
     }
 
@@ -598,6 +684,31 @@ impl<'a> Request<'a> {
                 out.put_u32_le(*count);
                 put_bytes(out, pattern);
             }
+            Request::SnapshotOpen | Request::GetSchema { .. } => {}
+            Request::SnapshotRelease { snapshot } => out.put_u64_le(*snapshot),
+            Request::ScanFiltered {
+                snapshot,
+                max_records,
+                query,
+                ..
+            } => {
+                out.put_u64_le(*snapshot);
+                out.put_u32_le(*max_records);
+                put_bytes(out, query);
+            }
+            Request::GetAt { snapshot, key, .. } => {
+                out.put_u64_le(*snapshot);
+                put_bytes(out, key);
+            }
+            Request::ScanNext {
+                cursor,
+                max_records,
+            } => {
+                out.put_u64_le(*cursor);
+                out.put_u32_le(*max_records);
+            }
+            Request::ScanClose { cursor } => out.put_u64_le(*cursor),
+            Request::SetSchema { schema, .. } => put_bytes(out, schema),
         }
         finish_frame(out, start);
     }
@@ -639,6 +750,10 @@ impl<'a> Request<'a> {
                 | opcode::MULTI_GET
                 | opcode::MULTI_PUT
                 | opcode::SCAN_KEYS
+                | opcode::SCAN_FILTERED
+                | opcode::GET_AT
+                | opcode::SET_SCHEMA
+                | opcode::GET_SCHEMA
         );
         let table = if flags & flag::TABLE != 0 {
             if !keyed {
@@ -728,6 +843,43 @@ impl<'a> Request<'a> {
                     pattern: r.bytes("pattern")?,
                 }
             }
+            opcode::SNAPSHOT_OPEN => Request::SnapshotOpen,
+            opcode::SNAPSHOT_RELEASE => Request::SnapshotRelease {
+                snapshot: r.u64("snapshot id")?,
+            },
+            opcode::SCAN_FILTERED => {
+                let snapshot = r.u64("snapshot id")?;
+                let max_records = r.u32("max records")?;
+                Request::ScanFiltered {
+                    table,
+                    snapshot,
+                    max_records,
+                    query: r.bytes("query")?,
+                }
+            }
+            opcode::GET_AT => {
+                let snapshot = r.u64("snapshot id")?;
+                Request::GetAt {
+                    table,
+                    snapshot,
+                    key: r.bytes("key")?,
+                }
+            }
+            opcode::SCAN_NEXT => {
+                let cursor = r.u64("cursor id")?;
+                Request::ScanNext {
+                    cursor,
+                    max_records: r.u32("max records")?,
+                }
+            }
+            opcode::SCAN_CLOSE => Request::ScanClose {
+                cursor: r.u64("cursor id")?,
+            },
+            opcode::SET_SCHEMA => Request::SetSchema {
+                table,
+                schema: r.bytes("schema")?,
+            },
+            opcode::GET_SCHEMA => Request::GetSchema { table },
             other => {
                 return Err(DecodeError {
                     status: Status::UnknownOpcode,
@@ -789,7 +941,91 @@ pub enum Response {
         cursor: u64,
         keys: Vec<Bytes>,
     },
+    /// A new snapshot: its id on this connection and its read version.
+    SnapshotOpen {
+        snapshot: u64,
+        version: Version,
+    },
+    SnapshotReleased,
+    /// The key's object at the snapshot.
+    GetAt(Option<Object>),
+    /// A page of records (reply to SCAN_FILTERED of a record query, and to SCAN_NEXT). `cursor` is the
+    /// paged scan to continue with SCAN_NEXT, 0 when this is the last page.
+    ScanPage {
+        cursor: u64,
+        snapshot_version: Version,
+        records: Vec<Record>,
+    },
+    /// The reply to SCAN_FILTERED of an aggregate query. `values` is the aggregates' values in query
+    /// order, in `ramlog_logmem::query::encode_values` form.
+    ScanAggregates {
+        snapshot_version: Version,
+        matched: u64,
+        malformed: u64,
+        values: Bytes,
+    },
+    ScanClosed,
+    SchemaSet,
+    /// The table's schema (`Schema::to_bytes`); empty when the table has none.
+    Schema(Bytes),
     Error(ErrorReply),
+}
+
+/// One record of a scan page: the key, the value (projected when the query projects), its version and
+/// expiry (unix ms, 0 = none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub version: Version,
+    pub expire_at_ms: u64,
+}
+
+/// Kind byte of a scan reply.
+pub const SCAN_REPLY_RECORDS: u8 = 0;
+/// Kind byte of a scan reply.
+pub const SCAN_REPLY_AGGREGATES: u8 = 1;
+
+/// Bytes one record adds to a scan page.
+pub fn record_wire_bytes(key_len: usize, value_len: usize) -> usize {
+    4 + key_len + 8 + 8 + 4 + value_len
+}
+
+/// Append one record of a scan page (`bytes key`, `u64 version`, `u64 expire_at_ms`, `bytes value`).
+pub fn put_record(
+    out: &mut BytesMut,
+    key: &[u8],
+    value: &[u8],
+    version: Version,
+    expire_at_ms: u64,
+) {
+    put_bytes(out, key);
+    out.put_u64_le(version);
+    out.put_u64_le(expire_at_ms);
+    put_bytes(out, value);
+}
+
+/// Append the start of a scan page frame (header, kind, cursor, snapshot version, record count); the
+/// caller appends `count` records with [`put_record`] and then calls [`finish_reply_frame`].
+pub fn begin_scan_page(
+    out: &mut BytesMut,
+    request_id: u64,
+    opcode: u8,
+    cursor: u64,
+    snapshot_version: Version,
+    count: u32,
+) -> usize {
+    let start = begin_frame(out, request_id, opcode, Status::Ok.to_u8());
+    out.put_u8(SCAN_REPLY_RECORDS);
+    out.put_u64_le(cursor);
+    out.put_u64_le(snapshot_version);
+    out.put_u32_le(count);
+    start
+}
+
+/// Patch the length of a frame begun at `start` (see [`begin_scan_page`]).
+pub fn finish_reply_frame(out: &mut BytesMut, start: usize) {
+    finish_frame(out, start);
 }
 
 fn put_object(out: &mut BytesMut, object: &Option<Object>) {
@@ -861,6 +1097,38 @@ impl Response {
                     put_bytes(out, key);
                 }
             }
+            Response::SnapshotOpen { snapshot, version } => {
+                out.put_u64_le(*snapshot);
+                out.put_u64_le(*version);
+            }
+            Response::SnapshotReleased | Response::ScanClosed | Response::SchemaSet => {}
+            Response::GetAt(object) => put_object(out, object),
+            Response::ScanPage {
+                cursor,
+                snapshot_version,
+                records,
+            } => {
+                out.put_u8(SCAN_REPLY_RECORDS);
+                out.put_u64_le(*cursor);
+                out.put_u64_le(*snapshot_version);
+                out.put_u32_le(records.len() as u32);
+                for r in records {
+                    put_record(out, &r.key, &r.value, r.version, r.expire_at_ms);
+                }
+            }
+            Response::ScanAggregates {
+                snapshot_version,
+                matched,
+                malformed,
+                values,
+            } => {
+                out.put_u8(SCAN_REPLY_AGGREGATES);
+                out.put_u64_le(*snapshot_version);
+                out.put_u64_le(*matched);
+                out.put_u64_le(*malformed);
+                put_bytes(out, values);
+            }
+            Response::Schema(schema) => put_bytes(out, schema),
             Response::Error(_) => unreachable!("handled above"),
         }
         finish_frame(out, start);
@@ -948,6 +1216,56 @@ impl Response {
                 }
                 Response::ScanKeys { cursor, keys }
             }
+            opcode::SNAPSHOT_OPEN => {
+                let snapshot = r.u64("snapshot id")?;
+                Response::SnapshotOpen {
+                    snapshot,
+                    version: r.u64("version")?,
+                }
+            }
+            opcode::SNAPSHOT_RELEASE => Response::SnapshotReleased,
+            opcode::SCAN_CLOSE => Response::ScanClosed,
+            opcode::SET_SCHEMA => Response::SchemaSet,
+            opcode::GET_SCHEMA => Response::Schema(slice(r.bytes("schema")?)),
+            opcode::GET_AT => Response::GetAt(object(&mut r)?),
+            opcode::SCAN_FILTERED | opcode::SCAN_NEXT => match r.u8("scan reply kind")? {
+                SCAN_REPLY_RECORDS => {
+                    let cursor = r.u64("cursor id")?;
+                    let snapshot_version = r.u64("snapshot version")?;
+                    // Each record takes at least 24 bytes.
+                    let count = r.count("records", 24, u32::MAX)?;
+                    let mut records = Vec::with_capacity(count);
+                    for _ in 0..count {
+                        let key = slice(r.bytes("key")?);
+                        let version = r.u64("version")?;
+                        let expire_at_ms = r.u64("expiry")?;
+                        let value = slice(r.bytes("value")?);
+                        records.push(Record {
+                            key,
+                            value,
+                            version,
+                            expire_at_ms,
+                        });
+                    }
+                    Response::ScanPage {
+                        cursor,
+                        snapshot_version,
+                        records,
+                    }
+                }
+                SCAN_REPLY_AGGREGATES if opcode == opcode::SCAN_FILTERED => {
+                    let snapshot_version = r.u64("snapshot version")?;
+                    let matched = r.u64("matched")?;
+                    let malformed = r.u64("malformed")?;
+                    Response::ScanAggregates {
+                        snapshot_version,
+                        matched,
+                        malformed,
+                        values: slice(r.bytes("values")?),
+                    }
+                }
+                other => return Err(DecodeError::bad(format!("scan reply kind {other}"))),
+            },
             other => {
                 return Err(DecodeError::bad(format!(
                     "reply to unknown opcode 0x{other:02x}"

@@ -157,9 +157,7 @@ fn malformed_bodies_are_typed_errors() {
     assert_eq!(e.status, Status::UnknownOpcode);
     // Reserved opcodes and flags.
     assert_eq!(
-        Request::decode(opcode::SNAPSHOT_OPEN, 0, &[])
-            .unwrap_err()
-            .status,
+        Request::decode(0x30, 0, &[]).unwrap_err().status,
         Status::Unsupported
     );
     assert_eq!(
@@ -199,6 +197,79 @@ fn malformed_bodies_are_typed_errors() {
     body.extend_from_slice(&[0; 8]);
     assert_eq!(
         Request::decode(opcode::DELETE, 0, &body)
+            .unwrap_err()
+            .status,
+        Status::BadRequest
+    );
+}
+
+#[test]
+fn scan_frames_are_as_documented() {
+    // SCAN_FILTERED on table 3 at snapshot 9, 100 records a page, query bytes [1, 0, 0, 0, 0].
+    let buf = frame_of(
+        &Request::ScanFiltered {
+            table: 3,
+            snapshot: 9,
+            max_records: 100,
+            query: &[1, 0, 0, 0, 0],
+        },
+        5,
+    );
+    assert_eq!(buf[12], opcode::SCAN_FILTERED);
+    assert_eq!(buf[13], flag::TABLE);
+    let expected: Vec<u8> = [
+        &3u64.to_le_bytes()[..],
+        &9u64.to_le_bytes(),
+        &100u32.to_le_bytes(),
+        &[5, 0, 0, 0, 1, 0, 0, 0, 0],
+    ]
+    .concat();
+    assert_eq!(&buf[HEADER_LEN..], &expected[..]);
+    // A page with one record, built by the direct encoder, equals Response::encode's bytes.
+    let mut direct = BytesMut::new();
+    let start = begin_scan_page(&mut direct, 5, opcode::SCAN_NEXT, 77, 12, 1);
+    put_record(&mut direct, b"k", b"vv", 11, 0);
+    finish_reply_frame(&mut direct, start);
+    let page = Response::ScanPage {
+        cursor: 77,
+        snapshot_version: 12,
+        records: vec![Record {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::from_static(b"vv"),
+            version: 11,
+            expire_at_ms: 0,
+        }],
+    };
+    let mut encoded = BytesMut::new();
+    page.encode(5, opcode::SCAN_NEXT, &mut encoded);
+    assert_eq!(direct, encoded);
+    let body: Vec<u8> = [
+        &[SCAN_REPLY_RECORDS][..],
+        &77u64.to_le_bytes(),
+        &12u64.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &[1, 0, 0, 0, b'k'],
+        &11u64.to_le_bytes(),
+        &0u64.to_le_bytes(),
+        &[2, 0, 0, 0, b'v', b'v'],
+    ]
+    .concat();
+    assert_eq!(&encoded[HEADER_LEN..], &body[..]);
+    assert_eq!(record_wire_bytes(1, 2), body.len() - 21);
+    // Aggregates only answer SCAN_FILTERED; a SCAN_NEXT reply of that kind is malformed.
+    let mut agg = BytesMut::new();
+    Response::ScanAggregates {
+        snapshot_version: 1,
+        matched: 2,
+        malformed: 0,
+        values: Bytes::from_static(&[0]),
+    }
+    .encode(1, opcode::SCAN_NEXT, &mut agg);
+    let h = parse_header(&agg, FRAME_BYTES_HARD_MAX).unwrap().unwrap();
+    assert!(Response::decode(h.opcode, 0, agg.freeze().slice(HEADER_LEN..)).is_err());
+    // TABLE is not valid on connection-level scan operations.
+    assert_eq!(
+        Request::decode(opcode::SCAN_NEXT, flag::TABLE, &[0; 20])
             .unwrap_err()
             .status,
         Status::BadRequest
@@ -258,7 +329,7 @@ impl Owned {
     fn request(&self) -> Request<'_> {
         let table = self.table;
         let key = &self.a[..];
-        match self.kind % 11 {
+        match self.kind % 19 {
             0 => Request::Ping { payload: key },
             1 => Request::Auth { password: key },
             2 => Request::Stats,
@@ -298,12 +369,32 @@ impl Owned {
                 table,
                 items: self.list.iter().map(|(k, v)| (&k[..], &v[..])).collect(),
             },
-            _ => Request::ScanKeys {
+            10 => Request::ScanKeys {
                 table,
                 cursor: self.n,
                 count: self.m,
                 pattern: key,
             },
+            11 => Request::SnapshotOpen,
+            12 => Request::SnapshotRelease { snapshot: self.n },
+            13 => Request::ScanFiltered {
+                table,
+                snapshot: self.n,
+                max_records: self.m,
+                query: key,
+            },
+            14 => Request::GetAt {
+                table,
+                snapshot: self.n,
+                key,
+            },
+            15 => Request::ScanNext {
+                cursor: self.n,
+                max_records: self.m,
+            },
+            16 => Request::ScanClose { cursor: self.n },
+            17 => Request::SetSchema { table, schema: key },
+            _ => Request::GetSchema { table },
         }
     }
 }
@@ -393,6 +484,60 @@ fn response_strategy() -> impl Strategy<Value = (u8, Response)> {
                 keys: keys.into_iter().map(Bytes::from).collect()
             }
         )),
+        (any::<u64>(), any::<u64>()).prop_map(|(snapshot, version)| (
+            opcode::SNAPSHOT_OPEN,
+            Response::SnapshotOpen { snapshot, version }
+        )),
+        Just((opcode::SNAPSHOT_RELEASE, Response::SnapshotReleased)),
+        Just((opcode::SCAN_CLOSE, Response::ScanClosed)),
+        Just((opcode::SET_SCHEMA, Response::SchemaSet)),
+        bytes_strategy().prop_map(|s| (opcode::GET_SCHEMA, Response::Schema(s.into()))),
+        object_strategy().prop_map(|o| (opcode::GET_AT, Response::GetAt(o))),
+        (
+            any::<bool>(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec(
+                (
+                    bytes_strategy(),
+                    bytes_strategy(),
+                    any::<u64>(),
+                    any::<u64>()
+                ),
+                0..6
+            )
+        )
+            .prop_map(|(next, cursor, snapshot_version, records)| (
+                if next {
+                    opcode::SCAN_NEXT
+                } else {
+                    opcode::SCAN_FILTERED
+                },
+                Response::ScanPage {
+                    cursor,
+                    snapshot_version,
+                    records: records
+                        .into_iter()
+                        .map(|(key, value, version, expire_at_ms)| Record {
+                            key: key.into(),
+                            value: value.into(),
+                            version,
+                            expire_at_ms
+                        })
+                        .collect()
+                }
+            )),
+        (any::<u64>(), any::<u64>(), any::<u64>(), bytes_strategy()).prop_map(
+            |(snapshot_version, matched, malformed, values)| (
+                opcode::SCAN_FILTERED,
+                Response::ScanAggregates {
+                    snapshot_version,
+                    matched,
+                    malformed,
+                    values: values.into()
+                }
+            )
+        ),
         (1u8..=255, any::<u64>(), "[ -~]{0,30}", any::<u8>()).prop_map(
             |(status, detail, message, op)| (
                 op,
@@ -465,7 +610,11 @@ proptest! {
         let (ok, errors) = decode_request_stream(&bytes, max);
         prop_assert!(ok + errors <= bytes.len() / HEADER_LEN + 1);
         decode_response_stream(&bytes, max);
-        for op in [opcode::GET, opcode::PUT, opcode::MULTI_GET, opcode::MULTI_PUT, opcode::SCAN_KEYS] {
+        for op in [
+            opcode::GET, opcode::PUT, opcode::MULTI_GET, opcode::MULTI_PUT, opcode::SCAN_KEYS,
+            opcode::SNAPSHOT_OPEN, opcode::SNAPSHOT_RELEASE, opcode::SCAN_FILTERED, opcode::GET_AT,
+            opcode::SCAN_NEXT, opcode::SCAN_CLOSE, opcode::SET_SCHEMA, opcode::GET_SCHEMA,
+        ] {
             let _ = Request::decode(op, bytes.first().copied().unwrap_or(0) & flag::KNOWN, &bytes);
             let _ = Response::decode(op, 0, Bytes::copy_from_slice(&bytes));
         }

@@ -120,6 +120,17 @@ pub struct ServerConfig {
     pub persistence: PersistenceMode,
     /// Background flush period in `async` persistence.
     pub flush_interval_ms: u64,
+    /// A snapshot (native SNAPSHOT_OPEN, or the one a scan takes) older than this is released and
+    /// answers "snapshot too old".
+    pub snapshot_max_age_ms: u64,
+    /// A snapshot is released ("snapshot too old") once more than this many bytes of superseded
+    /// versions were kept since it opened; unset = an eighth of `memory`.
+    #[serde(
+        default,
+        deserialize_with = "de_opt_size",
+        serialize_with = "ser_opt_size"
+    )]
+    pub snapshot_max_retained_bytes: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -146,6 +157,8 @@ impl Default for ServerConfig {
             tablets: 16,
             persistence: PersistenceMode::Async,
             flush_interval_ms: 100,
+            snapshot_max_age_ms: 60_000,
+            snapshot_max_retained_bytes: None,
         }
     }
 }
@@ -274,6 +287,9 @@ impl ServerConfig {
         if self.persistence != PersistenceMode::Off && self.flush_interval_ms == 0 {
             return invalid("flush_interval_ms", "must be positive");
         }
+        if self.snapshot_max_age_ms == 0 {
+            return invalid("snapshot_max_age_ms", "must be positive");
+        }
         Ok(())
     }
 }
@@ -293,6 +309,17 @@ fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 
 fn ser_size<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(*v)
+}
+
+fn de_opt_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    de_size(d).map(Some)
+}
+
+fn ser_opt_size<S: serde::Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_u64(*v),
+        None => s.serialize_none(),
+    }
 }
 
 #[cfg(test)]
@@ -341,6 +368,22 @@ mod tests {
         assert!(c.validate().is_err());
         c.memory_bytes = 1 << 30;
         c.admin_port = c.resp_port;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn snapshot_bounds() {
+        let c = ServerConfig::from_toml(
+            "snapshot_max_age_ms = 250\nsnapshot_max_retained_bytes = \"8MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.snapshot_max_age_ms, 250);
+        assert_eq!(c.snapshot_max_retained_bytes, Some(8 << 20));
+        assert_eq!(ServerConfig::default().snapshot_max_retained_bytes, None);
+        let c = ServerConfig {
+            snapshot_max_age_ms: 0,
+            ..Default::default()
+        };
         assert!(c.validate().is_err());
     }
 

@@ -9,6 +9,9 @@
 //! Model: the task reads whatever bytes arrived, answers every complete frame in them in order (engine
 //! calls take microseconds, so no request waits on another connection), and writes all the replies in one
 //! write. A client that stops reading only stalls its own task (and is cut after `write_timeout`).
+//! Requests that may take long (filtered scans, reads at a snapshot) are the exception: they run as jobs
+//! on the blocking pool (see `native_scan.rs`) and their replies are written when they finish, while the
+//! connection goes on answering its other requests.
 
 use bytes::{Buf, BytesMut};
 use ramlog_common::{key_slot, TableId};
@@ -20,11 +23,17 @@ use ramlog_proto::native::{
     HELLO_FLAG_AUTH_REQUIRED, HELLO_FLAG_REFUSED, PROTOCOL_VERSION, REFUSAL_BODY_MAX_BYTES,
     SCAN_COUNT_MAX,
 };
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+
+#[path = "native_scan.rs"]
+mod scan;
+pub use scan::ScanLimits;
 
 /// Limits and settings of native connections. `Default` gives the documented defaults.
 #[derive(Clone)]
@@ -55,6 +64,8 @@ pub struct NativeConfig {
     /// Told about every answered request: its opcode, the time spent on it, and whether it succeeded
     /// (for the server's metrics). Requests refused with BUSY or FRAME_TOO_LARGE are not reported.
     pub request_observer: Option<RequestObserver>,
+    /// Snapshots and paged scans per connection, and the size of scan pages.
+    pub scan: ScanLimits,
 }
 
 /// Produces the server's status JSON for STATS.
@@ -79,6 +90,7 @@ impl Default for NativeConfig {
             value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
             status_json: None,
             request_observer: None,
+            scan: ScanLimits::default(),
         }
     }
 }
@@ -93,6 +105,7 @@ impl fmt::Debug for NativeConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("write_timeout", &self.write_timeout)
             .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .field("scan", &self.scan)
             .finish_non_exhaustive()
     }
 }
@@ -105,7 +118,7 @@ pub async fn serve_native_connection(
     config: Arc<NativeConfig>,
 ) {
     let peer = stream.peer_addr().ok();
-    if let Err(e) = serve(stream, &engine, &config).await {
+    if let Err(e) = serve(stream, engine, &config).await {
         tracing::debug!(?peer, "native connection closed: {e}");
     }
 }
@@ -138,6 +151,70 @@ struct Session<'a> {
     authenticated: bool,
     /// Scratch space reused across SCAN_KEYS requests.
     scan_keys: Vec<Vec<u8>>,
+    /// Open snapshots and paged scans.
+    scans: scan::ScanSession,
+    /// Jobs created by the requests just answered, for the connection task to run.
+    new_jobs: Vec<QueuedJob>,
+    /// Jobs queued or running, not yet answered.
+    jobs_outstanding: usize,
+}
+
+/// A request's blocking work with what the metrics need.
+struct QueuedJob {
+    id: u64,
+    op: u8,
+    started: Instant,
+    job: scan::Job,
+}
+
+/// What a finished job hands back: (opcode, start time, reply frame).
+type JobDone = (u8, Instant, BytesMut);
+
+/// Run a job on the blocking pool; a panic becomes an INTERNAL error reply.
+fn spawn_job(jobs: &mut JoinSet<JobDone>, j: QueuedJob) {
+    jobs.spawn_blocking(move || {
+        let QueuedJob {
+            id,
+            op,
+            started,
+            job,
+        } = j;
+        let frame =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or_else(|_| {
+                let mut out = BytesMut::new();
+                encode_error(
+                    &mut out,
+                    id,
+                    op,
+                    Status::Internal,
+                    0,
+                    "the request failed inside the server",
+                );
+                out
+            });
+        (op, started, frame)
+    });
+}
+
+enum Event {
+    Read(std::io::Result<usize>),
+    IdleTimeout,
+    JobDone(Result<JobDone, tokio::task::JoinError>),
+}
+
+async fn read_some(
+    stream: &mut TcpStream,
+    input: &mut BytesMut,
+    idle_timeout: Option<Duration>,
+) -> Event {
+    let read = stream.read_buf(input);
+    match idle_timeout {
+        None => Event::Read(read.await),
+        Some(t) => match tokio::time::timeout(t, read).await {
+            Ok(r) => Event::Read(r),
+            Err(_) => Event::IdleTimeout,
+        },
+    }
 }
 
 async fn write_with_timeout(
@@ -208,9 +285,10 @@ pub async fn refuse_native_connection(mut stream: TcpStream, message: &str) {
 
 async fn serve(
     mut stream: TcpStream,
-    engine: &Engine,
+    engine_arc: Arc<Engine>,
     config: &NativeConfig,
 ) -> Result<(), Closed> {
+    let engine: &Engine = &engine_arc;
     let _ = stream.set_nodelay(true);
     let version = read_client_hello(&mut stream, config.handshake_timeout).await?;
     let flags = if config.password.is_some() {
@@ -230,33 +308,62 @@ async fn serve(
         config,
         authenticated: config.password.is_none(),
         scan_keys: Vec::new(),
+        scans: scan::ScanSession::new(engine_arc.clone(), config.scan),
+        new_jobs: Vec::new(),
+        jobs_outstanding: 0,
     };
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = BytesMut::with_capacity(16 * 1024);
     // Bytes of an oversize frame still to be discarded.
     let mut skip_bytes = 0usize;
+    // Blocking jobs running, and those waiting for a turn.
+    let mut jobs: JoinSet<JobDone> = JoinSet::new();
+    let mut waiting: VecDeque<QueuedJob> = VecDeque::new();
     loop {
+        waiting.extend(session.new_jobs.drain(..));
+        while jobs.len() < config.scan.jobs_running_max.max(1) {
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            spawn_job(&mut jobs, job);
+        }
         if input.capacity() - input.len() < 4096 {
             input.reserve(16 * 1024);
         }
-        let read = stream.read_buf(&mut input);
-        let n = if config.idle_timeout.is_zero() {
-            read.await?
-        } else {
-            match tokio::time::timeout(config.idle_timeout, read).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    encode_error(
-                        &mut output,
-                        0,
-                        0,
-                        Status::BadRequest,
-                        0,
-                        "idle timeout: closing the connection",
+        // A client waiting for a long scan is not idle.
+        let idle_timeout =
+            (!config.idle_timeout.is_zero() && jobs.is_empty()).then_some(config.idle_timeout);
+        let event = tokio::select! {
+            event = read_some(&mut stream, &mut input, idle_timeout) => event,
+            Some(done) = jobs.join_next(), if !jobs.is_empty() => Event::JobDone(done),
+        };
+        let n = match event {
+            Event::Read(r) => r?,
+            Event::IdleTimeout => {
+                encode_error(
+                    &mut output,
+                    0,
+                    0,
+                    Status::BadRequest,
+                    0,
+                    "idle timeout: closing the connection",
+                );
+                let _ = write_with_timeout(&mut stream, &output, config.write_timeout).await;
+                return Err(Closed::Reason("idle timeout"));
+            }
+            Event::JobDone(done) => {
+                session.jobs_outstanding = session.jobs_outstanding.saturating_sub(1);
+                let (op, started, frame) =
+                    done.map_err(|_| Closed::Reason("a scan job was lost"))?;
+                if let Some(observe) = &config.request_observer {
+                    observe(
+                        op,
+                        started.elapsed(),
+                        frame.get(13) == Some(&Status::Ok.to_u8()),
                     );
-                    let _ = write_with_timeout(&mut stream, &output, config.write_timeout).await;
-                    return Err(Closed::Reason("idle timeout"));
                 }
+                write_with_timeout(&mut stream, &frame, config.write_timeout).await?;
+                continue;
             }
         };
         if n == 0 {
@@ -294,6 +401,7 @@ async fn serve(
                     } else {
                         let body = &input[HEADER_LEN..frame_bytes];
                         let reply_at = output.len();
+                        let jobs_before = session.new_jobs.len();
                         let started = config.request_observer.as_ref().map(|_| Instant::now());
                         session.answer(
                             header.request_id,
@@ -303,7 +411,10 @@ async fn serve(
                             body,
                             &mut output,
                         );
-                        if let (Some(observe), Some(started)) = (&config.request_observer, started)
+                        // A request that became a job is reported when the job is done.
+                        let queued = session.new_jobs.len() > jobs_before;
+                        if let (Some(observe), Some(started), false) =
+                            (&config.request_observer, started, queued)
                         {
                             let ok = output.get(reply_at + 13) == Some(&Status::Ok.to_u8());
                             observe(header.opcode, started.elapsed(), ok);
@@ -400,7 +511,7 @@ fn engine_condition(condition: Condition) -> ramlog_logmem::Condition {
 }
 
 /// An error reply: status, detail number, message.
-struct Failure(Status, u64, String);
+pub(crate) struct Failure(Status, u64, String);
 
 impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Self {
@@ -424,6 +535,10 @@ impl From<EngineError> for Failure {
             }
             EngineError::OutOfMemory { .. } => Failure(Status::OutOfMemory, 0, message),
             EngineError::NoSuchTablet(_) => Failure(Status::WrongServer, 0, message),
+            EngineError::SnapshotTooOld { version, .. } => {
+                Failure(Status::SnapshotTooOld, version, message)
+            }
+            EngineError::Query(m) => Failure(Status::BadRequest, 0, format!("bad query: {m}")),
             _ => Failure(Status::Internal, 0, message),
         }
     }
@@ -463,7 +578,33 @@ impl Session<'_> {
         }
     }
 
-    /// Decode and run one request, appending exactly one reply frame to `out`.
+    /// Queue a request's blocking work; its reply is written when it is done.
+    fn queue_job(&mut self, id: u64, op: u8, job: scan::Job) -> Result<(), Failure> {
+        self.new_jobs.push(QueuedJob {
+            id,
+            op,
+            started: Instant::now(),
+            job,
+        });
+        self.jobs_outstanding += 1;
+        Ok(())
+    }
+
+    /// Refuse new scan work when as many requests as the in-flight limit wait for jobs.
+    fn check_job_room(&self) -> Result<(), Failure> {
+        let max = self.config.max_in_flight.max(1);
+        if self.jobs_outstanding >= max {
+            return Err(Failure(
+                Status::Busy,
+                max as u64,
+                format!("{max} scans or snapshot reads are unanswered on this connection; wait for replies"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decode and run one request, appending one reply frame to `out` (or queueing a job that
+    /// produces it later).
     fn answer(
         &mut self,
         request_id: u64,
@@ -636,6 +777,41 @@ impl Session<'_> {
                     cursor: next,
                     keys: keys.into_iter().map(bytes::Bytes::from).collect(),
                 }
+            }
+            Request::SnapshotOpen => self.scans.snapshot_open()?,
+            Request::SnapshotRelease { snapshot } => self.scans.snapshot_release(*snapshot)?,
+            Request::ScanClose { cursor } => self.scans.scan_close(*cursor)?,
+            Request::SetSchema { table, schema } => self.scans.set_schema(*table, schema)?,
+            Request::GetSchema { table } => self.scans.get_schema(*table),
+            Request::GetAt {
+                table,
+                snapshot,
+                key,
+            } => {
+                self.check_job_room()?;
+                let tablet = self.tablet(*table, key)?;
+                let job = self.scans.get_at(id, *snapshot, tablet, key)?;
+                return self.queue_job(id, op, job);
+            }
+            Request::ScanFiltered {
+                table,
+                snapshot,
+                max_records,
+                query,
+            } => {
+                self.check_job_room()?;
+                let job = self
+                    .scans
+                    .scan_filtered(id, *table, *snapshot, *max_records, query)?;
+                return self.queue_job(id, op, job);
+            }
+            Request::ScanNext {
+                cursor,
+                max_records,
+            } => {
+                self.check_job_room()?;
+                let job = self.scans.scan_next(id, *cursor, *max_records)?;
+                return self.queue_job(id, op, job);
             }
         };
         reply.encode(id, op, out);

@@ -186,6 +186,8 @@ impl Server {
             memory_bytes: config.memory_bytes,
             key_size_max_bytes: config.key_size_max_bytes as usize,
             value_size_max_bytes: config.value_size_max_bytes as usize,
+            snapshot_max_age_ms: config.snapshot_max_age_ms,
+            snapshot_max_retained_bytes: config.snapshot_max_retained_bytes,
             ..EngineConfig::default()
         })?;
         let keyspace = Keyspace::create(engine, config.tablets)?;

@@ -1,0 +1,547 @@
+//! Snapshots, schemas and filtered scans over the native protocol (`docs/protocol.md`, "Snapshots and
+//! scans"): the state one connection holds (open snapshots, paged scans) and the blocking work those
+//! requests do.
+//!
+//! A scan can take seconds, so SCAN_FILTERED, SCAN_NEXT and GET_AT run as jobs on tokio's blocking pool
+//! (a few at a time per connection); the connection task keeps answering the other requests meanwhile and
+//! writes each job's reply frame when it is done. Everything a request needs from the wire is checked
+//! before its job is queued (query bytes, ids, limits), so a job only meets engine errors.
+//!
+//! The engine's paged scan ([`ScanCursor`]) owns the snapshot it reads at. A snapshot the client opened
+//! (SNAPSHOT_OPEN) therefore moves into the first paged scan that uses it; GET_AT and aggregate scans at
+//! that snapshot go on working through the scan's copy, but a second paged scan at the same snapshot is
+//! refused (SNAPSHOT_IN_USE). Scans with snapshot id 0 open their own snapshot.
+
+use super::Failure;
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use ramlog_common::TableId;
+use ramlog_logmem::query::{encode_values, CompiledQuery, Query};
+use ramlog_logmem::{Engine, EngineError, ScanCursor, ScanMethod, ScanRecord, Snapshot, TabletId};
+use ramlog_proto::native::{
+    begin_scan_page, finish_reply_frame, opcode, put_record, record_wire_bytes, Object, Response,
+    Status,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Ids of snapshots and paged scans: process-wide, so an id is never reused (not even by another
+/// connection after a reconnect).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Limits of snapshots and scans per connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ScanLimits {
+    /// Snapshots one connection may hold open.
+    pub snapshots_max: usize,
+    /// Paged scans one connection may hold open.
+    pub cursors_max: usize,
+    /// Records per page (a request's `max_records` is clamped to 1..=this).
+    pub page_records_max: u32,
+    /// Bytes of records per page; a page holds at least one record.
+    pub page_bytes_max: usize,
+    /// Scan jobs of one connection running at once; more wait in the connection's queue.
+    pub jobs_running_max: usize,
+}
+
+impl Default for ScanLimits {
+    fn default() -> Self {
+        ScanLimits {
+            snapshots_max: 64,
+            cursors_max: 64,
+            page_records_max: ramlog_proto::native::SCAN_PAGE_RECORDS_MAX,
+            page_bytes_max: 4 << 20,
+            jobs_running_max: 4,
+        }
+    }
+}
+
+/// Where a client's snapshot lives.
+enum Holder {
+    /// Held by the connection.
+    Own(Snapshot),
+    /// Moved into a paged scan (which keeps it open until the snapshot is released).
+    InCursor { cursor_id: u64, cursor: CursorRef },
+    /// Lost because the paged scan that took it could not start.
+    Lost { version: u64, reason: String },
+}
+
+type SnapRef = Arc<Mutex<Holder>>;
+
+struct CursorState {
+    cursor: ScanCursor,
+    /// Records read from the engine that did not fit in the last page.
+    pending: VecDeque<ScanRecord>,
+}
+
+type CursorRef = Arc<Mutex<CursorState>>;
+type CursorMap = Arc<Mutex<HashMap<u64, CursorRef>>>;
+
+/// A request's work on the blocking pool; returns the reply frame.
+pub(super) type Job = Box<dyn FnOnce() -> BytesMut + Send + 'static>;
+
+/// The snapshots and paged scans of one connection. Dropped with the connection, which releases them.
+pub(super) struct ScanSession {
+    engine: Arc<Engine>,
+    limits: ScanLimits,
+    snapshots: HashMap<u64, SnapRef>,
+    cursors: CursorMap,
+}
+
+/// The snapshot a scan reads at.
+enum Source {
+    Fresh(Snapshot),
+    Client(SnapRef),
+}
+
+fn too_old(version: u64, reason: impl Into<String>) -> Failure {
+    Failure(
+        Status::SnapshotTooOld,
+        version,
+        format!(
+            "snapshot too old: snapshot {version} was released because {}",
+            reason.into()
+        ),
+    )
+}
+
+fn error_frame(id: u64, op: u8, f: Failure) -> BytesMut {
+    let mut out = BytesMut::new();
+    ramlog_proto::native::encode_error(&mut out, id, op, f.0, f.1, &f.2);
+    out
+}
+
+fn reply_frame(id: u64, op: u8, result: Result<Response, Failure>) -> BytesMut {
+    match result {
+        Ok(reply) => {
+            let mut out = BytesMut::new();
+            reply.encode(id, op, &mut out);
+            out
+        }
+        Err(f) => error_frame(id, op, f),
+    }
+}
+
+impl ScanSession {
+    pub(super) fn new(engine: Arc<Engine>, limits: ScanLimits) -> ScanSession {
+        ScanSession {
+            engine,
+            limits,
+            snapshots: HashMap::new(),
+            cursors: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    pub(super) fn snapshot_open(&mut self) -> Result<Response, Failure> {
+        if self.snapshots.len() >= self.limits.snapshots_max {
+            return Err(Failure(
+                Status::TooManyOpen,
+                self.limits.snapshots_max as u64,
+                format!(
+                    "this connection holds {} snapshots, the limit; release one first",
+                    self.limits.snapshots_max
+                ),
+            ));
+        }
+        let snapshot = self.engine.snapshot();
+        let version = snapshot.version();
+        let id = next_id();
+        self.snapshots
+            .insert(id, Arc::new(Mutex::new(Holder::Own(snapshot))));
+        Ok(Response::SnapshotOpen {
+            snapshot: id,
+            version,
+        })
+    }
+
+    pub(super) fn snapshot_release(&mut self, id: u64) -> Result<Response, Failure> {
+        // A job still using the snapshot keeps it alive until it finishes.
+        match self.snapshots.remove(&id) {
+            Some(_) => Ok(Response::SnapshotReleased),
+            None => Err(no_such_snapshot(id)),
+        }
+    }
+
+    fn client_snapshot(&self, id: u64) -> Result<SnapRef, Failure> {
+        self.snapshots
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| no_such_snapshot(id))
+    }
+
+    pub(super) fn set_schema(&self, table: TableId, bytes: &[u8]) -> Result<Response, Failure> {
+        let schema = if bytes.is_empty() {
+            None
+        } else {
+            Some(
+                ramlog_logmem::query::Schema::from_bytes(bytes)
+                    .map_err(|e| Failure(Status::BadRequest, 0, format!("bad schema: {e}")))?,
+            )
+        };
+        self.engine.set_schema(table, schema);
+        Ok(Response::SchemaSet)
+    }
+
+    pub(super) fn get_schema(&self, table: TableId) -> Response {
+        Response::Schema(
+            self.engine
+                .schema(table)
+                .map(|s| s.to_bytes())
+                .unwrap_or_default()
+                .into(),
+        )
+    }
+
+    /// GET_AT: checks the snapshot id now, reads on the blocking pool.
+    pub(super) fn get_at(
+        &self,
+        id: u64,
+        snapshot: u64,
+        tablet: TabletId,
+        key: &[u8],
+    ) -> Result<Job, Failure> {
+        let holder = self.client_snapshot(snapshot)?;
+        let engine = self.engine.clone();
+        let key = key.to_vec();
+        Ok(Box::new(move || {
+            let result = with_snapshot(&holder, |snap| engine.get_at(tablet, &key, snap))
+                .and_then(|r| r.map_err(engine_failure));
+            let result = result.map(|found| {
+                Response::GetAt(found.map(|o| Object {
+                    value: o.value.into(),
+                    version: o.version,
+                    expire_at_ms: o.expire_at_ms,
+                }))
+            });
+            reply_frame(id, opcode::GET_AT, result)
+        }))
+    }
+
+    /// SCAN_FILTERED: decodes and checks the query now, scans on the blocking pool.
+    pub(super) fn scan_filtered(
+        &self,
+        id: u64,
+        table: TableId,
+        snapshot: u64,
+        max_records: u32,
+        query: &[u8],
+    ) -> Result<Job, Failure> {
+        let query = Query::from_bytes(query)
+            .map_err(|e| Failure(Status::BadRequest, 0, format!("bad query: {e}")))?;
+        if !self.engine.tablets().iter().any(|t| t.table == table) {
+            return Err(Failure(
+                Status::NoSuchTable,
+                0,
+                format!("no tablet of table {table} on this server"),
+            ));
+        }
+        let schema = self.engine.schema(table);
+        let compiled = CompiledQuery::new(query.clone(), schema.as_deref())
+            .map_err(|e| Failure(Status::BadRequest, 0, format!("bad query: {e}")))?;
+        let aggregate = compiled.is_aggregate();
+        if !aggregate && self.cursors.lock().len() >= self.limits.cursors_max {
+            return Err(too_many_cursors(self.limits.cursors_max));
+        }
+        // A fresh snapshot is taken now, so that the scan sees exactly the requests before it.
+        let source = if snapshot == 0 {
+            Source::Fresh(self.engine.snapshot())
+        } else {
+            Source::Client(self.client_snapshot(snapshot)?)
+        };
+        let engine = self.engine.clone();
+        let limits = self.limits;
+        let max_records = max_records.clamp(1, limits.page_records_max.max(1)) as usize;
+        let cursors = self.cursors.clone();
+        Ok(Box::new(move || {
+            let op = opcode::SCAN_FILTERED;
+            if aggregate {
+                let result = aggregate_scan(&engine, table, &source, &query);
+                return reply_frame(id, op, result);
+            }
+            match record_scan(
+                &engine,
+                table,
+                source,
+                &query,
+                max_records,
+                limits,
+                &cursors,
+            ) {
+                Ok(frame) => frame(id),
+                Err(f) => error_frame(id, op, f),
+            }
+        }))
+    }
+
+    /// SCAN_NEXT: checks the cursor id now, reads the page on the blocking pool.
+    pub(super) fn scan_next(&self, id: u64, cursor: u64, max_records: u32) -> Result<Job, Failure> {
+        let state = self
+            .cursors
+            .lock()
+            .get(&cursor)
+            .cloned()
+            .ok_or_else(|| no_such_cursor(cursor))?;
+        let limits = self.limits;
+        let max_records = max_records.clamp(1, limits.page_records_max.max(1)) as usize;
+        let cursors = self.cursors.clone();
+        Ok(Box::new(move || {
+            let mut guard = state.lock();
+            let version = guard.cursor.snapshot().version();
+            match fill_page(&mut guard, max_records, limits.page_bytes_max) {
+                Ok((page, done)) => {
+                    if done {
+                        cursors.lock().remove(&cursor);
+                    }
+                    page_frame(
+                        id,
+                        opcode::SCAN_NEXT,
+                        if done { 0 } else { cursor },
+                        version,
+                        &page,
+                    )
+                }
+                Err(e) => {
+                    // The scan cannot go on (snapshot too old, ...): forget it.
+                    cursors.lock().remove(&cursor);
+                    error_frame(id, opcode::SCAN_NEXT, engine_failure(e))
+                }
+            }
+        }))
+    }
+
+    pub(super) fn scan_close(&self, cursor: u64) -> Result<Response, Failure> {
+        match self.cursors.lock().remove(&cursor) {
+            Some(_) => Ok(Response::ScanClosed),
+            None => Err(no_such_cursor(cursor)),
+        }
+    }
+}
+
+fn no_such_snapshot(id: u64) -> Failure {
+    Failure(
+        Status::NoSuchSnapshot,
+        id,
+        format!("no snapshot {id} is open on this connection"),
+    )
+}
+
+fn no_such_cursor(id: u64) -> Failure {
+    Failure(
+        Status::NoSuchCursor,
+        id,
+        format!("no paged scan {id} is open on this connection (finished, closed or never opened)"),
+    )
+}
+
+fn too_many_cursors(max: usize) -> Failure {
+    Failure(
+        Status::TooManyOpen,
+        max as u64,
+        format!(
+            "this connection holds {max} paged scans, the limit; close one or read it to the end"
+        ),
+    )
+}
+
+/// The engine error of a scan or read at a snapshot, as a reply.
+fn engine_failure(e: EngineError) -> Failure {
+    match e {
+        EngineError::SnapshotTooOld { version, reason } => too_old(version, reason),
+        e => e.into(),
+    }
+}
+
+/// Run `f` with a client snapshot, wherever it lives.
+fn with_snapshot<T>(holder: &SnapRef, f: impl FnOnce(&Snapshot) -> T) -> Result<T, Failure> {
+    let guard = holder.lock();
+    let cursor = match &*guard {
+        Holder::Own(s) => return Ok(f(s)),
+        Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
+        Holder::InCursor { cursor, .. } => cursor.clone(),
+    };
+    // Do not hold the snapshot's lock while waiting for the scan's.
+    drop(guard);
+    let state = cursor.lock();
+    Ok(f(state.cursor.snapshot()))
+}
+
+fn aggregate_scan(
+    engine: &Engine,
+    table: TableId,
+    source: &Source,
+    query: &Query,
+) -> Result<Response, Failure> {
+    let run = |snap: &Snapshot| {
+        let version = snap.version();
+        engine
+            .scan(table, snap, query, ScanMethod::Log, 0)
+            .map(|out| (out, version))
+            .map_err(engine_failure)
+    };
+    let (out, version) = match source {
+        Source::Fresh(snap) => run(snap)?,
+        Source::Client(holder) => with_snapshot(holder, run)??,
+    };
+    let values = out.aggregates.unwrap_or_default();
+    let mut encoded = Vec::new();
+    encode_values(&values, &mut encoded)
+        .map_err(|e| Failure(Status::Internal, 0, format!("encoding aggregates: {e}")))?;
+    Ok(Response::ScanAggregates {
+        snapshot_version: version,
+        matched: out.matched,
+        malformed: out.malformed,
+        values: encoded.into(),
+    })
+}
+
+/// Opens a paged scan and produces its first page; registers the scan when it has more pages.
+/// Returns a function that encodes the reply frame for a request id.
+fn record_scan(
+    engine: &Engine,
+    table: TableId,
+    source: Source,
+    query: &Query,
+    max_records: usize,
+    limits: ScanLimits,
+    cursors: &CursorMap,
+) -> Result<impl FnOnce(u64) -> BytesMut, Failure> {
+    let cursor_id = next_id();
+    let state: CursorRef = match source {
+        Source::Fresh(snap) => {
+            let cursor = engine
+                .scan_cursor(table, snap, query)
+                .map_err(engine_failure)?;
+            Arc::new(Mutex::new(CursorState {
+                cursor,
+                pending: VecDeque::new(),
+            }))
+        }
+        Source::Client(holder) => {
+            let mut guard = holder.lock();
+            match &*guard {
+                Holder::Own(snap) => {
+                    let version = snap.version();
+                    snap.check().map_err(engine_failure)?;
+                    let placeholder = Holder::Lost {
+                        version,
+                        reason: "the paged scan that took it could not start".into(),
+                    };
+                    let Holder::Own(snap) = std::mem::replace(&mut *guard, placeholder) else {
+                        unreachable!("matched above");
+                    };
+                    match engine.scan_cursor(table, snap, query) {
+                        Ok(cursor) => {
+                            let state = Arc::new(Mutex::new(CursorState {
+                                cursor,
+                                pending: VecDeque::new(),
+                            }));
+                            *guard = Holder::InCursor {
+                                cursor_id,
+                                cursor: state.clone(),
+                            };
+                            state
+                        }
+                        Err(e) => {
+                            let failure = engine_failure(e);
+                            *guard = Holder::Lost {
+                                version,
+                                reason: format!(
+                                    "the paged scan that took it failed: {}",
+                                    failure.2
+                                ),
+                            };
+                            return Err(failure);
+                        }
+                    }
+                }
+                Holder::InCursor { cursor_id, .. } => {
+                    return Err(Failure(
+                        Status::SnapshotInUse,
+                        *cursor_id,
+                        format!(
+                            "the snapshot already backs paged scan {cursor_id}; open another \
+                             snapshot for another paged scan (GET_AT and aggregates still work)"
+                        ),
+                    ))
+                }
+                Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
+            }
+        }
+    };
+    let mut guard = state.lock();
+    let version = guard.cursor.snapshot().version();
+    let (page, done) =
+        fill_page(&mut guard, max_records, limits.page_bytes_max).map_err(engine_failure)?;
+    drop(guard);
+    let reply_cursor = if done {
+        0
+    } else {
+        let mut map = cursors.lock();
+        if map.len() >= limits.cursors_max {
+            return Err(too_many_cursors(limits.cursors_max));
+        }
+        map.insert(cursor_id, state);
+        cursor_id
+    };
+    Ok(move |id: u64| page_frame(id, opcode::SCAN_FILTERED, reply_cursor, version, &page))
+}
+
+/// Records for one page: at most `max` records and (beyond the first) `bytes_max` bytes; records
+/// read from the engine beyond that wait in `pending` for the next page. Returns the page and
+/// whether the scan is complete.
+fn fill_page(
+    state: &mut CursorState,
+    max: usize,
+    bytes_max: usize,
+) -> Result<(Vec<ScanRecord>, bool), EngineError> {
+    let mut page = Vec::new();
+    let mut bytes = 0usize;
+    // Largest record seen, to size the next read from the engine.
+    let mut largest = 0usize;
+    loop {
+        while let Some(r) = state.pending.front() {
+            let b = record_wire_bytes(r.key.len(), r.value.len());
+            if page.len() >= max || (!page.is_empty() && bytes + b > bytes_max) {
+                return Ok((page, false));
+            }
+            bytes += b;
+            largest = largest.max(b);
+            page.extend(state.pending.pop_front());
+        }
+        if page.len() >= max || state.cursor.is_done() {
+            break;
+        }
+        let room = max - page.len();
+        let want = if largest == 0 {
+            room.min(32)
+        } else {
+            room.min((bytes_max.saturating_sub(bytes) / largest).max(1))
+        };
+        let got = state.cursor.next_page(want)?;
+        if got.is_empty() {
+            break;
+        }
+        state.pending.extend(got);
+    }
+    let done = state.pending.is_empty() && state.cursor.is_done();
+    Ok((page, done))
+}
+
+fn page_frame(id: u64, op: u8, cursor: u64, version: u64, page: &[ScanRecord]) -> BytesMut {
+    let bytes: usize = page
+        .iter()
+        .map(|r| record_wire_bytes(r.key.len(), r.value.len()))
+        .sum();
+    let mut out = BytesMut::with_capacity(64 + bytes);
+    let start = begin_scan_page(&mut out, id, op, cursor, version, page.len() as u32);
+    for r in page {
+        put_record(&mut out, &r.key, &r.value, r.version, r.expire_at_ms);
+    }
+    finish_reply_frame(&mut out, start);
+    out
+}

@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(query) = Query::from_bytes(query_bytes) else {
         return;
     };
-    assert_eq!(query.to_bytes().expect("a parsed query encodes"), query_bytes);
+    assert_eq!(
+        query.to_bytes().expect("a parsed query encodes"),
+        query_bytes
+    );
     let Ok(compiled) = CompiledQuery::new(query, schema.as_ref()) else {
         return;
     };
@@ -33,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();
     if compiled.project(value, &mut out).is_ok() {
         if let Some(out_schema) = compiled.output_schema() {
-            out_schema.validate(&out).expect("a projection is a valid record");
+            out_schema
+                .validate(&out)
+                .expect("a projection is a valid record");
         }
     }
     let mut agg = compiled.agg_state();

@@ -18,10 +18,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(schema.to_bytes(), schema_bytes);
     let decoded = schema.decode(record);
     assert_eq!(decoded.is_ok(), schema.validate(record).is_ok());
-    let fields: Vec<_> = (0..=schema.len()).map(|i| schema.field(record, i)).collect();
+    let fields: Vec<_> = (0..=schema.len())
+        .map(|i| schema.field(record, i))
+        .collect();
     assert!(fields[schema.len()].is_err());
     if let Ok(values) = decoded {
-        assert_eq!(schema.encode(&values).expect("decoded values encode"), record);
+        assert_eq!(
+            schema.encode(&values).expect("decoded values encode"),
+            record
+        );
         for (f, v) in fields.iter().zip(&values) {
             assert_eq!(&f.as_ref().expect("field of a valid record").to_value(), v);
         }

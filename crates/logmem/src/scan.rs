@@ -19,19 +19,20 @@
 
 use crate::engine::{Inner, Tablet};
 use crate::entry::{
-    decode_header, DecodeError, Header, HEADER_BYTES_MAX, KIND_OBJECT, STATE_MASK, STATE_MOVED,
-    STATE_RETAINED, STATE_SUPERSEDED,
+    decode_header, decode_header_into, DecodeError, Header, HEADER_BYTES_MAX, KIND_OBJECT,
+    STATE_MASK, STATE_MOVED, STATE_RETAINED, STATE_SUPERSEDED,
 };
 use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
-use crate::query::{AggState, CompiledQuery, QueryError};
+use crate::query::{AggState, Aggregate, CompiledQuery, QueryError, Value};
 use crate::segment::SegmentState;
 use crate::TabletId;
 use crate::{ScanOutput, ScanRecord};
 use crossbeam_epoch as epoch;
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,18 +215,33 @@ impl SegmentWalk {
             // not reused; the bytes below `used` were published before the capture.
             let base = unsafe { inner.pool.seglet_tail(self.seglet, 0) };
             let base = &base[..limit];
+            let base_ptr = base.as_ptr();
+            let mut h = Header::default();
             // Fast path: entries wholly inside this seglet.
             while self.off < limit {
                 let off = self.off;
-                let state = inner
-                    .entry_state(make_loc(self.seglet, off))
+                // SAFETY: off < limit <= the seglet's length; see `Inner::entry_state`.
+                let state = unsafe { AtomicU8::from_ptr(base_ptr.add(off) as *mut u8) }
                     .load(Ordering::Acquire)
                     & STATE_MASK;
-                let h = match decode_header(&base[off..]) {
-                    Ok(h) => h,
-                    Err(DecodeError::Truncated) => break,
-                    Err(e) => return Err(self.corrupt(e.to_string())),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch is a hint and never faults.
+                unsafe {
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                        base_ptr.wrapping_add(off + 512) as *const i8,
+                    );
+                }
+                let fast = match base.get(off..off + HEADER_BYTES_MAX) {
+                    Some(b) => decode_header_into(&mut h, b.try_into().expect("header-sized")),
+                    None => false,
                 };
+                if !fast {
+                    h = match decode_header(&base[off..]) {
+                        Ok(h) => h,
+                        Err(DecodeError::Truncated) => break,
+                        Err(e) => return Err(self.corrupt(e.to_string())),
+                    };
+                }
                 let total = h.total_len();
                 if off + total > limit {
                     break;
@@ -362,30 +378,19 @@ pub(crate) fn open_versions(inner: &Inner) -> Vec<u64> {
 // ---------------------------------------------------------------------------------------------
 // Shared passes
 
-/// What a query does with the entries visible at its snapshot.
-pub(crate) trait Sink: Send {
-    /// Called for each visible object; returns false to stop early (the pass goes on for others).
-    fn visit(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool;
-
-    /// The query sink inside, to hand results back once the job is done.
-    fn into_query_sink(self: Box<Self>) -> Option<QuerySink> {
-        None
-    }
-}
-
 /// One scan request waiting for (or served by) a pass.
 pub(crate) struct Job {
     pub snapshot: Arc<SnapshotEntry>,
-    pub sink: Mutex<Box<dyn Sink>>,
+    pub sink: Mutex<Option<QuerySink>>,
     result: Mutex<Option<Result<(), EngineError>>>,
     done: Condvar,
 }
 
 impl Job {
-    pub fn new(snapshot: Arc<SnapshotEntry>, sink: Box<dyn Sink>) -> Arc<Job> {
+    pub fn new(snapshot: Arc<SnapshotEntry>, sink: QuerySink) -> Arc<Job> {
         Arc::new(Job {
             snapshot,
-            sink: Mutex::new(sink),
+            sink: Mutex::new(Some(sink)),
             result: Mutex::new(None),
             done: Condvar::new(),
         })
@@ -474,7 +479,11 @@ fn run_pass(
         inner.snapshots.attach_pins(&j.snapshot, cap.pins.clone());
     }
     let open = open_versions(inner);
-    let mut sinks: Vec<_> = batch.iter().map(|j| j.sink.lock()).collect();
+    let mut guards: Vec<_> = batch.iter().map(|j| j.sink.lock()).collect();
+    let mut sinks: Vec<&mut QuerySink> = guards
+        .iter_mut()
+        .map(|g| g.as_mut().expect("a queued job holds its sink"))
+        .collect();
     let mut active: Vec<bool> = vec![true; batch.len()];
     let snaps: Vec<(u64, u64)> = batch
         .iter()
@@ -488,17 +497,29 @@ fn run_pass(
         }
         let mut walk = SegmentWalk::new(inner, *c);
         let guard = epoch::pin();
-        let r = walk.walk(inner, tablet, &open, &mut scratch, |e| {
-            if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
-                return true;
-            }
-            for (i, sink) in sinks.iter_mut().enumerate() {
-                if active[i] && visible_at(inner, tablet, e, snaps[i].0, snaps[i].1) {
-                    active[i] = sink.visit(e.key, e.value, e.header.version, e.header.expire_at_ms);
+        let r = if let ([sink], [(version, wall_ms)]) = (&mut sinks[..], &snaps[..]) {
+            // One query: the common case, without the per-query loop.
+            walk.walk(inner, tablet, &open, &mut scratch, |e| {
+                if visible_at(inner, tablet, e, *version, *wall_ms) {
+                    active[0] =
+                        sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
                 }
-            }
-            true
-        });
+                active[0]
+            })
+        } else {
+            walk.walk(inner, tablet, &open, &mut scratch, |e| {
+                if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+                    return true;
+                }
+                for (i, sink) in sinks.iter_mut().enumerate() {
+                    if active[i] && visible_at(inner, tablet, e, snaps[i].0, snaps[i].1) {
+                        active[i] =
+                            sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
+                    }
+                }
+                true
+            })
+        };
         drop(guard);
         if let Err(e) = r {
             tracing::error!(error = %e, "scan stopped at a corrupt entry");
@@ -572,7 +593,7 @@ pub(crate) fn hash_index_scan(
     tablet: &Tablet,
     version: u64,
     wall_ms: u64,
-    sink: &mut dyn Sink,
+    sink: &mut QuerySink,
 ) -> Result<(), EngineError> {
     // References must not move between buckets under the walk (that could show one twice).
     {
@@ -610,7 +631,7 @@ pub(crate) fn hash_index_scan(
                     value: e.value,
                 };
                 if visible_at(inner, tablet, &se, version, wall_ms) {
-                    sink.visit(e.key, e.value, e.header.version, e.header.expire_at_ms)
+                    sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms)
                 } else {
                     true
                 }
@@ -622,7 +643,7 @@ pub(crate) fn hash_index_scan(
                 if let Some(o) = get_at(inner, tablet, &key, version, wall_ms)? {
                     // Only this reference's version: the key's other versions have their own.
                     let own = inner.with_entry(loc, false, |e| e.header.version)?;
-                    if o.version == own && !sink.visit(&key, &o.value, o.version, o.expire_at_ms) {
+                    if o.version == own && !sink.accept(&key, &o.value, o.version, o.expire_at_ms) {
                         return Ok(());
                     }
                 }
@@ -646,17 +667,29 @@ pub(crate) struct QuerySink {
     pub out: ScanOutput,
     pub agg: Option<AggState>,
     pub error: Option<EngineError>,
+    /// The query reads no field (a key filter and counts only): records are not decoded.
+    count_only: bool,
+    /// The key filter lets every key through.
+    all_keys: bool,
 }
 
 impl QuerySink {
     pub fn new(query: Arc<CompiledQuery>, max_records: usize) -> QuerySink {
         let agg = query.is_aggregate().then(|| query.agg_state());
+        let q = query.query();
+        let count_only = q.predicate.clauses.is_empty()
+            && q.projection.is_none()
+            && !q.aggregates.is_empty()
+            && q.aggregates.iter().all(|a| *a == Aggregate::Count);
+        let all_keys = matches!(q.key_filter, crate::query::KeyFilter::All);
         QuerySink {
             query,
             max_records,
             out: ScanOutput::default(),
             agg,
             error: None,
+            count_only,
+            all_keys,
         }
     }
 
@@ -684,7 +717,10 @@ impl QuerySink {
         if let Some(e) = self.error {
             return Err(e);
         }
-        if let Some(agg) = &self.agg {
+        if self.count_only {
+            let n = self.out.matched as i64;
+            self.out.aggregates = Some(vec![Value::I64(n); self.query.query().aggregates.len()]);
+        } else if let Some(agg) = &self.agg {
             self.out.aggregates = Some(
                 agg.try_finish()
                     .map_err(|e| EngineError::Query(e.to_string()))?,
@@ -696,6 +732,12 @@ impl QuerySink {
     /// Handles one visible object; false once the record limit is reached.
     #[inline]
     pub fn accept(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
+        if self.count_only {
+            if self.all_keys || self.query.query().key_filter.matches(key) {
+                self.out.matched += 1;
+            }
+            return true;
+        }
         match self.query.matches(key, value) {
             Ok(true) => {}
             Ok(false) => return true,
@@ -737,26 +779,6 @@ impl QuerySink {
     }
 }
 
-impl Sink for QuerySink {
-    #[inline]
-    fn visit(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
-        self.accept(key, value, version, expire_at_ms)
-    }
-
-    fn into_query_sink(self: Box<Self>) -> Option<QuerySink> {
-        Some(*self)
-    }
-}
-
-/// A placeholder left in a job once its sink was taken back.
-struct Taken;
-
-impl Sink for Taken {
-    fn visit(&mut self, _: &[u8], _: &[u8], _: u64, _: u64) -> bool {
-        false
-    }
-}
-
 /// Runs a query over one tablet through the shared-pass scheduler.
 pub(crate) fn query_tablet(
     inner: &Inner,
@@ -764,12 +786,10 @@ pub(crate) fn query_tablet(
     snapshot: &Arc<SnapshotEntry>,
     sink: QuerySink,
 ) -> Result<QuerySink, EngineError> {
-    let job = Job::new(snapshot.clone(), Box::new(sink));
+    let job = Job::new(snapshot.clone(), sink);
     run_shared(inner, tablet, job.clone())?;
-    let sink = std::mem::replace(&mut *job.sink.lock(), Box::new(Taken));
-    Ok(sink
-        .into_query_sink()
-        .expect("a query job holds a query sink"))
+    let sink = job.sink.lock().take();
+    Ok(sink.expect("a finished job still holds its sink"))
 }
 
 /// Resumable paging through a table's log at one snapshot.

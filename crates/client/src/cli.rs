@@ -1,10 +1,14 @@
-//! The command-line client verbs `ramlog get/set/del/scan/status` (feature `cli`). The binary only parses
-//! flags and forwards here; each verb runs on a small current-thread runtime and prints for people and
-//! scripts: values and keys raw on stdout one per line, failures on stderr with a non-zero exit.
+//! The command-line client verbs `ramlog get/set/del/scan/schema/status` (feature `cli`). The binary only
+//! parses flags and forwards here; each verb runs on a small current-thread runtime and prints for people
+//! and scripts: values and keys raw on stdout one per line, failures on stderr with a non-zero exit.
 
-use crate::{Client, ClientConfig, Condition, Expiry, PutOptions, NATIVE_PORT_DEFAULT};
-use anyhow::{bail, Context};
+use crate::query::{
+    Aggregate, Cnf, Field, FieldType, KeyFilter, Op, Predicate, Query, Schema, Value,
+};
+use crate::{Client, ClientConfig, Condition, Expiry, PutOptions, ScanResult, NATIVE_PORT_DEFAULT};
+use anyhow::{anyhow, bail, Context};
 use std::io::{Read, Write};
+use std::ops::Bound;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -97,18 +101,102 @@ pub struct DelArgs {
 }
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("key_filter").args(["prefix", "range"])))]
 pub struct ScanArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
     /// Glob pattern (`*`, `?`, `[a-z]`, `\x`); default every key.
     #[arg(long = "match", default_value = "")]
     pub pattern: String,
-    /// Keys to visit per step.
+    /// Keys to visit per step (key listing), or records per page (filtered scan).
     #[arg(long, default_value_t = 1000)]
     pub count: u32,
-    /// Run one step from this cursor and print the next cursor first; without it, scan everything.
+    /// Run one step from this cursor and print the next cursor first; without it, scan everything
+    /// (key listing only).
     #[arg(long)]
     pub cursor: Option<u64>,
+    /// Only keys starting with this prefix.
+    #[arg(long, conflicts_with = "pattern")]
+    pub prefix: Option<String>,
+    /// Only keys in `START..END` (START included, END excluded, byte order; either may be empty).
+    #[arg(long, conflicts_with = "pattern")]
+    pub range: Option<String>,
+    /// A predicate `FIELD OP VALUE` over the table's schema (OP: < <= = != >= > prefix, or
+    /// `FIELD is null`); `|` joins alternatives (OR) inside one flag; repeated flags are ANDed.
+    #[arg(long = "where", value_name = "PREDICATE")]
+    pub where_: Vec<String>,
+    /// Print only these fields of each record (comma-separated names).
+    #[arg(long, value_delimiter = ',')]
+    pub fields: Vec<String>,
+    /// Print the number of matching records instead of the records.
+    #[arg(long = "count-records", alias = "count-only")]
+    pub count_records: bool,
+    /// Print the sum of this field over the matching records.
+    #[arg(long)]
+    pub sum: Vec<String>,
+    /// Print the smallest value of this field.
+    #[arg(long)]
+    pub min: Vec<String>,
+    /// Print the largest value of this field.
+    #[arg(long)]
+    pub max: Vec<String>,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Print keys only (filtered scans print `key<TAB>value` by default).
+    #[arg(long)]
+    pub keys_only: bool,
+}
+
+impl ScanArgs {
+    /// Whether any flag asks for a filtered scan (SCAN_FILTERED) rather than a key listing.
+    fn filtered(&self) -> bool {
+        self.prefix.is_some()
+            || self.range.is_some()
+            || !self.where_.is_empty()
+            || !self.fields.is_empty()
+            || self.count_records
+            || !self.sum.is_empty()
+            || !self.min.is_empty()
+            || !self.max.is_empty()
+            || self.limit.is_some()
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SchemaArgs {
+    #[command(subcommand)]
+    pub action: SchemaAction,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum SchemaAction {
+    /// Set a table's schema: `NAME:TYPE,...` with types i32, i64, f64, bool, string, bytes.
+    Set {
+        #[command(flatten)]
+        connect: ConnectArgs,
+        /// The table id (overrides --table).
+        #[arg(value_name = "TABLE")]
+        table_id: u64,
+        /// The fields, e.g. `age:i64,name:string,active:bool`.
+        spec: String,
+    },
+    /// Print a table's schema as `NAME:TYPE,...` (empty line when it has none).
+    Get {
+        #[command(flatten)]
+        connect: ConnectArgs,
+        /// The table id (overrides --table).
+        #[arg(value_name = "TABLE")]
+        table_id: u64,
+    },
+    /// Remove a table's schema.
+    Clear {
+        #[command(flatten)]
+        connect: ConnectArgs,
+        /// The table id (overrides --table).
+        #[arg(value_name = "TABLE")]
+        table_id: u64,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -222,8 +310,13 @@ pub fn del(args: &DelArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `ramlog scan`: prints matching keys, one per line.
+/// `ramlog scan`: prints matching keys, one per line; with filter, projection or aggregate flags, runs a
+/// filtered scan at one snapshot and prints `key<TAB>value` lines (values decoded by the table's
+/// schema when it has one) or one `aggregate value` line per aggregate.
 pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
+    if args.filtered() {
+        return runtime()?.block_on(filtered_scan(args));
+    }
     runtime()?.block_on(async {
         let client = args.connect.client().await?;
         let pattern = args.pattern.as_bytes();
@@ -250,6 +343,367 @@ pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
             }
             cursor = next;
         }
+    })
+}
+
+async fn filtered_scan(args: &ScanArgs) -> anyhow::Result<()> {
+    if args.cursor.is_some() {
+        bail!("--cursor is for key listings; a filtered scan pages by itself");
+    }
+    let client = args.connect.client().await?;
+    let schema = client.get_schema().await?;
+    let query = build_query(args, schema.as_ref())?;
+    let mut printed = 0u64;
+    let limit = args.limit.unwrap_or(u64::MAX);
+    let page = args
+        .count
+        .clamp(1, ramlog_proto::native::SCAN_PAGE_RECORDS_MAX);
+    // The schema of the values printed: the projection's, or the table's.
+    let out_schema = match (&schema, &query.projection) {
+        (Some(s), Some(fields)) => Some(s.project(fields)?),
+        (Some(s), None) => Some(s.clone()),
+        (None, _) => None,
+    };
+    let print = |r: &crate::Record| -> anyhow::Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&r.key)?;
+        if !args.keys_only {
+            out.write_all(b"\t")?;
+            match out_schema
+                .as_ref()
+                .map(|s| s.decode(&r.value).map(|v| (s, v)))
+            {
+                Some(Ok((s, values))) => out.write_all(render_record(s, &values).as_bytes())?,
+                _ => out.write_all(&r.value)?,
+            }
+        }
+        out.write_all(b"\n")?;
+        Ok(())
+    };
+    match client.scan_filtered(&query, None, page).await? {
+        ScanResult::Aggregates(a) => {
+            for (agg, value) in query.aggregates.iter().zip(&a.values) {
+                println!(
+                    "{} {}",
+                    aggregate_name(agg, schema.as_ref()),
+                    render_value(value)
+                );
+            }
+            if a.malformed > 0 {
+                eprintln!(
+                    "{} values are not records of the table's schema (skipped)",
+                    a.malformed
+                );
+            }
+        }
+        ScanResult::Records { records, more, .. } => {
+            for r in &records {
+                if printed >= limit {
+                    break;
+                }
+                print(r)?;
+                printed += 1;
+            }
+            if let Some(mut more) = more {
+                while printed < limit && !more.is_done() {
+                    for r in more.next_page(page).await? {
+                        if printed >= limit {
+                            break;
+                        }
+                        print(&r)?;
+                        printed += 1;
+                    }
+                }
+                more.close().await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn aggregate_name(agg: &Aggregate, schema: Option<&Schema>) -> String {
+    let name = |i: usize| {
+        schema
+            .and_then(|s| s.fields().get(i))
+            .map(|f| f.name.clone())
+            .unwrap_or_else(|| i.to_string())
+    };
+    match *agg {
+        Aggregate::Count => "count".into(),
+        Aggregate::Sum(i) => format!("sum({})", name(i)),
+        Aggregate::Min(i) => format!("min({})", name(i)),
+        Aggregate::Max(i) => format!("max({})", name(i)),
+    }
+}
+
+/// A value for people: numbers and booleans as text, strings quoted, bytes in hex, `null`.
+pub fn render_value(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::I32(x) => x.to_string(),
+        Value::I64(x) => x.to_string(),
+        Value::F64(x) => x.to_string(),
+        Value::Bool(x) => x.to_string(),
+        Value::Str(s) => format!("{s:?}"),
+        Value::Bytes(b) => {
+            let mut out = String::from("0x");
+            for byte in b {
+                out.push_str(&format!("{byte:02x}"));
+            }
+            out
+        }
+    }
+}
+
+/// A record as `name=value name=value ...`.
+pub fn render_record(schema: &Schema, values: &[Value]) -> String {
+    schema
+        .fields()
+        .iter()
+        .zip(values)
+        .map(|(f, v)| format!("{}={}", f.name, render_value(v)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Parse `NAME:TYPE,...`.
+pub fn parse_schema(spec: &str) -> anyhow::Result<Schema> {
+    let mut fields = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, ty) = part
+            .split_once(':')
+            .ok_or_else(|| anyhow!("field {part:?} is not NAME:TYPE"))?;
+        let ty = match ty.trim().to_ascii_lowercase().as_str() {
+            "i32" => FieldType::I32,
+            "i64" | "int" => FieldType::I64,
+            "f64" | "float" => FieldType::F64,
+            "bool" => FieldType::Bool,
+            "string" | "str" => FieldType::String,
+            "bytes" => FieldType::Bytes,
+            other => bail!("unknown type {other:?} (use i32, i64, f64, bool, string or bytes)"),
+        };
+        fields.push(Field::new(name.trim(), ty));
+    }
+    Ok(Schema::new(fields)?)
+}
+
+/// A schema as `NAME:TYPE,...`.
+pub fn format_schema(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let ty = match f.ty {
+                FieldType::I32 => "i32",
+                FieldType::I64 => "i64",
+                FieldType::F64 => "f64",
+                FieldType::Bool => "bool",
+                FieldType::String => "string",
+                FieldType::Bytes => "bytes",
+            };
+            format!("{}:{ty}", f.name)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn field_index(schema: Option<&Schema>, name: &str) -> anyhow::Result<usize> {
+    let schema = schema
+        .ok_or_else(|| anyhow!("field {name:?}: the table has no schema (ramlog schema set)"))?;
+    schema.index_of(name).ok_or_else(|| {
+        anyhow!(
+            "no field {name:?} in the table's schema ({})",
+            format_schema(schema)
+        )
+    })
+}
+
+/// Parse a constant for a field of type `ty`: numbers, `true`/`false`, strings (optionally quoted),
+/// bytes (quoted text or `0x` hex), `null`.
+fn parse_constant(ty: FieldType, text: &str) -> anyhow::Result<Value> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("null") {
+        return Ok(Value::Null);
+    }
+    let unquoted = |t: &str| -> String {
+        let b = t.as_bytes();
+        if b.len() >= 2 && (b[0] == b'"' || b[0] == b'\'') && b[b.len() - 1] == b[0] {
+            t[1..t.len() - 1].to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    Ok(match ty {
+        FieldType::I32 => Value::I32(t.parse().with_context(|| format!("{t:?} is not an i32"))?),
+        FieldType::I64 => Value::I64(t.parse().with_context(|| format!("{t:?} is not an i64"))?),
+        FieldType::F64 => Value::F64(
+            t.parse()
+                .with_context(|| format!("{t:?} is not a number"))?,
+        ),
+        FieldType::Bool => match t.to_ascii_lowercase().as_str() {
+            "true" | "1" => Value::Bool(true),
+            "false" | "0" => Value::Bool(false),
+            _ => bail!("{t:?} is not a bool (true or false)"),
+        },
+        FieldType::String => Value::Str(unquoted(t)),
+        FieldType::Bytes => match t.strip_prefix("0x") {
+            Some(hex) if hex.len() % 2 == 0 && hex.bytes().all(|c| c.is_ascii_hexdigit()) => {
+                Value::Bytes(
+                    (0..hex.len())
+                        .step_by(2)
+                        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits"))
+                        .collect(),
+                )
+            }
+            _ => Value::Bytes(unquoted(t).into_bytes()),
+        },
+    })
+}
+
+/// Parse one predicate `FIELD OP VALUE` or `FIELD is null`.
+pub fn parse_predicate(text: &str, schema: Option<&Schema>) -> anyhow::Result<Predicate> {
+    let t = text.trim();
+    let name_end = t
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '-'))
+        .unwrap_or(t.len());
+    let (name, rest) = t.split_at(name_end);
+    if name.is_empty() {
+        bail!("predicate {text:?} does not start with a field name");
+    }
+    let field = field_index(schema, name)?;
+    let ty = schema.expect("field_index checked").fields()[field].ty;
+    let rest = rest.trim_start();
+    let lower = rest.to_ascii_lowercase();
+    if lower == "is null" {
+        return Ok(Predicate::new(field, Op::IsNull, Value::Null));
+    }
+    const OPS: [(&str, Op); 9] = [
+        ("<=", Op::Le),
+        (">=", Op::Ge),
+        ("!=", Op::Ne),
+        ("==", Op::Eq),
+        ("<", Op::Lt),
+        (">", Op::Gt),
+        ("=", Op::Eq),
+        ("prefix ", Op::Prefix),
+        ("^=", Op::Prefix),
+    ];
+    let Some((op_text, op)) = OPS.iter().find(|(o, _)| lower.starts_with(o)) else {
+        bail!("predicate {text:?}: expected an operator (< <= = != >= > prefix) or `is null` after {name:?}");
+    };
+    let value = parse_constant(ty, &rest[op_text.len()..])?;
+    Ok(Predicate::new(field, *op, value))
+}
+
+/// Parse `START..END` (either side may be empty).
+pub fn parse_range(text: &str) -> anyhow::Result<KeyFilter> {
+    let (start, end) = text
+        .split_once("..")
+        .ok_or_else(|| anyhow!("range {text:?} is not START..END"))?;
+    let bound = |s: &str, included: bool| {
+        if s.is_empty() {
+            Bound::Unbounded
+        } else if included {
+            Bound::Included(s.as_bytes().to_vec())
+        } else {
+            Bound::Excluded(s.as_bytes().to_vec())
+        }
+    };
+    Ok(KeyFilter::Range {
+        start: bound(start, true),
+        end: bound(end, false),
+    })
+}
+
+/// The query the scan flags describe, with field names resolved through `schema`.
+pub fn build_query(args: &ScanArgs, schema: Option<&Schema>) -> anyhow::Result<Query> {
+    let key_filter = if let Some(p) = &args.prefix {
+        KeyFilter::Prefix(p.as_bytes().to_vec())
+    } else if let Some(r) = &args.range {
+        parse_range(r)?
+    } else if !args.pattern.is_empty() {
+        KeyFilter::Glob(args.pattern.as_bytes().to_vec())
+    } else {
+        KeyFilter::All
+    };
+    let mut clauses = Vec::new();
+    for w in &args.where_ {
+        let clause = w
+            .split('|')
+            .map(|p| parse_predicate(p, schema))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        clauses.push(clause);
+    }
+    let projection = if args.fields.is_empty() {
+        None
+    } else {
+        Some(
+            args.fields
+                .iter()
+                .map(|f| field_index(schema, f.trim()))
+                .collect::<anyhow::Result<Vec<_>>>()?,
+        )
+    };
+    let mut aggregates = Vec::new();
+    if args.count_records {
+        aggregates.push(Aggregate::Count);
+    }
+    for f in &args.sum {
+        aggregates.push(Aggregate::Sum(field_index(schema, f)?));
+    }
+    for f in &args.min {
+        aggregates.push(Aggregate::Min(field_index(schema, f)?));
+    }
+    for f in &args.max {
+        aggregates.push(Aggregate::Max(field_index(schema, f)?));
+    }
+    if projection.is_some() && !aggregates.is_empty() {
+        bail!(
+            "--fields prints records; it cannot be combined with --count-records/--sum/--min/--max"
+        );
+    }
+    Ok(Query {
+        key_filter,
+        predicate: Cnf { clauses },
+        projection,
+        aggregates,
+    })
+}
+
+/// `ramlog schema set|get|clear TABLE`.
+pub fn schema(args: &SchemaArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        match &args.action {
+            SchemaAction::Set {
+                connect,
+                table_id: table,
+                spec,
+            } => {
+                let schema = parse_schema(spec)?;
+                let client = connect.client().await?.with_table(*table);
+                client.set_schema(Some(&schema)).await?;
+                println!("OK {}", format_schema(&schema));
+            }
+            SchemaAction::Get {
+                connect,
+                table_id: table,
+            } => {
+                let client = connect.client().await?.with_table(*table);
+                match client.get_schema().await? {
+                    Some(s) => println!("{}", format_schema(&s)),
+                    None => println!(),
+                }
+            }
+            SchemaAction::Clear {
+                connect,
+                table_id: table,
+            } => {
+                let client = connect.client().await?.with_table(*table);
+                client.set_schema(None).await?;
+                println!("OK");
+            }
+        }
+        Ok(())
     })
 }
 
@@ -290,4 +744,156 @@ async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
         bail!("admin endpoint answered {status_line}");
     }
     Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        scan: ScanArgs,
+    }
+
+    fn scan_args(args: &[&str]) -> ScanArgs {
+        Wrap::try_parse_from(std::iter::once("scan").chain(args.iter().copied()))
+            .expect("flags parse")
+            .scan
+    }
+
+    fn schema() -> Schema {
+        parse_schema("a:i64, b:string,flag:bool,x:f64,raw:bytes,n:i32").unwrap()
+    }
+
+    #[test]
+    fn schema_specs_round_trip() {
+        let s = schema();
+        assert_eq!(
+            format_schema(&s),
+            "a:i64,b:string,flag:bool,x:f64,raw:bytes,n:i32"
+        );
+        assert_eq!(parse_schema(&format_schema(&s)).unwrap(), s);
+        assert!(parse_schema("a:int128").is_err());
+        assert!(parse_schema("a").is_err());
+        assert!(parse_schema("a:i64,a:i32").is_err(), "duplicate names");
+    }
+
+    #[test]
+    fn where_flags_make_a_cnf() {
+        let s = schema();
+        let args = scan_args(&[
+            "--where",
+            "a < 5 | flag = true",
+            "--where",
+            "b prefix \"ab c\"",
+            "--where",
+            "x is null|raw = 0x00ff|n >= -3",
+            "--prefix",
+            "user:",
+        ]);
+        let q = build_query(&args, Some(&s)).unwrap();
+        assert_eq!(q.key_filter, KeyFilter::Prefix(b"user:".to_vec()));
+        assert_eq!(
+            q.predicate.clauses,
+            vec![
+                vec![
+                    Predicate::new(0, Op::Lt, Value::I64(5)),
+                    Predicate::new(2, Op::Eq, Value::Bool(true)),
+                ],
+                vec![Predicate::new(1, Op::Prefix, Value::Str("ab c".into()))],
+                vec![
+                    Predicate::new(3, Op::IsNull, Value::Null),
+                    Predicate::new(4, Op::Eq, Value::Bytes(vec![0, 255])),
+                    Predicate::new(5, Op::Ge, Value::I32(-3)),
+                ],
+            ]
+        );
+        assert!(q.projection.is_none() && q.aggregates.is_empty());
+        // Each operator.
+        for (text, op) in [
+            ("a<=1", Op::Le),
+            ("a >= 1", Op::Ge),
+            ("a != 1", Op::Ne),
+            ("a == 1", Op::Eq),
+            ("a > 1", Op::Gt),
+            ("a = 1", Op::Eq),
+        ] {
+            assert_eq!(parse_predicate(text, Some(&s)).unwrap().op, op, "{text}");
+        }
+        // Errors name the problem.
+        let e = parse_predicate("nope < 1", Some(&s))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope"), "{e}");
+        assert!(parse_predicate("a < x", Some(&s)).is_err());
+        assert!(parse_predicate("a ~ 1", Some(&s)).is_err());
+        assert!(parse_predicate("a < 1", None)
+            .unwrap_err()
+            .to_string()
+            .contains("no schema"));
+    }
+
+    #[test]
+    fn projection_aggregates_and_ranges() {
+        let s = schema();
+        let q = build_query(
+            &scan_args(&["--fields", "b,a", "--range", "a..m"]),
+            Some(&s),
+        )
+        .unwrap();
+        assert_eq!(q.projection, Some(vec![1, 0]));
+        assert_eq!(
+            q.key_filter,
+            KeyFilter::Range {
+                start: Bound::Included(b"a".to_vec()),
+                end: Bound::Excluded(b"m".to_vec())
+            }
+        );
+        let q = build_query(
+            &scan_args(&["--count-records", "--sum", "a", "--min", "x", "--max", "b"]),
+            Some(&s),
+        )
+        .unwrap();
+        assert_eq!(
+            q.aggregates,
+            vec![
+                Aggregate::Count,
+                Aggregate::Sum(0),
+                Aggregate::Min(3),
+                Aggregate::Max(1)
+            ]
+        );
+        assert_eq!(
+            parse_range("..z").unwrap(),
+            KeyFilter::Range {
+                start: Bound::Unbounded,
+                end: Bound::Excluded(b"z".to_vec())
+            }
+        );
+        assert!(parse_range("az").is_err());
+        assert!(build_query(&scan_args(&["--fields", "a", "--sum", "a"]), Some(&s)).is_err());
+        // A glob alone stays a key listing; any filter flag makes a filtered scan.
+        assert!(!scan_args(&["--match", "a*"]).filtered());
+        assert!(scan_args(&["--match", "a*", "--limit", "3"]).filtered());
+        assert!(Wrap::try_parse_from(["scan", "--prefix", "a", "--range", "a..b"]).is_err());
+    }
+
+    #[test]
+    fn records_render_for_people() {
+        let s = schema();
+        let values = vec![
+            Value::I64(-4),
+            Value::Str("hi \"x\"".into()),
+            Value::Bool(true),
+            Value::Null,
+            Value::Bytes(vec![1, 171]),
+            Value::I32(7),
+        ];
+        assert_eq!(
+            render_record(&s, &values),
+            "a=-4 b=\"hi \\\"x\\\"\" flag=true x=null raw=0x01ab n=7"
+        );
+    }
 }

@@ -26,8 +26,10 @@ enum Command {
     Set(ramlog_client::cli::SetArgs),
     /// Delete keys; prints how many existed.
     Del(ramlog_client::cli::DelArgs),
-    /// List keys matching a glob pattern.
+    /// List keys matching a glob pattern, or scan records with filters, projection and aggregates.
     Scan(ramlog_client::cli::ScanArgs),
+    /// Set, print or clear a table's schema (typed fields that filtered scans read).
+    Schema(ramlog_client::cli::SchemaArgs),
     /// Print a server's status as JSON.
     Status(ramlog_client::cli::StatusArgs),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
@@ -73,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Set(args) => ramlog_client::cli::set(&args),
         Command::Del(args) => ramlog_client::cli::del(&args),
         Command::Scan(args) => ramlog_client::cli::scan(&args),
+        Command::Schema(args) => ramlog_client::cli::schema(&args),
         Command::Status(args) => ramlog_client::cli::status(&args),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {

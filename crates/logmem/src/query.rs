@@ -1674,6 +1674,35 @@ impl CompiledQuery {
             return Ok(true);
         };
         let view = schema.open(value)?;
+        self.cnf_holds(&view)
+    }
+
+    /// `matches`, then (if it matched) `agg.update`, opening the record once. Returns whether the
+    /// record matched; `agg` is unchanged on error.
+    #[inline]
+    pub fn matches_and_aggregate(
+        &self,
+        agg: &mut AggState,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<bool, QueryError> {
+        if !self.key_filter.matches(key) {
+            return Ok(false);
+        }
+        let Some(schema) = &self.schema else {
+            agg.update(value)?;
+            return Ok(true);
+        };
+        let view = schema.open(value)?;
+        if !self.cnf_holds(&view)? {
+            return Ok(false);
+        }
+        agg.update_view(&view)?;
+        Ok(true)
+    }
+
+    #[inline]
+    fn cnf_holds(&self, view: &RecordView<'_>) -> Result<bool, QueryError> {
         let mut satisfied = 0u64;
         for p in &self.predicates {
             if satisfied & p.bit != 0 {
@@ -1955,6 +1984,12 @@ impl AggState {
             return Ok(());
         };
         let view = schema.open(value)?;
+        self.update_view(&view)
+    }
+
+    /// `update` on a record already opened.
+    #[inline]
+    fn update_view(&mut self, view: &RecordView<'_>) -> Result<(), QueryError> {
         for (kind, slot, _) in &self.plan.aggs {
             if *kind != AggKind::Count {
                 view.get(slot)?;

@@ -26,7 +26,7 @@ use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
-use crate::query::{AggState, Aggregate, CompiledQuery, QueryError, Value};
+use crate::query::{AggState, Aggregate, CompiledQuery, Value};
 use crate::segment::SegmentState;
 use crate::TabletId;
 use crate::{ScanOutput, ScanRecord};
@@ -666,7 +666,6 @@ pub(crate) struct QuerySink {
     pub max_records: usize,
     pub out: ScanOutput,
     pub agg: Option<AggState>,
-    pub error: Option<EngineError>,
     /// The query reads no field (a key filter and counts only): records are not decoded.
     count_only: bool,
     /// The key filter lets every key through.
@@ -687,7 +686,6 @@ impl QuerySink {
             max_records,
             out: ScanOutput::default(),
             agg,
-            error: None,
             count_only,
             all_keys,
         }
@@ -708,15 +706,9 @@ impl QuerySink {
         if let (Some(a), Some(b)) = (&mut self.agg, &other.agg) {
             a.merge(b);
         }
-        if self.error.is_none() {
-            self.error = other.error;
-        }
     }
 
     pub fn finish(mut self) -> Result<ScanOutput, EngineError> {
-        if let Some(e) = self.error {
-            return Err(e);
-        }
         if self.count_only {
             let n = self.out.matched as i64;
             self.out.aggregates = Some(vec![Value::I64(n); self.query.query().aggregates.len()]);
@@ -738,6 +730,15 @@ impl QuerySink {
             }
             return true;
         }
+        if let Some(agg) = &mut self.agg {
+            // Sums are exact (128-bit) until the end; an overflow shows in `finish`.
+            match self.query.matches_and_aggregate(agg, key, value) {
+                Ok(true) => self.out.matched += 1,
+                Ok(false) => {}
+                Err(_) => self.out.malformed += 1,
+            }
+            return true;
+        }
         match self.query.matches(key, value) {
             Ok(true) => {}
             Ok(false) => return true,
@@ -745,19 +746,6 @@ impl QuerySink {
                 self.out.malformed += 1;
                 return true;
             }
-        }
-        if let Some(agg) = &mut self.agg {
-            match agg.update(value) {
-                Ok(()) => self.out.matched += 1,
-                Err(QueryError::SumOverflow { field }) => {
-                    self.error = Some(EngineError::Query(format!(
-                        "the sum of field {field} does not fit in an i64"
-                    )));
-                    return false;
-                }
-                Err(_) => self.out.malformed += 1,
-            }
-            return true;
         }
         if self.out.records.len() >= self.max_records {
             self.out.truncated = true;

@@ -1708,7 +1708,7 @@ impl CompiledQuery {
             if satisfied & p.bit != 0 {
                 continue;
             }
-            if p.eval(&view)? {
+            if p.eval(view)? {
                 satisfied |= p.bit;
             } else if p.last_in_clause {
                 return Ok(false);

@@ -417,6 +417,38 @@ impl Engine {
         total.finish()
     }
 
+    /// Scans one tablet at a snapshot (see [`Engine::scan`]).
+    pub fn scan_tablet(
+        &self,
+        tablet: TabletId,
+        snapshot: &Snapshot,
+        q: &query::Query,
+        method: ScanMethod,
+        max_records: usize,
+    ) -> Result<ScanOutput, EngineError> {
+        snapshot.check()?;
+        let table = self.inner.tablet(tablet)?.table;
+        let compiled = self.compile(table, q)?;
+        let sink = scan::QuerySink::new(compiled, max_records);
+        let sink = match method {
+            ScanMethod::Log => scan::query_tablet(&self.inner, tablet, &snapshot.entry, sink)?,
+            ScanMethod::HashIndex => {
+                let mut sink = sink;
+                let t = self.inner.tablet(tablet)?;
+                scan::hash_index_scan(
+                    &self.inner,
+                    t,
+                    snapshot.version(),
+                    snapshot.wall_ms(),
+                    &mut sink,
+                )?;
+                sink
+            }
+        };
+        snapshot.check()?;
+        sink.finish()
+    }
+
     /// Opens a resumable scan of a table at `snapshot` (which the cursor keeps open), returning
     /// records page by page. Aggregates need [`Engine::scan`].
     pub fn scan_cursor(

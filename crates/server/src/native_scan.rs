@@ -517,10 +517,11 @@ fn fill_page(
             break;
         }
         let room = max - page.len();
-        let want = if largest == 0 {
-            room.min(32)
-        } else {
-            room.min((bytes_max.saturating_sub(bytes) / largest).max(1))
+        // Before any record is seen, a small read; then as many records of the largest size seen as
+        // the page still has room for.
+        let want = match bytes_max.saturating_sub(bytes).checked_div(largest) {
+            None => room.min(32),
+            Some(fit) => room.min(fit.max(1)),
         };
         let got = state.cursor.next_page(want)?;
         if got.is_empty() {

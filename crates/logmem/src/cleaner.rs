@@ -538,6 +538,13 @@ fn swap_in(
             .retained_bytes
             .fetch_sub(len, Ordering::Relaxed);
         dest.retained_bytes.fetch_add(len, Ordering::Relaxed);
+        let valid_to = inner
+            .segments
+            .get(s.segment)
+            .retained_valid_to_max
+            .load(Ordering::Relaxed);
+        dest.retained_valid_to_max
+            .fetch_max(valid_to, Ordering::Relaxed);
     }
     inner
         .entry_state(new_loc)
@@ -589,8 +596,18 @@ fn utilisation(inner: &Inner, segment: u32) -> f64 {
 /// when no snapshot is open (they are, and the cleaner drops them when it meets them).
 fn effective_live(inner: &Inner, slot: &crate::segment::SegmentSlot) -> i64 {
     let live = slot.live_bytes.load(Ordering::Relaxed).max(0);
-    if !inner.snapshots.any_open() {
-        (live - slot.retained_bytes.load(Ordering::Relaxed).max(0)).max(0)
+    let retained = slot.retained_bytes.load(Ordering::Relaxed).max(0);
+    if retained == 0 {
+        return live;
+    }
+    // Every retained version here ended at or before valid_to_max: dead once no open snapshot is
+    // older than that.
+    let all_dead = match inner.snapshots.oldest_open() {
+        None => true,
+        Some(oldest) => slot.retained_valid_to_max.load(Ordering::Relaxed) <= oldest,
+    };
+    if all_dead {
+        (live - retained).max(0)
     } else {
         live
     }

@@ -470,10 +470,9 @@ impl Inner {
             }
             let seg = self.pool.owner(loc_seglet(old_loc));
             if seg != NO_SEGLET {
-                self.segments
-                    .get(seg)
-                    .retained_bytes
-                    .fetch_add(len as i64, Ordering::Relaxed);
+                let slot = self.segments.get(seg);
+                slot.retained_bytes.fetch_add(len as i64, Ordering::Relaxed);
+                slot.retained_valid_to_max.fetch_max(by, Ordering::Relaxed);
             }
             self.retained_bytes.fetch_add(len as i64, Ordering::Relaxed);
             self.counters
@@ -586,7 +585,17 @@ impl Inner {
                 .snapshots
                 .release_oldest(self, "memory is full and it kept superseded versions alive")
         {
+            // Its versions are garbage now: let the cleaner get at them, then retry the write.
             self.retention_released.store(true, Ordering::Release);
+            if self.config.cleaner_threads == 0 {
+                crate::cleaner::run_pass(self, true);
+                crate::cleaner::drain_limbo(self);
+            } else {
+                self.wake_cleaner();
+                let mut g = self.memory_lock.lock();
+                self.memory_cv.wait_for(&mut g, Duration::from_millis(5));
+            }
+            return Ok(());
         }
         if self.config.cleaner_threads == 0 {
             let progressed = crate::cleaner::run_pass(self, true);

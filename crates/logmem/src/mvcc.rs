@@ -49,6 +49,8 @@ pub(crate) struct Snapshots {
     open: Mutex<BTreeMap<(u64, u64), Arc<SnapshotEntry>>>,
     /// Newest open snapshot version + 1; 0 when none is open. Read by writers.
     newest_plus1: AtomicU64,
+    /// Oldest open snapshot version + 1; 0 when none is open.
+    oldest_plus1: AtomicU64,
     next_id: AtomicU64,
 }
 
@@ -57,6 +59,12 @@ impl Snapshots {
     #[inline]
     pub fn any_at_or_above(&self, version: u64) -> bool {
         self.newest_plus1.load(Ordering::Acquire) > version
+    }
+
+    /// The oldest open snapshot's version, if any (lock-free).
+    #[inline]
+    pub fn oldest_open(&self) -> Option<u64> {
+        self.oldest_plus1.load(Ordering::Acquire).checked_sub(1)
     }
 
     /// Whether any snapshot is open (lock-free).
@@ -85,6 +93,8 @@ impl Snapshots {
     fn refresh_newest(&self, open: &BTreeMap<(u64, u64), Arc<SnapshotEntry>>) {
         let newest = open.keys().next_back().map(|(v, _)| v + 1).unwrap_or(0);
         self.newest_plus1.store(newest, Ordering::Release);
+        let oldest = open.keys().next().map(|(v, _)| v + 1).unwrap_or(0);
+        self.oldest_plus1.store(oldest, Ordering::Release);
     }
 
     /// Registers a snapshot at `version`. The caller holds every tablet's write lock.

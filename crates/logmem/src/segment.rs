@@ -35,6 +35,9 @@ pub struct SegmentSlot {
     pub created: AtomicU64,
     /// Bytes of superseded entries kept for snapshots (RETAINED), included in `live_bytes`.
     pub retained_bytes: AtomicI64,
+    /// The largest valid-to of the RETAINED entries it received: once every open snapshot is at or
+    /// above it, all of them are garbage.
+    pub retained_valid_to_max: AtomicU64,
     /// Scans that still have to read this segment; the cleaner leaves pinned segments alone.
     pub pins: AtomicU32,
     /// While pinned: the largest `used_bytes` a pinning scan captured. Cleaner copies placed below
@@ -53,6 +56,7 @@ impl SegmentSlot {
             live_bytes: AtomicI64::new(0),
             created: AtomicU64::new(0),
             retained_bytes: AtomicI64::new(0),
+            retained_valid_to_max: AtomicU64::new(0),
             pins: AtomicU32::new(0),
             pinned_upto: AtomicU32::new(0),
         }
@@ -137,6 +141,7 @@ impl SegmentTable {
         slot.used_bytes.store(0, Ordering::Relaxed);
         slot.live_bytes.store(0, Ordering::Relaxed);
         slot.retained_bytes.store(0, Ordering::Relaxed);
+        slot.retained_valid_to_max.store(0, Ordering::Relaxed);
         debug_assert_eq!(slot.pins.load(Ordering::Relaxed), 0);
         slot.set_state(SegmentState::Free);
         self.give_back(id);
@@ -182,6 +187,7 @@ impl SegmentWriter {
         slot.used_bytes.store(0, Ordering::Relaxed);
         slot.live_bytes.store(0, Ordering::Relaxed);
         slot.retained_bytes.store(0, Ordering::Relaxed);
+        slot.retained_valid_to_max.store(0, Ordering::Relaxed);
         slot.created.store(created, Ordering::Relaxed);
         slot.set_state(SegmentState::Open);
         let mut seglets = Vec::with_capacity(segment_seglets);

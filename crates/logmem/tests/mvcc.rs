@@ -650,3 +650,53 @@ mod queries {
         }
     }
 }
+
+/// A snapshot never makes writes fail: when memory runs out, the oldest snapshot is released.
+#[test]
+fn snapshots_give_way_when_memory_runs_out() {
+    let e = engine(16 << 20, 4, |c| {
+        c.snapshot_max_retained_bytes = Some(u64::MAX);
+        c.oom_wait_ms = 3000;
+    });
+    let keys: Vec<Vec<u8>> = (0..12_000)
+        .map(|i| format!("o{i:06}").into_bytes())
+        .collect();
+    for k in &keys {
+        e.put(tablet(&e, k), k, &[1u8; 300], &PutOptions::default())
+            .unwrap();
+    }
+    // A snapshot before each of five overwrites of ~4 MB live data, in 16 MiB: impossible while
+    // every snapshot keeps its versions.
+    let mut snaps = Vec::new();
+    for round in 2..7u8 {
+        snaps.push(e.snapshot());
+        for k in &keys {
+            e.put(tablet(&e, k), k, &[round; 300], &PutOptions::default())
+                .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        }
+    }
+    let s = &snaps[0];
+    match e.get_at(tablet(&e, &keys[0]), &keys[0], s) {
+        Err(EngineError::SnapshotTooOld { reason, .. }) => {
+            assert!(reason.contains("memory is full"), "{reason}")
+        }
+        other => panic!("expected the snapshot to be released, got {other:?}"),
+    }
+    assert_eq!(
+        e.get(tablet(&e, &keys[7]), &keys[7])
+            .unwrap()
+            .unwrap()
+            .value,
+        vec![6u8; 300]
+    );
+    // The newest snapshot survived and still reads its state.
+    let last = snaps.last().unwrap();
+    assert_eq!(
+        e.get_at(tablet(&e, &keys[7]), &keys[7], last)
+            .unwrap()
+            .unwrap()
+            .value,
+        vec![5u8; 300]
+    );
+    assert!(e.stats().snapshots_too_old >= 1);
+}

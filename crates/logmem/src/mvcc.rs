@@ -67,12 +67,6 @@ impl Snapshots {
         self.oldest_plus1.load(Ordering::Acquire).checked_sub(1)
     }
 
-    /// Whether any snapshot is open (lock-free).
-    #[inline]
-    pub fn any_open(&self) -> bool {
-        self.newest_plus1.load(Ordering::Acquire) != 0
-    }
-
     /// Whether an open snapshot s has `from <= s < to` (a retained version is still needed).
     pub fn any_within(&self, from: u64, to: u64) -> bool {
         if from >= to {

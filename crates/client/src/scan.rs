@@ -3,6 +3,9 @@
 //! Snapshots and paged scans live on one server connection, so their handles ([`Snapshot`],
 //! [`PagedScan`]) keep that connection and send their requests on it, whatever the pool does. If the
 //! connection breaks, the server releases them and the handles answer [`Error::ConnectionLost`].
+//! Dropping the last handle of a snapshot, or a paged scan not read to its end, releases it on the
+//! server in the background (when dropped inside a tokio runtime); `release`/`close` do it at once and
+//! report errors.
 //!
 //! ```no_run
 //! # async fn demo(client: ramlog_client::Client) -> Result<(), ramlog_client::Error> {
@@ -24,15 +27,49 @@ use crate::connection::Connection;
 use crate::{unexpected, Client, Error, Object, Record, Request, Response};
 use ramlog_common::{TableId, Version};
 use ramlog_logmem::query::{decode_values, Query, Schema, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// Send a release (SNAPSHOT_RELEASE or SCAN_CLOSE) without waiting, from a destructor.
+fn release_in_background(conn: &Arc<Connection>, request: Request<'static>, timeout: Duration) {
+    if conn.is_closed() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let conn = conn.clone();
+        runtime.spawn(async move {
+            let _ = conn.call(&request, Instant::now() + timeout).await;
+        });
+    }
+}
+
+/// The server-side snapshot behind every clone of a [`Snapshot`].
+struct HeldSnapshot {
+    conn: Arc<Connection>,
+    id: u64,
+    timeout: Duration,
+    /// Not yet released by [`Snapshot::release`].
+    open: AtomicBool,
+}
+
+impl Drop for HeldSnapshot {
+    fn drop(&mut self) {
+        if self.open.load(Ordering::Relaxed) {
+            let request = Request::SnapshotRelease { snapshot: self.id };
+            release_in_background(&self.conn, request, self.timeout);
+        }
+    }
+}
+
 /// A read snapshot held open by the server for this client's connection. Release it when done
-/// ([`Snapshot::release`]); the server also releases it when the connection closes, and when it passes
-/// the server's age or retained-bytes bound (then reads fail with [`Error::SnapshotTooOld`]).
+/// ([`Snapshot::release`], or drop every clone); the server also releases it when the connection
+/// closes, and when it passes the server's age or retained-bytes bound (then reads fail with
+/// [`Error::SnapshotTooOld`]).
 #[derive(Clone)]
 pub struct Snapshot {
+    held: Arc<HeldSnapshot>,
     conn: Arc<Connection>,
     id: u64,
     version: Version,
@@ -59,8 +96,9 @@ impl Snapshot {
         self.version
     }
 
-    /// Release the snapshot on the server.
+    /// Release the snapshot on the server (for every clone of this handle).
     pub async fn release(&self) -> Result<(), Error> {
+        self.held.open.store(false, Ordering::Relaxed);
         match call_on(
             &self.conn,
             &Request::SnapshotRelease { snapshot: self.id },
@@ -116,6 +154,15 @@ impl std::fmt::Debug for PagedScan {
             .field("snapshot_version", &self.snapshot_version)
             .field("done", &self.done)
             .finish()
+    }
+}
+
+impl Drop for PagedScan {
+    fn drop(&mut self) {
+        if !self.done {
+            let request = Request::ScanClose { cursor: self.id };
+            release_in_background(&self.conn, request, self.timeout);
+        }
     }
 }
 
@@ -218,6 +265,12 @@ impl Client {
         let conn = self.pooled_connection().await?;
         match call_on(&conn, &Request::SnapshotOpen, self.timeout).await? {
             Response::SnapshotOpen { snapshot, version } => Ok(Snapshot {
+                held: Arc::new(HeldSnapshot {
+                    conn: conn.clone(),
+                    id: snapshot,
+                    timeout: self.timeout,
+                    open: AtomicBool::new(true),
+                }),
                 conn,
                 id: snapshot,
                 version,

@@ -712,3 +712,51 @@ async fn the_server_config_bounds_snapshot_age() {
         Err(Error::SnapshotTooOld { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_handles_release_their_server_state() {
+    let native = NativeConfig {
+        scan: ScanLimits {
+            cursors_max: 1,
+            ..ScanLimits::default()
+        },
+        ..NativeConfig::default()
+    };
+    let server = start(EngineConfig::default(), native).await;
+    let c = client(&server).await;
+    for i in 0..40u32 {
+        c.put(format!("d:{i}").as_bytes(), b"v").await.unwrap();
+    }
+    let snap = c.snapshot_open().await.unwrap();
+    let clone = snap.clone();
+    drop(snap);
+    // A clone keeps it open.
+    assert!(c.get_at(&clone, b"d:1").await.unwrap().is_some());
+    assert_eq!(server.engine.stats().snapshots_open, 1);
+    drop(clone);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.engine.stats().snapshots_open != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "snapshot not released"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A paged scan dropped before its end is closed, which makes room for the next one.
+    for round in 0..3 {
+        let paged = loop {
+            match c.scan_filtered(&Query::default(), None, 3).await {
+                Ok(ScanResult::Records { more: Some(m), .. }) => break m,
+                Err(Error::TooManyOpen { .. }) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "round {round}: scan not closed"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => panic!("expected a paged scan, got {other:?}"),
+            }
+        };
+        drop(paged);
+    }
+}

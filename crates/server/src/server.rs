@@ -407,7 +407,8 @@ fn native_op(opcode_byte: u8) -> Op {
         opcode::INCREMENT => Op::Incr,
         opcode::MULTI_GET => Op::Mget,
         opcode::MULTI_PUT => Op::Mset,
-        opcode::SCAN_KEYS => Op::Scan,
+        opcode::SCAN_KEYS | opcode::SCAN_FILTERED | opcode::SCAN_NEXT => Op::Scan,
+        opcode::GET_AT => Op::Get,
         opcode::EXPIRE => Op::Expire,
         _ => Op::Other,
     }

@@ -616,6 +616,19 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
     };
     let server = start(engine_config, NativeConfig::default()).await;
     let mut raw = Raw::connect(server.addr).await;
+    let put = |key: &'static [u8], value: &'static [u8]| Request::Put {
+        table: 0,
+        key,
+        value,
+        condition: Default::default(),
+        expiry: Default::default(),
+        return_old: false,
+    };
+    raw.send_request(100, &put(b"old", b"v0")).await;
+    assert!(matches!(
+        raw.recv().await,
+        Some((100, _, Response::Put { .. }))
+    ));
     raw.send_request(1, &Request::SnapshotOpen).await;
     let Some((1, _, Response::SnapshotOpen { snapshot, .. })) = raw.recv().await else {
         panic!("snapshot open");
@@ -661,9 +674,54 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
     match scan_reply.unwrap() {
         Response::ScanAggregates { values, .. } => {
             let v = ramlog_logmem::query::decode_values(&values, 1 << 20).unwrap();
-            assert_eq!(v, vec![Value::I64(0)]);
+            assert_eq!(v, vec![Value::I64(1)]);
         }
         other => panic!("expected aggregates, got {other:?}"),
+    }
+    // Another slow scan at the snapshot, and GET_ATs at it sent once the scan is (likely) running: a
+    // GET_AT waits for the scan's hold on the snapshot or is answered at once; either way both
+    // replies are right.
+    raw.send_request(8, &put(b"old", b"v1")).await;
+    assert!(matches!(
+        raw.recv().await,
+        Some((8, _, Response::Put { .. }))
+    ));
+    let mut frames = bytes::BytesMut::new();
+    Request::ScanFiltered {
+        table: 0,
+        snapshot,
+        max_records: 1,
+        query: &count,
+    }
+    .encode(5, &mut frames);
+    raw.send(&frames).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut frames = bytes::BytesMut::new();
+    for (id, key) in [(6, &b"later"[..]), (7, b"old")] {
+        Request::GetAt {
+            table: 0,
+            snapshot,
+            key,
+        }
+        .encode(id, &mut frames);
+    }
+    raw.send(&frames).await;
+    let mut got = BTreeMap::new();
+    for _ in 0..3 {
+        let (id, _, reply) = raw.recv().await.expect("reply");
+        got.insert(id, reply);
+    }
+    match &got[&5] {
+        Response::ScanAggregates { values, .. } => assert_eq!(
+            ramlog_logmem::query::decode_values(values, 1 << 20).unwrap(),
+            vec![Value::I64(1)]
+        ),
+        other => panic!("expected aggregates, got {other:?}"),
+    }
+    assert_eq!(got[&6], Response::GetAt(None), "written after the snapshot");
+    match &got[&7] {
+        Response::GetAt(Some(o)) => assert_eq!(&o.value[..], b"v0", "the value at the snapshot"),
+        other => panic!("expected the old object, got {other:?}"),
     }
     assert_eq!(server.engine.stats().snapshots_open, 1);
     // Closing the connection releases its snapshot.

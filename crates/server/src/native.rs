@@ -788,10 +788,15 @@ impl Session<'_> {
                 snapshot,
                 key,
             } => {
-                self.check_job_room()?;
                 let tablet = self.tablet(*table, key)?;
-                let job = self.scans.get_at(id, *snapshot, tablet, key)?;
-                return self.queue_job(id, op, job);
+                match self.scans.get_at_now(*snapshot, tablet, key)? {
+                    Some(reply) => reply,
+                    None => {
+                        self.check_job_room()?;
+                        let job = self.scans.get_at(id, *snapshot, tablet, key)?;
+                        return self.queue_job(id, op, job);
+                    }
+                }
             }
             Request::ScanFiltered {
                 table,

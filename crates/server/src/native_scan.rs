@@ -2,9 +2,9 @@
 //! scans"): the state one connection holds (open snapshots, paged scans) and the blocking work those
 //! requests do.
 //!
-//! A scan can take seconds, so SCAN_FILTERED, SCAN_NEXT and GET_AT run as jobs on tokio's blocking pool
-//! (a few at a time per connection); the connection task keeps answering the other requests meanwhile and
-//! writes each job's reply frame when it is done. Everything a request needs from the wire is checked
+//! A scan can take seconds, so SCAN_FILTERED, SCAN_NEXT (and GET_AT at a snapshot a scan is using) run
+//! as jobs on tokio's blocking pool (a few at a time per connection); the connection task keeps
+//! answering the other requests meanwhile and writes each job's reply frame when it is done. Everything a request needs from the wire is checked
 //! before its job is queued (query bytes, ids, limits), so a job only meets engine errors.
 //!
 //! The engine's paged scan ([`ScanCursor`]) owns the snapshot it reads at. A snapshot the client opened
@@ -195,6 +195,34 @@ impl ScanSession {
                 .unwrap_or_default()
                 .into(),
         )
+    }
+
+    /// GET_AT answered at once when the snapshot is not busy (a point read takes microseconds);
+    /// `Ok(None)` when a scan holds it, and the read must wait on the blocking pool ([`Self::get_at`]).
+    pub(super) fn get_at_now(
+        &self,
+        snapshot: u64,
+        tablet: TabletId,
+        key: &[u8],
+    ) -> Result<Option<Response>, Failure> {
+        let holder = self.client_snapshot(snapshot)?;
+        let Some(guard) = holder.try_lock() else {
+            return Ok(None);
+        };
+        let found = match &*guard {
+            Holder::Own(snap) => self.engine.get_at(tablet, key, snap),
+            Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
+            Holder::InCursor { cursor, .. } => match cursor.try_lock() {
+                Some(state) => self.engine.get_at(tablet, key, state.cursor.snapshot()),
+                None => return Ok(None),
+            },
+        };
+        let found = found.map_err(engine_failure)?;
+        Ok(Some(Response::GetAt(found.map(|o| Object {
+            value: o.value.into(),
+            version: o.version,
+            expire_at_ms: o.expire_at_ms,
+        }))))
     }
 
     /// GET_AT: checks the snapshot id now, reads on the blocking pool.

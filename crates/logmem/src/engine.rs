@@ -390,10 +390,7 @@ impl Inner {
             self.counters.retained_total.load(Ordering::Relaxed),
         );
         drop(heads);
-        crate::Snapshot {
-            inner: self.clone(),
-            entry,
-        }
+        crate::Snapshot::new(self.clone(), entry)
     }
 
     /// Bytes of superseded versions a snapshot may keep alive before it is too old.

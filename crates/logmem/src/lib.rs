@@ -394,7 +394,7 @@ impl Engine {
             let room = max_records.saturating_sub(total.out.records.len());
             let sink = scan::QuerySink::new(compiled.clone(), room);
             let sink = match method {
-                ScanMethod::Log => scan::query_tablet(&self.inner, tablet, &snapshot.entry, sink)?,
+                ScanMethod::Log => scan::query_tablet(&self.inner, tablet, snapshot.entry(), sink)?,
                 ScanMethod::HashIndex => {
                     let mut sink = sink;
                     let t = self.inner.tablet(tablet)?;
@@ -431,7 +431,7 @@ impl Engine {
         let compiled = self.compile(table, q)?;
         let sink = scan::QuerySink::new(compiled, max_records);
         let sink = match method {
-            ScanMethod::Log => scan::query_tablet(&self.inner, tablet, &snapshot.entry, sink)?,
+            ScanMethod::Log => scan::query_tablet(&self.inner, tablet, snapshot.entry(), sink)?,
             ScanMethod::HashIndex => {
                 let mut sink = sink;
                 let t = self.inner.tablet(tablet)?;
@@ -449,8 +449,8 @@ impl Engine {
         sink.finish()
     }
 
-    /// Opens a resumable scan of a table at `snapshot` (which the cursor keeps open), returning
-    /// records page by page. Aggregates need [`Engine::scan`].
+    /// Opens a resumable scan of a table at `snapshot` (the cursor keeps a handle on it; pass a
+    /// clone to keep using the snapshot elsewhere), returning records page by page. Aggregates need [`Engine::scan`].
     pub fn scan_cursor(
         &self,
         table: TableId,
@@ -471,6 +471,7 @@ impl Engine {
             tablets: self.table_tablets(table).into(),
             current: None,
             scratch: Vec::new(),
+            malformed: 0,
         })
     }
 

@@ -206,40 +206,57 @@ fn overdue(inner: &Inner, entry: &SnapshotEntry) -> Option<String> {
 }
 
 /// An open snapshot: a read version. Reads and scans through it see exactly the objects visible
-/// at that version. Dropping it releases what it kept alive.
+/// at that version. Clones share it; dropping the last one releases what it kept alive.
+#[derive(Clone)]
 pub struct Snapshot {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) entry: Arc<SnapshotEntry>,
+    held: Arc<Held>,
+}
+
+/// The registration behind a snapshot and its clones.
+struct Held {
+    inner: Arc<Inner>,
+    entry: Arc<SnapshotEntry>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.inner.snapshots.release(&self.inner, &self.entry, None);
+    }
 }
 
 impl Snapshot {
+    pub(crate) fn new(inner: Arc<Inner>, entry: Arc<SnapshotEntry>) -> Snapshot {
+        Snapshot {
+            held: Arc::new(Held { inner, entry }),
+        }
+    }
+
+    pub(crate) fn entry(&self) -> &Arc<SnapshotEntry> {
+        &self.held.entry
+    }
+
     /// The read version: every write with a version at or below it is visible, nothing newer.
     pub fn version(&self) -> u64 {
-        self.entry.version
+        self.held.entry.version
     }
 
     /// Wall-clock time (unix ms) the snapshot was taken; objects expired by then are not visible.
     pub fn wall_ms(&self) -> u64 {
-        self.entry.wall_ms
+        self.held.entry.wall_ms
     }
 
     /// Fails with "snapshot too old" if the snapshot was released or is past a bound.
     pub fn check(&self) -> Result<(), EngineError> {
-        self.inner.snapshots.check(&self.inner, &self.entry)
+        let h = &self.held;
+        h.inner.snapshots.check(&h.inner, &h.entry)
     }
 }
 
 impl std::fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Snapshot")
-            .field("version", &self.entry.version)
-            .field("id", &self.entry.id)
+            .field("version", &self.held.entry.version)
+            .field("id", &self.held.entry.id)
             .finish()
-    }
-}
-
-impl Drop for Snapshot {
-    fn drop(&mut self) {
-        self.inner.snapshots.release(&self.inner, &self.entry, None);
     }
 }

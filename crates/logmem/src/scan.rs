@@ -788,6 +788,7 @@ pub struct ScanCursor {
     pub(crate) tablets: std::collections::VecDeque<TabletId>,
     pub(crate) current: Option<CursorTablet>,
     pub(crate) scratch: Vec<u8>,
+    pub(crate) malformed: u64,
 }
 
 pub(crate) struct CursorTablet {
@@ -825,7 +826,7 @@ impl ScanCursor {
                 let capture = capture(&inner, t)?;
                 inner
                     .snapshots
-                    .attach_pins(&self.snapshot.entry, capture.pins.clone());
+                    .attach_pins(self.snapshot.entry(), capture.pins.clone());
                 self.current = Some(CursorTablet {
                     tablet: t,
                     capture,
@@ -863,8 +864,22 @@ impl ScanCursor {
             }
             self.snapshot.check()?;
         }
+        // A page that ended exactly at the end of the tablet's data finishes the tablet now, so that
+        // `is_done` does not promise another (empty) page.
+        if let Some(cur) = &self.current {
+            if cur.walk.is_none() && cur.next_segment >= cur.capture.segments.len() {
+                inner.unpin_all(&cur.capture.pins);
+                self.current = None;
+            }
+        }
         let out = sink.finish()?;
+        self.malformed += out.malformed;
         Ok(out.records)
+    }
+
+    /// Values skipped so far because they are not records of the table's schema.
+    pub fn malformed(&self) -> u64 {
+        self.malformed
     }
 }
 

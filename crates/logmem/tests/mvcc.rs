@@ -508,6 +508,33 @@ fn cursor_pages_resume_and_match_a_one_shot_scan() {
             .unwrap();
     }
     assert_eq!(as_map(pages), one_shot);
+
+    // Several cursors at one snapshot (clones), and a page that ends exactly at the end.
+    drop(cursor);
+    let s = e.snapshot();
+    let q = Query::keys(KeyFilter::Prefix(b"p0000".to_vec()));
+    let mut a = e.scan_cursor(TABLE, s.clone(), &q).unwrap();
+    let mut b = e.scan_cursor(TABLE, s.clone(), &q).unwrap();
+    let total = e
+        .scan(TABLE, &s, &q, ScanMethod::Log, usize::MAX)
+        .unwrap()
+        .records
+        .len();
+    let mut got_a = Vec::new();
+    while !a.is_done() {
+        got_a.extend(a.next_page(total).unwrap());
+    }
+    let got_b = b.next_page(usize::MAX).unwrap();
+    assert_eq!(got_a.len(), total);
+    assert_eq!(got_b.len(), total);
+    assert!(
+        b.is_done(),
+        "a page that reached the end leaves nothing to fetch"
+    );
+    drop((a, b));
+    assert_eq!(e.stats().snapshots_open, 1);
+    drop(s);
+    assert_eq!(e.stats().snapshots_open, 0);
 }
 
 mod queries {

@@ -61,9 +61,6 @@ pub enum Error {
     /// The connection holds as many snapshots or paged scans as the server allows.
     #[error("too many open (limit {limit}): {message}")]
     TooManyOpen { limit: u64, message: String },
-    /// The snapshot already backs a paged scan (one paged scan per snapshot).
-    #[error("snapshot in use by paged scan {cursor}: {message}")]
-    SnapshotInUse { cursor: u64, message: String },
     /// A query that cannot be sent (checked locally).
     #[error("invalid query: {0}")]
     InvalidQuery(String),
@@ -110,10 +107,6 @@ impl From<ErrorReply> for Error {
             Status::NoSuchCursor => Error::NoSuchCursor(e.detail),
             Status::TooManyOpen => Error::TooManyOpen {
                 limit: e.detail,
-                message: m,
-            },
-            Status::SnapshotInUse => Error::SnapshotInUse {
-                cursor: e.detail,
                 message: m,
             },
             status => Error::Server { status, message: m },

@@ -457,14 +457,18 @@ async fn limits_and_errors() {
         c.snapshot_open().await,
         Err(Error::TooManyOpen { limit: 2, .. })
     ));
-    // One paged scan per snapshot; GET_AT and aggregates at it still work.
-    let first = match c.scan_filtered(&all, Some(&s1), 5).await.unwrap() {
-        ScanResult::Records { more: Some(m), .. } => m,
-        other => panic!("expected a paged scan, got {other:?}"),
-    };
-    match c.scan_filtered(&all, Some(&s1), 5).await {
-        Err(Error::SnapshotInUse { cursor, .. }) => assert_eq!(cursor, first.id()),
-        other => panic!("expected SNAPSHOT_IN_USE, got {other:?}"),
+    // Paged scans at a client snapshot count against the same limit of paged scans: two at s1 are
+    // fine, a third (at s2) is refused; GET_AT and aggregates at s1 still work meanwhile.
+    let mut at_s1 = Vec::new();
+    for _ in 0..2 {
+        match c.scan_filtered(&all, Some(&s1), 5).await.unwrap() {
+            ScanResult::Records { more: Some(m), .. } => at_s1.push(m),
+            other => panic!("expected a paged scan, got {other:?}"),
+        }
+    }
+    match c.scan_filtered(&all, Some(&s2), 5).await {
+        Err(Error::TooManyOpen { limit: 2, .. }) => {}
+        other => panic!("expected TOO_MANY_OPEN, got {other:?}"),
     }
     assert!(c.get_at(&s1, b"l:3").await.unwrap().is_some());
     let count = Query {
@@ -475,7 +479,9 @@ async fn limits_and_errors() {
         c.scan_aggregates(&count, Some(&s1)).await.unwrap().values,
         vec![Value::I64(100)]
     );
-    first.close().await.unwrap();
+    for m in at_s1 {
+        m.close().await.unwrap();
+    }
     s1.release().await.unwrap();
     s2.release().await.unwrap();
 
@@ -547,6 +553,116 @@ async fn limits_and_errors() {
     }
     // The connection is still fine.
     assert_eq!(&c.ping(b"ok").await.unwrap()[..], b"ok");
+}
+
+/// Reads every remaining page of `scan`, `page` records at a time, into `into`.
+async fn drain(scan: &mut ramlog_client::PagedScan, page: u32, into: &mut Vec<Record>) {
+    while !scan.is_done() {
+        into.extend(scan.next_page(page).await.expect("page"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paged_scans_share_a_client_snapshot() {
+    let server = start_default().await;
+    let c = client(&server).await;
+    let mut old = State::new();
+    for i in 0..300u32 {
+        let key = format!("s:{i}").into_bytes();
+        let value = format!("v0-{i}").into_bytes();
+        let version = c.put(&key, &value).await.unwrap();
+        old.insert(key, (value, version));
+    }
+    let snap = c.snapshot_open().await.unwrap();
+    let all = Query::default();
+    let paged = |r: ScanResult| match r {
+        ScanResult::Records {
+            records,
+            more: Some(m),
+            snapshot_version,
+        } => (records, m, snapshot_version),
+        other => panic!("expected a paged scan, got {other:?}"),
+    };
+    // Two paged scans at the one snapshot, read in turns with writes in between: both return exactly
+    // the snapshot's state.
+    let (mut got_a, mut a, version_a) = paged(c.scan_filtered(&all, Some(&snap), 7).await.unwrap());
+    let (mut got_b, mut b, version_b) =
+        paged(c.scan_filtered(&all, Some(&snap), 11).await.unwrap());
+    assert_eq!((version_a, version_b), (snap.version(), snap.version()));
+    assert_ne!(a.id(), b.id());
+    let mut round = 0u32;
+    while !a.is_done() || !b.is_done() {
+        for j in 0..5u32 {
+            let key = format!("s:{}", (round * 5 + j) % 300);
+            if j % 2 == 0 {
+                c.delete(key.as_bytes()).await.unwrap();
+            } else {
+                c.put(key.as_bytes(), b"newer").await.unwrap();
+            }
+        }
+        c.put(format!("new:{round}").as_bytes(), b"n")
+            .await
+            .unwrap();
+        if !a.is_done() {
+            got_a.extend(a.next_page(7).await.unwrap());
+        }
+        if !b.is_done() {
+            got_b.extend(b.next_page(11).await.unwrap());
+        }
+        // GET_AT at the snapshot is answered while the scans are open.
+        let o = c
+            .get_at(&snap, b"s:1")
+            .await
+            .unwrap()
+            .expect("at the snapshot");
+        assert_eq!(&o.value[..], b"v0-1");
+        round += 1;
+    }
+    assert_eq!(as_state(&got_a), old, "first scan");
+    assert_eq!(as_state(&got_b), old, "second scan");
+    assert_eq!(server.engine.stats().snapshots_open, 1);
+
+    // Releasing the snapshot while a paged scan runs at it: the id is gone for new requests, the scan
+    // reads on to its end at the snapshot, and the snapshot is released when the scan is done.
+    let (mut got_c, mut scan_c, _) = paged(c.scan_filtered(&all, Some(&snap), 5).await.unwrap());
+    got_c.extend(scan_c.next_page(5).await.unwrap());
+    snap.release().await.unwrap();
+    assert!(matches!(
+        c.get_at(&snap, b"s:1").await,
+        Err(Error::NoSuchSnapshot(id)) if id == snap.id()
+    ));
+    assert!(matches!(
+        c.scan_filtered(&all, Some(&snap), 5).await,
+        Err(Error::NoSuchSnapshot(_))
+    ));
+    assert_eq!(
+        server.engine.stats().snapshots_open,
+        1,
+        "the running scan keeps the snapshot open"
+    );
+    for i in 0..300u32 {
+        c.put(format!("s:{i}").as_bytes(), b"after-release")
+            .await
+            .unwrap();
+    }
+    drain(&mut scan_c, 9, &mut got_c).await;
+    assert_eq!(as_state(&got_c), old, "the scan after the release");
+    assert_eq!(server.engine.stats().snapshots_open, 0);
+
+    // A paged scan closed early releases what it holds at once (here the last hold on its snapshot).
+    let s2 = c.snapshot_open().await.unwrap();
+    let (_, d, _) = paged(c.scan_filtered(&all, Some(&s2), 5).await.unwrap());
+    let (_, e, _) = paged(c.scan_filtered(&all, Some(&s2), 5).await.unwrap());
+    s2.release().await.unwrap();
+    assert_eq!(server.engine.stats().snapshots_open, 1);
+    d.close().await.unwrap();
+    assert_eq!(
+        server.engine.stats().snapshots_open,
+        1,
+        "the other scan still holds it"
+    );
+    e.close().await.unwrap();
+    assert_eq!(server.engine.stats().snapshots_open, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,9 +794,8 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
         }
         other => panic!("expected aggregates, got {other:?}"),
     }
-    // Another slow scan at the snapshot, and GET_ATs at it sent once the scan is (likely) running: a
-    // GET_AT waits for the scan's hold on the snapshot or is answered at once; either way both
-    // replies are right.
+    // Another slow scan at the snapshot, and GET_ATs at it sent while the scan runs: they do not wait
+    // for the scan (it reads through its own handle on the snapshot), so their replies come first.
     raw.send_request(8, &put(b"old", b"v1")).await;
     assert!(matches!(
         raw.recv().await,
@@ -707,10 +822,13 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
     }
     raw.send(&frames).await;
     let mut got = BTreeMap::new();
+    let mut order = Vec::new();
     for _ in 0..3 {
         let (id, _, reply) = raw.recv().await.expect("reply");
+        order.push(id);
         got.insert(id, reply);
     }
+    assert_eq!(order, vec![6, 7, 5], "GET_AT answered before the scan");
     match &got[&5] {
         Response::ScanAggregates { values, .. } => assert_eq!(
             ramlog_logmem::query::decode_values(values, 1 << 20).unwrap(),

@@ -148,8 +148,6 @@ pub enum Status {
     NoSuchCursor,
     /// The connection holds as many snapshots or paged scans as allowed. Detail: the limit.
     TooManyOpen,
-    /// The snapshot already backs a paged scan (one paged scan per snapshot). Detail: the scan's id.
-    SnapshotInUse,
     /// The body does not follow the layout of its opcode.
     BadRequest,
     UnknownOpcode,
@@ -186,7 +184,6 @@ impl Status {
             Status::NoSuchSnapshot => 0x0B,
             Status::NoSuchCursor => 0x0C,
             Status::TooManyOpen => 0x0D,
-            Status::SnapshotInUse => 0x0E,
             Status::BadRequest => 0x10,
             Status::UnknownOpcode => 0x11,
             Status::Unsupported => 0x12,
@@ -215,7 +212,7 @@ impl Status {
             0x0B => Status::NoSuchSnapshot,
             0x0C => Status::NoSuchCursor,
             0x0D => Status::TooManyOpen,
-            0x0E => Status::SnapshotInUse,
+            // 0x0E (SNAPSHOT_IN_USE) is reserved: no longer sent, and not to be reused.
             0x10 => Status::BadRequest,
             0x11 => Status::UnknownOpcode,
             0x12 => Status::Unsupported,

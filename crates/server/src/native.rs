@@ -9,7 +9,7 @@
 //! Model: the task reads whatever bytes arrived, answers every complete frame in them in order (engine
 //! calls take microseconds, so no request waits on another connection), and writes all the replies in one
 //! write. A client that stops reading only stalls its own task (and is cut after `write_timeout`).
-//! Requests that may take long (filtered scans, reads at a snapshot) are the exception: they run as jobs
+//! Requests that may take long (filtered scans) are the exception: they run as jobs
 //! on the blocking pool (see `native_scan.rs`) and their replies are written when they finish, while the
 //! connection goes on answering its other requests.
 
@@ -597,7 +597,7 @@ impl Session<'_> {
             return Err(Failure(
                 Status::Busy,
                 max as u64,
-                format!("{max} scans or snapshot reads are unanswered on this connection; wait for replies"),
+                format!("{max} scans are unanswered on this connection; wait for replies"),
             ));
         }
         Ok(())
@@ -789,14 +789,7 @@ impl Session<'_> {
                 key,
             } => {
                 let tablet = self.tablet(*table, key)?;
-                match self.scans.get_at_now(*snapshot, tablet, key)? {
-                    Some(reply) => reply,
-                    None => {
-                        self.check_job_room()?;
-                        let job = self.scans.get_at(id, *snapshot, tablet, key)?;
-                        return self.queue_job(id, op, job);
-                    }
-                }
+                self.scans.get_at(*snapshot, tablet, key)?
             }
             Request::ScanFiltered {
                 table,

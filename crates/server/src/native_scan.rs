@@ -2,15 +2,18 @@
 //! scans"): the state one connection holds (open snapshots, paged scans) and the blocking work those
 //! requests do.
 //!
-//! A scan can take seconds, so SCAN_FILTERED, SCAN_NEXT (and GET_AT at a snapshot a scan is using) run
-//! as jobs on tokio's blocking pool (a few at a time per connection); the connection task keeps
-//! answering the other requests meanwhile and writes each job's reply frame when it is done. Everything a request needs from the wire is checked
-//! before its job is queued (query bytes, ids, limits), so a job only meets engine errors.
+//! A scan can take seconds, so SCAN_FILTERED and SCAN_NEXT run as jobs on tokio's blocking pool (a few
+//! at a time per connection); the connection task keeps answering the other requests meanwhile and
+//! writes each job's reply frame when it is done. Everything a request needs from the wire is checked
+//! before its job is queued (query bytes, ids, limits), so a job only meets engine errors. GET_AT is a
+//! point read (microseconds) and is answered on the connection task.
 //!
-//! The engine's paged scan ([`ScanCursor`]) owns the snapshot it reads at. A snapshot the client opened
-//! (SNAPSHOT_OPEN) therefore moves into the first paged scan that uses it; GET_AT and aggregate scans at
-//! that snapshot go on working through the scan's copy, but a second paged scan at the same snapshot is
-//! refused (SNAPSHOT_IN_USE). Scans with snapshot id 0 open their own snapshot.
+//! A snapshot the client opened (SNAPSHOT_OPEN) is a [`Snapshot`] handle held by the session; every
+//! scan at it works on a clone (clones share one engine registration), so any number of paged scans
+//! may read at one snapshot (within the per-connection limit of paged scans), and nothing that uses a
+//! snapshot waits for a scan at it. SNAPSHOT_RELEASE drops the session's handle; paged scans at that
+//! snapshot keep their clone until they finish or are closed. Closing a paged scan drops its
+//! [`ScanCursor`] (and with it the segments it pinned). Scans with snapshot id 0 open their own snapshot.
 
 use super::Failure;
 use bytes::BytesMut;
@@ -61,18 +64,6 @@ impl Default for ScanLimits {
     }
 }
 
-/// Where a client's snapshot lives.
-enum Holder {
-    /// Held by the connection.
-    Own(Snapshot),
-    /// Moved into a paged scan (which keeps it open until the snapshot is released).
-    InCursor { cursor_id: u64, cursor: CursorRef },
-    /// Lost because the paged scan that took it could not start.
-    Lost { version: u64, reason: String },
-}
-
-type SnapRef = Arc<Mutex<Holder>>;
-
 struct CursorState {
     cursor: ScanCursor,
     /// Records read from the engine that did not fit in the last page.
@@ -89,14 +80,9 @@ pub(super) type Job = Box<dyn FnOnce() -> BytesMut + Send + 'static>;
 pub(super) struct ScanSession {
     engine: Arc<Engine>,
     limits: ScanLimits,
-    snapshots: HashMap<u64, SnapRef>,
+    /// The client's snapshots; scans at one work on clones of its handle.
+    snapshots: HashMap<u64, Snapshot>,
     cursors: CursorMap,
-}
-
-/// The snapshot a scan reads at.
-enum Source {
-    Fresh(Snapshot),
-    Client(SnapRef),
 }
 
 fn too_old(version: u64, reason: impl Into<String>) -> Failure {
@@ -151,8 +137,7 @@ impl ScanSession {
         let snapshot = self.engine.snapshot();
         let version = snapshot.version();
         let id = next_id();
-        self.snapshots
-            .insert(id, Arc::new(Mutex::new(Holder::Own(snapshot))));
+        self.snapshots.insert(id, snapshot);
         Ok(Response::SnapshotOpen {
             snapshot: id,
             version,
@@ -160,18 +145,16 @@ impl ScanSession {
     }
 
     pub(super) fn snapshot_release(&mut self, id: u64) -> Result<Response, Failure> {
-        // A job still using the snapshot keeps it alive until it finishes.
+        // Scans at the snapshot (paged ones included) hold clones, which keep it open until they
+        // finish or are closed.
         match self.snapshots.remove(&id) {
             Some(_) => Ok(Response::SnapshotReleased),
             None => Err(no_such_snapshot(id)),
         }
     }
 
-    fn client_snapshot(&self, id: u64) -> Result<SnapRef, Failure> {
-        self.snapshots
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| no_such_snapshot(id))
+    fn client_snapshot(&self, id: u64) -> Result<&Snapshot, Failure> {
+        self.snapshots.get(&id).ok_or_else(|| no_such_snapshot(id))
     }
 
     pub(super) fn set_schema(&self, table: TableId, bytes: &[u8]) -> Result<Response, Failure> {
@@ -197,57 +180,24 @@ impl ScanSession {
         )
     }
 
-    /// GET_AT answered at once when the snapshot is not busy (a point read takes microseconds);
-    /// `Ok(None)` when a scan holds it, and the read must wait on the blocking pool ([`Self::get_at`]).
-    pub(super) fn get_at_now(
+    /// GET_AT: a point read at a client snapshot, answered at once (no scan at the snapshot holds
+    /// it up: scans read through their own clones).
+    pub(super) fn get_at(
         &self,
         snapshot: u64,
         tablet: TabletId,
         key: &[u8],
-    ) -> Result<Option<Response>, Failure> {
-        let holder = self.client_snapshot(snapshot)?;
-        let Some(guard) = holder.try_lock() else {
-            return Ok(None);
-        };
-        let found = match &*guard {
-            Holder::Own(snap) => self.engine.get_at(tablet, key, snap),
-            Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
-            Holder::InCursor { cursor, .. } => match cursor.try_lock() {
-                Some(state) => self.engine.get_at(tablet, key, state.cursor.snapshot()),
-                None => return Ok(None),
-            },
-        };
-        let found = found.map_err(engine_failure)?;
-        Ok(Some(Response::GetAt(found.map(|o| Object {
+    ) -> Result<Response, Failure> {
+        let snap = self.client_snapshot(snapshot)?;
+        let found = self
+            .engine
+            .get_at(tablet, key, snap)
+            .map_err(engine_failure)?;
+        Ok(Response::GetAt(found.map(|o| Object {
             value: o.value.into(),
             version: o.version,
             expire_at_ms: o.expire_at_ms,
-        }))))
-    }
-
-    /// GET_AT: checks the snapshot id now, reads on the blocking pool.
-    pub(super) fn get_at(
-        &self,
-        id: u64,
-        snapshot: u64,
-        tablet: TabletId,
-        key: &[u8],
-    ) -> Result<Job, Failure> {
-        let holder = self.client_snapshot(snapshot)?;
-        let engine = self.engine.clone();
-        let key = key.to_vec();
-        Ok(Box::new(move || {
-            let result = with_snapshot(&holder, |snap| engine.get_at(tablet, &key, snap))
-                .and_then(|r| r.map_err(engine_failure));
-            let result = result.map(|found| {
-                Response::GetAt(found.map(|o| Object {
-                    value: o.value.into(),
-                    version: o.version,
-                    expire_at_ms: o.expire_at_ms,
-                }))
-            });
-            reply_frame(id, opcode::GET_AT, result)
-        }))
+        })))
     }
 
     /// SCAN_FILTERED: decodes and checks the query now, scans on the blocking pool.
@@ -276,10 +226,12 @@ impl ScanSession {
             return Err(too_many_cursors(self.limits.cursors_max));
         }
         // A fresh snapshot is taken now, so that the scan sees exactly the requests before it.
-        let source = if snapshot == 0 {
-            Source::Fresh(self.engine.snapshot())
+        // A client snapshot is cloned: the scan keeps it open for as long as it runs, even if the
+        // client releases its handle meanwhile.
+        let snap = if snapshot == 0 {
+            self.engine.snapshot()
         } else {
-            Source::Client(self.client_snapshot(snapshot)?)
+            self.client_snapshot(snapshot)?.clone()
         };
         let engine = self.engine.clone();
         let limits = self.limits;
@@ -288,18 +240,10 @@ impl ScanSession {
         Ok(Box::new(move || {
             let op = opcode::SCAN_FILTERED;
             if aggregate {
-                let result = aggregate_scan(&engine, table, &source, &query);
+                let result = aggregate_scan(&engine, table, &snap, &query);
                 return reply_frame(id, op, result);
             }
-            match record_scan(
-                &engine,
-                table,
-                source,
-                &query,
-                max_records,
-                limits,
-                &cursors,
-            ) {
+            match record_scan(&engine, table, snap, &query, max_records, limits, &cursors) {
                 Ok(frame) => frame(id),
                 Err(f) => error_frame(id, op, f),
             }
@@ -318,6 +262,10 @@ impl ScanSession {
         let max_records = max_records.clamp(1, limits.page_records_max.max(1)) as usize;
         let cursors = self.cursors.clone();
         Ok(Box::new(move || {
+            // Closed while this request waited for its turn: read nothing.
+            if !cursors.lock().contains_key(&cursor) {
+                return error_frame(id, opcode::SCAN_NEXT, no_such_cursor(cursor));
+            }
             let mut guard = state.lock();
             let version = guard.cursor.snapshot().version();
             match fill_page(&mut guard, max_records, limits.page_bytes_max) {
@@ -342,9 +290,15 @@ impl ScanSession {
         }))
     }
 
+    /// SCAN_CLOSE: forgets the paged scan. Its cursor (with its segment pins and its clone of the
+    /// snapshot) is dropped here, or when a SCAN_NEXT still reading a page of it finishes.
     pub(super) fn scan_close(&self, cursor: u64) -> Result<Response, Failure> {
-        match self.cursors.lock().remove(&cursor) {
-            Some(_) => Ok(Response::ScanClosed),
+        let state = self.cursors.lock().remove(&cursor);
+        match state {
+            Some(state) => {
+                drop(state);
+                Ok(Response::ScanClosed)
+            }
             None => Err(no_such_cursor(cursor)),
         }
     }
@@ -384,37 +338,16 @@ fn engine_failure(e: EngineError) -> Failure {
     }
 }
 
-/// Run `f` with a client snapshot, wherever it lives.
-fn with_snapshot<T>(holder: &SnapRef, f: impl FnOnce(&Snapshot) -> T) -> Result<T, Failure> {
-    let guard = holder.lock();
-    let cursor = match &*guard {
-        Holder::Own(s) => return Ok(f(s)),
-        Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
-        Holder::InCursor { cursor, .. } => cursor.clone(),
-    };
-    // Do not hold the snapshot's lock while waiting for the scan's.
-    drop(guard);
-    let state = cursor.lock();
-    Ok(f(state.cursor.snapshot()))
-}
-
 fn aggregate_scan(
     engine: &Engine,
     table: TableId,
-    source: &Source,
+    snap: &Snapshot,
     query: &Query,
 ) -> Result<Response, Failure> {
-    let run = |snap: &Snapshot| {
-        let version = snap.version();
-        engine
-            .scan(table, snap, query, ScanMethod::Log, 0)
-            .map(|out| (out, version))
-            .map_err(engine_failure)
-    };
-    let (out, version) = match source {
-        Source::Fresh(snap) => run(snap)?,
-        Source::Client(holder) => with_snapshot(holder, run)??,
-    };
+    let version = snap.version();
+    let out = engine
+        .scan(table, snap, query, ScanMethod::Log, 0)
+        .map_err(engine_failure)?;
     let values = out.aggregates.unwrap_or_default();
     let mut encoded = Vec::new();
     encode_values(&values, &mut encoded)
@@ -432,80 +365,22 @@ fn aggregate_scan(
 fn record_scan(
     engine: &Engine,
     table: TableId,
-    source: Source,
+    snap: Snapshot,
     query: &Query,
     max_records: usize,
     limits: ScanLimits,
     cursors: &CursorMap,
 ) -> Result<impl FnOnce(u64) -> BytesMut, Failure> {
-    let cursor_id = next_id();
-    let state: CursorRef = match source {
-        Source::Fresh(snap) => {
-            let cursor = engine
-                .scan_cursor(table, snap, query)
-                .map_err(engine_failure)?;
-            Arc::new(Mutex::new(CursorState {
-                cursor,
-                pending: VecDeque::new(),
-            }))
-        }
-        Source::Client(holder) => {
-            let mut guard = holder.lock();
-            match &*guard {
-                Holder::Own(snap) => {
-                    let version = snap.version();
-                    snap.check().map_err(engine_failure)?;
-                    let placeholder = Holder::Lost {
-                        version,
-                        reason: "the paged scan that took it could not start".into(),
-                    };
-                    let Holder::Own(snap) = std::mem::replace(&mut *guard, placeholder) else {
-                        unreachable!("matched above");
-                    };
-                    match engine.scan_cursor(table, snap, query) {
-                        Ok(cursor) => {
-                            let state = Arc::new(Mutex::new(CursorState {
-                                cursor,
-                                pending: VecDeque::new(),
-                            }));
-                            *guard = Holder::InCursor {
-                                cursor_id,
-                                cursor: state.clone(),
-                            };
-                            state
-                        }
-                        Err(e) => {
-                            let failure = engine_failure(e);
-                            *guard = Holder::Lost {
-                                version,
-                                reason: format!(
-                                    "the paged scan that took it failed: {}",
-                                    failure.2
-                                ),
-                            };
-                            return Err(failure);
-                        }
-                    }
-                }
-                Holder::InCursor { cursor_id, .. } => {
-                    return Err(Failure(
-                        Status::SnapshotInUse,
-                        *cursor_id,
-                        format!(
-                            "the snapshot already backs paged scan {cursor_id}; open another \
-                             snapshot for another paged scan (GET_AT and aggregates still work)"
-                        ),
-                    ))
-                }
-                Holder::Lost { version, reason } => return Err(too_old(*version, reason.clone())),
-            }
-        }
+    let cursor = engine
+        .scan_cursor(table, snap, query)
+        .map_err(engine_failure)?;
+    let mut state = CursorState {
+        cursor,
+        pending: VecDeque::new(),
     };
-    let mut guard = state.lock();
-    let version = guard.cursor.snapshot().version();
+    let version = state.cursor.snapshot().version();
     let (page, done) =
-        fill_page(&mut guard, max_records, limits.page_bytes_max).map_err(engine_failure)?;
-    drop(guard);
+        fill_page(&mut state, max_records, limits.page_bytes_max).map_err(engine_failure)?;
     let reply_cursor = if done {
         0
     } else {
@@ -513,7 +388,8 @@ fn record_scan(
         if map.len() >= limits.cursors_max {
             return Err(too_many_cursors(limits.cursors_max));
         }
-        map.insert(cursor_id, state);
+        let cursor_id = next_id();
+        map.insert(cursor_id, Arc::new(Mutex::new(state)));
         cursor_id
     };
     Ok(move |id: u64| page_frame(id, opcode::SCAN_FILTERED, reply_cursor, version, &page))

@@ -593,6 +593,8 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
     let mut serial_results: Vec<Vec<Value>> = Vec::new();
     let (mut serial_passes, mut serial_queries) = (0u64, 0u64);
     let (mut conc_passes, mut conc_queries) = (0u64, 0u64);
+    // CPU seconds per wall second of the whole process while the four scans run together.
+    let mut conc_cores = Vec::new();
     for _round in 0..ROUNDS {
         // Back to back, each with its own snapshot.
         let before = engine.stats();
@@ -633,6 +635,7 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
                 .collect();
             barrier.wait();
             let started = Instant::now();
+            let cpu_started = process_cpu_secs();
             let mut results = Vec::new();
             for h in handles {
                 let r = h
@@ -640,7 +643,9 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
                     .map_err(|_| anyhow::anyhow!("a scan thread panicked"))??;
                 results.push(r);
             }
-            Ok((started.elapsed().as_secs_f64(), results))
+            let secs = started.elapsed().as_secs_f64();
+            conc_cores.push((process_cpu_secs() - cpu_started) / secs);
+            Ok((secs, results))
         })?;
         let after = engine.stats();
         conc_passes += after.scan_passes - before.scan_passes;
@@ -671,6 +676,11 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
         )
         .with_target(Target::at_most(0.5)),
     );
+    report.push(Row::plain(
+        "shared_scans_concurrent_cpu",
+        median(&conc_cores),
+        "cores",
+    ));
     report.push(Row::plain(
         "shared_scans_serial_passes",
         serial_passes as f64 / rounds,
@@ -706,6 +716,18 @@ struct WriteRun {
     cleaner_cpu_share: f64,
     scans_ok: u64,
     scans_too_old: u64,
+}
+
+/// CPU time (user + system) of the whole process, in seconds.
+fn process_cpu_secs() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage for the call to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// CPU time of the calling thread, in seconds.

@@ -97,6 +97,9 @@ pub(crate) struct Inner {
     pub retention_released: AtomicBool,
     /// Segments a scan (or a snapshot release) found mostly garbage: the cleaner compacts them next.
     pub sparse: Mutex<Vec<u32>>,
+    /// Spreads table scans over tablets: each scan starts at the next tablet, so concurrent scans
+    /// of a table run different tablets' passes on different cores instead of queueing behind one.
+    pub scan_rotation: AtomicU64,
     /// Optional per-table schemas (scans filter, project and aggregate by field).
     pub schemas: RwLock<HashMap<TableId, Arc<crate::query::Schema>>>,
 }
@@ -162,6 +165,7 @@ impl Inner {
             retained_bytes: CachePadded::new(AtomicI64::new(0)),
             retention_released: AtomicBool::new(false),
             sparse: Mutex::new(Vec::new()),
+            scan_rotation: AtomicU64::new(0),
             schemas: RwLock::new(HashMap::new()),
             config,
         })

@@ -378,7 +378,9 @@ impl Engine {
     }
 
     /// Scans a whole table at a snapshot: filters, then projects (at most `max_records` records)
-    /// or aggregates. With [`ScanMethod::Log`] concurrent scans of a tablet share passes.
+    /// or aggregates. With [`ScanMethod::Log`] concurrent scans of a tablet share passes. Records
+    /// come tablet by tablet, each tablet's in log order; successive scans start at different
+    /// tablets.
     pub fn scan(
         &self,
         table: TableId,
@@ -390,7 +392,13 @@ impl Engine {
         snapshot.check()?;
         let compiled = self.compile(table, q)?;
         let mut total = scan::QuerySink::new(compiled.clone(), max_records);
-        for tablet in self.table_tablets(table) {
+        let mut tablets = self.table_tablets(table);
+        if !tablets.is_empty() {
+            let start = self.inner.scan_rotation.fetch_add(1, Ordering::Relaxed) as usize;
+            let n = tablets.len();
+            tablets.rotate_left(start % n);
+        }
+        for tablet in tablets {
             let room = max_records.saturating_sub(total.out.records.len());
             let sink = scan::QuerySink::new(compiled.clone(), room);
             let sink = match method {

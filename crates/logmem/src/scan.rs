@@ -37,6 +37,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Share of the memory budget in use above which scans hand sparse segments to the cleaner.
+pub(crate) const SCAN_GC_MEMORY_USED: f64 = 0.5;
+
 /// One entry as a scan sees it.
 pub(crate) struct ScanEntry<'a> {
     pub header: &'a Header,
@@ -348,6 +351,13 @@ fn gather(inner: &Inner, mut seglet: u32, mut off: usize, len: usize, out: &mut 
 pub(crate) fn report_garbage(inner: &Inner, walk: &SegmentWalk) {
     let slot = inner.segments.get(walk.segment);
     if slot.state() != SegmentState::Closed {
+        return;
+    }
+    // Compacting costs the writers CPU; it is worth it once memory is half used, not before (the
+    // ordinary cleaner takes over when memory runs short).
+    let total = inner.pool.seglet_count();
+    let used = total.saturating_sub(inner.pool.free_count());
+    if (used as f64) < SCAN_GC_MEMORY_USED * total as f64 {
         return;
     }
     let capacity = slot.seglet_count.load(Ordering::Relaxed) as u64 * SEGLET_BYTES as u64;

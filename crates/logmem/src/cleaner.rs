@@ -28,15 +28,20 @@ use std::time::Duration;
 
 /// Segments above this utilisation are never cleaned (each pass must free more than it uses).
 const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
+/// See `memory_low`.
+const FREE_TARGET_DIVISOR: f64 = 16.0;
 /// Reference swaps done per acquisition of a tablet's write lock.
 const SWAP_BATCH: usize = 128;
 /// Segments below this utilisation found by scans are compacted even without memory pressure
 /// (TellStore's 50% rule).
 pub(crate) const SPARSE_UTILISATION: f64 = 0.5;
 
-/// RAMCloud's trigger: clean when free seglets F <= min(10%, (1 - L) / 2), L the live fraction.
-/// F counts only seglets writers may take (the cleaner's reserve is not free memory for them), so
-/// the cleaner starts before writers reach the reserve and runs beside them instead of in turns.
+/// The trigger: clean when free seglets F <= min(10%, (1 - L) / 16), L the live fraction. RAMCloud
+/// uses (1 - L) / 2; here F counts only seglets writers may take (the cleaner keeps its own reserve
+/// besides), so a smaller free target suffices, and it lets segments decay longer before they are
+/// cleaned: at 90% live, 100 B objects, the cleaner copies 5.1 bytes per new byte (uniform) and 2.9
+/// (zipfian) instead of 12.2 and 6.1 with (1 - L) / 2, once cleaning itself became fast.
+/// The cleaner still starts before writers reach the reserve and runs beside them.
 pub(crate) fn memory_low(inner: &Inner) -> bool {
     let total = inner.pool.seglet_count() as f64;
     let free = inner
@@ -45,7 +50,7 @@ pub(crate) fn memory_low(inner: &Inner) -> bool {
         .saturating_sub(inner.pool.reserve_seglets()) as f64
         / total;
     let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
-    free <= 0.10f64.min((1.0 - live) / 2.0)
+    free <= 0.10f64.min((1.0 - live) / FREE_TARGET_DIVISOR)
         || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
 }
 

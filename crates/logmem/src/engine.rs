@@ -598,11 +598,24 @@ impl Inner {
             }
             return Ok(());
         }
+        // Before failing a write, release a snapshot that keeps memory (then retry).
+        let fail = || -> Result<(), EngineError> {
+            if self.retained_bytes.load(Ordering::Relaxed) > 0
+                && self
+                    .snapshots
+                    .release_oldest(self, "memory is full and it kept superseded versions alive")
+            {
+                self.retention_released.store(true, Ordering::Release);
+                self.wake_cleaner();
+                return Ok(());
+            }
+            Err(self.out_of_memory())
+        };
         if self.config.cleaner_threads == 0 {
             let progressed = crate::cleaner::run_pass(self, true);
             crate::cleaner::drain_limbo(self);
             if !progressed && self.pool.free_count() <= self.pool.reserve_seglets() {
-                return Err(self.out_of_memory());
+                return fail();
             }
             return Ok(());
         }
@@ -620,10 +633,10 @@ impl Inner {
             .saturating_sub(seq_at_start);
         let nothing_pending = self.limbo_seglets.load(Ordering::Relaxed) == 0;
         if passes_since >= 2 && nothing_pending && self.last_pass_idle.load(Ordering::Acquire) {
-            return Err(self.out_of_memory());
+            return fail();
         }
         if started.elapsed() >= Duration::from_millis(self.config.oom_wait_ms) {
-            return Err(self.out_of_memory());
+            return fail();
         }
         Ok(())
     }

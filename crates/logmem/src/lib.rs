@@ -401,22 +401,7 @@ impl Engine {
         for tablet in tablets {
             let room = max_records.saturating_sub(total.out.records.len());
             let sink = scan::QuerySink::new(compiled.clone(), room);
-            let sink = match method {
-                ScanMethod::Log => scan::query_tablet(&self.inner, tablet, snapshot.entry(), sink)?,
-                ScanMethod::HashIndex => {
-                    let mut sink = sink;
-                    let t = self.inner.tablet(tablet)?;
-                    scan::hash_index_scan(
-                        &self.inner,
-                        t,
-                        snapshot.version(),
-                        snapshot.wall_ms(),
-                        &mut sink,
-                    )?;
-                    sink
-                }
-            };
-            total.merge(sink);
+            total.merge(self.scan_into(tablet, snapshot, method, sink)?);
             if total.out.truncated {
                 break;
             }
@@ -438,10 +423,22 @@ impl Engine {
         let table = self.inner.tablet(tablet)?.table;
         let compiled = self.compile(table, q)?;
         let sink = scan::QuerySink::new(compiled, max_records);
-        let sink = match method {
-            ScanMethod::Log => scan::query_tablet(&self.inner, tablet, snapshot.entry(), sink)?,
+        let sink = self.scan_into(tablet, snapshot, method, sink)?;
+        snapshot.check()?;
+        sink.finish()
+    }
+
+    /// Runs one tablet's scan into `sink` by the chosen method.
+    fn scan_into(
+        &self,
+        tablet: TabletId,
+        snapshot: &Snapshot,
+        method: ScanMethod,
+        mut sink: scan::QuerySink,
+    ) -> Result<scan::QuerySink, EngineError> {
+        match method {
+            ScanMethod::Log => scan::query_tablet(&self.inner, tablet, snapshot.entry(), sink),
             ScanMethod::HashIndex => {
-                let mut sink = sink;
                 let t = self.inner.tablet(tablet)?;
                 scan::hash_index_scan(
                     &self.inner,
@@ -450,11 +447,9 @@ impl Engine {
                     snapshot.wall_ms(),
                     &mut sink,
                 )?;
-                sink
+                Ok(sink)
             }
-        };
-        snapshot.check()?;
-        sink.finish()
+        }
     }
 
     /// Opens a resumable scan of a table at `snapshot` (the cursor keeps a handle on it; pass a

@@ -9,58 +9,18 @@ use ramlog_client::query::{
     Aggregate, Cnf, Field, FieldType, KeyFilter, Op, Predicate, Query, Schema, Value,
 };
 use ramlog_client::{Client, ClientConfig, Error, Record, Request, Response, ScanResult};
-use ramlog_logmem::{Engine, EngineConfig};
+use ramlog_logmem::EngineConfig;
 use ramlog_proto::native::{opcode, Status};
-use ramlog_server::native::{serve_native_connection, NativeConfig, ScanLimits};
+use ramlog_server::native::{NativeConfig, ScanLimits};
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 
-struct Server {
-    addr: std::net::SocketAddr,
-    engine: Arc<Engine>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
-}
+type Server = common::TestServer;
 
 /// The native handler on a loopback port with a real engine (table 0 in four tablets).
 async fn start(engine_config: EngineConfig, native: NativeConfig) -> Server {
-    let engine = Engine::new(EngineConfig {
-        memory_bytes: 128 << 20,
-        ..engine_config
-    })
-    .expect("engine");
-    let quarter = ramlog_common::SLOT_COUNT / 4;
-    for i in 0..4u16 {
-        engine
-            .create_tablet(0, i * quarter, i * quarter + quarter - 1)
-            .expect("tablet");
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let native = Arc::new(native);
-    let engine2 = engine.clone();
-    let accept = tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(serve_native_connection(
-                stream,
-                engine2.clone(),
-                native.clone(),
-            ));
-        }
-    });
-    Server {
-        addr,
-        engine,
-        accept,
-    }
+    common::start_server_with(engine_config, native).await
 }
 
 async fn start_default() -> Server {

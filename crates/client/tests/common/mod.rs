@@ -29,9 +29,14 @@ impl Drop for TestServer {
 
 /// A server with a real engine (128 MiB, table 0 in four tablets) and the given native limits.
 pub async fn start_server(config: NativeConfig) -> TestServer {
+    start_server_with(EngineConfig::default(), config).await
+}
+
+/// Like [`start_server`], with engine settings (the memory budget is always 128 MiB).
+pub async fn start_server_with(engine_config: EngineConfig, config: NativeConfig) -> TestServer {
     let engine = Engine::new(EngineConfig {
         memory_bytes: 128 << 20,
-        ..Default::default()
+        ..engine_config
     })
     .expect("engine");
     let quarter = ramlog_common::SLOT_COUNT / 4;

@@ -37,9 +37,15 @@ pub struct Config {
     /// Two-level logging: small per-tablet batches go to the primary log and the tablet's
     /// secondary-log buffer. When false every batch goes straight to its secondary log.
     pub two_level: bool,
-    /// A tablet's batch of at least this many bytes goes straight to its secondary log; this is
-    /// also the size of each secondary-log buffer (DXRAM: 128 KiB).
+    /// Size of each tablet's secondary-log buffer (DXRAM: 128 KiB). A small batch that would
+    /// overflow it goes straight to the secondary log together with the buffer's content.
     pub secondary_buffer_bytes: usize,
+    /// A tablet's batch of at least this many bytes goes straight to its secondary log instead of
+    /// the primary log + buffer. DXRAM ties it to the buffer size (128 KiB, 32 flash pages); here
+    /// it is lower because the writes of one flush are issued `io_threads` at a time, and with
+    /// several requests in flight 32 KiB writes already run at the disk's sequential bandwidth
+    /// (docs/benchmarks.md), so writing such a batch twice would only halve throughput.
+    pub direct_threshold_bytes: usize,
     /// Primary log size (a circular file).
     pub primary_log_bytes: u64,
     /// Segment size of secondary logs (no entry spans two segments).
@@ -82,6 +88,7 @@ impl Default for Config {
             flush_interval: Duration::from_millis(100),
             two_level: true,
             secondary_buffer_bytes: 128 << 10,
+            direct_threshold_bytes: 32 << 10,
             primary_log_bytes: 256 << 20,
             segment_bytes: 8 << 20,
             tablet_log_capacity_bytes: 512 << 20,
@@ -134,6 +141,9 @@ impl Config {
         }
         if self.flush_threshold_bytes == 0 || self.flush_threshold_bytes > self.write_buffer_bytes {
             return Err("flush_threshold_bytes must be in 1..=write_buffer_bytes".into());
+        }
+        if self.direct_threshold_bytes > self.secondary_buffer_bytes {
+            return Err("direct_threshold_bytes must be at most secondary_buffer_bytes".into());
         }
         if (self.secondary_buffer_bytes as u64) > self.segment_bytes / 2 {
             return Err("secondary_buffer_bytes must be at most half a segment".into());

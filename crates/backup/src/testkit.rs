@@ -67,6 +67,7 @@ pub fn crash_config() -> crate::Config {
         flush_threshold_bytes: 256 << 10,
         flush_interval: std::time::Duration::from_millis(5),
         secondary_buffer_bytes: 16 << 10,
+        direct_threshold_bytes: 16 << 10,
         primary_log_bytes: 4 << 20,
         segment_bytes: 64 << 10,
         tablet_log_capacity_bytes: 4 << 20,

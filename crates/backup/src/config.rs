@@ -8,7 +8,8 @@ use std::time::Duration;
 pub enum SegmentStrategy {
     /// DXRAM's default: the largest age × fill degree.
     AgeTimesUtilisation,
-    /// RAMCloud/LFS cost-benefit, `(1 − u) · age / (1 + u)`, with u the fill degree.
+    /// RAMCloud/LFS cost-benefit, `(1 − u) · age / (1 + u)`, with u the estimated live fraction
+    /// (fill minus the dead bytes that placement notes reveal; see `Config::tracks_locations`).
     CostBenefit,
     /// Uniformly random among used segments (the baseline).
     Random,
@@ -167,6 +168,13 @@ impl Config {
             return Err("version_buffer_entries must be at least 16".into());
         }
         Ok(())
+    }
+
+    /// Whether placements are noted so the reorganizer can estimate each segment's dead bytes.
+    /// Only cost-benefit selection uses the estimate; noting costs a key hash per entry on the
+    /// write path and a table update in the reorganizer, so other strategies skip it.
+    pub fn tracks_locations(&self) -> bool {
+        self.reorg_enabled && self.reorg_strategy == SegmentStrategy::CostBenefit
     }
 
     /// Largest encoded entry: bounded by half a segment (DXRAM) and by the value limit.

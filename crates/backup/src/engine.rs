@@ -352,6 +352,20 @@ fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Bu
                 st.slb.clear();
             }
         }
+        if cfg.tracks_locations() && !deletes.is_empty() {
+            for &(c, b) in &batches {
+                let meta = &chunks[c].batches[b];
+                if meta.deletes {
+                    for r in chunks[c].batch_records(meta) {
+                        st.push_note(crate::tablet::Note {
+                            hash: r.hash,
+                            segment: crate::tablet::NOTE_DELETE,
+                            len: 0,
+                        });
+                    }
+                }
+            }
+        }
         drop(st);
         // Deletes are versions: they go to the primary log (durable now) and the version buffer,
         // never to the secondary log.
@@ -443,10 +457,18 @@ fn place_with_urgent(
 ) -> Result<Vec<BlockWrite>> {
     // Throttle: a log above the throttle threshold waits for the cleaner first, so utilisation
     // stays bounded when writes outpace reorganization.
+    // A large batch also waits if it would carry the log past the prompt threshold. A round of
+    // reorganization that frees nothing ends the wait (the placement then proceeds, or asks for
+    // an urgent reorganization if it does not fit).
     if sh.cfg.reorg_enabled {
+        let incoming: u64 = slices.iter().map(|s| s.len() as u64).sum();
+        let capacity = tablet.capacity_bytes() as f64;
         for _ in 0..100 {
-            let util = st.used_bytes() as f64 / tablet.capacity_bytes() as f64;
-            if util <= sh.cfg.reorg_throttle || sh.shutdown.load(Ordering::SeqCst) {
+            let used = st.used_bytes();
+            let calm = used as f64 <= sh.cfg.reorg_throttle * capacity
+                && (used + incoming) as f64
+                    <= sh.cfg.reorg_prompt.max(sh.cfg.reorg_throttle) * capacity;
+            if calm || sh.shutdown.load(Ordering::SeqCst) {
                 break;
             }
             sh.counters.throttle_waits.fetch_add(1, Ordering::Relaxed);
@@ -462,6 +484,9 @@ fn place_with_urgent(
                     sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
                 }
             });
+            if st.used_bytes() >= used {
+                break;
+            }
         }
     }
     for attempt in 0..3 {
@@ -472,6 +497,7 @@ fn place_with_urgent(
             &sh.seq,
             &sh.pool,
             sh.cfg.new_segment_fraction,
+            sh.cfg.tracks_locations(),
         )? {
             return Ok(w);
         }

@@ -70,6 +70,7 @@ mod replay;
 mod tablet;
 #[doc(hidden)]
 pub mod testkit;
+mod vtable;
 mod wbuf;
 
 pub use config::{Config, SegmentStrategy, SyncPolicy};
@@ -142,6 +143,11 @@ pub struct Stats {
     pub used_bytes: u64,
     /// Highest fill degree (used / capacity) of any tablet log.
     pub max_utilisation: f64,
+    /// Dead bytes in the secondary logs as the reorganizer estimates them from placement notes
+    /// (cost-benefit selection only; 0 otherwise), and notes dropped because a tablet had too
+    /// many waiting.
+    pub dead_bytes_estimate: u64,
+    pub notes_dropped: u64,
     pub written_lsn: u64,
     pub durable_lsn: u64,
     /// Milliseconds spent: producers blocked on a full write buffer, sorting and copying,
@@ -443,8 +449,13 @@ impl Backup {
         let tablets: Vec<_> = self.sh.tablets.read().values().cloned().collect();
         let mut used = 0u64;
         let mut max_util = 0.0f64;
+        let (mut dead, mut dropped) = (0u64, 0u64);
         for t in &tablets {
-            let u = t.state.lock().used_bytes();
+            let st = t.state.lock();
+            let u = st.used_bytes();
+            dead += st.segments.iter().map(|s| s.dead).sum::<u64>();
+            dropped += st.notes_dropped;
+            drop(st);
             used += u;
             max_util = max_util.max(u as f64 / t.capacity_bytes() as f64);
         }
@@ -472,6 +483,8 @@ impl Backup {
             throttle_waits: l(&c.throttle_waits),
             used_bytes: used,
             max_utilisation: max_util,
+            dead_bytes_estimate: dead,
+            notes_dropped: dropped,
             written_lsn: self.sh.written_lsn.load(Ordering::SeqCst),
             durable_lsn: self.sh.durable_lsn.load(Ordering::SeqCst),
             producer_wait_ms: self.sh.wb.producer_wait_ns() / 1_000_000,

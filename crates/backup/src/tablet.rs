@@ -51,9 +51,13 @@ pub struct SegMeta {
     pub pending: u32,
     /// Being cleaned, or being filled by the cleaner.
     pub reorganizing: bool,
-    /// Last write or reorganization (for the age in segment selection).
+    /// Mean write time of the segment's bytes (weighted by size; a cleaned segment's survivors
+    /// count as written when they were copied), for the age in segment selection.
     pub stamp: Instant,
     pub data_seq: u64,
+    /// Estimated dead bytes (entries superseded or deleted since they were written), kept by
+    /// the reorganizer from placement notes; 0 when unknown. Only guides segment selection.
+    pub dead: u64,
 }
 
 impl SegMeta {
@@ -64,6 +68,7 @@ impl SegMeta {
             reorganizing: false,
             stamp: Instant::now(),
             data_seq: 0,
+            dead: 0,
         }
     }
 }
@@ -84,9 +89,36 @@ pub struct TabletState {
     /// Highest flush sequence covered by the version log on disk.
     pub ver_wm: u64,
     pub prompt_requested: bool,
+    /// Placement notes (entry key hash → segment, or a delete) since the reorganizer last
+    /// took them, in write order; at most `NOTES_MAX`, beyond which they are counted and dropped
+    /// (the dead-byte estimate only gets coarser).
+    pub notes: Vec<Note>,
+    pub notes_dropped: u64,
 }
 
+/// Notes a tablet keeps for the reorganizer before dropping new ones.
+pub const NOTES_MAX: usize = 1 << 20;
+
+/// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted).
+#[derive(Debug, Clone, Copy)]
+pub struct Note {
+    pub hash: u128,
+    pub segment: u32,
+    pub len: u32,
+}
+
+pub const NOTE_DELETE: u32 = u32::MAX;
+
 impl TabletState {
+    /// Appends a placement note unless the bound is reached.
+    pub fn push_note(&mut self, note: Note) {
+        if self.notes.len() < NOTES_MAX {
+            self.notes.push(note);
+        } else {
+            self.notes_dropped += 1;
+        }
+    }
+
     pub fn used_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.used).sum()
     }
@@ -226,6 +258,8 @@ impl Tablet {
                 vbuf: Vec::new(),
                 vbuf_epoch: 0,
                 vbuf_seq: 0,
+                notes: Vec::new(),
+                notes_dropped: 0,
                 data_wm,
                 ver_wm,
                 prompt_requested: false,
@@ -287,6 +321,7 @@ impl Tablet {
 
     /// Places `total` bytes of whole entries (given as slices) into segments and builds the block
     /// writes. Returns None if the log has no room (the caller asks for urgent reorganization).
+    #[allow(clippy::too_many_arguments)]
     pub fn place(
         &self,
         st: &mut TabletState,
@@ -295,6 +330,7 @@ impl Tablet {
         seq: &std::sync::atomic::AtomicU64,
         pool: &crate::engine::BufPool,
         new_segment_fraction: f64,
+        notes: bool,
     ) -> Result<Option<Vec<BlockWrite>>> {
         let seg = self.segment_bytes as usize;
         let total: usize = slices.iter().map(|s| s.len()).sum();
@@ -400,7 +436,7 @@ impl Tablet {
             {
                 let out = buf.full_mut();
                 let mut at = BLOCK_HEADER_BYTES;
-                for (si, from, to) in ranges {
+                for &(si, from, to) in &ranges {
                     out[at..at + (to - from)].copy_from_slice(&slices[si][from..to]);
                     at += to - from;
                 }
@@ -416,11 +452,16 @@ impl Tablet {
                 h.encode(out);
             }
             buf.set_len(padded);
+            if notes {
+                for &(si, from, to) in &ranges {
+                    note_entries(st, &slices[si][from..to], i as u32);
+                }
+            }
             let m = &mut st.segments[i];
             let offset = i as u64 * self.segment_bytes + m.used;
+            m.stamp = mean_stamp(m.stamp, m.used, now, padded as u64);
             m.used += padded as u64;
             m.pending += 1;
-            m.stamp = now;
             m.data_seq = m.data_seq.max(data_seq);
             writes.push(BlockWrite {
                 segment: i,
@@ -452,6 +493,37 @@ impl Tablet {
 }
 
 type Range3 = (usize, usize, usize);
+
+/// Notes the placement of every entry of `run` (whole entries from the write buffer) in segment
+/// `segment`.
+fn note_entries(st: &mut TabletState, run: &[u8], segment: u32) {
+    let mut at = 0usize;
+    while at + format::ENTRY_HEADER_BYTES <= run.len() {
+        let Ok(len) = format::entry_len_unchecked(&run[at..]) else {
+            break;
+        };
+        let key_len = u32::from_le_bytes([run[at + 5], run[at + 6], run[at + 7], run[at + 8]]);
+        let key_at = at + format::ENTRY_HEADER_BYTES;
+        let key = &run[key_at..key_at + key_len as usize];
+        st.push_note(Note {
+            hash: format::key_hash(key),
+            segment,
+            len: len as u32,
+        });
+        at += len;
+    }
+}
+
+/// The byte-weighted mean of two write times: `old_bytes` written at `old`, `new_bytes` at `now`.
+/// Appending fresh data to an old segment makes it look only as much younger as the share of
+/// fresh bytes (DXRAM's per-append age update, digest 000 §6.5 eq. 8), not brand new.
+pub fn mean_stamp(old: Instant, old_bytes: u64, now: Instant, new_bytes: u64) -> Instant {
+    let total = old_bytes + new_bytes;
+    if old_bytes == 0 || total == 0 || now <= old {
+        return now;
+    }
+    old + (now - old).mul_f64(new_bytes as f64 / total as f64)
+}
 
 /// One block write into a secondary log.
 pub struct BlockWrite {

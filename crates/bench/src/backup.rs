@@ -264,6 +264,11 @@ fn reorg_run(
         secondary_buffer_bytes: 16 << 10,
         direct_threshold_bytes: 16 << 10,
         primary_log_bytes: 64 << 20,
+        reorg_strategy: match std::env::var("RAMLOG_BENCH_BACKUP_STRATEGY").as_deref() {
+            Ok("cost-benefit") => ramlog_backup::SegmentStrategy::CostBenefit,
+            Ok("random") => ramlog_backup::SegmentStrategy::Random,
+            _ => ramlog_backup::SegmentStrategy::AgeTimesUtilisation,
+        },
         ..Config::default()
     };
     let b = std::sync::Arc::new(Backup::open(dir, cfg)?);

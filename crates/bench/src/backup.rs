@@ -7,8 +7,9 @@
 //!    over 256 tablets (round-robin and random), batches of 10 entries;
 //! 2. two-level logging on vs off for small scattered batches over 256 tablets;
 //! 3. reorganization under sequential, uniform, zipf and hot-and-cold updates (digest 000 §9.5,
-//!    §11.4): maximum log utilisation, throughput relative to the same updates without
-//!    reorganization, bytes freed per segment cleaned;
+//!    §11.4): maximum log utilisation (over all runs), throughput relative to the same updates
+//!    without reorganization (median of 3 alternating pairs in a full run), bytes freed per
+//!    segment cleaned;
 //! 4. replay of one tablet log of 256 MiB of 64 B entries (10% superseded, 1% deleted) from a cold
 //!    cache (segments are read with O_DIRECT).
 //!
@@ -264,6 +265,7 @@ fn reorg_run(
         secondary_buffer_bytes: 16 << 10,
         direct_threshold_bytes: 16 << 10,
         primary_log_bytes: 64 << 20,
+        // RAMLOG_BENCH_BACKUP_STRATEGY=cost-benefit|random compares selection strategies.
         reorg_strategy: match std::env::var("RAMLOG_BENCH_BACKUP_STRATEGY").as_deref() {
             Ok("cost-benefit") => ramlog_backup::SegmentStrategy::CostBenefit,
             Ok("random") => ramlog_backup::SegmentStrategy::Random,
@@ -568,6 +570,7 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
     // Live data ≈ 45% of the log capacity (DXRAM: a 256 MB zone in a 512 MB log).
     let entry_disk = (ramlog_backup::format::ENTRY_HEADER_BYTES + 64) as u64;
     let keys_per_tablet = capacity * 45 / 100 / entry_disk / 10 * 10;
+    let reorg_reps = if quick { 1 } else { 3 };
     for pattern in [
         Pattern::Sequential,
         Pattern::Uniform,
@@ -577,38 +580,49 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
         if !want("reorg") || !format!("reorg/{}", pattern.name()).contains(&rows) {
             continue;
         }
-        let base = {
-            let s = Scratch::new(&root, "noreorg")?;
-            reorg_run(
-                &s.0,
-                pattern,
-                false,
-                tablets,
-                keys_per_tablet,
-                segment,
-                capacity,
-            )?
-        };
-        let run = {
-            let s = Scratch::new(&root, "reorg")?;
-            reorg_run(
-                &s.0,
-                pattern,
-                true,
-                tablets,
-                keys_per_tablet,
-                segment,
-                capacity,
-            )?
-        };
+        // Base and reorganizing runs alternate; the pair with the median ratio is reported
+        // (the shared machine's speed drifts between runs).
+        let mut pairs: Vec<(ReorgRun, ReorgRun)> = Vec::new();
+        for _ in 0..reorg_reps {
+            let base = {
+                let s = Scratch::new(&root, "noreorg")?;
+                reorg_run(
+                    &s.0,
+                    pattern,
+                    false,
+                    tablets,
+                    keys_per_tablet,
+                    segment,
+                    capacity,
+                )?
+            };
+            let run = {
+                let s = Scratch::new(&root, "reorg")?;
+                reorg_run(
+                    &s.0,
+                    pattern,
+                    true,
+                    tablets,
+                    keys_per_tablet,
+                    segment,
+                    capacity,
+                )?
+            };
+            pairs.push((base, run));
+        }
+        pairs.sort_by(|a, b| {
+            (a.1.entries_per_s / a.0.entries_per_s)
+                .total_cmp(&(b.1.entries_per_s / b.0.entries_per_s))
+        });
+        let (base, run) = pairs.swap_remove(pairs.len() / 2);
+        let max_utilisation = pairs
+            .iter()
+            .map(|p| p.1.max_utilisation)
+            .fold(run.max_utilisation, f64::max);
         let name = format!("reorg/{}", pattern.name());
         report.push(
-            Row::plain(
-                format!("{name}/max_utilisation"),
-                run.max_utilisation,
-                "frac",
-            )
-            .with_target(Target::at_most(0.80)),
+            Row::plain(format!("{name}/max_utilisation"), max_utilisation, "frac")
+                .with_target(Target::at_most(0.80)),
         );
         report.push(Row::plain(
             format!("{name}/mean_utilisation"),

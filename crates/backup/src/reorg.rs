@@ -191,15 +191,7 @@ pub fn gather_versions<'c>(
     let mut records: Vec<(u128, VersionInfo)> = Vec::new();
     let walk = format::walk_version_log(&tail, |seq, recs| {
         file_seq = file_seq.max(seq);
-        records.extend(format::version_records(recs).map(|r| {
-            (
-                r.hash,
-                VersionInfo {
-                    version: r.version,
-                    deleted: r.deleted,
-                },
-            )
-        }));
+        records.extend(format::version_records(recs).map(|r| version_pair(&r)));
     });
     cache.map.merge_all(&records);
     cache.log_len += walk.valid_end as u64;
@@ -208,15 +200,7 @@ pub fn gather_versions<'c>(
         (st.vbuf.clone(), st.vbuf_seq, st.vbuf_epoch)
     };
     records.clear();
-    records.extend(snapshot.iter().map(|r| {
-        (
-            r.hash,
-            VersionInfo {
-                version: r.version,
-                deleted: r.deleted,
-            },
-        )
-    }));
+    records.extend(snapshot.iter().map(version_pair));
     cache.map.merge_all(&records);
     let compact_len = (cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
     if vl.len <= 2 * compact_len {
@@ -265,6 +249,16 @@ pub fn gather_versions<'c>(
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(&mut cache.map)
+}
+
+fn version_pair(r: &VersionRecord) -> (u128, VersionInfo) {
+    (
+        r.hash,
+        VersionInfo {
+            version: r.version,
+            deleted: r.deleted,
+        },
+    )
 }
 
 /// Binds a cache to tablet `t` (clearing it if it held another tablet or an older version log).

@@ -106,8 +106,19 @@ impl VersionTable {
     /// The recorded version of `hash`, if any.
     #[inline]
     pub fn get(&self, hash: u128) -> Option<VersionInfo> {
-        if self.len == 0 {
-            return None;
+        let s = &self.slots[self.probe(hash).ok()?];
+        (s.flags & VERSIONED != 0).then_some(VersionInfo {
+            version: s.version,
+            deleted: s.flags & DELETED != 0,
+        })
+    }
+
+    /// Ok(index of `hash`'s slot), or Err(index of the empty slot where it would go; `usize::MAX`
+    /// for a table with no slots).
+    #[inline]
+    fn probe(&self, hash: u128) -> Result<usize, usize> {
+        if self.slots.is_empty() {
+            return Err(usize::MAX);
         }
         let (lo, hi) = (hash as u64, (hash >> 64) as u64);
         let mask = self.slots.len() - 1;
@@ -115,16 +126,10 @@ impl VersionTable {
         loop {
             let s = &self.slots[i];
             if s.flags == 0 {
-                return None;
+                return Err(i);
             }
             if s.lo == lo && s.hi == hi {
-                if s.flags & VERSIONED == 0 {
-                    return None;
-                }
-                return Some(VersionInfo {
-                    version: s.version,
-                    deleted: s.flags & DELETED != 0,
-                });
+                return Ok(i);
             }
             i = (i + 1) & mask;
         }
@@ -135,26 +140,20 @@ impl VersionTable {
         if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow();
         }
-        let (lo, hi) = (hash as u64, (hash >> 64) as u64);
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(hash);
-        loop {
-            let s = &self.slots[i];
-            if s.flags == 0 {
+        let i = match self.probe(hash) {
+            Ok(i) => i,
+            Err(i) => {
                 self.len += 1;
                 self.slots[i] = Slot {
-                    lo,
-                    hi,
+                    lo: hash as u64,
+                    hi: (hash >> 64) as u64,
                     version: 0,
                     flags: OCCUPIED,
                 };
-                return &mut self.slots[i];
+                i
             }
-            if s.lo == lo && s.hi == hi {
-                return &mut self.slots[i];
-            }
-            i = (i + 1) & mask;
-        }
+        };
+        &mut self.slots[i]
     }
 
     /// Records that `hash`'s newest entry now lies at `loc` (None: the key was deleted); returns
@@ -169,26 +168,10 @@ impl VersionTable {
     /// Moves `hash`'s location from segment `from` to `to` (the cleaner copied the entry);
     /// leaves it alone if the key's newest entry is known to lie elsewhere.
     pub fn moved(&mut self, hash: u128, from: u32, to: u32) {
-        if self.len == 0 {
-            return;
-        }
-        let (lo, hi) = (hash as u64, (hash >> 64) as u64);
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(hash);
-        loop {
-            let s = &mut self.slots[i];
-            if s.flags == 0 {
-                return;
-            }
-            if s.lo == lo && s.hi == hi {
-                if let Some(l) = location_of(s.flags) {
-                    if l.segment == from {
-                        s.flags = with_location(s.flags, Some(Location { segment: to, ..l }));
-                    }
-                }
-                return;
-            }
-            i = (i + 1) & mask;
+        let Ok(i) = self.probe(hash) else { return };
+        let s = &mut self.slots[i];
+        if let Some(l) = location_of(s.flags).filter(|l| l.segment == from) {
+            s.flags = with_location(s.flags, Some(Location { segment: to, ..l }));
         }
     }
 

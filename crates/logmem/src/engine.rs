@@ -270,7 +270,12 @@ impl Inner {
             offset,
             reason,
         };
-        let header = match decode_header(tail) {
+        // The fixed-size fast path reads the same bytes as `decode_header` (the fields, in order).
+        let decoded = match tail.get(..HEADER_BYTES_MAX) {
+            Some(b) => entry::decode_header_fast(b.try_into().expect("header-sized")),
+            None => decode_header(tail),
+        };
+        let header = match decoded {
             Ok(h) => h,
             Err(entry::DecodeError::Truncated) => {
                 let mut buf = Vec::with_capacity(HEADER_BYTES_MAX);
@@ -690,10 +695,22 @@ impl Inner {
     /// Looks a key up for a writer: the slot, the location and the entry's header, ignoring expired objects
     /// only when `include_expired` is false (they are still returned so they can be replaced).
     fn find(&self, tablet: &Tablet, hash: u64, key: &[u8]) -> Option<(SlotRef, Loc, Header)> {
-        let (slot, loc) = tablet
-            .index
-            .lookup(hash, |loc| self.key_matches(loc, key))?;
-        let header = self.with_entry(loc, false, |e| e.header).ok()?;
+        // The header of the matching entry is kept from the key comparison (one decode, not two).
+        let mut matched: Option<(Loc, Header)> = None;
+        let (slot, loc) = tablet.index.lookup(hash, |loc| {
+            self.with_entry(loc, false, |e| {
+                let hit = e.key == key;
+                if hit {
+                    matched = Some((loc, e.header));
+                }
+                hit
+            })
+            .unwrap_or(false)
+        })?;
+        let header = match matched {
+            Some((at, h)) if at == loc => h,
+            _ => self.with_entry(loc, false, |e| e.header).ok()?,
+        };
         Some((slot, loc, header))
     }
 

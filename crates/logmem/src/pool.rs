@@ -46,7 +46,7 @@ pub struct SegletPool {
 }
 
 /// Bytes the prefaulter keeps populated beyond the highest seglet handed out so far.
-const PREFAULT_AHEAD_BYTES: usize = 8 << 20;
+const PREFAULT_AHEAD_BYTES: usize = 4 << 20;
 /// Linux's MADV_POPULATE_WRITE (5.14+): fault pages in, writable, without changing their contents.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 

@@ -53,10 +53,12 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
         if sh.shutdown.load(Ordering::SeqCst) {
             break;
         }
-        let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
-        for t in tablets {
-            if !t.state.lock().notes.is_empty() {
-                absorb_notes(&t, cache_for(&mut caches, t.id));
+        if sh.cfg.tracks_locations() {
+            let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
+            for t in tablets {
+                if !t.state.lock().notes.is_empty() {
+                    absorb_notes(&t, cache_for(&mut caches, t.id));
+                }
             }
         }
         if sh.failed().is_some() {

@@ -398,12 +398,24 @@ impl Engine {
             let n = tablets.len();
             tablets.rotate_left(start % n);
         }
-        for tablet in tablets {
-            let room = max_records.saturating_sub(total.out.records.len());
-            let sink = scan::QuerySink::new(compiled.clone(), room);
-            total.merge(self.scan_into(tablet, snapshot, method, sink)?);
-            if total.out.truncated {
-                break;
+        if method == ScanMethod::Log && (compiled.is_aggregate() || max_records == usize::MAX) {
+            // Every tablet is scanned in full (an aggregate, or no limit on records): queue all of
+            // them at once and share passes (see `scan::run_shared_many`).
+            let work = tablets
+                .into_iter()
+                .map(|t| (t, scan::QuerySink::new(compiled.clone(), max_records)))
+                .collect();
+            for sink in scan::query_tablets(&self.inner, work, snapshot.entry())? {
+                total.merge(sink);
+            }
+        } else {
+            for tablet in tablets {
+                let room = max_records.saturating_sub(total.out.records.len());
+                let sink = scan::QuerySink::new(compiled.clone(), room);
+                total.merge(self.scan_into(tablet, snapshot, method, sink)?);
+                if total.out.truncated {
+                    break;
+                }
             }
         }
         snapshot.check()?;

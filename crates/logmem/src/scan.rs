@@ -410,6 +410,23 @@ impl Job {
         *self.result.lock() = Some(r);
         self.done.notify_all();
     }
+
+    /// Blocks until a pass has served the job; its result.
+    fn wait(&self) -> Result<(), EngineError> {
+        let mut res = self.result.lock();
+        while res.is_none() {
+            self.done.wait(&mut res);
+        }
+        res.take().expect("set above")
+    }
+
+    /// The job's sink, once it is done.
+    fn take_sink(&self) -> QuerySink {
+        self.sink
+            .lock()
+            .take()
+            .expect("a finished job still holds its sink")
+    }
 }
 
 /// Per-tablet scheduler of shared passes.
@@ -432,44 +449,64 @@ pub(crate) fn run_shared(
     job: Arc<Job>,
 ) -> Result<(), EngineError> {
     let tablet = inner.tablet(tablet_id)?;
-    let lead = {
+    tablet.scans.state.lock().pending.push(job.clone());
+    lead_if_idle(inner, tablet_id, tablet);
+    job.wait()
+}
+
+/// Runs one job per tablet (same order), sharing passes. All jobs are queued first, then the
+/// tablets are visited in order, running the passes of those nobody is running yet. Scans of a
+/// whole table that start together thus land in the same pass on every tablet, and threads that
+/// start on different tablets run those passes in parallel.
+pub(crate) fn run_shared_many(
+    inner: &Inner,
+    jobs: &[(TabletId, Arc<Job>)],
+) -> Result<(), EngineError> {
+    let mut tablets = Vec::with_capacity(jobs.len());
+    for (id, job) in jobs {
+        let tablet = inner.tablet(*id)?;
+        tablet.scans.state.lock().pending.push(job.clone());
+        tablets.push((*id, tablet));
+    }
+    for (id, tablet) in tablets {
+        lead_if_idle(inner, id, tablet);
+    }
+    for (_, job) in jobs {
+        job.wait()?;
+    }
+    Ok(())
+}
+
+/// If no pass runs over the tablet, runs passes for its pending jobs until none is left.
+fn lead_if_idle(inner: &Inner, tablet_id: TabletId, tablet: &Tablet) {
+    {
         let mut st = tablet.scans.state.lock();
-        st.pending.push(job.clone());
-        if st.running {
-            false
-        } else {
-            st.running = true;
-            true
+        if st.running || st.pending.is_empty() {
+            return;
         }
-    };
-    if lead {
-        if inner.config.scan_batch_wait_us > 0 {
-            std::thread::sleep(Duration::from_micros(inner.config.scan_batch_wait_us));
-        }
-        loop {
-            let batch = {
-                let mut st = tablet.scans.state.lock();
-                if st.pending.is_empty() {
-                    st.running = false;
-                    break;
-                }
-                std::mem::take(&mut st.pending)
-            };
-            let r = run_pass(inner, tablet_id, tablet, &batch);
-            for j in &batch {
-                let own = match &r {
-                    Ok(()) => inner.snapshots.check(inner, &j.snapshot),
-                    Err(e) => Err(e.clone()),
-                };
-                j.finish(own);
+        st.running = true;
+    }
+    if inner.config.scan_batch_wait_us > 0 {
+        std::thread::sleep(Duration::from_micros(inner.config.scan_batch_wait_us));
+    }
+    loop {
+        let batch = {
+            let mut st = tablet.scans.state.lock();
+            if st.pending.is_empty() {
+                st.running = false;
+                return;
             }
+            std::mem::take(&mut st.pending)
+        };
+        let r = run_pass(inner, tablet_id, tablet, &batch);
+        for j in &batch {
+            let own = match &r {
+                Ok(()) => inner.snapshots.check(inner, &j.snapshot),
+                Err(e) => Err(e.clone()),
+            };
+            j.finish(own);
         }
     }
-    let mut res = job.result.lock();
-    while res.is_none() {
-        job.done.wait(&mut res);
-    }
-    res.take().expect("set above")
 }
 
 /// One pass over a tablet for a batch of jobs.
@@ -786,8 +823,22 @@ pub(crate) fn query_tablet(
 ) -> Result<QuerySink, EngineError> {
     let job = Job::new(snapshot.clone(), sink);
     run_shared(inner, tablet, job.clone())?;
-    let sink = job.sink.lock().take();
-    Ok(sink.expect("a finished job still holds its sink"))
+    Ok(job.take_sink())
+}
+
+/// Runs a query over several tablets at once through the shared-pass scheduler (one sink per
+/// tablet, returned in the same order).
+pub(crate) fn query_tablets(
+    inner: &Inner,
+    work: Vec<(TabletId, QuerySink)>,
+    snapshot: &Arc<SnapshotEntry>,
+) -> Result<Vec<QuerySink>, EngineError> {
+    let jobs: Vec<(TabletId, Arc<Job>)> = work
+        .into_iter()
+        .map(|(t, sink)| (t, Job::new(snapshot.clone(), sink)))
+        .collect();
+    run_shared_many(inner, &jobs)?;
+    Ok(jobs.iter().map(|(_, j)| j.take_sink()).collect())
 }
 
 /// Resumable paging through a table's log at one snapshot.

@@ -183,9 +183,15 @@ pub enum KeyFilter {
 }
 
 impl KeyFilter {
-    /// Whether `key` passes the filter.
-    #[inline]
+    /// Whether `key` passes the filter. The no-filter case is inlined into the scan loops; the
+    /// others are a call.
+    #[inline(always)]
     pub fn matches(&self, key: &[u8]) -> bool {
+        matches!(self, KeyFilter::All) || self.matches_filtered(key)
+    }
+
+    #[inline(never)]
+    fn matches_filtered(&self, key: &[u8]) -> bool {
         match self {
             KeyFilter::All => true,
             KeyFilter::Glob(pattern) => glob_match(pattern, key),

@@ -96,8 +96,10 @@ pub struct TabletState {
     pub notes_dropped: u64,
 }
 
-/// Notes a tablet keeps for the reorganizer before dropping new ones.
-pub const NOTES_MAX: usize = 1 << 20;
+/// Notes a tablet keeps for the reorganizer before dropping new ones (4 MiB per tablet). The
+/// reorganizer takes them on every turn of its loop; a long visit elsewhere can let a busy tablet
+/// overflow, which only makes its dead-byte estimate coarser (`Stats::notes_dropped`).
+pub const NOTES_MAX: usize = 1 << 17;
 
 /// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted).
 #[derive(Debug, Clone, Copy)]

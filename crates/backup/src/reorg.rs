@@ -177,12 +177,10 @@ pub fn gather_versions<'c>(
 ) -> Result<&'c mut VersionTable> {
     bind_cache(t, cache);
     let mut vl = t.verlog.lock();
-    let inode = inode_of(&vl.file);
-    if cache.tablet != Some(t.id) || cache.inode != inode || cache.log_len > vl.len {
-        cache.tablet = Some(t.id);
+    if cache.log_len > vl.len {
+        // The log is shorter than what was merged: start over from its beginning.
         cache.map.clear();
         cache.log_len = 0;
-        cache.inode = inode;
     }
     // Only the part of the log not merged yet.
     let mut tail = vec![0u8; (vl.len - cache.log_len) as usize];

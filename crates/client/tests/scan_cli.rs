@@ -1,105 +1,12 @@
 //! `ramlog schema` and `ramlog scan` with filters, projection and aggregates against the real
-//! `ramlog server` process. The binary is looked up beside the test executable (as in
-//! `real_binary.rs`); when it is missing the test fails under CI and otherwise says so and returns.
+//! `ramlog server` process (`common/process.rs`).
 
+mod common;
+
+use common::process::ServerProcess;
 use ramlog_client::query::{Schema, Value};
 use ramlog_client::{Client, ClientConfig};
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-fn ramlog_binary() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("ramlog");
-    bin.exists().then_some(bin)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct ServerProcess {
-    child: Child,
-    bin: PathBuf,
-    native_port: u16,
-    data_dir: PathBuf,
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.data_dir);
-    }
-}
-
-impl ServerProcess {
-    async fn start() -> Option<ServerProcess> {
-        let Some(bin) = ramlog_binary() else {
-            let message = "the ramlog binary is not built next to the tests: \
-                           run `cargo build -p ramlog` with the same profile first";
-            if std::env::var_os("CI").is_some() {
-                panic!("{message}");
-            }
-            eprintln!("{message} (skipping)");
-            return None;
-        };
-        let (resp_port, native_port, admin_port) = (free_port(), free_port(), free_port());
-        let data_dir = std::env::temp_dir().join(format!(
-            "ramlog-scan-cli-test-{}-{native_port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&data_dir).unwrap();
-        let child = Command::new(&bin)
-            .arg("server")
-            .args(["--resp-port", &resp_port.to_string()])
-            .args(["--native-port", &native_port.to_string()])
-            .args(["--admin-port", &admin_port.to_string()])
-            .args(["--data-dir", data_dir.to_str().unwrap()])
-            .args(["--memory", "128MiB", "--persistence", "off"])
-            .env_remove("RAMLOG_PASSWORD")
-            .env_remove("RAMLOG_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ramlog server");
-        let server = ServerProcess {
-            child,
-            bin,
-            native_port,
-            data_dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let mut probe = ClientConfig::new(server.addr());
-            probe.connect_timeout = Duration::from_millis(500);
-            match Client::connect(probe).await {
-                Ok(_) => break,
-                Err(e) if Instant::now() > deadline => panic!("server did not come up: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-        Some(server)
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.native_port)
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(&self.bin);
-        cmd.args(args)
-            .args(["--port", &self.native_port.to_string()])
-            .env_remove("RAMLOG_PASSWORD")
-            .env_remove("RAMLOG_NATIVE_PORT");
-        cmd.output().expect("run ramlog")
-    }
-}
+use std::process::Output;
 
 fn ok_stdout(o: &Output) -> String {
     assert!(
@@ -119,7 +26,7 @@ fn sorted_lines(s: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_and_filtered_scan_verbs() {
-    let Some(server) = ServerProcess::start().await else {
+    let Some(server) = ServerProcess::start(&["--persistence", "off"]).await else {
         return;
     };
     // Schema verbs.

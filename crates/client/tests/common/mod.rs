@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use bytes::BytesMut;
 use ramlog_logmem::{Engine, EngineConfig};
 use ramlog_proto::native::{

@@ -53,17 +53,23 @@ async fn records(
     as_state(&c.scan_records(q, snap, page).await.expect("scan"))
 }
 
+/// Puts `{prefix}:{i}` = `v0-{i}` for i in 0..n; the state with the versions the puts returned.
+async fn load(c: &Client, prefix: &str, n: u32) -> State {
+    let mut state = State::new();
+    for i in 0..n {
+        let key = format!("{prefix}:{i}").into_bytes();
+        let value = format!("v0-{i}").into_bytes();
+        let version = c.put(&key, &value).await.unwrap();
+        state.insert(key, (value, version));
+    }
+    state
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_isolation_over_the_network() {
     let server = start_default().await;
     let c = client(&server).await;
-    let mut old = State::new();
-    for i in 0..400u32 {
-        let key = format!("k:{i}").into_bytes();
-        let value = format!("v0-{i}").into_bytes();
-        let version = c.put(&key, &value).await.unwrap();
-        old.insert(key, (value, version));
-    }
+    let old = load(&c, "k", 400).await;
     let snap = c.snapshot_open().await.unwrap();
     assert!(snap.version() >= old.values().map(|v| v.1).max().unwrap());
     // Overwrite every even key, delete every third, add new keys.
@@ -526,13 +532,7 @@ async fn drain(scan: &mut ramlog_client::PagedScan, page: u32, into: &mut Vec<Re
 async fn paged_scans_share_a_client_snapshot() {
     let server = start_default().await;
     let c = client(&server).await;
-    let mut old = State::new();
-    for i in 0..300u32 {
-        let key = format!("s:{i}").into_bytes();
-        let value = format!("v0-{i}").into_bytes();
-        let version = c.put(&key, &value).await.unwrap();
-        old.insert(key, (value, version));
-    }
+    let old = load(&c, "s", 300).await;
     let snap = c.snapshot_open().await.unwrap();
     let all = Query::default();
     let paged = |r: ScanResult| match r {

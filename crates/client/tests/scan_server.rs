@@ -23,6 +23,18 @@ async fn start(engine_config: EngineConfig, native: NativeConfig) -> Server {
     common::start_server_with(engine_config, native).await
 }
 
+/// A server with default engine settings and these scan limits.
+async fn start_with_scan_limits(scan: ScanLimits) -> Server {
+    start(
+        EngineConfig::default(),
+        NativeConfig {
+            scan,
+            ..NativeConfig::default()
+        },
+    )
+    .await
+}
+
 async fn start_default() -> Server {
     start(EngineConfig::default(), NativeConfig::default()).await
 }
@@ -305,14 +317,11 @@ async fn schema_predicates_projection_and_aggregates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paging_equals_one_shot_and_respects_the_byte_cap() {
     // Pages of at most ~2 KiB: with 300-byte values that is a handful of records a page.
-    let native = NativeConfig {
-        scan: ScanLimits {
-            page_bytes_max: 2048,
-            ..ScanLimits::default()
-        },
-        ..NativeConfig::default()
-    };
-    let server = start(EngineConfig::default(), native).await;
+    let server = start_with_scan_limits(ScanLimits {
+        page_bytes_max: 2048,
+        ..ScanLimits::default()
+    })
+    .await;
     let c = client(&server).await;
     let mut expected = State::new();
     for i in 0..500u32 {
@@ -366,15 +375,12 @@ async fn paging_equals_one_shot_and_respects_the_byte_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_and_errors() {
-    let native = NativeConfig {
-        scan: ScanLimits {
-            snapshots_max: 2,
-            cursors_max: 2,
-            ..ScanLimits::default()
-        },
-        ..NativeConfig::default()
-    };
-    let server = start(EngineConfig::default(), native).await;
+    let server = start_with_scan_limits(ScanLimits {
+        snapshots_max: 2,
+        cursors_max: 2,
+        ..ScanLimits::default()
+    })
+    .await;
     let c = client(&server).await;
     for i in 0..100u32 {
         c.put(format!("l:{i}").as_bytes(), b"v").await.unwrap();
@@ -851,14 +857,11 @@ async fn the_server_config_bounds_snapshot_age() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_handles_release_their_server_state() {
-    let native = NativeConfig {
-        scan: ScanLimits {
-            cursors_max: 1,
-            ..ScanLimits::default()
-        },
-        ..NativeConfig::default()
-    };
-    let server = start(EngineConfig::default(), native).await;
+    let server = start_with_scan_limits(ScanLimits {
+        cursors_max: 1,
+        ..ScanLimits::default()
+    })
+    .await;
     let c = client(&server).await;
     for i in 0..40u32 {
         c.put(format!("d:{i}").as_bytes(), b"v").await.unwrap();

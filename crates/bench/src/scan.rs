@@ -918,26 +918,20 @@ fn writes_during_scan(report: &mut Report, records: u64, secs: f64) -> anyhow::R
         "ops/cpu-s",
         med(&idle, |r| r.puts_per_cpu_sec),
     ));
-    report.push(Row::plain(
-        "writer_cpu_share_idle",
-        med(&idle, |r| r.writer_cpu_share),
-        "cores",
-    ));
-    report.push(Row::plain(
-        "writer_cpu_share_during_scan",
-        med(&busy, |r| r.writer_cpu_share),
-        "cores",
-    ));
-    report.push(Row::plain(
-        "cleaner_cpu_share_idle",
-        med(&idle, |r| r.cleaner_cpu_share),
-        "cores",
-    ));
-    report.push(Row::plain(
-        "cleaner_cpu_share_during_scan",
-        med(&busy, |r| r.cleaner_cpu_share),
-        "cores",
-    ));
+    type Share = fn(&WriteRun) -> f64;
+    let shares: [(&str, Share); 2] = [
+        ("writer", |r| r.writer_cpu_share),
+        ("cleaner", |r| r.cleaner_cpu_share),
+    ];
+    for (who, share) in shares {
+        for (when, runs) in [("idle", &idle), ("during_scan", &busy)] {
+            report.push(Row::plain(
+                format!("{who}_cpu_share_{when}"),
+                med(runs, share),
+                "cores",
+            ));
+        }
+    }
     report.push(Row::plain(
         "writes_cleaner_copied_bytes_idle",
         copied[0] as f64,

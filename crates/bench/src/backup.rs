@@ -583,32 +583,20 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
         // Base and reorganizing runs alternate; the pair with the median ratio is reported
         // (the shared machine's speed drifts between runs).
         let mut pairs: Vec<(ReorgRun, ReorgRun)> = Vec::new();
+        let one = |reorg: bool| -> Result<ReorgRun> {
+            let s = Scratch::new(&root, if reorg { "reorg" } else { "noreorg" })?;
+            reorg_run(
+                &s.0,
+                pattern,
+                reorg,
+                tablets,
+                keys_per_tablet,
+                segment,
+                capacity,
+            )
+        };
         for _ in 0..reorg_reps {
-            let base = {
-                let s = Scratch::new(&root, "noreorg")?;
-                reorg_run(
-                    &s.0,
-                    pattern,
-                    false,
-                    tablets,
-                    keys_per_tablet,
-                    segment,
-                    capacity,
-                )?
-            };
-            let run = {
-                let s = Scratch::new(&root, "reorg")?;
-                reorg_run(
-                    &s.0,
-                    pattern,
-                    true,
-                    tablets,
-                    keys_per_tablet,
-                    segment,
-                    capacity,
-                )?
-            };
-            pairs.push((base, run));
+            pairs.push((one(false)?, one(true)?));
         }
         pairs.sort_by(|a, b| {
             (a.1.entries_per_s / a.0.entries_per_s)

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     pub snapshot_max_retained_bytes: Option<u64>,
     /// How long a shared scan waits for other scans of the same tablet to join its pass.
     pub scan_batch_wait_us: u64,
+    /// Threads one scan pass over a tablet may use: its segments are split among them (0 = one per
+    /// core). Passes that return records in log order with a record limit stay on one thread.
+    pub scan_threads: usize,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +67,7 @@ impl Default for EngineConfig {
             snapshot_max_age_ms: 60_000,
             snapshot_max_retained_bytes: None,
             scan_batch_wait_us: 200,
+            scan_threads: 0,
         }
     }
 }
@@ -85,6 +89,7 @@ impl std::fmt::Debug for EngineConfig {
                 &self.snapshot_max_retained_bytes,
             )
             .field("scan_batch_wait_us", &self.scan_batch_wait_us)
+            .field("scan_threads", &self.scan_threads)
             .finish()
     }
 }

@@ -1538,6 +1538,9 @@ pub struct CompiledQuery {
     all_clauses: u64,
     projection: Option<(Vec<usize>, Schema)>,
     plan: Arc<AggPlan>,
+    /// The same predicates and aggregates flattened for fixed-width fields, when every field the
+    /// query reads is one (the common analytic case); evaluation then takes this path.
+    fixed: Option<FixedPlan>,
 }
 
 impl CompiledQuery {
@@ -1622,6 +1625,7 @@ impl CompiledQuery {
             aggs.push((kind, slot, field));
         }
 
+        let fixed = FixedPlan::new(&predicates, &aggs, all_clauses);
         Ok(CompiledQuery {
             key_filter: query.key_filter.clone(),
             schema: schema.cloned(),
@@ -1632,6 +1636,7 @@ impl CompiledQuery {
                 schema: schema.cloned(),
                 aggs,
             }),
+            fixed,
             query,
         })
     }
@@ -1680,7 +1685,10 @@ impl CompiledQuery {
             return Ok(true);
         };
         let view = schema.open(value)?;
-        self.cnf_holds(&view)
+        match self.fixed.as_ref().and_then(|f| f.select(view.bytes)) {
+            Some(selected) => Ok(selected),
+            None => self.cnf_holds(&view),
+        }
     }
 
     /// `matches`, then (if it matched) `agg.update`, opening the record once. Returns whether the
@@ -1695,6 +1703,69 @@ impl CompiledQuery {
         if !self.key_filter.matches(key) {
             return Ok(false);
         }
+        let Some(schema) = &self.schema else {
+            agg.update(value)?;
+            return Ok(true);
+        };
+        let view = schema.open(value)?;
+        if !self.cnf_holds(&view)? {
+            return Ok(false);
+        }
+        agg.update_view(&view)?;
+        Ok(true)
+    }
+
+    /// Whether [`CompiledQuery::aggregate_batch`] evaluates this query column by column: an
+    /// aggregate on a table with a schema, reading fixed-width fields only.
+    pub fn batches(&self) -> bool {
+        self.fixed.is_some() && self.schema.is_some() && self.is_aggregate()
+    }
+
+    /// `matches_and_aggregate` for up to [`BATCH_RECORDS`] values whose keys already passed the
+    /// key filter, evaluated a field at a time over the whole batch, without data-dependent
+    /// branches. Returns (records selected, records malformed), the same counts and
+    /// accumulators as calling `matches_and_aggregate` on each value.
+    pub fn aggregate_batch(&self, agg: &mut AggState, values: &[&[u8]]) -> (u64, u64) {
+        let (Some(schema), Some(fixed), true) =
+            (&self.schema, &self.fixed, values.len() <= BATCH_RECORDS)
+        else {
+            let (mut matched, mut malformed) = (0, 0);
+            for v in values {
+                match self.select_and_aggregate_general(agg, v) {
+                    Ok(true) => matched += 1,
+                    Ok(false) => {}
+                    Err(_) => malformed += 1,
+                }
+            }
+            return (matched, malformed);
+        };
+        let mut valid = 0u64;
+        for (i, v) in values.iter().enumerate() {
+            valid |= (schema.open(v).is_ok() as u64) << i;
+        }
+        let mut malformed = values.len() as u64 - valid.count_ones() as u64;
+        let (selected, odd) = fixed.eval_batch(agg, values, valid);
+        let mut matched = selected.count_ones() as u64;
+        // Records with a non-canonical field: the general path decides what they are.
+        let mut rest = odd;
+        while rest != 0 {
+            let i = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            match self.select_and_aggregate_general(agg, values[i]) {
+                Ok(true) => matched += 1,
+                Ok(false) => {}
+                Err(_) => malformed += 1,
+            }
+        }
+        (matched, malformed)
+    }
+
+    /// `matches_and_aggregate` without the key filter, through the general evaluator.
+    fn select_and_aggregate_general(
+        &self,
+        agg: &mut AggState,
+        value: &[u8],
+    ) -> Result<bool, QueryError> {
         let Some(schema) = &self.schema else {
             agg.update(value)?;
             return Ok(true);
@@ -1800,6 +1871,382 @@ impl CompiledQuery {
                 .collect(),
             plan: self.plan.clone(),
         }
+    }
+}
+
+/// A fixed-width field's place in a record: where it is, its type, and its null bit. Reading it
+/// needs no view of the variable area: the record's envelope (checked by `Schema::open`)
+/// guarantees the bytes are there.
+#[derive(Clone, Copy, Debug)]
+struct FixedField {
+    ty: FieldType,
+    pos: u32,
+    null_byte: u32,
+    null_mask: u8,
+}
+
+/// One read of a fixed-width field, without branching on its contents.
+#[derive(Clone, Copy, Debug)]
+struct FixedRead {
+    /// The value: i32 sign-extended, i64 and f64 bits, a bool byte (0 or 1).
+    raw: u64,
+    null: bool,
+    /// Not a canonical value (a NULL with nonzero bytes, a bool byte above 1). The general path,
+    /// which knows which of these an evaluation must report, then handles the record.
+    odd: bool,
+}
+
+impl FixedField {
+    fn of(slot: &Slot) -> Option<FixedField> {
+        slot.ty.fixed_width()?;
+        Some(FixedField {
+            ty: slot.ty,
+            pos: slot.pos,
+            null_byte: slot.null_byte,
+            null_mask: slot.null_mask,
+        })
+    }
+
+    #[inline(always)]
+    fn read(&self, b: &[u8]) -> FixedRead {
+        let pos = self.pos as usize;
+        let raw = match self.ty {
+            FieldType::I32 => i32::from_le_bytes(read_array(b, pos)) as i64 as u64,
+            FieldType::Bool => b[pos] as u64,
+            _ => u64::from_le_bytes(read_array(b, pos)),
+        };
+        let null = b[self.null_byte as usize] & self.null_mask != 0;
+        let odd = (null & (raw != 0)) | ((self.ty == FieldType::Bool) & (raw > 1));
+        FixedRead { raw, null, odd }
+    }
+}
+
+#[inline(always)]
+fn read_array<const N: usize>(b: &[u8], pos: usize) -> [u8; N] {
+    b[pos..pos + N].try_into().unwrap_or([0; N])
+}
+
+/// A predicate on a fixed-width field.
+#[derive(Clone, Copy, Debug)]
+struct FixedPred {
+    field: FixedField,
+    test: FixedTest,
+    bit: u64,
+    last_in_clause: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FixedTest {
+    IsNull,
+    /// i32, i64 or bool (0/1) against an i64 constant.
+    Int(Op, i64),
+    F64(Op, f64),
+}
+
+impl FixedTest {
+    /// Whether a canonical read satisfies the test. Evaluates without data-dependent branches.
+    #[inline(always)]
+    fn holds(self, r: FixedRead) -> bool {
+        match self {
+            FixedTest::IsNull => r.null,
+            FixedTest::Int(op, c) => {
+                let v = r.raw as i64;
+                let t = match op {
+                    Op::Lt => v < c,
+                    Op::Le => v <= c,
+                    Op::Eq => v == c,
+                    Op::Ne => v != c,
+                    Op::Ge => v >= c,
+                    Op::Gt => v > c,
+                    Op::Prefix | Op::IsNull => false,
+                };
+                !r.null & t
+            }
+            FixedTest::F64(op, c) => {
+                let v = f64::from_bits(r.raw);
+                // As partial_cmp: with a NaN on either side every comparison is false, Ne too.
+                let t = match op {
+                    Op::Lt => v < c,
+                    Op::Le => v <= c,
+                    Op::Eq => v == c,
+                    Op::Ne => (v < c) | (v > c),
+                    Op::Ge => v >= c,
+                    Op::Gt => v > c,
+                    Op::Prefix | Op::IsNull => false,
+                };
+                !r.null & t
+            }
+        }
+    }
+}
+
+/// The predicates and aggregates of a query whose every field is fixed-width, evaluated straight
+/// from the record's bytes without data-dependent branches: every predicate is evaluated (no
+/// short-circuit), and a record feeds the accumulators through masks. A record with a
+/// non-canonical field goes to the general path instead, so results and errors are the same
+/// (the property tests compare the two).
+#[derive(Clone, Debug)]
+struct FixedPlan {
+    preds: Vec<FixedPred>,
+    /// Column (index into `columns`) of each predicate, in order.
+    pred_columns: Vec<usize>,
+    /// One per aggregate, in order: whether it is a Max, and its column (None for Count).
+    aggs: Vec<(bool, Option<usize>)>,
+    /// The distinct fields the query reads; a batch reads each once.
+    columns: Vec<FixedField>,
+    all_clauses: u64,
+}
+
+/// Distinct fields a fixed plan reads at most (more go to the general path).
+const FIXED_COLUMNS_MAX: usize = 8;
+
+impl FixedPlan {
+    fn new(
+        predicates: &[CompiledPredicate],
+        aggs: &[(AggKind, Slot, usize)],
+        all_clauses: u64,
+    ) -> Option<FixedPlan> {
+        let mut columns: Vec<FixedField> = Vec::new();
+        let mut column_of = |f: FixedField| -> usize {
+            match columns.iter().position(|c| c.pos == f.pos && c.ty == f.ty) {
+                Some(i) => i,
+                None => {
+                    columns.push(f);
+                    columns.len() - 1
+                }
+            }
+        };
+        let mut preds = Vec::with_capacity(predicates.len());
+        for p in predicates {
+            let test = match &p.test {
+                Test::IsNull => FixedTest::IsNull,
+                Test::Int(op, c) => FixedTest::Int(*op, *c),
+                Test::F64(op, c) => FixedTest::F64(*op, *c),
+                Test::Bool(op, c) => FixedTest::Int(*op, *c as i64),
+                Test::Bytes(..) | Test::Prefix(_) => return None,
+            };
+            preds.push(FixedPred {
+                field: FixedField::of(&p.slot)?,
+                test,
+                bit: p.bit,
+                last_in_clause: p.last_in_clause,
+            });
+        }
+        let pred_columns: Vec<usize> = preds.iter().map(|p| column_of(p.field)).collect();
+        let mut fields = Vec::with_capacity(aggs.len());
+        for (kind, slot, _) in aggs {
+            fields.push(match kind {
+                AggKind::Count => (false, None),
+                _ => (
+                    *kind == AggKind::Max,
+                    Some(column_of(FixedField::of(slot)?)),
+                ),
+            });
+        }
+        if columns.len() > FIXED_COLUMNS_MAX {
+            return None;
+        }
+        Some(FixedPlan {
+            preds,
+            pred_columns,
+            aggs: fields,
+            columns,
+            all_clauses,
+        })
+    }
+
+    /// Whether the record is selected; None if a predicate's field is not canonical.
+    #[inline(always)]
+    fn select(&self, b: &[u8]) -> Option<bool> {
+        let mut satisfied = 0u64;
+        let mut odd = false;
+        for p in &self.preds {
+            let r = p.field.read(b);
+            odd |= r.odd;
+            satisfied |= p.bit & (p.test.holds(r) as u64).wrapping_neg();
+        }
+        (!odd).then_some(satisfied == self.all_clauses)
+    }
+
+    /// Evaluates a batch: reads each column once for the records in `valid` (envelope checked),
+    /// selects by the CNF, and adds the selected records to the accumulators. Returns (selected,
+    /// odd): records with a non-canonical field are neither selected nor added, and are left to
+    /// the general path.
+    fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
+        let n = values.len();
+        let mut raws = [[0u64; BATCH_RECORDS]; FIXED_COLUMNS_MAX];
+        let mut nulls = [0u64; FIXED_COLUMNS_MAX];
+        let mut odd = 0u64;
+        for (c, f) in self.columns.iter().enumerate() {
+            let (null, odd_here) = f.read_column(values, valid, &mut raws[c]);
+            nulls[c] = null;
+            odd |= odd_here;
+        }
+        // A clause without predicates (an empty OR) is false: nothing is selected.
+        let covered = self.preds.iter().fold(0, |m, p| m | p.bit);
+        let mut selected = if covered == self.all_clauses {
+            valid & !odd
+        } else {
+            0
+        };
+        let mut clause = 0u64;
+        for (p, &c) in self.preds.iter().zip(&self.pred_columns) {
+            clause |= p.test.column(&raws[c][..n], nulls[c]);
+            if p.last_in_clause {
+                selected &= clause;
+                clause = 0;
+            }
+        }
+        for ((max, col), acc) in self.aggs.iter().zip(&mut agg.acc) {
+            let Some(c) = *col else {
+                if let Acc::Count(k) = acc {
+                    *k += selected.count_ones() as u64;
+                }
+                continue;
+            };
+            let take = selected & !nulls[c];
+            if take == 0 {
+                continue;
+            }
+            let raws = &raws[c][..n];
+            let bit = |i: usize| take >> i & 1 == 1;
+            match acc {
+                Acc::SumInt(s, seen) => {
+                    let mut sum = 0i128;
+                    for (i, &r) in raws.iter().enumerate() {
+                        sum += (r as i64 & ((take >> i & 1) as i64).wrapping_neg()) as i128;
+                    }
+                    *s = s.saturating_add(sum);
+                    *seen = true;
+                }
+                Acc::SumF64(s, seen) => {
+                    // In record order, so the rounding is that of one record at a time (adding
+                    // +0.0 for the others changes nothing: the sum starts at +0.0).
+                    for (i, &r) in raws.iter().enumerate() {
+                        *s += if bit(i) { f64::from_bits(r) } else { 0.0 };
+                    }
+                    *seen = true;
+                }
+                Acc::Int(m) => {
+                    for (i, &r) in raws.iter().enumerate() {
+                        let v = r as i64;
+                        if bit(i) && m.is_none_or(|cur| ordering_wins(*max, v.cmp(&cur))) {
+                            *m = Some(v);
+                        }
+                    }
+                }
+                Acc::F64(m) => {
+                    for (i, &r) in raws.iter().enumerate() {
+                        let v = f64::from_bits(r);
+                        let better = match *m {
+                            None => !v.is_nan(),
+                            Some(cur) => {
+                                v.partial_cmp(&cur).is_some_and(|o| ordering_wins(*max, o))
+                            }
+                        };
+                        if bit(i) && better {
+                            *m = Some(v);
+                        }
+                    }
+                }
+                Acc::Bool(m) => {
+                    for (i, &r) in raws.iter().enumerate() {
+                        let v = r != 0;
+                        if bit(i) && m.is_none_or(|cur| ordering_wins(*max, v.cmp(&cur))) {
+                            *m = Some(v);
+                        }
+                    }
+                }
+                // Compilation gives fixed-width fields no byte accumulator; Count is above.
+                Acc::Bytes(_) | Acc::Count(_) => {}
+            }
+        }
+        (selected, odd & valid)
+    }
+}
+
+/// Records one batch of [`CompiledQuery::aggregate_batch`] takes at most (one bit each in a u64).
+pub const BATCH_RECORDS: usize = 64;
+
+impl FixedField {
+    /// Reads the field of every record of a batch whose bit is in `mask` into `raws` (0 for the
+    /// others). Returns (NULL bits, non-canonical bits).
+    #[inline]
+    fn read_column(
+        &self,
+        values: &[&[u8]],
+        mask: u64,
+        raws: &mut [u64; BATCH_RECORDS],
+    ) -> (u64, u64) {
+        let (mut nulls, mut odd) = (0u64, 0u64);
+        let (pos, nb) = (self.pos as usize, self.null_byte as usize);
+        macro_rules! column {
+            ($width:expr, |$b:ident| $raw:expr) => {
+                for (i, v) in values.iter().enumerate() {
+                    // Records in the mask passed `Schema::open`: the fixed area is there.
+                    if mask >> i & 1 == 0 {
+                        raws[i] = 0;
+                        continue;
+                    }
+                    let $b = &v[pos..pos + $width];
+                    let raw = $raw;
+                    let null = v[nb] & self.null_mask != 0;
+                    raws[i] = raw;
+                    nulls |= (null as u64) << i;
+                    odd |= ((null & (raw != 0)) as u64) << i;
+                }
+            };
+        }
+        match self.ty {
+            FieldType::I32 => column!(4, |b| i32::from_le_bytes(read_array(b, 0)) as i64 as u64),
+            FieldType::Bool => {
+                column!(1, |b| b[0] as u64);
+                for (i, &r) in raws[..values.len()].iter().enumerate() {
+                    odd |= ((r > 1) as u64) << i;
+                }
+            }
+            _ => column!(8, |b| u64::from_le_bytes(read_array(b, 0))),
+        }
+        (nulls, odd)
+    }
+}
+
+impl FixedTest {
+    /// The test over a column of canonical reads: one bit per record.
+    #[inline]
+    fn column(self, raws: &[u64], nulls: u64) -> u64 {
+        fn bits(raws: &[u64], f: impl Fn(u64) -> bool) -> u64 {
+            let mut m = 0u64;
+            for (i, &r) in raws.iter().enumerate() {
+                m |= (f(r) as u64) << i;
+            }
+            m
+        }
+        let hits = match self {
+            FixedTest::IsNull => return nulls,
+            FixedTest::Int(op, c) => match op {
+                Op::Lt => bits(raws, |r| (r as i64) < c),
+                Op::Le => bits(raws, |r| (r as i64) <= c),
+                Op::Eq => bits(raws, |r| (r as i64) == c),
+                Op::Ne => bits(raws, |r| (r as i64) != c),
+                Op::Ge => bits(raws, |r| (r as i64) >= c),
+                Op::Gt => bits(raws, |r| (r as i64) > c),
+                Op::Prefix | Op::IsNull => 0,
+            },
+            FixedTest::F64(op, c) => {
+                let f = f64::from_bits;
+                match op {
+                    Op::Lt => bits(raws, |r| f(r) < c),
+                    Op::Le => bits(raws, |r| f(r) <= c),
+                    Op::Eq => bits(raws, |r| f(r) == c),
+                    Op::Ne => bits(raws, |r| (f(r) < c) | (f(r) > c)),
+                    Op::Ge => bits(raws, |r| f(r) >= c),
+                    Op::Gt => bits(raws, |r| f(r) > c),
+                    Op::Prefix | Op::IsNull => 0,
+                }
+            }
+        };
+        hits & !nulls
     }
 }
 

@@ -26,7 +26,7 @@ use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
-use crate::query::{AggState, Aggregate, CompiledQuery, Value};
+use crate::query::{AggState, Aggregate, CompiledQuery, Value, BATCH_RECORDS};
 use crate::segment::SegmentState;
 use crate::TabletId;
 use crate::{ScanOutput, ScanRecord};
@@ -47,6 +47,9 @@ pub(crate) struct ScanEntry<'a> {
     pub state: u8,
     pub key: &'a [u8],
     pub value: &'a [u8],
+    /// The key and value lie in segment memory (not in the walk's scratch buffer), so they stay
+    /// valid until the walk leaves the segment.
+    pub stable: bool,
 }
 
 /// Visibility of one entry at a snapshot.
@@ -256,6 +259,7 @@ impl SegmentWalk {
                     state,
                     key: &base[off + hl..off + hl + kl],
                     value: &base[off + hl + kl..off + total],
+                    stable: true,
                 };
                 self.account(inner, tablet, &e, open, total);
                 self.off += total;
@@ -291,6 +295,7 @@ impl SegmentWalk {
                 state,
                 key: &scratch[hl..hl + kl],
                 value: &scratch[hl + kl..total],
+                stable: false,
             };
             self.account(inner, tablet, &e, open, total);
             self.off += total;
@@ -509,7 +514,9 @@ fn lead_if_idle(inner: &Inner, tablet_id: TabletId, tablet: &Tablet) {
     }
 }
 
-/// One pass over a tablet for a batch of jobs.
+/// One pass over a tablet for a batch of jobs. Large passes of jobs that keep no record limit
+/// split the tablet's segments among `scan_threads` threads, each with its own sinks, merged in
+/// log order at the end.
 fn run_pass(
     inner: &Inner,
     tablet_id: TabletId,
@@ -531,59 +538,172 @@ fn run_pass(
         .iter_mut()
         .map(|g| g.as_mut().expect("a queued job holds its sink"))
         .collect();
-    let mut active: Vec<bool> = vec![true; batch.len()];
     let snaps: Vec<(u64, u64)> = batch
         .iter()
         .map(|j| (j.snapshot.version, j.snapshot.wall_ms))
         .collect();
-    let mut scratch = Vec::new();
-    let mut result = Ok(());
-    for c in &cap.segments {
-        if !active.iter().any(|&a| a) {
-            break;
-        }
-        let mut walk = SegmentWalk::new(inner, *c);
-        let guard = epoch::pin();
-        let r = if let ([sink], [(version, wall_ms)]) = (&mut sinks[..], &snaps[..]) {
-            // One query: the common case, without the per-query loop.
-            walk.walk(inner, tablet, &open, &mut scratch, |e| {
-                if visible_at(inner, tablet, e, *version, *wall_ms) {
-                    active[0] =
-                        sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
-                }
-                active[0]
-            })
-        } else {
-            walk.walk(inner, tablet, &open, &mut scratch, |e| {
-                if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
-                    return true;
-                }
-                for (i, sink) in sinks.iter_mut().enumerate() {
-                    if active[i] && visible_at(inner, tablet, e, snaps[i].0, snaps[i].1) {
-                        active[i] =
-                            sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
-                    }
-                }
-                true
-            })
-        };
-        drop(guard);
-        if let Err(e) = r {
-            tracing::error!(error = %e, "scan stopped at a corrupt entry");
-            result = Err(e);
-            break;
-        }
-        unpin_one(inner, &cap.pins, c.segment);
-        report_garbage(inner, &walk);
-        // Jobs whose snapshot was released mid-pass stop here; they fail when the pass ends.
-        for (i, j) in batch.iter().enumerate() {
-            if active[i] && j.snapshot.released_reason().is_some() {
-                active[i] = false;
+    let pass = Pass {
+        inner,
+        tablet,
+        batch,
+        pins: &cap.pins,
+        open: &open,
+        snaps: &snaps,
+    };
+    let unlimited = sinks
+        .iter()
+        .all(|s| s.agg.is_some() || s.count_only || s.max_records == usize::MAX);
+    let parts = split_by_bytes(&cap.segments, scan_threads(inner));
+    let result = if parts.len() > 1 && unlimited {
+        // Each helper thread fills fresh sinks of the same queries; the first part uses the jobs'.
+        let helpers: Vec<Vec<QuerySink>> = parts[1..]
+            .iter()
+            .map(|_| sinks.iter().map(|s| s.sibling()).collect())
+            .collect();
+        let (first, rest) = std::thread::scope(|scope| {
+            let handles: Vec<_> = parts[1..]
+                .iter()
+                .zip(helpers)
+                .map(|(part, mut own)| {
+                    let pass = &pass;
+                    scope.spawn(move || {
+                        let mut refs: Vec<&mut QuerySink> = own.iter_mut().collect();
+                        let r = pass.walk_segments(part, &mut refs);
+                        (r, own)
+                    })
+                })
+                .collect();
+            let first = pass.walk_segments(parts[0], &mut sinks);
+            let rest: Vec<_> = handles
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok(done) => done,
+                    Err(_) => (
+                        Err(EngineError::Corrupt {
+                            seglet: 0,
+                            offset: 0,
+                            reason: "a scan thread panicked".into(),
+                        }),
+                        Vec::new(),
+                    ),
+                })
+                .collect();
+            (first, rest)
+        });
+        let mut result = first;
+        for (r, own) in rest {
+            if result.is_ok() {
+                result = r;
+            }
+            for (sink, part) in sinks.iter_mut().zip(own) {
+                sink.merge(part);
             }
         }
-    }
+        result
+    } else {
+        pass.walk_segments(&cap.segments, &mut sinks)
+    };
     inner.unpin_all(&cap.pins);
     result
+}
+
+/// The threads a pass may use.
+fn scan_threads(inner: &Inner) -> usize {
+    match inner.config.scan_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// Cuts `segments` into at most `parts` runs of consecutive segments with about the same bytes.
+/// A run is at least one segment; a single segment is never split.
+fn split_by_bytes(segments: &[Captured], parts: usize) -> Vec<&[Captured]> {
+    let total: u64 = segments.iter().map(|c| c.used as u64).sum();
+    let parts = parts.clamp(1, segments.len().max(1));
+    let mut out = Vec::with_capacity(parts);
+    let (mut start, mut acc) = (0usize, 0u64);
+    for (i, c) in segments.iter().enumerate() {
+        acc += c.used as u64;
+        let cut = total * (out.len() as u64 + 1) / parts as u64;
+        if acc >= cut && out.len() + 1 < parts && i + 1 < segments.len() {
+            out.push(&segments[start..=i]);
+            start = i + 1;
+        }
+    }
+    out.push(&segments[start..]);
+    out
+}
+
+/// What every thread of one pass shares.
+struct Pass<'a> {
+    inner: &'a Inner,
+    tablet: &'a Tablet,
+    batch: &'a [Arc<Job>],
+    pins: &'a PinSet,
+    open: &'a [u64],
+    snaps: &'a [(u64, u64)],
+}
+
+impl Pass<'_> {
+    /// Walks `segments` in order, feeding every visible entry to the sinks (one per job, in batch
+    /// order), and unpins and reports each segment once read.
+    fn walk_segments(
+        &self,
+        segments: &[Captured],
+        sinks: &mut [&mut QuerySink],
+    ) -> Result<(), EngineError> {
+        let (inner, tablet) = (self.inner, self.tablet);
+        let mut active: Vec<bool> = vec![true; sinks.len()];
+        let mut scratch = Vec::new();
+        for c in segments {
+            if !active.iter().any(|&a| a) {
+                break;
+            }
+            let mut walk = SegmentWalk::new(inner, *c);
+            let guard = epoch::pin();
+            let r = if let ([sink], [(version, wall_ms)]) = (&mut sinks[..], self.snaps) {
+                // One query: the common case, without the per-query loop.
+                walk.walk(inner, tablet, self.open, &mut scratch, |e| {
+                    if visible_at(inner, tablet, e, *version, *wall_ms) {
+                        active[0] = sink.accept_entry(e);
+                    }
+                    active[0]
+                })
+            } else {
+                walk.walk(inner, tablet, self.open, &mut scratch, |e| {
+                    if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+                        return true;
+                    }
+                    for (i, sink) in sinks.iter_mut().enumerate() {
+                        if active[i]
+                            && visible_at(inner, tablet, e, self.snaps[i].0, self.snaps[i].1)
+                        {
+                            active[i] = sink.accept_entry(e);
+                        }
+                    }
+                    true
+                })
+            };
+            // Deferred values point into this segment: evaluate them while it is pinned.
+            for sink in sinks.iter_mut() {
+                sink.flush_deferred();
+            }
+            drop(guard);
+            if let Err(e) = r {
+                tracing::error!(error = %e, "scan stopped at a corrupt entry");
+                return Err(e);
+            }
+            unpin_one(inner, self.pins, c.segment);
+            report_garbage(inner, &walk);
+            // Jobs whose snapshot was released mid-pass stop here; they fail when the pass ends.
+            for (i, j) in self.batch.iter().enumerate() {
+                if active[i] && j.snapshot.released_reason().is_some() {
+                    active[i] = false;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads `key` as of a snapshot: the version visible at it, if any.
@@ -617,6 +737,7 @@ pub(crate) fn get_at(
                     state,
                     key: e.key,
                     value: e.value,
+                    stable: false,
                 };
                 visible_at(inner, tablet, &se, version, wall_ms).then(|| crate::Object {
                     value: e.value.to_vec(),
@@ -676,6 +797,7 @@ pub(crate) fn hash_index_scan(
                     state,
                     key: e.key,
                     value: e.value,
+                    stable: false,
                 };
                 if visible_at(inner, tablet, &se, version, wall_ms) {
                     sink.accept(e.key, e.value, e.header.version, e.header.expire_at_ms)
@@ -717,7 +839,20 @@ pub(crate) struct QuerySink {
     count_only: bool,
     /// The key filter lets every key through.
     all_keys: bool,
+    /// Whether visible values are evaluated in batches ([`CompiledQuery::aggregate_batch`]).
+    batching: bool,
+    deferred: Deferred,
 }
+
+/// Values waiting for batch evaluation: addresses in pinned segment memory, which the walker
+/// evaluates (`QuerySink::flush_deferred`) before it leaves the segment. Always empty when a
+/// sink changes threads or is merged.
+#[derive(Default)]
+struct Deferred(Vec<(*const u8, usize)>);
+
+// SAFETY: the addresses are only dereferenced by the thread that deferred them, before the
+// segment they point into is unpinned; a sink crosses threads only with none deferred.
+unsafe impl Send for Deferred {}
 
 impl QuerySink {
     pub fn new(query: Arc<CompiledQuery>, max_records: usize) -> QuerySink {
@@ -728,6 +863,7 @@ impl QuerySink {
             && !q.aggregates.is_empty()
             && q.aggregates.iter().all(|a| *a == Aggregate::Count);
         let all_keys = matches!(q.key_filter, crate::query::KeyFilter::All);
+        let batching = !count_only && query.batches();
         QuerySink {
             query,
             max_records,
@@ -735,7 +871,14 @@ impl QuerySink {
             agg,
             count_only,
             all_keys,
+            batching,
+            deferred: Deferred(Vec::with_capacity(if batching { BATCH_RECORDS } else { 0 })),
         }
+    }
+
+    /// An empty sink of the same query and limit (another thread's share of one pass).
+    pub fn sibling(&self) -> QuerySink {
+        QuerySink::new(self.query.clone(), self.max_records)
     }
 
     /// Folds another tablet's result into this one.
@@ -766,6 +909,40 @@ impl QuerySink {
             );
         }
         Ok(self.out)
+    }
+
+    /// Handles one visible entry of a log walk: deferred for batch evaluation when the query
+    /// batches and the bytes stay put, else at once. False once the record limit is reached.
+    #[inline]
+    pub fn accept_entry(&mut self, e: &ScanEntry<'_>) -> bool {
+        if !(self.batching && e.stable) {
+            return self.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
+        }
+        if self.all_keys || self.query.query().key_filter.matches(e.key) {
+            self.deferred.0.push((e.value.as_ptr(), e.value.len()));
+            if self.deferred.0.len() == BATCH_RECORDS {
+                self.flush_deferred();
+            }
+        }
+        true
+    }
+
+    /// Evaluates the deferred values. The walker calls this before it leaves their segment.
+    pub fn flush_deferred(&mut self) {
+        if self.deferred.0.is_empty() {
+            return;
+        }
+        let mut values: [&[u8]; BATCH_RECORDS] = [&[]; BATCH_RECORDS];
+        for (slot, &(ptr, len)) in values.iter_mut().zip(&self.deferred.0) {
+            // SAFETY: see `Deferred`: the segment holding these bytes is still pinned.
+            *slot = unsafe { std::slice::from_raw_parts(ptr, len) };
+        }
+        let n = self.deferred.0.len();
+        self.deferred.0.clear();
+        let agg = self.agg.as_mut().expect("a batching sink aggregates");
+        let (matched, malformed) = self.query.aggregate_batch(agg, &values[..n]);
+        self.out.matched += matched;
+        self.out.malformed += malformed;
     }
 
     /// Handles one visible object; false once the record limit is reached.
@@ -959,5 +1136,45 @@ impl std::fmt::Debug for ScanCursor {
             .field("tablets_left", &self.tablets.len())
             .field("done", &self.is_done())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segs(used: &[u32]) -> Vec<Captured> {
+        used.iter()
+            .enumerate()
+            .map(|(i, &used)| Captured {
+                segment: i as u32,
+                used,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn passes_split_into_runs_of_about_equal_bytes() {
+        let lens = |parts: Vec<&[Captured]>| parts.iter().map(|p| p.len()).collect::<Vec<_>>();
+        let eight = segs(&[8; 8]);
+        assert_eq!(lens(split_by_bytes(&eight, 2)), [4, 4]);
+        assert_eq!(lens(split_by_bytes(&eight, 3)), [3, 3, 2]);
+        assert_eq!(lens(split_by_bytes(&eight, 1)), [8]);
+        // One big segment and small ones: the big one is a run of its own.
+        assert_eq!(lens(split_by_bytes(&segs(&[100, 1, 1, 1]), 2)), [1, 3]);
+        // Never more runs than segments, never an empty run.
+        assert_eq!(lens(split_by_bytes(&segs(&[5, 5]), 8)), [1, 1]);
+        assert_eq!(lens(split_by_bytes(&segs(&[5]), 2)), [1]);
+        assert_eq!(lens(split_by_bytes(&[], 2)), [0]);
+        // The runs cover every segment once, in order.
+        let mixed = segs(&[3, 9, 1, 7, 7, 2, 8]);
+        for parts in 1..=8 {
+            let got: Vec<u32> = split_by_bytes(&mixed, parts)
+                .concat()
+                .iter()
+                .map(|c| c.segment)
+                .collect();
+            assert_eq!(got, (0..7).collect::<Vec<_>>());
+        }
     }
 }

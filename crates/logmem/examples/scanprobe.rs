@@ -1,0 +1,100 @@
+//! Times log scans of a loaded table: a count (the walk alone) and an aggregate with a CNF
+//! predicate over fixed-width fields, each as the median of several runs.
+//!
+//! `cargo run --release -p ramlog-logmem --example scanprobe -- [records] [scan_threads]`
+
+use ramlog_logmem::query::{
+    Aggregate, Cnf, Field, FieldType, KeyFilter, Op, Predicate, Query, Schema, Value,
+};
+use ramlog_logmem::{Engine, EngineConfig, PutOptions, ScanMethod};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let records: u64 = args.get(1).map_or(Ok(2_000_000), |s| s.parse())?;
+    let threads: usize = args.get(2).map_or(Ok(0), |s| s.parse())?;
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: records * 400 + (256 << 20),
+        cleaner_threads: 0,
+        scan_threads: threads,
+        ..Default::default()
+    })?;
+    engine.create_tablet(1, 0, 8191)?;
+    engine.create_tablet(1, 8192, 16383)?;
+    let schema = Schema::new(vec![
+        Field::new("id", FieldType::I64),
+        Field::new("a", FieldType::I32),
+        Field::new("b", FieldType::F64),
+        Field::new("flag", FieldType::Bool),
+        Field::new("payload", FieldType::Bytes),
+    ])?;
+    engine.set_schema(1, Some(schema.clone()));
+    let mut record = Vec::new();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for id in 0..records {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let values = vec![
+            Value::I64(id as i64),
+            Value::I32((x % 1_000_000) as i32),
+            Value::F64(((x >> 20) % 10_000) as f64 / 10.0 - 100.0),
+            Value::Bool((x >> 40) & 3 == 0),
+            Value::Bytes(vec![0x5A; 72]),
+        ];
+        record.clear();
+        schema.encode_into(&values, &mut record)?;
+        let key = format!("rec:{id:010}");
+        let tablet = engine.locate(1, key.as_bytes()).expect("a tablet");
+        engine.put(tablet, key.as_bytes(), &record, &PutOptions::default())?;
+    }
+    let bytes = engine.stats().new_bytes as f64;
+    let count = Query {
+        key_filter: KeyFilter::All,
+        predicate: Cnf { clauses: vec![] },
+        projection: None,
+        aggregates: vec![Aggregate::Count],
+    };
+    let agg = Query {
+        key_filter: KeyFilter::All,
+        predicate: Cnf {
+            clauses: vec![
+                vec![
+                    Predicate::new(1, Op::Lt, Value::I32(500_000)),
+                    Predicate::new(3, Op::Eq, Value::Bool(true)),
+                ],
+                vec![Predicate::new(2, Op::Ge, Value::F64(0.0))],
+            ],
+        },
+        projection: None,
+        aggregates: vec![Aggregate::Count, Aggregate::Sum(1), Aggregate::Max(2)],
+    };
+    let only = std::env::var("SCANPROBE_ONLY").ok();
+    let rounds: usize = std::env::var("SCANPROBE_ROUNDS").map_or(Ok(9), |s| s.parse())?;
+    for (name, q) in [("count", &count), ("aggregate", &agg)] {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let mut secs = Vec::new();
+        let mut out = None;
+        for _ in 0..rounds {
+            let snap = engine.snapshot();
+            let t = Instant::now();
+            out = Some(engine.scan(1, &snap, q, ScanMethod::Log, 0)?.aggregates);
+            secs.push(t.elapsed().as_secs_f64());
+        }
+        let s = median(secs);
+        println!(
+            "{name:>9}: {:.2} GB/s, {:.1} ns/entry ({:?})",
+            bytes / s / 1e9,
+            s * 1e9 / records as f64,
+            out.flatten()
+        );
+    }
+    Ok(())
+}

@@ -2073,15 +2073,26 @@ impl FixedPlan {
     /// odd): records with a non-canonical field are neither selected nor added, and are left to
     /// the general path.
     fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
-        let n = values.len();
-        let mut raws = [[0u64; BATCH_RECORDS]; FIXED_COLUMNS_MAX];
-        let mut nulls = [0u64; FIXED_COLUMNS_MAX];
-        let mut odd = 0u64;
-        for (c, f) in self.columns.iter().enumerate() {
-            let (null, odd_here) = f.read_column(values, valid, &mut raws[c]);
-            nulls[c] = null;
-            odd |= odd_here;
+        let mut cols = Columns::new();
+        for f in &self.columns {
+            cols.read(f, values, valid);
         }
+        let map: [usize; FIXED_COLUMNS_MAX] = std::array::from_fn(|i| i);
+        self.eval_columns(agg, &cols, &map, values.len(), valid)
+    }
+
+    /// `eval_batch` on columns already read: column `c` of this plan is `cols` column `map[c]`.
+    fn eval_columns(
+        &self,
+        agg: &mut AggState,
+        cols: &Columns,
+        map: &[usize],
+        n: usize,
+        valid: u64,
+    ) -> (u64, u64) {
+        let odd = (0..self.columns.len()).fold(0, |m, c| m | cols.odd[map[c]]);
+        let raws = |c: usize| &cols.raws[map[c]][..n];
+        let nulls = |c: usize| cols.nulls[map[c]];
         // A clause without predicates (an empty OR) is false: nothing is selected.
         let covered = self.preds.iter().fold(0, |m, p| m | p.bit);
         let mut selected = if covered == self.all_clauses {
@@ -2091,7 +2102,7 @@ impl FixedPlan {
         };
         let mut clause = 0u64;
         for (p, &c) in self.preds.iter().zip(&self.pred_columns) {
-            clause |= p.test.column(&raws[c][..n], nulls[c]);
+            clause |= p.test.column(raws(c), nulls(c));
             if p.last_in_clause {
                 selected &= clause;
                 clause = 0;
@@ -2104,11 +2115,11 @@ impl FixedPlan {
                 }
                 continue;
             };
-            let take = selected & !nulls[c];
+            let take = selected & !nulls(c);
             if take == 0 {
                 continue;
             }
-            let raws = &raws[c][..n];
+            let raws = raws(c);
             let bit = |i: usize| take >> i & 1 == 1;
             match acc {
                 Acc::SumInt(s, seen) => {
@@ -2162,6 +2173,129 @@ impl FixedPlan {
             }
         }
         (selected, odd & valid)
+    }
+}
+
+/// Fixed-width columns read from one batch of records.
+struct Columns {
+    raws: [[u64; BATCH_RECORDS]; FIXED_COLUMNS_MAX],
+    nulls: [u64; FIXED_COLUMNS_MAX],
+    odd: [u64; FIXED_COLUMNS_MAX],
+    len: usize,
+}
+
+impl Columns {
+    fn new() -> Columns {
+        Columns {
+            raws: [[0; BATCH_RECORDS]; FIXED_COLUMNS_MAX],
+            nulls: [0; FIXED_COLUMNS_MAX],
+            odd: [0; FIXED_COLUMNS_MAX],
+            len: 0,
+        }
+    }
+
+    /// Reads the next column (`f`, for the records in `mask`).
+    fn read(&mut self, f: &FixedField, values: &[&[u8]], mask: u64) {
+        let c = self.len;
+        let (nulls, odd) = f.read_column(values, mask, &mut self.raws[c]);
+        self.nulls[c] = nulls;
+        self.odd[c] = odd;
+        self.len += 1;
+    }
+}
+
+/// Several batching queries over one schema, evaluated together over the same batches: each
+/// record's envelope is checked once and each field the queries read is read once, then every
+/// query selects and aggregates from those columns. Shared scan passes use this.
+#[derive(Debug)]
+pub struct BatchGroup {
+    schema: Schema,
+    /// The distinct fields of all the queries.
+    columns: Vec<FixedField>,
+    /// Per query, per column of its plan: the index in `columns`.
+    maps: Vec<Vec<usize>>,
+}
+
+/// One query's part of a [`BatchGroup`] batch.
+pub struct GroupMember<'a> {
+    pub query: &'a CompiledQuery,
+    pub agg: &'a mut AggState,
+    /// The records of the batch this query sees (visible at its snapshot, key filter passed).
+    pub mask: u64,
+    pub matched: u64,
+    pub malformed: u64,
+}
+
+impl BatchGroup {
+    /// A group for these queries, if they all batch, share one schema, and read few enough
+    /// distinct fields.
+    pub fn new(queries: &[&CompiledQuery]) -> Option<BatchGroup> {
+        let schema = queries.first()?.schema.clone()?;
+        let mut columns: Vec<FixedField> = Vec::new();
+        let mut maps = Vec::with_capacity(queries.len());
+        for q in queries {
+            if !q.batches() || q.schema.as_ref() != Some(&schema) {
+                return None;
+            }
+            let fixed = q.fixed.as_ref()?;
+            let mut map = Vec::with_capacity(fixed.columns.len());
+            for f in &fixed.columns {
+                let at = match columns.iter().position(|c| c.pos == f.pos && c.ty == f.ty) {
+                    Some(i) => i,
+                    None => {
+                        columns.push(*f);
+                        columns.len() - 1
+                    }
+                };
+                map.push(at);
+            }
+            maps.push(map);
+        }
+        (columns.len() <= FIXED_COLUMNS_MAX).then_some(BatchGroup {
+            schema,
+            columns,
+            maps,
+        })
+    }
+
+    /// Evaluates one batch (at most [`BATCH_RECORDS`] values) for every member, in the order
+    /// the group was made with. Each member's counts and accumulators end as if
+    /// `aggregate_batch` had run on its masked records alone.
+    pub fn aggregate(&self, members: &mut [GroupMember<'_>], values: &[&[u8]]) {
+        let n = values.len().min(BATCH_RECORDS);
+        let values = &values[..n];
+        let wanted = members.iter().fold(0, |m, g| m | g.mask);
+        let mut valid = 0u64;
+        for (i, v) in values.iter().enumerate() {
+            if wanted >> i & 1 == 1 {
+                valid |= (self.schema.open(v).is_ok() as u64) << i;
+            }
+        }
+        let mut cols = Columns::new();
+        for f in &self.columns {
+            cols.read(f, values, valid);
+        }
+        for (g, map) in members.iter_mut().zip(&self.maps) {
+            let fixed = g
+                .query
+                .fixed
+                .as_ref()
+                .expect("a batching query has a fixed plan");
+            let mine = valid & g.mask;
+            g.malformed += (g.mask & !valid).count_ones() as u64;
+            let (selected, odd) = fixed.eval_columns(g.agg, &cols, map, n, mine);
+            g.matched += selected.count_ones() as u64;
+            let mut rest = odd & mine;
+            while rest != 0 {
+                let i = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                match g.query.select_and_aggregate_general(g.agg, values[i]) {
+                    Ok(true) => g.matched += 1,
+                    Ok(false) => {}
+                    Err(_) => g.malformed += 1,
+                }
+            }
+        }
     }
 }
 

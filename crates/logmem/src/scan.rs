@@ -26,7 +26,9 @@ use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
-use crate::query::{AggState, Aggregate, CompiledQuery, Value, BATCH_RECORDS};
+use crate::query::{
+    AggState, Aggregate, BatchGroup, CompiledQuery, GroupMember, Value, BATCH_RECORDS,
+};
 use crate::segment::SegmentState;
 use crate::TabletId;
 use crate::{ScanOutput, ScanRecord};
@@ -542,6 +544,14 @@ fn run_pass(
         .iter()
         .map(|j| (j.snapshot.version, j.snapshot.wall_ms))
         .collect();
+    // Several aggregates over one schema: evaluated together, reading each record once.
+    let group = (sinks.len() > 1 && sinks.len() <= 64)
+        .then(|| {
+            let queries: Vec<&CompiledQuery> = sinks.iter().map(|s| &*s.query).collect();
+            BatchGroup::new(&queries)
+        })
+        .flatten()
+        .filter(|_| sinks.iter().all(|s| s.batching));
     let pass = Pass {
         inner,
         tablet,
@@ -549,10 +559,21 @@ fn run_pass(
         pins: &cap.pins,
         open: &open,
         snaps: &snaps,
+        group: group.as_ref(),
     };
     let unlimited = sinks
         .iter()
         .all(|s| s.agg.is_some() || s.count_only || s.max_records == usize::MAX);
+    // Aggregates do not care in which order segments are read: threads then take the next
+    // unread segment until none is left, which keeps them all busy to the end of the pass.
+    let unordered = sinks.iter().all(|s| s.agg.is_some() || s.count_only);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let claim = || {
+        std::iter::from_fn(|| {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            cap.segments.get(i).copied()
+        })
+    };
     let parts = split_by_bytes(&cap.segments, scan_threads(inner));
     let result = if parts.len() > 1 && unlimited {
         // Each helper thread fills fresh sinks of the same queries; the first part uses the jobs'.
@@ -565,15 +586,23 @@ fn run_pass(
                 .iter()
                 .zip(helpers)
                 .map(|(part, mut own)| {
-                    let pass = &pass;
+                    let (pass, claim) = (&pass, &claim);
                     scope.spawn(move || {
                         let mut refs: Vec<&mut QuerySink> = own.iter_mut().collect();
-                        let r = pass.walk_segments(part, &mut refs);
+                        let r = if unordered {
+                            pass.walk_segments(claim(), &mut refs)
+                        } else {
+                            pass.walk_segments(part.iter().copied(), &mut refs)
+                        };
                         (r, own)
                     })
                 })
                 .collect();
-            let first = pass.walk_segments(parts[0], &mut sinks);
+            let first = if unordered {
+                pass.walk_segments(claim(), &mut sinks)
+            } else {
+                pass.walk_segments(parts[0].iter().copied(), &mut sinks)
+            };
             let rest: Vec<_> = handles
                 .into_iter()
                 .map(|h| match h.join() {
@@ -601,10 +630,55 @@ fn run_pass(
         }
         result
     } else {
-        pass.walk_segments(&cap.segments, &mut sinks)
+        pass.walk_segments(cap.segments.iter().copied(), &mut sinks)
     };
     inner.unpin_all(&cap.pins);
     result
+}
+
+/// Evaluates the group's pending values for every sink and adds the counts to the sinks.
+fn flush_group(
+    group: &BatchGroup,
+    sinks: &mut [&mut QuerySink],
+    pending: &mut Vec<(*const u8, usize, u64)>,
+) {
+    if pending.is_empty() {
+        return;
+    }
+    let mut values: [&[u8]; BATCH_RECORDS] = [&[]; BATCH_RECORDS];
+    let mut masks = vec![0u64; sinks.len()];
+    for (i, &(ptr, len, mut seen_by)) in pending.iter().enumerate() {
+        // SAFETY: the addresses point into the segment being walked, still pinned and guarded
+        // (see `walk_segments`).
+        values[i] = unsafe { std::slice::from_raw_parts(ptr, len) };
+        while seen_by != 0 {
+            masks[seen_by.trailing_zeros() as usize] |= 1 << i;
+            seen_by &= seen_by - 1;
+        }
+    }
+    let n = pending.len();
+    pending.clear();
+    let mut members: Vec<GroupMember<'_>> = sinks
+        .iter_mut()
+        .zip(&masks)
+        .map(|(sink, &mask)| {
+            let QuerySink { query, agg, .. } = &mut **sink;
+            GroupMember {
+                query,
+                agg: agg.as_mut().expect("a batching sink aggregates"),
+                mask,
+                matched: 0,
+                malformed: 0,
+            }
+        })
+        .collect();
+    group.aggregate(&mut members, &values[..n]);
+    let counts: Vec<(u64, u64)> = members.iter().map(|m| (m.matched, m.malformed)).collect();
+    drop(members);
+    for (sink, (matched, malformed)) in sinks.iter_mut().zip(counts) {
+        sink.out.matched += matched;
+        sink.out.malformed += malformed;
+    }
 }
 
 /// The threads a pass may use.
@@ -642,6 +716,7 @@ struct Pass<'a> {
     pins: &'a PinSet,
     open: &'a [u64],
     snaps: &'a [(u64, u64)],
+    group: Option<&'a BatchGroup>,
 }
 
 impl Pass<'_> {
@@ -649,17 +724,20 @@ impl Pass<'_> {
     /// order), and unpins and reports each segment once read.
     fn walk_segments(
         &self,
-        segments: &[Captured],
+        segments: impl Iterator<Item = Captured>,
         sinks: &mut [&mut QuerySink],
     ) -> Result<(), EngineError> {
         let (inner, tablet) = (self.inner, self.tablet);
         let mut active: Vec<bool> = vec![true; sinks.len()];
         let mut scratch = Vec::new();
+        // Values for the group: address, length, and the sinks (bits) that see the entry. They
+        // point into the segment being walked and are evaluated before the walk leaves it.
+        let mut shared: Vec<(*const u8, usize, u64)> = Vec::with_capacity(BATCH_RECORDS);
         for c in segments {
             if !active.iter().any(|&a| a) {
                 break;
             }
-            let mut walk = SegmentWalk::new(inner, *c);
+            let mut walk = SegmentWalk::new(inner, c);
             let guard = epoch::pin();
             let r = if let ([sink], [(version, wall_ms)]) = (&mut sinks[..], self.snaps) {
                 // One query: the common case, without the per-query loop.
@@ -668,6 +746,31 @@ impl Pass<'_> {
                         active[0] = sink.accept_entry(e);
                     }
                     active[0]
+                })
+            } else if let Some(group) = self.group {
+                walk.walk(inner, tablet, self.open, &mut scratch, |e| {
+                    if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+                        return true;
+                    }
+                    let mut mask = 0u64;
+                    for (i, sink) in sinks.iter_mut().enumerate() {
+                        if active[i]
+                            && visible_at(inner, tablet, e, self.snaps[i].0, self.snaps[i].1)
+                        {
+                            if !e.stable {
+                                sink.accept_entry(e);
+                            } else if sink.key_passes(e.key) {
+                                mask |= 1 << i;
+                            }
+                        }
+                    }
+                    if mask != 0 {
+                        shared.push((e.value.as_ptr(), e.value.len(), mask));
+                        if shared.len() == BATCH_RECORDS {
+                            flush_group(group, sinks, &mut shared);
+                        }
+                    }
+                    true
                 })
             } else {
                 walk.walk(inner, tablet, self.open, &mut scratch, |e| {
@@ -685,6 +788,9 @@ impl Pass<'_> {
                 })
             };
             // Deferred values point into this segment: evaluate them while it is pinned.
+            if let Some(group) = self.group {
+                flush_group(group, sinks, &mut shared);
+            }
             for sink in sinks.iter_mut() {
                 sink.flush_deferred();
             }
@@ -918,13 +1024,19 @@ impl QuerySink {
         if !(self.batching && e.stable) {
             return self.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
         }
-        if self.all_keys || self.query.query().key_filter.matches(e.key) {
+        if self.key_passes(e.key) {
             self.deferred.0.push((e.value.as_ptr(), e.value.len()));
             if self.deferred.0.len() == BATCH_RECORDS {
                 self.flush_deferred();
             }
         }
         true
+    }
+
+    /// Whether the key filter lets `key` through.
+    #[inline]
+    fn key_passes(&self, key: &[u8]) -> bool {
+        self.all_keys || self.query.query().key_filter.matches(key)
     }
 
     /// Evaluates the deferred values. The walker calls this before it leaves their segment.

@@ -626,6 +626,80 @@ proptest! {
         }
     }
 
+    /// A group of queries evaluated together over shared columns (shared scan passes) gives
+    /// each query what it gets alone over the records it sees.
+    #[test]
+    fn batch_groups_agree_with_queries_alone(
+        (schema, rows, queries) in prop::collection::vec(
+            prop::sample::select(vec![FieldType::I32, FieldType::I64, FieldType::F64, FieldType::Bool]),
+            1..6,
+        ).prop_flat_map(|tys| {
+            let row: Vec<BoxedStrategy<Value>> = tys.iter().map(|t| value(*t)).collect();
+            (
+                Just(schema_of(&tys)),
+                prop::collection::vec(row, 0..80),
+                prop::collection::vec(query(tys), 1..5),
+            )
+        }),
+        masks in prop::collection::vec(any::<u64>(), 4),
+        damaged in prop::collection::vec((any::<prop::sample::Index>(), prop::collection::vec((any::<u8>(), any::<usize>(), any::<u8>()), 1..3)), 0..4),
+    ) {
+        let compiled: Vec<CompiledQuery> = queries
+            .into_iter()
+            .map(|mut q| {
+                if q.aggregates.is_empty() {
+                    q.aggregates = vec![Aggregate::Count];
+                    q.projection = None;
+                }
+                CompiledQuery::new(q, Some(&schema)).unwrap()
+            })
+            .collect();
+        let refs: Vec<&CompiledQuery> = compiled.iter().collect();
+        // Fixed-width fields only: every aggregate query batches, and five fields fit a group.
+        let group = BatchGroup::new(&refs).expect("the queries form a group");
+        let mut records: Vec<Vec<u8>> = rows.iter().map(|r| schema.encode(r).unwrap()).collect();
+        if !records.is_empty() {
+            for (at, edits) in &damaged {
+                let i = at.index(records.len());
+                mutate(&mut records[i], edits);
+            }
+        }
+        let mut grouped: Vec<AggState> = compiled.iter().map(|q| q.agg_state()).collect();
+        let mut counts = vec![(0u64, 0u64); compiled.len()];
+        let mut alone: Vec<AggState> = compiled.iter().map(|q| q.agg_state()).collect();
+        let mut alone_counts = vec![(0u64, 0u64); compiled.len()];
+        for chunk in records.chunks(BATCH_RECORDS) {
+            let values: Vec<&[u8]> = chunk.iter().map(|v| v.as_slice()).collect();
+            let full = if values.len() == 64 { u64::MAX } else { (1u64 << values.len()) - 1 };
+            let mut members: Vec<GroupMember<'_>> = compiled
+                .iter()
+                .zip(grouped.iter_mut())
+                .zip(&masks)
+                .map(|((query, agg), &mask)| GroupMember { query, agg, mask: mask & full, matched: 0, malformed: 0 })
+                .collect();
+            group.aggregate(&mut members, &values);
+            for (c, m) in counts.iter_mut().zip(&members) {
+                c.0 += m.matched;
+                c.1 += m.malformed;
+            }
+            for (j, q) in compiled.iter().enumerate() {
+                let mine: Vec<&[u8]> = values
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| masks[j] >> i & 1 == 1)
+                    .map(|(_, v)| *v)
+                    .collect();
+                let (m, bad) = q.aggregate_batch(&mut alone[j], &mine);
+                alone_counts[j].0 += m;
+                alone_counts[j].1 += bad;
+            }
+        }
+        prop_assert_eq!(counts, alone_counts);
+        for (g, a) in grouped.iter().zip(&alone) {
+            prop_assert!(same_finish(g, a));
+        }
+    }
+
     /// Records round-trip, and each field reads back alone.
     #[test]
     fn records_round_trip((tys, row) in prop::collection::vec(field_type(), 0..20).prop_flat_map(|tys| {

@@ -91,6 +91,8 @@ struct WriteResult {
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
+    /// Share of the measured time spent in puts that took 100 µs or more (waits for memory).
+    stall_share: f64,
 }
 
 fn write_at(
@@ -127,12 +129,17 @@ fn write_at(
     }
     let before = engine.stats();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut stalled_ns = 0u64;
     let start = Instant::now();
     for _ in 0..measured {
         let id = pick(&mut rng);
         let t0 = Instant::now();
         engine.put(t, &key8(id), &value, &PutOptions::default())?;
-        hist.record(t0.elapsed().as_nanos().max(1) as u64)?;
+        let ns = t0.elapsed().as_nanos().max(1) as u64;
+        if ns >= 100_000 {
+            stalled_ns += ns;
+        }
+        hist.record(ns)?;
     }
     let secs = start.elapsed().as_secs_f64();
     let after = engine.stats();
@@ -144,6 +151,7 @@ fn write_at(
         p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
         p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
         p999_us: hist.value_at_quantile(0.999) as f64 / 1000.0,
+        stall_share: stalled_ns as f64 / 1e9 / secs,
     })
 }
 
@@ -191,6 +199,11 @@ fn write_throughput(report: &mut Report, quick: bool) -> anyhow::Result<()> {
                     format!("put_p999_util{pct}_{size}B_{dist}"),
                     r.p999_us,
                     "us",
+                ));
+                report.push(Row::plain(
+                    format!("put_stall_share_util{pct}_{size}B_{dist}"),
+                    r.stall_share,
+                    "x",
                 ));
             }
         }

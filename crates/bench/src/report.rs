@@ -127,8 +127,20 @@ impl Report {
         self.rows.push(row);
     }
 
-    /// Prints the whole table again (the final summary) and writes JSON if asked.
-    pub fn finish(&self, json_path: Option<&Path>) -> anyhow::Result<()> {
+    /// Prints the whole table again (the final summary) and writes JSON if asked. First measures
+    /// how much CPU time the machine withholds from busy threads right now (one and two threads,
+    /// half a second each): on a shared machine this explains a noisy run.
+    pub fn finish(&mut self, json_path: Option<&Path>) -> anyhow::Result<()> {
+        for threads in [1, 2] {
+            self.push(Row::plain(
+                format!(
+                    "machine_cpu_lost_share_{threads}_thread{}",
+                    if threads > 1 { "s" } else { "" }
+                ),
+                crate::util::cpu_lost_share(threads, 0.5),
+                "x",
+            ));
+        }
         println!();
         println!(
             "== {} ({}) ==",

@@ -131,6 +131,9 @@ pub struct ServerConfig {
         serialize_with = "ser_opt_size"
     )]
     pub snapshot_max_retained_bytes: Option<u64>,
+    /// Threads one scan pass over a tablet may use (0 = one per core). Fewer leave cores to
+    /// point requests while analytic scans run.
+    pub scan_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -159,6 +162,7 @@ impl Default for ServerConfig {
             flush_interval_ms: 100,
             snapshot_max_age_ms: 60_000,
             snapshot_max_retained_bytes: None,
+            scan_threads: 0,
         }
     }
 }
@@ -287,6 +291,9 @@ impl ServerConfig {
         if self.persistence != PersistenceMode::Off && self.flush_interval_ms == 0 {
             return invalid("flush_interval_ms", "must be positive");
         }
+        if self.scan_threads > 256 {
+            return invalid("scan_threads", "must be 0..=256");
+        }
         if self.snapshot_max_age_ms == 0 {
             return invalid("snapshot_max_age_ms", "must be positive");
         }
@@ -382,6 +389,18 @@ mod tests {
         assert_eq!(ServerConfig::default().snapshot_max_retained_bytes, None);
         let c = ServerConfig {
             snapshot_max_age_ms: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn scan_threads_setting() {
+        assert_eq!(ServerConfig::default().scan_threads, 0);
+        let c = ServerConfig::from_toml("scan_threads = 1\n").unwrap();
+        assert_eq!(c.scan_threads, 1);
+        let c = ServerConfig {
+            scan_threads: 100_000,
             ..Default::default()
         };
         assert!(c.validate().is_err());

@@ -188,6 +188,7 @@ impl Server {
             value_size_max_bytes: config.value_size_max_bytes as usize,
             snapshot_max_age_ms: config.snapshot_max_age_ms,
             snapshot_max_retained_bytes: config.snapshot_max_retained_bytes,
+            scan_threads: config.scan_threads,
             ..EngineConfig::default()
         })?;
         let keyspace = Keyspace::create(engine, config.tablets)?;

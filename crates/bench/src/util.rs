@@ -102,6 +102,31 @@ pub fn scramble(rank: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// How much of its time a busy thread loses to the machine: `threads` threads each spin for
+/// `secs` reading the clock, and the share of wall time that passed in gaps of 100 µs or more
+/// (the thread was not running) is returned, averaged over the threads. On an idle dedicated
+/// machine this is near 0; on a shared or oversubscribed one it says how noisy the run was.
+pub fn cpu_lost_share(threads: usize, secs: f64) -> f64 {
+    let spin = move || {
+        let start = std::time::Instant::now();
+        let (mut last, mut lost) = (start, 0.0f64);
+        loop {
+            let now = std::time::Instant::now();
+            let gap = now.duration_since(last).as_secs_f64();
+            if gap >= 100e-6 {
+                lost += gap;
+            }
+            last = now;
+            if now.duration_since(start).as_secs_f64() >= secs {
+                return lost / secs;
+            }
+        }
+    };
+    let handles: Vec<_> = (0..threads).map(|_| std::thread::spawn(spin)).collect();
+    let shares: Vec<f64> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,29 +158,4 @@ mod tests {
     fn rss_is_reported() {
         assert!(rss_bytes() > 0);
     }
-}
-
-/// How much of its time a busy thread loses to the machine: `threads` threads each spin for
-/// `secs` reading the clock, and the share of wall time that passed in gaps of 100 µs or more
-/// (the thread was not running) is returned, averaged over the threads. On an idle dedicated
-/// machine this is near 0; on a shared or oversubscribed one it says how noisy the run was.
-pub fn cpu_lost_share(threads: usize, secs: f64) -> f64 {
-    let spin = move || {
-        let start = std::time::Instant::now();
-        let (mut last, mut lost) = (start, 0.0f64);
-        loop {
-            let now = std::time::Instant::now();
-            let gap = now.duration_since(last).as_secs_f64();
-            if gap >= 100e-6 {
-                lost += gap;
-            }
-            last = now;
-            if now.duration_since(start).as_secs_f64() >= secs {
-                return lost / secs;
-            }
-        }
-    };
-    let handles: Vec<_> = (0..threads).map(|_| std::thread::spawn(spin)).collect();
-    let shares: Vec<f64> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
-    shares.iter().sum::<f64>() / shares.len().max(1) as f64
 }

@@ -2,11 +2,12 @@
 //! two bytes' worth of lengths into a schema, a query and a value; `Query::from_bytes`,
 //! `CompiledQuery::new`, `matches`, `project` and an aggregate update run on whatever parses.
 //! Nothing may panic; a parsed query re-encodes to the same bytes; a record that decodes is
-//! never an error for `matches`.
+//! never an error for `matches`. Batch evaluation of the value (alone, and cut into several
+//! records) must agree with evaluating record by record.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_logmem::query::{CompiledQuery, Query, Schema};
+use ramlog_logmem::query::{CompiledQuery, Query, Schema, BATCH_RECORDS};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
@@ -44,4 +45,29 @@ fuzz_target!(|data: &[u8]| {
     let mut agg = compiled.agg_state();
     let _ = agg.update(value);
     let _ = agg.finish();
+    if compiled.is_aggregate() {
+        // The value, and its pieces at every 7th byte, as one batch and one record at a time.
+        let mut records: Vec<&[u8]> = vec![value];
+        records.extend(value.chunks(7));
+        records.truncate(BATCH_RECORDS);
+        let mut batched = compiled.agg_state();
+        let counts = compiled.aggregate_batch(&mut batched, &records);
+        let mut single = compiled.agg_state();
+        let (mut matched, mut malformed) = (0u64, 0u64);
+        for r in &records {
+            if !compiled.query().key_filter.matches(b"") {
+                break;
+            }
+            match compiled.matches_and_aggregate(&mut single, b"", r) {
+                Ok(true) => matched += 1,
+                Ok(false) => {}
+                Err(_) => malformed += 1,
+            }
+        }
+        if compiled.query().key_filter.matches(b"") {
+            assert_eq!(counts, (matched, malformed), "batch and single counts differ");
+            let (a, b) = (batched.try_finish(), single.try_finish());
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "batch and single results differ");
+        }
+    }
 });

@@ -1703,16 +1703,7 @@ impl CompiledQuery {
         if !self.key_filter.matches(key) {
             return Ok(false);
         }
-        let Some(schema) = &self.schema else {
-            agg.update(value)?;
-            return Ok(true);
-        };
-        let view = schema.open(value)?;
-        if !self.cnf_holds(&view)? {
-            return Ok(false);
-        }
-        agg.update_view(&view)?;
-        Ok(true)
+        self.select_and_aggregate_general(agg, value)
     }
 
     /// Whether [`CompiledQuery::aggregate_batch`] evaluates this query column by column: an

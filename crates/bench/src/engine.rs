@@ -91,8 +91,10 @@ struct WriteResult {
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
-    /// Share of the measured time spent in puts that took 100 µs or more (waits for memory).
+    /// Share of the measured time spent in puts that took 100 µs or more.
     stall_share: f64,
+    /// Share of the measured time writes spent waiting for the cleaner to free memory.
+    memory_wait_share: f64,
 }
 
 fn write_at(
@@ -152,6 +154,7 @@ fn write_at(
         p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
         p999_us: hist.value_at_quantile(0.999) as f64 / 1000.0,
         stall_share: stalled_ns as f64 / 1e9 / secs,
+        memory_wait_share: (after.memory_wait_secs - before.memory_wait_secs) / secs,
     })
 }
 
@@ -203,6 +206,11 @@ fn write_throughput(report: &mut Report, quick: bool) -> anyhow::Result<()> {
                 report.push(Row::plain(
                     format!("put_stall_share_util{pct}_{size}B_{dist}"),
                     r.stall_share,
+                    "x",
+                ));
+                report.push(Row::plain(
+                    format!("put_memory_wait_share_util{pct}_{size}B_{dist}"),
+                    r.memory_wait_share,
                     "x",
                 ));
             }

@@ -580,6 +580,17 @@ impl Inner {
     /// Blocks (without any tablet lock) until the cleaner may have freed memory. Fails with
     /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
     fn wait_for_memory(&self, started: Instant) -> Result<(), EngineError> {
+        /// Counts the wait and its time, on every way out.
+        struct Timed<'a>(&'a Inner, Instant);
+        impl Drop for Timed<'_> {
+            fn drop(&mut self) {
+                let c = &self.0.counters;
+                c.memory_waits.fetch_add(1, Ordering::Relaxed);
+                c.memory_wait_ns
+                    .fetch_add(self.1.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
+        let _timed = Timed(self, Instant::now());
         let seq_at_start = self.pass_seq.load(Ordering::Acquire);
         // Snapshots must not hold memory until writes fail: past half the wait, or when the
         // cleaner has nothing left, the oldest snapshot is released first.
@@ -1247,6 +1258,8 @@ impl Inner {
             scan_passes: c.scan_passes.load(Ordering::Relaxed),
             scan_queries: c.scan_queries.load(Ordering::Relaxed),
             scan_sparse_segments: c.scan_sparse_segments.load(Ordering::Relaxed),
+            memory_waits: c.memory_waits.load(Ordering::Relaxed),
+            memory_wait_secs: c.memory_wait_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }
 }

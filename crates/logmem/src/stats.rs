@@ -25,6 +25,9 @@ pub(crate) struct Counters {
     pub scan_passes: AtomicU64,
     pub scan_queries: AtomicU64,
     pub scan_sparse_segments: AtomicU64,
+    /// Writes that waited for the cleaner to free memory, and the time they waited (ns).
+    pub memory_waits: AtomicU64,
+    pub memory_wait_ns: AtomicU64,
 }
 
 /// A point-in-time view of the engine, for metrics and benchmarks.
@@ -72,4 +75,8 @@ pub struct EngineStats {
     pub scan_queries: u64,
     /// Segments scans found at least half garbage and handed to the cleaner.
     pub scan_sparse_segments: u64,
+    /// Times a write waited for the cleaner to free memory, and the seconds spent waiting (a write
+    /// that waits twice counts twice).
+    pub memory_waits: u64,
+    pub memory_wait_secs: f64,
 }

@@ -103,6 +103,14 @@ fn progress_at_98_percent_then_clean_out_of_memory() {
         other => panic!("expected out of memory, got {other}"),
     }
     assert!(err.to_string().starts_with("out of memory"), "{err}");
+    // The write that failed waited for the cleaner first (oom_wait_ms), and that wait is counted.
+    let s = engine.stats();
+    assert!(s.memory_waits > 0, "no memory wait counted");
+    assert!(
+        s.memory_wait_secs > 0.0 && s.memory_wait_secs.is_finite(),
+        "memory wait time {}",
+        s.memory_wait_secs
+    );
 
     // Every object is still readable and correct.
     for (k, v) in &model {

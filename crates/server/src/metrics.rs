@@ -179,6 +179,9 @@ pub struct EngineFigures {
     pub cleaner_bytes_freed: u64,
     pub write_cost: f64,
     pub tablets: u64,
+    /// Writes that waited for the cleaner to free memory, and the seconds they waited.
+    pub memory_waits: u64,
+    pub memory_wait_secs: f64,
 }
 
 /// All figures at one moment.
@@ -291,6 +294,18 @@ impl Snapshot {
             "Bytes written per byte of new data (1 = no cleaning cost).",
             "gauge",
             format!("{}", self.engine.write_cost),
+        );
+        gauge(
+            "ramlog_memory_waits_total",
+            "Times a write waited for the cleaner to free memory.",
+            "counter",
+            self.engine.memory_waits.to_string(),
+        );
+        gauge(
+            "ramlog_memory_wait_seconds_total",
+            "Seconds writes spent waiting for the cleaner to free memory.",
+            "counter",
+            format!("{}", self.engine.memory_wait_secs),
         );
         gauge(
             "ramlog_tablets",
@@ -498,6 +513,8 @@ mod tests {
         let engine = EngineFigures {
             objects: 3,
             memory_bytes_total: 1 << 30,
+            memory_waits: 7,
+            memory_wait_secs: 0.25,
             ..Default::default()
         };
         Snapshot::take(metrics, process, engine)
@@ -534,6 +551,8 @@ mod tests {
         assert!(prom.contains("ramlog_command_duration_seconds_bucket{op=\"get\",le=\"+Inf\"} 2\n"));
         assert!(prom.contains("ramlog_connections_total 4\n"));
         assert!(prom.contains("ramlog_objects 3\n"));
+        assert!(prom.contains("ramlog_memory_waits_total 7\n"));
+        assert!(prom.contains("ramlog_memory_wait_seconds_total 0.25\n"));
         let info = s.info(None);
         assert!(info.contains("total_commands_processed:3\r\n"), "{info}");
         assert!(info.contains("total_connections_received:4\r\n"));

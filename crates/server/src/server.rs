@@ -105,6 +105,8 @@ impl Shared {
             cleaner_bytes_freed: stats.cleaner_freed_bytes,
             write_cost: stats.write_cost,
             tablets: self.keyspace.tablets().len() as u64,
+            memory_waits: stats.memory_waits,
+            memory_wait_secs: stats.memory_wait_secs,
         };
         let process = ProcessInfo {
             version: env!("CARGO_PKG_VERSION"),

@@ -1934,43 +1934,6 @@ enum FixedTest {
     F64(Op, f64),
 }
 
-impl FixedTest {
-    /// Whether a canonical read satisfies the test. Evaluates without data-dependent branches.
-    #[inline(always)]
-    fn holds(self, r: FixedRead) -> bool {
-        match self {
-            FixedTest::IsNull => r.null,
-            FixedTest::Int(op, c) => {
-                let v = r.raw as i64;
-                let t = match op {
-                    Op::Lt => v < c,
-                    Op::Le => v <= c,
-                    Op::Eq => v == c,
-                    Op::Ne => v != c,
-                    Op::Ge => v >= c,
-                    Op::Gt => v > c,
-                    Op::Prefix | Op::IsNull => false,
-                };
-                !r.null & t
-            }
-            FixedTest::F64(op, c) => {
-                let v = f64::from_bits(r.raw);
-                // As partial_cmp: with a NaN on either side every comparison is false, Ne too.
-                let t = match op {
-                    Op::Lt => v < c,
-                    Op::Le => v <= c,
-                    Op::Eq => v == c,
-                    Op::Ne => (v < c) | (v > c),
-                    Op::Ge => v >= c,
-                    Op::Gt => v > c,
-                    Op::Prefix | Op::IsNull => false,
-                };
-                !r.null & t
-            }
-        }
-    }
-}
-
 /// The predicates and aggregates of a query whose every field is fixed-width, evaluated straight
 /// from the record's bytes without data-dependent branches: every predicate is evaluated (no
 /// short-circuit), and a record feeds the accumulators through masks. A record with a
@@ -2337,6 +2300,12 @@ impl FixedField {
 }
 
 impl FixedTest {
+    /// Whether a canonical read satisfies the test: [`FixedTest::column`] over one record.
+    #[inline(always)]
+    fn holds(self, r: FixedRead) -> bool {
+        self.column(&[r.raw], r.null as u64) & 1 == 1
+    }
+
     /// The test over a column of canonical reads: one bit per record.
     #[inline]
     fn column(self, raws: &[u64], nulls: u64) -> u64 {

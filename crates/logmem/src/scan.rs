@@ -646,7 +646,8 @@ fn flush_group(
         return;
     }
     let mut values: [&[u8]; BATCH_RECORDS] = [&[]; BATCH_RECORDS];
-    let mut masks = vec![0u64; sinks.len()];
+    // At most 64 sinks form a group (one bit each in an entry's mask).
+    let mut masks = [0u64; 64];
     for (i, &(ptr, len, mut seen_by)) in pending.iter().enumerate() {
         // SAFETY: the addresses point into the segment being walked, still pinned and guarded
         // (see `walk_segments`).
@@ -673,7 +674,10 @@ fn flush_group(
         })
         .collect();
     group.aggregate(&mut members, &values[..n]);
-    let counts: Vec<(u64, u64)> = members.iter().map(|m| (m.matched, m.malformed)).collect();
+    let mut counts = [(0u64, 0u64); 64];
+    for (c, m) in counts.iter_mut().zip(&members) {
+        *c = (m.matched, m.malformed);
+    }
     drop(members);
     for (sink, (matched, malformed)) in sinks.iter_mut().zip(counts) {
         sink.out.matched += matched;

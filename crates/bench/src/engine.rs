@@ -183,36 +183,21 @@ fn write_throughput(report: &mut Report, quick: bool) -> anyhow::Result<()> {
                     row = row.with_target(Target::at_least(if zipf { 0.75 } else { 0.5 }));
                 }
                 report.push(row);
-                report.push(Row::plain(
-                    format!("write_cost_util{pct}_{size}B_{dist}"),
-                    r.write_cost,
-                    "B/B",
-                ));
-                report.push(Row::plain(
-                    format!("put_p50_util{pct}_{size}B_{dist}"),
-                    r.p50_us,
-                    "us",
-                ));
-                report.push(Row::plain(
-                    format!("put_p99_util{pct}_{size}B_{dist}"),
-                    r.p99_us,
-                    "us",
-                ));
-                report.push(Row::plain(
-                    format!("put_p999_util{pct}_{size}B_{dist}"),
-                    r.p999_us,
-                    "us",
-                ));
-                report.push(Row::plain(
-                    format!("put_stall_share_util{pct}_{size}B_{dist}"),
-                    r.stall_share,
-                    "x",
-                ));
-                report.push(Row::plain(
-                    format!("put_memory_wait_share_util{pct}_{size}B_{dist}"),
-                    r.memory_wait_share,
-                    "x",
-                ));
+                let plain: [(&str, f64, &str); 6] = [
+                    ("write_cost", r.write_cost, "B/B"),
+                    ("put_p50", r.p50_us, "us"),
+                    ("put_p99", r.p99_us, "us"),
+                    ("put_p999", r.p999_us, "us"),
+                    ("put_stall_share", r.stall_share, "x"),
+                    ("put_memory_wait_share", r.memory_wait_share, "x"),
+                ];
+                for (what, value, unit) in plain {
+                    report.push(Row::plain(
+                        format!("{what}_util{pct}_{size}B_{dist}"),
+                        value,
+                        unit,
+                    ));
+                }
             }
         }
     }

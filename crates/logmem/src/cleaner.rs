@@ -781,18 +781,23 @@ fn combined_clean(inner: &Inner) -> bool {
         return false;
     }
     candidates.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
-    // Copy no more than the free seglets can hold, leaving room for one partial seglet per tablet.
-    let free_bytes = inner.pool.free_count().saturating_sub(4) as i64 * SEGLET_BYTES as i64;
+    // Copy no more than the cleaner is sure to get, leaving room for one partial seglet per
+    // tablet. Writers may take every free seglet above the reserve while the pass runs, so only
+    // the reserve counts: a pass that ran out of memory half-way would hold its survivors and its
+    // victims at once, leaving less free memory than before it started.
+    let guaranteed = inner.pool.free_count().min(inner.pool.reserve_seglets());
+    let free_bytes = guaranteed.saturating_sub(4) as i64 * SEGLET_BYTES as i64;
     let limit = (inner.config.combined_pass_segments_max * inner.segment_capacity) as i64;
     let budget = limit.min(free_bytes * 9 / 10);
     let mut chosen = Vec::new();
     let mut chosen_live = 0i64;
     let mut chosen_seglets = 0u64;
     for (_, id, live) in candidates {
-        if chosen_live + live > budget && !chosen.is_empty() {
-            break;
-        }
-        if live > budget {
+        if chosen_live + live > budget {
+            if chosen.is_empty() {
+                // Too full to copy with what the cleaner has: the next best may fit.
+                continue;
+            }
             break;
         }
         if !inner.segments.get(id).claim() {

@@ -1,7 +1,9 @@
 //! Memory pressure: fill to 98% utilisation with random sizes and random deletes and keep making
 //! progress; then push past it and get a clean out-of-memory error, with every object still readable.
 
-use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions, SEGLET_BYTES};
+use ramlog_logmem::{
+    Balancer, Condition, Engine, EngineConfig, EngineError, PutOptions, SEGLET_BYTES,
+};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
@@ -152,4 +154,57 @@ fn progress_at_98_percent_then_clean_out_of_memory() {
         accepted, 200,
         "writes must succeed again after deletes free memory"
     );
+}
+
+/// Combined cleaning beside writers that take every free seglet above the reserve while a pass
+/// runs: the pass must size itself by what the cleaner is sure to get, or it runs out of memory
+/// half-way holding both its survivors and its victims, and writes fail at 90% live.
+#[test]
+fn combined_cleaning_keeps_up_beside_fast_writers() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 2048 * SEGLET_BYTES as u64, // 128 MiB
+        segment_seglets: 16,
+        value_size_max_bytes: 4096,
+        cleaner_threads: 1,
+        balancer: Balancer::FixedDuty(100),
+        ..Default::default()
+    })
+    .unwrap();
+    let tablets: Vec<u32> = (0..2u16)
+        .map(|i| engine.create_tablet(0, i * 8192, i * 8192 + 8191).unwrap())
+        .collect();
+    // About 90% of memory live (entries of 100 B values, 16 B keys and a ~12 B header).
+    let keys_per_tablet = (0.90 * engine.stats().total_bytes as f64 / 128.0 / 2.0) as u64;
+    let key = |t: usize, k: u64| format!("t{t}-key-{k:09}").into_bytes();
+    for (t, &tablet) in tablets.iter().enumerate() {
+        for k in 0..keys_per_tablet {
+            engine
+                .put(tablet, &key(t, k), &[7u8; 100], &PutOptions::default())
+                .unwrap();
+        }
+    }
+    let writers: Vec<_> = tablets
+        .iter()
+        .enumerate()
+        .map(|(t, &tablet)| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                for i in 0..1_500_000u64 {
+                    let k = rng.gen_range(0..keys_per_tablet);
+                    if let Err(e) =
+                        engine.put(tablet, &key(t, k), &[i as u8; 100], &PutOptions::default())
+                    {
+                        panic!("overwrite {i} of tablet {t} failed: {e}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let stats = engine.stats();
+    assert!(stats.combined_passes > 0, "no combined pass ran");
+    assert_eq!(stats.objects, 2 * keys_per_tablet);
 }

@@ -24,7 +24,7 @@ use crate::segment::{AppendError, SegmentState, SegmentWriter};
 use crossbeam_epoch as epoch;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Segments above this utilisation are never cleaned (each pass must free more than it uses).
 const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
@@ -32,6 +32,8 @@ const CLEANABLE_UTILISATION_MAX: f64 = 0.98;
 const FREE_TARGET_DIVISOR: f64 = 16.0;
 /// Reference swaps done per acquisition of a tablet's write lock.
 const SWAP_BATCH: usize = 128;
+/// How long the cleaner waits before looking again for a segment to recycle after finding none.
+const RECYCLE_RETRY: Duration = Duration::from_millis(10);
 /// Segments below this utilisation found by scans are compacted even without memory pressure
 /// (TellStore's 50% rule).
 pub(crate) const SPARSE_UTILISATION: f64 = 0.5;
@@ -52,6 +54,29 @@ pub(crate) fn memory_low(inner: &Inner) -> bool {
     let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
     free <= 0.10f64.min((1.0 - live) / FREE_TARGET_DIVISOR)
         || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
+}
+
+/// Whether the log is about to take memory it never touched while segments it already holds are
+/// mostly garbage. The first touch of fresh memory costs a page fault and a zeroing per page (and
+/// in a virtual machine the host's own fault: 4–8 ms per 2 MiB measured here), and it grows the
+/// process's resident memory towards the whole budget. Compacting a segment below 50% live
+/// (TellStore's rule, as for the sparse segments scans report) frees more than it copies, so the
+/// cleaner recycles such segments first. Writers never wait for this: when it does not keep up,
+/// they take fresh memory as before.
+pub(crate) fn recycling_wanted(inner: &Inner) -> bool {
+    let pool = &inner.pool;
+    let fresh = pool.fresh_count();
+    if fresh <= pool.reserve_seglets() {
+        // No fresh memory left for writers: the ordinary trigger (`memory_low`) governs.
+        return false;
+    }
+    let recycled = pool.free_count().saturating_sub(fresh);
+    if recycled >= inner.config.segment_seglets {
+        return false;
+    }
+    let in_use = (pool.seglet_count() - pool.free_count()) as f64 * SEGLET_BYTES as f64;
+    let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64;
+    live < in_use * SPARSE_UTILISATION
 }
 
 /// Moves deferred frees along: advances the epoch and runs reclaimable destructors.
@@ -81,6 +106,7 @@ pub(crate) fn drain_limbo(inner: &Inner) {
 /// The background cleaner thread's loop.
 pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut idle_rounds = 0u32;
+    let mut recycle_retry_at: Option<Instant> = None;
     while !inner.shutdown.load(Ordering::Acquire) {
         if thread_index == 0 {
             inner.snapshots.release_overdue(&inner);
@@ -111,6 +137,16 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
                 continue;
             }
             idle_rounds = idle_rounds.saturating_add(1);
+        } else if recycle_retry_at.is_none_or(|at| Instant::now() >= at) && recycling_wanted(&inner)
+        {
+            if compact_best(&inner, SPARSE_UTILISATION) {
+                recycle_retry_at = None;
+                collect_garbage();
+                inner.release_reclaimable();
+                continue;
+            }
+            // Nothing sparse to recycle: look again a little later.
+            recycle_retry_at = Some(Instant::now() + RECYCLE_RETRY);
         }
         collect_garbage();
         if inner.release_reclaimable() > 0 {
@@ -161,7 +197,7 @@ pub(crate) fn run_pass(inner: &Inner, may_combine: bool) -> bool {
     };
     match mode {
         Mode::Compaction => {
-            if compact_best(inner) {
+            if compact_best(inner, 1.0) {
                 return true;
             }
             inner
@@ -171,7 +207,7 @@ pub(crate) fn run_pass(inner: &Inner, may_combine: bool) -> bool {
             // Compaction could not free a seglet: combined cleaning must run (RAMCloud rule 3).
             may_combine && combined_clean(inner)
         }
-        Mode::Combined => combined_clean(inner) || compact_best(inner),
+        Mode::Combined => combined_clean(inner) || compact_best(inner, 1.0),
     }
 }
 
@@ -670,8 +706,9 @@ pub(crate) fn compact_sparse(inner: &Inner) -> bool {
     }
 }
 
-/// Compacts the closed segment that frees the most seglets per live byte. False if none would free one.
-fn compact_best(inner: &Inner) -> bool {
+/// Compacts the closed segment that frees the most seglets per live byte, among those below
+/// `max_utilisation`. False if none would free one.
+fn compact_best(inner: &Inner, max_utilisation: f64) -> bool {
     let mut best: Option<(f64, u32)> = None;
     let free_now = inner.pool.free_count();
     for (id, slot) in inner.segments.iter() {
@@ -680,6 +717,9 @@ fn compact_best(inner: &Inner) -> bool {
         }
         let seglets = slot.seglet_count.load(Ordering::Relaxed) as i64;
         let live = effective_live(inner, slot);
+        if live as f64 >= max_utilisation * (seglets as f64 * SEGLET_BYTES as f64) {
+            continue;
+        }
         // Memory segments have no on-disk twin, so compaction packs them full (no 2% slack); the copy
         // must fit in the seglets that are free right now, since the victim is freed only afterwards.
         let needed = (live as u64).div_ceil(SEGLET_BYTES as u64) as i64;

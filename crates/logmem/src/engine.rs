@@ -664,7 +664,9 @@ impl Inner {
     }
 
     fn wake_cleaner_if_needed(&self) {
-        if self.config.cleaner_threads > 0 && crate::cleaner::memory_low(self) {
+        if self.config.cleaner_threads > 0
+            && (crate::cleaner::memory_low(self) || crate::cleaner::recycling_wanted(self))
+        {
             self.wake_cleaner();
         }
     }
@@ -1229,6 +1231,7 @@ impl Inner {
             utilisation: live as f64 / total as f64,
             total_seglets: self.pool.seglet_count() as u64,
             free_seglets: self.pool.free_count() as u64,
+            untouched_seglets: self.pool.fresh_count() as u64,
             reserve_seglets: self.pool.reserve_seglets() as u64,
             segments,
             objects,

@@ -212,6 +212,12 @@ impl SegletPool {
         self.reserve_seglets
     }
 
+    /// Free seglets never handed out: their memory has not been touched yet. They sit at the
+    /// bottom of the free stack (handed out in ascending order, after every released seglet).
+    pub fn fresh_count(&self) -> usize {
+        self.seglet_count - self.prefault.high.load(Ordering::Relaxed)
+    }
+
     /// Takes one free seglet for `segment`, or None when none is available to this class.
     pub fn alloc(&self, class: AllocClass, segment: u32) -> Option<u32> {
         let mut free = self.free.lock();

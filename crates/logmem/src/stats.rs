@@ -41,6 +41,8 @@ pub struct EngineStats {
     pub utilisation: f64,
     pub total_seglets: u64,
     pub free_seglets: u64,
+    /// Free seglets whose memory was never touched (not yet part of the resident set).
+    pub untouched_seglets: u64,
     pub reserve_seglets: u64,
     /// Segments holding data (open or closed).
     pub segments: u64,

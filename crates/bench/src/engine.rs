@@ -582,13 +582,13 @@ fn child(spec: &str) -> anyhow::Result<()> {
             let volume = 1.5;
             let (peak_live, ops, secs) = match *which {
                 "engine" => {
-                    // Entry headers are ~12 B plus the 8 B key: budget for the densest phase at 94%.
+                    // Entry headers are ~12 B plus the 8 B key: budget for the densest phase at 96%.
                     let smallest = w.before.lo.min(w.after.map(|a| a.lo).unwrap_or(usize::MAX));
                     let objects_max = cap / (smallest as u64 + 8);
                     let entry_bytes = cap + objects_max * 12;
-                    // 94% utilisation with 8 MiB segments; small budgets (1 MiB segments, more
+                    // 96% utilisation with 8 MiB segments; small budgets (1 MiB segments, more
                     // compaction tail waste) run at 88%.
-                    let fill = if entry_bytes >= 512 << 20 { 0.94 } else { 0.88 };
+                    let fill = if entry_bytes >= 512 << 20 { 0.96 } else { 0.88 };
                     let budget = (entry_bytes as f64 / fill) as u64;
                     // Small (quick) budgets use 1 MiB segments so the cleaner reserve (one segment)
                     // stays near 1% of memory; values here are at most 15 000 B.

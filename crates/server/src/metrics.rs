@@ -182,6 +182,8 @@ pub struct EngineFigures {
     /// Writes that waited for the cleaner to free memory, and the seconds they waited.
     pub memory_waits: u64,
     pub memory_wait_secs: f64,
+    /// Bytes of the budget the log has never touched (not yet resident).
+    pub memory_bytes_untouched: u64,
 }
 
 /// All figures at one moment.
@@ -264,6 +266,12 @@ impl Snapshot {
             "Bytes of live objects in the log.",
             "gauge",
             self.engine.memory_bytes_live.to_string(),
+        );
+        gauge(
+            "ramlog_memory_bytes_untouched",
+            "Bytes of the budget the log has never used (not yet resident).",
+            "gauge",
+            self.engine.memory_bytes_untouched.to_string(),
         );
         gauge(
             "ramlog_memory_utilisation",
@@ -515,6 +523,7 @@ mod tests {
             memory_bytes_total: 1 << 30,
             memory_waits: 7,
             memory_wait_secs: 0.25,
+            memory_bytes_untouched: 1 << 29,
             ..Default::default()
         };
         Snapshot::take(metrics, process, engine)
@@ -553,6 +562,7 @@ mod tests {
         assert!(prom.contains("ramlog_objects 3\n"));
         assert!(prom.contains("ramlog_memory_waits_total 7\n"));
         assert!(prom.contains("ramlog_memory_wait_seconds_total 0.25\n"));
+        assert!(prom.contains("ramlog_memory_bytes_untouched 536870912\n"));
         let info = s.info(None);
         assert!(info.contains("total_commands_processed:3\r\n"), "{info}");
         assert!(info.contains("total_connections_received:4\r\n"));

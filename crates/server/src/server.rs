@@ -107,6 +107,7 @@ impl Shared {
             tablets: self.keyspace.tablets().len() as u64,
             memory_waits: stats.memory_waits,
             memory_wait_secs: stats.memory_wait_secs,
+            memory_bytes_untouched: stats.untouched_seglets * ramlog_logmem::SEGLET_BYTES as u64,
         };
         let process = ProcessInfo {
             version: env!("CARGO_PKG_VERSION"),

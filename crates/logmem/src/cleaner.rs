@@ -18,7 +18,7 @@
 use crate::config::Balancer;
 use crate::engine::{hash_key, now_ms, Inner};
 use crate::entry::{Header, STATE_MOVED, STATE_RETAINED, STATE_SUPERSEDED};
-use crate::index::{loc_offset, loc_seglet, make_loc, Loc};
+use crate::index::{loc_offset, loc_seglet, make_loc, Loc, SlotRef};
 use crate::pool::{AllocClass, NO_SEGLET, SEGLET_BYTES};
 use crate::segment::{AppendError, SegmentState, SegmentWriter};
 use crossbeam_epoch as epoch;
@@ -394,18 +394,23 @@ fn relocate(
     let mut blocked = false;
     // Relocation moves bytes between segments and leaves the engine's live total unchanged, so only
     // segment counters change, once per batch (the victim's are reset when it is retired).
+    let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
     let mut flush = |moved: &mut Vec<Moved>, relocated: &mut u64| {
         let _guard = epoch::pin();
+        // Find each reference before taking the lock, the way readers do: the index probes (cache
+        // misses) then happen while writers may run, and under the lock each is one check.
+        hints.clear();
+        hints.extend(
+            moved
+                .iter()
+                .map(|m| tablet.index.find_loc(m.survivor.hash, m.survivor.loc)),
+        );
         let head = tablet.head.lock();
         let mut gained: Option<(u32, i64)> = None;
-        for m in moved.drain(..) {
-            let Moved {
-                survivor: s,
-                new_loc,
-                segment: seg,
-                offset,
-            } = m;
-            if swap_in(inner, tablet, &s, new_loc, seg, offset, &mut blocked) {
+        for (m, hint) in moved.drain(..).zip(hints.iter()) {
+            let Moved { survivor: s, to } = m;
+            let seg = to.segment;
+            if swap_in(inner, tablet, &s, to, *hint, &mut blocked) {
                 *relocated += s.len as u64;
                 match &mut gained {
                     Some((g, n)) if *g == seg => *n += s.len as i64,
@@ -462,11 +467,13 @@ fn relocate(
                     copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
                     moved.push(Moved {
                         survivor: *s,
-                        new_loc,
-                        segment: w.segment,
-                        offset,
+                        to: Destination {
+                            loc: new_loc,
+                            segment: w.segment,
+                            offset,
+                        },
                     });
-                    // The swap under the lock probes this bucket again: start loading it now.
+                    // The swap probes this bucket again: start loading it now.
                     tablet.index.prefetch(s.hash);
                     break;
                 }
@@ -520,7 +527,12 @@ fn relocate(
 /// A copy waiting for its reference swap.
 struct Moved {
     survivor: Survivor,
-    new_loc: Loc,
+    to: Destination,
+}
+
+/// Where a survivor's copy sits.
+struct Destination {
+    loc: Loc,
     /// Survivor segment and the copy's byte offset in it.
     segment: u32,
     offset: u32,
@@ -529,16 +541,21 @@ struct Moved {
 /// Swaps the index reference of one entry to its copy, carrying over the state bits (and a
 /// RETAINED entry's valid-to) the original gained since it was copied. Returns false when the entry
 /// died meanwhile (the copy stays MOVED, i.e. garbage) or a scan forbids the swap (`blocked`).
-/// Caller holds the tablet's write lock.
+/// `hint` is the entry's slot as found before the lock (checked again here). Caller holds the
+/// tablet's write lock.
 fn swap_in(
     inner: &Inner,
     tablet: &crate::engine::Tablet,
     s: &Survivor,
-    new_loc: Loc,
-    dest_segment: u32,
-    dest_offset: u32,
+    at: Destination,
+    hint: Option<SlotRef>,
     blocked: &mut bool,
 ) -> bool {
+    let Destination {
+        loc: new_loc,
+        segment: dest_segment,
+        offset: dest_offset,
+    } = at;
     let src_byte = inner.entry_state(s.loc).load(Ordering::Acquire);
     if src_byte & STATE_MOVED != 0
         || (src_byte & STATE_SUPERSEDED != 0 && src_byte & STATE_RETAINED == 0)
@@ -555,8 +572,13 @@ fn swap_in(
         *blocked = true;
         return false;
     }
-    let Some(slot) = tablet.index.find_loc(s.hash, s.loc) else {
-        return false;
+    let slot = match hint {
+        Some(slot) if tablet.index.holds(slot, s.hash, s.loc) => slot,
+        // The reference moved (a split or a shorter chain) or was replaced since: look again.
+        _ => match tablet.index.find_loc(s.hash, s.loc) {
+            Some(slot) => slot,
+            None => return false,
+        },
     };
     if src_byte & STATE_RETAINED != 0 {
         let Ok(Some(())) = inner.with_entry(s.loc, false, |e| {

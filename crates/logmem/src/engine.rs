@@ -579,7 +579,9 @@ impl Inner {
 
     /// Blocks (without any tablet lock) until the cleaner may have freed memory. Fails with
     /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
-    fn wait_for_memory(&self, started: Instant) -> Result<(), EngineError> {
+    /// `started` is when this write first had to wait (set on the first call).
+    fn wait_for_memory(&self, started: &mut Option<Instant>) -> Result<(), EngineError> {
+        let started = *started.get_or_insert_with(Instant::now);
         /// Counts the wait and its time, on every way out.
         struct Timed<'a>(&'a Inner, Instant);
         impl Drop for Timed<'_> {
@@ -768,7 +770,7 @@ impl Inner {
     ) -> Result<WriteResult, EngineError> {
         let tablet = self.tablet(tablet_id)?;
         let hash = hash_key(key);
-        let started = Instant::now();
+        let mut started = None;
         loop {
             let guard = epoch::pin();
             let mut head = tablet.head.lock();
@@ -837,7 +839,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(started)?;
+                    self.wait_for_memory(&mut started)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {
@@ -1010,7 +1012,7 @@ impl Inner {
         for (k, v) in items {
             self.check_sizes(k, v)?;
         }
-        let started = Instant::now();
+        let mut started = None;
         loop {
             let guard = epoch::pin();
             let mut head = tablet.head.lock();
@@ -1042,7 +1044,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(started)?;
+                    self.wait_for_memory(&mut started)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
@@ -1098,7 +1100,7 @@ impl Inner {
         self.clock.fetch_max(version, Ordering::Relaxed);
         let tablet_ref = self.tablet(tablet)?;
         let hash = hash_key(key);
-        let started = Instant::now();
+        let mut started = None;
         loop {
             let guard = epoch::pin();
             let mut head = tablet_ref.head.lock();
@@ -1128,7 +1130,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(started)?;
+                    self.wait_for_memory(&mut started)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {

@@ -76,14 +76,18 @@ pub struct Bucket {
 }
 
 /// Where a reference sits, so that the owner of the write lock can replace or clear it.
+///
+/// A SlotRef found without the lock (by `find_loc`) is only a hint: references move between slots
+/// when buckets split or chains shrink, so under the lock it must pass `holds` before it is used.
 #[derive(Clone, Copy)]
 pub struct SlotRef(*const AtomicU64);
 
 impl SlotRef {
     #[inline]
     fn get(&self) -> &AtomicU64 {
-        // SAFETY: slot pointers point into bucket arrays that live as long as the index, and the
-        // index outlives every SlotRef (SlotRefs are used under the tablet lock, never stored).
+        // SAFETY: slot pointers point into bucket arrays (directory arrays and overflow buckets)
+        // that are freed only when the index is dropped, and the index outlives every SlotRef
+        // (SlotRefs live within one call on the index's owner, never stored beyond it).
         unsafe { &*self.0 }
     }
 }
@@ -357,6 +361,14 @@ impl HashIndex {
                 return found;
             }
         }
+    }
+
+    /// Whether `slot` holds the reference to `loc` of a key with this hash (current or HISTORIC).
+    /// Under the write lock a slot that holds it is that reference's only place: a hint found
+    /// without the lock that passes this check can be used as if found under it.
+    #[inline]
+    pub fn holds(&self, slot: SlotRef, hash: u64, loc: Loc) -> bool {
+        slot.get().load(Ordering::Acquire) & !HISTORIC == make_ref(hash, loc)
     }
 
     /// Points an existing slot at a new location, keeping it current or HISTORIC. Caller holds the
@@ -661,6 +673,44 @@ mod tests {
 
     fn h(i: u64) -> u64 {
         xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes())
+    }
+
+    /// A slot found without the lock stops passing `holds` once its reference moves (splits) or
+    /// changes, and then `find_loc` finds the reference's new place.
+    #[test]
+    fn slot_hints_are_checked_by_holds() {
+        let idx = HashIndex::new();
+        let n = 1_000u64;
+        for i in 0..n {
+            idx.insert(h(i), i, h);
+        }
+        let hints: Vec<SlotRef> = (0..n)
+            .map(|i| idx.find_loc(h(i), i).expect("present"))
+            .collect();
+        for (i, hint) in hints.iter().enumerate() {
+            assert!(idx.holds(*hint, h(i as u64), i as u64));
+            assert!(!idx.holds(*hint, h(i as u64), i as u64 + 1));
+        }
+        // Growth splits buckets and moves references between slots.
+        for i in n..50_000 {
+            idx.insert(h(i), i, h);
+        }
+        let mut moved = 0;
+        for (i, hint) in hints.iter().enumerate() {
+            let (hash, loc) = (h(i as u64), i as u64);
+            let slot = if idx.holds(*hint, hash, loc) {
+                *hint
+            } else {
+                moved += 1;
+                idx.find_loc(hash, loc).expect("still present")
+            };
+            assert!(idx.holds(slot, hash, loc));
+            // A replaced reference no longer passes with its old location.
+            idx.replace(slot, hash, loc + 1_000_000);
+            assert!(!idx.holds(slot, hash, loc));
+            assert!(idx.holds(slot, hash, loc + 1_000_000));
+        }
+        assert!(moved > 0, "growth by 50x moved no reference");
     }
 
     /// Uses loc = key id, so rehash(loc) = h(loc).

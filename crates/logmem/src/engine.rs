@@ -729,6 +729,35 @@ impl Inner {
         Some((slot, loc, header))
     }
 
+    /// A writer's `find`, in two steps. `find_early` runs before the tablet lock is taken (the
+    /// caller's epoch guard already pinned), so that the index probe and the key comparison, a
+    /// cache miss each, happen while other writers may hold the lock; `find_locked`, under the
+    /// lock, keeps that result when its slot still holds the same current reference (nothing can
+    /// change an entry's key, and its state bits are read again), and looks again otherwise. A
+    /// lock held for less time also leaves less to wait for when its holder is descheduled.
+    #[inline]
+    fn find_early(&self, tablet: &Tablet, hash: u64, key: &[u8]) -> Option<(SlotRef, Loc, Header)> {
+        self.find(tablet, hash, key)
+    }
+
+    #[inline]
+    fn find_locked(
+        &self,
+        tablet: &Tablet,
+        hash: u64,
+        key: &[u8],
+        early: Option<(SlotRef, Loc, Header)>,
+    ) -> Option<(SlotRef, Loc, Header)> {
+        match early {
+            Some((slot, loc, mut header)) if tablet.index.holds_current(slot, hash, loc) => {
+                header.state =
+                    self.entry_state(loc).load(Ordering::Acquire) & crate::entry::STATE_MASK;
+                Some((slot, loc, header))
+            }
+            _ => self.find(tablet, hash, key),
+        }
+    }
+
     fn object_at(&self, loc: Loc) -> Option<Object> {
         self.with_entry(loc, true, |e| Object {
             value: e.value.to_vec(),
@@ -773,9 +802,10 @@ impl Inner {
         let mut started = None;
         loop {
             let guard = epoch::pin();
+            let early = self.find_early(tablet, hash, key);
             let mut head = tablet.head.lock();
             let mut now = None;
-            let current = self.find(tablet, hash, key);
+            let current = self.find_locked(tablet, hash, key, early);
             let visible = current
                 .as_ref()
                 .filter(|(_, _, h)| !expired(h.expire_at_ms, &mut now));

@@ -371,6 +371,12 @@ impl HashIndex {
         slot.get().load(Ordering::Acquire) & !HISTORIC == make_ref(hash, loc)
     }
 
+    /// Whether `slot` holds the current (not HISTORIC) reference to `loc` of a key with this hash.
+    #[inline]
+    pub fn holds_current(&self, slot: SlotRef, hash: u64, loc: Loc) -> bool {
+        slot.get().load(Ordering::Acquire) == make_ref(hash, loc)
+    }
+
     /// Points an existing slot at a new location, keeping it current or HISTORIC. Caller holds the
     /// write lock.
     #[inline]

@@ -170,3 +170,39 @@ def test_native_port_listens_beside_resp(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0
+
+
+def thread_policies(pid):
+    """Scheduling policy of each thread (field 41 of /proc/<pid>/task/<tid>/stat: 0 normal, 3 batch)."""
+    policies = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            name = f.read().strip()
+        # The command name may hold spaces: fields are counted after its closing parenthesis.
+        fields = stat[stat.rindex(")") + 2:].split()
+        policies[f"{name}/{tid}"] = int(fields[41 - 3])
+    return policies
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_cpu_scheduling_applies_to_every_thread(tmp_path):
+    for setting, expected in [(None, 3), ("normal", 0), ("batch", 3)]:
+        config = tmp_path / f"sched-{setting}.toml"
+        config.write_text(
+            f'resp_port = {free_port()}\nadmin_port = 0\nnative_port = 0\nmemory = "64MiB"\n'
+            f'persistence = "async"\ndata_dir = "{tmp_path / ("data-" + str(setting))}"\n'
+            + (f'cpu_scheduling = "{setting}"\n' if setting else "")
+        )
+        proc = start(["server", "--config", str(config)])
+        try:
+            wait_ready(proc)
+            policies = thread_policies(proc.pid)
+            # Workers, the engine's cleaner and prefaulter, and the persistence threads.
+            assert len(policies) >= 4, policies
+            assert set(policies.values()) == {expected}, (setting, policies)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        assert proc.returncode == 0

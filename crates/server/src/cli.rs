@@ -1,7 +1,7 @@
 //! The `ramlog server` and `ramlog up` subcommands: flags and environment variables, the runtime,
 //! and Ctrl-C handling. The binary only forwards to [`run_server`] and [`run_up`].
 
-use crate::config::{ConfigOverrides, PersistenceMode, ServerConfig};
+use crate::config::{ConfigOverrides, CpuScheduling, PersistenceMode, ServerConfig};
 use crate::server::Server;
 use anyhow::Context;
 use std::net::IpAddr;
@@ -92,7 +92,32 @@ fn init_logging() {
         .try_init();
 }
 
+/// Applies `cpu_scheduling` to the calling thread before any other thread exists: threads inherit
+/// their creator's policy, so the runtime's workers and the engine's and persistence's background
+/// threads all get it.
+fn apply_cpu_scheduling(policy: CpuScheduling) {
+    #[cfg(target_os = "linux")]
+    {
+        let which = match policy {
+            CpuScheduling::Batch => libc::SCHED_BATCH,
+            CpuScheduling::Normal => libc::SCHED_OTHER,
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for both policies.
+        if unsafe { libc::sched_setscheduler(0, which, &param) } != 0 {
+            tracing::warn!(
+                ?policy,
+                error = %std::io::Error::last_os_error(),
+                "cannot set the CPU scheduling policy; keeping the default"
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = policy;
+}
+
 fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
+    apply_cpu_scheduling(config.cpu_scheduling);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads)
         .thread_name("ramlog-worker")

@@ -40,6 +40,19 @@ pub enum PersistenceMode {
     Durable,
 }
 
+/// How the kernel schedules the server's threads (Linux; elsewhere the setting has no effect).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuScheduling {
+    /// `SCHED_BATCH`: a waking server thread does not preempt the thread running on its core
+    /// (often a client on the same machine); it runs when that thread's time slice ends or a core
+    /// is free. Same priority, no privileges needed.
+    #[default]
+    Batch,
+    /// The kernel's default policy (`SCHED_OTHER`).
+    Normal,
+}
+
 impl std::str::FromStr for PersistenceMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -134,6 +147,8 @@ pub struct ServerConfig {
     /// Threads one scan pass over a tablet may use (0 = one per core). Fewer leave cores to
     /// point requests while analytic scans run.
     pub scan_threads: usize,
+    /// Scheduling policy of every server thread (workers, cleaner, persistence, scans).
+    pub cpu_scheduling: CpuScheduling,
 }
 
 impl Default for ServerConfig {
@@ -163,6 +178,7 @@ impl Default for ServerConfig {
             snapshot_max_age_ms: 60_000,
             snapshot_max_retained_bytes: None,
             scan_threads: 0,
+            cpu_scheduling: CpuScheduling::Batch,
         }
     }
 }
@@ -404,6 +420,14 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn cpu_scheduling_setting() {
+        assert_eq!(ServerConfig::default().cpu_scheduling, CpuScheduling::Batch);
+        let c = ServerConfig::from_toml("cpu_scheduling = \"normal\"\n").unwrap();
+        assert_eq!(c.cpu_scheduling, CpuScheduling::Normal);
+        assert!(ServerConfig::from_toml("cpu_scheduling = \"realtime\"\n").is_err());
     }
 
     #[test]

@@ -729,17 +729,12 @@ impl Inner {
         Some((slot, loc, header))
     }
 
-    /// A writer's `find`, in two steps. `find_early` runs before the tablet lock is taken (the
-    /// caller's epoch guard already pinned), so that the index probe and the key comparison, a
-    /// cache miss each, happen while other writers may hold the lock; `find_locked`, under the
-    /// lock, keeps that result when its slot still holds the same current reference (nothing can
-    /// change an entry's key, and its state bits are read again), and looks again otherwise. A
-    /// lock held for less time also leaves less to wait for when its holder is descheduled.
-    #[inline]
-    fn find_early(&self, tablet: &Tablet, hash: u64, key: &[u8]) -> Option<(SlotRef, Loc, Header)> {
-        self.find(tablet, hash, key)
-    }
-
+    /// A writer's `find` under the tablet lock, given `early`, the result of `find` before the lock
+    /// was taken (with the caller's epoch guard already pinned): the index probe and the key
+    /// comparison, a cache miss each, then happen while other writers may hold the lock. Keeps
+    /// `early` when its slot still holds the same current reference (nothing can change an entry's
+    /// key, and its state bits are read again), and looks again otherwise. A lock held for less
+    /// time also leaves less to wait for when its holder is descheduled.
     #[inline]
     fn find_locked(
         &self,
@@ -802,7 +797,7 @@ impl Inner {
         let mut started = None;
         loop {
             let guard = epoch::pin();
-            let early = self.find_early(tablet, hash, key);
+            let early = self.find(tablet, hash, key);
             let mut head = tablet.head.lock();
             let mut now = None;
             let current = self.find_locked(tablet, hash, key, early);

@@ -1037,9 +1037,19 @@ impl Inner {
         for (k, v) in items {
             self.check_sizes(k, v)?;
         }
+        let hashes: Vec<u64> = items.iter().map(|(k, _)| hash_key(k)).collect();
+        let mut early = Vec::with_capacity(items.len());
         let mut started = None;
         loop {
             let guard = epoch::pin();
+            // Each key's current object, looked up before the lock (see `find_locked`).
+            early.clear();
+            early.extend(
+                items
+                    .iter()
+                    .zip(&hashes)
+                    .map(|((k, _), &hash)| self.find(tablet, hash, k)),
+            );
             let mut head = tablet.head.lock();
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut bytes = Vec::new();
@@ -1079,11 +1089,15 @@ impl Inner {
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             let start_seglet = loc_seglet(start);
             let start_offset = loc_offset(start);
-            for ((k, _), (off, len)) in items.iter().zip(&offsets) {
+            for (((k, _), (off, len)), (&hash, early)) in items
+                .iter()
+                .zip(&offsets)
+                .zip(hashes.iter().zip(early.drain(..)))
+            {
                 let loc = self.advance(start_seglet, start_offset, *off);
-                let hash = hash_key(k);
                 self.mark_live(segment, *len);
-                let current = self.find(tablet, hash, k);
+                // A key given twice finds its first copy here: the early result no longer holds.
+                let current = self.find_locked(tablet, hash, k, early);
                 self.point_index_at(tablet, hash, k, current, loc, version);
             }
             if let Some(obs) = &self.config.write_observer {

@@ -78,7 +78,20 @@ fn stress(one_tablet: bool) {
             for seq in 1..=60_000u64 {
                 let key = rng.gen_range(0..KEYS);
                 let k = format!("w{w}-{key}");
-                if rng.gen_bool(0.1) {
+                if rng.gen_bool(0.05) {
+                    // An atomic multi-put of three keys (a key may repeat: the last copy wins).
+                    let keys: Vec<u32> = (0..3).map(|_| rng.gen_range(0..KEYS)).collect();
+                    let owned: Vec<(String, Vec<u8>)> = keys
+                        .iter()
+                        .map(|&key| (format!("w{w}-{key}"), value_for(key, seq, 40)))
+                        .collect();
+                    let items: Vec<(&[u8], &[u8])> =
+                        owned.iter().map(|(k, v)| (k.as_bytes(), &v[..])).collect();
+                    engine.multi_put(tablet, &items).unwrap();
+                    for key in keys {
+                        model.insert(key, (seq, 40));
+                    }
+                } else if rng.gen_bool(0.1) {
                     let existed = engine
                         .delete(tablet, k.as_bytes(), Condition::None)
                         .unwrap()

@@ -149,6 +149,10 @@ pub struct ServerConfig {
     pub scan_threads: usize,
     /// Scheduling policy of every server thread (workers, cleaner, persistence, scans).
     pub cpu_scheduling: CpuScheduling,
+    /// Microseconds a worker that ran out of work keeps its core before it sleeps (0 = sleep at
+    /// once). Requests that arrive meanwhile find it awake, so the client's send does not have to
+    /// wake it; each such idle moment costs up to this much CPU.
+    pub worker_idle_spin_us: u64,
 }
 
 impl Default for ServerConfig {
@@ -179,6 +183,7 @@ impl Default for ServerConfig {
             snapshot_max_retained_bytes: None,
             scan_threads: 0,
             cpu_scheduling: CpuScheduling::Batch,
+            worker_idle_spin_us: 20,
         }
     }
 }
@@ -307,6 +312,9 @@ impl ServerConfig {
         if self.persistence != PersistenceMode::Off && self.flush_interval_ms == 0 {
             return invalid("flush_interval_ms", "must be positive");
         }
+        if self.worker_idle_spin_us > 1000 {
+            return invalid("worker_idle_spin_us", "must be 0..=1000");
+        }
         if self.scan_threads > 256 {
             return invalid("scan_threads", "must be 0..=256");
         }
@@ -428,6 +436,18 @@ mod tests {
         let c = ServerConfig::from_toml("cpu_scheduling = \"normal\"\n").unwrap();
         assert_eq!(c.cpu_scheduling, CpuScheduling::Normal);
         assert!(ServerConfig::from_toml("cpu_scheduling = \"realtime\"\n").is_err());
+    }
+
+    #[test]
+    fn worker_idle_spin_setting() {
+        assert_eq!(ServerConfig::default().worker_idle_spin_us, 20);
+        let c = ServerConfig::from_toml("worker_idle_spin_us = 0\n").unwrap();
+        assert_eq!(c.worker_idle_spin_us, 0);
+        let c = ServerConfig {
+            worker_idle_spin_us: 5000,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -150,8 +150,8 @@ pub struct ServerConfig {
     /// Scheduling policy of every server thread (workers, cleaner, persistence, scans).
     pub cpu_scheduling: CpuScheduling,
     /// Microseconds a worker that ran out of work keeps its core before it sleeps (0 = sleep at
-    /// once). Requests that arrive meanwhile find it awake, so the client's send does not have to
-    /// wake it; each such idle moment costs up to this much CPU.
+    /// once). A request that arrives meanwhile is picked up when the spin ends, without a wake-up
+    /// for the client's send to pay for; each such idle moment costs up to this much CPU.
     pub worker_idle_spin_us: u64,
 }
 

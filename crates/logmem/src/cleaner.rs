@@ -551,11 +551,6 @@ fn swap_in(
     hint: Option<SlotRef>,
     blocked: &mut bool,
 ) -> bool {
-    let Destination {
-        loc: new_loc,
-        segment: dest_segment,
-        offset: dest_offset,
-    } = at;
     let src_byte = inner.entry_state(s.loc).load(Ordering::Acquire);
     if src_byte & STATE_MOVED != 0
         || (src_byte & STATE_SUPERSEDED != 0 && src_byte & STATE_RETAINED == 0)
@@ -565,9 +560,9 @@ fn swap_in(
     // A scan reading the victim, or the range of the survivor the copy sits in, must see no entry
     // change between live and MOVED while it reads: such swaps wait for another pass.
     let src_pinned = inner.segments.get(s.segment).pins.load(Ordering::Acquire) != 0;
-    let dest = inner.segments.get(dest_segment);
+    let dest = inner.segments.get(at.segment);
     let dest_pinned = dest.pins.load(Ordering::Acquire) != 0
-        && dest_offset < dest.pinned_upto.load(Ordering::Acquire);
+        && at.offset < dest.pinned_upto.load(Ordering::Acquire);
     if src_pinned || dest_pinned {
         *blocked = true;
         return false;
@@ -589,7 +584,7 @@ fn swap_in(
                 inner.drop_retained(tablet, slot, s.hash, s.loc, &header, e.key);
                 return None;
             }
-            inner.write_in_entry(new_loc, header.crc_offset(), &header.crc.to_le_bytes());
+            inner.write_in_entry(at.loc, header.crc_offset(), &header.crc.to_le_bytes());
             Some(())
         }) else {
             return false;
@@ -610,9 +605,9 @@ fn swap_in(
             .fetch_max(valid_to, Ordering::Relaxed);
     }
     inner
-        .entry_state(new_loc)
+        .entry_state(at.loc)
         .store(src_byte & !STATE_MOVED, Ordering::Release);
-    tablet.index.replace(slot, s.hash, new_loc);
+    tablet.index.replace(slot, s.hash, at.loc);
     inner
         .entry_state(s.loc)
         .fetch_or(STATE_MOVED, Ordering::Release);

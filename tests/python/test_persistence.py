@@ -86,3 +86,47 @@ def test_off_starts_empty(tmp_path):
         assert s2.client().dbsize() == 0
     finally:
         s2.stop()
+
+
+def tablets_of(server):
+    return int(server.client().info("server")["ramlog_tablets"])
+
+
+def test_tablet_count_is_recorded_adopted_and_enforced(tmp_path):
+    """A data directory keeps the tablet count it was written with: a server whose configuration
+    names none adopts it, and one that names another refuses to start with a clear error."""
+    sixteen = tmp_path / "sixteen.toml"
+    sixteen.write_text("tablets = 16\n")
+    other = tmp_path / "other.toml"
+    other.write_text("tablets = 32\n")
+
+    s = Server(tmp_path, ["--persistence", "async", "--config", str(sixteen)])
+    assert tablets_of(s) == 16
+    fill(s.client(), 500)
+    s.stop()
+
+    s2 = Server(tmp_path, ["--persistence", "async"])
+    try:
+        assert tablets_of(s2) == 16, "the recorded count wins over the default"
+        c2 = s2.client(decode_responses=True)
+        assert c2.dbsize() == 500
+        assert c2.get("k499") == "v499"
+    finally:
+        s2.stop()
+
+    with pytest.raises(RuntimeError) as refused:
+        Server(tmp_path, ["--persistence", "async", "--config", str(other)])
+    assert "written with 16 tablets" in str(refused.value)
+    assert "tablets = 32" in str(refused.value) or "asks for 32" in str(refused.value)
+
+    s3 = Server(tmp_path, ["--persistence", "async"])
+    try:
+        assert s3.client().dbsize() == 500, "the refused start changed nothing"
+    finally:
+        s3.stop()
+
+    fresh = Server(tmp_path / "fresh", ["--persistence", "off"])
+    try:
+        assert tablets_of(fresh) == 64, "the default for a new deployment"
+    finally:
+        fresh.stop()

@@ -418,7 +418,7 @@ impl Snapshot {
         if wants("server") {
             let _ = write!(
                 s,
-                "# Server\r\nredis_version:7.2.0\r\nramlog_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nnative_port:{}\r\nadmin_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n",
+                "# Server\r\nredis_version:7.2.0\r\nramlog_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nnative_port:{}\r\nadmin_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\nramlog_tablets:{}\r\n\r\n",
                 self.process.version,
                 std::env::consts::OS,
                 self.process.pid,
@@ -426,7 +426,8 @@ impl Snapshot {
                 self.process.native_port,
                 self.process.admin_port,
                 self.process.uptime_secs,
-                self.process.uptime_secs / 86400
+                self.process.uptime_secs / 86400,
+                self.engine.tablets
             );
         }
         if wants("clients") {
@@ -524,6 +525,7 @@ mod tests {
             memory_waits: 7,
             memory_wait_secs: 0.25,
             memory_bytes_untouched: 1 << 29,
+            tablets: 48,
             ..Default::default()
         };
         Snapshot::take(metrics, process, engine)
@@ -568,6 +570,8 @@ mod tests {
         assert!(info.contains("total_connections_received:4\r\n"));
         assert!(info.contains("cmdstat_get:calls=2,"));
         assert!(info.contains("db0:keys=3,"));
+        assert!(info.contains("ramlog_tablets:48\r\n"));
+        assert!(prom.contains("ramlog_tablets 48\n"));
         let only = s.info(Some("keyspace"));
         assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
         let json = serde_json::to_string(&s).unwrap();

@@ -8,9 +8,11 @@
 //! wait in [`Persistence::wait_durable`] until everything appended so far is on disk.
 //!
 //! The backup's tablet ids are the engine's tablet ids, so the tablet layout (the number of tablets
-//! of table 0) is recorded in the data directory and must not change between runs.
+//! of table 0) is recorded in the data directory and must not change between runs: a server whose
+//! configuration names no count adopts the recorded one, and one that names another count refuses
+//! to start.
 
-use crate::config::{PersistenceMode, ServerConfig};
+use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
 use ramlog_backup::{Backup, Config as BackupConfig, Entry, Stage, Ticket};
 use ramlog_logmem::{LoggedWrite, TabletId, WriteObserver};
 use std::path::{Path, PathBuf};
@@ -44,6 +46,8 @@ pub enum PersistenceError {
 
 pub struct Persistence {
     backup: Backup,
+    /// Tablets of table 0, as recorded in the data directory.
+    tablets: u16,
     mode: PersistenceMode,
     /// Highest ticket handed out by the store; waiting for it covers every write acknowledged so far.
     last_ticket: AtomicU64,
@@ -61,7 +65,7 @@ impl Persistence {
             path: dir.clone(),
             source,
         })?;
-        check_layout(&config.data_dir, config.tablets)?;
+        let tablets = check_layout(&config.data_dir, config.tablets)?;
         let backup_config = BackupConfig {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
             value_max_bytes: config.value_size_max_bytes as usize,
@@ -74,6 +78,7 @@ impl Persistence {
             })?;
         Ok(Arc::new(Persistence {
             backup,
+            tablets,
             mode: config.persistence,
             last_ticket: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -104,6 +109,11 @@ impl Persistence {
             tracing::error!(error = %err, "some replayed objects could not be restored");
         }
         Ok(restored)
+    }
+
+    /// The tablet count of table 0 this data directory was written with (or now records).
+    pub fn tablets(&self) -> u16 {
+        self.tablets
     }
 
     pub fn mode(&self) -> PersistenceMode {
@@ -158,7 +168,9 @@ impl WriteObserver for Persistence {
     }
 }
 
-fn check_layout(data_dir: &Path, tablets: u16) -> Result<(), PersistenceError> {
+/// Returns the tablet count the data directory records, recording `configured` (or the default)
+/// in a directory that has none yet; a configured count other than the recorded one is an error.
+fn check_layout(data_dir: &Path, configured: Option<u16>) -> Result<u16, PersistenceError> {
     let path = data_dir.join("layout");
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -166,21 +178,71 @@ fn check_layout(data_dir: &Path, tablets: u16) -> Result<(), PersistenceError> {
                 .lines()
                 .find_map(|l| l.strip_prefix("tablets = "))
                 .and_then(|v| v.trim().parse::<u16>().ok())
-                .unwrap_or(0);
-            if found != tablets {
-                return Err(PersistenceError::LayoutChanged {
+                .filter(|&t| (1..=1024).contains(&t))
+                .ok_or_else(|| PersistenceError::Io {
+                    path: path.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "no valid `tablets = N` line (N in 1..=1024)",
+                    ),
+                })?;
+            match configured {
+                Some(wanted) if wanted != found => Err(PersistenceError::LayoutChanged {
                     path: data_dir.to_path_buf(),
                     found,
-                    wanted: tablets,
-                });
+                    wanted,
+                }),
+                _ => Ok(found),
             }
-            Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::write(
-            &path,
-            format!("# written by ramlog server; do not edit\ntablets = {tablets}\n"),
-        )
-        .map_err(|source| PersistenceError::Io { path, source }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tablets = configured.unwrap_or(TABLETS_DEFAULT);
+            std::fs::write(
+                &path,
+                format!("# written by ramlog server; do not edit\ntablets = {tablets}\n"),
+            )
+            .map_err(|source| PersistenceError::Io { path, source })?;
+            Ok(tablets)
+        }
         Err(source) => Err(PersistenceError::Io { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_recorded_then_adopted_or_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check_layout(dir.path(), None).unwrap(), TABLETS_DEFAULT);
+        assert_eq!(
+            check_layout(dir.path(), None).unwrap(),
+            TABLETS_DEFAULT,
+            "an unset count adopts the recorded one"
+        );
+        assert_eq!(
+            check_layout(dir.path(), Some(TABLETS_DEFAULT)).unwrap(),
+            TABLETS_DEFAULT
+        );
+        let err = check_layout(dir.path(), Some(16)).unwrap_err();
+        assert!(
+            matches!(err, PersistenceError::LayoutChanged { found, wanted: 16, .. } if found == TABLETS_DEFAULT),
+            "{err}"
+        );
+
+        let older = tempfile::tempdir().unwrap();
+        assert_eq!(check_layout(older.path(), Some(16)).unwrap(), 16);
+        assert_eq!(
+            check_layout(older.path(), None).unwrap(),
+            16,
+            "a directory written with another count keeps it when the configuration names none"
+        );
+
+        let corrupt = tempfile::tempdir().unwrap();
+        std::fs::write(corrupt.path().join("layout"), "tablets = 0\n").unwrap();
+        assert!(check_layout(corrupt.path(), None).is_err());
+        std::fs::write(corrupt.path().join("layout"), "garbage").unwrap();
+        assert!(check_layout(corrupt.path(), Some(16)).is_err());
     }
 }

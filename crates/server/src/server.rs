@@ -5,7 +5,7 @@
 //! tasks of their own; the connection limit is one atomic counter shared by all listeners.
 //! [`Server::shutdown`] stops accepting, ends every connection and stops the engine.
 
-use crate::config::{PersistenceMode, ServerConfig};
+use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
 use crate::keyspace::Keyspace;
 use crate::metrics::{EngineFigures, Metrics, Op, ProcessInfo, Snapshot};
 use crate::native::{refuse_native_connection, serve_native_connection, NativeConfig};
@@ -194,7 +194,11 @@ impl Server {
             scan_threads: config.scan_threads,
             ..EngineConfig::default()
         })?;
-        let keyspace = Keyspace::create(engine, config.tablets)?;
+        let tablets = match &persistence {
+            Some(p) => p.tablets(),
+            None => config.tablets.unwrap_or(TABLETS_DEFAULT),
+        };
+        let keyspace = Keyspace::create(engine, tablets)?;
         let keyspace = match &persistence {
             None => keyspace,
             Some(p) => {

@@ -123,14 +123,16 @@ fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads)
         .thread_name("ramlog-worker")
-        // A worker about to sleep first keeps its core for `spin`. A request arriving meanwhile is
-        // not seen until the spin ends (the runtime polls no sockets in this hook), but its
-        // poll then returns at once: no wake-up, which the client's send would pay for.
+        // A worker about to sleep first stays runnable for `spin`. A request arriving meanwhile
+        // is not seen until the spin ends (the runtime polls no sockets in this hook), but its
+        // poll then returns at once: no wake-up, which the client's send would pay for. The
+        // spin yields rather than busy-waits, so a client or the other worker that shares the
+        // core runs instead whenever it has work (docs/operations.md, "Idle spin").
         .on_thread_park(move || {
             if !spin.is_zero() {
                 let started = Instant::now();
                 while started.elapsed() < spin {
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                 }
             }
         })

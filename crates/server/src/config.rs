@@ -81,6 +81,8 @@ impl std::fmt::Display for PersistenceMode {
 /// names no count. With two workers, 64 tablets make two writers meet on one tablet's lock a
 /// quarter as often as 16 did (docs/benchmarks.md).
 pub const TABLETS_DEFAULT: u16 = 64;
+/// Most tablets table 0 may be split into.
+pub const TABLETS_MAX: u16 = 1024;
 
 /// Everything one server process needs to start.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -279,7 +281,10 @@ impl ServerConfig {
         if self.worker_threads == 0 || self.worker_threads > 256 {
             return invalid("worker_threads", "must be 1..=256");
         }
-        if self.tablets.is_some_and(|t| t == 0 || t > 1024) {
+        if self
+            .tablets
+            .is_some_and(|t| !(1..=TABLETS_MAX).contains(&t))
+        {
             return invalid("tablets", "must be 1..=1024");
         }
         if self.pipeline_depth_max == 0 {
@@ -441,7 +446,7 @@ mod tests {
         assert_eq!(ServerConfig::default().tablets, None);
         let c = ServerConfig::from_toml("tablets = 16\n").unwrap();
         assert_eq!(c.tablets, Some(16));
-        for bad in [0, 1025] {
+        for bad in [0, TABLETS_MAX + 1] {
             let c = ServerConfig {
                 tablets: Some(bad),
                 ..Default::default()

@@ -12,7 +12,7 @@
 //! configuration names no count adopts the recorded one, and one that names another count refuses
 //! to start.
 
-use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
+use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT, TABLETS_MAX};
 use ramlog_backup::{Backup, Config as BackupConfig, Entry, Stage, Ticket};
 use ramlog_logmem::{LoggedWrite, TabletId, WriteObserver};
 use std::path::{Path, PathBuf};
@@ -178,7 +178,7 @@ fn check_layout(data_dir: &Path, configured: Option<u16>) -> Result<u16, Persist
                 .lines()
                 .find_map(|l| l.strip_prefix("tablets = "))
                 .and_then(|v| v.trim().parse::<u16>().ok())
-                .filter(|&t| (1..=1024).contains(&t))
+                .filter(|t| (1..=TABLETS_MAX).contains(t))
                 .ok_or_else(|| PersistenceError::Io {
                     path: path.clone(),
                     source: std::io::Error::new(

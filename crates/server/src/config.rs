@@ -285,7 +285,7 @@ impl ServerConfig {
             .tablets
             .is_some_and(|t| !(1..=TABLETS_MAX).contains(&t))
         {
-            return invalid("tablets", "must be 1..=1024");
+            return invalid("tablets", &format!("must be 1..={TABLETS_MAX}"));
         }
         if self.pipeline_depth_max == 0 {
             return invalid("pipeline_depth_max", "must be at least 1");

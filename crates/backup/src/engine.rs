@@ -662,6 +662,23 @@ fn execute(
         if let Some(e) = first_error {
             return Err(e);
         }
+        // Tablets that take a large share of a segment per flush get their next segments
+        // preallocated now, while none of this writer's requests are in flight (see
+        // `Tablet::preallocate_ahead`): enough empty segments for two more flushes like this one.
+        let seg = sh.cfg.segment_bytes as usize;
+        let mut per_tablet: Vec<(&Arc<Tablet>, usize)> = Vec::new();
+        for (tablet, w) in &writes {
+            // A tablet's writes are adjacent (the processor groups by tablet).
+            match per_tablet.last_mut() {
+                Some((t, bytes)) if Arc::ptr_eq(t, tablet) => *bytes += w.buf.len(),
+                _ => per_tablet.push((tablet, w.buf.len())),
+            }
+        }
+        for (tablet, bytes) in per_tablet {
+            if bytes >= seg / 4 {
+                tablet.preallocate_ahead((2 * bytes).div_ceil(seg))?;
+            }
+        }
         let t1 = std::time::Instant::now();
         sh.counters
             .write_ns

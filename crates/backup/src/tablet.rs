@@ -293,6 +293,43 @@ impl Tablet {
         Ok(())
     }
 
+    /// Preallocates fresh segments so that at least `want_empty` allocated segments stand empty
+    /// (within capacity). The writer calls this between flushes for tablets that take a segment
+    /// or more per flush: extending the file takes the inode lock exclusively, which waits for
+    /// every O_DIRECT write in flight on the file and holds up new ones, so extending it during
+    /// placement, while the previous flush's writes are in flight, stalls both the processor and
+    /// the writer. Running out of disk here is not an error: placement reports it if the space
+    /// is really needed.
+    pub fn preallocate_ahead(&self, want_empty: usize) -> Result<()> {
+        let (from, to) = {
+            let st = self.state.lock();
+            let empty = st
+                .segments
+                .iter()
+                .filter(|s| s.used == 0 && s.pending == 0 && !s.reorganizing)
+                .count();
+            let len = st.segments.len();
+            let to = (len + want_empty.saturating_sub(empty)).min(self.max_segments);
+            (len, to)
+        };
+        if to <= from {
+            return Ok(());
+        }
+        let seg = self.segment_bytes;
+        match io::preallocate(&self.file, from as u64 * seg, (to - from) as u64 * seg) {
+            Ok(()) => {}
+            Err(e) if io::is_no_space(&e) => return Ok(()),
+            Err(e) => return Err(Error::io(&self.sec_path, e)),
+        }
+        // Placement may have added segments meanwhile (each preallocated by its own call);
+        // every index below `to` is now backed by disk space.
+        let mut st = self.state.lock();
+        while st.segments.len() < to {
+            st.segments.push(SegMeta::empty());
+        }
+        Ok(())
+    }
+
     /// Index of a free segment (allocating a new one within capacity), honouring the reserve unless
     /// `use_reserve`.
     pub fn free_segment(&self, st: &mut TabletState, use_reserve: bool) -> Result<Option<usize>> {

@@ -126,17 +126,21 @@ fn truncated_secondary_log_is_reported() {
     let cfg = crash_config();
     let oracle = fill(dir.path(), &cfg, 12);
     let sec = files(dir.path(), "sec");
-    // Cut the largest log in the middle of its last segment's data.
+    // Cut the largest log into its data, two segments and a bit before the end of the last
+    // segment that holds any (the writer preallocates empty segments past it).
     let p = sec
         .iter()
         .max_by_key(|p| std::fs::metadata(p).unwrap().len())
         .unwrap();
-    let len = std::fs::metadata(p).unwrap().len();
+    let bytes = std::fs::read(p).unwrap();
+    let last = bytes.iter().rposition(|&b| b != 0).unwrap() as u64;
+    let data_end = (last / cfg.segment_bytes + 1) * cfg.segment_bytes;
+    assert!(data_end > cfg.segment_bytes * 2 + 5000);
     std::fs::OpenOptions::new()
         .write(true)
         .open(p)
         .unwrap()
-        .set_len(len - cfg.segment_bytes * 2 - 5000)
+        .set_len(data_end - cfg.segment_bytes * 2 - 5000)
         .unwrap();
     let b = Backup::open(dir.path(), cfg).unwrap();
     let (state, report) = replay_state(&b);

@@ -26,9 +26,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         write_buffer_chunks: env("WB_CHUNKS", 8),
         flush_threshold_bytes: env("FLUSH_MB", 16) << 20,
         secondary_buffer_bytes: env("SLB_KB", 128) << 10,
+        io_threads: env("IO_THREADS", 8),
         direct_threshold_bytes: env("DIRECT_KB", 32).min(env("SLB_KB", 128)) << 10,
         sync: if env("SYNC", 1) == 1 {
-            ramlog_backup::SyncPolicy::EveryFlush
+            ramlog_backup::SyncPolicy::Periodic
         } else {
             ramlog_backup::SyncPolicy::OnDemand
         },

@@ -15,12 +15,15 @@ pub enum SegmentStrategy {
     Random,
 }
 
-/// When a flush's writes are made durable with fdatasync.
+/// When written data is made durable with fdatasync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
-    /// After every flush (default): "on disk" means durable within one flush interval, like
-    /// Redis's `appendfsync everysec` with a 100 ms period.
-    EveryFlush,
+    /// Default: a flush ends with fdatasync once the oldest written but unsynced entry was
+    /// appended half a `flush_interval` ago, and an idle writer syncs at that moment by itself.
+    /// An entry is thus durable within about one interval of its append plus the write time,
+    /// like Redis's `appendfsync everysec` with a 100 ms period; when flushes follow each other
+    /// faster (a busy store flushes by size), several share one sync.
+    Periodic,
     /// Only when a caller waits for [`crate::Stage::Durable`] (or at close). Written data
     /// survives a process crash but not a power cut until then.
     OnDemand,
@@ -103,7 +106,7 @@ impl Default for Config {
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
             replay_threads: 2,
-            sync: SyncPolicy::EveryFlush,
+            sync: SyncPolicy::Periodic,
             io_threads: 8,
             value_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
             direct_io: true,

@@ -200,6 +200,8 @@ pub struct VersionBatch {
 pub struct Job {
     pub seq: u64,
     pub lsn: u64,
+    /// When the job's oldest entry was appended (None if it carries none).
+    pub oldest: Option<std::time::Instant>,
     pub writes: Vec<(Arc<Tablet>, BlockWrite)>,
     pub primary: Option<(u64, AlignedBuf)>,
     /// The primary write wraps to offset 0: every SLB has been flushed in `writes`, and all
@@ -225,6 +227,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
             Ok(Job {
                 seq: 0,
                 lsn: taken.lsn,
+                oldest: taken.oldest,
                 writes: Vec::new(),
                 primary: None,
                 wrap: false,
@@ -266,11 +269,17 @@ fn build_job(
     force_sync: bool,
     closing: bool,
 ) -> std::result::Result<Job, BuildErr> {
-    let Taken { chunks, lsn, .. } = taken;
+    let Taken {
+        chunks,
+        lsn,
+        oldest,
+        ..
+    } = taken;
     match build_job_inner(sh, &chunks, checkpoint) {
         Ok((seq, writes, primary, wrap, versions)) => Ok(Job {
             seq,
             lsn,
+            oldest,
             writes,
             primary,
             wrap,
@@ -530,13 +539,61 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
     let mut dirty: HashMap<u64, Arc<Tablet>> = HashMap::new();
     let mut dirty_versions: HashMap<u64, Arc<Tablet>> = HashMap::new();
     let mut primary_dirty = false;
-    while let Ok(job) = rx.recv() {
+    // Written but not yet synced (periodic policy): when the oldest such entry was appended, and
+    // the ticket up to which everything is written.
+    let mut unsynced: Option<(std::time::Instant, u64)> = None;
+    let periodic = sh.cfg.sync == SyncPolicy::Periodic;
+    let sync_after = sh.cfg.flush_interval / 2;
+    loop {
+        let job = match unsynced {
+            Some((oldest, lsn)) if periodic => {
+                let left =
+                    (oldest + sync_after).saturating_duration_since(std::time::Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(job) => job,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        // No flush came along in time: sync what is written.
+                        let t0 = std::time::Instant::now();
+                        let r = sync_all(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+                        sh.counters
+                            .sync_ns
+                            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        match r {
+                            Ok(()) => {
+                                let mut p = sh.progress.lock();
+                                if p.failed.is_none() {
+                                    p.durable_lsn = p.durable_lsn.max(lsn);
+                                    sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
+                                }
+                                sh.progress_cv.notify_all();
+                            }
+                            Err(e) => sh.fail(&e),
+                        }
+                        unsynced = None;
+                        continue;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            _ => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
         let closing = job.closing;
         let lsn = job.lsn;
-        let chunks_len = job.chunks.len();
+        let oldest = match (unsynced.map(|u| u.0), job.oldest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // Periodic policy: sync once the oldest written entry is half a flush interval old, so
+        // an entry is durable within about one interval of its append (as when every flush
+        // synced) while fast flushes share their syncs.
+        let sync_due = periodic && oldest.is_some_and(|t| t.elapsed() >= sync_after);
         let result = execute(
             &sh,
             job,
+            sync_due,
             &mut dirty,
             &mut dirty_versions,
             &mut primary_dirty,
@@ -545,19 +602,24 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
             Ok((chunks, synced)) => {
                 sh.wb.release(chunks);
                 sh.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                // Nothing written and nothing pending: everything up to `lsn` is durable.
+                let durable = synced || (oldest.is_none() && periodic);
                 let mut p = sh.progress.lock();
                 if p.failed.is_none() {
                     p.written_lsn = p.written_lsn.max(lsn);
                     sh.written_lsn.store(p.written_lsn, Ordering::SeqCst);
-                    if synced {
+                    if durable {
                         p.durable_lsn = p.durable_lsn.max(lsn);
                         sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
                     }
                 }
                 sh.progress_cv.notify_all();
+                unsynced = match oldest {
+                    Some(t) if !durable => Some((t, lsn)),
+                    _ => None,
+                };
             }
             Err((e, chunks)) => {
-                let _ = chunks_len;
                 sh.fail(&e);
                 sh.wb.release(chunks);
             }
@@ -573,6 +635,7 @@ type ExecErr = (Error, Vec<Chunk>);
 fn execute(
     sh: &Shared,
     job: Job,
+    sync_due: bool,
     dirty: &mut HashMap<u64, Arc<Tablet>>,
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
@@ -729,7 +792,7 @@ fn execute(
         sh.counters
             .version_ns
             .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
-        let must_sync = wrap || checkpoint || force_sync || sh.cfg.sync == SyncPolicy::EveryFlush;
+        let must_sync = wrap || checkpoint || force_sync || sync_due;
         if must_sync {
             sync_all(sh, dirty, dirty_versions, primary_dirty)?;
         }

@@ -35,11 +35,12 @@
 //!   while the buffer is full (back-pressure) and fails with a clear error once the store failed
 //!   (for example [`Error::DiskFull`]) or was closed.
 //! * A flush starts every `flush_interval` (100 ms by default) or when `flush_threshold_bytes` are
-//!   buffered. With the default [`SyncPolicy::EveryFlush`] each flush ends with fdatasync, so an
-//!   appended entry is durable within about one interval plus the write time: Redis's
-//!   `appendfsync everysec`, with a 100 ms period. [`Stage::Written`] (in the files; survives
-//!   kill -9) and [`Stage::Durable`] (fdatasync done; survives power loss) are then reached
-//!   together.
+//!   buffered. With the default [`SyncPolicy::Periodic`] the writer syncs (fdatasync) once the
+//!   oldest written but unsynced entry is half an interval old, at the end of a flush or by
+//!   itself when idle, so an appended entry is durable within about one interval plus the write
+//!   time: Redis's `appendfsync everysec`, with a 100 ms period. Back-to-back flushes of a busy
+//!   store share one sync. [`Stage::Written`] (in the files; survives kill -9) comes first and
+//!   [`Stage::Durable`] (fdatasync done; survives power loss) follows within that bound.
 //! * `durable` mode: call [`Backup::wait`] with [`Stage::Durable`]; it triggers a flush at once
 //!   and returns only after fdatasync, so acknowledging after it is power-loss safe.
 //! * After a restart, [`Backup::replay`] returns every entry that had reached `Written`, with the

@@ -82,6 +82,8 @@ struct Inner {
 pub(crate) struct Taken {
     pub chunks: Vec<Chunk>,
     pub lsn: u64,
+    /// When the oldest of the taken entries was appended (None if nothing was buffered).
+    pub oldest: Option<Instant>,
     pub closed: bool,
 }
 
@@ -267,11 +269,12 @@ impl WriteBuffer {
             chunks.push(std::mem::replace(&mut g.cur, next));
         }
         g.buffered = 0;
-        g.oldest = None;
+        let oldest = g.oldest.take();
         g.force = false;
         Taken {
             chunks,
             lsn: g.lsn,
+            oldest,
             closed: g.closed,
         }
     }

@@ -1,0 +1,146 @@
+//! When written data becomes durable under each sync policy, and the writer's preallocation of
+//! segments ahead of placement.
+
+mod common;
+use common::*;
+use ramlog_backup::testkit::crash_config;
+use ramlog_backup::{Backup, Config, Entry, Stage, SyncPolicy};
+use std::time::{Duration, Instant};
+
+fn entry<'a>(key: &'a [u8], value: &'a [u8], version: u64) -> Entry<'a> {
+    Entry {
+        key,
+        value: Some(value),
+        version,
+        expiry: 0,
+    }
+}
+
+/// Polls `ticket` until it reaches `stage` or `limit` passes; returns whether it did.
+fn reaches(b: &Backup, ticket: ramlog_backup::Ticket, stage: Stage, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if b.poll(ticket).unwrap() >= stage {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn periodic_policy_makes_an_idle_store_durable_without_a_wait() {
+    let dir = temp_dir("periodic");
+    let cfg = Config {
+        sync: SyncPolicy::Periodic,
+        flush_interval: Duration::from_millis(50),
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let t = b.append(1, &[entry(b"k", b"v", 1)]).unwrap();
+    // Nobody waits: the flusher writes the entry and the idle writer syncs it by itself.
+    assert!(
+        reaches(&b, t, Stage::Durable, Duration::from_secs(10)),
+        "never became durable: {:?}",
+        b.stats()
+    );
+    assert!(b.stats().syncs >= 1);
+    b.close().unwrap();
+}
+
+#[test]
+fn on_demand_policy_syncs_only_when_asked() {
+    let dir = temp_dir("ondemand");
+    let cfg = Config {
+        sync: SyncPolicy::OnDemand,
+        flush_interval: Duration::from_millis(20),
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let t = b.append(1, &[entry(b"k", b"v", 1)]).unwrap();
+    assert!(reaches(&b, t, Stage::Written, Duration::from_secs(10)));
+    // Many flush intervals later it is still only written.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.poll(t).unwrap(), Stage::Written);
+    let syncs = b.stats().syncs;
+    b.wait(t, Stage::Durable).unwrap();
+    assert_eq!(b.poll(t).unwrap(), Stage::Durable);
+    assert!(b.stats().syncs > syncs);
+    b.close().unwrap();
+}
+
+#[test]
+fn back_to_back_flushes_share_syncs_and_a_wait_still_syncs() {
+    let dir = temp_dir("shared");
+    // Flushes go by size (16 KiB) long before the 20 s interval would sync.
+    let cfg = Config {
+        sync: SyncPolicy::Periodic,
+        flush_interval: Duration::from_secs(20),
+        flush_threshold_bytes: 16 << 10,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let value = vec![7u8; 500];
+    let mut last = None;
+    for i in 0..4000u64 {
+        let key = format!("key{i}");
+        last = Some(
+            b.append(i % 4, &[entry(key.as_bytes(), &value, i + 1)])
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    b.wait(last, Stage::Written).unwrap();
+    let s = b.stats();
+    // Several flushes wrote, none synced: the oldest entry is far younger than half the interval.
+    assert!(s.flushes >= 3, "expected size-driven flushes: {s:?}");
+    assert_eq!(s.syncs, 0, "a flush synced early: {s:?}");
+    assert_eq!(b.poll(last).unwrap(), Stage::Written);
+    b.wait(last, Stage::Durable).unwrap();
+    assert_eq!(b.poll(last).unwrap(), Stage::Durable);
+    b.close().unwrap();
+    // Everything is back after reopening.
+    let b = Backup::open(dir.path(), crash_config()).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len(), 4000);
+}
+
+#[test]
+fn writer_preallocates_segments_ahead_of_a_busy_tablet() {
+    let dir = temp_dir("prealloc");
+    let cfg = crash_config();
+    let seg = cfg.segment_bytes;
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    // One tablet, flushes of about 256 KiB: four segments each.
+    let value = vec![3u8; 1000];
+    let mut last = None;
+    for i in 0..1500u64 {
+        let key = format!("key{i}");
+        last = Some(
+            b.append(9, &[entry(key.as_bytes(), &value, i + 1)])
+                .unwrap(),
+        );
+    }
+    b.wait(last.unwrap(), Stage::Written).unwrap();
+    let sec: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sec"))
+        .collect();
+    assert_eq!(sec.len(), 1, "{sec:?}");
+    let bytes = std::fs::read(&sec[0]).unwrap();
+    let last_data = bytes.iter().rposition(|&b| b != 0).unwrap() as u64;
+    let data_segments = last_data / seg + 1;
+    let file_segments = bytes.len() as u64 / seg;
+    // The file reaches past the data by the empty segments the writer preallocated.
+    assert!(
+        file_segments >= data_segments + 2,
+        "{file_segments} segments in the file, data in {data_segments}"
+    );
+    b.close().unwrap();
+    let b = Backup::open(dir.path(), crash_config()).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len(), 1500);
+}

@@ -1,5 +1,7 @@
 //! A quick logging-throughput probe for development and profiling (the full suite is
-//! `ramlog bench backup`): `throughput DIR SIZE TABLETS MIB [random]`.
+//! `ramlog bench backup`): `throughput DIR SIZE TABLETS MIB [random]`. Settings from the
+//! environment: WB_MB, WB_CHUNKS, FLUSH_MB or FLUSH_KB, SLB_KB, IO_THREADS, DIRECT_KB,
+//! SYNC (1 periodic, 0 on demand), TWO_LEVEL (1 on, 0 off).
 
 use ramlog_backup::{Backup, Config, Entry};
 use rand::{Rng, SeedableRng};
@@ -24,7 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tablet_log_capacity_bytes: 8 << 30,
         write_buffer_bytes: env("WB_MB", 32) << 20,
         write_buffer_chunks: env("WB_CHUNKS", 8),
-        flush_threshold_bytes: env("FLUSH_MB", 16) << 20,
+        flush_threshold_bytes: env("FLUSH_KB", env("FLUSH_MB", 16) << 10) << 10,
+        two_level: env("TWO_LEVEL", 1) == 1,
         secondary_buffer_bytes: env("SLB_KB", 128) << 10,
         io_threads: env("IO_THREADS", 8),
         direct_threshold_bytes: env("DIRECT_KB", 32).min(env("SLB_KB", 128)) << 10,

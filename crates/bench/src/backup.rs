@@ -505,7 +505,9 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             let count = (bytes_per_row / size as u64).max(1000) / 10 * 10;
             let mut pairs: Vec<(f64, f64)> = Vec::new();
             for _ in 0..log_reps {
-                let (raw_pair, _) = raw_bandwidth(&root, count * size as u64, 1)?;
+                // O_DIRECT writes whole pages: round the raw volume up to a MiB.
+                let raw_bytes = (count * size as u64).next_multiple_of(1 << 20);
+                let (raw_pair, _) = raw_bandwidth(&root, raw_bytes, 1)?;
                 let scratch = Scratch::new(&root, "log")?;
                 let eps = log_throughput(&scratch.0, throughput_config(), size, spread, count)?;
                 pairs.push((raw_pair / 1e6, eps));

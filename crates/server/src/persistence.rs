@@ -3,8 +3,8 @@
 //!
 //! The engine hands each atomic unit of writes to [`Persistence`] (its [`WriteObserver`]) in version
 //! order, under the tablet's write lock; `on_writes` only appends to the store's write buffer. The
-//! store flushes every `flush_interval_ms` (100 ms) with fdatasync, which is Redis's
-//! `appendfsync everysec` at a finer grain (`async` mode). In `durable` mode a connection's replies
+//! store writes them within `flush_interval_ms` (100 ms) and fdatasyncs them within about the
+//! same time, which is Redis's `appendfsync everysec` at a finer grain (`async` mode). In `durable` mode a connection's replies
 //! wait in [`Persistence::wait_durable`] until everything appended so far is on disk.
 //!
 //! The backup's tablet ids are the engine's tablet ids, so the tablet layout (the number of tablets

@@ -559,14 +559,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
                             .sync_ns
                             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                         match r {
-                            Ok(()) => {
-                                let mut p = sh.progress.lock();
-                                if p.failed.is_none() {
-                                    p.durable_lsn = p.durable_lsn.max(lsn);
-                                    sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
-                                }
-                                sh.progress_cv.notify_all();
-                            }
+                            Ok(()) => publish(&sh, lsn, false, true),
                             Err(e) => sh.fail(&e),
                         }
                         unsynced = None;
@@ -604,16 +597,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
                 sh.counters.flushes.fetch_add(1, Ordering::Relaxed);
                 // Nothing written and nothing pending: everything up to `lsn` is durable.
                 let durable = synced || (oldest.is_none() && periodic);
-                let mut p = sh.progress.lock();
-                if p.failed.is_none() {
-                    p.written_lsn = p.written_lsn.max(lsn);
-                    sh.written_lsn.store(p.written_lsn, Ordering::SeqCst);
-                    if durable {
-                        p.durable_lsn = p.durable_lsn.max(lsn);
-                        sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
-                    }
-                }
-                sh.progress_cv.notify_all();
+                publish(&sh, lsn, true, durable);
                 unsynced = match oldest {
                     Some(t) if !durable => Some((t, lsn)),
                     _ => None,
@@ -628,6 +612,23 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
             return;
         }
     }
+}
+
+/// Records that everything up to ticket `lsn` is written and/or durable (unless the store
+/// failed), and wakes the waiters.
+fn publish(sh: &Shared, lsn: u64, written: bool, durable: bool) {
+    let mut p = sh.progress.lock();
+    if p.failed.is_none() {
+        if written {
+            p.written_lsn = p.written_lsn.max(lsn);
+            sh.written_lsn.store(p.written_lsn, Ordering::SeqCst);
+        }
+        if durable {
+            p.durable_lsn = p.durable_lsn.max(lsn);
+            sh.durable_lsn.store(p.durable_lsn, Ordering::SeqCst);
+        }
+    }
+    sh.progress_cv.notify_all();
 }
 
 type ExecErr = (Error, Vec<Chunk>);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A pool of page-aligned buffers in power-of-two size classes, so that steady-state flushes
 /// neither allocate nor zero fresh memory. Bounded by `limit_bytes`.
@@ -201,7 +201,7 @@ pub struct Job {
     pub seq: u64,
     pub lsn: u64,
     /// When the job's oldest entry was appended (None if it carries none).
-    pub oldest: Option<std::time::Instant>,
+    pub oldest: Option<Instant>,
     pub writes: Vec<(Arc<Tablet>, BlockWrite)>,
     pub primary: Option<(u64, AlignedBuf)>,
     /// The primary write wraps to offset 0: every SLB has been flushed in `writes`, and all
@@ -222,7 +222,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
         let closing = taken.closed;
         let checkpoint = sh.checkpoint_requested.swap(false, Ordering::SeqCst) || closing;
         let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || closing;
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let job = if sh.failed().is_some() {
             Ok(Job {
                 seq: 0,
@@ -485,9 +485,9 @@ fn place_with_urgent(
             sh.request_reorg_front(tablet.id);
             parking_lot::MutexGuard::unlocked(st, || {
                 let mut g = sh.reorg_done.lock();
-                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let deadline = Instant::now() + Duration::from_secs(5);
                 while *g == before
-                    && std::time::Instant::now() < deadline
+                    && Instant::now() < deadline
                     && !sh.shutdown.load(Ordering::SeqCst)
                 {
                     sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
@@ -519,11 +519,8 @@ fn place_with_urgent(
         // The reorganizer needs the tablet state lock: release it while waiting.
         parking_lot::MutexGuard::unlocked(st, || {
             let mut g = sh.reorg_done.lock();
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while *g == before
-                && std::time::Instant::now() < deadline
-                && !sh.shutdown.load(Ordering::SeqCst)
-            {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while *g == before && Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
                 sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(50));
             }
         });
@@ -541,19 +538,18 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
     let mut primary_dirty = false;
     // Written but not yet synced (periodic policy): when the oldest such entry was appended, and
     // the ticket up to which everything is written.
-    let mut unsynced: Option<(std::time::Instant, u64)> = None;
+    let mut unsynced: Option<(Instant, u64)> = None;
     let periodic = sh.cfg.sync == SyncPolicy::Periodic;
     let sync_after = sh.cfg.flush_interval / 2;
     loop {
         let job = match unsynced {
             Some((oldest, lsn)) if periodic => {
-                let left =
-                    (oldest + sync_after).saturating_duration_since(std::time::Instant::now());
+                let left = (oldest + sync_after).saturating_duration_since(Instant::now());
                 match rx.recv_timeout(left) {
                     Ok(job) => job,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                         // No flush came along in time: sync what is written.
-                        let t0 = std::time::Instant::now();
+                        let t0 = Instant::now();
                         let r = sync_all(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
                         sh.counters
                             .sync_ns
@@ -656,7 +652,7 @@ fn execute(
         return Ok((chunks, false));
     }
     let r = (|| -> Result<bool> {
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         // Secondary writes (and the primary write unless it wraps), issued in parallel: the disk
         // reaches its bandwidth only with several requests in flight. Nothing is acknowledged
         // before all of them (and the sync) complete, so their order does not matter.
@@ -743,7 +739,7 @@ fn execute(
                 tablet.preallocate_ahead((2 * bytes).div_ceil(seg))?;
             }
         }
-        let t1 = std::time::Instant::now();
+        let t1 = Instant::now();
         sh.counters
             .write_ns
             .fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
@@ -789,7 +785,7 @@ fn execute(
                 .fetch_add(bytes, Ordering::Relaxed);
             dirty_versions.insert(tablet.id, tablet.clone());
         }
-        let t2 = std::time::Instant::now();
+        let t2 = Instant::now();
         sh.counters
             .version_ns
             .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);

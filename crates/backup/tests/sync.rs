@@ -93,7 +93,7 @@ fn back_to_back_flushes_share_syncs_and_a_wait_still_syncs() {
     b.wait(last, Stage::Written).unwrap();
     let s = b.stats();
     // Several flushes wrote, none synced: the oldest entry is far younger than half the interval.
-    assert!(s.flushes >= 3, "expected size-driven flushes: {s:?}");
+    assert!(s.flushes >= 2, "expected size-driven flushes: {s:?}");
     assert_eq!(s.syncs, 0, "a flush synced early: {s:?}");
     assert_eq!(b.poll(last).unwrap(), Stage::Written);
     b.wait(last, Stage::Durable).unwrap();

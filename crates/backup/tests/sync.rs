@@ -28,16 +28,26 @@ fn reaches(b: &Backup, ticket: ramlog_backup::Ticket, stage: Stage, limit: Durat
     false
 }
 
-#[test]
-fn periodic_policy_makes_an_idle_store_durable_without_a_wait() {
-    let dir = temp_dir("periodic");
+/// A store with `sync` and a flush interval of `interval_ms`, holding one appended entry.
+fn one_entry(
+    name: &str,
+    sync: SyncPolicy,
+    interval_ms: u64,
+) -> (tempfile::TempDir, Backup, ramlog_backup::Ticket) {
+    let dir = temp_dir(name);
     let cfg = Config {
-        sync: SyncPolicy::Periodic,
-        flush_interval: Duration::from_millis(50),
+        sync,
+        flush_interval: Duration::from_millis(interval_ms),
         ..crash_config()
     };
     let b = Backup::open(dir.path(), cfg).unwrap();
     let t = b.append(1, &[entry(b"k", b"v", 1)]).unwrap();
+    (dir, b, t)
+}
+
+#[test]
+fn periodic_policy_makes_an_idle_store_durable_without_a_wait() {
+    let (_dir, b, t) = one_entry("periodic", SyncPolicy::Periodic, 50);
     // Nobody waits: the flusher writes the entry and the idle writer syncs it by itself.
     assert!(
         reaches(&b, t, Stage::Durable, Duration::from_secs(10)),
@@ -50,14 +60,7 @@ fn periodic_policy_makes_an_idle_store_durable_without_a_wait() {
 
 #[test]
 fn on_demand_policy_syncs_only_when_asked() {
-    let dir = temp_dir("ondemand");
-    let cfg = Config {
-        sync: SyncPolicy::OnDemand,
-        flush_interval: Duration::from_millis(20),
-        ..crash_config()
-    };
-    let b = Backup::open(dir.path(), cfg).unwrap();
-    let t = b.append(1, &[entry(b"k", b"v", 1)]).unwrap();
+    let (_dir, b, t) = one_entry("ondemand", SyncPolicy::OnDemand, 20);
     assert!(reaches(&b, t, Stage::Written, Duration::from_secs(10)));
     // Many flush intervals later it is still only written.
     std::thread::sleep(Duration::from_millis(300));

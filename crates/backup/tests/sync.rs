@@ -45,6 +45,33 @@ fn one_entry(
     (dir, b, t)
 }
 
+/// Appends keys `key0..key{count}` with values of `value_len` bytes, one per batch, key `i` to
+/// tablet `tablet_of(i)`; returns the last ticket.
+fn append_keys(
+    b: &Backup,
+    count: u64,
+    value_len: usize,
+    tablet_of: impl Fn(u64) -> u64,
+) -> ramlog_backup::Ticket {
+    let value = vec![7u8; value_len];
+    let mut last = ramlog_backup::Ticket(0);
+    for i in 0..count {
+        let key = format!("key{i}");
+        last = b
+            .append(tablet_of(i), &[entry(key.as_bytes(), &value, i + 1)])
+            .unwrap();
+    }
+    last
+}
+
+/// Reopens the store in `dir` and checks that a clean replay yields `keys` live keys.
+fn assert_replays(dir: &std::path::Path, keys: usize) {
+    let b = Backup::open(dir, crash_config()).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len(), keys);
+}
+
 #[test]
 fn periodic_policy_makes_an_idle_store_durable_without_a_wait() {
     let (_dir, b, t) = one_entry("periodic", SyncPolicy::Periodic, 50);
@@ -83,16 +110,7 @@ fn back_to_back_flushes_share_syncs_and_a_wait_still_syncs() {
         ..crash_config()
     };
     let b = Backup::open(dir.path(), cfg).unwrap();
-    let value = vec![7u8; 500];
-    let mut last = None;
-    for i in 0..4000u64 {
-        let key = format!("key{i}");
-        last = Some(
-            b.append(i % 4, &[entry(key.as_bytes(), &value, i + 1)])
-                .unwrap(),
-        );
-    }
-    let last = last.unwrap();
+    let last = append_keys(&b, 4000, 500, |i| i % 4);
     b.wait(last, Stage::Written).unwrap();
     let s = b.stats();
     // Several flushes wrote, none synced: the oldest entry is far younger than half the interval.
@@ -102,11 +120,7 @@ fn back_to_back_flushes_share_syncs_and_a_wait_still_syncs() {
     b.wait(last, Stage::Durable).unwrap();
     assert_eq!(b.poll(last).unwrap(), Stage::Durable);
     b.close().unwrap();
-    // Everything is back after reopening.
-    let b = Backup::open(dir.path(), crash_config()).unwrap();
-    let (state, report) = replay_state(&b);
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(state.len(), 4000);
+    assert_replays(dir.path(), 4000);
 }
 
 #[test]
@@ -116,16 +130,8 @@ fn writer_preallocates_segments_ahead_of_a_busy_tablet() {
     let seg = cfg.segment_bytes;
     let b = Backup::open(dir.path(), cfg).unwrap();
     // One tablet, flushes of about 256 KiB: four segments each.
-    let value = vec![3u8; 1000];
-    let mut last = None;
-    for i in 0..1500u64 {
-        let key = format!("key{i}");
-        last = Some(
-            b.append(9, &[entry(key.as_bytes(), &value, i + 1)])
-                .unwrap(),
-        );
-    }
-    b.wait(last.unwrap(), Stage::Written).unwrap();
+    let last = append_keys(&b, 1500, 1000, |_| 9);
+    b.wait(last, Stage::Written).unwrap();
     let sec: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -142,8 +148,5 @@ fn writer_preallocates_segments_ahead_of_a_busy_tablet() {
         "{file_segments} segments in the file, data in {data_segments}"
     );
     b.close().unwrap();
-    let b = Backup::open(dir.path(), crash_config()).unwrap();
-    let (state, report) = replay_state(&b);
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(state.len(), 1500);
+    assert_replays(dir.path(), 1500);
 }

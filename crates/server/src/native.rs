@@ -66,6 +66,9 @@ pub struct NativeConfig {
     pub request_observer: Option<RequestObserver>,
     /// Snapshots and paged scans per connection, and the size of scan pages.
     pub scan: ScanLimits,
+    /// Records a table's schema (None: its removal) durably before SET_SCHEMA applies it, so that
+    /// a restart finds it; without it schemas live in memory only.
+    pub schema_recorder: Option<SchemaRecorder>,
 }
 
 /// Produces the server's status JSON for STATS.
@@ -73,6 +76,9 @@ pub type StatusJson = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Called with (opcode, time spent, succeeded) for each answered request.
 pub type RequestObserver = Arc<dyn Fn(u8, Duration, bool) + Send + Sync>;
+
+/// Records (table, encoded schema or None); an error refuses the SET_SCHEMA with its text.
+pub type SchemaRecorder = Arc<dyn Fn(TableId, Option<&[u8]>) -> Result<(), String> + Send + Sync>;
 
 impl Default for NativeConfig {
     fn default() -> Self {
@@ -91,6 +97,7 @@ impl Default for NativeConfig {
             status_json: None,
             request_observer: None,
             scan: ScanLimits::default(),
+            schema_recorder: None,
         }
     }
 }
@@ -781,7 +788,10 @@ impl Session<'_> {
             Request::SnapshotOpen => self.scans.snapshot_open()?,
             Request::SnapshotRelease { snapshot } => self.scans.snapshot_release(*snapshot)?,
             Request::ScanClose { cursor } => self.scans.scan_close(*cursor)?,
-            Request::SetSchema { table, schema } => self.scans.set_schema(*table, schema)?,
+            Request::SetSchema { table, schema } => {
+                self.scans
+                    .set_schema(*table, schema, self.config.schema_recorder.as_ref())?
+            }
             Request::GetSchema { table } => self.scans.get_schema(*table),
             Request::GetAt {
                 table,

@@ -157,7 +157,14 @@ impl ScanSession {
         self.snapshots.get(&id).ok_or_else(|| no_such_snapshot(id))
     }
 
-    pub(super) fn set_schema(&self, table: TableId, bytes: &[u8]) -> Result<Response, Failure> {
+    /// SET_SCHEMA: an empty body removes the schema. With a recorder, the schema is recorded
+    /// durably first and applied only if that succeeded.
+    pub(super) fn set_schema(
+        &self,
+        table: TableId,
+        bytes: &[u8],
+        recorder: Option<&super::SchemaRecorder>,
+    ) -> Result<Response, Failure> {
         let schema = if bytes.is_empty() {
             None
         } else {
@@ -166,6 +173,15 @@ impl ScanSession {
                     .map_err(|e| Failure(Status::BadRequest, 0, format!("bad schema: {e}")))?,
             )
         };
+        if let Some(record) = recorder {
+            record(table, (!bytes.is_empty()).then_some(bytes)).map_err(|e| {
+                Failure(
+                    Status::Internal,
+                    0,
+                    format!("could not record the schema: {e}"),
+                )
+            })?;
+        }
         self.engine.set_schema(table, schema);
         Ok(Response::SchemaSet)
     }

@@ -14,6 +14,7 @@
 
 use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT, TABLETS_MAX};
 use ramlog_backup::{Backup, Config as BackupConfig, Entry, Stage, Ticket};
+use ramlog_common::TableId;
 use ramlog_logmem::{LoggedWrite, TabletId, WriteObserver};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +34,8 @@ pub enum PersistenceError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("schema file {path} is unreadable ({reason}); remove it and set the schema again")]
+    CorruptSchema { path: PathBuf, reason: String },
     #[error(
         "data directory {path} was written with {found} tablets but the configuration asks for {wanted}; \
          start with tablets = {found} or use an empty data directory"
@@ -46,6 +49,8 @@ pub enum PersistenceError {
 
 pub struct Persistence {
     backup: Backup,
+    /// `<data_dir>/schemas`: one file per table with a schema (see [`Persistence::store_schema`]).
+    schemas_dir: PathBuf,
     /// Tablets of table 0, as recorded in the data directory.
     tablets: u16,
     mode: PersistenceMode,
@@ -76,8 +81,14 @@ impl Persistence {
                 path: dir.clone(),
                 source,
             })?;
+        let schemas_dir = config.data_dir.join("schemas");
+        std::fs::create_dir_all(&schemas_dir).map_err(|source| PersistenceError::Io {
+            path: schemas_dir.clone(),
+            source,
+        })?;
         Ok(Arc::new(Persistence {
             backup,
+            schemas_dir,
             tablets,
             mode: config.persistence,
             last_ticket: AtomicU64::new(0),
@@ -109,6 +120,20 @@ impl Persistence {
             tracing::error!(error = %err, "some replayed objects could not be restored");
         }
         Ok(restored)
+    }
+
+    /// Records (or with None removes) a table's schema durably; see [`store_schema`].
+    pub fn store_schema(
+        &self,
+        table: TableId,
+        schema: Option<&[u8]>,
+    ) -> Result<(), PersistenceError> {
+        store_schema(&self.schemas_dir, table, schema)
+    }
+
+    /// Every recorded schema; see [`load_schemas`].
+    pub fn load_schemas(&self) -> Result<Vec<(TableId, PathBuf, Vec<u8>)>, PersistenceError> {
+        load_schemas(&self.schemas_dir)
     }
 
     /// The tablet count of table 0 this data directory was written with (or now records).
@@ -168,6 +193,61 @@ impl WriteObserver for Persistence {
     }
 }
 
+/// Records (or with None removes) a table's schema in `dir`, durably, before the caller applies
+/// it: `<table>.schema` holds the schema's binary encoding, replaced atomically (written to a
+/// temporary file, fdatasync'd, renamed, directory synced), so a crash leaves the old schema or
+/// the new one. Rare (an administrative request), so it blocks the caller.
+fn store_schema(dir: &Path, table: TableId, schema: Option<&[u8]>) -> Result<(), PersistenceError> {
+    let path = dir.join(format!("{table}.schema"));
+    match schema {
+        Some(bytes) => {
+            let tmp = dir.join(format!("{table}.schema.tmp"));
+            {
+                let mut f = std::fs::File::create(&tmp).map_err(io_error(&tmp))?;
+                std::io::Write::write_all(&mut f, bytes).map_err(io_error(&tmp))?;
+                f.sync_data().map_err(io_error(&tmp))?;
+            }
+            std::fs::rename(&tmp, &path).map_err(io_error(&path))?;
+        }
+        None => match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error(&path)(e)),
+        },
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir))
+}
+
+/// Maps an I/O error on `path` to a [`PersistenceError`].
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> PersistenceError {
+    let path = path.to_path_buf();
+    move |source| PersistenceError::Io { path, source }
+}
+
+/// Every recorded schema as (table, file, encoded schema). A name that is not `<table>.schema`
+/// (a leftover temporary file) is skipped; the caller decodes the bytes and reports a
+/// corrupt file by its path.
+fn load_schemas(dir: &Path) -> Result<Vec<(TableId, PathBuf, Vec<u8>)>, PersistenceError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        let Some(table) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".schema"))
+            .and_then(|t| t.parse::<TableId>().ok())
+        else {
+            continue;
+        };
+        let bytes = std::fs::read(&path).map_err(io_error(&path))?;
+        out.push((table, path, bytes));
+    }
+    out.sort_by_key(|e| e.0);
+    Ok(out)
+}
+
 /// Returns the tablet count the data directory records, recording `configured` (or the default)
 /// in a directory that has none yet; a configured count other than the recorded one is an error.
 fn check_layout(data_dir: &Path, configured: Option<u16>) -> Result<u16, PersistenceError> {
@@ -211,6 +291,34 @@ fn check_layout(data_dir: &Path, configured: Option<u16>) -> Result<u16, Persist
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schemas_are_stored_replaced_removed_and_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert!(load_schemas(d).unwrap().is_empty());
+        store_schema(d, 0, Some(b"first")).unwrap();
+        store_schema(d, 7, Some(b"seven")).unwrap();
+        store_schema(d, 0, Some(b"second")).unwrap();
+        // A temporary file left by a crash mid-write and a foreign file are not schemas.
+        std::fs::write(d.join("3.schema.tmp"), b"torn").unwrap();
+        std::fs::write(d.join("notes.txt"), b"x").unwrap();
+        let got: Vec<(TableId, Vec<u8>)> = load_schemas(d)
+            .unwrap()
+            .into_iter()
+            .map(|(t, _, b)| (t, b))
+            .collect();
+        assert_eq!(got, vec![(0, b"second".to_vec()), (7, b"seven".to_vec())]);
+        store_schema(d, 7, None).unwrap();
+        // Removing an absent schema is not an error.
+        store_schema(d, 9, None).unwrap();
+        let tables: Vec<TableId> = load_schemas(d).unwrap().iter().map(|e| e.0).collect();
+        assert_eq!(tables, vec![0]);
+        // An unwritable directory is a clear error naming it.
+        let missing = d.join("gone");
+        let err = store_schema(&missing, 1, Some(b"x")).unwrap_err();
+        assert!(err.to_string().contains("gone"), "{err}");
+    }
 
     #[test]
     fn layout_is_recorded_then_adopted_or_enforced() {

@@ -202,9 +202,9 @@ impl Server {
         let keyspace = match &persistence {
             None => keyspace,
             Some(p) => {
-                let p = p.clone();
+                let replaying = p.clone();
                 let (keyspace, restored) = tokio::task::spawn_blocking(move || {
-                    let restored = p.replay(|key, value, version, expire_at_ms| {
+                    let restored = replaying.replay(|key, value, version, expire_at_ms| {
                         let tablet = keyspace.tablet_of(key);
                         keyspace
                             .engine()
@@ -216,6 +216,15 @@ impl Server {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
                 let restored = restored?;
                 tracing::info!(objects = restored, "replayed the data directory");
+                for (table, path, bytes) in p.load_schemas()? {
+                    let schema = ramlog_logmem::query::Schema::from_bytes(&bytes).map_err(|e| {
+                        crate::persistence::PersistenceError::CorruptSchema {
+                            path,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                    keyspace.engine().set_schema(table, Some(schema));
+                }
                 keyspace
             }
         };
@@ -401,6 +410,11 @@ fn native_config(shared: &Arc<Shared>) -> NativeConfig {
                 }
             }
         })),
+        schema_recorder: shared.persistence.clone().map(|p| {
+            Arc::new(move |table, schema: Option<&[u8]>| {
+                p.store_schema(table, schema).map_err(|e| e.to_string())
+            }) as crate::native::SchemaRecorder
+        }),
         ..NativeConfig::default()
     }
 }

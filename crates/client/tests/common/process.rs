@@ -5,7 +5,7 @@
 
 use ramlog_client::{Client, ClientConfig, Error};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,9 +27,11 @@ pub fn free_port() -> u16 {
 pub struct ServerProcess {
     child: Child,
     pub bin: PathBuf,
+    pub resp_port: u16,
     pub native_port: u16,
     pub admin_port: u16,
-    data_dir: PathBuf,
+    pub data_dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Drop for ServerProcess {
@@ -38,6 +40,22 @@ impl Drop for ServerProcess {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
+}
+
+/// `ramlog server` on the (resp, native, admin) ports and `data_dir`, 256 MiB, with `extra` flags.
+fn server_command(bin: &Path, ports: [u16; 3], data_dir: &Path, extra: &[String]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("server")
+        .args(["--resp-port", &ports[0].to_string()])
+        .args(["--native-port", &ports[1].to_string()])
+        .args(["--admin-port", &ports[2].to_string()])
+        .args(["--data-dir", data_dir.to_str().unwrap()])
+        .args(["--memory", "256MiB"])
+        .args(extra)
+        .env_remove("RAMLOG_PASSWORD")
+        .env_remove("RAMLOG_CONFIG")
+        .stdout(Stdio::null());
+    cmd
 }
 
 impl ServerProcess {
@@ -59,31 +77,44 @@ impl ServerProcess {
             std::process::id()
         ));
         std::fs::create_dir_all(&data_dir).unwrap();
-        let child = Command::new(&bin)
-            .arg("server")
-            .args(["--resp-port", &resp_port.to_string()])
-            .args(["--native-port", &native_port.to_string()])
-            .args(["--admin-port", &admin_port.to_string()])
-            .args(["--data-dir", data_dir.to_str().unwrap()])
-            .args(["--memory", "256MiB"])
-            .args(extra)
-            .env_remove("RAMLOG_PASSWORD")
-            .env_remove("RAMLOG_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ramlog server");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = server_command(
+            &bin,
+            [resp_port, native_port, admin_port],
+            &data_dir,
+            &extra,
+        )
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start ramlog server");
         let server = ServerProcess {
             child,
             bin,
+            resp_port,
             native_port,
             admin_port,
             data_dir,
+            extra,
         };
+        server.wait_ready().await;
+        Some(server)
+    }
+
+    /// The server command line: same ports, data directory and flags every time.
+    fn command(&self) -> Command {
+        server_command(
+            &self.bin,
+            [self.resp_port, self.native_port, self.admin_port],
+            &self.data_dir,
+            &self.extra,
+        )
+    }
+
+    async fn wait_ready(&self) {
         // Wait until the native port answers a handshake.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let mut probe = ClientConfig::new(server.addr());
+            let mut probe = ClientConfig::new(self.addr());
             probe.connect_timeout = Duration::from_millis(500);
             match Client::connect(probe).await {
                 Ok(_) | Err(Error::AuthFailed(_)) => break,
@@ -91,7 +122,36 @@ impl ServerProcess {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-        Some(server)
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same data directory and ports.
+    pub async fn kill_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = self
+            .command()
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("restart ramlog server");
+        self.wait_ready().await;
+    }
+
+    /// Kills the server and starts it again, expecting it to refuse to start: its output.
+    pub fn kill_and_start_expecting_failure(&mut self) -> Output {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut cmd = self.command();
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start ramlog server");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the server started although it should have refused");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
     }
 
     pub fn addr(&self) -> String {

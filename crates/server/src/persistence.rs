@@ -215,9 +215,7 @@ fn store_schema(dir: &Path, table: TableId, schema: Option<&[u8]>) -> Result<(),
             Err(e) => return Err(io_error(&path)(e)),
         },
     }
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))
+    ramlog_backup::io::sync_dir(dir).map_err(io_error(dir))
 }
 
 /// Maps an I/O error on `path` to a [`PersistenceError`].

@@ -4,8 +4,9 @@
 //! The engine hands each atomic unit of writes to [`Persistence`] (its [`WriteObserver`]) in version
 //! order, under the tablet's write lock; `on_writes` only appends to the store's write buffer. The
 //! store writes them within `flush_interval_ms` (100 ms) and fdatasyncs them within about the
-//! same time, which is Redis's `appendfsync everysec` at a finer grain (`async` mode). In `durable` mode a connection's replies
-//! wait in [`Persistence::wait_durable`] until everything appended so far is on disk.
+//! same time, which is Redis's `appendfsync everysec` at a finer grain (`async` mode). In
+//! `durable` mode a connection's replies wait in [`Persistence::wait_durable`] until everything
+//! appended so far is on disk.
 //!
 //! The backup's tablet ids are the engine's tablet ids, so the tablet layout (the number of tablets
 //! of table 0) is recorded in the data directory and must not change between runs: a server whose
@@ -66,10 +67,7 @@ impl Persistence {
     pub fn open(config: &ServerConfig) -> Result<Arc<Persistence>, PersistenceError> {
         debug_assert!(config.persistence != PersistenceMode::Off);
         let dir = config.data_dir.join("backup");
-        std::fs::create_dir_all(&dir).map_err(|source| PersistenceError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
         let tablets = check_layout(&config.data_dir, config.tablets)?;
         let backup_config = BackupConfig {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
@@ -82,10 +80,7 @@ impl Persistence {
                 source,
             })?;
         let schemas_dir = config.data_dir.join("schemas");
-        std::fs::create_dir_all(&schemas_dir).map_err(|source| PersistenceError::Io {
-            path: schemas_dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&schemas_dir).map_err(io_error(&schemas_dir))?;
         Ok(Arc::new(Persistence {
             backup,
             schemas_dir,

@@ -189,11 +189,11 @@ impl Shared {
     }
 }
 
-/// Versions learned in one flush (as (chunk, batch) indexes into the job's chunks), applied by
+/// Versions learned in one flush (copied out of the write buffer, in arrival order), applied by
 /// the writer after the data is on disk.
 pub struct VersionBatch {
     pub tablet: Arc<Tablet>,
-    pub batches: Vec<(usize, usize)>,
+    pub records: Vec<format::VersionRecord>,
 }
 
 /// One flush cycle, handed from the processor to the writer.
@@ -210,7 +210,6 @@ pub struct Job {
     /// Flush every SLB and spill every version buffer (close, or a requested checkpoint).
     pub checkpoint: bool,
     pub versions: Vec<VersionBatch>,
-    pub chunks: Vec<Chunk>,
     pub force_sync: bool,
     pub closing: bool,
 }
@@ -218,28 +217,34 @@ pub struct Job {
 /// Processor thread body.
 pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
     loop {
-        let taken = sh.wb.take();
-        let closing = taken.closed;
+        let Taken {
+            chunks,
+            lsn,
+            oldest,
+            closed: closing,
+        } = sh.wb.take();
         let checkpoint = sh.checkpoint_requested.swap(false, Ordering::SeqCst) || closing;
         let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || closing;
         let t0 = Instant::now();
         let job = if sh.failed().is_some() {
             Ok(Job {
                 seq: 0,
-                lsn: taken.lsn,
-                oldest: taken.oldest,
+                lsn,
+                oldest,
                 writes: Vec::new(),
                 primary: None,
                 wrap: false,
                 checkpoint: false,
                 versions: Vec::new(),
-                chunks: taken.chunks,
                 force_sync: false,
                 closing,
             })
         } else {
-            build_job(&sh, taken, checkpoint, force_sync, closing)
+            build_job(&sh, &chunks, lsn, oldest, checkpoint, force_sync, closing)
         };
+        // Everything the job needs is copied out of the chunks (entries into its blocks, version
+        // records into its batches): the producers may refill them while the job is written.
+        sh.wb.release(chunks);
         sh.counters
             .process_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -249,10 +254,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
                     return;
                 }
             }
-            Err((e, chunks)) => {
-                sh.fail(&e);
-                sh.wb.release(chunks);
-            }
+            Err(e) => sh.fail(&e),
         }
         if closing {
             return;
@@ -260,37 +262,28 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
     }
 }
 
-type BuildErr = (Error, Vec<Chunk>);
-
 fn build_job(
     sh: &Shared,
-    taken: Taken,
+    chunks: &[Chunk],
+    lsn: u64,
+    oldest: Option<Instant>,
     checkpoint: bool,
     force_sync: bool,
     closing: bool,
-) -> std::result::Result<Job, BuildErr> {
-    let Taken {
-        chunks,
+) -> Result<Job> {
+    let (seq, writes, primary, wrap, versions) = build_job_inner(sh, chunks, checkpoint)?;
+    Ok(Job {
+        seq,
         lsn,
         oldest,
-        ..
-    } = taken;
-    match build_job_inner(sh, &chunks, checkpoint) {
-        Ok((seq, writes, primary, wrap, versions)) => Ok(Job {
-            seq,
-            lsn,
-            oldest,
-            writes,
-            primary,
-            wrap,
-            checkpoint,
-            versions,
-            chunks,
-            force_sync,
-            closing,
-        }),
-        Err(e) => Err((e, chunks)),
-    }
+        writes,
+        primary,
+        wrap,
+        checkpoint,
+        versions,
+        force_sync,
+        closing,
+    })
 }
 
 type Built = (
@@ -383,7 +376,11 @@ fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Bu
         if run_bytes > 0 {
             primary_runs.push((tablet_id, run, run_bytes));
         }
-        versions.push(VersionBatch { tablet, batches });
+        let mut records = Vec::with_capacity(batches.iter().map(|&(c, b)| chunks[c].batches[b].rec_count).sum());
+        for &(c, b) in &batches {
+            records.extend_from_slice(chunks[c].batch_records(&chunks[c].batches[b]));
+        }
+        versions.push(VersionBatch { tablet, records });
     }
     sh.counters
         .appended_entries
@@ -588,8 +585,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
             &mut primary_dirty,
         );
         match result {
-            Ok((chunks, synced)) => {
-                sh.wb.release(chunks);
+            Ok(synced) => {
                 sh.counters.flushes.fetch_add(1, Ordering::Relaxed);
                 // Nothing written and nothing pending: everything up to `lsn` is durable.
                 let durable = synced || (oldest.is_none() && periodic);
@@ -599,10 +595,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
                     _ => None,
                 };
             }
-            Err((e, chunks)) => {
-                sh.fail(&e);
-                sh.wb.release(chunks);
-            }
+            Err(e) => sh.fail(&e),
         }
         if closing {
             return;
@@ -627,8 +620,6 @@ fn publish(sh: &Shared, lsn: u64, written: bool, durable: bool) {
     sh.progress_cv.notify_all();
 }
 
-type ExecErr = (Error, Vec<Chunk>);
-
 fn execute(
     sh: &Shared,
     job: Job,
@@ -636,7 +627,7 @@ fn execute(
     dirty: &mut HashMap<u64, Arc<Tablet>>,
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
-) -> std::result::Result<(Vec<Chunk>, bool), ExecErr> {
+) -> Result<bool> {
     let Job {
         seq,
         writes,
@@ -644,12 +635,11 @@ fn execute(
         wrap,
         checkpoint,
         versions,
-        chunks,
         force_sync,
         ..
     } = job;
     if sh.failed().is_some() {
-        return Ok((chunks, false));
+        return Ok(false);
     }
     let r = (|| -> Result<bool> {
         let t0 = Instant::now();
@@ -746,11 +736,7 @@ fn execute(
         // Versions become visible to reorganization only now that their data is on disk.
         for vb in &versions {
             let mut st = vb.tablet.state.lock();
-            for &(c, b) in &vb.batches {
-                let chunk = &chunks[c];
-                st.vbuf
-                    .extend_from_slice(chunk.batch_records(&chunk.batches[b]));
-            }
+            st.vbuf.extend_from_slice(&vb.records);
             st.vbuf_seq = seq;
         }
         let spill_at =
@@ -823,10 +809,7 @@ fn execute(
     if let Some((_, b)) = primary {
         sh.pool.put(b);
     }
-    match r {
-        Ok(synced) => Ok((chunks, synced)),
-        Err(e) => Err((e, chunks)),
-    }
+    r
 }
 
 fn write_primary(sh: &Shared, primary: &Option<(u64, AlignedBuf)>, dirty: &mut bool) -> Result<()> {

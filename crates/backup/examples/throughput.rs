@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Config::default()
     };
     let b = Backup::open(&dir, cfg)?;
+    b.open_tablets(0..tablets)?;
     let value = vec![0x5Au8; size - 16];
     let count = (mib << 20) / size as u64 / 10 * 10;
     let mut keys = [[0u8; 16]; 10];

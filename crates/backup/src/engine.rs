@@ -376,7 +376,12 @@ fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Bu
         if run_bytes > 0 {
             primary_runs.push((tablet_id, run, run_bytes));
         }
-        let mut records = Vec::with_capacity(batches.iter().map(|&(c, b)| chunks[c].batches[b].rec_count).sum());
+        let mut records = Vec::with_capacity(
+            batches
+                .iter()
+                .map(|&(c, b)| chunks[c].batches[b].rec_count)
+                .sum(),
+        );
         for &(c, b) in &batches {
             records.extend_from_slice(chunks[c].batch_records(&chunks[c].batches[b]));
         }

@@ -399,6 +399,16 @@ impl Backup {
         self.wait(t, Stage::Written)
     }
 
+    /// Opens the logs of these tablets now, creating the missing ones, so that the first flush
+    /// that reaches a new tablet does not create its files on the write path (appending to a
+    /// tablet opens it anyway).
+    pub fn open_tablets(&self, ids: impl IntoIterator<Item = u64>) -> Result<()> {
+        for id in ids {
+            self.sh.get_or_create_tablet(id)?;
+        }
+        Ok(())
+    }
+
     /// Ids of the tablets this store holds.
     pub fn tablets(&self) -> Vec<u64> {
         self.sh.tablets.read().keys().copied().collect()

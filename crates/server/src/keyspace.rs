@@ -51,6 +51,11 @@ impl Keyspace {
         })
     }
 
+    /// The tablets of the RESP table, in slot order.
+    pub fn tablet_ids(&self) -> &[TabletId] {
+        &self.tablets
+    }
+
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }

@@ -50,6 +50,8 @@ pub enum PersistenceError {
 
 pub struct Persistence {
     backup: Backup,
+    /// The backup store's directory (for errors).
+    backup_dir: PathBuf,
     /// `<data_dir>/schemas`: one file per table with a schema (see [`Persistence::store_schema`]).
     schemas_dir: PathBuf,
     /// Tablets of table 0, as recorded in the data directory.
@@ -83,6 +85,7 @@ impl Persistence {
         std::fs::create_dir_all(&schemas_dir).map_err(io_error(&schemas_dir))?;
         Ok(Arc::new(Persistence {
             backup,
+            backup_dir: dir,
             schemas_dir,
             tablets,
             mode: config.persistence,
@@ -108,7 +111,7 @@ impl Persistence {
                 }
             })
             .map_err(|source| PersistenceError::Backup {
-                path: PathBuf::from("backup"),
+                path: self.backup_dir.clone(),
                 source,
             })?;
         if let Some(err) = first_error {
@@ -129,6 +132,16 @@ impl Persistence {
     /// Every recorded schema; see [`load_schemas`].
     pub fn load_schemas(&self) -> Result<Vec<(TableId, PathBuf, Vec<u8>)>, PersistenceError> {
         load_schemas(&self.schemas_dir)
+    }
+
+    /// Opens (creating if missing) the backup logs of these tablets ahead of their first write.
+    pub fn open_tablets(&self, tablets: &[TabletId]) -> Result<(), PersistenceError> {
+        self.backup
+            .open_tablets(tablets.iter().map(|&t| u64::from(t)))
+            .map_err(|source| PersistenceError::Backup {
+                path: self.backup_dir.clone(),
+                source,
+            })
     }
 
     /// The tablet count of table 0 this data directory was written with (or now records).

@@ -225,6 +225,7 @@ impl Server {
                     })?;
                     keyspace.engine().set_schema(table, Some(schema));
                 }
+                p.open_tablets(keyspace.tablet_ids())?;
                 keyspace
             }
         };

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
-    /// The reorganizing thread's output and read buffers, reused between visits.
-    static BUFFERS: std::cell::RefCell<Option<(AlignedBuf, AlignedBuf)>> =
+    /// The reorganizing thread's output buffer and two read buffers, reused between visits.
+    static BUFFERS: std::cell::RefCell<Option<(AlignedBuf, [AlignedBuf; 2])>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -381,10 +381,13 @@ pub fn reorganize_cached(
     };
     // Segment-sized buffers are kept between visits (allocating and zeroing them per visit
     // showed up as a tenth of the reorganizer's time).
-    let (out_buf, mut read_buf) = BUFFERS
+    let (out_buf, [read_a, read_b]) = BUFFERS
         .with(|b| b.borrow_mut().take())
-        .filter(|(o, r)| o.capacity() == seg_bytes && r.capacity() == seg_bytes)
-        .unwrap_or_else(|| (AlignedBuf::new(seg_bytes), AlignedBuf::new(seg_bytes)));
+        .filter(|(o, r)| o.capacity() == seg_bytes && r.iter().all(|r| r.capacity() == seg_bytes))
+        .unwrap_or_else(|| {
+            let new = || AlignedBuf::new(seg_bytes);
+            (new(), [new(), new()])
+        });
     let mut out = Output::new(out_buf);
     let mut outcome = ReorgOutcome::default();
     let mut result = Ok(());
@@ -396,22 +399,66 @@ pub fn reorganize_cached(
         let used = t.state.lock().used_bytes() as f64;
         (used - sh.cfg.reorg_activation * t.capacity_bytes() as f64).max(0.0) as u64
     };
-    for (k, &s) in chosen.iter().enumerate() {
-        if !full && k > 0 && out.freed_estimate >= excess {
-            untouched.extend_from_slice(&chosen[k..]);
-            break;
-        }
-        let r = clean_one(sh, &t, &mut *map, s, &mut read_buf, &mut out, &mut outcome);
+    // The next chosen segment is read on a helper thread while this one is cleaned, so the
+    // reads overlap the lookups and copies. Chosen segments are frozen: marked reorganizing with
+    // no write pending, placement skips them.
+    let read_segment = |s: usize, mut buf: AlignedBuf| -> (Result<()>, AlignedBuf) {
+        let used = t.state.lock().segments[s].used as usize;
+        let r = io::read_exact_at(
+            &t.file,
+            &mut buf.full_mut()[..used],
+            s as u64 * t.segment_bytes,
+        );
         match r {
-            Ok(true) => {}
-            Ok(false) => untouched.push(s),
+            Ok(n) => {
+                buf.set_len(n);
+                (Ok(()), buf)
+            }
             Err(e) => {
-                untouched.extend_from_slice(&chosen[k..]);
-                result = Err(e);
-                break;
+                buf.set_len(0);
+                (Err(Error::io(&t.sec_path, e)), buf)
             }
         }
-    }
+    };
+    let mut bufs = vec![read_a, read_b];
+    std::thread::scope(|scope| {
+        let mut ahead = match (chosen.first(), bufs.pop()) {
+            (Some(&s), Some(b)) => Some(scope.spawn(move || read_segment(s, b))),
+            _ => None,
+        };
+        for (k, &s) in chosen.iter().enumerate() {
+            let Some(Ok((read, buf))) = ahead.take().map(|h| h.join()) else {
+                untouched.extend_from_slice(&chosen[k..]);
+                result = Err(Error::Corrupt("a segment read panicked".into()));
+                break;
+            };
+            if !full && k > 0 && out.freed_estimate >= excess {
+                untouched.extend_from_slice(&chosen[k..]);
+                bufs.push(buf);
+                break;
+            }
+            if let (Some(&next), Some(b)) = (chosen.get(k + 1), bufs.pop()) {
+                ahead = Some(scope.spawn(move || read_segment(next, b)));
+            }
+            let r = read.and_then(|()| {
+                clean_one(sh, &t, &mut *map, s, buf.as_slice(), &mut out, &mut outcome)
+            });
+            bufs.push(buf);
+            match r {
+                Ok(true) => {}
+                Ok(false) => untouched.push(s),
+                Err(e) => {
+                    untouched.extend_from_slice(&chosen[k..]);
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // A read still in flight (the visit stopped early or failed) hands its buffer back.
+        if let Some(Ok((_, buf))) = ahead.map(|h| h.join()) {
+            bufs.push(buf);
+        }
+    });
     if result.is_ok() {
         result = out.flush(sh, &t, &mut outcome);
     } else {
@@ -451,7 +498,9 @@ pub fn reorganize_cached(
     sh.counters
         .reorg_corrupt_entries
         .fetch_add(outcome.corrupt_entries, Ordering::Relaxed);
-    BUFFERS.with(|b| *b.borrow_mut() = Some((out.buf, read_buf)));
+    if let (Some(a), Some(b)) = (bufs.pop(), bufs.pop()) {
+        BUFFERS.with(|cell| *cell.borrow_mut() = Some((out.buf, [a, b])));
+    }
     result.map(|_| outcome)
 }
 
@@ -673,17 +722,14 @@ fn clean_one(
     t: &Tablet,
     map: &mut VersionTable,
     s: usize,
-    read_buf: &mut AlignedBuf,
+    region: &[u8],
     out: &mut Output,
     outcome: &mut ReorgOutcome,
 ) -> Result<bool> {
-    let used = t.state.lock().segments[s].used as usize;
-    let base = s as u64 * t.segment_bytes;
-    let n = io::read_exact_at(&t.file, &mut read_buf.full_mut()[..used], base)
-        .map_err(|e| Error::io(&t.sec_path, e))?;
-    read_buf.set_len(n);
-    outcome.bytes_read += n as u64;
-    let region = read_buf.as_slice();
+    // The segment's bytes, read by the caller (up to its `used` length, which is frozen while
+    // the segment is being reorganized).
+    let used = region.len();
+    outcome.bytes_read += used as u64;
     // Pass 1: every intact entry's position and key hash, prefetching the table slot each
     // hash will probe. Pass 2: the lookups, by then mostly served from cache; with a table far
     // larger than the CPU caches this overlaps the misses instead of taking them one by one.

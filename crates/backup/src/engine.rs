@@ -262,6 +262,8 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
     }
 }
 
+/// Sorts a flush's batches by tablet, routes them (two-level logging) into block buffers, and
+/// copies their version records: the job needs nothing of the chunks afterwards.
 fn build_job(
     sh: &Shared,
     chunks: &[Chunk],
@@ -271,30 +273,6 @@ fn build_job(
     force_sync: bool,
     closing: bool,
 ) -> Result<Job> {
-    let (seq, writes, primary, wrap, versions) = build_job_inner(sh, chunks, checkpoint)?;
-    Ok(Job {
-        seq,
-        lsn,
-        oldest,
-        writes,
-        primary,
-        wrap,
-        checkpoint,
-        versions,
-        force_sync,
-        closing,
-    })
-}
-
-type Built = (
-    u64,
-    Vec<(Arc<Tablet>, BlockWrite)>,
-    Option<(u64, AlignedBuf)>,
-    bool,
-    Vec<VersionBatch>,
-);
-
-fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Built> {
     let cfg = &sh.cfg;
     let seq = sh.seq.fetch_add(1, Ordering::SeqCst);
     // 1. Sort batches by tablet, keeping arrival order within each tablet (side tables only).
@@ -455,7 +433,18 @@ fn build_job_inner(sh: &Shared, chunks: &[Chunk], checkpoint: bool) -> Result<Bu
             }
         }
     }
-    Ok((seq, writes, primary, wrap, versions))
+    Ok(Job {
+        seq,
+        lsn,
+        oldest,
+        writes,
+        primary,
+        wrap,
+        checkpoint,
+        versions,
+        force_sync,
+        closing,
+    })
 }
 
 /// Places data, asking for an urgent reorganization (and waiting for it) if the log is full.

@@ -117,3 +117,26 @@ async fn command_line_verbs() {
         stdout(&status)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_server_opens_every_tablet_log_at_start() {
+    let Some(server) = ServerProcess::start(&["--persistence", "async"]).await else {
+        return;
+    };
+    // Before any write: a secondary log and a version log per tablet of table 0 (a new data
+    // directory gets 64 tablets).
+    let count = |suffix: &str| {
+        std::fs::read_dir(server.data_dir.join("backup"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(suffix)
+            })
+            .count()
+    };
+    assert_eq!(count(".sec"), 64);
+    assert_eq!(count(".ver"), 64);
+}

@@ -72,6 +72,8 @@ pub struct Counters {
     pub version_spills: AtomicU64,
     pub version_bytes: AtomicU64,
     pub syncs: AtomicU64,
+    /// Sync rounds done with one syncfs instead of a fdatasync per file.
+    pub syncfs_calls: AtomicU64,
     pub reorg_runs: AtomicU64,
     pub reorg_segments: AtomicU64,
     pub reorg_bytes_freed: AtomicU64,
@@ -853,9 +855,40 @@ fn sync_all(
     sh.counters
         .syncs
         .fetch_add(ios.len() as u64, Ordering::Relaxed);
-    run_parallel(&ios, sh.cfg.io_threads)?;
+    match one_file_system(&ios) {
+        Some((file, path)) if ios.len() >= SYNCFS_MIN_FILES => {
+            crate::io::sync_filesystem(file).map_err(|e| Error::io(path, e))?;
+            sh.counters.syncfs_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => run_parallel(&ios, sh.cfg.io_threads)?,
+    }
     *primary_dirty = false;
     Ok(())
+}
+
+/// From this many files to sync on, one syncfs(2) replaces their fdatasyncs: each fdatasync
+/// ends with its own device cache flush: logging 1 GiB of 512 B entries over 256 tablets spent
+/// 160-305 ms in fdatasync rounds and 47-87 ms in syncfs calls (three alternating probe runs).
+/// The price is that other dirty data on the same file system is written back too; a data
+/// directory of its own keeps that small.
+const SYNCFS_MIN_FILES: usize = 16;
+
+/// The first file of a sync round if every file of it is on the same file system (so that one
+/// syncfs covers them all); None if any is elsewhere or cannot be examined.
+fn one_file_system<'a>(ios: &[Io<'a>]) -> Option<(&'a File, &'a Path)> {
+    let mut first: Option<(&'a File, &'a Path, u64)> = None;
+    for io in ios {
+        let Io::Sync { file, path } = *io else {
+            return None;
+        };
+        let dev = crate::io::device_of(file).ok()?;
+        match first {
+            None => first = Some((file, path, dev)),
+            Some((_, _, d)) if d == dev => {}
+            Some(_) => return None,
+        }
+    }
+    first.map(|(f, p, _)| (f, p))
 }
 
 /// Largest single write request; a multiple of the page size, so every piece of an aligned

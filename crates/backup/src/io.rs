@@ -198,3 +198,23 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 pub fn is_no_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
+
+/// The device a file lives on (st_dev), to tell whether one syncfs covers a set of files.
+pub fn device_of(f: &File) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(f.metadata()?.dev())
+}
+
+/// syncfs(2): writes back and commits everything on the file system holding `f`, with one
+/// journal commit and one device cache flush, where fdatasync on each of many files issues one
+/// flush per file. Durable for every file on that file system when it returns Ok; writeback
+/// errors of any of them are reported (Linux ≥ 5.8 keeps them per file system).
+pub fn sync_filesystem(f: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs on a valid descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -127,7 +127,10 @@ pub struct Stats {
     pub secondary_bytes: u64,
     pub version_spills: u64,
     pub version_bytes: u64,
+    /// Files synced (each counts, also when a sync round used one syncfs).
     pub syncs: u64,
+    /// Sync rounds done with one syncfs(2) because many files were dirty.
+    pub syncfs_calls: u64,
     pub reorg_runs: u64,
     pub reorg_segments_cleaned: u64,
     pub reorg_bytes_freed: u64,
@@ -482,6 +485,7 @@ impl Backup {
             version_spills: l(&c.version_spills),
             version_bytes: l(&c.version_bytes),
             syncs: l(&c.syncs),
+            syncfs_calls: l(&c.syncfs_calls),
             reorg_runs: l(&c.reorg_runs),
             reorg_segments_cleaned: l(&c.reorg_segments),
             reorg_bytes_freed: l(&c.reorg_bytes_freed),

@@ -150,3 +150,29 @@ fn writer_preallocates_segments_ahead_of_a_busy_tablet() {
     b.close().unwrap();
     assert_replays(dir.path(), 1500);
 }
+
+/// A sync round over many tablets' files uses one syncfs; over a few it fdatasyncs each file.
+/// Either way everything acknowledged as durable replays after a reopen.
+#[test]
+fn many_dirty_tablets_sync_with_one_syncfs_and_few_with_fdatasync() {
+    for (tablets, expect_syncfs) in [(40u64, true), (3, false)] {
+        let dir = temp_dir("syncfs");
+        // Without two-level logging every batch goes to its tablet's own log.
+        let cfg = Config {
+            sync: SyncPolicy::OnDemand,
+            two_level: false,
+            ..crash_config()
+        };
+        {
+            let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+            let last = append_keys(&b, 400, 100, |i| i % tablets);
+            b.wait(last, Stage::Durable).unwrap();
+            let s = b.stats();
+            assert!(s.syncs >= tablets, "every dirty log counts: {s:?}");
+            assert_eq!(s.syncfs_calls > 0, expect_syncfs, "{tablets} tablets: {s:?}");
+            // No close: what Durable promised must already be on disk.
+            std::mem::forget(b);
+        }
+        assert_replays(dir.path(), 400);
+    }
+}

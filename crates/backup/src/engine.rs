@@ -1,8 +1,9 @@
 //! The flush pipeline: a processor thread drains the write buffer, sorts entries by tablet and
-//! decides primary vs secondary (two-level logging); a writer thread executes the block writes,
-//! applies versions to the version buffers, spills them, syncs, and publishes progress. Sorting of
-//! one flush overlaps with the disk writes of the previous one (DXRAM's BufferProcessingThread and
-//! WriterThread).
+//! decides primary vs secondary (two-level logging); a writer thread executes the block writes; a
+//! finisher thread applies versions to the version buffers, spills them, syncs, and publishes
+//! progress. Sorting of one flush overlaps with the disk writes of the previous one (DXRAM's
+//! BufferProcessingThread and WriterThread), and the writes of one flush with the sync and version
+//! spills of the previous one.
 
 use crate::format::{self, BlockHeader, BLOCK_HEADER_BYTES, PAGE_BYTES};
 use crate::io::{self, AlignedBuf, IoMode};
@@ -525,7 +526,187 @@ fn place_with_urgent(
 }
 
 /// Writer thread body.
-pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
+/// What the writer hands the finisher once a job's writes are done (or skipped after a failure).
+pub struct WrittenJob {
+    seq: u64,
+    lsn: u64,
+    oldest: Option<Instant>,
+    /// Tablets whose secondary logs the job wrote.
+    touched: Vec<Arc<Tablet>>,
+    versions: Vec<VersionBatch>,
+    /// The job's primary-log block was written (it is unsynced now).
+    primary_written: bool,
+    /// A wrapping job's primary block, still to be written by the finisher.
+    wrap_primary: Option<(u64, AlignedBuf)>,
+    checkpoint: bool,
+    force_sync: bool,
+    closing: bool,
+    /// Set for jobs the writer must not run ahead of (wrap, checkpoint, close): the finisher
+    /// answers once it is done with the job.
+    done: Option<SyncSender<()>>,
+}
+
+/// Writer thread body: issues each job's block writes and hands the job to the finisher, then
+/// goes on with the next job while the finisher applies versions, syncs and publishes. The disk
+/// thus keeps receiving writes during syncs and version spills.
+pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>) {
+    while let Ok(job) = rx.recv() {
+        let Job {
+            seq,
+            lsn,
+            oldest,
+            writes,
+            primary,
+            wrap,
+            checkpoint,
+            versions,
+            force_sync,
+            closing,
+        } = job;
+        let mut primary_written = false;
+        let mut touched = Vec::new();
+        let mut wrap_primary = None;
+        if sh.failed().is_none() {
+            match write_blocks(&sh, &writes, primary.as_ref().filter(|_| !wrap)) {
+                Ok(()) => {
+                    primary_written = primary.is_some() && !wrap;
+                    touched = writes.iter().map(|(t, _)| t.clone()).collect();
+                }
+                Err(e) => sh.fail(&e),
+            }
+        }
+        for (_, w) in writes {
+            sh.pool.put(w.buf);
+        }
+        match primary {
+            Some(p) if wrap && sh.failed().is_none() => wrap_primary = Some(p),
+            Some((_, b)) => sh.pool.put(b),
+            None => {}
+        }
+        // A wrap, a checkpoint or the close must be finished (versions spilled, synced) before
+        // anything later is written.
+        let (done, finished) = if wrap || checkpoint || closing {
+            let (d, f) = std::sync::mpsc::sync_channel(1);
+            (Some(d), Some(f))
+        } else {
+            (None, None)
+        };
+        let handed = tx.send(WrittenJob {
+            seq,
+            lsn,
+            oldest,
+            touched,
+            versions,
+            primary_written,
+            wrap_primary,
+            checkpoint: checkpoint || wrap,
+            force_sync: force_sync || wrap,
+            closing,
+            done,
+        });
+        if handed.is_err() {
+            return;
+        }
+        if let Some(f) = finished {
+            let _ = f.recv();
+        }
+        if closing {
+            return;
+        }
+    }
+}
+
+/// Issues a job's secondary writes (and its primary write unless it wraps) in parallel, releases
+/// the segment pins, and preallocates segments ahead for tablets that fill them quickly.
+fn write_blocks(
+    sh: &Shared,
+    writes: &[(Arc<Tablet>, BlockWrite)],
+    primary: Option<&(u64, AlignedBuf)>,
+) -> Result<()> {
+    let t0 = Instant::now();
+    // The disk reaches its bandwidth only with several requests in flight. Nothing is
+    // acknowledged before all of them (and the sync) complete, so their order does not matter.
+    // A large block is issued as pieces of WRITE_PIECE_BYTES so that several requests are in
+    // flight even when a flush holds one tablet's data (docs/benchmarks.md). A crash may tear a
+    // block either way; replay detects a torn block by its entries' CRCs and end-of-data.
+    let mut ios: Vec<Io<'_>> = Vec::with_capacity(writes.len() + 1);
+    for (t, w) in writes {
+        let whole = w.buf.as_slice();
+        let mut at = 0usize;
+        while at < whole.len() {
+            let end = (at + WRITE_PIECE_BYTES).min(whole.len());
+            ios.push(Io::Write {
+                file: &t.file,
+                path: &t.sec_path,
+                buf: &whole[at..end],
+                offset: w.offset + at as u64,
+            });
+            at = end;
+        }
+    }
+    let (pfile, ppath) = {
+        let pl = sh.primary.lock();
+        (pl.file.clone(), pl.path.clone())
+    };
+    if let Some((offset, buf)) = primary {
+        ios.push(Io::Write {
+            file: &pfile,
+            path: &ppath,
+            buf: buf.as_slice(),
+            offset: *offset,
+        });
+    }
+    let first_error = run_parallel(&ios, sh.cfg.io_threads).err();
+    if let Some((_, buf)) = primary {
+        sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
+        sh.counters
+            .primary_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+    }
+    sh.counters
+        .secondary_writes
+        .fetch_add(writes.len() as u64, Ordering::Relaxed);
+    sh.counters.secondary_bytes.fetch_add(
+        writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(),
+        Ordering::Relaxed,
+    );
+    // Release segment pins whatever happened (a failed backup refuses further writes anyway).
+    for (tablet, w) in writes {
+        let mut st = tablet.state.lock();
+        if let Some(m) = st.segments.get_mut(w.segment) {
+            m.pending = m.pending.saturating_sub(1);
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    // Tablets that take a large share of a segment per flush get their next segments
+    // preallocated now, while none of this writer's requests are in flight (see
+    // `Tablet::preallocate_ahead`): enough empty segments for two more flushes like this one.
+    let seg = sh.cfg.segment_bytes as usize;
+    let mut per_tablet: Vec<(&Arc<Tablet>, usize)> = Vec::new();
+    for (tablet, w) in writes {
+        // A tablet's writes are adjacent (the processor groups by tablet).
+        match per_tablet.last_mut() {
+            Some((t, bytes)) if Arc::ptr_eq(t, tablet) => *bytes += w.buf.len(),
+            _ => per_tablet.push((tablet, w.buf.len())),
+        }
+    }
+    for (tablet, bytes) in per_tablet {
+        if bytes >= seg / 4 {
+            tablet.preallocate_ahead((2 * bytes).div_ceil(seg))?;
+        }
+    }
+    sh.counters
+        .write_ns
+        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Finisher thread body: for each written job, in order, applies its versions, spills version
+/// buffers, syncs when due, and publishes progress; syncs by itself when an unsynced entry is
+/// due and no job comes along.
+pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
     let mut dirty: HashMap<u64, Arc<Tablet>> = HashMap::new();
     let mut dirty_versions: HashMap<u64, Arc<Tablet>> = HashMap::new();
     let mut primary_dirty = false;
@@ -564,6 +745,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
         };
         let closing = job.closing;
         let lsn = job.lsn;
+        let done = job.done.clone();
         let oldest = match (unsynced.map(|u| u.0), job.oldest) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -572,7 +754,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
         // an entry is durable within about one interval of its append (as when every flush
         // synced) while fast flushes share their syncs.
         let sync_due = periodic && oldest.is_some_and(|t| t.elapsed() >= sync_after);
-        let result = execute(
+        let result = finish(
             &sh,
             job,
             sync_due,
@@ -593,12 +775,14 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>) {
             }
             Err(e) => sh.fail(&e),
         }
+        if let Some(d) = done {
+            let _ = d.send(());
+        }
         if closing {
             return;
         }
     }
 }
-
 /// Records that everything up to ticket `lsn` is written and/or durable (unless the store
 /// failed), and wakes the waiters.
 fn publish(sh: &Shared, lsn: u64, written: bool, durable: bool) {
@@ -616,119 +800,39 @@ fn publish(sh: &Shared, lsn: u64, written: bool, durable: bool) {
     sh.progress_cv.notify_all();
 }
 
-fn execute(
+/// The rest of a job once its blocks are on disk: versions, spills, the sync when due, a
+/// wrapping primary block, prompt reorganization requests. Returns whether it synced.
+fn finish(
     sh: &Shared,
-    job: Job,
+    job: WrittenJob,
     sync_due: bool,
     dirty: &mut HashMap<u64, Arc<Tablet>>,
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
 ) -> Result<bool> {
-    let Job {
+    let WrittenJob {
         seq,
-        writes,
-        primary,
-        wrap,
-        checkpoint,
+        touched,
         versions,
+        primary_written,
+        wrap_primary,
+        checkpoint,
         force_sync,
         ..
     } = job;
     if sh.failed().is_some() {
+        if let Some((_, b)) = wrap_primary {
+            sh.pool.put(b);
+        }
         return Ok(false);
     }
+    for tablet in &touched {
+        dirty.entry(tablet.id).or_insert_with(|| tablet.clone());
+    }
+    *primary_dirty |= primary_written;
+    let wrap = wrap_primary.is_some();
     let r = (|| -> Result<bool> {
-        let t0 = Instant::now();
-        // Secondary writes (and the primary write unless it wraps), issued in parallel: the disk
-        // reaches its bandwidth only with several requests in flight. Nothing is acknowledged
-        // before all of them (and the sync) complete, so their order does not matter.
-        let mut touched: Vec<Arc<Tablet>> = Vec::new();
-        for (tablet, _) in &writes {
-            dirty.entry(tablet.id).or_insert_with(|| tablet.clone());
-            touched.push(tablet.clone());
-        }
-        // A large block is issued as pieces of WRITE_PIECE_BYTES so that several requests are in
-        // flight even when a flush holds one tablet's data: the disk reaches its sequential
-        // bandwidth only with queue depth (docs/benchmarks.md). A crash may tear a block either
-        // way; replay detects a torn block by its entries' CRCs and end-of-data, as before.
-        let mut ios: Vec<Io<'_>> = Vec::with_capacity(writes.len());
-        for (t, w) in &writes {
-            let whole = w.buf.as_slice();
-            let mut at = 0usize;
-            while at < whole.len() {
-                let end = (at + WRITE_PIECE_BYTES).min(whole.len());
-                ios.push(Io::Write {
-                    file: &t.file,
-                    path: &t.sec_path,
-                    buf: &whole[at..end],
-                    offset: w.offset + at as u64,
-                });
-                at = end;
-            }
-        }
-        let (pfile, ppath) = {
-            let pl = sh.primary.lock();
-            (pl.file.clone(), pl.path.clone())
-        };
-        let primary_guard = if !wrap {
-            primary.as_ref().map(|p| ((), p))
-        } else {
-            None
-        };
-        if let Some((_, (offset, buf))) = &primary_guard {
-            ios.push(Io::Write {
-                file: &pfile,
-                path: &ppath,
-                buf: buf.as_slice(),
-                offset: *offset,
-            });
-        }
-        let first_error = run_parallel(&ios, sh.cfg.io_threads).err();
-        if let Some((_, (_, buf))) = &primary_guard {
-            sh.counters.primary_writes.fetch_add(1, Ordering::Relaxed);
-            sh.counters
-                .primary_bytes
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            *primary_dirty = true;
-        }
-        sh.counters
-            .secondary_writes
-            .fetch_add(writes.len() as u64, Ordering::Relaxed);
-        sh.counters.secondary_bytes.fetch_add(
-            writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(),
-            Ordering::Relaxed,
-        );
-        // Release segment pins whatever happened (a failed backup refuses further writes anyway).
-        for (tablet, w) in &writes {
-            let mut st = tablet.state.lock();
-            if let Some(m) = st.segments.get_mut(w.segment) {
-                m.pending = m.pending.saturating_sub(1);
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        // Tablets that take a large share of a segment per flush get their next segments
-        // preallocated now, while none of this writer's requests are in flight (see
-        // `Tablet::preallocate_ahead`): enough empty segments for two more flushes like this one.
-        let seg = sh.cfg.segment_bytes as usize;
-        let mut per_tablet: Vec<(&Arc<Tablet>, usize)> = Vec::new();
-        for (tablet, w) in &writes {
-            // A tablet's writes are adjacent (the processor groups by tablet).
-            match per_tablet.last_mut() {
-                Some((t, bytes)) if Arc::ptr_eq(t, tablet) => *bytes += w.buf.len(),
-                _ => per_tablet.push((tablet, w.buf.len())),
-            }
-        }
-        for (tablet, bytes) in per_tablet {
-            if bytes >= seg / 4 {
-                tablet.preallocate_ahead((2 * bytes).div_ceil(seg))?;
-            }
-        }
         let t1 = Instant::now();
-        sh.counters
-            .write_ns
-            .fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
         // Versions become visible to reorganization only now that their data is on disk.
         for vb in &versions {
             let mut st = vb.tablet.state.lock();
@@ -737,7 +841,7 @@ fn execute(
         }
         let spill_at =
             (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
-        let candidates: Vec<Arc<Tablet>> = if wrap || checkpoint {
+        let candidates: Vec<Arc<Tablet>> = if checkpoint {
             sh.tablets.read().values().cloned().collect()
         } else {
             versions.iter().map(|v| v.tablet.clone()).collect()
@@ -745,7 +849,7 @@ fn execute(
         for tablet in candidates {
             let (records, vseq) = {
                 let mut st = tablet.state.lock();
-                let due = if wrap || checkpoint {
+                let due = if checkpoint {
                     !st.vbuf.is_empty()
                 } else {
                     st.vbuf.len() >= spill_at
@@ -771,19 +875,21 @@ fn execute(
         sh.counters
             .version_ns
             .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
-        let must_sync = wrap || checkpoint || force_sync || sync_due;
+        // A wrap or checkpoint always syncs: the primary block of a wrap may overwrite the
+        // previous lap only once everything the lap held is durable elsewhere.
+        let must_sync = checkpoint || force_sync || sync_due;
         if must_sync {
             sync_all(sh, dirty, dirty_versions, primary_dirty)?;
         }
-        sh.counters
-            .sync_ns
-            .fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if wrap {
-            write_primary(sh, &primary, primary_dirty)?;
+            write_primary(sh, &wrap_primary, primary_dirty)?;
             if must_sync {
                 sync_all(sh, dirty, dirty_versions, primary_dirty)?;
             }
         }
+        sh.counters
+            .sync_ns
+            .fetch_add(t2.elapsed().as_nanos() as u64, Ordering::Relaxed);
         // Prompt reorganization requests for logs past the prompt threshold.
         if sh.cfg.reorg_enabled {
             for tablet in touched {
@@ -799,10 +905,7 @@ fn execute(
         }
         Ok(must_sync)
     })();
-    for (_, w) in writes {
-        sh.pool.put(w.buf);
-    }
-    if let Some((_, b)) = primary {
+    if let Some((_, b)) = wrap_primary {
         sh.pool.put(b);
     }
     r

@@ -35,7 +35,7 @@
 //!   while the buffer is full (back-pressure) and fails with a clear error once the store failed
 //!   (for example [`Error::DiskFull`]) or was closed.
 //! * A flush starts every `flush_interval` (100 ms by default) or when `flush_threshold_bytes` are
-//!   buffered. With the default [`SyncPolicy::Periodic`] the writer syncs (fdatasync) once the
+//!   buffered. With the default [`SyncPolicy::Periodic`] the finisher syncs (fdatasync) once the
 //!   oldest written but unsynced entry is half an interval old, at the end of a flush or by
 //!   itself when idle, so an appended entry is durable within about one interval plus the write
 //!   time: Redis's `appendfsync everysec`, with a 100 ms period. Back-to-back flushes of a busy
@@ -48,10 +48,12 @@
 //!   invented. Entries only `Buffered` at the crash may or may not be present.
 //!
 //! # Threads and back-pressure
-//! Three threads per store: the flusher (drains the write buffer, sorts by tablet, routes to the
+//! Four threads per store: the flusher (drains the write buffer, sorts by tablet, routes to the
 //! primary or secondary logs, places buffers in segments), the writer (issues one flush's writes
-//! and fdatasyncs on `io_threads` threads, applies versions, spills version buffers) and the
-//! reorganizer (activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
+//! on `io_threads` threads), the finisher (applies the written flush's versions, spills version
+//! buffers, syncs with fdatasync or, over many files, one syncfs, and publishes progress while
+//! the writer goes on with the next flush; a wrapping primary log, a checkpoint or the close
+//! waits for it) and the reorganizer (activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
 //! `reorg_throttle`, 72%, first waits for it). Appends block only on a full write buffer.
 //! A failed write (for example a full disk) makes the store refuse appends with that error; what
 //! was written before stays intact and replays after a reopen.
@@ -244,9 +246,14 @@ impl Backup {
         threads.push(spawn("ramlog-backup-flush", move || {
             engine::run_processor(s1, tx)
         })?);
+        let (tx2, rx2) = std::sync::mpsc::sync_channel(1);
         let s2 = sh.clone();
         threads.push(spawn("ramlog-backup-write", move || {
-            engine::run_writer(s2, rx)
+            engine::run_writer(s2, rx, tx2)
+        })?);
+        let s4 = sh.clone();
+        threads.push(spawn("ramlog-backup-finish", move || {
+            engine::run_finisher(s4, rx2)
         })?);
         if sh.cfg.reorg_enabled {
             let s3 = sh.clone();
@@ -525,8 +532,9 @@ impl Backup {
         self.sh.wb.close();
         let threads = std::mem::take(&mut *self.threads.lock());
         let mut it = threads.into_iter();
-        // Processor and writer first (they finish the last flush), then the reorganizer.
-        let flush_threads: Vec<_> = it.by_ref().take(2).collect();
+        // Processor, writer and finisher first (they finish the last flush), then the
+        // reorganizer.
+        let flush_threads: Vec<_> = it.by_ref().take(3).collect();
         for h in flush_threads {
             let _ = h.join();
         }

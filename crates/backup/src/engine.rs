@@ -128,6 +128,9 @@ pub struct Shared {
     pub reorg_done: Mutex<u64>,
     pub reorg_done_cv: Condvar,
     pub shutdown: AtomicBool,
+    /// Ticket of the last flush the processor handed to the writer: once `written_lsn` reaches
+    /// it, every placed entry's version is visible to reorganization.
+    pub sent_lsn: AtomicU64,
     pub dropped: Mutex<HashMap<u64, u64>>,
 }
 
@@ -253,9 +256,11 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match job {
             Ok(job) => {
+                let lsn = job.lsn;
                 if tx.send(job).is_err() {
                     return;
                 }
+                sh.sent_lsn.fetch_max(lsn, Ordering::SeqCst);
             }
             Err(e) => sh.fail(&e),
         }
@@ -450,6 +455,19 @@ fn build_job(
     })
 }
 
+/// Waits (at most 5 s) until every flush up to ticket `lsn` is written and its versions applied.
+fn wait_written(sh: &Shared, lsn: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut p = sh.progress.lock();
+    while p.written_lsn < lsn
+        && p.failed.is_none()
+        && Instant::now() < deadline
+        && !sh.shutdown.load(Ordering::SeqCst)
+    {
+        sh.progress_cv.wait_for(&mut p, Duration::from_millis(20));
+    }
+}
+
 /// Places data, asking for an urgent reorganization (and waiting for it) if the log is full.
 fn place_with_urgent(
     sh: &Shared,
@@ -475,20 +493,39 @@ fn place_with_urgent(
                 break;
             }
             sh.counters.throttle_waits.fetch_add(1, Ordering::Relaxed);
-            let before = *sh.reorg_done.lock();
+            // Wait for a round of reorganization of this log: a round of another log ending
+            // meanwhile says nothing about this one. The round can only drop what it knows to be
+            // superseded: if earlier flushes are still being written, their versions are not yet
+            // visible (the finisher applies them), so a round that frees nothing then is
+            // followed by another once they are.
+            let rounds = st.reorg_rounds;
+            let sent = sh.sent_lsn.load(Ordering::SeqCst);
+            let versions_visible = sh.written_lsn.load(Ordering::SeqCst) >= sent;
             sh.request_reorg_front(tablet.id);
             parking_lot::MutexGuard::unlocked(st, || {
-                let mut g = sh.reorg_done.lock();
                 let deadline = Instant::now() + Duration::from_secs(5);
-                while *g == before
-                    && Instant::now() < deadline
-                    && !sh.shutdown.load(Ordering::SeqCst)
-                {
-                    sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
+                loop {
+                    // Read the completion count before the check, so a round ending between
+                    // the check and the wait is not slept through (and never hold both locks).
+                    let done = *sh.reorg_done.lock();
+                    if tablet.state.lock().reorg_rounds != rounds
+                        || Instant::now() >= deadline
+                        || sh.shutdown.load(Ordering::SeqCst)
+                        || sh.failed().is_some()
+                    {
+                        break;
+                    }
+                    let mut g = sh.reorg_done.lock();
+                    if *g == done {
+                        sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
+                    }
                 }
             });
             if st.used_bytes() >= used {
-                break;
+                if versions_visible {
+                    break;
+                }
+                parking_lot::MutexGuard::unlocked(st, || wait_written(sh, sent));
             }
         }
     }

@@ -222,6 +222,7 @@ impl Backup {
             reorg_done: Mutex::new(0),
             reorg_done_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            sent_lsn: AtomicU64::new(0),
             dropped: Mutex::new(dropped.clone()),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).

@@ -73,7 +73,9 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     tracing::warn!("reorganization of tablet {tablet:#x} failed: {e}");
                 }
                 if let Some(t) = sh.tablet(tablet) {
-                    t.state.lock().prompt_requested = false;
+                    let mut st = t.state.lock();
+                    st.prompt_requested = false;
+                    st.reorg_rounds += 1;
                 }
                 bump_done(&sh);
             }
@@ -111,6 +113,10 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     Ok(_) => {}
                     Err(e) => tracing::warn!("reorganization of tablet {pick:#x} failed: {e}"),
                 }
+                if let Some(t) = sh.tablet(pick) {
+                    t.state.lock().reorg_rounds += 1;
+                }
+                bump_done(&sh);
             }
         }
     }

@@ -89,6 +89,9 @@ pub struct TabletState {
     /// Highest flush sequence covered by the version log on disk.
     pub ver_wm: u64,
     pub prompt_requested: bool,
+    /// Reorganization rounds completed on this tablet (requested or periodic), so that a writer
+    /// throttled on this log waits for a round of this log, not of another.
+    pub reorg_rounds: u64,
     /// Placement notes (entry key hash → segment, or a delete) since the reorganizer last
     /// took them, in write order; at most `NOTES_MAX`, beyond which they are counted and dropped
     /// (the dead-byte estimate only gets coarser).
@@ -265,6 +268,7 @@ impl Tablet {
                 data_wm,
                 ver_wm,
                 prompt_requested: false,
+                reorg_rounds: 0,
             }),
             reorg_lock: Mutex::new(()),
             verlog: Mutex::new(VerLog {

@@ -48,6 +48,24 @@ impl BufPool {
         drop(g);
         AlignedBuf::new(1usize << c)
     }
+
+    /// Fills the pool with `count` buffers for blocks of up to `len` bytes, touched now, so that
+    /// the first flushes find memory already faulted in (DXRAM allocates its pooled buffers at
+    /// start). Stops at the pool's bound.
+    pub fn warm(&self, len: usize, count: usize) {
+        let c = Self::class(len);
+        for _ in 0..count {
+            let mut buf = AlignedBuf::new(1usize << c);
+            buf.touch();
+            let mut g = self.free.lock();
+            if g.1 + buf.capacity() > self.limit_bytes {
+                return;
+            }
+            g.1 += buf.capacity();
+            g.0[c].push(buf);
+        }
+    }
+
     pub fn put(&self, buf: AlignedBuf) {
         let c = Self::class(buf.capacity());
         if buf.capacity() != 1usize << c {
@@ -1251,4 +1269,23 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
     pl.size = size;
     pl.offset = end as u64;
     Ok(max_seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warmed_pool_hands_out_its_buffers_and_stops_at_its_bound() {
+        let pool = BufPool::new(40 << 20);
+        pool.warm(8 << 20, 8);
+        // The bound (40 MiB) holds five 8 MiB buffers.
+        assert_eq!(pool.free.lock().1, 40 << 20);
+        assert_eq!(pool.free.lock().0[BufPool::class(8 << 20)].len(), 5);
+        let b = pool.get((8 << 20) - 4096);
+        assert_eq!(b.capacity(), 8 << 20);
+        assert_eq!(pool.free.lock().1, 32 << 20);
+        pool.put(b);
+        assert_eq!(pool.free.lock().1, 40 << 20);
+    }
 }

@@ -33,6 +33,15 @@ pub struct AlignedBuf {
     ptr: *mut u8,
     cap: usize,
     len: usize,
+    backing: Backing,
+}
+
+/// Where an [`AlignedBuf`]'s memory comes from, and so how it is released.
+enum Backing {
+    /// The global allocator.
+    Heap,
+    /// Its own mapping from `AlignedBuf::map_huge`, unmapped on drop.
+    Mapped,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -47,29 +56,81 @@ impl AlignedBuf {
     /// A buffer of `cap` bytes (rounded up to a page), all zero, with length 0.
     pub fn new(cap: usize) -> AlignedBuf {
         let cap = cap.max(PAGE_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        if cap >= HUGE_PAGE_BYTES {
+            if let Some(ptr) = Self::map_huge(cap) {
+                return AlignedBuf {
+                    ptr,
+                    cap,
+                    len: 0,
+                    backing: Backing::Mapped,
+                };
+            }
+        }
         let layout = Self::layout(cap);
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        if cap >= HUGE_PAGE_BYTES {
-            // Large buffers (segments, flush blocks) are backed by transparent huge pages where
-            // the kernel allows it: an O_DIRECT write pins the buffer's pages, and pinning 2 MiB
-            // pages costs a fraction of pinning 4 KiB ones. Advice only; failure changes nothing.
-            // SAFETY: ptr..ptr+cap is a live allocation owned by this buffer.
-            unsafe { libc::madvise(ptr.cast(), cap, libc::MADV_HUGEPAGE) };
+        AlignedBuf {
+            ptr,
+            cap,
+            len: 0,
+            backing: Backing::Heap,
         }
-        AlignedBuf { ptr, cap, len: 0 }
+    }
+
+    /// Large buffers (segments, flush blocks) are mapped on their own, 2 MiB aligned, and advised
+    /// to use transparent huge pages before anything touches them (advice given after the first
+    /// touch, as an allocator's zeroing does, leaves 4 KiB pages). An O_DIRECT write pins the
+    /// buffer's pages and hands the device one segment per physically contiguous run: with 4 KiB
+    /// pages a 1 MiB write is 256 segments, more than a virtio disk takes in one request. Writing
+    /// 512 MiB in 1 MiB pieces from a huge-page buffer ran at 1.55–1.66 GB/s against 1.22–1.36
+    /// from 4 KiB pages here. Anonymous memory is zero. None if the mapping fails.
+    fn map_huge(cap: usize) -> Option<*mut u8> {
+        let span = cap + HUGE_PAGE_BYTES;
+        // SAFETY: an anonymous private mapping of `span` bytes; no existing memory is affected.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(HUGE_PAGE_BYTES);
+        let head = aligned - start;
+        let tail = span - head - cap;
+        // SAFETY: the head and tail ranges lie inside the mapping just made and are not used.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + cap) as *mut libc::c_void, tail);
+            }
+            // Advice only; failure leaves 4 KiB pages.
+            libc::madvise(aligned as *mut libc::c_void, cap, libc::MADV_HUGEPAGE);
+        }
+        Some(aligned as *mut u8)
     }
 
     fn layout(cap: usize) -> Layout {
-        let align = if cap >= HUGE_PAGE_BYTES {
-            HUGE_PAGE_BYTES
-        } else {
-            PAGE_BYTES
-        };
-        Layout::from_size_align(cap, align).expect("page layout")
+        Layout::from_size_align(cap, PAGE_BYTES).expect("page layout")
+    }
+
+    /// Faults every page in (writes a zero to each; the buffer stays all zero).
+    pub fn touch(&mut self) {
+        for at in (0..self.cap).step_by(PAGE_BYTES) {
+            // SAFETY: at < cap, inside the buffer, which this &mut borrows uniquely.
+            unsafe { self.ptr.add(at).write_volatile(0) };
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -104,9 +165,14 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        let layout = Self::layout(self.cap);
-        // SAFETY: ptr was allocated with exactly this layout and is freed once.
-        unsafe { dealloc(self.ptr, layout) }
+        match self.backing {
+            // SAFETY: ptr was allocated with exactly this layout and is freed once.
+            Backing::Heap => unsafe { dealloc(self.ptr, Self::layout(self.cap)) },
+            // SAFETY: `map_huge` mapped exactly `cap` bytes at ptr; unmapped once.
+            Backing::Mapped => unsafe {
+                libc::munmap(self.ptr.cast(), self.cap);
+            },
+        }
     }
 }
 
@@ -216,5 +282,36 @@ pub fn sync_filesystem(f: &File) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_are_zero_huge_page_aligned_and_writable() {
+        for cap in [HUGE_PAGE_BYTES, 3 * HUGE_PAGE_BYTES + PAGE_BYTES, 8 << 20] {
+            let mut b = AlignedBuf::new(cap);
+            assert!(matches!(b.backing, Backing::Mapped), "{cap}: not mapped");
+            assert_eq!(b.ptr as usize % HUGE_PAGE_BYTES, 0, "{cap}: not 2 MiB aligned");
+            assert!(b.capacity() >= cap);
+            assert!(b.full_mut().iter().all(|&x| x == 0), "{cap}: not zero");
+            b.full_mut().fill(0xA5);
+            b.set_len(cap);
+            assert!(b.as_slice().iter().all(|&x| x == 0xA5));
+            b.touch();
+            assert!(b.as_slice().iter().step_by(PAGE_BYTES).all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn small_buffers_come_from_the_heap_page_aligned_and_zero() {
+        let b = AlignedBuf::new(5000);
+        assert!(matches!(b.backing, Backing::Heap));
+        assert_eq!(b.capacity(), 2 * PAGE_BYTES);
+        assert_eq!(b.ptr as usize % PAGE_BYTES, 0);
+        let mut b = b;
+        assert!(b.full_mut().iter().all(|&x| x == 0));
     }
 }

@@ -241,6 +241,10 @@ impl Backup {
             sh.get_or_create_tablet(id)?;
         }
         engine::recover_primary(&sh, &dropped)?;
+        let segment = sh.cfg.segment_bytes as usize;
+        if segment >= 2 << 20 {
+            sh.pool.warm(segment, sh.cfg.pool_warm_bytes / segment);
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let mut threads = Vec::new();
         let s1 = sh.clone();

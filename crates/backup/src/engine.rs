@@ -46,7 +46,7 @@ impl BufPool {
             return b;
         }
         drop(g);
-        AlignedBuf::new(1usize << c)
+        AlignedBuf::huge(1usize << c)
     }
 
     /// Fills the pool with `count` buffers for blocks of up to `len` bytes, touched now, so that
@@ -55,7 +55,7 @@ impl BufPool {
     pub fn warm(&self, len: usize, count: usize) {
         let c = Self::class(len);
         for _ in 0..count {
-            let mut buf = AlignedBuf::new(1usize << c);
+            let mut buf = AlignedBuf::huge(1usize << c);
             buf.touch();
             let mut g = self.free.lock();
             if g.1 + buf.capacity() > self.limit_bytes {

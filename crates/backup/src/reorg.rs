@@ -391,7 +391,7 @@ pub fn reorganize_cached(
         .with(|b| b.borrow_mut().take())
         .filter(|(o, r)| o.capacity() == seg_bytes && r.iter().all(|r| r.capacity() == seg_bytes))
         .unwrap_or_else(|| {
-            let new = || AlignedBuf::new(seg_bytes);
+            let new = || AlignedBuf::huge(seg_bytes);
             (new(), [new(), new()])
         });
     let mut out = Output::new(out_buf);

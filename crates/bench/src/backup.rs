@@ -67,7 +67,7 @@ fn raw_bandwidth(dir: &Path, total_bytes: u64, runs: usize) -> Result<(f64, IoMo
     let mode = ramlog_backup::io::probe_direct(dir);
     let path = dir.join("raw.bin");
     let block = 8usize << 20;
-    let mut buf = AlignedBuf::new(block);
+    let mut buf = AlignedBuf::huge(block);
     for (i, b) in buf.full_mut().iter_mut().enumerate() {
         *b = (i * 31 % 251) as u8;
     }

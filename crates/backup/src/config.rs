@@ -81,12 +81,13 @@ pub struct Config {
     pub value_max_bytes: usize,
     /// Use O_DIRECT when the file system allows it.
     pub direct_io: bool,
-    /// Bytes of segment-sized write buffers allocated and touched at open (DXRAM pools 8 × 8 MB
-    /// buffers from the start). Buffers of 2 MiB and more are backed by transparent huge pages,
-    /// and first touching fresh huge pages in the middle of a flush costs more than the write
-    /// gains; with the pool filled at open, one tablet's 4 KiB entries logged at 0.72 of raw
-    /// bandwidth against 0.46–0.54 (docs/benchmarks.md, backup run 7). Only used when segments
-    /// are at least 2 MiB; at most the pool's bound (128 MiB).
+    /// Bytes of flush arenas (each the write buffer's size, rounded up to a power of two; a
+    /// flush's blocks are laid out in one) allocated and touched at open, as DXRAM fills its
+    /// buffer pool at start. Buffers of 2 MiB and more are backed by transparent huge pages, and
+    /// first touching fresh huge pages in the middle of a flush costs more than the writes gain:
+    /// in alternating bench rows, one tablet's 4 KiB entries logged at 0.72 of raw bandwidth
+    /// with 40 MiB of buffers filled at open against 0.46–0.54 without. Only used when an arena
+    /// is at least 2 MiB; at most the pool's bound (128 MiB).
     pub pool_warm_bytes: usize,
 }
 

@@ -7,7 +7,7 @@
 
 use crate::format::{self, BlockHeader, BLOCK_HEADER_BYTES, PAGE_BYTES};
 use crate::io::{self, AlignedBuf, IoMode};
-use crate::tablet::{BlockWrite, Tablet};
+use crate::tablet::{BlockBuf, BlockWrite, Blocks, Tablet};
 use crate::wbuf::{Chunk, Taken, WriteBuffer};
 use crate::{Config, Error, Result, SyncPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -227,6 +227,8 @@ pub struct Job {
     /// When the job's oldest entry was appended (None if it carries none).
     pub oldest: Option<Instant>,
     pub writes: Vec<(Arc<Tablet>, BlockWrite)>,
+    /// The buffer most of `writes` lie in (see `tablet::Blocks`).
+    pub arena: Option<AlignedBuf>,
     pub primary: Option<(u64, AlignedBuf)>,
     /// The primary write wraps to offset 0: every SLB has been flushed in `writes`, and all
     /// version buffers must be spilled before the primary block is written.
@@ -256,6 +258,7 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
                 lsn,
                 oldest,
                 writes: Vec::new(),
+                arena: None,
                 primary: None,
                 wrap: false,
                 checkpoint: false,
@@ -310,6 +313,13 @@ fn build_job(
             appended += meta.rec_count as u64;
         }
     }
+    // One arena for the flush's secondary blocks, of a fixed size so that the pool keeps
+    // handing out the same buffers (a block that does not fit gets a buffer of its own).
+    let flush_bytes: usize = chunks.iter().map(|c| c.data.len()).sum();
+    let mut blocks = Blocks::new(
+        &sh.pool,
+        if flush_bytes > 0 { arena_bytes(cfg) } else { 0 },
+    );
     let mut writes: Vec<(Arc<Tablet>, BlockWrite)> = Vec::new();
     let mut primary_runs: Vec<(u64, Vec<&[u8]>, usize)> = Vec::new();
     let mut versions: Vec<VersionBatch> = Vec::new();
@@ -350,7 +360,7 @@ fn build_job(
                     slices.push(&slb);
                 }
                 slices.extend_from_slice(&puts);
-                let placed = place_with_urgent(sh, &tablet, &mut st, &slices, seq)?;
+                let placed = place_with_urgent(sh, &tablet, &mut st, &slices, seq, &mut blocks)?;
                 for w in placed {
                     writes.push((tablet.clone(), w));
                 }
@@ -453,7 +463,8 @@ fn build_job(
             }
             let slb = std::mem::take(&mut st.slb);
             let data_seq = st.slb_data_seq.max(1);
-            let placed = place_with_urgent(sh, &tablet, &mut st, &[&slb], data_seq)?;
+            let placed =
+                place_with_urgent(sh, &tablet, &mut st, &[&slb], data_seq, &mut blocks)?;
             for w in placed {
                 writes.push((tablet.clone(), w));
             }
@@ -464,6 +475,7 @@ fn build_job(
         lsn,
         oldest,
         writes,
+        arena: blocks.finish(),
         primary,
         wrap,
         checkpoint,
@@ -471,6 +483,11 @@ fn build_job(
         force_sync,
         closing,
     })
+}
+
+/// Size of a flush's block arena: the write buffer's size, a power of two.
+pub fn arena_bytes(cfg: &crate::Config) -> usize {
+    cfg.write_buffer_bytes.next_power_of_two()
 }
 
 /// Waits (at most 5 s) until every flush up to ticket `lsn` is written and its versions applied.
@@ -493,6 +510,7 @@ fn place_with_urgent(
     st: &mut parking_lot::MutexGuard<'_, crate::tablet::TabletState>,
     slices: &[&[u8]],
     data_seq: u64,
+    blocks: &mut Blocks<'_>,
 ) -> Result<Vec<BlockWrite>> {
     // Throttle: a log above the throttle threshold waits for the cleaner first, so utilisation
     // stays bounded when writes outpace reorganization.
@@ -553,7 +571,7 @@ fn place_with_urgent(
             slices,
             data_seq,
             &sh.seq,
-            &sh.pool,
+            blocks,
             sh.cfg.new_segment_fraction,
             sh.cfg.tracks_locations(),
         )? {
@@ -611,6 +629,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>
             lsn,
             oldest,
             writes,
+            arena,
             primary,
             wrap,
             checkpoint,
@@ -622,7 +641,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>
         let mut touched = Vec::new();
         let mut wrap_primary = None;
         if sh.failed().is_none() {
-            match write_blocks(&sh, &writes, primary.as_ref().filter(|_| !wrap)) {
+            match write_blocks(&sh, &writes, arena.as_ref(), primary.as_ref().filter(|_| !wrap)) {
                 Ok(()) => {
                     primary_written = primary.is_some() && !wrap;
                     touched = writes.iter().map(|(t, _)| t.clone()).collect();
@@ -631,7 +650,12 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>
             }
         }
         for (_, w) in writes {
-            sh.pool.put(w.buf);
+            if let BlockBuf::Own(b) = w.buf {
+                sh.pool.put(b);
+            }
+        }
+        if let Some(a) = arena {
+            sh.pool.put(a);
         }
         match primary {
             Some(p) if wrap && sh.failed().is_none() => wrap_primary = Some(p),
@@ -676,6 +700,7 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>
 fn write_blocks(
     sh: &Shared,
     writes: &[(Arc<Tablet>, BlockWrite)],
+    arena: Option<&AlignedBuf>,
     primary: Option<&(u64, AlignedBuf)>,
 ) -> Result<()> {
     let t0 = Instant::now();
@@ -686,7 +711,7 @@ fn write_blocks(
     // block either way; replay detects a torn block by its entries' CRCs and end-of-data.
     let mut ios: Vec<Io<'_>> = Vec::with_capacity(writes.len() + 1);
     for (t, w) in writes {
-        let whole = w.buf.as_slice();
+        let whole = w.bytes(arena);
         let mut at = 0usize;
         while at < whole.len() {
             let end = (at + WRITE_PIECE_BYTES).min(whole.len());
@@ -722,7 +747,7 @@ fn write_blocks(
         .secondary_writes
         .fetch_add(writes.len() as u64, Ordering::Relaxed);
     sh.counters.secondary_bytes.fetch_add(
-        writes.iter().map(|(_, w)| w.buf.len() as u64).sum::<u64>(),
+        writes.iter().map(|(_, w)| w.len() as u64).sum::<u64>(),
         Ordering::Relaxed,
     );
     // Release segment pins whatever happened (a failed backup refuses further writes anyway).
@@ -743,8 +768,8 @@ fn write_blocks(
     for (tablet, w) in writes {
         // A tablet's writes are adjacent (the processor groups by tablet).
         match per_tablet.last_mut() {
-            Some((t, bytes)) if Arc::ptr_eq(t, tablet) => *bytes += w.buf.len(),
-            _ => per_tablet.push((tablet, w.buf.len())),
+            Some((t, bytes)) if Arc::ptr_eq(t, tablet) => *bytes += w.len(),
+            _ => per_tablet.push((tablet, w.len())),
         }
     }
     for (tablet, bytes) in per_tablet {

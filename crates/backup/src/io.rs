@@ -168,6 +168,12 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
     }
 
+    /// The whole capacity.
+    pub fn full(&self) -> &[u8] {
+        // SAFETY: ptr is valid for cap initialised bytes (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.cap) }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for cap >= len initialised bytes.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }

@@ -241,9 +241,9 @@ impl Backup {
             sh.get_or_create_tablet(id)?;
         }
         engine::recover_primary(&sh, &dropped)?;
-        let segment = sh.cfg.segment_bytes as usize;
-        if segment >= 2 << 20 {
-            sh.pool.warm(segment, sh.cfg.pool_warm_bytes / segment);
+        let arena = engine::arena_bytes(&sh.cfg);
+        if arena >= 2 << 20 {
+            sh.pool.warm(arena, sh.cfg.pool_warm_bytes / arena);
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let mut threads = Vec::new();

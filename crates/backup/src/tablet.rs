@@ -371,7 +371,7 @@ impl Tablet {
         slices: &[&[u8]],
         data_seq: u64,
         seq: &std::sync::atomic::AtomicU64,
-        pool: &crate::engine::BufPool,
+        blocks: &mut Blocks<'_>,
         new_segment_fraction: f64,
         notes: bool,
     ) -> Result<Option<Vec<BlockWrite>>> {
@@ -475,9 +475,9 @@ impl Tablet {
         let now = Instant::now();
         for (i, ranges, body) in plan {
             let padded = format::page_align_up(BLOCK_HEADER_BYTES + body);
-            let mut buf = pool.get(padded);
+            let mut buf = blocks.take(padded);
             {
-                let out = buf.full_mut();
+                let out = blocks.bytes_mut(&mut buf);
                 let mut at = BLOCK_HEADER_BYTES;
                 for &(si, from, to) in &ranges {
                     out[at..at + (to - from)].copy_from_slice(&slices[si][from..to]);
@@ -494,7 +494,6 @@ impl Tablet {
                 };
                 h.encode(out);
             }
-            buf.set_len(padded);
             if notes {
                 for &(si, from, to) in &ranges {
                     note_entries(st, &slices[si][from..to], i as u32);
@@ -572,5 +571,95 @@ pub fn mean_stamp(old: Instant, old_bytes: u64, now: Instant, new_bytes: u64) ->
 pub struct BlockWrite {
     pub segment: usize,
     pub offset: u64,
-    pub buf: AlignedBuf,
+    pub buf: BlockBuf,
+}
+
+/// The bytes of one block write: a page-aligned range of its flush's arena, or a buffer of its
+/// own when the arena is full.
+pub enum BlockBuf {
+    Arena { start: usize, len: usize },
+    Own(AlignedBuf),
+}
+
+impl BlockWrite {
+    /// The block's bytes (`arena` is the flush's, see [`Blocks`]).
+    pub fn bytes<'a>(&'a self, arena: Option<&'a AlignedBuf>) -> &'a [u8] {
+        match &self.buf {
+            BlockBuf::Own(b) => b.as_slice(),
+            BlockBuf::Arena { start, len } => {
+                &arena.expect("an arena block without its arena").full()[*start..*start + *len]
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.buf {
+            BlockBuf::Own(b) => b.len(),
+            BlockBuf::Arena { len, .. } => *len,
+        }
+    }
+}
+
+/// Where a flush's block buffers come from: one arena per flush, taken from the pool (so it is
+/// reused, and at 2 MiB or more backed by huge pages: 256 tablets' blocks of about 100 KiB each
+/// are then written from huge pages too), with a pooled buffer of its own for a block that no
+/// longer fits.
+pub struct Blocks<'a> {
+    pool: &'a crate::engine::BufPool,
+    arena: Option<AlignedBuf>,
+    used: usize,
+}
+
+impl<'a> Blocks<'a> {
+    /// An arena of at least `bytes` (none if 0).
+    pub fn new(pool: &'a crate::engine::BufPool, bytes: usize) -> Blocks<'a> {
+        Blocks {
+            pool,
+            arena: (bytes > 0).then(|| pool.get(bytes)),
+            used: 0,
+        }
+    }
+
+    /// Room for a block of `padded` bytes (a multiple of the page size); its bytes are then
+    /// reached with [`Blocks::bytes_mut`].
+    fn take(&mut self, padded: usize) -> BlockBuf {
+        if let Some(a) = &self.arena {
+            if self.used + padded <= a.capacity() {
+                let b = BlockBuf::Arena {
+                    start: self.used,
+                    len: padded,
+                };
+                self.used += padded;
+                return b;
+            }
+        }
+        let mut own = self.pool.get(padded);
+        own.set_len(padded);
+        BlockBuf::Own(own)
+    }
+
+    fn bytes_mut<'b>(&'b mut self, b: &'b mut BlockBuf) -> &'b mut [u8] {
+        match b {
+            BlockBuf::Own(own) => {
+                let len = own.len();
+                &mut own.full_mut()[..len]
+            }
+            BlockBuf::Arena { start, len } => {
+                &mut self.arena.as_mut().expect("arena").full_mut()[*start..*start + *len]
+            }
+        }
+    }
+
+    /// The arena, to travel with the flush's writes; None if nothing was placed in it (it then
+    /// goes back to the pool).
+    pub fn finish(self) -> Option<AlignedBuf> {
+        match self.arena {
+            Some(a) if self.used > 0 => Some(a),
+            Some(a) => {
+                self.pool.put(a);
+                None
+            }
+            None => None,
+        }
+    }
 }

@@ -73,9 +73,9 @@ impl AlignedBuf {
     /// Like [`AlignedBuf::new`], but a buffer of 2 MiB or more is backed by transparent huge
     /// pages (see `map_huge`). For buffers that are reused many times (the write pool, the
     /// reorganizer's segments): on this virtual machine first touching fresh huge pages is
-    /// slow (a probe logging 512 MiB on one tablet spent 282–459 ms in the processor when its
-    /// block buffers were fresh huge pages, against 165–196 ms with 4 KiB pages), so a buffer
-    /// used once gains nothing from them.
+    /// slow (a probe logging 512 MiB on one tablet spent 119–459 ms in the processor, four of six
+    /// runs over 280 ms, when its block buffers were fresh huge pages, against 165–196 ms with
+    /// 4 KiB pages), so a buffer used once gains nothing from them.
     pub fn huge(cap: usize) -> AlignedBuf {
         let cap = cap.max(PAGE_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES;
         if cap >= HUGE_PAGE_BYTES {

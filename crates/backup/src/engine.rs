@@ -316,10 +316,7 @@ fn build_job(
     // One arena for the flush's secondary blocks, of a fixed size so that the pool keeps
     // handing out the same buffers (a block that does not fit gets a buffer of its own).
     let flush_bytes: usize = chunks.iter().map(|c| c.data.len()).sum();
-    let mut blocks = Blocks::new(
-        &sh.pool,
-        if flush_bytes > 0 { arena_bytes(cfg) } else { 0 },
-    );
+    let mut blocks = Blocks::new(&sh.pool, if flush_bytes > 0 { arena_bytes(cfg) } else { 0 });
     let mut writes: Vec<(Arc<Tablet>, BlockWrite)> = Vec::new();
     let mut primary_runs: Vec<(u64, Vec<&[u8]>, usize)> = Vec::new();
     let mut versions: Vec<VersionBatch> = Vec::new();
@@ -463,8 +460,7 @@ fn build_job(
             }
             let slb = std::mem::take(&mut st.slb);
             let data_seq = st.slb_data_seq.max(1);
-            let placed =
-                place_with_urgent(sh, &tablet, &mut st, &[&slb], data_seq, &mut blocks)?;
+            let placed = place_with_urgent(sh, &tablet, &mut st, &[&slb], data_seq, &mut blocks)?;
             for w in placed {
                 writes.push((tablet.clone(), w));
             }
@@ -641,7 +637,12 @@ pub fn run_writer(sh: Arc<Shared>, rx: Receiver<Job>, tx: SyncSender<WrittenJob>
         let mut touched = Vec::new();
         let mut wrap_primary = None;
         if sh.failed().is_none() {
-            match write_blocks(&sh, &writes, arena.as_ref(), primary.as_ref().filter(|_| !wrap)) {
+            match write_blocks(
+                &sh,
+                &writes,
+                arena.as_ref(),
+                primary.as_ref().filter(|_| !wrap),
+            ) {
                 Ok(()) => {
                     primary_written = primary.is_some() && !wrap;
                     touched = writes.iter().map(|(t, _)| t.clone()).collect();

@@ -311,7 +311,11 @@ mod tests {
         for cap in [HUGE_PAGE_BYTES, 3 * HUGE_PAGE_BYTES + PAGE_BYTES, 8 << 20] {
             let mut b = AlignedBuf::huge(cap);
             assert!(matches!(b.backing, Backing::Mapped), "{cap}: not mapped");
-            assert_eq!(b.ptr as usize % HUGE_PAGE_BYTES, 0, "{cap}: not 2 MiB aligned");
+            assert_eq!(
+                b.ptr as usize % HUGE_PAGE_BYTES,
+                0,
+                "{cap}: not 2 MiB aligned"
+            );
             assert!(b.capacity() >= cap);
             assert!(b.full_mut().iter().all(|&x| x == 0), "{cap}: not zero");
             b.full_mut().fill(0xA5);

@@ -169,7 +169,11 @@ fn many_dirty_tablets_sync_with_one_syncfs_and_few_with_fdatasync() {
             b.wait(last, Stage::Durable).unwrap();
             let s = b.stats();
             assert!(s.syncs >= tablets, "every dirty log counts: {s:?}");
-            assert_eq!(s.syncfs_calls > 0, expect_syncfs, "{tablets} tablets: {s:?}");
+            assert_eq!(
+                s.syncfs_calls > 0,
+                expect_syncfs,
+                "{tablets} tablets: {s:?}"
+            );
             // No close: what Durable promised must already be on disk.
             std::mem::forget(b);
         }

@@ -91,5 +91,7 @@ fn sequential_overwrites_keep_every_log_under_the_prompt_threshold() {
     let (state, report) = replay_state(&b);
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(state.len() as u64, tablets * per_tablet);
-    assert!(state.values().all(|(_, v, _)| *v > 3 * tablets * per_tablet));
+    assert!(state
+        .values()
+        .all(|(_, v, _)| *v > 3 * tablets * per_tablet));
 }

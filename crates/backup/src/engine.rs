@@ -481,9 +481,39 @@ fn build_job(
     })
 }
 
-/// Size of a flush's block arena: the write buffer's size, a power of two.
+/// Size of a flush's block arena: the write buffer's size as a power of two, at most 32 MiB.
 pub fn arena_bytes(cfg: &crate::Config) -> usize {
-    cfg.write_buffer_bytes.next_power_of_two()
+    // At most a quarter of the pool's bound, so the arenas of the flushes in flight go back to
+    // the pool and are reused; a larger flush puts its overflow in buffers of their own.
+    cfg.write_buffer_bytes
+        .next_power_of_two()
+        .min(POOL_BYTES / 4)
+}
+
+/// Bound of the write-buffer pool.
+pub const POOL_BYTES: usize = 128 << 20;
+
+/// Waits (at most `limit`) until a round of reorganization of `tablet` ends after the tablet had
+/// seen `rounds` of them: rounds of other tablets ending meanwhile say nothing about this one.
+/// The caller holds no lock.
+fn wait_for_round(sh: &Shared, tablet: &Tablet, rounds: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        // Read the completion count before the check, so a round ending between the check and
+        // the wait is not slept through (and never hold both locks).
+        let done = *sh.reorg_done.lock();
+        if tablet.state.lock().reorg_rounds != rounds
+            || Instant::now() >= deadline
+            || sh.shutdown.load(Ordering::SeqCst)
+            || sh.failed().is_some()
+        {
+            return;
+        }
+        let mut g = sh.reorg_done.lock();
+        if *g == done {
+            sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
+        }
+    }
 }
 
 /// Waits (at most 5 s) until every flush up to ticket `lsn` is written and its versions applied.
@@ -535,23 +565,7 @@ fn place_with_urgent(
             let versions_visible = sh.written_lsn.load(Ordering::SeqCst) >= sent;
             sh.request_reorg_front(tablet.id);
             parking_lot::MutexGuard::unlocked(st, || {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    // Read the completion count before the check, so a round ending between
-                    // the check and the wait is not slept through (and never hold both locks).
-                    let done = *sh.reorg_done.lock();
-                    if tablet.state.lock().reorg_rounds != rounds
-                        || Instant::now() >= deadline
-                        || sh.shutdown.load(Ordering::SeqCst)
-                        || sh.failed().is_some()
-                    {
-                        break;
-                    }
-                    let mut g = sh.reorg_done.lock();
-                    if *g == done {
-                        sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(20));
-                    }
-                }
+                wait_for_round(sh, tablet, rounds, Duration::from_secs(5))
             });
             if st.used_bytes() >= used {
                 if versions_visible {
@@ -577,15 +591,11 @@ fn place_with_urgent(
             break;
         }
         sh.counters.urgent_requests.fetch_add(1, Ordering::Relaxed);
-        let before = *sh.reorg_done.lock();
+        let rounds = st.reorg_rounds;
         sh.request_reorg(tablet.id, true);
         // The reorganizer needs the tablet state lock: release it while waiting.
         parking_lot::MutexGuard::unlocked(st, || {
-            let mut g = sh.reorg_done.lock();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while *g == before && Instant::now() < deadline && !sh.shutdown.load(Ordering::SeqCst) {
-                sh.reorg_done_cv.wait_for(&mut g, Duration::from_millis(50));
-            }
+            wait_for_round(sh, tablet, rounds, Duration::from_secs(60))
         });
     }
     Err(Error::LogFull {

@@ -215,7 +215,7 @@ impl Backup {
             durable_lsn: AtomicU64::new(0),
             sync_requested: AtomicBool::new(false),
             checkpoint_requested: AtomicBool::new(false),
-            pool: engine::BufPool::new(128 << 20),
+            pool: engine::BufPool::new(engine::POOL_BYTES),
             counters: engine::Counters::default(),
             reorg_queue: Mutex::new(VecDeque::new()),
             reorg_cv: Condvar::new(),

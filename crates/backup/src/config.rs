@@ -72,7 +72,10 @@ pub struct Config {
     pub reorg_strategy: SegmentStrategy,
     /// Fraction of a log's segments cleaned per periodic visit (DXRAM: 33%).
     pub reorg_segments_per_visit: f64,
-    /// Threads that read segments during replay.
+    /// Threads that read and parse segments during replay. Each reads a segment, then parses
+    /// it; with more threads than cores, reads stay in flight while the others parse. On two
+    /// cores, six alternating replays of 256 MiB took 0.745–1.117 s (median 0.81) with 4 threads
+    /// against 0.756–1.125 s (median 1.03) with 2.
     pub replay_threads: usize,
     pub sync: SyncPolicy,
     /// Threads that issue the writes and fdatasyncs of one flush concurrently.
@@ -113,7 +116,7 @@ impl Default for Config {
             reorg_enabled: true,
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
-            replay_threads: 2,
+            replay_threads: 4,
             sync: SyncPolicy::Periodic,
             io_threads: 8,
             value_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,

@@ -53,16 +53,12 @@ impl BufPool {
     /// the first flushes find memory already faulted in (DXRAM allocates its pooled buffers at
     /// start). Stops at the pool's bound.
     pub fn warm(&self, len: usize, count: usize) {
-        let c = Self::class(len);
-        for _ in 0..count {
-            let mut buf = AlignedBuf::huge(1usize << c);
+        let cap = 1usize << Self::class(len);
+        let room = self.limit_bytes.saturating_sub(self.free.lock().1) / cap;
+        for _ in 0..count.min(room) {
+            let mut buf = AlignedBuf::huge(cap);
             buf.touch();
-            let mut g = self.free.lock();
-            if g.1 + buf.capacity() > self.limit_bytes {
-                return;
-            }
-            g.1 += buf.capacity();
-            g.0[c].push(buf);
+            self.put(buf);
         }
     }
 

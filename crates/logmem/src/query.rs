@@ -2028,9 +2028,7 @@ impl FixedPlan {
     /// the general path.
     fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
         let mut cols = Columns::new();
-        for f in &self.columns {
-            cols.read(f, values, valid);
-        }
+        cols.read_all(&self.columns, values, valid);
         let map: [usize; FIXED_COLUMNS_MAX] = std::array::from_fn(|i| i);
         self.eval_columns(agg, &cols, &map, values.len(), valid)
     }
@@ -2077,10 +2075,22 @@ impl FixedPlan {
             let bit = |i: usize| take >> i & 1 == 1;
             match acc {
                 Acc::SumInt(s, seen) => {
-                    let mut sum = 0i128;
-                    for (i, &r) in raws.iter().enumerate() {
-                        sum += (r as i64 & ((take >> i & 1) as i64).wrapping_neg()) as i128;
-                    }
+                    let sum = if self.columns[c].ty == FieldType::I64 {
+                        let (mut sum, mut rest) = (0i128, take);
+                        while rest != 0 {
+                            sum += raws[rest.trailing_zeros() as usize] as i64 as i128;
+                            rest &= rest - 1;
+                        }
+                        sum
+                    } else {
+                        // At most 64 values of 32 bits: their sum fits in an i64.
+                        let (mut sum, mut rest) = (0i64, take);
+                        while rest != 0 {
+                            sum += raws[rest.trailing_zeros() as usize] as i64;
+                            rest &= rest - 1;
+                        }
+                        sum as i128
+                    };
                     *s = s.saturating_add(sum);
                     *seen = true;
                 }
@@ -2093,25 +2103,38 @@ impl FixedPlan {
                     *seen = true;
                 }
                 Acc::Int(m) => {
-                    for (i, &r) in raws.iter().enumerate() {
-                        let v = r as i64;
-                        if bit(i) && m.is_none_or(|cur| ordering_wins(*max, v.cmp(&cur))) {
-                            *m = Some(v);
-                        }
+                    let mut rest = take;
+                    let mut cur = m.unwrap_or(raws[rest.trailing_zeros() as usize] as i64);
+                    while rest != 0 {
+                        let v = raws[rest.trailing_zeros() as usize] as i64;
+                        rest &= rest - 1;
+                        cur = if *max { cur.max(v) } else { cur.min(v) };
                     }
+                    *m = Some(cur);
                 }
                 Acc::F64(m) => {
-                    for (i, &r) in raws.iter().enumerate() {
-                        let v = f64::from_bits(r);
-                        let better = match *m {
-                            None => !v.is_nan(),
-                            Some(cur) => {
-                                v.partial_cmp(&cur).is_some_and(|o| ordering_wins(*max, o))
+                    // NaN never wins: comparisons with it are false.
+                    let mut cur = m.unwrap_or(f64::NAN);
+                    let mut rest = take;
+                    if *max {
+                        while rest != 0 {
+                            let v = f64::from_bits(raws[rest.trailing_zeros() as usize]);
+                            rest &= rest - 1;
+                            if v > cur || cur.is_nan() {
+                                cur = v;
                             }
-                        };
-                        if bit(i) && better {
-                            *m = Some(v);
                         }
+                    } else {
+                        while rest != 0 {
+                            let v = f64::from_bits(raws[rest.trailing_zeros() as usize]);
+                            rest &= rest - 1;
+                            if v < cur || cur.is_nan() {
+                                cur = v;
+                            }
+                        }
+                    }
+                    if !cur.is_nan() {
+                        *m = Some(cur);
                     }
                 }
                 Acc::Bool(m) => {
@@ -2148,13 +2171,54 @@ impl Columns {
         }
     }
 
-    /// Reads the next column (`f`, for the records in `mask`).
-    fn read(&mut self, f: &FixedField, values: &[&[u8]], mask: u64) {
-        let c = self.len;
-        let (nulls, odd) = f.read_column(values, mask, &mut self.raws[c]);
-        self.nulls[c] = nulls;
-        self.odd[c] = odd;
-        self.len += 1;
+    /// Reads the columns `fields` (fields of the schema) of the records in `valid`, every one of
+    /// which passed that schema's `Schema::open`. Records outside `valid` get no NULL or
+    /// non-canonical bit, and unspecified raw values: evaluation never selects them.
+    fn read_all(&mut self, fields: &[FixedField], values: &[&[u8]], valid: u64) {
+        let n = values.len().min(BATCH_RECORDS);
+        self.len = fields.len();
+        if valid == 0 {
+            return;
+        }
+        // Records outside `valid` read the first valid record instead (no branch per read).
+        let first = values[valid.trailing_zeros() as usize].as_ptr();
+        let mut ptrs = [first; BATCH_RECORDS];
+        for (i, (p, v)) in ptrs.iter_mut().zip(&values[..n]).enumerate() {
+            if valid >> i & 1 == 1 {
+                *p = v.as_ptr();
+            }
+        }
+        // Whether any record has one of these fields NULL: most batches have none, and their
+        // columns are read without the per-record NULL bits.
+        let mut bitmap: [(usize, u8); FIXED_COLUMNS_MAX] = [(0, 0); FIXED_COLUMNS_MAX];
+        let mut bytes = 0;
+        for f in fields {
+            let at = bitmap[..bytes]
+                .iter()
+                .position(|&(b, _)| b == f.null_byte as usize)
+                .unwrap_or_else(|| {
+                    bytes += 1;
+                    bitmap[bytes - 1].0 = f.null_byte as usize;
+                    bytes - 1
+                });
+            bitmap[at].1 |= f.null_mask;
+        }
+        let mut any_null = 0u8;
+        for &p in &ptrs[..n] {
+            for &(b, m) in &bitmap[..bytes] {
+                // SAFETY: as in `FixedField::read_column`: the bitmap lies in the fixed area.
+                any_null |= unsafe { *p.add(b) } & m;
+            }
+        }
+        for (c, f) in fields.iter().enumerate() {
+            let (nulls, odd) = if any_null == 0 {
+                f.read_column::<false>(&ptrs[..n], &mut self.raws[c])
+            } else {
+                f.read_column::<true>(&ptrs[..n], &mut self.raws[c])
+            };
+            self.nulls[c] = nulls & valid;
+            self.odd[c] = odd & valid;
+        }
     }
 }
 
@@ -2226,9 +2290,7 @@ impl BatchGroup {
             }
         }
         let mut cols = Columns::new();
-        for f in &self.columns {
-            cols.read(f, values, valid);
-        }
+        cols.read_all(&self.columns, values, valid);
         for (g, map) in members.iter_mut().zip(&self.maps) {
             let fixed = g
                 .query
@@ -2257,43 +2319,44 @@ impl BatchGroup {
 pub const BATCH_RECORDS: usize = 64;
 
 impl FixedField {
-    /// Reads the field of every record of a batch whose bit is in `mask` into `raws` (0 for the
-    /// others). Returns (NULL bits, non-canonical bits).
+    /// Reads the field of each record of a batch, given by the address of its first byte, into
+    /// `raws`. Returns (NULL bits, non-canonical bits). Every record must have passed
+    /// `Schema::open` of this field's schema. With `NULLS` false the caller has checked that no
+    /// record has the field NULL, and its NULL bit is not read.
     #[inline]
-    fn read_column(
+    fn read_column<const NULLS: bool>(
         &self,
-        values: &[&[u8]],
-        mask: u64,
+        records: &[*const u8],
         raws: &mut [u64; BATCH_RECORDS],
     ) -> (u64, u64) {
         let (mut nulls, mut odd) = (0u64, 0u64);
-        let (pos, nb) = (self.pos as usize, self.null_byte as usize);
+        let (pos, nb, nm) = (self.pos as usize, self.null_byte as usize, self.null_mask);
         macro_rules! column {
             ($width:expr, |$b:ident| $raw:expr) => {
-                for (i, v) in values.iter().enumerate() {
-                    // Records in the mask passed `Schema::open`: the fixed area is there.
-                    if mask >> i & 1 == 0 {
-                        raws[i] = 0;
-                        continue;
-                    }
-                    let $b = &v[pos..pos + $width];
+                for (i, (&p, slot)) in records.iter().zip(raws.iter_mut()).enumerate() {
+                    // SAFETY: the record passed `Schema::open`, so it holds at least the fixed
+                    // area (`fixed_end` bytes), which contains the null bitmap and this field.
+                    let $b = unsafe { p.add(pos).cast::<[u8; $width]>().read() };
                     let raw = $raw;
-                    let null = v[nb] & self.null_mask != 0;
-                    raws[i] = raw;
-                    nulls |= (null as u64) << i;
-                    odd |= ((null & (raw != 0)) as u64) << i;
+                    *slot = raw;
+                    if NULLS {
+                        // SAFETY: as above.
+                        let null = unsafe { *p.add(nb) } & nm != 0;
+                        nulls |= (null as u64) << i;
+                        odd |= ((null & (raw != 0)) as u64) << i;
+                    }
                 }
             };
         }
         match self.ty {
-            FieldType::I32 => column!(4, |b| i32::from_le_bytes(read_array(b, 0)) as i64 as u64),
+            FieldType::I32 => column!(4, |b| i32::from_le_bytes(b) as i64 as u64),
             FieldType::Bool => {
                 column!(1, |b| b[0] as u64);
-                for (i, &r) in raws[..values.len()].iter().enumerate() {
+                for (i, &r) in raws[..records.len()].iter().enumerate() {
                     odd |= ((r > 1) as u64) << i;
                 }
             }
-            _ => column!(8, |b| u64::from_le_bytes(read_array(b, 0))),
+            _ => column!(8, |b| u64::from_le_bytes(b)),
         }
         (nulls, odd)
     }
@@ -2309,10 +2372,21 @@ impl FixedTest {
     /// The test over a column of canonical reads: one bit per record.
     #[inline]
     fn column(self, raws: &[u64], nulls: u64) -> u64 {
+        #[inline(always)]
         fn bits(raws: &[u64], f: impl Fn(u64) -> bool) -> u64 {
+            // Eight records at a time, with constant shifts.
             let mut m = 0u64;
-            for (i, &r) in raws.iter().enumerate() {
-                m |= (f(r) as u64) << i;
+            let mut chunks = raws.chunks_exact(8);
+            for (k, c) in chunks.by_ref().enumerate() {
+                let mut byte = 0u64;
+                for (j, &r) in c.iter().enumerate() {
+                    byte |= (f(r) as u64) << j;
+                }
+                m |= byte << (8 * k);
+            }
+            let done = raws.len() - chunks.remainder().len();
+            for (i, &r) in chunks.remainder().iter().enumerate() {
+                m |= (f(r) as u64) << (done + i);
             }
             m
         }

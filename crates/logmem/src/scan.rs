@@ -55,7 +55,7 @@ pub(crate) struct ScanEntry<'a> {
 }
 
 /// Visibility of one entry at a snapshot.
-#[inline]
+#[inline(always)]
 pub(crate) fn visible_at(
     inner: &Inner,
     tablet: &Tablet,
@@ -80,7 +80,7 @@ pub(crate) fn visible_at(
 
 /// Whether an entry still holds memory someone needs: a current object, or a retained version
 /// that one of the `open` snapshot versions (sorted) can read. Used for the scan's garbage count.
-#[inline]
+#[inline(always)]
 fn needed(inner: &Inner, tablet: &Tablet, e: &ScanEntry<'_>, open: &[u64]) -> bool {
     let h = e.header;
     if h.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
@@ -167,6 +167,9 @@ pub(crate) fn unpin_one(inner: &Inner, pins: &PinSet, segment: u32) {
     }
 }
 
+/// How far ahead of its position a walk asks for cache lines.
+const PREFETCH_AHEAD: usize = 768;
+
 /// A resumable position inside one captured segment.
 pub(crate) struct SegmentWalk {
     pub segment: u32,
@@ -201,8 +204,91 @@ impl SegmentWalk {
         self.seglet_start + self.off >= self.used
     }
 
+    /// The walk's fast path for one snapshot (`version`, `wall_ms`): visits entries in log order,
+    /// calling `f(header, key, value)` for each one visible at the snapshot, until `f` returns false
+    /// (after that entry), the segment ends, or an entry needs the general walk: a RETAINED
+    /// version (its valid-to lives elsewhere), an entry across seglets, or a header the short
+    /// decoder does not take. The caller then moves one entry with [`SegmentWalk::walk`].
+    /// Every entry it passes is counted as [`SegmentWalk::walk`] counts it, and the keys and
+    /// values lie in segment memory (`stable`). The caller holds an epoch guard.
+    #[inline(always)]
+    pub fn walk_plain(
+        &mut self,
+        inner: &Inner,
+        version: u64,
+        wall_ms: u64,
+        mut f: impl FnMut(&Header, &[u8], &[u8]) -> bool,
+    ) {
+        loop {
+            if self.done() || self.seglet == NO_SEGLET {
+                return;
+            }
+            let limit = (self.used - self.seglet_start).min(SEGLET_BYTES);
+            // SAFETY: as in `walk`.
+            let base = unsafe { inner.pool.seglet_tail(self.seglet, 0) };
+            let base = &base[..limit];
+            let base_ptr = base.as_ptr();
+            let mut off = self.off;
+            let mut prefetched = off & !63;
+            let (mut seen, mut needed) = (0u64, 0u64);
+            let mut h = Header::default();
+            let mut stopped = false;
+            while let Some(head) = base.get(off..off + HEADER_BYTES_MAX) {
+                #[cfg(target_arch = "x86_64")]
+                while prefetched < off + PREFETCH_AHEAD {
+                    // SAFETY: a prefetch is a hint and never faults.
+                    unsafe {
+                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                            base_ptr.wrapping_add(prefetched) as *const i8,
+                        );
+                    }
+                    prefetched += 64;
+                }
+                // SAFETY: off < limit; see `Inner::entry_state`.
+                let state = unsafe { AtomicU8::from_ptr(base_ptr.add(off) as *mut u8) }
+                    .load(Ordering::Acquire)
+                    & STATE_MASK;
+                if state & STATE_RETAINED != 0
+                    || !decode_header_into(&mut h, head.try_into().expect("header-sized"))
+                {
+                    break;
+                }
+                let total = h.total_len();
+                if off + total > limit {
+                    break;
+                }
+                seen += total as u64;
+                // Current objects are needed and may be visible; tombstones, superseded
+                // (not retained) and MOVED entries are neither.
+                if h.kind == KIND_OBJECT && state & (STATE_SUPERSEDED | STATE_MOVED) == 0 {
+                    needed += total as u64;
+                    if h.version <= version && (h.expire_at_ms == 0 || h.expire_at_ms > wall_ms)
+                    {
+                        let (hl, kl) = (h.header_len as usize, h.key_len as usize);
+                        let key = &base[off + hl..off + hl + kl];
+                        if !f(&h, key, &base[off + hl + kl..off + total]) {
+                            off += total;
+                            stopped = true;
+                            break;
+                        }
+                    }
+                }
+                off += total;
+            }
+            self.off = off;
+            self.seen_bytes += seen;
+            self.needed_bytes += needed;
+            if stopped || off < limit || limit < SEGLET_BYTES {
+                self.normalise(inner);
+                return;
+            }
+            self.normalise(inner);
+        }
+    }
+
     /// Visits entries in log order until `f` returns false (after that entry) or the segment ends.
     /// Returns Ok(true) when the segment is finished. The caller holds an epoch guard.
+    #[inline(always)]
     pub fn walk(
         &mut self,
         inner: &Inner,
@@ -225,6 +311,7 @@ impl SegmentWalk {
             let base = &base[..limit];
             let base_ptr = base.as_ptr();
             let mut h = Header::default();
+            let mut prefetched = self.off & !63;
             // Fast path: entries wholly inside this seglet.
             while self.off < limit {
                 let off = self.off;
@@ -232,12 +319,19 @@ impl SegmentWalk {
                 let state = unsafe { AtomicU8::from_ptr(base_ptr.add(off) as *mut u8) }
                     .load(Ordering::Acquire)
                     & STATE_MASK;
+                // Every cache line some distance ahead is asked for once, so the next entries'
+                // first bytes (on which the walk's progress depends) are in L1 when it reaches
+                // them. Entries are often longer than a line: one prefetch per entry would skip
+                // lines.
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch is a hint and never faults.
-                unsafe {
-                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                        base_ptr.wrapping_add(off + 512) as *const i8,
-                    );
+                while prefetched < off + PREFETCH_AHEAD {
+                    // SAFETY: a prefetch is a hint and never faults.
+                    unsafe {
+                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                            base_ptr.wrapping_add(prefetched) as *const i8,
+                        );
+                    }
+                    prefetched += 64;
                 }
                 let fast = match base.get(off..off + HEADER_BYTES_MAX) {
                     Some(b) => decode_header_into(&mut h, b.try_into().expect("header-sized")),
@@ -744,13 +838,26 @@ impl Pass<'_> {
             let mut walk = SegmentWalk::new(inner, c);
             let guard = epoch::pin();
             let r = if let ([sink], [(version, wall_ms)]) = (&mut sinks[..], self.snaps) {
-                // One query: the common case, without the per-query loop.
-                walk.walk(inner, tablet, self.open, &mut scratch, |e| {
-                    if visible_at(inner, tablet, e, *version, *wall_ms) {
-                        active[0] = sink.accept_entry(e);
+                // One query: the common case, without the per-query loop. The plain walk takes
+                // the entries it can; the general walk moves over each one it stops at.
+                loop {
+                    walk.walk_plain(inner, *version, *wall_ms, |h, key, value| {
+                        active[0] = sink.accept_parts(h, key, value, true);
+                        active[0]
+                    });
+                    if !active[0] || walk.done() {
+                        break Ok(walk.done());
                     }
-                    active[0]
-                })
+                    let step = walk.walk(inner, tablet, self.open, &mut scratch, |e| {
+                        if visible_at(inner, tablet, e, *version, *wall_ms) {
+                            active[0] = sink.accept_entry(e);
+                        }
+                        false
+                    });
+                    if !matches!(step, Ok(false)) || !active[0] {
+                        break step;
+                    }
+                }
             } else if let Some(group) = self.group {
                 walk.walk(inner, tablet, self.open, &mut scratch, |e| {
                     if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
@@ -1023,13 +1130,19 @@ impl QuerySink {
 
     /// Handles one visible entry of a log walk: deferred for batch evaluation when the query
     /// batches and the bytes stay put, else at once. False once the record limit is reached.
-    #[inline]
+    #[inline(always)]
     pub fn accept_entry(&mut self, e: &ScanEntry<'_>) -> bool {
-        if !(self.batching && e.stable) {
-            return self.accept(e.key, e.value, e.header.version, e.header.expire_at_ms);
+        self.accept_parts(e.header, e.key, e.value, e.stable)
+    }
+
+    /// [`QuerySink::accept_entry`] from an entry's parts.
+    #[inline(always)]
+    pub fn accept_parts(&mut self, h: &Header, key: &[u8], value: &[u8], stable: bool) -> bool {
+        if !(self.batching && stable) {
+            return self.accept(key, value, h.version, h.expire_at_ms);
         }
-        if self.key_passes(e.key) {
-            self.deferred.0.push((e.value.as_ptr(), e.value.len()));
+        if self.key_passes(key) {
+            self.deferred.0.push((value.as_ptr(), value.len()));
             if self.deferred.0.len() == BATCH_RECORDS {
                 self.flush_deferred();
             }

@@ -1861,6 +1861,7 @@ impl CompiledQuery {
                 .map(|(kind, slot, _)| Acc::new(*kind, slot.ty))
                 .collect(),
             plan: self.plan.clone(),
+            columns: None,
         }
     }
 }
@@ -2027,10 +2028,12 @@ impl FixedPlan {
     /// odd): records with a non-canonical field are neither selected nor added, and are left to
     /// the general path.
     fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
-        let mut cols = Columns::new();
+        let mut cols = agg.columns.take().unwrap_or_default();
         cols.read_all(&self.columns, values, valid);
         let map: [usize; FIXED_COLUMNS_MAX] = std::array::from_fn(|i| i);
-        self.eval_columns(agg, &cols, &map, values.len(), valid)
+        let out = self.eval_columns(agg, &cols, &map, values.len(), valid);
+        agg.columns = Some(cols);
+        out
     }
 
     /// `eval_batch` on columns already read: column `c` of this plan is `cols` column `map[c]`.
@@ -2154,6 +2157,7 @@ impl FixedPlan {
 }
 
 /// Fixed-width columns read from one batch of records.
+#[derive(Clone)]
 struct Columns {
     raws: [[u64; BATCH_RECORDS]; FIXED_COLUMNS_MAX],
     nulls: [u64; FIXED_COLUMNS_MAX],
@@ -2161,8 +2165,8 @@ struct Columns {
     len: usize,
 }
 
-impl Columns {
-    fn new() -> Columns {
+impl Default for Columns {
+    fn default() -> Columns {
         Columns {
             raws: [[0; BATCH_RECORDS]; FIXED_COLUMNS_MAX],
             nulls: [0; FIXED_COLUMNS_MAX],
@@ -2170,7 +2174,9 @@ impl Columns {
             len: 0,
         }
     }
+}
 
+impl Columns {
     /// Reads the columns `fields` (fields of the schema) of the records in `valid`, every one of
     /// which passed that schema's `Schema::open`. Records outside `valid` get no NULL or
     /// non-canonical bit, and unspecified raw values: evaluation never selects them.
@@ -2289,7 +2295,11 @@ impl BatchGroup {
                 valid |= (self.schema.open(v).is_ok() as u64) << i;
             }
         }
-        let mut cols = Columns::new();
+        // The first member keeps the column space between batches.
+        let mut cols = members
+            .first_mut()
+            .and_then(|g| g.agg.columns.take())
+            .unwrap_or_default();
         cols.read_all(&self.columns, values, valid);
         for (g, map) in members.iter_mut().zip(&self.maps) {
             let fixed = g
@@ -2311,6 +2321,9 @@ impl BatchGroup {
                     Err(_) => g.malformed += 1,
                 }
             }
+        }
+        if let Some(g) = members.first_mut() {
+            g.agg.columns = Some(cols);
         }
     }
 }
@@ -2583,6 +2596,8 @@ fn merge_bytes(m: &mut Option<Vec<u8>>, v: &[u8], better: impl Fn(std::cmp::Orde
 pub struct AggState {
     plan: Arc<AggPlan>,
     acc: Vec<Acc>,
+    /// Column space of batch evaluation, kept between batches (not part of the result).
+    columns: Option<Box<Columns>>,
 }
 
 impl fmt::Debug for AggState {

@@ -168,7 +168,7 @@ pub(crate) fn unpin_one(inner: &Inner, pins: &PinSet, segment: u32) {
 }
 
 /// How far ahead of its position a walk asks for cache lines.
-const PREFETCH_AHEAD: usize = 768;
+const PREFETCH_AHEAD: usize = 1536;
 
 /// A resumable position inside one captured segment.
 pub(crate) struct SegmentWalk {

@@ -262,8 +262,7 @@ impl SegmentWalk {
                 // (not retained) and MOVED entries are neither.
                 if h.kind == KIND_OBJECT && state & (STATE_SUPERSEDED | STATE_MOVED) == 0 {
                     needed += total as u64;
-                    if h.version <= version && (h.expire_at_ms == 0 || h.expire_at_ms > wall_ms)
-                    {
+                    if h.version <= version && (h.expire_at_ms == 0 || h.expire_at_ms > wall_ms) {
                         let (hl, kl) = (h.header_len as usize, h.key_len as usize);
                         let key = &base[off + hl..off + hl + kl];
                         if !f(&h, key, &base[off + hl + kl..off + total]) {

@@ -92,9 +92,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("     read: {:.2} GB/s", bytes / median(secs) / 1e9);
     }
+    // `perf stat --control fifo:CTL -D -1` counts the scans only when SCANPROBE_PERF_CTL names
+    // its control FIFO.
+    let mut perf_ctl = match std::env::var("SCANPROBE_PERF_CTL") {
+        Ok(path) => Some(std::fs::OpenOptions::new().write(true).open(path)?),
+        Err(_) => None,
+    };
     for (name, q) in [("count", &count), ("aggregate", &agg)] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
+        }
+        if let Some(ctl) = &mut perf_ctl {
+            use std::io::Write;
+            ctl.write_all(b"enable\n")?;
         }
         let mut secs = Vec::new();
         let mut out = None;
@@ -103,6 +113,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t = Instant::now();
             out = Some(engine.scan(1, &snap, q, ScanMethod::Log, 0)?.aggregates);
             secs.push(t.elapsed().as_secs_f64());
+        }
+        if let Some(ctl) = &mut perf_ctl {
+            use std::io::Write;
+            ctl.write_all(b"disable\n")?;
         }
         let fastest = secs.iter().copied().fold(f64::INFINITY, f64::min);
         let s = median(secs);

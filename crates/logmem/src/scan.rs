@@ -209,6 +209,7 @@ impl SegmentWalk {
     /// (after that entry), the segment ends, or an entry needs the general walk: a RETAINED
     /// version (its valid-to lives elsewhere), an entry across seglets, or a header the short
     /// decoder does not take. The caller then moves one entry with [`SegmentWalk::walk`].
+    /// Returns true when `f` stopped it.
     /// Every entry it passes is counted as [`SegmentWalk::walk`] counts it, and the keys and
     /// values lie in segment memory (`stable`). The caller holds an epoch guard.
     #[inline(always)]
@@ -218,10 +219,10 @@ impl SegmentWalk {
         version: u64,
         wall_ms: u64,
         mut f: impl FnMut(&Header, &[u8], &[u8]) -> bool,
-    ) {
+    ) -> bool {
         loop {
             if self.done() || self.seglet == NO_SEGLET {
-                return;
+                return false;
             }
             let limit = (self.used - self.seglet_start).min(SEGLET_BYTES);
             // SAFETY: as in `walk`.
@@ -279,7 +280,7 @@ impl SegmentWalk {
             self.needed_bytes += needed;
             if stopped || off < limit || limit < SEGLET_BYTES {
                 self.normalise(inner);
-                return;
+                return stopped;
             }
             self.normalise(inner);
         }
@@ -840,10 +841,12 @@ impl Pass<'_> {
                 // One query: the common case, without the per-query loop. The plain walk takes
                 // the entries it can; the general walk moves over each one it stops at.
                 loop {
-                    walk.walk_plain(inner, *version, *wall_ms, |h, key, value| {
-                        active[0] = sink.accept_parts(h, key, value, true);
-                        active[0]
-                    });
+                    let sink = &mut **sink;
+                    if walk.walk_plain(inner, *version, *wall_ms, |h, key, value| {
+                        sink.accept_parts(h, key, value, true)
+                    }) {
+                        active[0] = false;
+                    }
                     if !active[0] || walk.done() {
                         break Ok(walk.done());
                     }
@@ -1063,8 +1066,19 @@ pub(crate) struct QuerySink {
 /// Values waiting for batch evaluation: addresses in pinned segment memory, which the walker
 /// evaluates (`QuerySink::flush_deferred`) before it leaves the segment. Always empty when a
 /// sink changes threads or is merged.
-#[derive(Default)]
-struct Deferred(Vec<(*const u8, usize)>);
+struct Deferred {
+    at: Box<[(*const u8, usize); BATCH_RECORDS]>,
+    len: usize,
+}
+
+impl Default for Deferred {
+    fn default() -> Deferred {
+        Deferred {
+            at: Box::new([(std::ptr::null(), 0); BATCH_RECORDS]),
+            len: 0,
+        }
+    }
+}
 
 // SAFETY: the addresses are only dereferenced by the thread that deferred them, before the
 // segment they point into is unpinned; a sink crosses threads only with none deferred.
@@ -1088,7 +1102,7 @@ impl QuerySink {
             count_only,
             all_keys,
             batching,
-            deferred: Deferred(Vec::with_capacity(if batching { BATCH_RECORDS } else { 0 })),
+            deferred: Deferred::default(),
         }
     }
 
@@ -1141,8 +1155,10 @@ impl QuerySink {
             return self.accept(key, value, h.version, h.expire_at_ms);
         }
         if self.key_passes(key) {
-            self.deferred.0.push((value.as_ptr(), value.len()));
-            if self.deferred.0.len() == BATCH_RECORDS {
+            let d = &mut self.deferred;
+            d.at[d.len] = (value.as_ptr(), value.len());
+            d.len += 1;
+            if d.len == BATCH_RECORDS {
                 self.flush_deferred();
             }
         }
@@ -1157,16 +1173,16 @@ impl QuerySink {
 
     /// Evaluates the deferred values. The walker calls this before it leaves their segment.
     pub fn flush_deferred(&mut self) {
-        if self.deferred.0.is_empty() {
+        let n = self.deferred.len;
+        if n == 0 {
             return;
         }
         let mut values: [&[u8]; BATCH_RECORDS] = [&[]; BATCH_RECORDS];
-        for (slot, &(ptr, len)) in values.iter_mut().zip(&self.deferred.0) {
+        for (slot, &(ptr, len)) in values.iter_mut().zip(&self.deferred.at[..n]) {
             // SAFETY: see `Deferred`: the segment holding these bytes is still pinned.
             *slot = unsafe { std::slice::from_raw_parts(ptr, len) };
         }
-        let n = self.deferred.0.len();
-        self.deferred.0.clear();
+        self.deferred.len = 0;
         let agg = self.agg.as_mut().expect("a batching sink aggregates");
         let (matched, malformed) = self.query.aggregate_batch(agg, &values[..n]);
         self.out.matched += matched;

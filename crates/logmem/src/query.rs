@@ -1752,6 +1752,24 @@ impl CompiledQuery {
     /// branches. Returns (records selected, records malformed), the same counts and
     /// accumulators as calling `matches_and_aggregate` on each value.
     pub fn aggregate_batch(&self, agg: &mut AggState, values: &[&[u8]]) -> (u64, u64) {
+        #[cfg(target_arch = "x86_64")]
+        if has_batch_features() {
+            // SAFETY: the CPU has AVX2, BMI1 and POPCNT.
+            return unsafe { self.aggregate_batch_avx2(agg, values) };
+        }
+        self.aggregate_batch_impl(agg, values)
+    }
+
+    /// [`CompiledQuery::aggregate_batch`] compiled for AVX2 (the batch's column loops several
+    /// records per instruction), BMI1 and POPCNT (bit masks of records).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,popcnt")]
+    unsafe fn aggregate_batch_avx2(&self, agg: &mut AggState, values: &[&[u8]]) -> (u64, u64) {
+        self.aggregate_batch_impl(agg, values)
+    }
+
+    #[inline(always)]
+    fn aggregate_batch_impl(&self, agg: &mut AggState, values: &[&[u8]]) -> (u64, u64) {
         let (Some(schema), Some(fixed), true) =
             (&self.schema, &self.fixed, values.len() <= BATCH_RECORDS)
         else {
@@ -2064,6 +2082,7 @@ impl FixedPlan {
     /// selects by the CNF, and adds the selected records to the accumulators. Returns (selected,
     /// odd): records with a non-canonical field are neither selected nor added, and are left to
     /// the general path.
+    #[inline(always)]
     fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
         let mut cols = agg.columns.take().unwrap_or_default();
         cols.read_all(&self.columns, values, valid);
@@ -2074,6 +2093,7 @@ impl FixedPlan {
     }
 
     /// `eval_batch` on columns already read: column `c` of this plan is `cols` column `map[c]`.
+    #[inline(always)]
     fn eval_columns(
         &self,
         agg: &mut AggState,
@@ -2217,6 +2237,7 @@ impl Columns {
     /// Reads the columns `fields` (fields of the schema) of the records in `valid`, every one of
     /// which passed that schema's `Schema::open`. Records outside `valid` get no NULL or
     /// non-canonical bit, and unspecified raw values: evaluation never selects them.
+    #[inline(always)]
     fn read_all(&mut self, fields: &[FixedField], values: &[&[u8]], valid: u64) {
         let n = values.len().min(BATCH_RECORDS);
         self.len = fields.len();
@@ -2323,6 +2344,23 @@ impl BatchGroup {
     /// the group was made with. Each member's counts and accumulators end as if
     /// `aggregate_batch` had run on its masked records alone.
     pub fn aggregate(&self, members: &mut [GroupMember<'_>], values: &[&[u8]]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_batch_features() {
+            // SAFETY: the CPU has the features `aggregate_avx2` is compiled for.
+            return unsafe { self.aggregate_avx2(members, values) };
+        }
+        self.aggregate_impl(members, values)
+    }
+
+    /// [`BatchGroup::aggregate`] compiled as [`CompiledQuery::aggregate_batch`] is.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,bmi1,popcnt")]
+    unsafe fn aggregate_avx2(&self, members: &mut [GroupMember<'_>], values: &[&[u8]]) {
+        self.aggregate_impl(members, values)
+    }
+
+    #[inline(always)]
+    fn aggregate_impl(&self, members: &mut [GroupMember<'_>], values: &[&[u8]]) {
         let n = values.len().min(BATCH_RECORDS);
         let values = &values[..n];
         let wanted = members.iter().fold(0, |m, g| m | g.mask);
@@ -2367,6 +2405,15 @@ impl BatchGroup {
     }
 }
 
+/// Whether the CPU has what the batch evaluators' fast builds need (AVX2, BMI1, POPCNT).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_batch_features() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("bmi1")
+        && std::arch::is_x86_feature_detected!("popcnt")
+}
+
 /// Records one batch of [`CompiledQuery::aggregate_batch`] takes at most (one bit each in a u64).
 pub const BATCH_RECORDS: usize = 64;
 
@@ -2375,7 +2422,7 @@ impl FixedField {
     /// `raws`. Returns (NULL bits, non-canonical bits). Every record must have passed
     /// `Schema::open` of this field's schema. With `NULLS` false the caller has checked that no
     /// record has the field NULL, and its NULL bit is not read.
-    #[inline]
+    #[inline(always)]
     fn read_column<const NULLS: bool>(
         &self,
         records: &[*const u8],
@@ -2422,7 +2469,7 @@ impl FixedTest {
     }
 
     /// The test over a column of canonical reads: one bit per record.
-    #[inline]
+    #[inline(always)]
     fn column(self, raws: &[u64], nulls: u64) -> u64 {
         #[inline(always)]
         fn bits(raws: &[u64], f: impl Fn(u64) -> bool) -> u64 {

@@ -861,30 +861,62 @@ impl Pass<'_> {
                     }
                 }
             } else if let Some(group) = self.group {
-                walk.walk(inner, tablet, self.open, &mut scratch, |e| {
-                    if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
-                        return true;
-                    }
-                    let mut mask = 0u64;
-                    for (i, sink) in sinks.iter_mut().enumerate() {
-                        if active[i]
-                            && visible_at(inner, tablet, e, self.snaps[i].0, self.snaps[i].1)
-                        {
-                            if !e.stable {
-                                sink.accept_entry(e);
-                            } else if sink.key_passes(e.key) {
+                // The plain walk with the most permissive of the snapshots (the newest version,
+                // the earliest clock), then each query's own test.
+                let newest = self.snaps.iter().map(|s| s.0).max().unwrap_or(0);
+                let earliest = self.snaps.iter().map(|s| s.1).min().unwrap_or(0);
+                loop {
+                    walk.walk_plain(inner, newest, earliest, |h, key, value| {
+                        let mut mask = 0u64;
+                        for (i, sink) in sinks.iter().enumerate() {
+                            let (version, wall_ms) = self.snaps[i];
+                            if active[i]
+                                && h.version <= version
+                                && (h.expire_at_ms == 0 || h.expire_at_ms > wall_ms)
+                                && sink.key_passes(key)
+                            {
                                 mask |= 1 << i;
                             }
                         }
-                    }
-                    if mask != 0 {
-                        shared.push((e.value.as_ptr(), e.value.len(), mask));
-                        if shared.len() == BATCH_RECORDS {
-                            flush_group(group, sinks, &mut shared);
+                        if mask != 0 {
+                            shared.push((value.as_ptr(), value.len(), mask));
+                            if shared.len() == BATCH_RECORDS {
+                                flush_group(group, sinks, &mut shared);
+                            }
                         }
+                        true
+                    });
+                    if walk.done() {
+                        break Ok(true);
                     }
-                    true
-                })
+                    let step = walk.walk(inner, tablet, self.open, &mut scratch, |e| {
+                        if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {
+                            return false;
+                        }
+                        let mut mask = 0u64;
+                        for (i, sink) in sinks.iter_mut().enumerate() {
+                            if active[i]
+                                && visible_at(inner, tablet, e, self.snaps[i].0, self.snaps[i].1)
+                            {
+                                if !e.stable {
+                                    sink.accept_entry(e);
+                                } else if sink.key_passes(e.key) {
+                                    mask |= 1 << i;
+                                }
+                            }
+                        }
+                        if mask != 0 {
+                            shared.push((e.value.as_ptr(), e.value.len(), mask));
+                            if shared.len() == BATCH_RECORDS {
+                                flush_group(group, sinks, &mut shared);
+                            }
+                        }
+                        false
+                    });
+                    if !matches!(step, Ok(false)) {
+                        break step;
+                    }
+                }
             } else {
                 walk.walk(inner, tablet, self.open, &mut scratch, |e| {
                     if e.header.kind != KIND_OBJECT || e.state & STATE_MOVED != 0 {

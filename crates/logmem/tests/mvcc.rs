@@ -855,4 +855,38 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
             );
         }
     }
+    // The same aggregate at both snapshots from several threads at once: passes serve the
+    // queries as a group, each with its own snapshot's visibility.
+    let expected = |want: &BTreeMap<Vec<u8>, (Vec<u8>, i32)>| {
+        let selected: Vec<i64> = want
+            .values()
+            .map(|&(_, a)| a as i64)
+            .filter(|&a| a >= 0)
+            .collect();
+        Some(vec![
+            Value::I64(selected.len() as i64),
+            Value::I64(selected.iter().sum()),
+        ])
+    };
+    let (want1, want2) = (expected(&first), expected(&second));
+    let before = e.stats();
+    std::thread::scope(|s| {
+        for k in 0..6 {
+            let (e, aggregate) = (&e, &aggregate);
+            let (snap, want) = if k % 2 == 0 {
+                (&snap1, &want1)
+            } else {
+                (&snap2, &want2)
+            };
+            s.spawn(move || {
+                let out = e.scan(TABLE, snap, aggregate, ScanMethod::Log, 0).unwrap();
+                assert_eq!(&out.aggregates, want, "concurrent aggregate {k}");
+            });
+        }
+    });
+    let after = e.stats();
+    assert!(
+        after.scan_passes - before.scan_passes < after.scan_queries - before.scan_queries,
+        "concurrent scans shared no pass"
+    );
 }

@@ -820,9 +820,10 @@ fn write_run(
         let scanner = with_scan.then(|| {
             s.spawn(|| -> anyhow::Result<()> {
                 while !stop.load(Ordering::Acquire) {
-                    let snap = engine.snapshot();
-                    match engine.scan(TABLE, &snap, &query, ScanMethod::Log, 0) {
-                        Ok(out) => {
+                    // A scan as a client runs it: at the current version, through a snapshot
+                    // nobody else reads.
+                    match engine.scan_now(TABLE, &query, ScanMethod::Log, 0) {
+                        Ok((out, _)) => {
                             ensure!(out.malformed == 0, "scan saw malformed records");
                             scans_ok.fetch_add(1, Ordering::Relaxed);
                         }

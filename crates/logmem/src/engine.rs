@@ -61,6 +61,9 @@ pub(crate) struct Tablet {
     pub scans: crate::scan::ScanQueue,
     /// Valid-to of RETAINED entries whose delta does not fit in 32 bits: (key, version) -> valid-to.
     pub far_valid_to: Mutex<HashMap<(Vec<u8>, u64), u64>>,
+    /// (version, id) of the open single-scan snapshots of this tablet's table whose pass has
+    /// not yet captured this tablet: until it has, they need every version they can read here.
+    pub scan_uncaptured: Mutex<Vec<(u64, u64)>>,
 }
 
 pub(crate) struct Inner {
@@ -211,6 +214,7 @@ impl Inner {
             head: Mutex::new(None),
             scans: crate::scan::ScanQueue::default(),
             far_valid_to: Mutex::new(HashMap::new()),
+            scan_uncaptured: Mutex::new(Vec::new()),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -388,18 +392,66 @@ impl Inner {
 
     /// Opens a snapshot at the current version (see `mvcc`).
     pub fn open_snapshot(self: &Arc<Inner>) -> crate::Snapshot {
+        self.open_snapshot_of(None)
+    }
+
+    /// Opens a snapshot; with `scan_table`, one that only a single scan of that table reads
+    /// through (see `SnapshotEntry::scan_table`).
+    pub fn open_snapshot_of(self: &Arc<Inner>, scan_table: Option<TableId>) -> crate::Snapshot {
         let _creating = self.tablet_create.lock();
-        let heads: Vec<_> = (0..self.tablet_count())
+        let tablets: Vec<&Tablet> = (0..self.tablet_count())
             .filter_map(|id| self.tablet(id).ok())
-            .map(|t| t.head.lock())
             .collect();
+        let heads: Vec<_> = tablets.iter().map(|t| t.head.lock()).collect();
         let version = self.clock.load(Ordering::SeqCst);
         let entry = self.snapshots.register(
             version,
             self.counters.retained_total.load(Ordering::Relaxed),
+            scan_table,
         );
+        if let Some(table) = scan_table {
+            for t in tablets.iter().filter(|t| t.table == table) {
+                t.scan_uncaptured.lock().push((version, entry.id));
+            }
+        }
         drop(heads);
         crate::Snapshot::new(self.clone(), entry)
+    }
+
+    /// A single-scan snapshot is gone: no tablet of its table waits for its pass any more.
+    pub fn forget_scan_snapshot(&self, entry: &crate::mvcc::SnapshotEntry) {
+        for id in 0..self.tablet_count() {
+            if let Ok(t) = self.tablet(id) {
+                if Some(t.table) == entry.scan_table {
+                    t.scan_uncaptured.lock().retain(|&(_, e)| e != entry.id);
+                }
+            }
+        }
+    }
+
+    /// Whether a version `version` of an object in `tablet`, at `loc`, superseded now, must stay
+    /// readable: a general snapshot may read it, or a single scan of this tablet's table that
+    /// has not captured the tablet yet, or one whose pass has still to read its segment (the
+    /// segment is pinned). A single scan never comes back to a segment it has read, and entries
+    /// it has not captured are newer than it. Caller holds the tablet's write lock (pins are
+    /// taken under it, and dropped under it).
+    fn keep_for_snapshots(&self, tablet: &Tablet, loc: Loc, version: u64) -> bool {
+        if !self.snapshots.any_at_or_above(version) {
+            return false;
+        }
+        if self.snapshots.general_at_or_above(version) {
+            return true;
+        }
+        if tablet
+            .scan_uncaptured
+            .lock()
+            .iter()
+            .any(|&(v, _)| v >= version)
+        {
+            return true;
+        }
+        let seg = self.pool.owner(loc_seglet(loc));
+        seg == NO_SEGLET || self.segments.get(seg).pins.load(Ordering::Acquire) > 0
     }
 
     /// Bytes of superseded versions a snapshot may keep alive before it is too old.
@@ -450,7 +502,7 @@ impl Inner {
     ) {
         let (slot, old_loc, h) = current;
         let len = h.total_len();
-        if self.snapshots.any_at_or_above(h.version) && by > h.version {
+        if by > h.version && self.keep_for_snapshots(tablet, old_loc, h.version) {
             // `slot` may move when the new reference goes in; the old one is found again below.
             let _ = slot;
             let delta = by - h.version;

@@ -422,6 +422,23 @@ impl Engine {
         total.finish()
     }
 
+    /// Scans a whole table as of now, through a snapshot of its own that nobody else reads
+    /// (see [`Engine::scan`]). Superseded versions stay only as long as this scan may still read
+    /// them: only in this table, and in each tablet only until the scan's pass has read the
+    /// segment holding them. Writers elsewhere, and behind the scan, keep no version for it.
+    /// Returns the output and the version the scan read at.
+    pub fn scan_now(
+        &self,
+        table: TableId,
+        q: &query::Query,
+        method: ScanMethod,
+        max_records: usize,
+    ) -> Result<(ScanOutput, Version), EngineError> {
+        let snapshot = self.inner.open_snapshot_of(Some(table));
+        let out = self.scan(table, &snapshot, q, method, max_records)?;
+        Ok((out, snapshot.version()))
+    }
+
     /// Scans one tablet at a snapshot (see [`Engine::scan`]).
     pub fn scan_tablet(
         &self,

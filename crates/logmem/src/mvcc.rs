@@ -13,6 +13,7 @@
 
 use crate::engine::{now_ms, Inner};
 use crate::error::EngineError;
+use crate::TableId;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +29,10 @@ pub(crate) struct PinSet {
 pub(crate) struct SnapshotEntry {
     pub id: u64,
     pub version: u64,
+    /// Set for the snapshot of one scan of this table (`Engine::scan_now`): nobody reads
+    /// through it but that scan, so it keeps superseded versions only in this table, and in a
+    /// tablet only until the scan's pass has read the segment holding them.
+    pub scan_table: Option<TableId>,
     /// Wall-clock time of the snapshot: objects that expired before it are not visible.
     pub wall_ms: u64,
     opened: Instant,
@@ -49,6 +54,8 @@ pub(crate) struct Snapshots {
     open: Mutex<BTreeMap<(u64, u64), Arc<SnapshotEntry>>>,
     /// Newest open snapshot version + 1; 0 when none is open. Read by writers.
     newest_plus1: AtomicU64,
+    /// The same over snapshots that are not a single scan's (`SnapshotEntry::scan_table`).
+    general_newest_plus1: AtomicU64,
     /// Oldest open snapshot version + 1; 0 when none is open.
     oldest_plus1: AtomicU64,
     next_id: AtomicU64,
@@ -59,6 +66,12 @@ impl Snapshots {
     #[inline]
     pub fn any_at_or_above(&self, version: u64) -> bool {
         self.newest_plus1.load(Ordering::Acquire) > version
+    }
+
+    /// Whether an open snapshot that is not a single scan's may read an object of `version`.
+    #[inline]
+    pub fn general_at_or_above(&self, version: u64) -> bool {
+        self.general_newest_plus1.load(Ordering::Acquire) > version
     }
 
     /// The oldest open snapshot's version, if any (lock-free).
@@ -87,15 +100,29 @@ impl Snapshots {
     fn refresh_newest(&self, open: &BTreeMap<(u64, u64), Arc<SnapshotEntry>>) {
         let newest = open.keys().next_back().map(|(v, _)| v + 1).unwrap_or(0);
         self.newest_plus1.store(newest, Ordering::Release);
+        let general = open
+            .values()
+            .rev()
+            .find(|e| e.scan_table.is_none())
+            .map(|e| e.version + 1)
+            .unwrap_or(0);
+        self.general_newest_plus1.store(general, Ordering::Release);
         let oldest = open.keys().next().map(|(v, _)| v + 1).unwrap_or(0);
         self.oldest_plus1.store(oldest, Ordering::Release);
     }
 
-    /// Registers a snapshot at `version`. The caller holds every tablet's write lock.
-    pub fn register(&self, version: u64, retained_total: u64) -> Arc<SnapshotEntry> {
+    /// Registers a snapshot at `version` (of one scan of `scan_table`, if given). The caller holds
+    /// every tablet's write lock.
+    pub fn register(
+        &self,
+        version: u64,
+        retained_total: u64,
+        scan_table: Option<TableId>,
+    ) -> Arc<SnapshotEntry> {
         let entry = Arc::new(SnapshotEntry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             version,
+            scan_table,
             wall_ms: now_ms(),
             opened: Instant::now(),
             retained_at_open: retained_total,
@@ -126,6 +153,9 @@ impl Snapshots {
         let pinsets: Vec<Arc<PinSet>> = std::mem::take(&mut *entry.pinsets.lock());
         for p in pinsets {
             inner.unpin_all(&p);
+        }
+        if entry.scan_table.is_some() {
+            inner.forget_scan_snapshot(entry);
         }
         if was_open && inner.retained_bytes.load(Ordering::Relaxed) > 0 {
             inner.note_retention_released();

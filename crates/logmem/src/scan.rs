@@ -112,12 +112,25 @@ pub(crate) struct Capture {
 
 /// Captures and pins a tablet's segments. Every snapshot registered before this call sees, within
 /// the captured ranges, exactly the versions it can read.
-pub(crate) fn capture(inner: &Inner, tablet_id: TabletId) -> Result<Capture, EngineError> {
+///
+/// Single-scan snapshots among `serving` (those of the jobs this capture reads for) stop waiting
+/// for this tablet: from now on only the pins keep what they need.
+pub(crate) fn capture(
+    inner: &Inner,
+    tablet_id: TabletId,
+    serving: &[&SnapshotEntry],
+) -> Result<Capture, EngineError> {
     let tablet = inner.tablet(tablet_id)?;
     let pins = Arc::new(PinSet::default());
     let mut segments = Vec::new();
     {
         let _head = tablet.head.lock();
+        if serving.iter().any(|s| s.scan_table.is_some()) {
+            tablet
+                .scan_uncaptured
+                .lock()
+                .retain(|&(_, id)| !serving.iter().any(|s| s.id == id));
+        }
         for (id, slot) in inner.segments.iter() {
             let state = slot.state();
             if !matches!(
@@ -624,7 +637,8 @@ fn run_pass(
         .counters
         .scan_queries
         .fetch_add(batch.len() as u64, Ordering::Relaxed);
-    let cap = capture(inner, tablet_id)?;
+    let serving: Vec<&SnapshotEntry> = batch.iter().map(|j| &*j.snapshot).collect();
+    let cap = capture(inner, tablet_id, &serving)?;
     for j in batch {
         inner.snapshots.attach_pins(&j.snapshot, cap.pins.clone());
     }
@@ -1337,7 +1351,7 @@ impl ScanCursor {
                 let Some(t) = self.tablets.pop_front() else {
                     break;
                 };
-                let capture = capture(&inner, t)?;
+                let capture = capture(&inner, t, &[])?;
                 inner
                     .snapshots
                     .attach_pins(self.snapshot.entry(), capture.pins.clone());
@@ -1452,5 +1466,73 @@ mod tests {
                 .collect();
             assert_eq!(got, (0..7).collect::<Vec<_>>());
         }
+    }
+}
+
+#[cfg(test)]
+mod scan_snapshot_tests {
+    use super::*;
+    use crate::{Engine, EngineConfig, PutOptions};
+
+    /// A single scan's snapshot keeps superseded versions only in its table, and in a tablet only
+    /// until its pass has captured the tablet and read the segment; a general snapshot keeps them
+    /// everywhere.
+    #[test]
+    fn single_scan_snapshots_keep_versions_only_in_their_table_and_until_read() {
+        let e = Engine::new(EngineConfig {
+            memory_bytes: 64 << 20,
+            segment_seglets: 4,
+            value_size_max_bytes: 4096,
+            cleaner_threads: 0,
+            ..Default::default()
+        })
+        .unwrap();
+        let a = e.create_tablet(1, 0, 16383).unwrap();
+        let b = e.create_tablet(2, 0, 16383).unwrap();
+        let keys: Vec<Vec<u8>> = (0..3000).map(|i| format!("k{i}").into_bytes()).collect();
+        let value = vec![7u8; 500];
+        let put = |t, k: &[u8]| {
+            e.put(t, k, &value, &PutOptions::default()).unwrap();
+        };
+        for k in &keys {
+            put(a, k);
+            put(b, k);
+        }
+        let retained = || e.stats().retained_versions;
+        let inner = &e.inner;
+        let snap = inner.open_snapshot_of(Some(1));
+        // Another table: nothing kept.
+        put(b, &keys[0]);
+        assert_eq!(retained(), 0, "a write to another table kept a version");
+        // This table before the pass captured the tablet: kept.
+        put(a, &keys[1]);
+        assert_eq!(
+            retained(),
+            1,
+            "a version the scan has still to capture was dropped"
+        );
+        let cap = capture(inner, a, &[snap.entry()]).unwrap();
+        assert!(cap.segments.len() > 1, "the table fills several segments");
+        // Captured and still to be read (pinned): kept.
+        put(a, &keys[2]);
+        assert_eq!(
+            retained(),
+            2,
+            "a version in a segment still to be read was dropped"
+        );
+        // Read (unpinned): the scan never comes back, nothing kept.
+        inner.unpin_all(&cap.pins);
+        put(a, &keys[3]);
+        assert_eq!(retained(), 2, "a version behind the scan was kept");
+        // A general snapshot keeps versions in every table.
+        let general = e.snapshot();
+        put(b, &keys[4]);
+        assert_eq!(retained(), 3, "a general snapshot did not keep a version");
+        drop(general);
+        drop(snap);
+        assert!(
+            inner.tablet(a).unwrap().scan_uncaptured.lock().is_empty(),
+            "a released scan snapshot still waits for a tablet"
+        );
     }
 }

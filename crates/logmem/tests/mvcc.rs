@@ -222,6 +222,11 @@ fn scans_are_snapshot_isolated_under_writers_and_cleaner() {
             .scan(TABLE, &s, &all(), ScanMethod::Log, usize::MAX)
             .unwrap();
         observed.push((v, "log", as_map_of("log", log.records)));
+        // A scan through a snapshot of its own, which keeps versions only until it has read them.
+        let (now, at) = e
+            .scan_now(TABLE, &all(), ScanMethod::Log, usize::MAX)
+            .unwrap();
+        observed.push((at, "scan_now", as_map_of("scan_now", now.records)));
         if round % 3 == 0 {
             let hash = e
                 .scan(TABLE, &s, &all(), ScanMethod::HashIndex, usize::MAX)

@@ -352,6 +352,7 @@ impl Engine {
         snapshot: &Snapshot,
     ) -> Result<Option<Object>, EngineError> {
         snapshot.check()?;
+        Self::check_scan_use(snapshot, None)?;
         let t = self.inner.tablet(tablet)?;
         let found = scan::get_at(&self.inner, t, key, snapshot.version(), snapshot.wall_ms())?;
         snapshot.check()?;
@@ -390,6 +391,7 @@ impl Engine {
         max_records: usize,
     ) -> Result<ScanOutput, EngineError> {
         snapshot.check()?;
+        Self::check_scan_use(snapshot, Some(table))?;
         let compiled = self.compile(table, q)?;
         let mut total = scan::QuerySink::new(compiled.clone(), max_records);
         let mut tablets = self.table_tablets(table);
@@ -422,11 +424,17 @@ impl Engine {
         total.finish()
     }
 
-    /// Scans a whole table as of now, through a snapshot of its own that nobody else reads
-    /// (see [`Engine::scan`]). Superseded versions stay only as long as this scan may still read
-    /// them: only in this table, and in each tablet only until the scan's pass has read the
-    /// segment holding them. Writers elsewhere, and behind the scan, keep no version for it.
-    /// Returns the output and the version the scan read at.
+    /// Opens a snapshot at the current version for one scan of `table` ([`Engine::scan`],
+    /// [`Engine::scan_cursor`]) and nothing else: superseded versions stay only as long as that
+    /// scan may still read them: only in this table, and in each tablet only until the scan has
+    /// read the segment holding them. Writers elsewhere, and behind the scan, keep no version for
+    /// it. A second scan, a scan of another table or a `get_at` through it is refused.
+    pub fn scan_snapshot(&self, table: TableId) -> Snapshot {
+        self.inner.open_snapshot_of(Some(table))
+    }
+
+    /// Scans a whole table as of now through a [`Engine::scan_snapshot`] of its own. Returns the
+    /// output and the version the scan read at.
     pub fn scan_now(
         &self,
         table: TableId,
@@ -434,9 +442,25 @@ impl Engine {
         method: ScanMethod,
         max_records: usize,
     ) -> Result<(ScanOutput, Version), EngineError> {
-        let snapshot = self.inner.open_snapshot_of(Some(table));
+        let snapshot = self.scan_snapshot(table);
         let out = self.scan(table, &snapshot, q, method, max_records)?;
         Ok((out, snapshot.version()))
+    }
+
+    /// Refuses a use of a scan snapshot other than its one scan of its table (`table` None: a
+    /// point read).
+    fn check_scan_use(snapshot: &Snapshot, table: Option<TableId>) -> Result<(), EngineError> {
+        let entry = snapshot.entry();
+        let Some(own) = entry.scan_table else {
+            return Ok(());
+        };
+        if table != Some(own) || entry.scan_used.swap(true, Ordering::AcqRel) {
+            return Err(EngineError::Query(format!(
+                "snapshot {} serves one scan of table {own}, and nothing else",
+                entry.version
+            )));
+        }
+        Ok(())
     }
 
     /// Scans one tablet at a snapshot (see [`Engine::scan`]).
@@ -450,6 +474,7 @@ impl Engine {
     ) -> Result<ScanOutput, EngineError> {
         snapshot.check()?;
         let table = self.inner.tablet(tablet)?.table;
+        Self::check_scan_use(snapshot, Some(table))?;
         let compiled = self.compile(table, q)?;
         let sink = scan::QuerySink::new(compiled, max_records);
         let sink = self.scan_into(tablet, snapshot, method, sink)?;
@@ -490,6 +515,7 @@ impl Engine {
         q: &query::Query,
     ) -> Result<ScanCursor, EngineError> {
         snapshot.check()?;
+        Self::check_scan_use(&snapshot, Some(table))?;
         let compiled = self.compile(table, q)?;
         if compiled.is_aggregate() {
             return Err(EngineError::Query(

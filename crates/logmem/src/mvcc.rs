@@ -33,6 +33,8 @@ pub(crate) struct SnapshotEntry {
     /// through it but that scan, so it keeps superseded versions only in this table, and in a
     /// tablet only until the scan's pass has read the segment holding them.
     pub scan_table: Option<TableId>,
+    /// Set once the scan a `scan_table` snapshot serves has started; a second use is refused.
+    pub scan_used: std::sync::atomic::AtomicBool,
     /// Wall-clock time of the snapshot: objects that expired before it are not visible.
     pub wall_ms: u64,
     opened: Instant,
@@ -123,6 +125,7 @@ impl Snapshots {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             version,
             scan_table,
+            scan_used: std::sync::atomic::AtomicBool::new(false),
             wall_ms: now_ms(),
             opened: Instant::now(),
             retained_at_open: retained_total,

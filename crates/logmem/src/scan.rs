@@ -1351,7 +1351,7 @@ impl ScanCursor {
                 let Some(t) = self.tablets.pop_front() else {
                     break;
                 };
-                let capture = capture(&inner, t, &[])?;
+                let capture = capture(&inner, t, &[self.snapshot.entry()])?;
                 inner
                     .snapshots
                     .attach_pins(self.snapshot.entry(), capture.pins.clone());
@@ -1534,5 +1534,36 @@ mod scan_snapshot_tests {
             inner.tablet(a).unwrap().scan_uncaptured.lock().is_empty(),
             "a released scan snapshot still waits for a tablet"
         );
+    }
+
+    /// A scan snapshot serves its one scan of its table; every other use is refused.
+    #[test]
+    fn scan_snapshots_serve_one_scan_of_their_table() {
+        use crate::query::{KeyFilter, Query};
+        use crate::ScanMethod;
+        let e = Engine::new(EngineConfig {
+            memory_bytes: 32 << 20,
+            cleaner_threads: 0,
+            ..Default::default()
+        })
+        .unwrap();
+        let a = e.create_tablet(1, 0, 16383).unwrap();
+        e.create_tablet(2, 0, 16383).unwrap();
+        e.put(a, b"k", b"v", &PutOptions::default()).unwrap();
+        let all = Query::keys(KeyFilter::All);
+        let s = e.scan_snapshot(1);
+        assert!(e.get_at(a, b"k", &s).is_err(), "a point read went through");
+        assert!(
+            e.scan(2, &s, &all, ScanMethod::Log, usize::MAX).is_err(),
+            "a scan of another table went through"
+        );
+        let out = e.scan(1, &s, &all, ScanMethod::Log, usize::MAX).unwrap();
+        assert_eq!(out.records.len(), 1);
+        assert!(
+            e.scan(1, &s, &all, ScanMethod::Log, usize::MAX).is_err(),
+            "a second scan went through"
+        );
+        let (now, at) = e.scan_now(1, &all, ScanMethod::Log, usize::MAX).unwrap();
+        assert_eq!((now.records.len(), at), (1, s.version()));
     }
 }

@@ -750,7 +750,7 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
     .unwrap();
     e.set_schema(TABLE, Some(schema.clone()));
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let mut record = |id: i64, a: i32, len: usize| {
+    let record = |id: i64, a: i32, len: usize| {
         let mut out = Vec::new();
         let payload: Vec<u8> = (0..len).map(|i| (i as u8) ^ (id as u8)).collect();
         schema

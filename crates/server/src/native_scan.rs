@@ -245,7 +245,8 @@ impl ScanSession {
         // A client snapshot is cloned: the scan keeps it open for as long as it runs, even if the
         // client releases its handle meanwhile.
         let snap = if snapshot == 0 {
-            self.engine.snapshot()
+            // A snapshot for this one scan: versions stay only while the scan may read them.
+            self.engine.scan_snapshot(table)
         } else {
             self.client_snapshot(snapshot)?.clone()
         };

@@ -183,6 +183,34 @@ pub(crate) fn unpin_one(inner: &Inner, pins: &PinSet, segment: u32) {
 /// How far ahead of its position a walk asks for cache lines.
 const PREFETCH_AHEAD: usize = 1536;
 
+/// Asks for every cache line up to `PREFETCH_AHEAD` past `off` not asked for yet (`prefetched`),
+/// so the next entries' first bytes, on which the walk's progress depends, are in L1 when it
+/// reaches them. Entries are often longer than a line: one prefetch per entry would skip lines.
+#[inline(always)]
+fn prefetch_ahead(base: *const u8, prefetched: &mut usize, off: usize) {
+    #[cfg(target_arch = "x86_64")]
+    while *prefetched < off + PREFETCH_AHEAD {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                base.wrapping_add(*prefetched) as *const i8,
+            );
+        }
+        *prefetched += 64;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (base, prefetched, off);
+}
+
+/// The state bits of the entry at `base + off`, read atomically (see `Inner::entry_state`).
+///
+/// # Safety
+/// `base + off` must lie in a seglet the caller may read.
+#[inline(always)]
+unsafe fn entry_state_at(base: *const u8, off: usize) -> u8 {
+    AtomicU8::from_ptr(base.add(off) as *mut u8).load(Ordering::Acquire) & STATE_MASK
+}
+
 /// A resumable position inside one captured segment.
 pub(crate) struct SegmentWalk {
     pub segment: u32,
@@ -248,20 +276,9 @@ impl SegmentWalk {
             let mut h = Header::default();
             let mut stopped = false;
             while let Some(head) = base.get(off..off + HEADER_BYTES_MAX) {
-                #[cfg(target_arch = "x86_64")]
-                while prefetched < off + PREFETCH_AHEAD {
-                    // SAFETY: a prefetch is a hint and never faults.
-                    unsafe {
-                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                            base_ptr.wrapping_add(prefetched) as *const i8,
-                        );
-                    }
-                    prefetched += 64;
-                }
-                // SAFETY: off < limit; see `Inner::entry_state`.
-                let state = unsafe { AtomicU8::from_ptr(base_ptr.add(off) as *mut u8) }
-                    .load(Ordering::Acquire)
-                    & STATE_MASK;
+                prefetch_ahead(base_ptr, &mut prefetched, off);
+                // SAFETY: off < limit <= the seglet's length.
+                let state = unsafe { entry_state_at(base_ptr, off) };
                 if state & STATE_RETAINED != 0
                     || !decode_header_into(&mut h, head.try_into().expect("header-sized"))
                 {
@@ -328,24 +345,9 @@ impl SegmentWalk {
             // Fast path: entries wholly inside this seglet.
             while self.off < limit {
                 let off = self.off;
-                // SAFETY: off < limit <= the seglet's length; see `Inner::entry_state`.
-                let state = unsafe { AtomicU8::from_ptr(base_ptr.add(off) as *mut u8) }
-                    .load(Ordering::Acquire)
-                    & STATE_MASK;
-                // Every cache line some distance ahead is asked for once, so the next entries'
-                // first bytes (on which the walk's progress depends) are in L1 when it reaches
-                // them. Entries are often longer than a line: one prefetch per entry would skip
-                // lines.
-                #[cfg(target_arch = "x86_64")]
-                while prefetched < off + PREFETCH_AHEAD {
-                    // SAFETY: a prefetch is a hint and never faults.
-                    unsafe {
-                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                            base_ptr.wrapping_add(prefetched) as *const i8,
-                        );
-                    }
-                    prefetched += 64;
-                }
+                // SAFETY: off < limit <= the seglet's length.
+                let state = unsafe { entry_state_at(base_ptr, off) };
+                prefetch_ahead(base_ptr, &mut prefetched, off);
                 let fast = match base.get(off..off + HEADER_BYTES_MAX) {
                     Some(b) => decode_header_into(&mut h, b.try_into().expect("header-sized")),
                     None => false,

@@ -214,7 +214,9 @@ impl Inner {
             head: Mutex::new(None),
             scans: crate::scan::ScanQueue::default(),
             far_valid_to: Mutex::new(HashMap::new()),
-            scan_uncaptured: Mutex::new(Vec::new()),
+            // Scans of this table already under way may come to this tablet too (its entries
+            // may be old: a restore keeps their versions), so they wait for it like the others.
+            scan_uncaptured: Mutex::new(self.snapshots.scan_snapshots_of(table)),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));

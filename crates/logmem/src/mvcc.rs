@@ -90,6 +90,16 @@ impl Snapshots {
         self.open.lock().range((from, 0)..(to, 0)).next().is_some()
     }
 
+    /// (version, id) of the open scan snapshots of `table`.
+    pub fn scan_snapshots_of(&self, table: TableId) -> Vec<(u64, u64)> {
+        self.open
+            .lock()
+            .values()
+            .filter(|e| e.scan_table == Some(table))
+            .map(|e| (e.version, e.id))
+            .collect()
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.lock().len()
     }

@@ -1530,12 +1530,20 @@ mod scan_snapshot_tests {
         let general = e.snapshot();
         put(b, &keys[4]);
         assert_eq!(retained(), 3, "a general snapshot did not keep a version");
+        // A tablet of the table created while the scan runs waits for it too.
+        let late = e.create_tablet(1, 0, 0).unwrap();
+        assert_eq!(
+            *inner.tablet(late).unwrap().scan_uncaptured.lock(),
+            vec![(snap.version(), snap.entry().id)]
+        );
         drop(general);
         drop(snap);
-        assert!(
-            inner.tablet(a).unwrap().scan_uncaptured.lock().is_empty(),
-            "a released scan snapshot still waits for a tablet"
-        );
+        for t in [a, late] {
+            assert!(
+                inner.tablet(t).unwrap().scan_uncaptured.lock().is_empty(),
+                "a released scan snapshot still waits for tablet {t}"
+            );
+        }
     }
 
     /// A scan snapshot serves its one scan of its table; every other use is refused.

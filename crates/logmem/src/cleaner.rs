@@ -108,6 +108,12 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut idle_rounds = 0u32;
     let mut recycle_retry_at: Option<Instant> = None;
     while !inner.shutdown.load(Ordering::Acquire) {
+        if retire_unpinned(&inner) > 0 {
+            collect_garbage();
+            if inner.release_reclaimable() > 0 {
+                inner.memory_cv.notify_all();
+            }
+        }
         if thread_index == 0 {
             inner.snapshots.release_overdue(&inner);
             queue_released_retention(&inner);
@@ -298,38 +304,82 @@ fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
         return;
     }
     // Removal happens under the write lock, after checking again: a snapshot may have been opened,
-    // or the object replaced, since the walk.
+    // or the object replaced, since the walk. As for relocation's swaps, each reference is found
+    // before the lock (the index probes are cache misses) and the lock is held for one batch at a
+    // time, so a writer waits at most for a batch.
     let _guard = epoch::pin();
-    let _head = tablet.head.lock();
     let mut key_buf = Vec::new();
-    for (loc, hash) in removable {
-        let state = inner.entry_state(loc).load(Ordering::Acquire);
-        let Some(slot) = tablet.index.find_loc(hash, loc) else {
-            continue;
-        };
-        let Ok(mut header) = inner.with_entry(loc, false, |e| {
+    let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
+    for batch in removable.chunks(SWAP_BATCH) {
+        hints.clear();
+        hints.extend(
+            batch
+                .iter()
+                .map(|&(loc, hash)| tablet.index.find_loc(hash, loc)),
+        );
+        let _head = tablet.head.lock();
+        for (&(loc, hash), &hint) in batch.iter().zip(&hints) {
+            out.extend(remove_dead(
+                inner,
+                tablet,
+                (loc, hash, segment),
+                hint,
+                &mut key_buf,
+            ));
+        }
+    }
+}
+
+/// Removes from the index an entry `live_entries` found dead (a retained version no snapshot needs,
+/// or an expired object no snapshot can read), after checking again under the tablet's write lock
+/// (held by the caller). `hint` is its slot as found before the lock. Returns the entry as a
+/// survivor when it is still referenced and a snapshot opened since the walk may read it: the
+/// victim is freed afterwards, so it must be relocated like any live entry.
+fn remove_dead(
+    inner: &Inner,
+    tablet: &crate::engine::Tablet,
+    (loc, hash, segment): (Loc, u64, u32),
+    hint: Option<SlotRef>,
+    key_buf: &mut Vec<u8>,
+) -> Option<Survivor> {
+    let state = inner.entry_state(loc).load(Ordering::Acquire);
+    let slot = match hint {
+        Some(slot) if tablet.index.holds(slot, hash, loc) => slot,
+        _ => tablet.index.find_loc(hash, loc)?,
+    };
+    let mut header = inner
+        .with_entry(loc, false, |e| {
             key_buf.clear();
             key_buf.extend_from_slice(e.key);
             e.header
-        }) else {
-            continue;
-        };
-        header.state = state & crate::entry::STATE_MASK;
-        if state & STATE_RETAINED != 0 {
-            let valid_to = inner.retained_valid_to(tablet, &header, &key_buf);
-            if !inner.snapshots.any_within(header.version, valid_to) {
-                inner.drop_retained(tablet, slot, hash, loc, &header, &key_buf);
-            }
-        } else if state & STATE_SUPERSEDED == 0 && !inner.snapshots.any_at_or_above(header.version)
-        {
-            let by = inner.clock.load(Ordering::Relaxed) + 1;
-            inner.supersede(tablet, hash, &key_buf, (slot, loc, header), None, by);
-            inner
-                .counters
-                .expired_reclaimed
-                .fetch_add(1, Ordering::Relaxed);
+        })
+        .ok()?;
+    header.state = state & crate::entry::STATE_MASK;
+    if state & STATE_RETAINED != 0 {
+        let valid_to = inner.retained_valid_to(tablet, &header, key_buf);
+        if !inner.snapshots.any_within(header.version, valid_to) {
+            inner.drop_retained(tablet, slot, hash, loc, &header, key_buf);
+            return None;
         }
+    } else if state & STATE_SUPERSEDED != 0 {
+        // Replaced or deleted since the walk, and no snapshot kept it: garbage.
+        return None;
+    } else if !inner.snapshots.any_at_or_above(header.version) {
+        let by = inner.clock.load(Ordering::Relaxed) + 1;
+        inner.supersede(tablet, hash, key_buf, (slot, loc, header), None, by);
+        inner
+            .counters
+            .expired_reclaimed
+            .fetch_add(1, Ordering::Relaxed);
+        return None;
     }
+    Some(Survivor {
+        loc,
+        hash,
+        len: header.total_len() as u32,
+        version: header.version,
+        segment,
+    })
 }
 
 /// Copies one entry's raw bytes (header, key, value, CRC unchanged) into a survivor, marked MOVED
@@ -671,16 +721,22 @@ fn effective_live(inner: &Inner, slot: &crate::segment::SegmentSlot) -> i64 {
     }
 }
 
-/// After snapshots were released: queues the segments whose retained versions made them mostly
-/// garbage, so the cleaner compacts them even when memory is not short.
+/// After snapshots were released: queues the segments that retained versions made mostly garbage,
+/// so the cleaner compacts them even when memory is not short. A segment qualifies when the
+/// versions the release left dead fill at least half of it: a long snapshot under writes leaves
+/// such segments behind, and they hold memory the log would have reused long ago. Segments that
+/// overwrites made sparse, with a few retained versions among their garbage (what short scan
+/// snapshots leave), wait for the ordinary cleaner, which takes the emptiest first; compacting
+/// them at 50% would copy a byte for every byte freed.
 pub(crate) fn queue_released_retention(inner: &Inner) {
     if !inner.retention_released.swap(false, Ordering::AcqRel) {
         return;
     }
     let mut sparse = Vec::new();
     for (id, slot) in inner.segments.iter() {
+        let cap = slot.seglet_count.load(Ordering::Relaxed) as f64 * SEGLET_BYTES as f64;
         if slot.state() == SegmentState::Closed
-            && slot.retained_bytes.load(Ordering::Relaxed) > 0
+            && slot.retained_bytes.load(Ordering::Relaxed) as f64 >= cap * SPARSE_UTILISATION
             && utilisation(inner, id) < SPARSE_UTILISATION
         {
             sparse.push(id);
@@ -729,7 +785,9 @@ fn compact_best(inner: &Inner, max_utilisation: f64) -> bool {
     let mut best: Option<(f64, u32)> = None;
     let free_now = inner.pool.free_count();
     for (id, slot) in inner.segments.iter() {
-        if slot.state() != SegmentState::Closed {
+        // A segment a scan pins cannot be cleaned until the scan has read it: take the best of
+        // the others rather than none.
+        if slot.state() != SegmentState::Closed || slot.pins.load(Ordering::Acquire) != 0 {
             continue;
         }
         let seglets = slot.seglet_count.load(Ordering::Relaxed) as i64;
@@ -779,9 +837,7 @@ pub(crate) fn compact_segment(inner: &Inner, victim: u32) -> bool {
                 .counters
                 .cleaner_copied_bytes
                 .fetch_add(relocated, Ordering::Relaxed);
-            if !retire(inner, victim) {
-                abort_victims(inner, &[victim]);
-            }
+            retire_or_defer(inner, victim);
             true
         }
         Err(()) => {
@@ -792,15 +848,46 @@ pub(crate) fn compact_segment(inner: &Inner, victim: u32) -> bool {
     }
 }
 
+/// Retires a victim whose relocation completed. Every entry it held is now MOVED or dead, so when
+/// a scan pinned it meanwhile it needs no recount: it waits, still Cleaning, for the scan to let go
+/// (see `retire_unpinned`).
+fn retire_or_defer(inner: &Inner, victim: u32) {
+    if !retire(inner, victim) {
+        inner
+            .segments
+            .get(victim)
+            .live_bytes
+            .store(0, Ordering::Relaxed);
+        inner.retire_when_unpinned.lock().push(victim);
+    }
+}
+
+/// Retires the relocated victims whose scan pins are gone. Returns how many it retired.
+pub(crate) fn retire_unpinned(inner: &Inner) -> usize {
+    let waiting = std::mem::take(&mut *inner.retire_when_unpinned.lock());
+    if waiting.is_empty() {
+        return 0;
+    }
+    let total = waiting.len();
+    let still: Vec<u32> = waiting.into_iter().filter(|&v| !retire(inner, v)).collect();
+    let retired = total - still.len();
+    inner.retire_when_unpinned.lock().extend(still);
+    retired
+}
+
 /// After a failed relocation, victims with entries still referenced go back to Closed.
 fn abort_victims(inner: &Inner, victims: &[u32]) {
     for &v in victims {
         let slot = inner.segments.get(v);
-        // Relocations do not decrement victims as they go; count what is still referenced.
+        // Relocations do not decrement victims as they go; count what is still referenced. The
+        // count runs without the tablet's lock (index probes are cache misses, and writers would
+        // wait for all of them). Nothing can become live in a victim meanwhile, only die, so the
+        // count can only be high: zero means empty. A decrement racing with the store below is
+        // lost, which only makes the segment look fuller than it is until it is cleaned.
         let tablet_id = slot.tablet.load(Ordering::Relaxed);
         let mut live = 0i64;
         if let Ok(tablet) = inner.tablet(tablet_id) {
-            let _head = tablet.head.lock();
+            let _guard = epoch::pin();
             for_each_entry(inner, v, |loc, header, key| {
                 if header.is_object() && tablet.index.find_loc(hash_key(key), loc).is_some() {
                     live += header.total_len() as i64;
@@ -900,12 +987,77 @@ fn combined_clean(inner: &Inner) -> bool {
     }
     if ok {
         for &id in &chosen {
-            if !retire(inner, id) {
-                abort_victims(inner, &[id]);
-            }
+            retire_or_defer(inner, id);
         }
     } else {
         abort_victims(inner, &chosen);
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Engine, EngineConfig, PutOptions};
+
+    /// A victim whose entries all moved but that a scan pinned before it could be freed waits,
+    /// still Cleaning and counted empty, and is freed once the scan lets go; nothing is lost.
+    #[test]
+    fn a_relocated_victim_pinned_by_a_scan_is_freed_when_the_scan_lets_go() {
+        let e = Engine::new(EngineConfig {
+            memory_bytes: 64 << 20,
+            segment_seglets: 4,
+            value_size_max_bytes: 4096,
+            cleaner_threads: 0,
+            ..Default::default()
+        })
+        .unwrap();
+        let t = e.create_tablet(1, 0, 16383).unwrap();
+        let keys: Vec<Vec<u8>> = (0..4000).map(|i| format!("k{i:05}").into_bytes()).collect();
+        for k in &keys {
+            e.put(t, k, &[1u8; 200], &PutOptions::default()).unwrap();
+        }
+        // Every other key overwritten: the first segments are about half live.
+        for k in keys.iter().step_by(2) {
+            e.put(t, k, &[2u8; 200], &PutOptions::default()).unwrap();
+        }
+        let inner = &e.inner;
+        let victim = inner
+            .segments
+            .iter()
+            .filter(|(_, s)| {
+                s.state() == SegmentState::Closed && s.tablet.load(Ordering::Relaxed) == t
+            })
+            .min_by_key(|(_, s)| s.created.load(Ordering::Relaxed))
+            .map(|(id, _)| id)
+            .expect("a closed segment");
+        let slot = inner.segments.get(victim);
+        assert!(slot.claim());
+        let mut survivors = Vec::new();
+        live_entries(inner, victim, &mut survivors);
+        assert!(!survivors.is_empty());
+        let created = slot.created.load(Ordering::Relaxed);
+        relocate(inner, t, &survivors, created).expect("relocation completes");
+        // A scan captures (pins) the victim before the cleaner frees it.
+        let cap = crate::scan::capture(inner, t, &[]).unwrap();
+        assert!(cap.segments.iter().any(|c| c.segment == victim));
+        retire_or_defer(inner, victim);
+        assert_eq!(slot.state(), SegmentState::Cleaning);
+        assert_eq!(slot.live_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(*inner.retire_when_unpinned.lock(), vec![victim]);
+        assert_eq!(retire_unpinned(inner), 0, "retired while a scan pins it");
+        let check = || {
+            for (i, k) in keys.iter().enumerate() {
+                let want = if i % 2 == 0 { 2u8 } else { 1u8 };
+                let got = e.get(t, k).unwrap().expect("a key went missing");
+                assert_eq!(got.value, vec![want; 200], "key {i}");
+            }
+        };
+        check();
+        inner.unpin_all(&cap.pins);
+        assert_eq!(retire_unpinned(inner), 1);
+        assert_eq!(slot.state(), SegmentState::Retired);
+        assert!(inner.retire_when_unpinned.lock().is_empty());
+        check();
+    }
 }

@@ -100,6 +100,10 @@ pub(crate) struct Inner {
     pub retention_released: AtomicBool,
     /// Segments a scan (or a snapshot release) found mostly garbage: the cleaner compacts them next.
     pub sparse: Mutex<Vec<u32>>,
+    /// Victims whose every live entry was relocated but that a scan pinned before they could be
+    /// freed: they stay Cleaning (scans still read them; nothing in them is live) and are retired
+    /// once unpinned.
+    pub retire_when_unpinned: Mutex<Vec<u32>>,
     /// Spreads table scans over tablets: each scan starts at the next tablet, so concurrent scans
     /// of a table run different tablets' passes on different cores instead of queueing behind one.
     pub scan_rotation: AtomicU64,
@@ -168,6 +172,7 @@ impl Inner {
             retained_bytes: CachePadded::new(AtomicI64::new(0)),
             retention_released: AtomicBool::new(false),
             sparse: Mutex::new(Vec::new()),
+            retire_when_unpinned: Mutex::new(Vec::new()),
             scan_rotation: AtomicU64::new(0),
             schemas: RwLock::new(HashMap::new()),
             config,

@@ -66,6 +66,17 @@ pub(crate) struct Tablet {
     pub scan_uncaptured: Mutex<Vec<(u64, u64)>>,
 }
 
+/// How a superseded version must be kept (see `Inner::keep_for_snapshots`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Keep {
+    /// No snapshot can read it: garbage at once.
+    No,
+    /// A snapshot may read it anywhere, by key or by scan: RETAINED with a HISTORIC reference.
+    Indexed,
+    /// Only scans that pinned its segment and have still to read it: RETAINED, without a reference.
+    InPlace,
+}
+
 pub(crate) struct Inner {
     pub config: EngineConfig,
     pub pool: SegletPool,
@@ -442,12 +453,15 @@ impl Inner {
     /// segment is pinned). A single scan never comes back to a segment it has read, and entries
     /// it has not captured are newer than it. Caller holds the tablet's write lock (pins are
     /// taken under it, and dropped under it).
-    fn keep_for_snapshots(&self, tablet: &Tablet, loc: Loc, version: u64) -> bool {
+    ///
+    /// A version only pinned scans need is kept in place ([`Keep::InPlace`]): those scans read
+    /// it where it is, and the cleaner cannot move it before they have.
+    fn keep_for_snapshots(&self, tablet: &Tablet, loc: Loc, version: u64) -> Keep {
         if !self.snapshots.any_at_or_above(version) {
-            return false;
+            return Keep::No;
         }
         if self.snapshots.general_at_or_above(version) {
-            return true;
+            return Keep::Indexed;
         }
         if tablet
             .scan_uncaptured
@@ -455,10 +469,16 @@ impl Inner {
             .iter()
             .any(|&(v, _)| v >= version)
         {
-            return true;
+            return Keep::Indexed;
         }
         let seg = self.pool.owner(loc_seglet(loc));
-        seg == NO_SEGLET || self.segments.get(seg).pins.load(Ordering::Acquire) > 0
+        if seg == NO_SEGLET {
+            Keep::Indexed
+        } else if self.segments.get(seg).pins.load(Ordering::Acquire) > 0 {
+            Keep::InPlace
+        } else {
+            Keep::No
+        }
     }
 
     /// Bytes of superseded versions a snapshot may keep alive before it is too old.
@@ -509,10 +529,31 @@ impl Inner {
     ) {
         let (slot, old_loc, h) = current;
         let len = h.total_len();
-        if by > h.version && self.keep_for_snapshots(tablet, old_loc, h.version) {
+        let keep = if by > h.version {
+            self.keep_for_snapshots(tablet, old_loc, h.version)
+        } else {
+            Keep::No
+        };
+        let delta = by.saturating_sub(h.version);
+        if keep == Keep::InPlace && delta < VALID_TO_FAR as u64 {
+            // Only scans that pinned this segment and have still to read it need this version:
+            // it stays readable where it is (RETAINED, valid-to in the entry) and is garbage for
+            // everything else at once, without a HISTORIC reference to add now and remove later.
+            self.write_in_entry(old_loc, h.crc_offset(), &(delta as u32).to_le_bytes());
+            self.entry_state(old_loc)
+                .fetch_or(STATE_SUPERSEDED | STATE_RETAINED, Ordering::Release);
+            match new_loc {
+                Some(loc) => tablet.index.replace(slot, hash, loc),
+                None => tablet.index.remove_and_compact(slot, hash),
+            }
+            self.mark_dead(old_loc, len);
+            self.counters
+                .retained_total
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.counters.kept_in_place.fetch_add(1, Ordering::Relaxed);
+        } else if keep != Keep::No {
             // `slot` may move when the new reference goes in; the old one is found again below.
             let _ = slot;
-            let delta = by - h.version;
             let field = if delta < VALID_TO_FAR as u64 {
                 delta as u32
             } else {
@@ -1355,6 +1396,7 @@ impl Inner {
             version_clock: self.clock.load(Ordering::Relaxed),
             retained_bytes: self.retained_bytes.load(Ordering::Relaxed).max(0) as u64,
             retained_versions,
+            kept_in_place_versions: c.kept_in_place.load(Ordering::Relaxed),
             retained_reclaimed_bytes: c.retained_reclaimed.load(Ordering::Relaxed),
             snapshots_open: self.snapshots.open_count() as u64,
             snapshots_too_old: c.snapshots_too_old.load(Ordering::Relaxed),

@@ -1515,21 +1515,41 @@ mod scan_snapshot_tests {
         );
         let cap = capture(inner, a, &[snap.entry()]).unwrap();
         assert!(cap.segments.len() > 1, "the table fills several segments");
-        // Captured and still to be read (pinned): kept.
+        // Captured and still to be read (pinned): kept where it is, for the scan only (no
+        // HISTORIC reference), with its valid-to in the entry.
+        let old_loc = inner
+            .tablet(a)
+            .unwrap()
+            .index
+            .lookup(crate::engine::hash_key(&keys[2]), |loc| {
+                inner
+                    .with_entry(loc, false, |e| e.key == &keys[2][..])
+                    .unwrap_or(false)
+            })
+            .map(|(_, loc)| loc)
+            .expect("the key is indexed");
         put(a, &keys[2]);
         assert_eq!(
             retained(),
-            2,
+            1,
+            "a version kept for a pinned scan was indexed"
+        );
+        assert_eq!(e.stats().kept_in_place_versions, 1);
+        let state = inner.entry_state(old_loc).load(Ordering::Acquire);
+        assert_eq!(
+            state & (STATE_SUPERSEDED | STATE_RETAINED),
+            STATE_SUPERSEDED | STATE_RETAINED,
             "a version in a segment still to be read was dropped"
         );
         // Read (unpinned): the scan never comes back, nothing kept.
         inner.unpin_all(&cap.pins);
         put(a, &keys[3]);
-        assert_eq!(retained(), 2, "a version behind the scan was kept");
+        assert_eq!(retained(), 1, "a version behind the scan was kept");
+        assert_eq!(e.stats().kept_in_place_versions, 1);
         // A general snapshot keeps versions in every table.
         let general = e.snapshot();
         put(b, &keys[4]);
-        assert_eq!(retained(), 3, "a general snapshot did not keep a version");
+        assert_eq!(retained(), 2, "a general snapshot did not keep a version");
         // A tablet of the table created while the scan runs waits for it too.
         let late = e.create_tablet(1, 0, 0).unwrap();
         assert_eq!(

@@ -21,6 +21,8 @@ pub(crate) struct Counters {
     pub retained_total: CachePadded<AtomicU64>,
     /// Retained versions the cleaner dropped once no snapshot needed them (bytes).
     pub retained_reclaimed: AtomicU64,
+    /// Superseded versions kept in place for pinned scans only (no HISTORIC reference), ever.
+    pub kept_in_place: AtomicU64,
     pub snapshots_too_old: AtomicU64,
     pub scan_passes: AtomicU64,
     pub scan_queries: AtomicU64,
@@ -70,6 +72,9 @@ pub struct EngineStats {
     pub retained_reclaimed_bytes: u64,
     /// Superseded versions currently kept (HISTORIC index references).
     pub retained_versions: u64,
+    /// Superseded versions ever kept in place for scans that had still to read them (RETAINED in
+    /// the log, no index reference; garbage once those scans have read their segment).
+    pub kept_in_place_versions: u64,
     pub snapshots_open: u64,
     pub snapshots_too_old: u64,
     /// Log-scan passes over a tablet, and the queries they served (shared scans: queries > passes).

@@ -989,6 +989,11 @@ fn writes_during_scan(report: &mut Report, records: u64, secs: f64) -> anyhow::R
         "snaps",
     ));
     report.push(Row::plain(
+        "writes_versions_kept_in_place",
+        (after.kept_in_place_versions - before.kept_in_place_versions) as f64,
+        "versions",
+    ));
+    report.push(Row::plain(
         "writes_scan_sparse_segments",
         (after.scan_sparse_segments - before.scan_sparse_segments) as f64,
         "segs",

@@ -670,6 +670,12 @@ impl Inner {
         }
     }
 
+    /// Whether open snapshots keep memory the cleaner could otherwise free: retained versions, or
+    /// segments their scans pin (with the versions kept in place in them).
+    fn snapshots_hold_memory(&self) -> bool {
+        self.retained_bytes.load(Ordering::Relaxed) > 0 || self.snapshots.any_pinning()
+    }
+
     pub fn out_of_memory(&self) -> EngineError {
         EngineError::OutOfMemory {
             live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,
@@ -696,10 +702,13 @@ impl Inner {
         let seq_at_start = self.pass_seq.load(Ordering::Acquire);
         // Snapshots must not hold memory until writes fail: past half the wait, or when the
         // cleaner has nothing left, the oldest snapshot is released first.
+        // Segments already freed but waiting for readers' grace period are memory on its way back,
+        // not memory a snapshot holds: while there are any, an idle cleaner is no reason.
         let give_up_soon = started.elapsed() >= Duration::from_millis(self.config.oom_wait_ms / 2)
-            || self.last_pass_idle.load(Ordering::Acquire);
+            || (self.last_pass_idle.load(Ordering::Acquire)
+                && self.limbo_seglets.load(Ordering::Relaxed) == 0);
         if give_up_soon
-            && self.retained_bytes.load(Ordering::Relaxed) > 0
+            && self.snapshots_hold_memory()
             && self
                 .snapshots
                 .release_oldest(self, "memory is full and it kept superseded versions alive")
@@ -718,7 +727,7 @@ impl Inner {
         }
         // Before failing a write, release a snapshot that keeps memory (then retry).
         let fail = || -> Result<(), EngineError> {
-            if self.retained_bytes.load(Ordering::Relaxed) > 0
+            if self.snapshots_hold_memory()
                 && self
                     .snapshots
                     .release_oldest(self, "memory is full and it kept superseded versions alive")

@@ -208,6 +208,16 @@ impl Snapshots {
         }
     }
 
+    /// Whether an open snapshot's scans pin segments (which the cleaner then cannot free).
+    pub fn any_pinning(&self) -> bool {
+        self.open.lock().values().any(|e| {
+            e.pinsets
+                .lock()
+                .iter()
+                .any(|p| !p.segments.lock().is_empty())
+        })
+    }
+
     /// Releases the oldest open snapshot (memory is needed); false if none is open.
     pub fn release_oldest(&self, inner: &Inner, reason: &str) -> bool {
         let oldest = self.open.lock().values().next().cloned();

@@ -1566,6 +1566,50 @@ mod scan_snapshot_tests {
         }
     }
 
+    /// A scan whose pins keep memory the writers need gives way: its snapshot is released (too
+    /// old), its pins dropped, and the writes go through, even when every version it kept was
+    /// kept in place (no retained bytes anywhere).
+    #[test]
+    fn a_scan_pinning_memory_writers_need_gives_way() {
+        let e = Engine::new(EngineConfig {
+            memory_bytes: 16 << 20,
+            segment_seglets: 4,
+            value_size_max_bytes: 4096,
+            oom_wait_ms: 3000,
+            snapshot_max_retained_bytes: Some(u64::MAX),
+            ..Default::default()
+        })
+        .unwrap();
+        let t = e.create_tablet(1, 0, 16383).unwrap();
+        let keys: Vec<Vec<u8>> = (0..18_000)
+            .map(|i| format!("p{i:06}").into_bytes())
+            .collect();
+        for k in &keys {
+            e.put(t, k, &[1u8; 500], &PutOptions::default()).unwrap();
+        }
+        let inner = &e.inner;
+        let snap = inner.open_snapshot_of(Some(1));
+        let cap = capture(inner, t, &[snap.entry()]).unwrap();
+        inner.snapshots.attach_pins(snap.entry(), cap.pins.clone());
+        // Overwriting everything needs more memory than the pinned segments leave.
+        for round in 2..5u8 {
+            for k in &keys {
+                e.put(t, k, &[round; 500], &PutOptions::default())
+                    .unwrap_or_else(|err| panic!("round {round}: {err}"));
+            }
+        }
+        assert_eq!(e.stats().retained_versions, 0);
+        assert!(e.stats().kept_in_place_versions > 0);
+        match inner.snapshots.check(inner, snap.entry()) {
+            Err(EngineError::SnapshotTooOld { reason, .. }) => {
+                assert!(reason.contains("memory is full"), "{reason}")
+            }
+            other => panic!("expected the scan's snapshot to be released, got {other:?}"),
+        }
+        assert!(cap.pins.segments.lock().is_empty(), "the scan still pins");
+        assert_eq!(e.get(t, &keys[7]).unwrap().unwrap().value, vec![4u8; 500]);
+    }
+
     /// A scan snapshot serves its one scan of its table; every other use is refused.
     #[test]
     fn scan_snapshots_serve_one_scan_of_their_table() {

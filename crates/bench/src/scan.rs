@@ -45,11 +45,12 @@ const A_RANGE: u64 = 1_000_000;
 const A_CUT: i32 = 300_000;
 /// Timed runs per figure.
 const ROUNDS: usize = 3;
-/// Alternating rounds of the bandwidth section (a round takes about 0.2 s): a two-thread scan
-/// loses half its speed whenever a neighbour on this shared machine takes one of the two cores for
-/// a moment, which the one-thread read beside it does not notice; a median over more rounds is
-/// what the two speeds usually are, not what one burst made them.
-const BANDWIDTH_ROUNDS: usize = 9;
+/// Alternating rounds of the bandwidth and shared-scan sections (a round takes 0.2–0.5 s): a scan
+/// on both cores loses half its speed whenever a neighbour on this shared machine takes one of them
+/// for a moment, which the one-thread read beside it does not notice, and which hits one side of a
+/// shared-scan round more than the other; a median over more rounds is what the speeds usually are,
+/// not what one burst made them.
+const ALTERNATING_ROUNDS: usize = 9;
 
 pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     let mut report = Report::new("scan", quick);
@@ -546,7 +547,7 @@ fn scan_bandwidth(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
     let mut scan_secs = Vec::new();
     let mut count_secs = Vec::new();
     let mut read_secs = Vec::new();
-    for _round in 0..BANDWIDTH_ROUNDS {
+    for _round in 0..ALTERNATING_ROUNDS {
         // The log walk alone: a count reads no field of the records.
         let snap = t.engine.snapshot();
         let started = Instant::now();
@@ -627,7 +628,7 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
     let (mut conc_passes, mut conc_queries) = (0u64, 0u64);
     // CPU seconds per wall second of the whole process while the four scans run together.
     let mut conc_cores = Vec::new();
-    for _round in 0..ROUNDS {
+    for _round in 0..ALTERNATING_ROUNDS {
         // Back to back, each with its own snapshot.
         let before = engine.stats();
         let mut total = 0.0;
@@ -688,7 +689,7 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
             "concurrent scans returned {results:?}, back to back {serial_results:?}"
         );
     }
-    let rounds = ROUNDS as f64;
+    let rounds = ALTERNATING_ROUNDS as f64;
     report.push(Row::plain(
         "shared_scans_serial_time",
         median(&serial_secs),

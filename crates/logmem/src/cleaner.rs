@@ -1003,20 +1003,13 @@ fn combined_clean(inner: &Inner) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Engine, EngineConfig, PutOptions};
+    use crate::PutOptions;
 
     /// A victim whose entries all moved but that a scan pinned before it could be freed waits,
     /// still Cleaning and counted empty, and is freed once the scan lets go; nothing is lost.
     #[test]
     fn a_relocated_victim_pinned_by_a_scan_is_freed_when_the_scan_lets_go() {
-        let e = Engine::new(EngineConfig {
-            memory_bytes: 64 << 20,
-            segment_seglets: 4,
-            value_size_max_bytes: 4096,
-            cleaner_threads: 0,
-            ..Default::default()
-        })
-        .unwrap();
+        let e = crate::test_support::small_engine_without_cleaner();
         let t = e.create_tablet(1, 0, 16383).unwrap();
         let keys: Vec<Vec<u8>> = (0..4000).map(|i| format!("k{i:05}").into_bytes()).collect();
         for k in &keys {

@@ -556,3 +556,23 @@ impl Drop for Engine {
         self.shutdown();
     }
 }
+
+/// What unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use crate::{Engine, EngineConfig};
+    use std::sync::Arc;
+
+    /// A 64 MiB engine of small (4-seglet) segments, values up to 4 KiB, and no cleaner thread:
+    /// tests drive cleaning and scans step by step.
+    pub(crate) fn small_engine_without_cleaner() -> Arc<Engine> {
+        Engine::new(EngineConfig {
+            memory_bytes: 64 << 20,
+            segment_seglets: 4,
+            value_size_max_bytes: 4096,
+            cleaner_threads: 0,
+            ..Default::default()
+        })
+        .expect("a valid configuration")
+    }
+}

@@ -1481,14 +1481,7 @@ mod scan_snapshot_tests {
     /// everywhere.
     #[test]
     fn single_scan_snapshots_keep_versions_only_in_their_table_and_until_read() {
-        let e = Engine::new(EngineConfig {
-            memory_bytes: 64 << 20,
-            segment_seglets: 4,
-            value_size_max_bytes: 4096,
-            cleaner_threads: 0,
-            ..Default::default()
-        })
-        .unwrap();
+        let e = crate::test_support::small_engine_without_cleaner();
         let a = e.create_tablet(1, 0, 16383).unwrap();
         let b = e.create_tablet(2, 0, 16383).unwrap();
         let keys: Vec<Vec<u8>> = (0..3000).map(|i| format!("k{i}").into_bytes()).collect();

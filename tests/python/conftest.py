@@ -22,10 +22,22 @@ def ramlog_bin() -> str:
     return path
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this test run handed out before.
+
+    The kernel may give back a port it just gave (the probe socket is closed at once), so two calls
+    in a row could name the same port; remembering the ports handed out rules that out.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 class Server:

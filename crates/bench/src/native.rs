@@ -111,8 +111,12 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Two distinct free loopback ports: both probe sockets are held open together, so the kernel
+/// cannot hand out the same port twice.
+fn two_free_ports() -> anyhow::Result<(u16, u16)> {
+    let a = TcpListener::bind("127.0.0.1:0")?;
+    let b = TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -126,7 +130,7 @@ fn which(tool: &str) -> Option<PathBuf> {
 impl Server {
     fn start() -> anyhow::Result<Server> {
         let exe = std::env::current_exe().context("finding the ramlog binary")?;
-        let (resp_port, native_port) = (free_port()?, free_port()?);
+        let (resp_port, native_port) = two_free_ports()?;
         let data_dir =
             std::env::temp_dir().join(format!("ramlog-bench-native-{}", std::process::id()));
         std::fs::create_dir_all(&data_dir)?;

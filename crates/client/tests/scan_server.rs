@@ -823,11 +823,7 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_config_bounds_snapshot_age() {
     use ramlog_server::{PersistenceMode, Server as FullServer, ServerConfig};
-    let native_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let native_port = common::process::free_port();
     let config = ServerConfig {
         resp_port: 0,
         native_port,

@@ -4,9 +4,11 @@
 //! stderr and return without checking anything.
 
 use ramlog_client::{Client, ClientConfig, Error};
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub fn ramlog_binary() -> Option<PathBuf> {
@@ -16,12 +18,21 @@ pub fn ramlog_binary() -> Option<PathBuf> {
     bin.exists().then_some(bin)
 }
 
+/// A loopback port nothing listens on, never one this test process handed out before: the kernel
+/// may give back a port it just gave, and tests run in parallel threads, so without the record two
+/// servers could be told the same port (and a readiness probe would reach the wrong one).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 pub struct ServerProcess {
@@ -87,7 +98,7 @@ impl ServerProcess {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start ramlog server");
-        let server = ServerProcess {
+        let mut server = ServerProcess {
             child,
             bin,
             resp_port,
@@ -110,10 +121,14 @@ impl ServerProcess {
         )
     }
 
-    async fn wait_ready(&self) {
-        // Wait until the native port answers a handshake.
+    async fn wait_ready(&mut self) {
+        // Wait until the native port answers a handshake, and fail at once if the server exited
+        // (a port taken by another process would otherwise be probed instead).
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("ramlog server exited before it was ready: {status}");
+            }
             let mut probe = ClientConfig::new(self.addr());
             probe.connect_timeout = Duration::from_millis(500);
             match Client::connect(probe).await {

@@ -879,6 +879,42 @@ impl Schema {
         last == var_len && width_for(var_len).0 == code
     }
 
+    /// [`Schema::envelope_ok`] of each of up to 64 records, as a bit mask (bit i for
+    /// `records[i]`). A record whose variable area uses one-byte offsets (every record of small
+    /// objects) is decided by three compares without branches: its header byte, the bitmap's
+    /// padding, and the last offset against the record's length (a last offset that equals the
+    /// variable area's length and fits a byte also proves one-byte offsets are the smallest).
+    /// Any other record goes through `envelope_ok`.
+    ///
+    /// Also returns the OR over the records of their byte `probe.0` masked with `probe.1` (a
+    /// byte of the null bitmap, so in bounds of every record long enough to be checked).
+    #[inline(always)]
+    fn envelope_mask(&self, records: &[&[u8]], probe: (usize, u8)) -> (u64, u8) {
+        let header = RECORD_FORMAT_VERSION << 2;
+        // Where the data starts with one-byte offsets; the last offset is the byte before it.
+        let data = self.fixed_end + self.var_count;
+        let pad_at = self.fixed_end_bitmap_last();
+        debug_assert!(probe.0 < self.fixed_end);
+        let (mut valid, mut probed) = (0u64, 0u8);
+        for (i, r) in records.iter().enumerate() {
+            // Wider offsets only start the data later, so a shorter record is malformed.
+            let ok = r.len() >= data && {
+                probed |= r[probe.0] & probe.1;
+                let var_len = r.len() - data;
+                let last_ok = if self.var_count == 0 {
+                    var_len == 0
+                } else {
+                    r[data - 1] as usize == var_len
+                };
+                let fast = (r[0] == header) & (r[pad_at] & self.bitmap_pad_mask == 0) & last_ok;
+                fast || self.envelope_ok(r)
+            };
+            debug_assert_eq!(ok, self.envelope_ok(r));
+            valid |= (ok as u64) << i;
+        }
+        (valid, probed)
+    }
+
     /// Index of the null bitmap's last byte.
     #[inline(always)]
     fn fixed_end_bitmap_last(&self) -> usize {
@@ -1783,14 +1819,14 @@ impl CompiledQuery {
             }
             return (matched, malformed);
         };
-        let mut valid = 0u64;
-        for (i, v) in values.iter().enumerate() {
-            let ok = schema.envelope_ok(v);
-            debug_assert_eq!(ok, schema.open(v).is_ok());
-            valid |= (ok as u64) << i;
-        }
+        let (valid, any_null) = schema.envelope_mask(values, fixed.null_probe.unwrap_or((0, 0)));
+        debug_assert!(values
+            .iter()
+            .enumerate()
+            .all(|(i, v)| (valid >> i & 1 == 1) == schema.open(v).is_ok()));
         let mut malformed = values.len() as u64 - valid.count_ones() as u64;
-        let (selected, odd) = fixed.eval_batch(agg, values, valid);
+        let any_null = fixed.null_probe.map(|_| any_null);
+        let (selected, odd) = fixed.eval_batch(agg, values, valid, any_null);
         let mut matched = selected.count_ones() as u64;
         // Records with a non-canonical field: the general path decides what they are.
         let mut rest = odd;
@@ -2005,6 +2041,21 @@ struct FixedPlan {
     /// The distinct fields the query reads; a batch reads each once.
     columns: Vec<FixedField>,
     all_clauses: u64,
+    /// The one bitmap byte holding the NULL bits of every column, with their mask, when there is
+    /// one (always for schemas of up to eight fields): the envelope check reads it on the way.
+    null_probe: Option<(usize, u8)>,
+}
+
+/// The byte of the null bitmap holding the NULL bits of all these columns, and their mask, if
+/// one byte holds them all.
+fn null_probe(columns: &[FixedField]) -> Option<(usize, u8)> {
+    let byte = columns.first()?.null_byte;
+    columns.iter().all(|c| c.null_byte == byte).then(|| {
+        (
+            byte as usize,
+            columns.iter().fold(0, |m, c| m | c.null_mask),
+        )
+    })
 }
 
 /// Distinct fields a fixed plan reads at most (more go to the general path).
@@ -2060,6 +2111,7 @@ impl FixedPlan {
             preds,
             pred_columns,
             aggs: fields,
+            null_probe: null_probe(&columns),
             columns,
             all_clauses,
         })
@@ -2081,11 +2133,17 @@ impl FixedPlan {
     /// Evaluates a batch: reads each column once for the records in `valid` (envelope checked),
     /// selects by the CNF, and adds the selected records to the accumulators. Returns (selected,
     /// odd): records with a non-canonical field are neither selected nor added, and are left to
-    /// the general path.
+    /// the general path. `any_null` is the OR of the records' `null_probe` bytes, if probed.
     #[inline(always)]
-    fn eval_batch(&self, agg: &mut AggState, values: &[&[u8]], valid: u64) -> (u64, u64) {
+    fn eval_batch(
+        &self,
+        agg: &mut AggState,
+        values: &[&[u8]],
+        valid: u64,
+        any_null: Option<u8>,
+    ) -> (u64, u64) {
         let mut cols = agg.columns.take().unwrap_or_default();
-        cols.read_all(&self.columns, values, valid);
+        cols.read_all(&self.columns, values, valid, any_null);
         let map: [usize; FIXED_COLUMNS_MAX] = std::array::from_fn(|i| i);
         let out = self.eval_columns(agg, &cols, &map, values.len(), valid);
         agg.columns = Some(cols);
@@ -2238,7 +2296,15 @@ impl Columns {
     /// which passed that schema's `Schema::open`. Records outside `valid` get no NULL or
     /// non-canonical bit, and unspecified raw values: evaluation never selects them.
     #[inline(always)]
-    fn read_all(&mut self, fields: &[FixedField], values: &[&[u8]], valid: u64) {
+    /// `any_null`, when given, is the OR over the batch of the bytes holding these fields' NULL
+    /// bits, masked to those bits (zero: no field read is NULL anywhere in the batch).
+    fn read_all(
+        &mut self,
+        fields: &[FixedField],
+        values: &[&[u8]],
+        valid: u64,
+        any_null: Option<u8>,
+    ) {
         let n = values.len().min(BATCH_RECORDS);
         self.len = fields.len();
         if valid == 0 {
@@ -2254,6 +2320,22 @@ impl Columns {
         }
         // Whether any record has one of these fields NULL: most batches have none, and their
         // columns are read without the per-record NULL bits.
+        let any_null = any_null.unwrap_or_else(|| Self::any_null(fields, &ptrs[..n]));
+        for (c, f) in fields.iter().enumerate() {
+            let (nulls, odd) = if any_null == 0 {
+                f.read_column::<false>(&ptrs[..n], &mut self.raws[c])
+            } else {
+                f.read_column::<true>(&ptrs[..n], &mut self.raws[c])
+            };
+            self.nulls[c] = nulls & valid;
+            self.odd[c] = odd & valid;
+        }
+    }
+
+    /// The OR over the records of the bitmap bytes holding these fields' NULL bits, masked to
+    /// those bits.
+    #[inline(always)]
+    fn any_null(fields: &[FixedField], ptrs: &[*const u8]) -> u8 {
         let mut bitmap: [(usize, u8); FIXED_COLUMNS_MAX] = [(0, 0); FIXED_COLUMNS_MAX];
         let mut bytes = 0;
         for f in fields {
@@ -2268,21 +2350,13 @@ impl Columns {
             bitmap[at].1 |= f.null_mask;
         }
         let mut any_null = 0u8;
-        for &p in &ptrs[..n] {
+        for &p in ptrs {
             for &(b, m) in &bitmap[..bytes] {
                 // SAFETY: as in `FixedField::read_column`: the bitmap lies in the fixed area.
                 any_null |= unsafe { *p.add(b) } & m;
             }
         }
-        for (c, f) in fields.iter().enumerate() {
-            let (nulls, odd) = if any_null == 0 {
-                f.read_column::<false>(&ptrs[..n], &mut self.raws[c])
-            } else {
-                f.read_column::<true>(&ptrs[..n], &mut self.raws[c])
-            };
-            self.nulls[c] = nulls & valid;
-            self.odd[c] = odd & valid;
-        }
+        any_null
     }
 }
 
@@ -2296,6 +2370,8 @@ pub struct BatchGroup {
     columns: Vec<FixedField>,
     /// Per query, per column of its plan: the index in `columns`.
     maps: Vec<Vec<usize>>,
+    /// As [`FixedPlan`]'s, for `columns`.
+    null_probe: Option<(usize, u8)>,
 }
 
 /// One query's part of a [`BatchGroup`] batch.
@@ -2333,8 +2409,9 @@ impl BatchGroup {
             }
             maps.push(map);
         }
-        (columns.len() <= FIXED_COLUMNS_MAX).then_some(BatchGroup {
+        (columns.len() <= FIXED_COLUMNS_MAX).then(|| BatchGroup {
             schema,
+            null_probe: null_probe(&columns),
             columns,
             maps,
         })
@@ -2364,20 +2441,28 @@ impl BatchGroup {
         let n = values.len().min(BATCH_RECORDS);
         let values = &values[..n];
         let wanted = members.iter().fold(0, |m, g| m | g.mask);
-        let mut valid = 0u64;
-        for (i, v) in values.iter().enumerate() {
-            if wanted >> i & 1 == 1 {
-                let ok = self.schema.envelope_ok(v);
-                debug_assert_eq!(ok, self.schema.open(v).is_ok());
-                valid |= (ok as u64) << i;
-            }
-        }
+        // Every value is a visible or invisible version's bytes, so all may be checked; only
+        // the wanted ones count.
+        let (valid, any_null) = self
+            .schema
+            .envelope_mask(values, self.null_probe.unwrap_or((0, 0)));
+        let valid = valid & wanted;
+        debug_assert!(values
+            .iter()
+            .enumerate()
+            .all(|(i, v)| wanted >> i & 1 == 0
+                || (valid >> i & 1 == 1) == self.schema.open(v).is_ok()));
         // The first member keeps the column space between batches.
         let mut cols = members
             .first_mut()
             .and_then(|g| g.agg.columns.take())
             .unwrap_or_default();
-        cols.read_all(&self.columns, values, valid);
+        cols.read_all(
+            &self.columns,
+            values,
+            valid,
+            self.null_probe.map(|_| any_null),
+        );
         for (g, map) in members.iter_mut().zip(&self.maps) {
             let fixed = g
                 .query

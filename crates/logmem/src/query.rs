@@ -887,30 +887,40 @@ impl Schema {
     /// Any other record goes through `envelope_ok`.
     ///
     /// Also returns the OR over the records of their byte `probe.0` masked with `probe.1` (a
-    /// byte of the null bitmap, so in bounds of every record long enough to be checked).
+    /// byte of the null bitmap, so in bounds of every record long enough to be checked), and
+    /// sets `ptrs[i]` to record i if it passed, else to [`ZERO_RECORD`] (for the column readers,
+    /// which then read every slot without a branch).
     #[inline(always)]
-    fn envelope_mask(&self, records: &[&[u8]], probe: (usize, u8)) -> (u64, u8) {
+    fn envelope_mask(
+        &self,
+        records: &[&[u8]],
+        probe: (usize, u8),
+        ptrs: &mut [*const u8; BATCH_RECORDS],
+    ) -> (u64, u8) {
         let header = RECORD_FORMAT_VERSION << 2;
         // Where the data starts with one-byte offsets; the last offset is the byte before it.
         let data = self.fixed_end + self.var_count;
         let pad_at = self.fixed_end_bitmap_last();
-        debug_assert!(probe.0 < self.fixed_end);
+        assert!(probe.0 < self.fixed_end && pad_at < self.fixed_end);
         let (mut valid, mut probed) = (0u64, 0u8);
-        for (i, r) in records.iter().enumerate() {
+        for (i, (r, p)) in records.iter().zip(ptrs.iter_mut()).enumerate() {
             // Wider offsets only start the data later, so a shorter record is malformed.
             let ok = r.len() >= data && {
-                probed |= r[probe.0] & probe.1;
+                // SAFETY: every index read is below `data` (asserted above), so below `r.len()`.
+                let at = |k: usize| unsafe { *r.get_unchecked(k) };
+                probed |= at(probe.0) & probe.1;
                 let var_len = r.len() - data;
                 let last_ok = if self.var_count == 0 {
                     var_len == 0
                 } else {
-                    r[data - 1] as usize == var_len
+                    at(data - 1) as usize == var_len
                 };
-                let fast = (r[0] == header) & (r[pad_at] & self.bitmap_pad_mask == 0) & last_ok;
+                let fast = (at(0) == header) & (at(pad_at) & self.bitmap_pad_mask == 0) & last_ok;
                 fast || self.envelope_ok(r)
             };
             debug_assert_eq!(ok, self.envelope_ok(r));
             valid |= (ok as u64) << i;
+            *p = if ok { r.as_ptr() } else { ZERO_RECORD.as_ptr() };
         }
         (valid, probed)
     }
@@ -1819,14 +1829,16 @@ impl CompiledQuery {
             }
             return (matched, malformed);
         };
-        let (valid, any_null) = schema.envelope_mask(values, fixed.null_probe.unwrap_or((0, 0)));
+        let mut ptrs = [ZERO_RECORD.as_ptr(); BATCH_RECORDS];
+        let (valid, any_null) =
+            schema.envelope_mask(values, fixed.null_probe.unwrap_or((0, 0)), &mut ptrs);
         debug_assert!(values
             .iter()
             .enumerate()
             .all(|(i, v)| (valid >> i & 1 == 1) == schema.open(v).is_ok()));
         let mut malformed = values.len() as u64 - valid.count_ones() as u64;
         let any_null = fixed.null_probe.map(|_| any_null);
-        let (selected, odd) = fixed.eval_batch(agg, values, valid, any_null);
+        let (selected, odd) = fixed.eval_batch(agg, &ptrs[..values.len()], valid, any_null);
         let mut matched = selected.count_ones() as u64;
         // Records with a non-canonical field: the general path decides what they are.
         let mut rest = odd;
@@ -2138,14 +2150,14 @@ impl FixedPlan {
     fn eval_batch(
         &self,
         agg: &mut AggState,
-        values: &[&[u8]],
+        ptrs: &[*const u8],
         valid: u64,
         any_null: Option<u8>,
     ) -> (u64, u64) {
         let mut cols = agg.columns.take().unwrap_or_default();
-        cols.read_all(&self.columns, values, valid, any_null);
+        cols.read_all(&self.columns, ptrs, valid, any_null);
         let map: [usize; FIXED_COLUMNS_MAX] = std::array::from_fn(|i| i);
-        let out = self.eval_columns(agg, &cols, &map, values.len(), valid);
+        let out = self.eval_columns(agg, &cols, &map, ptrs.len(), valid);
         agg.columns = Some(cols);
         out
     }
@@ -2292,31 +2304,24 @@ impl Default for Columns {
 }
 
 impl Columns {
-    /// Reads the columns `fields` (fields of the schema) of the records in `valid`, every one of
-    /// which passed that schema's `Schema::open`. Records outside `valid` get no NULL or
-    /// non-canonical bit, and unspecified raw values: evaluation never selects them.
+    /// Reads the columns `fields` (fields of the schema) of the records `ptrs` points at (from
+    /// [`Schema::envelope_mask`]: records in `valid`, which passed that schema's envelope check,
+    /// and [`ZERO_RECORD`] for the others). Records outside `valid` get no NULL or non-canonical
+    /// bit: evaluation never selects them. `any_null`, when given, is the OR over the batch of
+    /// the bytes holding these fields' NULL bits, masked to those bits (zero: no field read is
+    /// NULL anywhere in the batch).
     #[inline(always)]
-    /// `any_null`, when given, is the OR over the batch of the bytes holding these fields' NULL
-    /// bits, masked to those bits (zero: no field read is NULL anywhere in the batch).
     fn read_all(
         &mut self,
         fields: &[FixedField],
-        values: &[&[u8]],
+        ptrs: &[*const u8],
         valid: u64,
         any_null: Option<u8>,
     ) {
-        let n = values.len().min(BATCH_RECORDS);
+        let n = ptrs.len().min(BATCH_RECORDS);
         self.len = fields.len();
         if valid == 0 {
             return;
-        }
-        // Records outside `valid` read the first valid record instead (no branch per read).
-        let first = values[valid.trailing_zeros() as usize].as_ptr();
-        let mut ptrs = [first; BATCH_RECORDS];
-        for (i, (p, v)) in ptrs.iter_mut().zip(&values[..n]).enumerate() {
-            if valid >> i & 1 == 1 {
-                *p = v.as_ptr();
-            }
         }
         // Whether any record has one of these fields NULL: most batches have none, and their
         // columns are read without the per-record NULL bits.
@@ -2443,9 +2448,10 @@ impl BatchGroup {
         let wanted = members.iter().fold(0, |m, g| m | g.mask);
         // Every value is a visible or invisible version's bytes, so all may be checked; only
         // the wanted ones count.
-        let (valid, any_null) = self
-            .schema
-            .envelope_mask(values, self.null_probe.unwrap_or((0, 0)));
+        let mut ptrs = [ZERO_RECORD.as_ptr(); BATCH_RECORDS];
+        let (valid, any_null) =
+            self.schema
+                .envelope_mask(values, self.null_probe.unwrap_or((0, 0)), &mut ptrs);
         let valid = valid & wanted;
         debug_assert!(values
             .iter()
@@ -2459,7 +2465,7 @@ impl BatchGroup {
             .unwrap_or_default();
         cols.read_all(
             &self.columns,
-            values,
+            &ptrs[..n],
             valid,
             self.null_probe.map(|_| any_null),
         );
@@ -2502,6 +2508,13 @@ fn has_batch_features() -> bool {
 /// Records one batch of [`CompiledQuery::aggregate_batch`] takes at most (one bit each in a u64).
 pub const BATCH_RECORDS: usize = 64;
 
+/// The longest fixed area a schema can have: header, bitmap and eight bytes per field.
+const FIXED_END_MAX: usize = 1 + SCHEMA_FIELDS_MAX.div_ceil(8) + 8 * SCHEMA_FIELDS_MAX;
+
+/// A fixed area of zeros (no NULL, every fixed field zero, so canonical): what the column
+/// readers read for a batch slot whose record failed its envelope check.
+static ZERO_RECORD: [u8; FIXED_END_MAX] = [0; FIXED_END_MAX];
+
 impl FixedField {
     /// Reads the field of each record of a batch, given by the address of its first byte, into
     /// `raws`. Returns (NULL bits, non-canonical bits). Every record must have passed
@@ -2518,8 +2531,9 @@ impl FixedField {
         macro_rules! column {
             ($width:expr, |$b:ident| $raw:expr) => {
                 for (i, (&p, slot)) in records.iter().zip(raws.iter_mut()).enumerate() {
-                    // SAFETY: the record passed `Schema::open`, so it holds at least the fixed
-                    // area (`fixed_end` bytes), which contains the null bitmap and this field.
+                    // SAFETY: the record passed its envelope check (or is `ZERO_RECORD`), so it
+                    // holds at least the fixed area (`fixed_end` bytes), which contains the null
+                    // bitmap and this field.
                     let $b = unsafe { p.add(pos).cast::<[u8; $width]>().read() };
                     let raw = $raw;
                     *slot = raw;

@@ -881,17 +881,35 @@ impl Pass<'_> {
                 // the earliest clock), then each query's own test.
                 let newest = self.snaps.iter().map(|s| s.0).max().unwrap_or(0);
                 let earliest = self.snaps.iter().map(|s| s.1).min().unwrap_or(0);
+                // The queries (bits) still running, and those with a key filter to apply.
+                let running = active
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (i, &a)| m | (a as u64) << i);
+                let filtered = sinks
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (i, s)| m | (!s.all_keys as u64) << i);
                 loop {
                     walk.walk_plain(inner, newest, earliest, |h, key, value| {
+                        // Which snapshots see the version, then expiry and key filters only
+                        // where they apply.
                         let mut mask = 0u64;
-                        for (i, sink) in sinks.iter().enumerate() {
-                            let (version, wall_ms) = self.snaps[i];
-                            if active[i]
-                                && h.version <= version
-                                && (h.expire_at_ms == 0 || h.expire_at_ms > wall_ms)
-                                && sink.key_passes(key)
-                            {
-                                mask |= 1 << i;
+                        for (i, &(version, _)) in self.snaps.iter().enumerate() {
+                            mask |= ((h.version <= version) as u64) << i;
+                        }
+                        mask &= running;
+                        if h.expire_at_ms != 0 {
+                            for (i, &(_, wall_ms)) in self.snaps.iter().enumerate() {
+                                mask &= !(((h.expire_at_ms <= wall_ms) as u64) << i);
+                            }
+                        }
+                        let mut check = mask & filtered;
+                        while check != 0 {
+                            let i = check.trailing_zeros() as usize;
+                            check &= check - 1;
+                            if !sinks[i].key_passes(key) {
+                                mask &= !(1 << i);
                             }
                         }
                         if mask != 0 {

@@ -860,12 +860,14 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
             );
         }
     }
-    // The same aggregate at both snapshots from several threads at once: passes serve the
-    // queries as a group, each with its own snapshot's visibility.
-    let expected = |want: &BTreeMap<Vec<u8>, (Vec<u8>, i32)>| {
+    // The same aggregate at both snapshots, with and without key prefixes, from several threads
+    // at once: passes serve the queries as a group, each with its own snapshot's visibility and
+    // its own key filter.
+    let expected = |want: &BTreeMap<Vec<u8>, (Vec<u8>, i32)>, prefix: &[u8]| {
         let selected: Vec<i64> = want
-            .values()
-            .map(|&(_, a)| a as i64)
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, &(_, a))| a as i64)
             .filter(|&a| a >= 0)
             .collect();
         Some(vec![
@@ -873,19 +875,32 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
             Value::I64(selected.iter().sum()),
         ])
     };
-    let (want1, want2) = (expected(&first), expected(&second));
     let before = e.stats();
     std::thread::scope(|s| {
         for k in 0..6 {
-            let (e, aggregate) = (&e, &aggregate);
+            let (e, expected) = (&e, &expected);
             let (snap, want) = if k % 2 == 0 {
-                (&snap1, &want1)
+                (&snap1, &first)
             } else {
-                (&snap2, &want2)
+                (&snap2, &second)
+            };
+            // Two of each: every key, keys k01…, keys k02….
+            let prefix: &[u8] = [&b""[..], b"k01", b"k02"][k / 2];
+            let query = Query {
+                key_filter: if prefix.is_empty() {
+                    KeyFilter::All
+                } else {
+                    KeyFilter::Prefix(prefix.to_vec())
+                },
+                ..aggregate.clone()
             };
             s.spawn(move || {
-                let out = e.scan(TABLE, snap, aggregate, ScanMethod::Log, 0).unwrap();
-                assert_eq!(&out.aggregates, want, "concurrent aggregate {k}");
+                let out = e.scan(TABLE, snap, &query, ScanMethod::Log, 0).unwrap();
+                assert_eq!(
+                    out.aggregates,
+                    expected(want, prefix),
+                    "concurrent aggregate {k}"
+                );
             });
         }
     });

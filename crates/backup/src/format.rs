@@ -35,8 +35,13 @@ pub const RUN_FLAG_DROP: u32 = 1;
 /// Write-buffer batch record header: tablet u64 | body_len u32 | count u32.
 pub const BATCH_HEADER_BYTES: usize = 16;
 
-/// Version-log block header: magic u32 | crc u32 | count u32 | reserved u32 | seq u64.
+/// Version-log block header: magic u32 | crc u32 | count u32 | copy u32 | seq u64.
 pub const VERSION_BLOCK_HEADER_BYTES: usize = 24;
+/// `copy` of a version block: the first copy, and the mirror that follows it. Every block is
+/// written twice, back to back: a delete lives only in the version log, so one damaged block must
+/// not let deleted keys come back.
+pub const VERSION_COPY_FIRST: u32 = 0;
+pub const VERSION_COPY_MIRROR: u32 = 1;
 /// "RLVL" little-endian.
 pub const VERSION_MAGIC: u32 = 0x4C56_4C52;
 /// Version record: hash u128 | version u64 | flags u8.
@@ -396,12 +401,29 @@ pub struct VersionRecord {
 
 /// Encodes a version block (header + records) onto `out`.
 pub fn encode_version_block(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord]) {
+    encode_version_block_copy(out, seq, records, VERSION_COPY_FIRST);
+}
+
+/// Encodes `records` as version blocks of at most [`VERSION_BLOCK_RECORDS_MAX`] records (one
+/// empty block if there are none), each followed by its mirror copy.
+pub fn encode_version_blocks(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord]) {
+    let mut chunks: Vec<&[VersionRecord]> = records.chunks(VERSION_BLOCK_RECORDS_MAX).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    for chunk in chunks {
+        encode_version_block_copy(out, seq, chunk, VERSION_COPY_FIRST);
+        encode_version_block_copy(out, seq, chunk, VERSION_COPY_MIRROR);
+    }
+}
+
+fn encode_version_block_copy(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord], copy: u32) {
     assert!(records.len() <= VERSION_BLOCK_RECORDS_MAX);
     let start = out.len();
     out.extend_from_slice(&VERSION_MAGIC.to_le_bytes());
     out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&copy.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     for r in records {
         out.extend_from_slice(&r.hash.to_le_bytes());
@@ -432,6 +454,9 @@ pub fn decode_version_block(buf: &[u8]) -> Result<(u64, &[u8], usize), DecodeErr
     if crc32c::crc32c(&buf[8..total]) != u32_at(buf, 4) {
         return Err(DecodeError::BadVersionChecksum);
     }
+    if u32_at(buf, 12) > VERSION_COPY_MIRROR {
+        return Err(DecodeError::BadMagic);
+    }
     Ok((
         u64_at(buf, 16),
         &buf[VERSION_BLOCK_HEADER_BYTES..total],
@@ -449,6 +474,8 @@ pub struct VersionWalk {
     /// Bytes after the last intact block (a torn tail, or damage at the end).
     pub tail_bytes: u64,
     pub max_seq: u64,
+    /// Mirror copies whose records were used because the first copy before them was damaged.
+    pub recovered_blocks: u64,
 }
 
 /// Calls `f(seq, records)` for every intact block of a version log. A damaged block is skipped by
@@ -456,10 +483,22 @@ pub struct VersionWalk {
 pub fn walk_version_log<'a>(data: &'a [u8], mut f: impl FnMut(u64, &'a [u8])) -> VersionWalk {
     let mut w = VersionWalk::default();
     let mut at = 0usize;
+    // The first copy delivered just before `at`: (sequence, records).
+    let mut first: Option<(u64, &'a [u8])> = None;
     while at < data.len() {
         match decode_version_block(&data[at..]) {
             Ok((seq, recs, len)) => {
-                f(seq, recs);
+                let mirror = u32_at(&data[at..], 12) == VERSION_COPY_MIRROR;
+                // A mirror repeats the first copy right before it: its records are used only
+                // when that copy was not (damaged, or the mirror does not match it).
+                let repeat = mirror && first == Some((seq, recs));
+                if !repeat {
+                    if mirror {
+                        w.recovered_blocks += 1;
+                    }
+                    f(seq, recs);
+                }
+                first = (!mirror).then_some((seq, recs));
                 w.max_seq = w.max_seq.max(seq);
                 at += len;
                 w.valid_end = at;
@@ -476,6 +515,7 @@ pub fn walk_version_log<'a>(data: &'a [u8], mut f: impl FnMut(u64, &'a [u8])) ->
                     }
                     k += 1;
                 }
+                first = None;
                 match next {
                     Some(k) => {
                         w.damaged_bytes += (k - at) as u64;
@@ -672,6 +712,79 @@ mod tests {
             decode_version_block(&buf),
             Err(DecodeError::BadVersionChecksum)
         );
+    }
+
+    fn records(from: u64, n: u64) -> Vec<VersionRecord> {
+        (from..from + n)
+            .map(|i| VersionRecord {
+                hash: u128::from(i) * 0x9E37_79B9_7F4A_7C15,
+                version: i,
+                deleted: i % 3 == 0,
+            })
+            .collect()
+    }
+
+    /// Records a walk delivers, in order, and what it found.
+    fn walked(data: &[u8]) -> (Vec<VersionRecord>, VersionWalk) {
+        let mut got = Vec::new();
+        let w = walk_version_log(data, |_, recs| got.extend(version_records(recs)));
+        (got, w)
+    }
+
+    #[test]
+    fn mirrored_version_blocks_are_delivered_once_and_survive_one_damaged_copy() {
+        let (a, b) = (records(0, 40), records(100, 7));
+        let mut log = Vec::new();
+        encode_version_blocks(&mut log, 5, &a);
+        let second = log.len();
+        encode_version_blocks(&mut log, 6, &b);
+        let block_a = VERSION_BLOCK_HEADER_BYTES + a.len() * VERSION_RECORD_BYTES;
+        assert_eq!(second, 2 * block_a);
+        let all: Vec<VersionRecord> = a.iter().chain(&b).copied().collect();
+
+        // Intact: every record once, nothing recovered or damaged.
+        let (got, w) = walked(&log);
+        assert_eq!(got, all);
+        assert_eq!(
+            (w.recovered_blocks, w.damaged_bytes, w.tail_bytes),
+            (0, 0, 0)
+        );
+        assert_eq!((w.valid_end, w.max_seq), (log.len(), 6));
+
+        // The first copy of `a` damaged: its mirror stands in, and the damage is reported.
+        let mut first_hit = log.clone();
+        first_hit[VERSION_BLOCK_HEADER_BYTES + 30] ^= 0x40;
+        let (got, w) = walked(&first_hit);
+        assert_eq!(got, all);
+        assert_eq!(w.recovered_blocks, 1);
+        assert_eq!(w.damaged_bytes, block_a as u64);
+
+        // The mirror of `a` damaged: the first copy already delivered everything.
+        let mut mirror_hit = log.clone();
+        mirror_hit[block_a + VERSION_BLOCK_HEADER_BYTES + 3] ^= 0x01;
+        let (got, w) = walked(&mirror_hit);
+        assert_eq!(got, all);
+        assert_eq!((w.recovered_blocks, w.damaged_bytes), (0, block_a as u64));
+
+        // Both copies of `a` damaged: its records are gone (reported), `b` is intact.
+        let mut both_hit = first_hit.clone();
+        both_hit[block_a + VERSION_BLOCK_HEADER_BYTES + 3] ^= 0x01;
+        let (got, w) = walked(&both_hit);
+        assert_eq!(got, b);
+        assert_eq!(w.damaged_bytes, 2 * block_a as u64);
+
+        // A mirror that does not repeat the block before it is not taken for a repeat.
+        let mut odd = Vec::new();
+        encode_version_block(&mut odd, 5, &a);
+        encode_version_block_copy(&mut odd, 5, &b, VERSION_COPY_MIRROR);
+        let (got, w) = walked(&odd);
+        assert_eq!(got, all);
+        assert_eq!(w.recovered_blocks, 1);
+
+        // Copy numbers other than 0 and 1 are refused.
+        let mut bad = Vec::new();
+        encode_version_block_copy(&mut bad, 5, &a, 2);
+        assert_eq!(decode_version_block(&bad), Err(DecodeError::BadMagic));
     }
 
     #[test]

@@ -208,7 +208,8 @@ pub fn gather_versions<'c>(
     records.clear();
     records.extend(snapshot.iter().map(version_pair));
     cache.map.merge_all(&records);
-    let compact_len = (cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
+    // Every block is written with its mirror.
+    let compact_len = 2 * ((cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64);
     if vl.len <= 2 * compact_len {
         return Ok(&mut cache.map);
     }
@@ -222,10 +223,8 @@ pub fn gather_versions<'c>(
             deleted: v.deleted,
         })
         .collect();
-    let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
-    for chunk in records.chunks(format::VERSION_BLOCK_RECORDS_MAX) {
-        format::encode_version_block(&mut buf, seq, chunk);
-    }
+    let mut buf = Vec::with_capacity(2 * (records.len() * format::VERSION_RECORD_BYTES + 64));
+    format::encode_version_blocks(&mut buf, seq, &records);
     let tmp = t.ver_path.with_extension("ver.tmp");
     {
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;

@@ -17,9 +17,10 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What phase 1 of a replay returns: per-worker outputs, bytes read, and the version-log records
-/// (key hash, version, deleted) per shard.
-type PhaseOneOut = (Vec<WorkerOut>, u64, Vec<Vec<(u128, u64, bool)>>);
+/// What phase 1 of a replay returns: per-worker outputs, (damaged version-log bytes, version
+/// blocks recovered from their mirror), and the version-log records (key hash, version, deleted)
+/// per shard.
+type PhaseOneOut = (Vec<WorkerOut>, (u64, u64), Vec<Vec<(u128, u64, bool)>>);
 
 /// One live key as replay yields it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +47,14 @@ pub struct ReplayReport {
     pub unreadable_bytes: u64,
     /// Keys whose newest known version had no intact entry (reported, not yielded).
     pub lost_keys: u64,
-    /// Version-log bytes that failed their checksum: the deletes recorded there are unknown, so
-    /// keys deleted in them may come back. Reported so that the caller can restore from a replica.
+    /// Version-log bytes that failed their checksum. Every version block is stored twice
+    /// (`docs/formats.md`): when one copy of a block is damaged its mirror stands in
+    /// (`recovered_version_blocks`) and nothing is lost. When both are, the deletes recorded there
+    /// are unknown and keys deleted in them may come back: reported so that the caller can
+    /// restore from a replica.
     pub damaged_version_bytes: u64,
+    /// Version blocks read from their mirror copy because the first copy was damaged.
+    pub recovered_version_blocks: u64,
     /// Highest version seen, deletes included (a restarted master continues above it).
     pub max_version: u64,
     pub bytes_read: u64,
@@ -64,6 +70,7 @@ impl ReplayReport {
         self.unreadable_bytes += o.unreadable_bytes;
         self.lost_keys += o.lost_keys;
         self.damaged_version_bytes += o.damaged_version_bytes;
+        self.recovered_version_blocks += o.recovered_version_blocks;
         self.max_version = self.max_version.max(o.max_version);
         self.bytes_read += o.bytes_read;
         self.segments_read += o.segments_read;
@@ -272,9 +279,13 @@ pub fn replay_tablet(
                 .map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
             outs.push(o);
         }
-        Ok((outs, walk.damaged_bytes + walk.tail_bytes, vparts))
+        Ok((
+            outs,
+            (walk.damaged_bytes + walk.tail_bytes, walk.recovered_blocks),
+            vparts,
+        ))
     })?;
-    let (outs, version_damage, vparts) = results;
+    let (outs, (version_damage, recovered_blocks), vparts) = results;
     if trace {
         tracing::debug!(
             "replay {:#x}: phase 1 (read+merge) {:?}",
@@ -316,6 +327,7 @@ pub fn replay_tablet(
         data_entries += o.data_entries;
     }
     report.damaged_version_bytes = version_damage;
+    report.recovered_version_blocks = recovered_blocks;
     report.segments_read = segments.len() as u64;
     sources[slb_index] = &slb;
 

@@ -190,6 +190,121 @@ fn damaged_version_log_is_reported_and_torn_tail_cut() {
     drop(oracle);
 }
 
+/// Flips one byte in the records of every version block whose copy number is `copy` (0: the
+/// first copies, 1: the mirrors) in the version log at `path`. Returns how many it flipped.
+fn flip_version_copies(path: &Path, copy: u32) -> usize {
+    let mut data = std::fs::read(path).unwrap();
+    let mut at = 0;
+    let mut flipped = 0;
+    while at + ramlog_backup::format::VERSION_BLOCK_HEADER_BYTES <= data.len() {
+        // Blocks are walked by their count field, so damaged ones are stepped over too.
+        let count = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        let records_len = count * ramlog_backup::format::VERSION_RECORD_BYTES;
+        let len = ramlog_backup::format::VERSION_BLOCK_HEADER_BYTES + records_len;
+        let this = u32::from_le_bytes(data[at + 12..at + 16].try_into().unwrap());
+        if this == copy && records_len > 0 {
+            data[at + ramlog_backup::format::VERSION_BLOCK_HEADER_BYTES + records_len / 2] ^= 0x20;
+            flipped += 1;
+        }
+        at += len;
+    }
+    std::fs::write(path, data).unwrap();
+    flipped
+}
+
+/// Puts 200 keys, deletes every even one, closes; returns (store directory, keys kept).
+fn puts_then_deletes(name: &str) -> (tempfile::TempDir, Config, Vec<Vec<u8>>) {
+    let dir = temp_dir(name);
+    let cfg = Config {
+        reorg_enabled: false,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    let keys: Vec<Vec<u8>> = (0..200).map(|i| format!("k{i:03}").into_bytes()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let value = vec![i as u8; 40];
+        b.append(
+            0,
+            &[Entry {
+                key: k,
+                value: Some(&value),
+                version: i as u64 + 1,
+                expiry: 0,
+            }],
+        )
+        .unwrap();
+    }
+    b.flush().unwrap();
+    for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        b.append(
+            0,
+            &[Entry {
+                key: k,
+                value: None,
+                version: 1000 + i as u64,
+                expiry: 0,
+            }],
+        )
+        .unwrap();
+    }
+    b.close().unwrap();
+    let kept = keys.into_iter().skip(1).step_by(2).collect();
+    (dir, cfg, kept)
+}
+
+#[test]
+fn deletes_survive_a_damaged_version_block_through_its_mirror() {
+    let (dir, cfg, kept) = puts_then_deletes("vermirror");
+    let ver = files(dir.path(), "ver");
+    assert_eq!(ver.len(), 1);
+    assert!(
+        flip_version_copies(&ver[0], 0) > 0,
+        "no version block to damage"
+    );
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    let (state, report) = replay_state(&b);
+    let live: Vec<Vec<u8>> = state.keys().map(|(_, k)| k.clone()).collect();
+    assert_eq!(
+        live, kept,
+        "a deleted key came back or a live one is missing"
+    );
+    assert!(
+        report.damaged_version_bytes > 0,
+        "damage not reported: {report:?}"
+    );
+    assert!(report.recovered_version_blocks > 0, "{report:?}");
+    drop(b);
+
+    // Damaged mirrors alone lose nothing either.
+    let (dir, cfg, kept) = puts_then_deletes("vermirror2");
+    let ver = files(dir.path(), "ver");
+    assert!(flip_version_copies(&ver[0], 1) > 0);
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    let live: Vec<Vec<u8>> = state.keys().map(|(_, k)| k.clone()).collect();
+    assert_eq!(live, kept);
+    assert!(
+        report.damaged_version_bytes > 0,
+        "damage not reported: {report:?}"
+    );
+}
+
+#[test]
+fn both_copies_of_a_version_block_damaged_is_reported() {
+    let (dir, cfg, _kept) = puts_then_deletes("verboth");
+    let ver = files(dir.path(), "ver");
+    assert!(flip_version_copies(&ver[0], 0) > 0);
+    assert!(flip_version_copies(&ver[0], 1) > 0);
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let stats = b.stats();
+    let (_state, report) = replay_state(&b);
+    assert!(
+        report.damaged_version_bytes > 0
+            || stats.open_version_bytes_damaged + stats.open_version_bytes_cut > 0,
+        "damage not reported: {report:?} {stats:?}"
+    );
+}
+
 #[test]
 fn disk_full_fails_appends_and_keeps_written_data() {
     let base = temp_dir("diskfull");

@@ -37,9 +37,9 @@ pub const BATCH_HEADER_BYTES: usize = 16;
 
 /// Version-log block header: magic u32 | crc u32 | count u32 | copy u32 | seq u64.
 pub const VERSION_BLOCK_HEADER_BYTES: usize = 24;
-/// `copy` of a version block: the first copy, and the mirror that follows it. Every block is
-/// written twice, back to back: a delete lives only in the version log, so one damaged block must
-/// not let deleted keys come back.
+/// `copy` of a version block: the block, and the mirror of its delete records that follows it. A
+/// delete lives only in the version log, so one damaged block must not let deleted keys come back;
+/// a lost put record alone loses nothing (the data entry carries its version).
 pub const VERSION_COPY_FIRST: u32 = 0;
 pub const VERSION_COPY_MIRROR: u32 = 1;
 /// "RLVL" little-endian.
@@ -405,15 +405,21 @@ pub fn encode_version_block(out: &mut Vec<u8>, seq: u64, records: &[VersionRecor
 }
 
 /// Encodes `records` as version blocks of at most [`VERSION_BLOCK_RECORDS_MAX`] records (one
-/// empty block if there are none), each followed by its mirror copy.
+/// empty block if there are none), each block with delete records followed by a mirror block
+/// holding those deletes again.
 pub fn encode_version_blocks(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord]) {
     let mut chunks: Vec<&[VersionRecord]> = records.chunks(VERSION_BLOCK_RECORDS_MAX).collect();
     if chunks.is_empty() {
         chunks.push(&[]);
     }
+    let mut deletes = Vec::new();
     for chunk in chunks {
         encode_version_block_copy(out, seq, chunk, VERSION_COPY_FIRST);
-        encode_version_block_copy(out, seq, chunk, VERSION_COPY_MIRROR);
+        deletes.clear();
+        deletes.extend(chunk.iter().filter(|r| r.deleted));
+        if !deletes.is_empty() {
+            encode_version_block_copy(out, seq, &deletes, VERSION_COPY_MIRROR);
+        }
     }
 }
 
@@ -483,22 +489,22 @@ pub struct VersionWalk {
 pub fn walk_version_log<'a>(data: &'a [u8], mut f: impl FnMut(u64, &'a [u8])) -> VersionWalk {
     let mut w = VersionWalk::default();
     let mut at = 0usize;
-    // The first copy delivered just before `at`: (sequence, records).
-    let mut first: Option<(u64, &'a [u8])> = None;
+    // Sequence of the intact first copy that ends at `at`, if one does.
+    let mut first: Option<u64> = None;
     while at < data.len() {
         match decode_version_block(&data[at..]) {
             Ok((seq, recs, len)) => {
                 let mirror = u32_at(&data[at..], 12) == VERSION_COPY_MIRROR;
-                // A mirror repeats the first copy right before it: its records are used only
-                // when that copy was not (damaged, or the mirror does not match it).
-                let repeat = mirror && first == Some((seq, recs));
+                // A mirror repeats deletes of the block right before it (written in the same
+                // write): its records are used only when that block was not intact.
+                let repeat = mirror && first == Some(seq);
                 if !repeat {
                     if mirror {
                         w.recovered_blocks += 1;
                     }
                     f(seq, recs);
                 }
-                first = (!mirror).then_some((seq, recs));
+                first = (!mirror).then_some(seq);
                 w.max_seq = w.max_seq.max(seq);
                 at += len;
                 w.valid_end = at;
@@ -732,14 +738,15 @@ mod tests {
     }
 
     #[test]
-    fn mirrored_version_blocks_are_delivered_once_and_survive_one_damaged_copy() {
+    fn deletes_are_mirrored_and_survive_one_damaged_block() {
         let (a, b) = (records(0, 40), records(100, 7));
+        let deletes_a: Vec<VersionRecord> = a.iter().filter(|r| r.deleted).copied().collect();
         let mut log = Vec::new();
         encode_version_blocks(&mut log, 5, &a);
-        let second = log.len();
-        encode_version_blocks(&mut log, 6, &b);
         let block_a = VERSION_BLOCK_HEADER_BYTES + a.len() * VERSION_RECORD_BYTES;
-        assert_eq!(second, 2 * block_a);
+        let mirror_a = VERSION_BLOCK_HEADER_BYTES + deletes_a.len() * VERSION_RECORD_BYTES;
+        assert_eq!(log.len(), block_a + mirror_a);
+        encode_version_blocks(&mut log, 6, &b);
         let all: Vec<VersionRecord> = a.iter().chain(&b).copied().collect();
 
         // Intact: every record once, nothing recovered or damaged.
@@ -751,32 +758,42 @@ mod tests {
         );
         assert_eq!((w.valid_end, w.max_seq), (log.len(), 6));
 
-        // The first copy of `a` damaged: its mirror stands in, and the damage is reported.
+        // Block `a` damaged: its deletes come from the mirror, and the damage is reported.
         let mut first_hit = log.clone();
         first_hit[VERSION_BLOCK_HEADER_BYTES + 30] ^= 0x40;
         let (got, w) = walked(&first_hit);
-        assert_eq!(got, all);
+        let expect: Vec<VersionRecord> = deletes_a.iter().chain(&b).copied().collect();
+        assert_eq!(got, expect);
         assert_eq!(w.recovered_blocks, 1);
         assert_eq!(w.damaged_bytes, block_a as u64);
 
-        // The mirror of `a` damaged: the first copy already delivered everything.
+        // The mirror damaged: the block already delivered everything.
         let mut mirror_hit = log.clone();
         mirror_hit[block_a + VERSION_BLOCK_HEADER_BYTES + 3] ^= 0x01;
         let (got, w) = walked(&mirror_hit);
         assert_eq!(got, all);
-        assert_eq!((w.recovered_blocks, w.damaged_bytes), (0, block_a as u64));
+        assert_eq!((w.recovered_blocks, w.damaged_bytes), (0, mirror_a as u64));
 
-        // Both copies of `a` damaged: its records are gone (reported), `b` is intact.
+        // Both damaged: `a`'s records are gone (reported), `b` is intact.
         let mut both_hit = first_hit.clone();
         both_hit[block_a + VERSION_BLOCK_HEADER_BYTES + 3] ^= 0x01;
         let (got, w) = walked(&both_hit);
         assert_eq!(got, b);
-        assert_eq!(w.damaged_bytes, 2 * block_a as u64);
+        assert_eq!(w.damaged_bytes, (block_a + mirror_a) as u64);
 
-        // A mirror that does not repeat the block before it is not taken for a repeat.
+        // A block without deletes has no mirror.
+        let puts: Vec<VersionRecord> = b.iter().filter(|r| !r.deleted).copied().collect();
+        let mut only_puts = Vec::new();
+        encode_version_blocks(&mut only_puts, 7, &puts);
+        assert_eq!(
+            only_puts.len(),
+            VERSION_BLOCK_HEADER_BYTES + puts.len() * VERSION_RECORD_BYTES
+        );
+
+        // A mirror after a block of another sequence is not taken for a repeat.
         let mut odd = Vec::new();
         encode_version_block(&mut odd, 5, &a);
-        encode_version_block_copy(&mut odd, 5, &b, VERSION_COPY_MIRROR);
+        encode_version_block_copy(&mut odd, 6, &b, VERSION_COPY_MIRROR);
         let (got, w) = walked(&odd);
         assert_eq!(got, all);
         assert_eq!(w.recovered_blocks, 1);

@@ -208,8 +208,7 @@ pub fn gather_versions<'c>(
     records.clear();
     records.extend(snapshot.iter().map(version_pair));
     cache.map.merge_all(&records);
-    // Every block is written with its mirror.
-    let compact_len = 2 * ((cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64);
+    let compact_len = (cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
     if vl.len <= 2 * compact_len {
         return Ok(&mut cache.map);
     }
@@ -223,7 +222,7 @@ pub fn gather_versions<'c>(
             deleted: v.deleted,
         })
         .collect();
-    let mut buf = Vec::with_capacity(2 * (records.len() * format::VERSION_RECORD_BYTES + 64));
+    let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
     format::encode_version_blocks(&mut buf, seq, &records);
     let tmp = t.ver_path.with_extension("ver.tmp");
     {

@@ -515,11 +515,11 @@ impl Tablet {
         Ok(Some(writes))
     }
 
-    /// Appends version blocks (each with its mirror) with the given records to the version log
-    /// (caller syncs).
+    /// Appends version blocks (each followed by the mirror of its deletes) with the given records
+    /// to the version log (caller syncs).
     pub fn append_versions(&self, seq: u64, records: &[VersionRecord]) -> Result<u64> {
         let mut g = self.verlog.lock();
-        let mut buf = Vec::with_capacity(2 * (records.len() * format::VERSION_RECORD_BYTES + 64));
+        let mut buf = Vec::with_capacity(records.len() * format::VERSION_RECORD_BYTES + 64);
         format::encode_version_blocks(&mut buf, seq, records);
         let at = g.len;
         g.file

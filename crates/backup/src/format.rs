@@ -72,6 +72,8 @@ pub enum DecodeError {
     BadLength,
     #[error("version block checksum mismatch")]
     BadVersionChecksum,
+    #[error("version block copy number is neither 0 (block) nor 1 (mirror)")]
+    BadVersionCopy,
 }
 
 #[inline]
@@ -461,7 +463,7 @@ pub fn decode_version_block(buf: &[u8]) -> Result<(u64, &[u8], usize), DecodeErr
         return Err(DecodeError::BadVersionChecksum);
     }
     if u32_at(buf, 12) > VERSION_COPY_MIRROR {
-        return Err(DecodeError::BadMagic);
+        return Err(DecodeError::BadVersionCopy);
     }
     Ok((
         u64_at(buf, 16),
@@ -801,7 +803,7 @@ mod tests {
         // Copy numbers other than 0 and 1 are refused.
         let mut bad = Vec::new();
         encode_version_block_copy(&mut bad, 5, &a, 2);
-        assert_eq!(decode_version_block(&bad), Err(DecodeError::BadMagic));
+        assert_eq!(decode_version_block(&bad), Err(DecodeError::BadVersionCopy));
     }
 
     #[test]

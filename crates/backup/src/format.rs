@@ -401,11 +401,6 @@ pub struct VersionRecord {
     pub deleted: bool,
 }
 
-/// Encodes a version block (header + records) onto `out`.
-pub fn encode_version_block(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord]) {
-    encode_version_block_copy(out, seq, records, VERSION_COPY_FIRST);
-}
-
 /// Encodes `records` as version blocks of at most [`VERSION_BLOCK_RECORDS_MAX`] records (one
 /// empty block if there are none), each block with delete records followed by a mirror block
 /// holding those deletes again.
@@ -425,6 +420,7 @@ pub fn encode_version_blocks(out: &mut Vec<u8>, seq: u64, records: &[VersionReco
     }
 }
 
+/// Encodes one version block (header + records) with copy number `copy` onto `out`.
 fn encode_version_block_copy(out: &mut Vec<u8>, seq: u64, records: &[VersionRecord], copy: u32) {
     assert!(records.len() <= VERSION_BLOCK_RECORDS_MAX);
     let start = out.len();
@@ -710,7 +706,7 @@ mod tests {
             },
         ];
         let mut buf = Vec::new();
-        encode_version_block(&mut buf, 42, &recs);
+        encode_version_block_copy(&mut buf, 42, &recs, VERSION_COPY_FIRST);
         let (seq, body, len) = decode_version_block(&buf).unwrap();
         assert_eq!((seq, len), (42, buf.len()));
         assert_eq!(version_records(body).collect::<Vec<_>>(), recs);
@@ -794,7 +790,7 @@ mod tests {
 
         // A mirror after a block of another sequence is not taken for a repeat.
         let mut odd = Vec::new();
-        encode_version_block(&mut odd, 5, &a);
+        encode_version_block_copy(&mut odd, 5, &a, VERSION_COPY_FIRST);
         encode_version_block_copy(&mut odd, 6, &b, VERSION_COPY_MIRROR);
         let (got, w) = walked(&odd);
         assert_eq!(got, all);

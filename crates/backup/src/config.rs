@@ -22,7 +22,8 @@ pub enum SyncPolicy {
     /// appended half a `flush_interval` ago, and an idle writer syncs at that moment by itself.
     /// An entry is thus durable within about one interval of its append plus the write time,
     /// like Redis's `appendfsync everysec` with a 100 ms period; when flushes follow each other
-    /// faster (a busy store flushes by size), several share one sync.
+    /// faster (a busy store flushes by size), several share one sync, and syncs stay half an
+    /// interval apart unless an entry would otherwise pass a whole interval unsynced.
     Periodic,
     /// Only when a caller waits for [`crate::Stage::Durable`] (or at close). Written data
     /// survives a process crash but not a power cut until then.

@@ -39,7 +39,8 @@
 //!   oldest written but unsynced entry is half an interval old, at the end of a flush or by
 //!   itself when idle, so an appended entry is durable within about one interval plus the write
 //!   time: Redis's `appendfsync everysec`, with a 100 ms period. Back-to-back flushes of a busy
-//!   store share one sync. [`Stage::Written`] (in the files; survives kill -9) comes first and
+//!   store share one sync, and its syncs stay half an interval apart unless an entry would
+//!   otherwise pass a whole interval unsynced. [`Stage::Written`] (in the files; survives kill -9) comes first and
 //!   [`Stage::Durable`] (fdatasync done; survives power loss) follows within that bound.
 //! * `durable` mode: call [`Backup::wait`] with [`Stage::Durable`]; it triggers a flush at once
 //!   and returns only after fdatasync, so acknowledging after it is power-loss safe.

@@ -1,0 +1,162 @@
+//! When the reorganizer rewrites a tablet's version log compactly: at twice its compacted size when
+//! no log needs cleaning, at four times while some log is above the activation threshold.
+
+mod common;
+use common::*;
+use ramlog_backup::testkit::crash_config;
+use ramlog_backup::{Backup, Entry, Stage};
+use std::time::{Duration, Instant};
+
+/// Bytes of one version record (format.md "Version log block").
+const RECORD: u64 = 25;
+const KEYS: u64 = 4000;
+
+fn version_log_len(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir.join("t0000000000000000.ver"))
+        .expect("version log of tablet 0")
+        .len()
+}
+
+/// Writes every key `rounds` times (one version per round, versions after `version`) to tablet 0
+/// and waits until it is all durable; returns the last version written.
+fn update_all(b: &Backup, rounds: u64, mut version: u64) -> u64 {
+    let value = vec![9u8; 60];
+    let mut last = None;
+    for _ in 0..rounds {
+        for k in 0..KEYS {
+            version += 1;
+            let key = format!("key{k:05}");
+            last = Some(
+                b.append(
+                    0,
+                    &[Entry {
+                        key: key.as_bytes(),
+                        value: Some(&value),
+                        version,
+                        expiry: 0,
+                    }],
+                )
+                .unwrap(),
+            );
+        }
+    }
+    b.wait(last.unwrap(), Stage::Durable).unwrap();
+    version
+}
+
+/// Waits until the background reorganizer has finished `rounds` more visits.
+fn wait_for_visits(b: &Backup, rounds: u64) {
+    let start = b.stats().reorg_runs;
+    let t0 = Instant::now();
+    while b.stats().reorg_runs < start + rounds {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "reorganizer idle: {:?}",
+            b.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_busy_reorganizer_lets_the_version_log_grow_to_four_times_then_compacts_it() {
+    let dir = temp_dir("versions-busy");
+    // 4000 live keys of about 100 bytes keep the 4 MiB log above the 5% activation threshold:
+    // the reorganizer is busy the whole time.
+    let b = Backup::open(dir.path(), crash_config()).unwrap();
+    let version = update_all(&b, 3, 0);
+    // Spill what the version buffer holds, then let the reorganizer visit the log a few times.
+    b.checkpoint().unwrap();
+    wait_for_visits(&b, 3);
+    let compacted = KEYS * RECORD;
+    let busy_len = version_log_len(dir.path());
+    // Three records per key: past twice the compacted size, short of four times. A busy
+    // reorganizer leaves it alone.
+    assert!(
+        busy_len > 2 * compacted + compacted / 4,
+        "version log was compacted while the reorganizer was busy: {busy_len} bytes"
+    );
+    assert!(busy_len < 4 * compacted, "{busy_len} bytes");
+    // A fourth and fifth round pass four times: the busy reorganizer compacts it now.
+    update_all(&b, 2, version);
+    b.checkpoint().unwrap();
+    let t0 = Instant::now();
+    while version_log_len(dir.path()) > 2 * compacted {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "version log never compacted: {} bytes, {:?}",
+            version_log_len(dir.path()),
+            b.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.close().unwrap();
+    // Nothing was lost by the rewrite: every key replays with its newest version.
+    let b = Backup::open(dir.path(), crash_config()).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len() as u64, KEYS);
+    assert!(state.values().all(|(_, v, _)| *v > 4 * KEYS));
+}
+
+#[test]
+fn an_explicit_reorganization_compacts_a_version_log_past_twice_its_size() {
+    let dir = temp_dir("versions-explicit");
+    let cfg = ramlog_backup::Config {
+        reorg_enabled: false,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    update_all(&b, 3, 0);
+    b.checkpoint().unwrap();
+    let compacted = KEYS * RECORD;
+    let before = version_log_len(dir.path());
+    assert!(before > 2 * compacted + compacted / 4, "{before} bytes");
+    b.reorganize(0).unwrap();
+    let after = version_log_len(dir.path());
+    // One record per key plus block headers.
+    assert!(
+        after < compacted + compacted / 10,
+        "not compacted: {before} -> {after} bytes"
+    );
+    b.close().unwrap();
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len() as u64, KEYS);
+    assert!(state.values().all(|(_, v, _)| *v > 2 * KEYS));
+}
+
+#[test]
+fn once_no_log_needs_cleaning_the_reorganizer_compacts_a_grown_version_log() {
+    let dir = temp_dir("versions-idle");
+    // 4000 live keys fill about 10% of the 4 MiB log; three rounds of updates take it past the
+    // 15% activation threshold, and cleaning brings it back under: then nothing needs cleaning.
+    let cfg = ramlog_backup::Config {
+        reorg_activation: 0.15,
+        reorg_prompt: 0.5,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    update_all(&b, 3, 0);
+    b.checkpoint().unwrap();
+    let compacted = KEYS * RECORD;
+    let t0 = Instant::now();
+    while version_log_len(dir.path()) > compacted + compacted / 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "version log never compacted: {} bytes, utilisation {:.3}, {:?}",
+            version_log_len(dir.path()),
+            b.utilisation(0),
+            b.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.utilisation(0) < 0.15, "{}", b.utilisation(0));
+    b.close().unwrap();
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len() as u64, KEYS);
+    assert!(state.values().all(|(_, v, _)| *v > 2 * KEYS));
+}

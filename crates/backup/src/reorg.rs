@@ -1,8 +1,9 @@
 //! Reorganization (DXRAM's log cleaning, digest 000 §6), run by one background thread local to
 //! the backup. It picks a log (urgent requests, then prompt requests, then the largest log above
 //! the activation threshold, every third time a random eligible one), gathers the current versions
-//! (version log + version buffer, which also compacts the version log), then picks segments by the
-//! configured strategy and keeps only entries that are current.
+//! (version log + version buffer), then picks segments by the configured strategy and keeps only
+//! entries that are current. After the round it rewrites the log's version log compactly if it
+//! has grown too much (see `VERSION_LOG_GROWTH`).
 //!
 //! Survivors are copied into a free segment (the log keeps one in reserve) and the cleaned
 //! segments are zeroed only after that copy is synced, so a crash at any point loses nothing: at

@@ -17,6 +17,23 @@ fn version_log_len(dir: &std::path::Path) -> u64 {
         .len()
 }
 
+/// Appends `count` distinct keys (one version each) to `tablet` and waits until they are durable.
+fn fill(b: &Backup, tablet: u64, count: u64) {
+    let value = vec![5u8; 60];
+    let mut last = None;
+    for k in 0..count {
+        let key = format!("fill{k:06}");
+        let entry = Entry {
+            key: key.as_bytes(),
+            value: Some(&value),
+            version: k + 1,
+            expiry: 0,
+        };
+        last = Some(b.append(tablet, &[entry]).unwrap());
+    }
+    b.wait(last.unwrap(), Stage::Durable).unwrap();
+}
+
 /// Writes every key `rounds` times (one version per round, versions after `version`) to tablet 0
 /// and waits until it is all durable; returns the last version written.
 fn update_all(b: &Backup, rounds: u64, mut version: u64) -> u64 {
@@ -159,4 +176,47 @@ fn once_no_log_needs_cleaning_the_reorganizer_compacts_a_grown_version_log() {
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(state.len() as u64, KEYS);
     assert!(state.values().all(|(_, v, _)| *v > 2 * KEYS));
+}
+
+#[test]
+fn a_version_log_left_grown_while_another_log_needed_cleaning_is_compacted_later() {
+    let dir = temp_dir("versions-later");
+    let cfg = ramlog_backup::Config {
+        reorg_activation: 0.15,
+        reorg_prompt: 0.5,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg).unwrap();
+    // Tablet 1 holds only live data, 30% of its log: above the activation threshold, and no
+    // cleaning can bring it under. The reorganizer stays busy.
+    fill(&b, 1, 12_000);
+    // Tablet 0's updates take it past the threshold too; cleaning brings it back under, but its
+    // version log (three records per key) is left alone while tablet 1 needs cleaning.
+    update_all(&b, 3, 0);
+    b.checkpoint().unwrap();
+    let t0 = Instant::now();
+    while b.utilisation(0) >= 0.15 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", b.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    wait_for_visits(&b, 3);
+    let compacted = KEYS * RECORD;
+    let busy_len = version_log_len(dir.path());
+    assert!(
+        busy_len > 2 * compacted + compacted / 4,
+        "compacted while tablet 1 needed cleaning: {busy_len} bytes"
+    );
+    // Once no log needs cleaning, the idle reorganizer compacts it.
+    b.drop_tablet(1).unwrap();
+    let t0 = Instant::now();
+    while version_log_len(dir.path()) > compacted + compacted / 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "version log never compacted: {} bytes, {:?}",
+            version_log_len(dir.path()),
+            b.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.close().unwrap();
 }

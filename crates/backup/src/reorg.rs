@@ -157,9 +157,8 @@ fn compact_one_grown(
 ) -> bool {
     let grown = caches.iter().find_map(|(&id, c)| {
         let t = sh.tablet(id)?;
-        let compact_len = (c.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
         let len = t.verlog.lock().len;
-        (len > VERSION_LOG_GROWTH * compact_len).then_some((t, len))
+        (len > VERSION_LOG_GROWTH * compacted_len(&c.map)).then_some((t, len))
     });
     match grown {
         Some((t, before)) => {
@@ -258,8 +257,7 @@ pub fn gather_versions<'c>(
     records.clear();
     records.extend(snapshot.iter().map(version_pair));
     cache.map.merge_all(&records);
-    let compact_len = (cache.map.len() * format::VERSION_RECORD_BYTES) as u64 + 64;
-    if compact_at.is_none_or(|f| vl.len <= f * compact_len) {
+    if compact_at.is_none_or(|f| vl.len <= f * compacted_len(&cache.map)) {
         return Ok(&mut cache.map);
     }
     let seq = vseq.max(file_seq);
@@ -303,6 +301,11 @@ pub fn gather_versions<'c>(
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(&mut cache.map)
+}
+
+/// About the size of a version log rewritten from `map` (one record per key, block headers).
+fn compacted_len(map: &VersionTable) -> u64 {
+    (map.len() * format::VERSION_RECORD_BYTES) as u64 + 64
 }
 
 fn version_pair(r: &VersionRecord) -> (u128, VersionInfo) {

@@ -17,48 +17,31 @@ fn version_log_len(dir: &std::path::Path) -> u64 {
         .len()
 }
 
-/// Appends `count` distinct keys (one version each) to `tablet` and waits until they are durable.
-fn fill(b: &Backup, tablet: u64, count: u64) {
-    let value = vec![5u8; 60];
-    let mut last = None;
-    for k in 0..count {
-        let key = format!("fill{k:06}");
-        let entry = Entry {
-            key: key.as_bytes(),
-            value: Some(&value),
-            version: k + 1,
-            expiry: 0,
-        };
-        last = Some(b.append(tablet, &[entry]).unwrap());
-    }
-    b.wait(last.unwrap(), Stage::Durable).unwrap();
-}
-
-/// Writes every key `rounds` times (one version per round, versions after `version`) to tablet 0
-/// and waits until it is all durable; returns the last version written.
-fn update_all(b: &Backup, rounds: u64, mut version: u64) -> u64 {
+/// Writes keys `key0..key{keys}` to `tablet`, `rounds` times over (one version per round, versions
+/// after `version`), and waits until it is all durable; returns the last version written.
+fn write_rounds(b: &Backup, tablet: u64, keys: u64, rounds: u64, mut version: u64) -> u64 {
     let value = vec![9u8; 60];
     let mut last = None;
     for _ in 0..rounds {
-        for k in 0..KEYS {
+        for k in 0..keys {
             version += 1;
-            let key = format!("key{k:05}");
-            last = Some(
-                b.append(
-                    0,
-                    &[Entry {
-                        key: key.as_bytes(),
-                        value: Some(&value),
-                        version,
-                        expiry: 0,
-                    }],
-                )
-                .unwrap(),
-            );
+            let key = format!("key{k:06}");
+            let entry = Entry {
+                key: key.as_bytes(),
+                value: Some(&value),
+                version,
+                expiry: 0,
+            };
+            last = Some(b.append(tablet, &[entry]).unwrap());
         }
     }
     b.wait(last.unwrap(), Stage::Durable).unwrap();
     version
+}
+
+/// `write_rounds` of the `KEYS` keys to tablet 0.
+fn update_all(b: &Backup, rounds: u64, version: u64) -> u64 {
+    write_rounds(b, 0, KEYS, rounds, version)
 }
 
 /// Waits until the background reorganizer has finished `rounds` more visits.
@@ -189,7 +172,7 @@ fn a_version_log_left_grown_while_another_log_needed_cleaning_is_compacted_later
     let b = Backup::open(dir.path(), cfg).unwrap();
     // Tablet 1 holds only live data, 30% of its log: above the activation threshold, and no
     // cleaning can bring it under. The reorganizer stays busy.
-    fill(&b, 1, 12_000);
+    write_rounds(&b, 1, 12_000, 1, 0);
     // Tablet 0's updates take it past the threshold too; cleaning brings it back under, but its
     // version log (three records per key) is left alone while tablet 1 needs cleaning.
     update_all(&b, 3, 0);

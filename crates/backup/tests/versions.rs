@@ -44,6 +44,31 @@ fn update_all(b: &Backup, rounds: u64, version: u64) -> u64 {
     write_rounds(b, 0, KEYS, rounds, version)
 }
 
+/// Waits (at most 30 s) until tablet 0's version log is at most `bound` bytes.
+fn wait_for_version_log_at_most(b: &Backup, dir: &std::path::Path, bound: u64) {
+    let t0 = Instant::now();
+    while version_log_len(dir) > bound {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "version log never compacted: {} bytes, utilisation {:.3}, {:?}",
+            version_log_len(dir),
+            b.utilisation(0),
+            b.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reopens the store in `dir`: a clean replay returns every one of the `KEYS` keys of tablet 0,
+/// each with a version above `min_version` (its newest).
+fn assert_replays_newest(dir: &std::path::Path, cfg: ramlog_backup::Config, min_version: u64) {
+    let b = Backup::open(dir, cfg).unwrap();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(state.len() as u64, KEYS);
+    assert!(state.values().all(|(_, v, _)| *v > min_version));
+}
+
 /// Waits until the background reorganizer has finished `rounds` more visits.
 fn wait_for_visits(b: &Backup, rounds: u64) {
     let start = b.stats().reorg_runs;
@@ -80,23 +105,10 @@ fn a_busy_reorganizer_lets_the_version_log_grow_to_four_times_then_compacts_it()
     // A fourth and fifth round pass four times: the busy reorganizer compacts it now.
     update_all(&b, 2, version);
     b.checkpoint().unwrap();
-    let t0 = Instant::now();
-    while version_log_len(dir.path()) > 2 * compacted {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "version log never compacted: {} bytes, {:?}",
-            version_log_len(dir.path()),
-            b.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_version_log_at_most(&b, dir.path(), 2 * compacted);
     b.close().unwrap();
     // Nothing was lost by the rewrite: every key replays with its newest version.
-    let b = Backup::open(dir.path(), crash_config()).unwrap();
-    let (state, report) = replay_state(&b);
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(state.len() as u64, KEYS);
-    assert!(state.values().all(|(_, v, _)| *v > 4 * KEYS));
+    assert_replays_newest(dir.path(), crash_config(), 4 * KEYS);
 }
 
 #[test]
@@ -120,11 +132,7 @@ fn an_explicit_reorganization_compacts_a_version_log_past_twice_its_size() {
         "not compacted: {before} -> {after} bytes"
     );
     b.close().unwrap();
-    let b = Backup::open(dir.path(), cfg).unwrap();
-    let (state, report) = replay_state(&b);
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(state.len() as u64, KEYS);
-    assert!(state.values().all(|(_, v, _)| *v > 2 * KEYS));
+    assert_replays_newest(dir.path(), cfg, 2 * KEYS);
 }
 
 #[test]
@@ -141,24 +149,10 @@ fn once_no_log_needs_cleaning_the_reorganizer_compacts_a_grown_version_log() {
     update_all(&b, 3, 0);
     b.checkpoint().unwrap();
     let compacted = KEYS * RECORD;
-    let t0 = Instant::now();
-    while version_log_len(dir.path()) > compacted + compacted / 10 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "version log never compacted: {} bytes, utilisation {:.3}, {:?}",
-            version_log_len(dir.path()),
-            b.utilisation(0),
-            b.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_version_log_at_most(&b, dir.path(), compacted + compacted / 10);
     assert!(b.utilisation(0) < 0.15, "{}", b.utilisation(0));
     b.close().unwrap();
-    let b = Backup::open(dir.path(), cfg).unwrap();
-    let (state, report) = replay_state(&b);
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(state.len() as u64, KEYS);
-    assert!(state.values().all(|(_, v, _)| *v > 2 * KEYS));
+    assert_replays_newest(dir.path(), cfg, 2 * KEYS);
 }
 
 #[test]
@@ -191,15 +185,6 @@ fn a_version_log_left_grown_while_another_log_needed_cleaning_is_compacted_later
     );
     // Once no log needs cleaning, the idle reorganizer compacts it.
     b.drop_tablet(1).unwrap();
-    let t0 = Instant::now();
-    while version_log_len(dir.path()) > compacted + compacted / 10 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "version log never compacted: {} bytes, {:?}",
-            version_log_len(dir.path()),
-            b.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_version_log_at_most(&b, dir.path(), compacted + compacted / 10);
     b.close().unwrap();
 }

@@ -69,6 +69,16 @@ fn assert_replays_newest(dir: &std::path::Path, cfg: ramlog_backup::Config, min_
     assert!(state.values().all(|(_, v, _)| *v > min_version));
 }
 
+/// The crash-test configuration with reorganization starting at 15% of a log: 4000 live keys
+/// (about 10%) stay under it, three rounds of updates take a log over it.
+fn activation_15() -> ramlog_backup::Config {
+    ramlog_backup::Config {
+        reorg_activation: 0.15,
+        reorg_prompt: 0.5,
+        ..crash_config()
+    }
+}
+
 /// Waits until the background reorganizer has finished `rounds` more visits.
 fn wait_for_visits(b: &Backup, rounds: u64) {
     let start = b.stats().reorg_runs;
@@ -140,11 +150,7 @@ fn once_no_log_needs_cleaning_the_reorganizer_compacts_a_grown_version_log() {
     let dir = temp_dir("versions-idle");
     // 4000 live keys fill about 10% of the 4 MiB log; three rounds of updates take it past the
     // 15% activation threshold, and cleaning brings it back under: then nothing needs cleaning.
-    let cfg = ramlog_backup::Config {
-        reorg_activation: 0.15,
-        reorg_prompt: 0.5,
-        ..crash_config()
-    };
+    let cfg = activation_15();
     let b = Backup::open(dir.path(), cfg.clone()).unwrap();
     update_all(&b, 3, 0);
     b.checkpoint().unwrap();
@@ -158,11 +164,7 @@ fn once_no_log_needs_cleaning_the_reorganizer_compacts_a_grown_version_log() {
 #[test]
 fn a_version_log_left_grown_while_another_log_needed_cleaning_is_compacted_later() {
     let dir = temp_dir("versions-later");
-    let cfg = ramlog_backup::Config {
-        reorg_activation: 0.15,
-        reorg_prompt: 0.5,
-        ..crash_config()
-    };
+    let cfg = activation_15();
     let b = Backup::open(dir.path(), cfg).unwrap();
     // Tablet 1 holds only live data, 30% of its log: above the activation threshold, and no
     // cleaning can bring it under. The reorganizer stays busy.

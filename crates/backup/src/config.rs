@@ -73,6 +73,9 @@ pub struct Config {
     pub reorg_strategy: SegmentStrategy,
     /// Fraction of a log's segments cleaned per periodic visit (DXRAM: 33%).
     pub reorg_segments_per_visit: f64,
+    /// Reorganizer threads. Each works on a different tablet log at a time (DXRAM has one per
+    /// backup). See docs/architecture.md for the measurements behind the default of 2.
+    pub reorg_threads: usize,
     /// Threads that read and parse segments during replay. Each reads a segment, then parses
     /// it; with more threads than cores, reads stay in flight while the others parse. On two
     /// cores, six alternating replays of 256 MiB took 0.745–1.117 s (median 0.81) with 4 threads
@@ -122,6 +125,7 @@ impl Default for Config {
             reorg_enabled: true,
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
+            reorg_threads: 2,
             replay_threads: 4,
             sync: SyncPolicy::Periodic,
             io_threads: 8,
@@ -184,6 +188,9 @@ impl Config {
         .all(|f| (0.0..=1.0).contains(f))
         {
             return Err("reorganization thresholds are fractions in 0..=1".into());
+        }
+        if self.reorg_threads == 0 || self.reorg_threads > 64 {
+            return Err("reorg_threads must be in 1..=64".into());
         }
         if self.version_buffer_entries < 16 {
             return Err("version_buffer_entries must be at least 16".into());

@@ -11,7 +11,7 @@ use crate::tablet::{BlockBuf, BlockWrite, Blocks, Tablet};
 use crate::wbuf::{Chunk, Taken, WriteBuffer};
 use crate::{Config, Error, Result, SyncPolicy};
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -90,6 +90,7 @@ pub struct Counters {
     /// Sync rounds done with one syncfs instead of a fdatasync per file.
     pub syncfs_calls: AtomicU64,
     pub reorg_runs: AtomicU64,
+    pub reorg_overlapping_rounds: AtomicU64,
     pub reorg_segments: AtomicU64,
     pub reorg_bytes_freed: AtomicU64,
     pub reorg_bytes_read: AtomicU64,
@@ -138,6 +139,10 @@ pub struct Shared {
     pub counters: Counters,
     pub reorg_queue: Mutex<VecDeque<(u64, bool)>>,
     pub reorg_cv: Condvar,
+    /// Tablets a reorganizer thread is working on (taken with `reorg_queue` held when both are).
+    pub reorg_busy: Mutex<HashSet<u64>>,
+    /// The reorganizers' version caches of the tablets none of them holds.
+    pub reorg_caches: Mutex<HashMap<u64, crate::reorg::VersionCache>>,
     /// Bumped after each urgent reorganization; the processor waits on it.
     pub reorg_done: Mutex<u64>,
     pub reorg_done_cv: Condvar,

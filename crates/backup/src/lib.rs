@@ -49,12 +49,13 @@
 //!   invented. Entries only `Buffered` at the crash may or may not be present.
 //!
 //! # Threads and back-pressure
-//! Four threads per store: the flusher (drains the write buffer, sorts by tablet, routes to the
+//! Four kinds of thread per store: the flusher (drains the write buffer, sorts by tablet, routes to the
 //! primary or secondary logs, places buffers in segments), the writer (issues one flush's writes
 //! on `io_threads` threads), the finisher (applies the written flush's versions, spills version
 //! buffers, syncs with fdatasync or, over many files, one syncfs, and publishes progress while
 //! the writer goes on with the next flush; a wrapping primary log, a checkpoint or the close
-//! waits for it) and the reorganizer (activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
+//! waits for it) and the reorganizers (`reorg_threads`, two by default, each on a different log;
+//! activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
 //! `reorg_throttle`, 72%, first waits for it). Appends block only on a full write buffer.
 //! A failed write (for example a full disk) makes the store refuse appends with that error; what
 //! was written before stays intact and replays after a reopen.
@@ -85,7 +86,7 @@ pub use replay::{ReplayEntry, ReplayReport};
 
 use engine::Shared;
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -135,6 +136,8 @@ pub struct Stats {
     /// Sync rounds done with one syncfs(2) because many files were dirty.
     pub syncfs_calls: u64,
     pub reorg_runs: u64,
+    /// Reorganization rounds that began while another reorganizer thread held another tablet.
+    pub reorg_overlapping_rounds: u64,
     pub reorg_segments_cleaned: u64,
     pub reorg_bytes_freed: u64,
     pub reorg_bytes_read: u64,
@@ -220,6 +223,8 @@ impl Backup {
             counters: engine::Counters::default(),
             reorg_queue: Mutex::new(VecDeque::new()),
             reorg_cv: Condvar::new(),
+            reorg_busy: Mutex::new(HashSet::new()),
+            reorg_caches: Mutex::new(HashMap::new()),
             reorg_done: Mutex::new(0),
             reorg_done_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -262,10 +267,12 @@ impl Backup {
             engine::run_finisher(s4, rx2)
         })?);
         if sh.cfg.reorg_enabled {
-            let s3 = sh.clone();
-            threads.push(spawn("ramlog-backup-reorg", move || {
-                reorg::run_reorganizer(s3)
-            })?);
+            for i in 0..sh.cfg.reorg_threads {
+                let s3 = sh.clone();
+                threads.push(spawn(&format!("ramlog-backup-reorg-{i}"), move || {
+                    reorg::run_reorganizer(s3, i)
+                })?);
+            }
         }
         tracing::info!(
             "backup opened in {} using {}",
@@ -500,6 +507,7 @@ impl Backup {
             syncs: l(&c.syncs),
             syncfs_calls: l(&c.syncfs_calls),
             reorg_runs: l(&c.reorg_runs),
+            reorg_overlapping_rounds: l(&c.reorg_overlapping_rounds),
             reorg_segments_cleaned: l(&c.reorg_segments),
             reorg_bytes_freed: l(&c.reorg_bytes_freed),
             reorg_bytes_read: l(&c.reorg_bytes_read),

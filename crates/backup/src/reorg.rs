@@ -1,6 +1,7 @@
-//! Reorganization (DXRAM's log cleaning, digest 000 §6), run by one background thread local to
-//! the backup. It picks a log (urgent requests, then prompt requests, then the largest log above
-//! the activation threshold, every third time a random eligible one), gathers the current versions
+//! Reorganization (DXRAM's log cleaning, digest 000 §6), run by background threads local to the
+//! backup (`Config::reorg_threads`, each on a different log at a time). A thread picks a log
+//! (urgent requests, then prompt requests, then the largest log above the activation threshold,
+//! every third time a random eligible one), gathers the current versions
 //! (version log + version buffer), then picks segments by the configured strategy and keeps only
 //! entries that are current. After the round it rewrites the log's version log compactly if it
 //! has grown too much (see `VERSION_LOG_GROWTH`).
@@ -16,6 +17,7 @@ use crate::tablet::{Tablet, VersionInfo, NOTE_DELETE};
 use crate::vtable::{Location, VersionTable};
 use crate::{Error, Result, SegmentStrategy};
 use rand::{Rng, SeedableRng};
+use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,41 +38,54 @@ pub struct ReorgOutcome {
     pub corrupt_entries: u64,
 }
 
-pub fn run_reorganizer(sh: Arc<Shared>) {
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
+/// Body of one reorganizer thread (`Config::reorg_threads` of them). Each round works on one
+/// tablet that no other reorganizer holds: requests first (urgent, then throttled and prompt
+/// ones, skipping tablets another thread is on), else the fullest log above the activation
+/// threshold (every third visit a random one). A tablet's version cache is taken out of the
+/// shared map for the round and put back afterwards.
+pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed + index as u64);
     let mut visits = 0u64;
     let mut idle = false;
-    let mut caches: std::collections::HashMap<u64, VersionCache> = std::collections::HashMap::new();
     while !sh.shutdown.load(Ordering::SeqCst) {
         let request = {
             let mut q = sh.reorg_queue.lock();
+            let takeable = |q: &VecDeque<(u64, bool)>| {
+                let busy = sh.reorg_busy.lock();
+                q.iter().position(|(t, _)| !busy.contains(t))
+            };
             // Sleep only when the last look found nothing to do (DXRAM: 100 ms when idle).
-            if q.is_empty() && idle {
+            if idle && takeable(&q).is_none() {
                 sh.reorg_cv.wait_for(&mut q, Duration::from_millis(100));
             }
-            q.pop_front()
+            let mut busy = sh.reorg_busy.lock();
+            let at = q.iter().position(|(t, _)| !busy.contains(t));
+            at.and_then(|i| q.remove(i)).inspect(|(t, _)| {
+                busy.insert(*t);
+            })
         };
         idle = false;
         if sh.shutdown.load(Ordering::SeqCst) {
+            if let Some((t, _)) = request {
+                release(&sh, t, None);
+            }
             break;
         }
         if sh.cfg.tracks_locations() {
-            let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
-            for t in tablets {
-                if !t.state.lock().notes.is_empty() {
-                    absorb_notes(&t, cache_for(&mut caches, t.id));
-                }
-            }
+            absorb_all_notes(&sh);
         }
         if sh.failed().is_some() {
+            if let Some((t, _)) = request {
+                release(&sh, t, None);
+            }
             bump_done(&sh);
             continue;
         }
         match request {
             Some((tablet, urgent)) => {
-                if let Err(e) =
-                    reorganize_cached(&sh, tablet, urgent, cache_for(&mut caches, tablet))
-                {
+                note_round_start(&sh);
+                let mut cache = take_cache(&sh, tablet);
+                if let Err(e) = reorganize_cached(&sh, tablet, urgent, &mut cache) {
                     tracing::warn!("reorganization of tablet {tablet:#x} failed: {e}");
                 }
                 if let Some(t) = sh.tablet(tablet) {
@@ -79,25 +94,31 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     st.reorg_rounds += 1;
                 }
                 bump_done(&sh);
-                compact_after_round(&sh, tablet, &mut caches);
+                compact_after_round(&sh, tablet, &mut cache);
+                release(&sh, tablet, Some(cache));
             }
             None => {
-                let eligible: Vec<(u64, f64)> = sh
-                    .tablets
-                    .read()
-                    .values()
-                    .map(|t| {
-                        (
-                            t.id,
-                            t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64,
-                        )
-                    })
-                    .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
-                    .collect();
+                // Lock order: a tablet's state before `reorg_queue` before `reorg_busy` (the
+                // processor asks for reorganizations holding a tablet's state).
+                let busy = sh.reorg_busy.lock().clone();
+                let eligible: Vec<(u64, f64)> = {
+                    sh.tablets
+                        .read()
+                        .values()
+                        .filter(|t| !busy.contains(&t.id))
+                        .map(|t| {
+                            (
+                                t.id,
+                                t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64,
+                            )
+                        })
+                        .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
+                        .collect()
+                };
                 if eligible.is_empty() {
                     // Nothing to clean: rewrite a version log that grew past its bound while
                     // the reorganizer was busy.
-                    idle = !compact_one_grown(&sh, &mut caches);
+                    idle = !compact_one_grown(&sh);
                     continue;
                 }
                 visits += 1;
@@ -110,7 +131,13 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                         .map(|e| e.0)
                         .unwrap_or(eligible[0].0)
                 };
-                match reorganize_cached(&sh, pick, false, cache_for(&mut caches, pick)) {
+                // Another reorganizer may have taken it since the look.
+                if !sh.reorg_busy.lock().insert(pick) {
+                    continue;
+                }
+                note_round_start(&sh);
+                let mut cache = take_cache(&sh, pick);
+                match reorganize_cached(&sh, pick, false, &mut cache) {
                     // Nothing could be cleaned (every chosen segment is all current): wait
                     // rather than spin until new versions make garbage.
                     Ok(o) if o.segments_cleaned == 0 => idle = true,
@@ -121,18 +148,74 @@ pub fn run_reorganizer(sh: Arc<Shared>) {
                     t.state.lock().reorg_rounds += 1;
                 }
                 bump_done(&sh);
-                compact_after_round(&sh, pick, &mut caches);
+                compact_after_round(&sh, pick, &mut cache);
+                release(&sh, pick, Some(cache));
             }
         }
     }
     bump_done(&sh);
 }
 
-fn compact_after_round(
-    sh: &Shared,
-    tablet: u64,
-    caches: &mut std::collections::HashMap<u64, VersionCache>,
-) {
+/// Counts a round that begins while another reorganizer holds another tablet.
+fn note_round_start(sh: &Shared) {
+    if sh.reorg_busy.lock().len() > 1 {
+        sh.counters
+            .reorg_overlapping_rounds
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Takes a tablet's version cache out of the shared map (an empty one if it has none); the
+/// caller holds the tablet in `reorg_busy`.
+fn take_cache(sh: &Shared, tablet: u64) -> VersionCache {
+    sh.reorg_caches.lock().remove(&tablet).unwrap_or_default()
+}
+
+/// Ends a reorganizer's hold on a tablet: its cache goes back into the shared map (other
+/// tablets' caches are evicted while the total is over `VERSION_CACHE_KEYS_MAX`), and other
+/// reorganizers may pick the tablet again.
+fn release(sh: &Shared, tablet: u64, cache: Option<VersionCache>) {
+    if let Some(cache) = cache {
+        let mut caches = sh.reorg_caches.lock();
+        caches.insert(tablet, cache);
+        loop {
+            let total: usize = caches.values().map(|c| c.map.len()).sum();
+            if total <= VERSION_CACHE_KEYS_MAX {
+                break;
+            }
+            let victim = caches
+                .iter()
+                .filter(|(t, _)| **t != tablet)
+                .max_by_key(|(_, c)| c.map.len())
+                .map(|(t, _)| *t);
+            match victim {
+                Some(v) => {
+                    caches.remove(&v);
+                }
+                None => break,
+            }
+        }
+    }
+    sh.reorg_busy.lock().remove(&tablet);
+    sh.reorg_cv.notify_all();
+}
+
+/// Turns every idle tablet's placement notes into dead-byte estimates (a tablet another
+/// reorganizer holds absorbs its own at the start of its round).
+fn absorb_all_notes(sh: &Shared) {
+    let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
+    for t in tablets {
+        let has_notes = !t.state.lock().notes.is_empty();
+        if !has_notes || !sh.reorg_busy.lock().insert(t.id) {
+            continue;
+        }
+        let mut cache = take_cache(sh, t.id);
+        absorb_notes(&t, &mut cache);
+        release(sh, t.id, Some(cache));
+    }
+}
+
+fn compact_after_round(sh: &Shared, tablet: u64, cache: &mut VersionCache) {
     if sh.failed().is_some() {
         return;
     }
@@ -144,59 +227,41 @@ fn compact_after_round(
     } else {
         VERSION_LOG_GROWTH
     };
-    if let Err(e) = compact_versions(sh, tablet, cache_for(caches, tablet), growth) {
+    if let Err(e) = compact_versions(sh, tablet, cache, growth) {
         tracing::warn!("version log compaction of tablet {tablet:#x} failed: {e}");
     }
 }
 
-/// Compacts the version log of one cached tablet that has grown to `VERSION_LOG_GROWTH` times its
-/// compacted size, if any; returns whether it did.
-fn compact_one_grown(
-    sh: &Shared,
-    caches: &mut std::collections::HashMap<u64, VersionCache>,
-) -> bool {
-    let grown = caches.iter().find_map(|(&id, c)| {
-        let t = sh.tablet(id)?;
-        let len = t.verlog.lock().len;
-        (len > VERSION_LOG_GROWTH * compacted_len(&c.map)).then_some((t, len))
-    });
-    match grown {
-        Some((t, before)) => {
-            compact_after_round(sh, t.id, caches);
-            let after = t.verlog.lock().len;
-            after < before
-        }
-        None => false,
+/// Compacts the version log of one cached, idle tablet that has grown to `VERSION_LOG_GROWTH`
+/// times its compacted size, if any; returns whether it did.
+fn compact_one_grown(sh: &Shared) -> bool {
+    let grown = {
+        let caches = sh.reorg_caches.lock();
+        let busy = sh.reorg_busy.lock();
+        caches.iter().find_map(|(&id, c)| {
+            if busy.contains(&id) {
+                return None;
+            }
+            let t = sh.tablet(id)?;
+            let len = t.verlog.lock().len;
+            (len > VERSION_LOG_GROWTH * compacted_len(&c.map)).then_some((t, len))
+        })
+    };
+    let Some((t, before)) = grown else {
+        return false;
+    };
+    if !sh.reorg_busy.lock().insert(t.id) {
+        return false;
     }
+    let mut cache = take_cache(sh, t.id);
+    compact_after_round(sh, t.id, &mut cache);
+    release(sh, t.id, Some(cache));
+    let after = t.verlog.lock().len;
+    after < before
 }
 
 /// Keys cached over all tablets' version maps (about 48 bytes each).
 const VERSION_CACHE_KEYS_MAX: usize = 1 << 23;
-
-/// The cache of one tablet, evicting other tablets' caches while the total is over the bound.
-fn cache_for(
-    caches: &mut std::collections::HashMap<u64, VersionCache>,
-    tablet: u64,
-) -> &mut VersionCache {
-    loop {
-        let total: usize = caches.values().map(|c| c.map.len()).sum();
-        if total <= VERSION_CACHE_KEYS_MAX {
-            break;
-        }
-        let victim = caches
-            .iter()
-            .filter(|(t, _)| **t != tablet)
-            .max_by_key(|(_, c)| c.map.len())
-            .map(|(t, _)| *t);
-        match victim {
-            Some(v) => {
-                caches.remove(&v);
-            }
-            None => break,
-        }
-    }
-    caches.entry(tablet).or_default()
-}
 
 fn bump_done(sh: &Shared) {
     let mut g = sh.reorg_done.lock();

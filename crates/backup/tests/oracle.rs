@@ -8,7 +8,8 @@ use ramlog_backup::{Backup, Config, Entry, SegmentStrategy, Stage};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 
-fn run_oracle(cfg: Config, seed: u64, ops: usize) {
+/// Returns the store's stats at the end of the run (before the reopen).
+fn run_oracle(cfg: Config, seed: u64, ops: usize) -> ramlog_backup::Stats {
     let dir = temp_dir("oracle");
     let mut oracle: BTreeMap<Key, Option<(Vec<u8>, u64, u64)>> = BTreeMap::new();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
@@ -90,11 +91,39 @@ fn run_oracle(cfg: Config, seed: u64, ops: usize) {
         "replay differs from the oracle after reopen"
     );
     assert!(report.max_version >= version - 40);
+    stats
 }
 
 #[test]
 fn oracle_age_times_utilisation() {
     run_oracle(crash_config(), 1, 60_000);
+}
+
+/// Four reorganizer threads on 16 tablets: rounds on different tablets overlap, and replay still
+/// matches the oracle. With one thread, no two rounds ever overlap.
+#[test]
+fn oracle_with_parallel_reorganizers() {
+    let stats = run_oracle(
+        Config {
+            reorg_threads: 4,
+            ..crash_config()
+        },
+        4,
+        40_000,
+    );
+    assert!(
+        stats.reorg_overlapping_rounds > 0,
+        "reorganization rounds never overlapped: {stats:?}"
+    );
+    let stats = run_oracle(
+        Config {
+            reorg_threads: 1,
+            ..crash_config()
+        },
+        5,
+        20_000,
+    );
+    assert_eq!(stats.reorg_overlapping_rounds, 0, "{stats:?}");
 }
 
 #[test]

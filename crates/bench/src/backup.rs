@@ -132,10 +132,78 @@ fn fill_key(buf: &mut [u8], id: u64) {
     buf[8..16].copy_from_slice(&scramble(id).to_le_bytes());
 }
 
+/// Raw O_DIRECT writes in the pattern of a store's flushes over many tablets: `files` fresh
+/// preallocated files written round-robin in requests of `write_bytes` (rounded up to pages),
+/// `in_flight` at a time, `total_bytes` in all, then fdatasync'd. Returns bytes/s.
+fn pattern_bandwidth(
+    dir: &Path,
+    files: usize,
+    write_bytes: usize,
+    total_bytes: u64,
+    in_flight: usize,
+) -> Result<f64> {
+    let mode = ramlog_backup::io::probe_direct(dir);
+    let piece = write_bytes.next_multiple_of(4096).max(4096);
+    let per_file = (total_bytes / files as u64).next_multiple_of(piece as u64);
+    let rounds = per_file / piece as u64;
+    let sub = dir.join("pattern");
+    let _ = std::fs::remove_dir_all(&sub);
+    std::fs::create_dir_all(&sub)?;
+    let handles: Vec<std::fs::File> = (0..files)
+        .map(|i| -> Result<std::fs::File> {
+            let f = open_log(&sub.join(format!("f{i}")), mode, true)?;
+            preallocate(&f, 0, per_file)?;
+            Ok(f)
+        })
+        .collect::<Result<_>>()?;
+    let mut buf = AlignedBuf::huge(piece);
+    for (i, b) in buf.full_mut().iter_mut().enumerate() {
+        *b = (i * 17 % 251) as u8;
+    }
+    buf.set_len(piece);
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..in_flight)
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= rounds * files as u64 {
+                            return Ok(());
+                        }
+                        let (file, round) = ((i % files as u64) as usize, i / files as u64);
+                        handles[file].write_all_at(buf.as_slice(), round * piece as u64)?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("pattern writer panicked"))??;
+        }
+        Ok(())
+    })?;
+    for f in &handles {
+        f.sync_data()?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drop(handles);
+    let _ = std::fs::remove_dir_all(&sub);
+    Ok((rounds * files as u64 * piece as u64) as f64 / secs)
+}
+
 /// Logs `count` entries of `size` bytes (key + value) in batches of 10; returns entries/s,
-/// measured until everything is durable. The tablets' files are created before the clock starts,
-/// as the raw baseline's file is (a server opens its tablets at start).
-fn log_throughput(dir: &Path, cfg: Config, size: usize, spread: Spread, count: u64) -> Result<f64> {
+/// measured until everything is durable, and the mean secondary-log write in bytes. The tablets'
+/// files are created before the clock starts, as the raw baseline's file is (a server opens its
+/// tablets at start).
+fn log_throughput(
+    dir: &Path,
+    cfg: Config,
+    size: usize,
+    spread: Spread,
+    count: u64,
+) -> Result<(f64, f64)> {
     let b = Backup::open(dir, cfg)?;
     b.open_tablets(match spread {
         Spread::One => 0..1,
@@ -168,8 +236,10 @@ fn log_throughput(dir: &Path, cfg: Config, size: usize, spread: Spread, count: u
     }
     b.flush()?;
     let secs = start.elapsed().as_secs_f64();
+    let stats = b.stats();
     drop(b);
-    Ok(count as f64 / secs)
+    let mean_write = stats.secondary_bytes as f64 / stats.secondary_writes.max(1) as f64;
+    Ok((count as f64 / secs, mean_write))
 }
 
 fn throughput_config() -> Config {
@@ -280,6 +350,11 @@ fn reorg_run(
             Ok("random") => ramlog_backup::SegmentStrategy::Random,
             _ => ramlog_backup::SegmentStrategy::AgeTimesUtilisation,
         },
+        // RAMLOG_BENCH_BACKUP_REORG_THREADS=n overrides the number of reorganizer threads.
+        reorg_threads: std::env::var("RAMLOG_BENCH_BACKUP_REORG_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(Config::default().reorg_threads),
         ..Config::default()
     };
     let b = std::sync::Arc::new(Backup::open(dir, cfg)?);
@@ -510,17 +585,18 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             // with the median ratio is reported (this disk's bandwidth drifts by 2x within
             // minutes, so a baseline measured once at the start does not describe a later row).
             let count = (bytes_per_row / size as u64).max(1000) / 10 * 10;
-            let mut pairs: Vec<(f64, f64)> = Vec::new();
+            let mut pairs: Vec<(f64, f64, f64)> = Vec::new();
+            // O_DIRECT writes whole pages: round the raw volume up to a MiB.
+            let raw_bytes = (count * size as u64).next_multiple_of(1 << 20);
             for _ in 0..log_reps {
-                // O_DIRECT writes whole pages: round the raw volume up to a MiB.
-                let raw_bytes = (count * size as u64).next_multiple_of(1 << 20);
                 let (raw_pair, _) = raw_bandwidth(&root, raw_bytes, 1)?;
                 let scratch = Scratch::new(&root, "log")?;
-                let eps = log_throughput(&scratch.0, throughput_config(), size, spread, count)?;
-                pairs.push((raw_pair / 1e6, eps));
+                let (eps, mean_write) =
+                    log_throughput(&scratch.0, throughput_config(), size, spread, count)?;
+                pairs.push((raw_pair / 1e6, eps, mean_write));
             }
             pairs.sort_by(|a, b| (a.1 / a.0).total_cmp(&(b.1 / b.0)));
-            let (raw_pair, eps) = pairs[pairs.len() / 2];
+            let (raw_pair, eps, mean_write) = pairs[pairs.len() / 2];
             let name = format!("log/{size}B/{}", spread.name());
             let mbps = eps * size as f64 / 1e6;
             if size == 64 {
@@ -537,6 +613,29 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             } else {
                 row
             });
+            if size >= 512 && !matches!(spread, Spread::One) {
+                // The disk's own rate for this row's write pattern: 256 fresh files written
+                // round-robin in requests of the row's mean secondary write, as many in flight as
+                // the store's I/O threads, as many bytes as the row logged.
+                let same = pattern_bandwidth(
+                    &root,
+                    256,
+                    mean_write as usize,
+                    raw_bytes,
+                    throughput_config().io_threads,
+                )?;
+                report.push(Row::plain(
+                    format!("{name}/mean_write_KiB"),
+                    mean_write / 1024.0,
+                    "KiB",
+                ));
+                report.push(Row::versus(
+                    format!("{name}/MBps_vs_pattern_raw"),
+                    mbps,
+                    "MB/s",
+                    same / 1e6,
+                ));
+            }
         }
     }
 

@@ -63,6 +63,22 @@ fn with_location(flags: u64, loc: Option<Location>) -> u64 {
     }
 }
 const MIN_SLOTS: usize = 64;
+
+/// `n` empty slots from zeroed memory: a large table's pages are then zero-filled by the kernel as
+/// they are first touched, instead of being written once here and again as keys arrive.
+fn zeroed_slots(n: usize) -> Vec<Slot> {
+    let layout = std::alloc::Layout::array::<Slot>(n).expect("slot table size");
+    // SAFETY: the layout has a non-zero size (n >= MIN_SLOTS); an all-zero Slot is a valid
+    // (empty) Slot; the Vec owns an allocation of exactly `layout` (length = capacity = n), which
+    // is how it will free it.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<Slot>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
 const PREFETCH_AHEAD: usize = 16;
 
 #[derive(Default)]
@@ -187,11 +203,10 @@ impl VersionTable {
 
     /// Merges many records, prefetching the slot of the record `PREFETCH_AHEAD` places ahead
     /// so that the table's cache misses overlap.
+    /// The table grows as keys arrive, not by `records.len()` up front: a version log holds up to
+    /// several records per key, and sizing for all of them made tables several times too large
+    /// (every slot of which is zeroed and faulted in).
     pub fn merge_all(&mut self, records: &[(u128, VersionInfo)]) {
-        let need = self.len + records.len();
-        while need * 4 > self.slots.len() * 3 {
-            self.grow();
-        }
         for (i, &(hash, v)) in records.iter().enumerate() {
             if let Some(&(ahead, _)) = records.get(i + PREFETCH_AHEAD) {
                 self.prefetch(ahead);
@@ -202,7 +217,7 @@ impl VersionTable {
 
     fn grow(&mut self) {
         let new_len = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); new_len]);
+        let old = std::mem::replace(&mut self.slots, zeroed_slots(new_len));
         let mask = new_len - 1;
         for s in old.into_iter().filter(|s| s.flags != 0) {
             let mut i = (s.lo as usize) & mask;
@@ -307,6 +322,30 @@ mod tests {
         );
         t.moved(8, 1, 2); // absent key: nothing happens
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_log_with_several_records_per_key_sizes_the_table_for_its_keys() {
+        let mut t = VersionTable::default();
+        let records: Vec<(u128, VersionInfo)> = (0..4u64)
+            .flat_map(|round| {
+                (0..1000u64).map(move |k| {
+                    (
+                        u128::from(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                        VersionInfo {
+                            version: round,
+                            deleted: false,
+                        },
+                    )
+                })
+            })
+            .collect();
+        t.merge_all(&records);
+        assert_eq!(t.len(), 1000);
+        // 1000 keys at a load factor of at most 3/4: 2048 slots, not the 8192 that 4000 records
+        // would take.
+        assert_eq!(t.slots.len(), 2048);
+        assert!(t.iter().all(|(_, v)| v.version == 3));
     }
 
     #[test]

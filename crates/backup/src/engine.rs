@@ -1309,6 +1309,7 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
                     st.vbuf_seq = st.vbuf_seq.max(seq);
                     if st.vbuf.len() > (1 << 20) {
                         crate::tablet::dedup_newest(&mut st.vbuf);
+                        st.vbuf_epoch += 1;
                     }
                 }
                 if seq > data_wm && !e.is_delete() {

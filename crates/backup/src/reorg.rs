@@ -279,6 +279,10 @@ pub struct VersionCache {
     log_len: u64,
     /// Identity of the version-log file (a rewrite or a drop invalidates the cache).
     inode: u64,
+    /// The version buffer's epoch and how many of its records are already merged into `map`
+    /// (the buffer only grows within an epoch).
+    vbuf_epoch: u64,
+    vbuf_merged: usize,
 }
 
 fn inode_of(f: &std::fs::File) -> u64 {
@@ -301,6 +305,7 @@ pub fn gather_versions<'c>(
         // The log is shorter than what was merged: start over from its beginning.
         cache.map.clear();
         cache.log_len = 0;
+        cache.vbuf_merged = 0;
     }
     // Only the part of the log not merged yet.
     let mut tail = vec![0u8; (vl.len - cache.log_len) as usize];
@@ -315,13 +320,22 @@ pub fn gather_versions<'c>(
     });
     cache.map.merge_all(&records);
     cache.log_len += walk.valid_end as u64;
-    let (snapshot, vseq, vepoch) = {
-        let st = t.state.lock();
-        (st.vbuf.clone(), st.vbuf_seq, st.vbuf_epoch)
-    };
+    // Only the version-buffer records not merged by an earlier visit (merging is idempotent, so
+    // records that meanwhile moved to the version log may be merged twice; none is missed).
     records.clear();
-    records.extend(snapshot.iter().map(version_pair));
+    let (vseq, vepoch, vlen) = {
+        let st = t.state.lock();
+        let from = if cache.vbuf_epoch == st.vbuf_epoch && cache.vbuf_merged <= st.vbuf.len() {
+            cache.vbuf_merged
+        } else {
+            0
+        };
+        records.extend(st.vbuf[from..].iter().map(version_pair));
+        (st.vbuf_seq, st.vbuf_epoch, st.vbuf.len())
+    };
     cache.map.merge_all(&records);
+    cache.vbuf_epoch = vepoch;
+    cache.vbuf_merged = vlen;
     if compact_at.is_none_or(|f| vl.len <= f * compacted_len(&cache.map)) {
         return Ok(&mut cache.map);
     }
@@ -360,9 +374,11 @@ pub fn gather_versions<'c>(
         .fetch_add(buf.len() as u64, Ordering::Relaxed);
     let mut st = t.state.lock();
     // The records captured are in the compacted log now; drop them unless the buffer was taken
-    // (spilled) meanwhile, in which case it no longer starts with them.
-    if st.vbuf_epoch == vepoch && st.vbuf.len() >= snapshot.len() {
-        st.vbuf.drain(..snapshot.len());
+    // (spilled) meanwhile, in which case it no longer starts with them. The buffer then starts
+    // with records no visit has merged: a new epoch.
+    if st.vbuf_epoch == vepoch && st.vbuf.len() >= vlen {
+        st.vbuf.drain(..vlen);
+        st.vbuf_epoch += 1;
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(&mut cache.map)
@@ -390,6 +406,7 @@ fn bind_cache(t: &Tablet, cache: &mut VersionCache) {
         cache.tablet = Some(t.id);
         cache.map.clear();
         cache.log_len = 0;
+        cache.vbuf_merged = 0;
         cache.inode = inode;
     }
 }

@@ -97,6 +97,7 @@ pub struct Counters {
     pub urgent_requests: AtomicU64,
     pub prompt_requests: AtomicU64,
     pub throttle_waits: AtomicU64,
+    pub throttle_wait_ns: AtomicU64,
     pub reorg_corrupt_entries: AtomicU64,
     pub open_version_bytes_cut: AtomicU64,
     /// Time spent (ns): sorting/copying in the processor, writing, syncing, applying versions.
@@ -565,14 +566,18 @@ fn place_with_urgent(
             let sent = sh.sent_lsn.load(Ordering::SeqCst);
             let versions_visible = sh.written_lsn.load(Ordering::SeqCst) >= sent;
             sh.request_reorg_front(tablet.id);
+            let t0 = Instant::now();
             parking_lot::MutexGuard::unlocked(st, || {
                 wait_for_round(sh, tablet, rounds, Duration::from_secs(5))
             });
-            if st.used_bytes() >= used {
-                if versions_visible {
-                    break;
-                }
+            if st.used_bytes() >= used && !versions_visible {
                 parking_lot::MutexGuard::unlocked(st, || wait_written(sh, sent));
+            }
+            sh.counters
+                .throttle_wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            if st.used_bytes() >= used && versions_visible {
+                break;
             }
         }
     }

@@ -149,6 +149,8 @@ pub struct Stats {
     pub prompt_requests: u64,
     /// Times a flush waited for the cleaner because a log was above `reorg_throttle`.
     pub throttle_waits: u64,
+    /// Time flushes spent in those waits.
+    pub throttle_wait_ms: u64,
     /// Sum of used bytes over all secondary logs.
     pub used_bytes: u64,
     /// Highest fill degree (used / capacity) of any tablet log.
@@ -517,6 +519,7 @@ impl Backup {
             urgent_requests: l(&c.urgent_requests),
             prompt_requests: l(&c.prompt_requests),
             throttle_waits: l(&c.throttle_waits),
+            throttle_wait_ms: l(&c.throttle_wait_ns) / 1_000_000,
             used_bytes: used,
             max_utilisation: max_util,
             dead_bytes_estimate: dead,

@@ -319,6 +319,8 @@ struct ReorgRun {
     freed_per_segment: f64,
     segments_cleaned: u64,
     urgent: u64,
+    /// Share of the measured phase the processor spent waiting for the cleaner (throttle).
+    throttle_share: f64,
 }
 
 /// Phase 1 loads every key once (not measured); phase 2 applies 2× as many updates in batches of
@@ -464,6 +466,7 @@ fn reorg_run(
         },
         segments_cleaned: cleaned,
         urgent: after.urgent_requests - before.urgent_requests,
+        throttle_share: (after.throttle_wait_ms - before.throttle_wait_ms) as f64 / 1e3 / secs,
     };
     drop(b);
     Ok(run)
@@ -796,6 +799,11 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             format!("{name}/urgent_requests"),
             run.urgent as f64,
             "count",
+        ));
+        report.push(Row::plain(
+            format!("{name}/throttle_wait_share"),
+            run.throttle_share,
+            "frac",
         ));
     }
 

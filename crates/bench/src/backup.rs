@@ -24,6 +24,7 @@ use anyhow::{Context, Result};
 use ramlog_backup::io::{open_log, preallocate, AlignedBuf, IoMode};
 use ramlog_backup::{Backup, Config, Entry};
 use rand::{Rng, SeedableRng};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -67,40 +68,18 @@ fn raw_bandwidth(dir: &Path, total_bytes: u64, runs: usize) -> Result<(f64, IoMo
     let mode = ramlog_backup::io::probe_direct(dir);
     let path = dir.join("raw.bin");
     let block = 8usize << 20;
-    let mut buf = AlignedBuf::huge(block);
-    for (i, b) in buf.full_mut().iter_mut().enumerate() {
-        *b = (i * 31 % 251) as u8;
-    }
-    buf.set_len(block);
+    let buf = filled_buffer(block);
     let mut best = 0.0f64;
     for _ in 0..runs {
         for (piece, in_flight) in [(block, 1usize), (1usize << 20, 4usize)] {
             let _ = std::fs::remove_file(&path);
             let f = open_log(&path, mode, true)?;
             preallocate(&f, 0, total_bytes)?;
-            let next = std::sync::atomic::AtomicU64::new(0);
             let start = Instant::now();
-            std::thread::scope(|s| -> Result<()> {
-                let workers: Vec<_> = (0..in_flight)
-                    .map(|_| {
-                        s.spawn(|| -> std::io::Result<()> {
-                            loop {
-                                let off = next
-                                    .fetch_add(piece as u64, std::sync::atomic::Ordering::Relaxed);
-                                if off >= total_bytes {
-                                    return Ok(());
-                                }
-                                let len = piece.min((total_bytes - off) as usize);
-                                f.write_all_at(&buf.as_slice()[..len], off)?;
-                            }
-                        })
-                    })
-                    .collect();
-                for w in workers {
-                    w.join()
-                        .map_err(|_| anyhow::anyhow!("raw writer panicked"))??;
-                }
-                Ok(())
+            write_in_parallel(in_flight, total_bytes.div_ceil(piece as u64), |i| {
+                let off = i * piece as u64;
+                let len = piece.min((total_bytes - off) as usize);
+                f.write_all_at(&buf.as_slice()[..len], off)
             })?;
             f.sync_data()?;
             best = best.max(total_bytes as f64 / start.elapsed().as_secs_f64());
@@ -108,6 +87,46 @@ fn raw_bandwidth(dir: &Path, total_bytes: u64, runs: usize) -> Result<(f64, IoMo
     }
     let _ = std::fs::remove_file(&path);
     Ok((best, mode))
+}
+
+/// An O_DIRECT-ready buffer of `len` bytes (huge pages) filled with a non-zero pattern.
+fn filled_buffer(len: usize) -> AlignedBuf {
+    let mut buf = AlignedBuf::huge(len);
+    for (i, b) in buf.full_mut().iter_mut().enumerate() {
+        *b = (i * 31 % 251) as u8;
+    }
+    buf.set_len(len);
+    buf
+}
+
+/// Runs `write(0)` .. `write(requests - 1)` on `in_flight` threads, each taking the next request
+/// number as it finishes one.
+fn write_in_parallel(
+    in_flight: usize,
+    requests: u64,
+    write: impl Fn(u64) -> std::io::Result<()> + Sync,
+) -> Result<()> {
+    let next = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..in_flight)
+            .map(|_| {
+                s.spawn(|| -> std::io::Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= requests {
+                            return Ok(());
+                        }
+                        write(i)?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a raw writer panicked"))??;
+        }
+        Ok(())
+    })
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -134,7 +153,7 @@ fn fill_key(buf: &mut [u8], id: u64) {
 
 /// Raw O_DIRECT writes in the pattern of a store's flushes over many tablets: `files` fresh
 /// preallocated files written round-robin in requests of `write_bytes` (rounded up to pages),
-/// `in_flight` at a time, `total_bytes` in all, then fdatasync'd. Returns bytes/s.
+/// `in_flight` at a time, `total_bytes` in all, then synced with one syncfs. Returns bytes/s.
 fn pattern_bandwidth(
     dir: &Path,
     files: usize,
@@ -156,36 +175,18 @@ fn pattern_bandwidth(
             Ok(f)
         })
         .collect::<Result<_>>()?;
-    let mut buf = AlignedBuf::huge(piece);
-    for (i, b) in buf.full_mut().iter_mut().enumerate() {
-        *b = (i * 17 % 251) as u8;
-    }
-    buf.set_len(piece);
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let buf = filled_buffer(piece);
     let start = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..in_flight)
-            .map(|_| {
-                s.spawn(|| -> std::io::Result<()> {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= rounds * files as u64 {
-                            return Ok(());
-                        }
-                        let (file, round) = ((i % files as u64) as usize, i / files as u64);
-                        handles[file].write_all_at(buf.as_slice(), round * piece as u64)?;
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("pattern writer panicked"))??;
-        }
-        Ok(())
+    write_in_parallel(in_flight, rounds * files as u64, |i| {
+        let (file, round) = ((i % files as u64) as usize, i / files as u64);
+        handles[file].write_all_at(buf.as_slice(), round * piece as u64)
     })?;
-    for f in &handles {
-        f.sync_data()?;
+    // As the store does for many files: one syncfs rather than an fdatasync per file.
+    if let Some(f) = handles.first() {
+        // SAFETY: syncfs on a valid open descriptor.
+        if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
     }
     let secs = start.elapsed().as_secs_f64();
     drop(handles);

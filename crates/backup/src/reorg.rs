@@ -17,7 +17,7 @@ use crate::tablet::{Tablet, VersionInfo, NOTE_DELETE};
 use crate::vtable::{Location, VersionTable};
 use crate::{Error, Result, SegmentStrategy};
 use rand::{Rng, SeedableRng};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -50,19 +50,20 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
     while !sh.shutdown.load(Ordering::SeqCst) {
         let request = {
             let mut q = sh.reorg_queue.lock();
-            let takeable = |q: &VecDeque<(u64, bool)>| {
-                let busy = sh.reorg_busy.lock();
+            // The first queued request for a tablet no other reorganizer holds.
+            let takeable = |q: &VecDeque<(u64, bool)>, busy: &HashSet<u64>| {
                 q.iter().position(|(t, _)| !busy.contains(t))
             };
             // Sleep only when the last look found nothing to do (DXRAM: 100 ms when idle).
-            if idle && takeable(&q).is_none() {
+            if idle && takeable(&q, &sh.reorg_busy.lock()).is_none() {
                 sh.reorg_cv.wait_for(&mut q, Duration::from_millis(100));
             }
             let mut busy = sh.reorg_busy.lock();
-            let at = q.iter().position(|(t, _)| !busy.contains(t));
-            at.and_then(|i| q.remove(i)).inspect(|(t, _)| {
-                busy.insert(*t);
-            })
+            takeable(&q, &busy)
+                .and_then(|i| q.remove(i))
+                .inspect(|(t, _)| {
+                    busy.insert(*t);
+                })
         };
         idle = false;
         if sh.shutdown.load(Ordering::SeqCst) {

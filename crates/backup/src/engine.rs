@@ -94,6 +94,7 @@ pub struct Counters {
     pub reorg_segments: AtomicU64,
     pub reorg_bytes_freed: AtomicU64,
     pub reorg_bytes_read: AtomicU64,
+    pub reorg_bytes_written: AtomicU64,
     pub urgent_requests: AtomicU64,
     pub prompt_requests: AtomicU64,
     pub throttle_waits: AtomicU64,

@@ -141,6 +141,9 @@ pub struct Stats {
     pub reorg_segments_cleaned: u64,
     pub reorg_bytes_freed: u64,
     pub reorg_bytes_read: u64,
+    /// Bytes the reorganizers wrote to secondary logs: survivors' segments and the zero pages
+    /// that free cleaned segments (version-log compactions count in `version_bytes`).
+    pub reorg_bytes_written: u64,
     pub reorg_corrupt_entries: u64,
     /// Torn version-log tails cut off at open, and damaged version-log bytes found at open.
     pub open_version_bytes_cut: u64,
@@ -513,6 +516,7 @@ impl Backup {
             reorg_segments_cleaned: l(&c.reorg_segments),
             reorg_bytes_freed: l(&c.reorg_bytes_freed),
             reorg_bytes_read: l(&c.reorg_bytes_read),
+            reorg_bytes_written: l(&c.reorg_bytes_written),
             reorg_corrupt_entries: l(&c.reorg_corrupt_entries),
             open_version_bytes_cut: l(&c.open_version_bytes_cut),
             open_version_bytes_damaged: l(&c.open_version_bytes_damaged),

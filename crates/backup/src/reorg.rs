@@ -741,6 +741,9 @@ impl Output {
         t.file
             .write_all_at(self.buf.as_slice(), base)
             .map_err(|e| Error::io(&t.sec_path, e))?;
+        sh.counters
+            .reorg_bytes_written
+            .fetch_add(padded as u64, Ordering::Relaxed);
         {
             let mut st = t.state.lock();
             let m = &mut st.segments[o];
@@ -761,12 +764,16 @@ impl Output {
     }
 
     /// Syncs the written outputs, then zeroes and frees the cleaned segments.
-    fn commit(&mut self, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
+    fn commit(&mut self, sh: &Shared, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
         if self.pending_free.is_empty() {
             return Ok(());
         }
         t.file.sync_data().map_err(|e| Error::io(&t.sec_path, e))?;
         zero_segments(t, &self.pending_free)?;
+        sh.counters.reorg_bytes_written.fetch_add(
+            (self.pending_free.len() * PAGE_BYTES) as u64,
+            Ordering::Relaxed,
+        );
         let mut st = t.state.lock();
         for &s in &self.pending_free {
             let m = &mut st.segments[s];
@@ -784,7 +791,7 @@ impl Output {
 
     fn flush(&mut self, sh: &Shared, t: &Tablet, outcome: &mut ReorgOutcome) -> Result<()> {
         self.write_out(sh, t)?;
-        self.commit(t, outcome)
+        self.commit(sh, t, outcome)
     }
 }
 
@@ -850,6 +857,11 @@ fn append_survivors_elsewhere(
         .file
         .write_all_at(buf.as_slice(), i as u64 * t.segment_bytes + at)
         .map_err(|e| Error::io(&t.sec_path, e));
+    if r.is_ok() {
+        sh.counters
+            .reorg_bytes_written
+            .fetch_add(padded as u64, Ordering::Relaxed);
+    }
     {
         let mut st = t.state.lock();
         let m = &mut st.segments[i];
@@ -944,7 +956,7 @@ fn clean_one(
         out.pending_free.push(s);
         out.pending_used += used as u64;
         if out.pending_free.len() >= 4 {
-            out.commit(t, outcome)?;
+            out.commit(sh, t, outcome)?;
         }
         return Ok(true);
     }
@@ -966,7 +978,7 @@ fn clean_one(
         match got {
             Some(o) => out.segment = Some(o),
             // No free segment: make the cleaned ones free first.
-            None if attempt == 0 => out.commit(t, outcome)?,
+            None if attempt == 0 => out.commit(sh, t, outcome)?,
             None => {
                 // Still none: append the survivors to a used segment with room for them.
                 return append_survivors_elsewhere(
@@ -1003,7 +1015,7 @@ fn clean_one(
     out.sources_used += used as u64;
     // Free cleaned segments every few segments, so the log's fill never balloons with copies.
     if out.pending_free.len() >= 4 {
-        out.commit(t, outcome)?;
+        out.commit(sh, t, outcome)?;
     }
     Ok(true)
 }

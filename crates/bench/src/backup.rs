@@ -194,6 +194,70 @@ fn pattern_bandwidth(
     Ok((rounds * files as u64 * piece as u64) as f64 / secs)
 }
 
+/// Seconds this disk takes to read `read_bytes` and write `write_bytes` at the same time: O_DIRECT
+/// requests of 1 MiB, `in_flight` reads and `in_flight` writes outstanding, then one fdatasync.
+/// Both go to one file written in full beforehand (not timed), as a store that reuses its
+/// segments reads and writes blocks written before. The reads and writes overlap perfectly here,
+/// so no program doing this I/O on this disk finishes sooner (within the disk's drift).
+fn mixed_io_seconds(
+    dir: &Path,
+    read_bytes: u64,
+    write_bytes: u64,
+    in_flight: usize,
+) -> Result<f64> {
+    const PIECE: u64 = 1 << 20;
+    let mode = ramlog_backup::io::probe_direct(dir);
+    let path = dir.join("mixed.bin");
+    let _ = std::fs::remove_file(&path);
+    let reads = read_bytes.div_ceil(PIECE).max(1);
+    let writes = write_bytes.div_ceil(PIECE).max(1);
+    let f = open_log(&path, mode, true)?;
+    preallocate(&f, 0, (reads + writes) * PIECE)?;
+    let buf = filled_buffer(PIECE as usize);
+    write_in_parallel(4, reads + writes, |i| {
+        f.write_all_at(buf.as_slice(), i * PIECE)
+    })?;
+    f.sync_data()?;
+    // One read buffer per reader: a reader takes whichever is free.
+    let read_bufs: Vec<std::sync::Mutex<AlignedBuf>> = (0..in_flight)
+        .map(|_| std::sync::Mutex::new(filled_buffer(PIECE as usize)))
+        .collect();
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let reader = s.spawn(|| {
+            write_in_parallel(in_flight, reads, |i| {
+                let mut b = loop {
+                    if let Some(g) = read_bufs.iter().find_map(|m| m.try_lock().ok()) {
+                        break g;
+                    }
+                    std::thread::yield_now();
+                };
+                let n = ramlog_backup::io::read_exact_at(
+                    &f,
+                    &mut b.full_mut()[..PIECE as usize],
+                    i * PIECE,
+                )?;
+                if n as u64 != PIECE {
+                    return Err(std::io::Error::other("short read in the mixed probe"));
+                }
+                Ok(())
+            })
+        });
+        write_in_parallel(in_flight, writes, |i| {
+            f.write_all_at(buf.as_slice(), (reads + i) * PIECE)
+        })?;
+        f.sync_data()?;
+        reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("the probe's reader panicked"))??;
+        Ok(())
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(secs)
+}
+
 /// Logs `count` entries of `size` bytes (key + value) in batches of 10; returns entries/s,
 /// measured until everything is durable, and the mean secondary-log write in bytes. The tablets'
 /// files are created before the clock starts, as the raw baseline's file is (a server opens its
@@ -322,6 +386,12 @@ struct ReorgRun {
     urgent: u64,
     /// Share of the measured phase the processor spent waiting for the cleaner (throttle).
     throttle_share: f64,
+    /// Entries appended in the measured phase.
+    updates: u64,
+    /// Bytes the store read (reorganization) and wrote (logs, version logs, reorganization)
+    /// during the measured phase.
+    disk_read: u64,
+    disk_written: u64,
 }
 
 /// Phase 1 loads every key once (not measured); phase 2 applies 2× as many updates in batches of
@@ -447,6 +517,9 @@ fn reorg_run(
         .join()
         .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
     let after = b.stats();
+    let written = |s: &ramlog_backup::Stats| {
+        s.primary_bytes + s.secondary_bytes + s.version_bytes + s.reorg_bytes_written
+    };
     let cleaned = after.reorg_segments_cleaned - before.reorg_segments_cleaned;
     let freed = after.reorg_bytes_freed - before.reorg_bytes_freed;
     let run = ReorgRun {
@@ -468,6 +541,9 @@ fn reorg_run(
         segments_cleaned: cleaned,
         urgent: after.urgent_requests - before.urgent_requests,
         throttle_share: (after.throttle_wait_ms - before.throttle_wait_ms) as f64 / 1e3 / secs,
+        updates,
+        disk_read: after.reorg_bytes_read - before.reorg_bytes_read,
+        disk_written: written(&after) - written(&before),
     };
     drop(b);
     Ok(run)
@@ -805,6 +881,26 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             format!("{name}/throttle_wait_share"),
             run.throttle_share,
             "frac",
+        ));
+        // The disk's own limit: the reported run's reads and writes, done by the disk at once
+        // with nothing else to do, measured now. Its rate over the run without reorganization
+        // bounds the ratio above on this disk, whatever the store's threads do.
+        let io_secs = mixed_io_seconds(&root, run.disk_read, run.disk_written, 4)?;
+        report.push(Row::plain(
+            format!("{name}/disk_read_MiB"),
+            run.disk_read as f64 / (1 << 20) as f64,
+            "MiB",
+        ));
+        report.push(Row::plain(
+            format!("{name}/disk_written_MiB"),
+            run.disk_written as f64 / (1 << 20) as f64,
+            "MiB",
+        ));
+        report.push(Row::versus(
+            format!("{name}/disk_bound_vs_no_reorg"),
+            run.updates as f64 / io_secs,
+            "ent/s",
+            base.entries_per_s,
         ));
     }
 

@@ -558,6 +558,7 @@ fn place_with_urgent(
                 break;
             }
             sh.counters.throttle_waits.fetch_add(1, Ordering::Relaxed);
+            st.throttled_at = Some(Instant::now());
             // Wait for a round of reorganization of this log: a round of another log ending
             // meanwhile says nothing about this one. The round can only drop what it knows to be
             // superseded: if earlier flushes are still being written, their versions are not yet

@@ -92,6 +92,9 @@ pub struct TabletState {
     /// Reorganization rounds completed on this tablet (requested or periodic), so that a writer
     /// throttled on this log waits for a round of this log, not of another.
     pub reorg_rounds: u64,
+    /// When a flush last waited for this log's cleaning (throttle): while that is recent, the
+    /// reorganizers put off rewriting its version log (`reorg::VERSION_LOG_GROWTH_PRESSED`).
+    pub throttled_at: Option<std::time::Instant>,
     /// Placement notes (entry key hash → segment, or a delete) since the reorganizer last
     /// took them, in write order; at most `NOTES_MAX`, beyond which they are counted and dropped
     /// (the dead-byte estimate only gets coarser).
@@ -269,6 +272,7 @@ impl Tablet {
                 ver_wm,
                 prompt_requested: false,
                 reorg_rounds: 0,
+                throttled_at: None,
             }),
             reorg_lock: Mutex::new(()),
             verlog: Mutex::new(VerLog {

@@ -121,6 +121,38 @@ fn a_busy_reorganizer_lets_the_version_log_grow_to_four_times_then_compacts_it()
     assert_replays_newest(dir.path(), crash_config(), 4 * KEYS);
 }
 
+/// While flushes wait for a log's cleaning (throttle), its version log is left to grow to eight
+/// times its compacted size: a rewrite holds the log, and the next throttled flush would wait for
+/// it too. Once the pressure is over (a second without a throttled flush), it is compacted.
+#[test]
+fn a_log_whose_flushes_wait_for_cleaning_keeps_its_version_log_past_four_times() {
+    let dir = temp_dir("versions-pressed");
+    // 4000 live keys of about 100 bytes fill about 10% of the 4 MiB log: above a 9% throttle,
+    // so every flush to it waits for a round first.
+    let cfg = ramlog_backup::Config {
+        reorg_throttle: 0.09,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg.clone()).unwrap();
+    update_all(&b, 6, 0);
+    b.checkpoint().unwrap();
+    assert!(b.stats().throttle_waits > 0, "{:?}", b.stats());
+    let compacted = KEYS * RECORD;
+    let pressed_len = version_log_len(dir.path());
+    // Six records per key: past four times the compacted size, which a busy reorganizer would
+    // have compacted (a_busy_reorganizer_lets_the_version_log_grow_to_four_times...).
+    assert!(
+        pressed_len > 4 * compacted + compacted / 4,
+        "version log was compacted while flushes waited for the log: {pressed_len} bytes"
+    );
+    assert!(pressed_len < 8 * compacted, "{pressed_len} bytes");
+    // No more flushes: after a second the log is no longer pressed, and the busy reorganizer
+    // (the log stays above the activation threshold) compacts it.
+    wait_for_version_log_at_most(&b, dir.path(), 2 * compacted);
+    b.close().unwrap();
+    assert_replays_newest(dir.path(), cfg, 5 * KEYS);
+}
+
 #[test]
 fn an_explicit_reorganization_compacts_a_version_log_past_twice_its_size() {
     let dir = temp_dir("versions-explicit");

@@ -140,6 +140,8 @@ pub struct Stats {
     pub reorg_overlapping_rounds: u64,
     pub reorg_segments_cleaned: u64,
     pub reorg_bytes_freed: u64,
+    /// Bytes of segments the reorganizers read, including any read ahead that a visit then did
+    /// not need.
     pub reorg_bytes_read: u64,
     /// Bytes the reorganizers wrote to secondary logs: survivors' segments and the zero pages
     /// that free cleaned segments (version-log compactions count in `version_bytes`).

@@ -628,18 +628,34 @@ pub fn reorganize_cached(
             _ => None,
         };
         for (k, &s) in chosen.iter().enumerate() {
-            let Some(Ok((read, buf))) = ahead.take().map(|h| h.join()) else {
+            // This segment's read: issued ahead, or done now if the visit did not expect to
+            // need it (with no read in flight, both buffers are free).
+            let joined = match (ahead.take(), bufs.pop()) {
+                (Some(h), b) => {
+                    bufs.extend(b);
+                    h.join().ok()
+                }
+                (None, Some(b)) => Some(read_segment(s, b)),
+                (None, None) => None,
+            };
+            let Some((read, buf)) = joined else {
                 untouched.extend_from_slice(&chosen[k..]);
-                result = Err(Error::Corrupt("a segment read panicked".into()));
+                result = Err(Error::Corrupt("a segment read failed to run".into()));
                 break;
             };
-            if !full && k > 0 && out.freed_estimate >= excess {
-                untouched.extend_from_slice(&chosen[k..]);
-                bufs.push(buf);
-                break;
-            }
-            if let (Some(&next), Some(b)) = (chosen.get(k + 1), bufs.pop()) {
-                ahead = Some(scope.spawn(move || read_segment(next, b)));
+            outcome.bytes_read += buf.len() as u64;
+            // Read the next segment while this one is cleaned, unless this one is expected to
+            // bring the visit to its goal (freed bytes per segment so far as the guide): a read
+            // the visit does not use costs the disk as much as one it does.
+            let expected = if k == 0 {
+                0
+            } else {
+                out.freed_estimate / k as u64
+            };
+            if full || out.freed_estimate + expected < excess {
+                if let (Some(&next), Some(b)) = (chosen.get(k + 1), bufs.pop()) {
+                    ahead = Some(scope.spawn(move || read_segment(next, b)));
+                }
             }
             let r = read.and_then(|()| {
                 clean_one(sh, &t, &mut *map, s, buf.as_slice(), &mut out, &mut outcome)
@@ -654,9 +670,15 @@ pub fn reorganize_cached(
                     break;
                 }
             }
+            if !full && out.freed_estimate >= excess {
+                untouched.extend_from_slice(&chosen[k + 1..]);
+                break;
+            }
         }
-        // A read still in flight (the visit stopped early or failed) hands its buffer back.
+        // A read still in flight (the visit stopped early or failed) hands its buffer back; its
+        // bytes were read all the same.
         if let Some(Ok((_, buf))) = ahead.map(|h| h.join()) {
+            outcome.bytes_read += buf.len() as u64;
             bufs.push(buf);
         }
     });
@@ -942,7 +964,6 @@ fn clean_one(
     // The segment's bytes, read by the caller (up to its `used` length, which is frozen while
     // the segment is being reorganized).
     let used = region.len();
-    outcome.bytes_read += used as u64;
     // Pass 1: every intact entry's position and key hash, prefetching the table slot each
     // hash will probe. Pass 2: the lookups, by then mostly served from cache; with a table far
     // larger than the CPU caches this overlaps the misses instead of taking them one by one.

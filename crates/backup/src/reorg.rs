@@ -630,13 +630,9 @@ pub fn reorganize_cached(
         for (k, &s) in chosen.iter().enumerate() {
             // This segment's read: issued ahead, or done now if the visit did not expect to
             // need it (with no read in flight, both buffers are free).
-            let joined = match (ahead.take(), bufs.pop()) {
-                (Some(h), b) => {
-                    bufs.extend(b);
-                    h.join().ok()
-                }
-                (None, Some(b)) => Some(read_segment(s, b)),
-                (None, None) => None,
+            let joined = match ahead.take() {
+                Some(h) => h.join().ok(),
+                None => bufs.pop().map(|b| read_segment(s, b)),
             };
             let Some((read, buf)) = joined else {
                 untouched.extend_from_slice(&chosen[k..]);

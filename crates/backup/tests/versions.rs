@@ -265,32 +265,20 @@ fn versions_still_in_the_buffer_let_visit_after_visit_drop_superseded_entries() 
 #[test]
 fn reorganization_counts_the_bytes_it_reads_and_writes() {
     let dir = temp_dir("reorg-bytes");
-    let cfg = ramlog_backup::Config {
-        reorg_enabled: true,
-        ..activation_15()
-    };
-    let b = Backup::open(dir.path(), cfg).unwrap();
-    let value = vec![3u8; 60];
-    let mut version = 0u64;
-    let mut last = None;
+    let b = Backup::open(dir.path(), activation_15()).unwrap();
     // Every key once, then the even ones again: odd keys survive in the first segments.
-    for pass in 0..2u64 {
-        for k in (0..KEYS).filter(|k| pass == 0 || k % 2 == 0) {
-            version += 1;
-            let key = format!("key{k:06}");
-            last = Some(
-                b.append(
-                    0,
-                    &[Entry {
-                        key: key.as_bytes(),
-                        value: Some(&value),
-                        version,
-                        expiry: 0,
-                    }],
-                )
-                .unwrap(),
-            );
-        }
+    let first = update_all(&b, 1, 0);
+    let value = vec![3u8; 60];
+    let mut last = None;
+    for (i, k) in (0..KEYS).step_by(2).enumerate() {
+        let key = format!("key{k:06}");
+        let entry = Entry {
+            key: key.as_bytes(),
+            value: Some(&value),
+            version: first + i as u64 + 1,
+            expiry: 0,
+        };
+        last = Some(b.append(0, &[entry]).unwrap());
     }
     b.wait(last.unwrap(), Stage::Durable).unwrap();
     b.reorganize(0).unwrap();

@@ -759,10 +759,12 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
     // reported.
     let scattered_count: u64 = if quick { 600_000 } else { 4_000_000 };
     let pairs_wanted = if quick { 1 } else { 3 };
-    for regime in SCATTER_REGIMES {
-        if !want("two_level") {
-            break;
-        }
+    let regimes: &[Scatter] = if want("two_level") {
+        &SCATTER_REGIMES
+    } else {
+        &[]
+    };
+    for &regime in regimes {
         let mut pairs = Vec::new();
         for _ in 0..pairs_wanted {
             let off = {

@@ -587,8 +587,8 @@ fn child(spec: &str) -> anyhow::Result<()> {
                     // is within a fraction of a percent of cap / (mean + 8)); each entry adds a
                     // header of about 12 B.
                     let mean = |d: Dist| (d.lo + d.hi) as u64 / 2;
-                    let smallest = mean(w.before).min(w.after.map(mean).unwrap_or(u64::MAX));
-                    let objects_max = cap / (smallest + 8);
+                    let densest = mean(w.before).min(w.after.map(mean).unwrap_or(u64::MAX));
+                    let objects_max = cap / (densest + 8);
                     let entry_bytes = cap + objects_max * 12;
                     // Those entries at 98% utilisation, the most the engine is specified to
                     // sustain (its cleaner reserve makes progress up to there); small budgets (1

@@ -150,15 +150,56 @@ fn array_len(k: usize) -> usize {
     }
 }
 
+/// Bucket arrays of at least this many bytes are mapped from the kernel directly: their pages are
+/// zero and take memory only when first written. (An aligned `alloc_zeroed` zeroes the whole array
+/// with stores, so the newest directory array, up to half of the index, would be resident before
+/// linear hashing reaches it.)
+const MAPPED_ARRAY_BYTES: usize = 1 << 20;
+
 fn alloc_buckets(n: usize) -> *mut Bucket {
     let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
-    // SAFETY: the layout is non-zero sized; all-zero bytes are valid AtomicU64s (empty slots).
-    let ptr = unsafe { alloc_zeroed(layout) } as *mut Bucket;
+    let ptr = if layout.size() >= MAPPED_ARRAY_BYTES {
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked below.
+        // Anonymous pages read as zero, and all-zero bytes are valid AtomicU64s (empty slots).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            p as *mut Bucket
+        }
+    } else {
+        // SAFETY: the layout is non-zero sized; all-zero bytes are valid AtomicU64s (empty slots).
+        unsafe { alloc_zeroed(layout) as *mut Bucket }
+    };
     if ptr.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
     crate::pool::advise_huge_pages(ptr as *mut u8, layout.size());
     ptr
+}
+
+/// Frees an array `alloc_buckets(n)` returned.
+///
+/// # Safety
+/// `ptr` came from `alloc_buckets(n)` with the same `n`, and nothing refers to the array any more.
+unsafe fn free_buckets(ptr: *mut Bucket, n: usize) {
+    let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
+    if layout.size() >= MAPPED_ARRAY_BYTES {
+        // SAFETY: the caller's contract: a mapping of exactly this length made by alloc_buckets.
+        unsafe { libc::munmap(ptr as *mut libc::c_void, layout.size()) };
+    } else {
+        // SAFETY: the caller's contract: allocated by alloc_zeroed with this layout.
+        unsafe { dealloc(ptr as *mut u8, layout) };
+    }
 }
 
 impl Default for HashIndex {
@@ -648,25 +689,15 @@ impl Drop for HashIndex {
         for (k, slot) in self.dir.iter().enumerate() {
             let p = slot.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: allocated by alloc_buckets with exactly this length.
-                unsafe {
-                    dealloc(
-                        p as *mut u8,
-                        Layout::array::<Bucket>(array_len(k)).expect("layout"),
-                    )
-                };
+                // SAFETY: allocated by alloc_buckets with exactly this length; the index is dropped.
+                unsafe { free_buckets(p, array_len(k)) };
             }
         }
         for slot in self.overflow.iter() {
             let p = slot.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets.
-                unsafe {
-                    dealloc(
-                        p as *mut u8,
-                        Layout::array::<Bucket>(OVERFLOW_CHUNK).expect("layout"),
-                    )
-                };
+                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets; the index is dropped.
+                unsafe { free_buckets(p, OVERFLOW_CHUNK) };
             }
         }
     }
@@ -717,6 +748,49 @@ mod tests {
             assert!(idx.holds(slot, hash, loc + 1_000_000));
         }
         assert!(moved > 0, "growth by 50x moved no reference");
+    }
+
+    /// The newest directory array takes memory only as linear hashing reaches its buckets: just
+    /// after the index grows into an 8 MiB array, most of that array's pages are not resident.
+    #[test]
+    fn new_directory_array_is_resident_only_where_used() {
+        let idx = HashIndex::new();
+        // dir[14] holds buckets 131072..262144 (8 MiB); at about 7.2 references per bucket it is
+        // first split into at about 944k entries.
+        let k = 14;
+        let first = BUCKETS_INITIAL << (k - 1);
+        let mut i = 0u64;
+        while idx.bucket_count() < first + 4096 {
+            idx.insert(h(i), i, h);
+            i += 1;
+        }
+        let used_bytes = (idx.bucket_count() - first) as usize * 64;
+        let array = idx.dir[k].load(Ordering::Acquire) as usize;
+        let len = array_len(k) * 64;
+        let page = 4096usize;
+        let start = array.div_ceil(page) * page;
+        let pages = (array + len - start) / page;
+        let mut resident = vec![0u8; pages];
+        // SAFETY: [start, start + pages * page) lies inside the array's mapping; mincore only reads
+        // the page table.
+        let rc = unsafe {
+            libc::mincore(
+                start as *mut libc::c_void,
+                pages * page,
+                resident.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        let resident_bytes = resident.iter().filter(|&&r| r & 1 == 1).count() * page;
+        // Touched pages, plus at most one transparent huge page of 2 MiB around the split point.
+        assert!(
+            resident_bytes <= used_bytes + (2 << 20) + page,
+            "{resident_bytes} of {len} bytes resident with {used_bytes} in use"
+        );
+        assert!(
+            resident_bytes >= used_bytes / 2,
+            "{resident_bytes} resident, {used_bytes} used"
+        );
     }
 
     /// Uses loc = key id, so rehash(loc) = h(loc).

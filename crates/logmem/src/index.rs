@@ -153,8 +153,9 @@ fn array_len(k: usize) -> usize {
 /// Bucket arrays of at least this many bytes are mapped from the kernel directly: their pages are
 /// zero and take memory only when first written. (An aligned `alloc_zeroed` zeroes the whole array
 /// with stores, so the newest directory array, up to half of the index, would be resident before
-/// linear hashing reaches it.)
-const MAPPED_ARRAY_BYTES: usize = 1 << 20;
+/// linear hashing reaches it.) 64 KiB (1,024 buckets) keeps the waste of a server's many small
+/// tablet indexes small too, at one mapping per array.
+const MAPPED_ARRAY_BYTES: usize = 64 << 10;
 
 fn alloc_buckets(n: usize) -> *mut Bucket {
     let layout = Layout::array::<Bucket>(n).expect("bucket array layout");

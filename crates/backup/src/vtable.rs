@@ -64,8 +64,9 @@ fn with_location(flags: u64, loc: Option<Location>) -> u64 {
 }
 const MIN_SLOTS: usize = 64;
 
-/// `n` empty slots from zeroed memory: a large table's pages are then zero-filled by the kernel as
-/// they are first touched, instead of being written once here and again as keys arrive.
+/// `n` empty slots from zeroed memory, in one allocation of exactly `n` slots. (With the slots'
+/// 32-byte alignment the system allocator zeroes the memory with stores rather than handing out
+/// fresh zero pages; at three keys per four slots a table touches nearly every page anyway.)
 fn zeroed_slots(n: usize) -> Vec<Slot> {
     let layout = std::alloc::Layout::array::<Slot>(n).expect("slot table size");
     // SAFETY: the layout has a non-zero size (n >= MIN_SLOTS); an all-zero Slot is a valid

@@ -150,36 +150,56 @@ fn array_len(k: usize) -> usize {
     }
 }
 
-/// Bucket arrays of at least this many bytes are mapped from the kernel directly: their pages are
-/// zero and take memory only when first written. (An aligned `alloc_zeroed` zeroes the whole array
-/// with stores, so the newest directory array, up to half of the index, would be resident before
-/// linear hashing reaches it.) 64 KiB (1,024 buckets) keeps the waste of a server's many small
-/// tablet indexes small too, at one mapping per array.
+/// Directory arrays of at least this many bytes are mapped from the kernel directly: their pages
+/// are zero and take memory only when first written. (An aligned `alloc_zeroed` zeroes the whole
+/// array with stores, so the newest directory array, up to half of the index, would be resident
+/// before linear hashing reaches it.) 64 KiB (1,024 buckets) keeps the waste of a server's many
+/// small tablet indexes small too, at one mapping per array (at most `DIR_ARRAYS` per index).
 const MAPPED_ARRAY_BYTES: usize = 64 << 10;
 
-fn alloc_buckets(n: usize) -> *mut Bucket {
-    let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
-    let ptr = if layout.size() >= MAPPED_ARRAY_BYTES {
-        // SAFETY: an anonymous private mapping with no address hint; the result is checked below.
-        // Anonymous pages read as zero, and all-zero bytes are valid AtomicU64s (empty slots).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                layout.size(),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            std::ptr::null_mut()
-        } else {
-            p as *mut Bucket
-        }
+/// Where a bucket array's memory comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Backing {
+    /// `alloc_zeroed`: overflow chunks (filled one bucket at a time from their start, so zeroing
+    /// them up front costs no memory, and they are many: no mapping each) and small arrays.
+    Heap,
+    /// An anonymous mapping: large directory arrays.
+    Mapped,
+}
+
+fn dir_backing(buckets: usize) -> Backing {
+    if buckets * std::mem::size_of::<Bucket>() >= MAPPED_ARRAY_BYTES {
+        Backing::Mapped
     } else {
+        Backing::Heap
+    }
+}
+
+fn alloc_buckets(n: usize, backing: Backing) -> *mut Bucket {
+    let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
+    let ptr = match backing {
+        Backing::Mapped => {
+            // SAFETY: an anonymous private mapping with no address hint; the result is checked
+            // below. Anonymous pages read as zero, and all-zero bytes are valid AtomicU64s (empty
+            // slots).
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    layout.size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                std::ptr::null_mut()
+            } else {
+                p as *mut Bucket
+            }
+        }
         // SAFETY: the layout is non-zero sized; all-zero bytes are valid AtomicU64s (empty slots).
-        unsafe { alloc_zeroed(layout) as *mut Bucket }
+        Backing::Heap => unsafe { alloc_zeroed(layout) as *mut Bucket },
     };
     if ptr.is_null() {
         std::alloc::handle_alloc_error(layout);
@@ -188,18 +208,20 @@ fn alloc_buckets(n: usize) -> *mut Bucket {
     ptr
 }
 
-/// Frees an array `alloc_buckets(n)` returned.
+/// Frees an array `alloc_buckets(n, backing)` returned.
 ///
 /// # Safety
-/// `ptr` came from `alloc_buckets(n)` with the same `n`, and nothing refers to the array any more.
-unsafe fn free_buckets(ptr: *mut Bucket, n: usize) {
+/// `ptr` came from `alloc_buckets(n, backing)` with the same `n` and `backing`, and nothing refers
+/// to the array any more.
+unsafe fn free_buckets(ptr: *mut Bucket, n: usize, backing: Backing) {
     let layout = Layout::array::<Bucket>(n).expect("bucket array layout");
-    if layout.size() >= MAPPED_ARRAY_BYTES {
+    match backing {
         // SAFETY: the caller's contract: a mapping of exactly this length made by alloc_buckets.
-        unsafe { libc::munmap(ptr as *mut libc::c_void, layout.size()) };
-    } else {
+        Backing::Mapped => unsafe {
+            libc::munmap(ptr as *mut libc::c_void, layout.size());
+        },
         // SAFETY: the caller's contract: allocated by alloc_zeroed with this layout.
-        unsafe { dealloc(ptr as *mut u8, layout) };
+        Backing::Heap => unsafe { dealloc(ptr as *mut u8, layout) },
     }
 }
 
@@ -213,7 +235,10 @@ impl HashIndex {
     pub fn new() -> Self {
         let dir: [AtomicPtr<Bucket>; DIR_ARRAYS] =
             std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut()));
-        dir[0].store(alloc_buckets(array_len(0)), Ordering::Release);
+        dir[0].store(
+            alloc_buckets(array_len(0), dir_backing(array_len(0))),
+            Ordering::Release,
+        );
         let overflow = (0..OVERFLOW_CHUNKS_MAX)
             .map(|_| AtomicPtr::new(std::ptr::null_mut()))
             .collect();
@@ -522,7 +547,10 @@ impl HashIndex {
             "hash index overflow arena exhausted"
         );
         if self.overflow[chunk].load(Ordering::Relaxed).is_null() {
-            self.overflow[chunk].store(alloc_buckets(OVERFLOW_CHUNK), Ordering::Release);
+            self.overflow[chunk].store(
+                alloc_buckets(OVERFLOW_CHUNK, Backing::Heap),
+                Ordering::Release,
+            );
         }
         id
     }
@@ -539,7 +567,10 @@ impl HashIndex {
         let k = (63 - q.leading_zeros()) as usize + 1;
         assert!(k < DIR_ARRAYS, "hash index directory exhausted");
         if self.dir[k].load(Ordering::Relaxed).is_null() {
-            self.dir[k].store(alloc_buckets(array_len(k)), Ordering::Release);
+            self.dir[k].store(
+                alloc_buckets(array_len(k), dir_backing(array_len(k))),
+                Ordering::Release,
+            );
         }
         // 1. Copy the references that move into the new bucket.
         let mut moved: Vec<(SlotRef, u64)> = Vec::new();
@@ -690,15 +721,17 @@ impl Drop for HashIndex {
         for (k, slot) in self.dir.iter().enumerate() {
             let p = slot.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: allocated by alloc_buckets with exactly this length; the index is dropped.
-                unsafe { free_buckets(p, array_len(k)) };
+                // SAFETY: allocated by alloc_buckets with this length and backing; the index is
+                // dropped.
+                unsafe { free_buckets(p, array_len(k), dir_backing(array_len(k))) };
             }
         }
         for slot in self.overflow.iter() {
             let p = slot.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets; the index is dropped.
-                unsafe { free_buckets(p, OVERFLOW_CHUNK) };
+                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets on the heap; the
+                // index is dropped.
+                unsafe { free_buckets(p, OVERFLOW_CHUNK, Backing::Heap) };
             }
         }
     }

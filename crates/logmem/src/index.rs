@@ -28,9 +28,10 @@ const SLOTS: usize = 8;
 const BUCKETS_INITIAL_LOG2: u32 = 4;
 const BUCKETS_INITIAL: u64 = 1 << BUCKETS_INITIAL_LOG2;
 const DIR_ARRAYS: usize = 44;
-const OVERFLOW_CHUNK_LOG2: u32 = 10;
-const OVERFLOW_CHUNK: usize = 1 << OVERFLOW_CHUNK_LOG2;
-const OVERFLOW_CHUNKS_MAX: usize = 1 << 13;
+/// Overflow buckets live in chunks of doubling size: chunk `k` holds `OVERFLOW_FIRST << k` buckets.
+const OVERFLOW_FIRST_LOG2: u32 = 8;
+const OVERFLOW_FIRST: u64 = 1 << OVERFLOW_FIRST_LOG2;
+const OVERFLOW_CHUNKS: usize = 40;
 /// Average references per slot above which a bucket is split.
 const LOAD_MAX: f64 = 0.9;
 
@@ -98,7 +99,7 @@ pub struct HashIndex {
     /// missed while anything moved retries.
     shape: AtomicU64,
     dir: [AtomicPtr<Bucket>; DIR_ARRAYS],
-    overflow: Box<[AtomicPtr<Bucket>]>,
+    overflow: [AtomicPtr<Bucket>; OVERFLOW_CHUNKS],
     overflow_used: AtomicU64,
     /// Overflow buckets unlinked from chains, zeroed, whose grace period has passed: reused first.
     overflow_ready: Arc<Mutex<Vec<u64>>>,
@@ -150,24 +151,40 @@ fn array_len(k: usize) -> usize {
     }
 }
 
-/// Directory arrays of at least this many bytes are mapped from the kernel directly: their pages
-/// are zero and take memory only when first written. (An aligned `alloc_zeroed` zeroes the whole
-/// array with stores, so the newest directory array, up to half of the index, would be resident
-/// before linear hashing reaches it.) 64 KiB (1,024 buckets) keeps the waste of a server's many
-/// small tablet indexes small too, at one mapping per array (at most `DIR_ARRAYS` per index).
+/// Bucket arrays (directory arrays and overflow chunks) of at least this many bytes are mapped from
+/// the kernel directly: their pages are zero and take memory only when first written. (An aligned
+/// `alloc_zeroed` zeroes the whole array with stores, so the newest directory array, up to half of
+/// the index, would be resident before linear hashing reaches it.) 64 KiB (1,024 buckets) keeps
+/// the waste of a server's many small tablet indexes small too. Arrays double in size, so an index
+/// has at most `DIR_ARRAYS + OVERFLOW_CHUNKS` of them.
 const MAPPED_ARRAY_BYTES: usize = 64 << 10;
 
 /// Where a bucket array's memory comes from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Backing {
-    /// `alloc_zeroed`: overflow chunks (filled one bucket at a time from their start, so zeroing
-    /// them up front costs no memory, and they are many: no mapping each) and small arrays.
+    /// `alloc_zeroed`: small arrays.
     Heap,
-    /// An anonymous mapping: large directory arrays.
+    /// An anonymous mapping: large arrays.
     Mapped,
 }
 
-fn dir_backing(buckets: usize) -> Backing {
+/// Number of buckets in overflow chunk `k`.
+fn overflow_chunk_len(k: usize) -> usize {
+    (OVERFLOW_FIRST as usize) << k
+}
+
+/// The chunk holding overflow bucket `id`, and the bucket's offset in it. Chunks `0..k` hold
+/// `OVERFLOW_FIRST * (2^k - 1)` buckets together.
+#[inline]
+fn overflow_place(id: u64) -> (usize, usize) {
+    let q = (id >> OVERFLOW_FIRST_LOG2) + 1;
+    let k = (63 - q.leading_zeros()) as usize;
+    assert!(k < OVERFLOW_CHUNKS, "hash index overflow arena exhausted");
+    let before = OVERFLOW_FIRST * ((1u64 << k) - 1);
+    (k, (id - before) as usize)
+}
+
+fn backing(buckets: usize) -> Backing {
     if buckets * std::mem::size_of::<Bucket>() >= MAPPED_ARRAY_BYTES {
         Backing::Mapped
     } else {
@@ -236,12 +253,11 @@ impl HashIndex {
         let dir: [AtomicPtr<Bucket>; DIR_ARRAYS] =
             std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut()));
         dir[0].store(
-            alloc_buckets(array_len(0), dir_backing(array_len(0))),
+            alloc_buckets(array_len(0), backing(array_len(0))),
             Ordering::Release,
         );
-        let overflow = (0..OVERFLOW_CHUNKS_MAX)
-            .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-            .collect();
+        let overflow: [AtomicPtr<Bucket>; OVERFLOW_CHUNKS] =
+            std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut()));
         HashIndex {
             shape: AtomicU64::new(0),
             dir,
@@ -318,10 +334,12 @@ impl HashIndex {
 
     #[inline]
     fn overflow_bucket(&self, id: u64) -> &Bucket {
-        let chunk = self.overflow[(id >> OVERFLOW_CHUNK_LOG2) as usize].load(Ordering::Acquire);
+        let (k, offset) = overflow_place(id);
+        let chunk = self.overflow[k].load(Ordering::Acquire);
         assert!(!chunk.is_null(), "overflow bucket {id} has no chunk");
-        // SAFETY: the index within the chunk is masked to the chunk length; chunks live until Drop.
-        unsafe { &*chunk.add((id as usize) & (OVERFLOW_CHUNK - 1)) }
+        // SAFETY: `overflow_place` returns an offset below the chunk's length; chunks live until
+        // Drop.
+        unsafe { &*chunk.add(offset) }
     }
 
     /// Visits every reference of the chain starting at bucket `b`; stops when `f` returns true.
@@ -541,16 +559,10 @@ impl HashIndex {
             return id;
         }
         let id = self.overflow_used.fetch_add(1, Ordering::Relaxed);
-        let chunk = (id >> OVERFLOW_CHUNK_LOG2) as usize;
-        assert!(
-            chunk < OVERFLOW_CHUNKS_MAX,
-            "hash index overflow arena exhausted"
-        );
-        if self.overflow[chunk].load(Ordering::Relaxed).is_null() {
-            self.overflow[chunk].store(
-                alloc_buckets(OVERFLOW_CHUNK, Backing::Heap),
-                Ordering::Release,
-            );
+        let (k, _) = overflow_place(id);
+        if self.overflow[k].load(Ordering::Relaxed).is_null() {
+            let len = overflow_chunk_len(k);
+            self.overflow[k].store(alloc_buckets(len, backing(len)), Ordering::Release);
         }
         id
     }
@@ -568,7 +580,7 @@ impl HashIndex {
         assert!(k < DIR_ARRAYS, "hash index directory exhausted");
         if self.dir[k].load(Ordering::Relaxed).is_null() {
             self.dir[k].store(
-                alloc_buckets(array_len(k), dir_backing(array_len(k))),
+                alloc_buckets(array_len(k), backing(array_len(k))),
                 Ordering::Release,
             );
         }
@@ -723,15 +735,16 @@ impl Drop for HashIndex {
             if !p.is_null() {
                 // SAFETY: allocated by alloc_buckets with this length and backing; the index is
                 // dropped.
-                unsafe { free_buckets(p, array_len(k), dir_backing(array_len(k))) };
+                unsafe { free_buckets(p, array_len(k), backing(array_len(k))) };
             }
         }
-        for slot in self.overflow.iter() {
+        for (k, slot) in self.overflow.iter().enumerate() {
             let p = slot.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: allocated by alloc_buckets with OVERFLOW_CHUNK buckets on the heap; the
-                // index is dropped.
-                unsafe { free_buckets(p, OVERFLOW_CHUNK, Backing::Heap) };
+                let len = overflow_chunk_len(k);
+                // SAFETY: allocated by alloc_buckets with this length and backing; the index is
+                // dropped.
+                unsafe { free_buckets(p, len, backing(len)) };
             }
         }
     }
@@ -782,6 +795,25 @@ mod tests {
             assert!(idx.holds(slot, hash, loc + 1_000_000));
         }
         assert!(moved > 0, "growth by 50x moved no reference");
+    }
+
+    /// Overflow ids fill chunk after chunk of doubling size, every id at its own in-bounds place.
+    #[test]
+    fn overflow_ids_map_onto_doubling_chunks() {
+        let mut expected = (0usize, 0usize);
+        for id in 0..OVERFLOW_FIRST * 15 {
+            assert_eq!(overflow_place(id), expected, "id {id}");
+            expected.1 += 1;
+            if expected.1 == overflow_chunk_len(expected.0) {
+                expected = (expected.0 + 1, 0);
+            }
+        }
+        assert_eq!(expected, (4, 0), "ids 0..15*first fill chunks 0..=3 exactly");
+        let last = OVERFLOW_FIRST * ((1u64 << OVERFLOW_CHUNKS) - 1) - 1;
+        assert_eq!(
+            overflow_place(last),
+            (OVERFLOW_CHUNKS - 1, overflow_chunk_len(OVERFLOW_CHUNKS - 1) - 1)
+        );
     }
 
     /// The newest directory array takes memory only as linear hashing reaches its buckets: just

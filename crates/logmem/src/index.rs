@@ -622,6 +622,10 @@ impl HashIndex {
     /// slots, misses, notices the bumped shape and retries. Caller holds the write lock.
     fn compact_chain(&self, head: &Bucket) {
         loop {
+            if head.slots[SLOTS - 1].load(Ordering::Relaxed) & CHAIN == 0 {
+                // No overflow bucket (most chains): nothing to shorten, nothing to allocate.
+                return;
+            }
             let mut chain: Vec<&Bucket> = vec![head];
             let mut ids: Vec<u64> = Vec::new();
             loop {
@@ -808,11 +812,18 @@ mod tests {
                 expected = (expected.0 + 1, 0);
             }
         }
-        assert_eq!(expected, (4, 0), "ids 0..15*first fill chunks 0..=3 exactly");
+        assert_eq!(
+            expected,
+            (4, 0),
+            "ids 0..15*first fill chunks 0..=3 exactly"
+        );
         let last = OVERFLOW_FIRST * ((1u64 << OVERFLOW_CHUNKS) - 1) - 1;
         assert_eq!(
             overflow_place(last),
-            (OVERFLOW_CHUNKS - 1, overflow_chunk_len(OVERFLOW_CHUNKS - 1) - 1)
+            (
+                OVERFLOW_CHUNKS - 1,
+                overflow_chunk_len(OVERFLOW_CHUNKS - 1) - 1
+            )
         );
     }
 

@@ -179,7 +179,6 @@ fn overflow_chunk_len(k: usize) -> usize {
 fn overflow_place(id: u64) -> (usize, usize) {
     let q = (id >> OVERFLOW_FIRST_LOG2) + 1;
     let k = (63 - q.leading_zeros()) as usize;
-    assert!(k < OVERFLOW_CHUNKS, "hash index overflow arena exhausted");
     let before = OVERFLOW_FIRST * ((1u64 << k) - 1);
     (k, (id - before) as usize)
 }
@@ -560,6 +559,7 @@ impl HashIndex {
         }
         let id = self.overflow_used.fetch_add(1, Ordering::Relaxed);
         let (k, _) = overflow_place(id);
+        assert!(k < OVERFLOW_CHUNKS, "hash index overflow arena exhausted");
         if self.overflow[k].load(Ordering::Relaxed).is_null() {
             let len = overflow_chunk_len(k);
             self.overflow[k].store(alloc_buckets(len, backing(len)), Ordering::Release);

@@ -73,6 +73,10 @@ pub struct Config {
     pub reorg_strategy: SegmentStrategy,
     /// Fraction of a log's segments cleaned per periodic visit (DXRAM: 33%).
     pub reorg_segments_per_visit: f64,
+    /// Read every segment the placement notes show all dead and check that it holds no current
+    /// entry before freeing it (tests; off by default, as the point of the counts is to skip
+    /// those reads).
+    pub reorg_verify_dead: bool,
     /// Reorganizer threads. Each works on a different tablet log at a time (DXRAM has one per
     /// backup). See docs/architecture.md for the measurements behind the default of 2.
     pub reorg_threads: usize,
@@ -125,6 +129,7 @@ impl Default for Config {
             reorg_enabled: true,
             reorg_strategy: SegmentStrategy::AgeTimesUtilisation,
             reorg_segments_per_visit: 0.33,
+            reorg_verify_dead: false,
             reorg_threads: 2,
             replay_threads: 4,
             sync: SyncPolicy::Periodic,
@@ -198,11 +203,12 @@ impl Config {
         Ok(())
     }
 
-    /// Whether placements are noted so the reorganizer can estimate each segment's dead bytes.
-    /// Only cost-benefit selection uses the estimate; noting costs a key hash per entry on the
-    /// write path and a table update in the reorganizer, so other strategies skip it.
+    /// Whether placements are noted (whenever reorganization is on). The notes give each segment
+    /// its count of entries not yet superseded, so that a segment with none is freed without
+    /// being read, and the dead-byte estimate that cost-benefit selection weighs. Noting costs a
+    /// key hash per entry on the write path and a table update in the reorganizer.
     pub fn tracks_locations(&self) -> bool {
-        self.reorg_enabled && self.reorg_strategy == SegmentStrategy::CostBenefit
+        self.reorg_enabled
     }
 
     /// Largest encoded entry: bounded by half a segment (DXRAM) and by the value limit.

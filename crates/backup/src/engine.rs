@@ -94,6 +94,9 @@ pub struct Counters {
     pub reorg_segments: AtomicU64,
     pub reorg_bytes_freed: AtomicU64,
     pub reorg_bytes_read: AtomicU64,
+    pub reorg_segments_unread: AtomicU64,
+    pub reorg_live_mismatches: AtomicU64,
+    pub reorg_dead_verify_failures: AtomicU64,
     pub reorg_bytes_written: AtomicU64,
     pub urgent_requests: AtomicU64,
     pub prompt_requests: AtomicU64,
@@ -152,6 +155,11 @@ pub struct Shared {
     /// Ticket of the last flush the processor handed to the writer: once `written_lsn` reaches
     /// it, every placed entry's version is visible to reorganization.
     pub sent_lsn: AtomicU64,
+    /// Sequence of the last flush whose writes are done: the reorganizer takes placement notes
+    /// up to it (`TabletState::take_notes`).
+    pub notes_visible_seq: AtomicU64,
+    /// Callers of `Backup::reorganize` holding a tablet in `reorg_busy` (not reorganizer threads).
+    pub reorg_callers: AtomicU64,
     pub dropped: Mutex<HashMap<u64, u64>>,
 }
 
@@ -342,6 +350,26 @@ fn build_job(
         }
         // 2. Route: small batches to the primary log + SLB, large ones straight to the secondary log.
         let mut st = tablet.state.lock();
+        // The flush's deletes are noted before its puts are placed. A put noted after a delete of
+        // its key must be the newer of the two: the reorganizer frees a segment whose entries
+        // the notes call all dead without reading it. Puts placed later than the flush they came
+        // in (from the SLB) may follow a newer delete in the notes; such an entry is then
+        // counted live until its key's next note, never dead while current.
+        if cfg.tracks_locations() && !deletes.is_empty() {
+            for &(c, b) in &batches {
+                let meta = &chunks[c].batches[b];
+                if meta.deletes {
+                    for r in chunks[c].batch_records(meta) {
+                        st.push_note(crate::tablet::Note {
+                            hash: r.hash,
+                            segment: crate::tablet::NOTE_DELETE,
+                            len: 0,
+                            seq,
+                        });
+                    }
+                }
+            }
+        }
         let mut run: Vec<&[u8]> = Vec::new();
         let mut run_bytes = 0usize;
         if put_bytes > 0 {
@@ -366,20 +394,6 @@ fn build_job(
                 }
                 st.slb = slb;
                 st.slb.clear();
-            }
-        }
-        if cfg.tracks_locations() && !deletes.is_empty() {
-            for &(c, b) in &batches {
-                let meta = &chunks[c].batches[b];
-                if meta.deletes {
-                    for r in chunks[c].batch_records(meta) {
-                        st.push_note(crate::tablet::Note {
-                            hash: r.hash,
-                            segment: crate::tablet::NOTE_DELETE,
-                            len: 0,
-                        });
-                    }
-                }
             }
         }
         drop(st);
@@ -958,6 +972,8 @@ fn finish(
             st.vbuf.extend_from_slice(&vb.records);
             st.vbuf_seq = seq;
         }
+        // So do the flush's placement notes (jobs finish in sequence order).
+        sh.notes_visible_seq.fetch_max(seq, Ordering::SeqCst);
         let spill_at =
             (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
         let candidates: Vec<Arc<Tablet>> = if checkpoint {

@@ -143,6 +143,15 @@ pub struct Stats {
     /// Bytes of segments the reorganizers read, including any read ahead that a visit then did
     /// not need.
     pub reorg_bytes_read: u64,
+    /// Segments freed without being read: the placement notes showed every entry in them
+    /// superseded or deleted (included in `reorg_segments_cleaned`).
+    pub reorg_segments_unread: u64,
+    /// Segments whose live count the notes contradicted (more entries dead than counted in); they
+    /// are read before being freed. Expected 0.
+    pub reorg_live_mismatches: u64,
+    /// With `Config::reorg_verify_dead`: segments counted all dead that held a current entry
+    /// (left in place). Expected 0.
+    pub reorg_dead_verify_failures: u64,
     /// Bytes the reorganizers wrote to secondary logs: survivors' segments and the zero pages
     /// that free cleaned segments (version-log compactions count in `version_bytes`).
     pub reorg_bytes_written: u64,
@@ -236,6 +245,8 @@ impl Backup {
             reorg_done_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
             sent_lsn: AtomicU64::new(0),
+            notes_visible_seq: AtomicU64::new(0),
+            reorg_callers: AtomicU64::new(0),
             dropped: Mutex::new(dropped.clone()),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).
@@ -518,6 +529,9 @@ impl Backup {
             reorg_segments_cleaned: l(&c.reorg_segments),
             reorg_bytes_freed: l(&c.reorg_bytes_freed),
             reorg_bytes_read: l(&c.reorg_bytes_read),
+            reorg_segments_unread: l(&c.reorg_segments_unread),
+            reorg_live_mismatches: l(&c.reorg_live_mismatches),
+            reorg_dead_verify_failures: l(&c.reorg_dead_verify_failures),
             reorg_bytes_written: l(&c.reorg_bytes_written),
             reorg_corrupt_entries: l(&c.reorg_corrupt_entries),
             open_version_bytes_cut: l(&c.open_version_bytes_cut),

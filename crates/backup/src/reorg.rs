@@ -36,6 +36,8 @@ pub struct ReorgOutcome {
     pub bytes_freed: u64,
     pub bytes_read: u64,
     pub corrupt_entries: u64,
+    /// Of `segments_cleaned`, those freed without being read (every entry known dead).
+    pub segments_unread: u64,
 }
 
 /// Body of one reorganizer thread (`Config::reorg_threads` of them). Each round works on one
@@ -159,7 +161,8 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
 
 /// Counts a round that begins while another reorganizer holds another tablet.
 fn note_round_start(sh: &Shared) {
-    if sh.reorg_busy.lock().len() > 1 {
+    let callers = sh.reorg_callers.load(Ordering::SeqCst) as usize;
+    if sh.reorg_busy.lock().len() > 1 + callers {
         sh.counters
             .reorg_overlapping_rounds
             .fetch_add(1, Ordering::Relaxed);
@@ -211,7 +214,7 @@ fn absorb_all_notes(sh: &Shared) {
             continue;
         }
         let mut cache = take_cache(sh, t.id);
-        absorb_notes(&t, &mut cache);
+        absorb_notes(sh, &t, &mut cache);
         release(sh, t.id, Some(cache));
     }
 }
@@ -428,14 +431,18 @@ fn bind_cache(t: &Tablet, cache: &mut VersionCache) {
 
 /// Takes the tablet's placement notes and turns them into dead-byte estimates: each note moves
 /// its key's location, and the bytes at the previous location are dead.
-pub fn absorb_notes(t: &Tablet, cache: &mut VersionCache) {
+///
+/// Returns the flush sequence up to which notes are now absorbed.
+pub fn absorb_notes(sh: &Shared, t: &Tablet, cache: &mut VersionCache) -> u64 {
     bind_cache(t, cache);
-    let notes = std::mem::take(&mut t.state.lock().notes);
+    let visible = sh.notes_visible_seq.load(Ordering::SeqCst);
+    let notes = t.state.lock().take_notes(visible);
     if notes.is_empty() {
-        return;
+        return visible;
     }
     let map = &mut cache.map;
-    let mut dead: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    // Segment → (dead bytes, entries found dead).
+    let mut dead: std::collections::HashMap<u32, (u64, u32)> = std::collections::HashMap::new();
     for (i, n) in notes.iter().enumerate() {
         if let Some(ahead) = notes.get(i + 16) {
             map.prefetch(ahead.hash);
@@ -445,15 +452,31 @@ pub fn absorb_notes(t: &Tablet, cache: &mut VersionCache) {
             len: n.len,
         });
         if let Some(old) = map.relocate(n.hash, loc) {
-            *dead.entry(old.segment).or_default() += u64::from(old.len);
+            let d = dead.entry(old.segment).or_default();
+            d.0 += u64::from(old.len);
+            d.1 += 1;
         }
     }
     let mut st = t.state.lock();
-    for (seg, bytes) in dead {
+    for (seg, (bytes, entries)) in dead {
         if let Some(m) = st.segments.get_mut(seg as usize) {
             m.dead = (m.dead + bytes).min(m.used);
+            if m.live >= entries {
+                m.live -= entries;
+            } else {
+                // More entries dead than were counted in: the count is wrong, so the segment
+                // must be read before it is freed. (Not expected; counted for the tests.)
+                m.live = 0;
+                if m.tracked {
+                    m.tracked = false;
+                    sh.counters
+                        .reorg_live_mismatches
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
     }
+    visible
 }
 
 /// Is this entry current according to the gathered versions? Unknown keys are kept (their
@@ -470,10 +493,25 @@ pub fn is_current(map: &VersionTable, hash: u128, version: u64) -> bool {
 /// Reorganizes one tablet log: all segments if `full` (urgent), else a share chosen by strategy,
 /// then compacts its version log if due.
 pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> {
-    let mut cache = VersionCache::default();
-    let outcome = reorganize_cached(sh, tablet, full, &mut cache)?;
-    compact_versions(sh, tablet, &mut cache, VERSION_LOG_GROWTH)?;
-    Ok(outcome)
+    // Hold the tablet as a reorganizer thread does and work with its shared cache: the cache
+    // holds the key locations that segments' live counts are kept by, and placement notes taken
+    // into a second cache would leave the shared one's locations stale.
+    loop {
+        let mut q = sh.reorg_queue.lock();
+        if sh.reorg_busy.lock().insert(tablet) {
+            break;
+        }
+        sh.reorg_cv.wait_for(&mut q, Duration::from_millis(50));
+    }
+    sh.reorg_callers.fetch_add(1, Ordering::SeqCst);
+    let mut cache = take_cache(sh, tablet);
+    let outcome = reorganize_cached(sh, tablet, full, &mut cache).and_then(|o| {
+        compact_versions(sh, tablet, &mut cache, VERSION_LOG_GROWTH)?;
+        Ok(o)
+    });
+    release(sh, tablet, Some(cache));
+    sh.reorg_callers.fetch_sub(1, Ordering::SeqCst);
+    outcome
 }
 
 /// A version log is rewritten compactly once it has grown to this many times its compacted size
@@ -530,18 +568,45 @@ pub fn reorganize_cached(
     };
     let _guard = t.reorg_lock.lock();
     sh.counters.reorg_runs.fetch_add(1, Ordering::Relaxed);
-    absorb_notes(&t, cache);
+    let absorbed = absorb_notes(sh, &t, cache);
+    // A segment written by a flush whose notes are not absorbed yet is left for a later visit:
+    // its keys' locations would be set to it after it was cleaned and freed, and a later note
+    // would then count an entry dead in whatever the segment holds next.
+    let tracking = sh.cfg.tracks_locations();
+    let noted = |m: &crate::tablet::SegMeta| !tracking || m.data_seq <= absorbed;
     let map = gather_versions(sh, &t, cache, None)?;
     let seg_bytes = t.segment_bytes as usize;
     let now = Instant::now();
-    // Choose segments.
-    let chosen: Vec<usize> = {
+    // Choose segments. Those whose every entry the placement notes show superseded or deleted
+    // are freed first, whatever the strategy, and without being read: freeing them costs a zero
+    // page each. The strategy chooses among the others.
+    let (all_dead, chosen): (Vec<usize>, Vec<usize>) = {
         let mut st = t.state.lock();
+        let all_dead: Vec<usize> = if tracking {
+            st.segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    s.used > 0
+                        && s.pending == 0
+                        && !s.reorganizing
+                        && noted(s)
+                        && s.tracked
+                        && s.live == 0
+                })
+                .map(|(i, _)| i)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for &i in &all_dead {
+            st.segments[i].reorganizing = true;
+        }
         let mut cands: Vec<(usize, f64)> = st
             .segments
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.used > 0 && s.pending == 0 && !s.reorganizing)
+            .filter(|(_, s)| s.used > 0 && s.pending == 0 && !s.reorganizing && noted(s))
             .map(|(i, s)| {
                 let u = s.used as f64 / seg_bytes as f64;
                 // Cost-benefit weighs the estimated live fraction (fill minus dead bytes the
@@ -578,11 +643,11 @@ pub fn reorganize_cached(
         for &i in &chosen {
             st.segments[i].reorganizing = true;
         }
-        chosen
+        (all_dead, chosen)
     };
     // Segment-sized buffers are kept between visits (allocating and zeroing them per visit
     // showed up as a tenth of the reorganizer's time).
-    let (out_buf, [read_a, read_b]) = BUFFERS
+    let (out_buf, [mut read_a, read_b]) = BUFFERS
         .with(|b| b.borrow_mut().take())
         .filter(|(o, r)| o.capacity() == seg_bytes && r.iter().all(|r| r.capacity() == seg_bytes))
         .unwrap_or_else(|| {
@@ -593,12 +658,52 @@ pub fn reorganize_cached(
     let mut outcome = ReorgOutcome::default();
     let mut result = Ok(());
     let mut untouched: Vec<usize> = Vec::new();
+    for (k, &s) in all_dead.iter().enumerate() {
+        let used = t.state.lock().segments[s].used;
+        if sh.cfg.reorg_verify_dead {
+            if let Err(e) = verify_all_dead(&t, &*map, s, &mut read_a) {
+                sh.counters
+                    .reorg_dead_verify_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!("tablet {tablet:#x} segment {s}: {e}");
+                untouched.extend_from_slice(&all_dead[k..]);
+                result = Err(e);
+                break;
+            }
+        }
+        outcome.segments_cleaned += 1;
+        outcome.segments_unread += 1;
+        out.pending_free.push(s);
+        out.pending_used += used;
+        out.freed_estimate += used;
+    }
+    if result.is_ok() {
+        if let Err(e) = out.commit(sh, &t, &mut outcome) {
+            result = Err(e);
+        }
+    }
+    if result.is_err() {
+        untouched.append(&mut out.pending_free);
+        untouched.extend_from_slice(&chosen);
+    }
     // A periodic or prompt visit cleans, best first, only until the log is back under the
     // activation threshold: the fuller a log is kept, the more garbage each cleaned segment holds
-    // and the less a freed byte costs in reads and copies.
+    // and the less a freed byte costs in reads and copies. (Counted after the all-dead segments
+    // are freed, so `freed_estimate` starts again from nothing.)
     let excess = {
         let used = t.state.lock().used_bytes() as f64;
         (used - sh.cfg.reorg_activation * t.capacity_bytes() as f64).max(0.0) as u64
+    };
+    out.freed_estimate = 0;
+    // Nothing to read if the all-dead segments brought the log under the threshold.
+    let enough = !full && !all_dead.is_empty() && excess == 0;
+    if result.is_ok() && enough {
+        untouched.extend_from_slice(&chosen);
+    }
+    let chosen: &[usize] = if result.is_ok() && !enough {
+        &chosen
+    } else {
+        &[]
     };
     // The next chosen segment is read on a helper thread while this one is cleaned, so the
     // reads overlap the lookups and copies. Chosen segments are frozen: marked reorganizing with
@@ -717,8 +822,20 @@ pub fn reorganize_cached(
     sh.counters
         .reorg_corrupt_entries
         .fetch_add(outcome.corrupt_entries, Ordering::Relaxed);
+    sh.counters
+        .reorg_segments_unread
+        .fetch_add(outcome.segments_unread, Ordering::Relaxed);
     if let (Some(a), Some(b)) = (bufs.pop(), bufs.pop()) {
         BUFFERS.with(|cell| *cell.borrow_mut() = Some((out.buf, [a, b])));
+    }
+    if result.is_err() {
+        // A visit that failed midway may have moved keys' locations to an output segment it
+        // never wrote: start the locations afresh, and read every segment with data before
+        // freeing it until it has been emptied once more.
+        *cache = VersionCache::default();
+        for m in t.state.lock().segments.iter_mut() {
+            m.tracked = m.used == 0;
+        }
     }
     result.map(|_| outcome)
 }
@@ -798,6 +915,7 @@ impl Output {
             let mut st = t.state.lock();
             let m = &mut st.segments[o];
             m.used = padded as u64;
+            m.live += self.count;
             m.reorganizing = false;
             m.stamp = Instant::now();
             m.data_seq = m.data_seq.max(self.data_seq);
@@ -829,6 +947,8 @@ impl Output {
             let m = &mut st.segments[s];
             m.used = 0;
             m.dead = 0;
+            m.live = 0;
+            m.tracked = true;
             m.reorganizing = false;
             m.stamp = Instant::now();
         }
@@ -919,6 +1039,7 @@ fn append_survivors_elsewhere(
         if r.is_ok() {
             m.stamp = crate::tablet::mean_stamp(m.stamp, at, Instant::now(), padded as u64);
             m.used = at + padded as u64;
+            m.live += keep.len() as u32;
             m.data_seq = m.data_seq.max(data_seq);
         }
     }
@@ -931,6 +1052,36 @@ fn append_survivors_elsewhere(
     out.pending_used += used;
     out.pending_written += padded as u64;
     Ok(true)
+}
+
+/// Reads segment `s` and checks that it holds no current entry (`Config::reorg_verify_dead`: the
+/// tests' cross-check of the live counts that let segments be freed unread).
+fn verify_all_dead(t: &Tablet, map: &VersionTable, s: usize, buf: &mut AlignedBuf) -> Result<()> {
+    let used = t.state.lock().segments[s].used as usize;
+    let n = io::read_exact_at(
+        &t.file,
+        &mut buf.full_mut()[..used],
+        s as u64 * t.segment_bytes,
+    )
+    .map_err(|e| Error::io(&t.sec_path, e))?;
+    buf.set_len(n);
+    let mut current = 0usize;
+    format::walk_blocks(buf.as_slice(), |_, h, body| {
+        if h.tablet != t.id {
+            return;
+        }
+        format::walk_entries(body, |_, e| {
+            if !e.is_delete() && is_current(map, format::key_hash(e.key), e.version) {
+                current += 1;
+            }
+        });
+    });
+    if current > 0 {
+        return Err(Error::Corrupt(format!(
+            "segment {s} counted as all dead holds {current} current entries"
+        )));
+    }
+    Ok(())
 }
 
 fn zero_segments(t: &Tablet, segments: &[usize]) -> Result<()> {
@@ -991,6 +1142,10 @@ fn clean_one(
             keep.push((off, len));
             kept_hashes.push(hash);
             kept_bytes += len;
+        } else {
+            // Dropped as superseded, possibly before the newer entry's placement note arrives:
+            // the key's location must not stay pointing into a segment that is being freed.
+            map.forget_at(hash, s as u32);
         }
     }
     outcome.corrupt_entries += corrupt;

@@ -58,6 +58,15 @@ pub struct SegMeta {
     /// Estimated dead bytes (entries superseded or deleted since they were written), kept by
     /// the reorganizer from placement notes; 0 when unknown. Only guides segment selection.
     pub dead: u64,
+    /// Entries placed in the segment (by flushes or by the cleaner) that the reorganizer has not
+    /// yet seen superseded or deleted: +1 when an entry is placed, -1 when a placement note moves
+    /// the entry's key away from this segment. With `tracked`, 0 means every entry is dead, and
+    /// the segment is freed without being read.
+    pub live: u32,
+    /// Every entry in the segment was placed by this process since the segment was last empty,
+    /// so `live` counts all of them. False for segments found with data at open, and for every
+    /// segment after a reorganization failed midway; true again once the segment is freed.
+    pub tracked: bool,
 }
 
 impl SegMeta {
@@ -69,6 +78,8 @@ impl SegMeta {
             stamp: Instant::now(),
             data_seq: 0,
             dead: 0,
+            live: 0,
+            tracked: true,
         }
     }
 }
@@ -107,12 +118,16 @@ pub struct TabletState {
 /// overflow, which only makes its dead-byte estimate coarser (`Stats::notes_dropped`).
 pub const NOTES_MAX: usize = 1 << 17;
 
-/// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted).
+/// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted), by the flush with
+/// sequence `seq`. The reorganizer takes a note only once that flush's writes are done
+/// (`Shared::notes_visible_seq`): a segment it then frees as all dead holds nothing whose newer
+/// entry is still unwritten.
 #[derive(Debug, Clone, Copy)]
 pub struct Note {
     pub hash: u128,
     pub segment: u32,
     pub len: u32,
+    pub seq: u64,
 }
 
 pub const NOTE_DELETE: u32 = u32::MAX;
@@ -124,6 +139,16 @@ impl TabletState {
             self.notes.push(note);
         } else {
             self.notes_dropped += 1;
+        }
+    }
+
+    /// Takes the notes of flushes up to `visible_seq` (notes are pushed in flush order).
+    pub fn take_notes(&mut self, visible_seq: u64) -> Vec<Note> {
+        let k = self.notes.partition_point(|n| n.seq <= visible_seq);
+        if k == self.notes.len() {
+            std::mem::take(&mut self.notes)
+        } else {
+            self.notes.drain(..k).collect()
         }
     }
 
@@ -230,6 +255,8 @@ impl Tablet {
                 at += h.padded_len() as u64;
             }
             meta.used = at;
+            // Entries from before the restart are not counted in `live`.
+            meta.tracked = at == 0;
             data_wm = data_wm.max(meta.data_seq);
             segments.push(meta);
         }
@@ -499,9 +526,11 @@ impl Tablet {
                 h.encode(out);
             }
             if notes {
+                let mut placed = 0u32;
                 for &(si, from, to) in &ranges {
-                    note_entries(st, &slices[si][from..to], i as u32);
+                    placed += note_entries(st, &slices[si][from..to], i as u32, data_seq);
                 }
+                st.segments[i].live += placed;
             }
             let m = &mut st.segments[i];
             let offset = i as u64 * self.segment_bytes + m.used;
@@ -538,8 +567,10 @@ type Range3 = (usize, usize, usize);
 
 /// Notes the placement of every entry of `run` (whole entries from the write buffer) in segment
 /// `segment`.
-fn note_entries(st: &mut TabletState, run: &[u8], segment: u32) {
+/// Notes every entry of `run`, placed in `segment` by flush `seq`; returns how many.
+fn note_entries(st: &mut TabletState, run: &[u8], segment: u32, seq: u64) -> u32 {
     let mut at = 0usize;
+    let mut count = 0u32;
     while at + format::ENTRY_HEADER_BYTES <= run.len() {
         let Ok(len) = format::entry_len_unchecked(&run[at..]) else {
             break;
@@ -551,9 +582,12 @@ fn note_entries(st: &mut TabletState, run: &[u8], segment: u32) {
             hash: format::key_hash(key),
             segment,
             len: len as u32,
+            seq,
         });
+        count += 1;
         at += len;
     }
+    count
 }
 
 /// The byte-weighted mean of two write times: `old_bytes` written at `old`, `new_bytes` at `now`.

@@ -192,6 +192,16 @@ impl VersionTable {
         }
     }
 
+    /// Forgets `hash`'s location if it is segment `at` (the cleaner dropped the entry there as
+    /// superseded, and the segment is about to be freed: no location may point into it after).
+    pub fn forget_at(&mut self, hash: u128, at: u32) {
+        let Ok(i) = self.probe(hash) else { return };
+        let s = &mut self.slots[i];
+        if location_of(s.flags).is_some_and(|l| l.segment == at) {
+            s.flags = with_location(s.flags, None);
+        }
+    }
+
     /// Records `v` for `hash` unless a newer version is recorded (equal versions: the later
     /// record wins, as in the version log). The key's location is kept.
     pub fn merge(&mut self, hash: u128, v: VersionInfo) {

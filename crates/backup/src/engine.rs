@@ -158,8 +158,10 @@ pub struct Shared {
     /// Sequence of the last flush whose writes are done: the reorganizer takes placement notes
     /// up to it (`TabletState::take_notes`).
     pub notes_visible_seq: AtomicU64,
-    /// Callers of `Backup::reorganize` holding a tablet in `reorg_busy` (not reorganizer threads).
-    pub reorg_callers: AtomicU64,
+    /// Placement notes waiting over all tablets (`tablet::NOTES_MAX`).
+    pub notes_pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// Reorganizer threads in a round (`Stats::reorg_overlapping_rounds`).
+    pub reorg_rounds_active: AtomicU64,
     pub dropped: Mutex<HashMap<u64, u64>>,
 }
 
@@ -183,6 +185,7 @@ impl Shared {
         self.counters
             .open_version_bytes_damaged
             .fetch_add(scan.version_log_damaged_bytes, Ordering::Relaxed);
+        t.state.lock().notes_pending = self.notes_pending.clone();
         let t = Arc::new(t);
         g.insert(id, t.clone());
         Ok(t)
@@ -972,8 +975,15 @@ fn finish(
             st.vbuf.extend_from_slice(&vb.records);
             st.vbuf_seq = seq;
         }
-        // So do the flush's placement notes (jobs finish in sequence order).
+        let notes_waiting =
+            sh.notes_pending.load(Ordering::Relaxed) >= crate::tablet::NOTES_MAX / 8;
+        // So do the flush's placement notes (jobs finish in sequence order). An idle
+        // reorganizer takes them once many wait (it looks every 100 ms otherwise, and a log
+        // can place more than `NOTES_MAX` entries in that time).
         sh.notes_visible_seq.fetch_max(seq, Ordering::SeqCst);
+        if notes_waiting {
+            sh.reorg_cv.notify_all();
+        }
         let spill_at =
             (sh.cfg.version_buffer_entries as f64 * sh.cfg.version_spill_fraction) as usize;
         let candidates: Vec<Arc<Tablet>> = if checkpoint {

@@ -136,7 +136,7 @@ pub struct Stats {
     /// Sync rounds done with one syncfs(2) because many files were dirty.
     pub syncfs_calls: u64,
     pub reorg_runs: u64,
-    /// Reorganization rounds that began while another reorganizer thread held another tablet.
+    /// Reorganization rounds that began while another reorganizer thread was in a round.
     pub reorg_overlapping_rounds: u64,
     pub reorg_segments_cleaned: u64,
     pub reorg_bytes_freed: u64,
@@ -246,7 +246,8 @@ impl Backup {
             shutdown: AtomicBool::new(false),
             sent_lsn: AtomicU64::new(0),
             notes_visible_seq: AtomicU64::new(0),
-            reorg_callers: AtomicU64::new(0),
+            notes_pending: Arc::default(),
+            reorg_rounds_active: AtomicU64::new(0),
             dropped: Mutex::new(dropped.clone()),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).

@@ -99,6 +99,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
                 bump_done(&sh);
                 compact_after_round(&sh, tablet, &mut cache);
                 release(&sh, tablet, Some(cache));
+                sh.reorg_rounds_active.fetch_sub(1, Ordering::SeqCst);
             }
             None => {
                 // Lock order: a tablet's state before `reorg_queue` before `reorg_busy` (the
@@ -153,6 +154,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
                 bump_done(&sh);
                 compact_after_round(&sh, pick, &mut cache);
                 release(&sh, pick, Some(cache));
+                sh.reorg_rounds_active.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
@@ -161,8 +163,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
 
 /// Counts a round that begins while another reorganizer holds another tablet.
 fn note_round_start(sh: &Shared) {
-    let callers = sh.reorg_callers.load(Ordering::SeqCst) as usize;
-    if sh.reorg_busy.lock().len() > 1 + callers {
+    if sh.reorg_rounds_active.fetch_add(1, Ordering::SeqCst) > 0 {
         sh.counters
             .reorg_overlapping_rounds
             .fetch_add(1, Ordering::Relaxed);
@@ -179,6 +180,7 @@ fn take_cache(sh: &Shared, tablet: u64) -> VersionCache {
 /// tablets' caches are evicted while the total is over `VERSION_CACHE_KEYS_MAX`), and other
 /// reorganizers may pick the tablet again.
 fn release(sh: &Shared, tablet: u64, cache: Option<VersionCache>) {
+    let mut evicted = Vec::new();
     if let Some(cache) = cache {
         let mut caches = sh.reorg_caches.lock();
         caches.insert(tablet, cache);
@@ -195,9 +197,17 @@ fn release(sh: &Shared, tablet: u64, cache: Option<VersionCache>) {
             match victim {
                 Some(v) => {
                     caches.remove(&v);
+                    evicted.push(v);
                 }
                 None => break,
             }
+        }
+    }
+    // An evicted cache takes its tablet's key locations with it (the caches' lock is not held
+    // here: tablet state locks come first in the lock order).
+    for v in evicted {
+        if let Some(t) = sh.tablet(v) {
+            t.state.lock().untrack_all();
         }
     }
     sh.reorg_busy.lock().remove(&tablet);
@@ -320,7 +330,9 @@ pub fn gather_versions<'c>(
     bind_cache(t, cache);
     let mut vl = t.verlog.lock();
     if cache.log_len > vl.len {
-        // The log is shorter than what was merged: start over from its beginning.
+        // The log is shorter than what was merged: start over from its beginning (and without
+        // the locations learnt so far).
+        t.state.lock().untrack_all();
         cache.map.clear();
         cache.log_len = 0;
         cache.vbuf_merged = 0;
@@ -421,6 +433,10 @@ fn version_pair(r: &VersionRecord) -> (u128, VersionInfo) {
 fn bind_cache(t: &Tablet, cache: &mut VersionCache) {
     let inode = inode_of(&t.verlog.lock().file);
     if cache.tablet != Some(t.id) || cache.inode != inode {
+        if cache.tablet == Some(t.id) {
+            // The locations learnt so far are lost.
+            t.state.lock().untrack_all();
+        }
         cache.tablet = Some(t.id);
         cache.map.clear();
         cache.log_len = 0;
@@ -435,12 +451,19 @@ fn bind_cache(t: &Tablet, cache: &mut VersionCache) {
 /// Returns the flush sequence up to which notes are now absorbed.
 pub fn absorb_notes(sh: &Shared, t: &Tablet, cache: &mut VersionCache) -> u64 {
     bind_cache(t, cache);
+    absorb_into(sh, t, &mut cache.map)
+}
+
+/// `absorb_notes` into a map already bound to `t`. A visit also calls this between segments, so
+/// that a log taking all the updates while it is cleaned does not overflow its notes: notes
+/// taken then are of flushes that placed nothing in the visit's chosen segments (those are
+/// frozen), and a key they move out of the visit's output segment is already counted there.
+fn absorb_into(sh: &Shared, t: &Tablet, map: &mut VersionTable) -> u64 {
     let visible = sh.notes_visible_seq.load(Ordering::SeqCst);
     let notes = t.state.lock().take_notes(visible);
     if notes.is_empty() {
         return visible;
     }
-    let map = &mut cache.map;
     // Segment → (dead bytes, entries found dead).
     let mut dead: std::collections::HashMap<u32, (u64, u32)> = std::collections::HashMap::new();
     for (i, n) in notes.iter().enumerate() {
@@ -503,14 +526,12 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
         }
         sh.reorg_cv.wait_for(&mut q, Duration::from_millis(50));
     }
-    sh.reorg_callers.fetch_add(1, Ordering::SeqCst);
     let mut cache = take_cache(sh, tablet);
     let outcome = reorganize_cached(sh, tablet, full, &mut cache).and_then(|o| {
         compact_versions(sh, tablet, &mut cache, VERSION_LOG_GROWTH)?;
         Ok(o)
     });
     release(sh, tablet, Some(cache));
-    sh.reorg_callers.fetch_sub(1, Ordering::SeqCst);
     outcome
 }
 
@@ -607,6 +628,9 @@ pub fn reorganize_cached(
             .iter()
             .enumerate()
             .filter(|(_, s)| s.used > 0 && s.pending == 0 && !s.reorganizing && noted(s))
+            // A tracked segment with no entry known dead has nothing to free: reading it would
+            // be wasted (an urgent visit still takes every segment).
+            .filter(|(_, s)| full || !(tracking && s.tracked && s.dead == 0))
             .map(|(i, s)| {
                 let u = s.used as f64 / seg_bytes as f64;
                 // Cost-benefit weighs the estimated live fraction (fill minus dead bytes the
@@ -762,6 +786,11 @@ pub fn reorganize_cached(
                 clean_one(sh, &t, &mut *map, s, buf.as_slice(), &mut out, &mut outcome)
             });
             bufs.push(buf);
+            if tracking {
+                // Notes that arrived during the segment: this log's, and idle logs'.
+                absorb_into(sh, &t, &mut *map);
+                absorb_all_notes(sh);
+            }
             match r {
                 Ok(true) => {}
                 Ok(false) => untouched.push(s),
@@ -835,6 +864,9 @@ pub fn reorganize_cached(
         *cache = VersionCache::default();
         for m in t.state.lock().segments.iter_mut() {
             m.tracked = m.used == 0;
+            if m.used == 0 {
+                m.live = 0;
+            }
         }
     }
     result.map(|_| outcome)
@@ -915,7 +947,6 @@ impl Output {
             let mut st = t.state.lock();
             let m = &mut st.segments[o];
             m.used = padded as u64;
-            m.live += self.count;
             m.reorganizing = false;
             m.stamp = Instant::now();
             m.data_seq = m.data_seq.max(self.data_seq);
@@ -1206,6 +1237,9 @@ fn clean_one(
         for &h in &kept_hashes {
             map.moved(h, s as u32, o as u32);
         }
+        // Counted now, before the output is written: notes absorbed later in the visit may move
+        // these keys on. (A visit that fails resets every count.)
+        t.state.lock().segments[o].live += keep.len() as u32;
     }
     let dst = out.buf.full_mut();
     for (off, len) in keep {

@@ -418,6 +418,10 @@ struct ReorgRun {
     mean_utilisation: f64,
     freed_per_segment: f64,
     segments_cleaned: u64,
+    /// Of those, freed without being read (every entry known superseded or deleted).
+    segments_unread: u64,
+    /// Placement notes a tablet dropped because too many waited for the reorganizer.
+    notes_dropped: u64,
     urgent: u64,
     /// Share of the measured phase the processor spent waiting for the cleaner (throttle).
     throttle_share: f64,
@@ -574,6 +578,8 @@ fn reorg_run(
             0.0
         },
         segments_cleaned: cleaned,
+        segments_unread: after.reorg_segments_unread - before.reorg_segments_unread,
+        notes_dropped: after.notes_dropped - before.notes_dropped,
         urgent: after.urgent_requests - before.urgent_requests,
         throttle_share: (after.throttle_wait_ms - before.throttle_wait_ms) as f64 / 1e3 / secs,
         updates,
@@ -917,6 +923,16 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             format!("{name}/segments_cleaned"),
             run.segments_cleaned as f64,
             "segs",
+        ));
+        report.push(Row::plain(
+            format!("{name}/segments_unread"),
+            run.segments_unread as f64,
+            "segs",
+        ));
+        report.push(Row::plain(
+            format!("{name}/notes_dropped"),
+            run.notes_dropped as f64,
+            "count",
         ));
         report.push(Row::plain(
             format!("{name}/urgent_requests"),

@@ -460,12 +460,20 @@ pub fn absorb_notes(sh: &Shared, t: &Tablet, cache: &mut VersionCache) -> u64 {
 /// frozen), and a key they move out of the visit's output segment is already counted there.
 fn absorb_into(sh: &Shared, t: &Tablet, map: &mut VersionTable) -> u64 {
     let visible = sh.notes_visible_seq.load(Ordering::SeqCst);
-    let notes = t.state.lock().take_notes(visible);
+    // The notes are moved into a buffer this thread keeps (the tablet keeps its own capacity
+    // too): taking the tablet's vector made it regrow from nothing after every visit.
+    let mut notes = NOTES.with(|n| std::mem::take(&mut *n.borrow_mut()));
+    let segments = {
+        let mut st = t.state.lock();
+        st.take_notes(visible, &mut notes);
+        st.segments.len()
+    };
     if notes.is_empty() {
+        NOTES.with(|n| *n.borrow_mut() = notes);
         return visible;
     }
-    // Segment → (dead bytes, entries found dead).
-    let mut dead: std::collections::HashMap<u32, (u64, u32)> = std::collections::HashMap::new();
+    // Per segment: (dead bytes, entries found dead).
+    let mut dead: Vec<(u64, u32)> = vec![(0, 0); segments];
     for (i, n) in notes.iter().enumerate() {
         if let Some(ahead) = notes.get(i + 16) {
             map.prefetch(ahead.hash);
@@ -475,14 +483,23 @@ fn absorb_into(sh: &Shared, t: &Tablet, map: &mut VersionTable) -> u64 {
             len: n.len,
         });
         if let Some(old) = map.relocate(n.hash, loc) {
-            let d = dead.entry(old.segment).or_default();
-            d.0 += u64::from(old.len);
-            d.1 += 1;
+            if let Some(d) = dead.get_mut(old.segment as usize) {
+                d.0 += u64::from(old.len);
+                d.1 += 1;
+            }
         }
     }
+    notes.clear();
+    if notes.capacity() > NOTES_KEPT {
+        notes = Vec::new();
+    }
+    NOTES.with(|n| *n.borrow_mut() = notes);
     let mut st = t.state.lock();
-    for (seg, (bytes, entries)) in dead {
-        if let Some(m) = st.segments.get_mut(seg as usize) {
+    for (seg, &(bytes, entries)) in dead.iter().enumerate() {
+        if entries == 0 {
+            continue;
+        }
+        if let Some(m) = st.segments.get_mut(seg) {
             m.dead = (m.dead + bytes).min(m.used);
             if m.live >= entries {
                 m.live -= entries;
@@ -501,6 +518,13 @@ fn absorb_into(sh: &Shared, t: &Tablet, map: &mut VersionTable) -> u64 {
     }
     visible
 }
+
+thread_local! {
+    /// A reorganizer thread's buffer for the notes it absorbs.
+    static NOTES: std::cell::RefCell<Vec<crate::tablet::Note>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+/// Largest notes buffer kept between absorptions (32 bytes a note: 8 MiB).
+const NOTES_KEPT: usize = 1 << 18;
 
 /// Is this entry current according to the gathered versions? Unknown keys are kept (their
 /// versions arrived after the gather).

@@ -132,6 +132,8 @@ impl Drop for TabletState {
 /// takes a log's notes between the segments of a visit, and an idle reorganizer is woken once
 /// an eighth of this waits.
 pub const NOTES_MAX: usize = 1 << 21;
+/// Capacity a tablet's notes vector keeps once emptied (32 bytes a note: 4 MiB).
+const NOTES_KEPT_PER_TABLET: usize = 1 << 17;
 
 /// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted), by the flush with
 /// sequence `seq`. The reorganizer takes a note only once that flush's writes are done
@@ -171,14 +173,14 @@ impl TabletState {
         }
     }
 
-    /// Takes the notes of flushes up to `visible_seq` (notes are pushed in flush order).
-    pub fn take_notes(&mut self, visible_seq: u64) -> Vec<Note> {
+    /// Moves the notes of flushes up to `visible_seq` into `out` (notes are pushed in flush
+    /// order). The tablet keeps its vector's capacity, up to `NOTES_KEPT_PER_TABLET`.
+    pub fn take_notes(&mut self, visible_seq: u64, out: &mut Vec<Note>) {
         let k = self.notes.partition_point(|n| n.seq <= visible_seq);
         self.notes_pending.fetch_sub(k, Ordering::Relaxed);
-        if k == self.notes.len() {
-            std::mem::take(&mut self.notes)
-        } else {
-            self.notes.drain(..k).collect()
+        out.extend(self.notes.drain(..k));
+        if self.notes.is_empty() && self.notes.capacity() > NOTES_KEPT_PER_TABLET {
+            self.notes = Vec::new();
         }
     }
 

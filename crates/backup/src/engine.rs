@@ -358,7 +358,7 @@ fn build_job(
         // the notes call all dead without reading it. Puts placed later than the flush they came
         // in (from the SLB) may follow a newer delete in the notes; such an entry is then
         // counted live until its key's next note, never dead while current.
-        if cfg.tracks_locations() && !deletes.is_empty() {
+        if cfg.tracks_locations() && st.noting && !deletes.is_empty() {
             for &(c, b) in &batches {
                 let meta = &chunks[c].batches[b];
                 if meta.deletes {
@@ -601,6 +601,7 @@ fn place_with_urgent(
         }
     }
     for attempt in 0..3 {
+        let notes = sh.cfg.tracks_locations() && st.noting;
         if let Some(w) = tablet.place(
             st,
             slices,
@@ -608,7 +609,7 @@ fn place_with_urgent(
             &sh.seq,
             blocks,
             sh.cfg.new_segment_fraction,
-            sh.cfg.tracks_locations(),
+            notes,
         )? {
             return Ok(w);
         }

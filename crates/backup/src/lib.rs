@@ -170,10 +170,11 @@ pub struct Stats {
     /// Highest fill degree (used / capacity) of any tablet log.
     pub max_utilisation: f64,
     /// Dead bytes in the secondary logs as the reorganizer estimates them from placement notes
-    /// (cost-benefit selection only; 0 otherwise), and notes dropped because a tablet had too
-    /// many waiting.
+    /// (logs noting placements only), and notes dropped because too many were waiting.
     pub dead_bytes_estimate: u64,
     pub notes_dropped: u64,
+    /// Tablet logs whose placements are being noted (`TabletState::noting`).
+    pub logs_noting: usize,
     pub written_lsn: u64,
     pub durable_lsn: u64,
     /// Milliseconds spent: producers blocked on a full write buffer, sorting and copying,
@@ -502,12 +503,13 @@ impl Backup {
         let tablets: Vec<_> = self.sh.tablets.read().values().cloned().collect();
         let mut used = 0u64;
         let mut max_util = 0.0f64;
-        let (mut dead, mut dropped) = (0u64, 0u64);
+        let (mut dead, mut dropped, mut noting) = (0u64, 0u64, 0usize);
         for t in &tablets {
             let st = t.state.lock();
             let u = st.used_bytes();
             dead += st.segments.iter().map(|s| s.dead).sum::<u64>();
             dropped += st.notes_dropped;
+            noting += usize::from(st.noting);
             drop(st);
             used += u;
             max_util = max_util.max(u as f64 / t.capacity_bytes() as f64);
@@ -545,6 +547,7 @@ impl Backup {
             max_utilisation: max_util,
             dead_bytes_estimate: dead,
             notes_dropped: dropped,
+            logs_noting: noting,
             written_lsn: self.sh.written_lsn.load(Ordering::SeqCst),
             durable_lsn: self.sh.durable_lsn.load(Ordering::SeqCst),
             producer_wait_ms: self.sh.wb.producer_wait_ns() / 1_000_000,

@@ -38,6 +38,8 @@ pub struct ReorgOutcome {
     pub corrupt_entries: u64,
     /// Of `segments_cleaned`, those freed without being read (every entry known dead).
     pub segments_unread: u64,
+    /// Of `segments_cleaned`, those read and found to hold nothing current.
+    pub segments_all_dead: u64,
 }
 
 /// Body of one reorganizer thread (`Config::reorg_threads` of them). Each round works on one
@@ -526,6 +528,11 @@ thread_local! {
 /// Largest notes buffer kept between absorptions (32 bytes a note: 8 MiB).
 const NOTES_KEPT: usize = 1 << 18;
 
+/// All-dead segments a visit must read (with noting off) to turn noting on for the log.
+pub const NOTING_EVIDENCE: u64 = 2;
+/// Segments read and cleaned without an all-dead one after which noting is turned off.
+pub const NOTING_OFF_SEGMENTS: u64 = 16;
+
 /// Is this entry current according to the gathered versions? Unknown keys are kept (their
 /// versions arrived after the gather).
 #[inline]
@@ -881,6 +888,23 @@ pub fn reorganize_cached(
     if let (Some(a), Some(b)) = (bufs.pop(), bufs.pop()) {
         BUFFERS.with(|cell| *cell.borrow_mut() = Some((out.buf, [a, b])));
     }
+    if result.is_ok() && tracking && sh.cfg.reorg_strategy != SegmentStrategy::CostBenefit {
+        let mut st = t.state.lock();
+        if !st.noting {
+            if outcome.segments_all_dead >= NOTING_EVIDENCE {
+                st.noting = true;
+                st.segments_without_all_dead = 0;
+            }
+        } else if outcome.segments_unread + outcome.segments_all_dead > 0 {
+            st.segments_without_all_dead = 0;
+        } else {
+            st.segments_without_all_dead += outcome.segments_cleaned;
+            if st.segments_without_all_dead >= NOTING_OFF_SEGMENTS {
+                st.noting = false;
+                st.untrack_all();
+            }
+        }
+    }
     if result.is_err() {
         // A visit that failed midway may have moved keys' locations to an output segment it
         // never wrote: start the locations afresh, and read every segment with data before
@@ -1211,6 +1235,7 @@ fn clean_one(
     }
     out.freed_estimate += (used as u64).saturating_sub(kept_bytes as u64);
     if keep.is_empty() {
+        outcome.segments_all_dead += 1;
         outcome.segments_cleaned += 1;
         out.pending_free.push(s);
         out.pending_used += used as u64;

@@ -118,6 +118,15 @@ pub struct TabletState {
     pub notes_dropped: u64,
     /// Notes waiting over all tablets of the store (shared by every tablet's state).
     pub notes_pending: Arc<AtomicUsize>,
+    /// Whether placements in this log are noted (on at start while reorganization is on).
+    /// Always with cost-benefit selection; otherwise the reorganizer turns it off once it has
+    /// read and cleaned `reorg::NOTING_OFF_SEGMENTS` segments without meeting an all-dead one
+    /// (noting costs a table update per entry, which updates spread over every segment never
+    /// repay), and on again when it reads all-dead segments (notes would have let it free them
+    /// unread).
+    pub noting: bool,
+    /// Segments read and cleaned, with noting on, since an all-dead segment was last met.
+    pub segments_without_all_dead: u64,
 }
 
 impl Drop for TabletState {
@@ -328,6 +337,8 @@ impl Tablet {
                 notes: Vec::new(),
                 notes_dropped: 0,
                 notes_pending: Arc::default(),
+                noting: cfg.reorg_enabled,
+                segments_without_all_dead: 0,
                 data_wm,
                 ver_wm,
                 prompt_requested: false,
@@ -564,6 +575,9 @@ impl Tablet {
                     placed += note_entries(st, &slices[si][from..to], i as u32, data_seq);
                 }
                 st.segments[i].live += placed;
+            } else {
+                // Entries without notes: the segment's counts no longer cover it.
+                st.segments[i].tracked = false;
             }
             let m = &mut st.segments[i];
             let offset = i as u64 * self.segment_bytes + m.used;

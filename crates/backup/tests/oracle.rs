@@ -321,3 +321,92 @@ fn segments_known_all_dead_are_freed_unread() {
         );
     }
 }
+
+type Oracle = BTreeMap<Key, Option<(Vec<u8>, u64, u64)>>;
+
+/// Noting placements costs a table update per entry, so a log whose segments never die whole
+/// stops noting, and starts again once the reorganizer reads segments that did. Replay matches
+/// the oracle throughout.
+#[test]
+fn logs_note_placements_only_while_segments_die_whole() {
+    let dir = temp_dir("noting");
+    let cfg = Config {
+        reorg_verify_dead: true,
+        ..crash_config()
+    };
+    let b = Backup::open(dir.path(), cfg).expect("open");
+    let mut oracle: Oracle = BTreeMap::new();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    let mut version = 0u64;
+    let mut cold = 0u32;
+    let mut append =
+        |keys: Vec<Vec<u8>>, oracle: &mut BTreeMap<Key, Option<(Vec<u8>, u64, u64)>>| {
+            let batch: Vec<OwnedEntry> = keys
+                .into_iter()
+                .map(|key| {
+                    version += 1;
+                    OwnedEntry {
+                        value: Some(ramlog_backup::testkit::value_for(&key, version)),
+                        key,
+                        version,
+                        expiry: 0,
+                    }
+                })
+                .collect();
+            let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
+            b.append(3, &entries).expect("append");
+            for e in &batch {
+                oracle.insert(
+                    (3, e.key.clone()),
+                    e.value.clone().map(|v| (v, e.version, e.expiry)),
+                );
+            }
+        };
+    let noting = |b: &Backup| b.stats().logs_noting;
+    // Phase A: random updates of 200 hot keys, each batch with one key written once and never
+    // again, so every segment keeps a current entry.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while noting(&b) > 0 && std::time::Instant::now() < deadline {
+        for _ in 0..50 {
+            let mut keys: Vec<Vec<u8>> = (0..20)
+                .map(|_| format!("hot{:03}", rng.gen_range(0..200)).into_bytes())
+                .collect();
+            cold += 1;
+            keys.push(format!("cold{cold:06}").into_bytes());
+            append(keys, &mut oracle);
+        }
+        b.flush().expect("flush");
+        b.reorganize(3).expect("reorganize");
+    }
+    let stats = b.stats();
+    assert_eq!(stats.logs_noting, 0, "noting never stopped: {stats:?}");
+    // Phase B: the hot keys rewritten in order: whole segments die.
+    let unread_before = stats.reorg_segments_unread;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while (noting(&b) == 0 || b.stats().reorg_segments_unread == unread_before)
+        && std::time::Instant::now() < deadline
+    {
+        for first in (0..200u32).step_by(20) {
+            append(
+                (first..first + 20)
+                    .map(|i| format!("hot{i:03}").into_bytes())
+                    .collect(),
+                &mut oracle,
+            );
+        }
+        b.flush().expect("flush");
+        b.reorganize(3).expect("reorganize");
+    }
+    let stats = b.stats();
+    assert_eq!(stats.logs_noting, 1, "noting never resumed: {stats:?}");
+    assert!(stats.reorg_segments_unread > unread_before, "{stats:?}");
+    assert_eq!(stats.reorg_dead_verify_failures, 0, "{stats:?}");
+    assert_eq!(stats.reorg_live_mismatches, 0, "{stats:?}");
+    let expected: State = oracle
+        .iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.clone(), v)))
+        .collect();
+    let (state, report) = replay_state(&b);
+    assert!(report.is_clean(), "{report:?}");
+    assert!(state == expected, "replay differs from the oracle");
+}

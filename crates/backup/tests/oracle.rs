@@ -339,29 +339,28 @@ fn logs_note_placements_only_while_segments_die_whole() {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
     let mut version = 0u64;
     let mut cold = 0u32;
-    let mut append =
-        |keys: Vec<Vec<u8>>, oracle: &mut BTreeMap<Key, Option<(Vec<u8>, u64, u64)>>| {
-            let batch: Vec<OwnedEntry> = keys
-                .into_iter()
-                .map(|key| {
-                    version += 1;
-                    OwnedEntry {
-                        value: Some(ramlog_backup::testkit::value_for(&key, version)),
-                        key,
-                        version,
-                        expiry: 0,
-                    }
-                })
-                .collect();
-            let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
-            b.append(3, &entries).expect("append");
-            for e in &batch {
-                oracle.insert(
-                    (3, e.key.clone()),
-                    e.value.clone().map(|v| (v, e.version, e.expiry)),
-                );
-            }
-        };
+    let mut append = |keys: Vec<Vec<u8>>, oracle: &mut Oracle| {
+        let batch: Vec<OwnedEntry> = keys
+            .into_iter()
+            .map(|key| {
+                version += 1;
+                OwnedEntry {
+                    value: Some(ramlog_backup::testkit::value_for(&key, version)),
+                    key,
+                    version,
+                    expiry: 0,
+                }
+            })
+            .collect();
+        let entries: Vec<Entry<'_>> = batch.iter().map(|e| e.as_entry()).collect();
+        b.append(3, &entries).expect("append");
+        for e in &batch {
+            oracle.insert(
+                (3, e.key.clone()),
+                e.value.clone().map(|v| (v, e.version, e.expiry)),
+            );
+        }
+    };
     let noting = |b: &Backup| b.stats().logs_noting;
     // Phase A: random updates of 200 hot keys, each batch with one key written once and never
     // again, so every segment keeps a current entry.

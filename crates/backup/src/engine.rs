@@ -1010,6 +1010,7 @@ fn finish(
             {
                 let mut st = tablet.state.lock();
                 st.ver_wm = st.ver_wm.max(vseq);
+                st.vbuf_spilling = None;
             }
             sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
             sh.counters

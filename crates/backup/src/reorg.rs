@@ -373,6 +373,10 @@ pub fn gather_versions<'c>(
             0
         };
         records.extend(st.vbuf[from..].iter().map(version_pair));
+        // Records on their way to the version log, possibly after the tail read above.
+        if let Some(sp) = &st.vbuf_spilling {
+            records.extend(sp.iter().map(version_pair));
+        }
         (st.vbuf_seq, st.vbuf_epoch, st.vbuf.len())
     };
     cache.map.merge_all(&records);

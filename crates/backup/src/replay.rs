@@ -183,7 +183,12 @@ pub fn replay_tablet(
             .filter(|(_, s)| s.used > 0)
             .map(|(i, s)| (i, s.used))
             .collect();
-        (segs, st.slb.clone(), st.vbuf.clone())
+        let mut vbuf = st.vbuf.clone();
+        // Records being spilled: in neither the buffer nor (perhaps) the log read below.
+        if let Some(sp) = &st.vbuf_spilling {
+            vbuf.extend_from_slice(sp);
+        }
+        (segs, st.slb.clone(), vbuf)
     };
     let (ver_file, ver_len) = {
         let vl = t.verlog.lock();

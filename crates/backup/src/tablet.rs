@@ -95,6 +95,10 @@ pub struct TabletState {
     /// Version buffer: version records of this tablet not yet in the version log, appended as
     /// they come (cheap); the newest record per key wins wherever they are read.
     pub vbuf: Vec<VersionRecord>,
+    /// Records taken from the version buffer and not yet appended to the version log. Readers of
+    /// the buffer and the log (version gathering, replay) read these too: between the take and
+    /// the append they are in neither, and a delete missed there would let its key come back.
+    pub vbuf_spilling: Option<Arc<Vec<VersionRecord>>>,
     /// Bumped whenever the version buffer is taken, so reorganization can tell if it changed.
     pub vbuf_epoch: u64,
     /// Flush sequence up to which the version buffer (and log) is complete.
@@ -206,11 +210,15 @@ impl TabletState {
         });
     }
 
-    /// Takes the version buffer. Records are not deduplicated here (that would cost a sort per
-    /// spill); the version log is compacted, newest record per key, at every reorganization.
-    pub fn take_versions(&mut self) -> Vec<VersionRecord> {
+    /// Takes the version buffer to spill it. Records are not deduplicated here (that would cost
+    /// a sort per spill); the version log is compacted, newest record per key, at every
+    /// reorganization. Until the spiller clears `vbuf_spilling` (once the records are in the
+    /// version log) they stay visible there.
+    pub fn take_versions(&mut self) -> Arc<Vec<VersionRecord>> {
         self.vbuf_epoch += 1;
-        std::mem::take(&mut self.vbuf)
+        let records = Arc::new(std::mem::take(&mut self.vbuf));
+        self.vbuf_spilling = Some(records.clone());
+        records
     }
 }
 
@@ -332,6 +340,7 @@ impl Tablet {
                 slb: Vec::new(),
                 slb_data_seq: 0,
                 vbuf: Vec::new(),
+                vbuf_spilling: None,
                 vbuf_epoch: 0,
                 vbuf_seq: 0,
                 notes: Vec::new(),

@@ -203,10 +203,11 @@ impl Config {
         Ok(())
     }
 
-    /// Whether placements are noted (whenever reorganization is on). The notes give each segment
-    /// its count of entries not yet superseded, so that a segment with none is freed without
-    /// being read, and the dead-byte estimate that cost-benefit selection weighs. Noting costs a
-    /// key hash per entry on the write path and a table update in the reorganizer.
+    /// Whether placements may be noted (whenever reorganization is on; each log then notes only
+    /// while it pays, `TabletState::noting`). The notes give each segment its count of entries
+    /// not yet superseded, so that a segment with none is freed without being read, and the
+    /// dead-byte estimate that cost-benefit selection weighs. Noting costs a key hash per entry
+    /// on the write path and a table update in the reorganizer.
     pub fn tracks_locations(&self) -> bool {
         self.reorg_enabled
     }

@@ -76,7 +76,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
             }
             break;
         }
-        if sh.cfg.tracks_locations() {
+        if sh.cfg.tracks_locations() && sh.notes_pending.load(Ordering::Relaxed) > 0 {
             absorb_all_notes(&sh);
         }
         if sh.failed().is_some() {
@@ -845,7 +845,7 @@ pub fn reorganize_cached(
                 clean_one(sh, &t, &mut *map, s, buf.as_slice(), &mut out, &mut outcome)
             });
             bufs.push(buf);
-            if tracking {
+            if tracking && sh.notes_pending.load(Ordering::Relaxed) > 0 {
                 // Notes that arrived during the segment: this log's, and idle logs'.
                 absorb_into(sh, &t, &mut *map);
                 absorb_all_notes(sh);

@@ -1146,8 +1146,8 @@ fn append_survivors_elsewhere(
         if r.is_ok() {
             m.stamp = crate::tablet::mean_stamp(m.stamp, at, Instant::now(), padded as u64);
             m.used = at + padded as u64;
-            m.live += keep.len() as u32;
             m.data_seq = m.data_seq.max(data_seq);
+            st.count_placed(i, keep.len() as u32);
         }
     }
     r?;
@@ -1316,7 +1316,7 @@ fn clean_one(
         }
         // Counted now, before the output is written: notes absorbed later in the visit may move
         // these keys on. (A visit that fails resets every count.)
-        t.state.lock().segments[o].live += keep.len() as u32;
+        t.state.lock().count_placed(o, keep.len() as u32);
     }
     let dst = out.buf.full_mut();
     for (off, len) in keep {

@@ -131,6 +131,9 @@ pub struct TabletState {
     pub noting: bool,
     /// Segments read and cleaned, with noting on, since an all-dead segment was last met.
     pub segments_without_all_dead: u64,
+    /// No tracked segment has gained data since `untrack_all` last ran: a dropped note then
+    /// needs no new pass over the segments (drops come by the thousand once the bound is hit).
+    pub all_untracked: bool,
 }
 
 impl Drop for TabletState {
@@ -171,7 +174,9 @@ impl TabletState {
         } else {
             self.notes_dropped += 1;
             // The entry's location and its key's previous entry's death go unrecorded.
-            self.untrack_all();
+            if !self.all_untracked {
+                self.untrack_all();
+            }
             if let Some(m) = self.segments.get_mut(note.segment as usize) {
                 m.tracked = false;
             }
@@ -183,6 +188,16 @@ impl TabletState {
     pub fn untrack_all(&mut self) {
         for m in self.segments.iter_mut().filter(|m| m.used > 0) {
             m.tracked = false;
+        }
+        self.all_untracked = true;
+    }
+
+    /// Counts `entries` placed in segment `i` (by a flush or by the cleaner) in its live count.
+    pub fn count_placed(&mut self, i: usize, entries: u32) {
+        let m = &mut self.segments[i];
+        m.live += entries;
+        if m.tracked {
+            self.all_untracked = false;
         }
     }
 
@@ -348,6 +363,7 @@ impl Tablet {
                 notes_pending: Arc::default(),
                 noting: cfg.reorg_enabled,
                 segments_without_all_dead: 0,
+                all_untracked: false,
                 data_wm,
                 ver_wm,
                 prompt_requested: false,
@@ -583,7 +599,7 @@ impl Tablet {
                 for &(si, from, to) in &ranges {
                     placed += note_entries(st, &slices[si][from..to], i as u32, data_seq);
                 }
-                st.segments[i].live += placed;
+                st.count_placed(i, placed);
             } else {
                 // Entries without notes: the segment's counts no longer cover it.
                 st.segments[i].tracked = false;

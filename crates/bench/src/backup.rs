@@ -431,6 +431,9 @@ struct ReorgRun {
     /// during the measured phase.
     disk_read: u64,
     disk_written: u64,
+    /// Of `disk_written`: version logs (spills and compactions), and the reorganizer's copies.
+    version_written: u64,
+    reorg_written: u64,
 }
 
 /// Phase 1 loads every key once (not measured); phase 2 applies 2× as many updates in batches of
@@ -585,6 +588,8 @@ fn reorg_run(
         updates,
         disk_read: after.reorg_bytes_read - before.reorg_bytes_read,
         disk_written: written(&after) - written(&before),
+        version_written: after.version_bytes - before.version_bytes,
+        reorg_written: after.reorg_bytes_written - before.reorg_bytes_written,
     };
     drop(b);
     Ok(run)
@@ -956,6 +961,16 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
         report.push(Row::plain(
             format!("{name}/disk_written_MiB"),
             run.disk_written as f64 / (1 << 20) as f64,
+            "MiB",
+        ));
+        report.push(Row::plain(
+            format!("{name}/version_written_MiB"),
+            run.version_written as f64 / (1 << 20) as f64,
+            "MiB",
+        ));
+        report.push(Row::plain(
+            format!("{name}/reorg_written_MiB"),
+            run.reorg_written as f64 / (1 << 20) as f64,
             "MiB",
         ));
         report.push(Row::versus(

@@ -427,6 +427,8 @@ struct ReorgRun {
     throttle_share: f64,
     /// Entries appended in the measured phase.
     updates: u64,
+    /// Process CPU time (user + system, every thread) over the measured phase.
+    cpu_secs: f64,
     /// Bytes the store read (reorganization) and wrote (logs, version logs, reorganization)
     /// during the measured phase.
     disk_read: u64,
@@ -529,6 +531,7 @@ fn reorg_run(
         .filter(|&i| !scramble(i ^ 0xABCD).is_multiple_of(10))
         .collect();
     let updates = 2 * total_keys;
+    let cpu_started = crate::util::process_cpu_secs();
     let start = Instant::now();
     let mut done = 0u64;
     let mut seq = 0u64;
@@ -554,6 +557,7 @@ fn reorg_run(
     }
     b.flush()?;
     let secs = start.elapsed().as_secs_f64();
+    let cpu_secs = crate::util::process_cpu_secs() - cpu_started;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let samples = sampler
         .join()
@@ -586,6 +590,7 @@ fn reorg_run(
         urgent: after.urgent_requests - before.urgent_requests,
         throttle_share: (after.throttle_wait_ms - before.throttle_wait_ms) as f64 / 1e3 / secs,
         updates,
+        cpu_secs,
         disk_read: after.reorg_bytes_read - before.reorg_bytes_read,
         disk_written: written(&after) - written(&before),
         version_written: after.version_bytes - before.version_bytes,
@@ -943,6 +948,12 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             format!("{name}/urgent_requests"),
             run.urgent as f64,
             "count",
+        ));
+        report.push(Row::versus(
+            format!("{name}/cpu_ns_per_entry"),
+            run.cpu_secs * 1e9 / run.updates as f64,
+            "ns",
+            base.cpu_secs * 1e9 / base.updates as f64,
         ));
         report.push(Row::plain(
             format!("{name}/throttle_wait_share"),

@@ -671,7 +671,7 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
                 .collect();
             barrier.wait();
             let started = Instant::now();
-            let cpu_started = process_cpu_secs();
+            let cpu_started = crate::util::process_cpu_secs();
             let mut results = Vec::new();
             for h in handles {
                 let r = h
@@ -680,7 +680,7 @@ fn shared_scans(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
                 results.push(r);
             }
             let secs = started.elapsed().as_secs_f64();
-            conc_cores.push((process_cpu_secs() - cpu_started) / secs);
+            conc_cores.push((crate::util::process_cpu_secs() - cpu_started) / secs);
             Ok((secs, results))
         })?;
         let after = engine.stats();
@@ -752,18 +752,6 @@ struct WriteRun {
     cleaner_cpu_share: f64,
     scans_ok: u64,
     scans_too_old: u64,
-}
-
-/// CPU time (user + system) of the whole process, in seconds.
-fn process_cpu_secs() -> f64 {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid rusage for the call to fill.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// CPU time of the calling thread, in seconds.

@@ -38,6 +38,18 @@ pub fn reset_peak_rss() {
 }
 
 /// Median of a non-empty slice (sorts a copy).
+/// CPU time (user + system) of the whole process, in seconds.
+pub fn process_cpu_secs() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage for the call to fill.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 pub fn median(values: &[f64]) -> f64 {
     assert!(!values.is_empty(), "median of nothing");
     let mut sorted = values.to_vec();

@@ -162,6 +162,8 @@ pub struct Shared {
     pub notes_pending: Arc<std::sync::atomic::AtomicUsize>,
     /// Reorganizer threads in a round (`Stats::reorg_overlapping_rounds`).
     pub reorg_rounds_active: AtomicU64,
+    /// When the processor last took entries from the write buffer (`reorg::clean_level`).
+    pub last_data_flush: Mutex<Option<Instant>>,
     pub dropped: Mutex<HashMap<u64, u64>>,
 }
 
@@ -263,6 +265,9 @@ pub fn run_processor(sh: Arc<Shared>, tx: SyncSender<Job>) {
             oldest,
             closed: closing,
         } = sh.wb.take();
+        if oldest.is_some() {
+            *sh.last_data_flush.lock() = Some(Instant::now());
+        }
         let checkpoint = sh.checkpoint_requested.swap(false, Ordering::SeqCst) || closing;
         let force_sync = sh.sync_requested.swap(false, Ordering::SeqCst) || closing;
         let t0 = Instant::now();

@@ -55,8 +55,9 @@
 //! buffers, syncs with fdatasync or, over many files, one syncfs, and publishes progress while
 //! the writer goes on with the next flush; a wrapping primary log, a checkpoint or the close
 //! waits for it) and the reorganizers (`reorg_threads`, two by default, each on a different log;
-//! activation 60%, prompt 75%, urgent when a log is full; a flush into a log above
-//! `reorg_throttle`, 72%, first waits for it). Appends block only on a full write buffer.
+//! activation 60%, prompt 75%, urgent when a log is full; while writes arrive a log is cleaned
+//! only above `reorg_busy_target`, 68%; a flush into a log above `reorg_throttle`, 72%, first
+//! waits for it). Appends block only on a full write buffer.
 //! A failed write (for example a full disk) makes the store refuse appends with that error; what
 //! was written before stays intact and replays after a reopen.
 //!
@@ -249,6 +250,7 @@ impl Backup {
             notes_visible_seq: AtomicU64::new(0),
             notes_pending: Arc::default(),
             reorg_rounds_active: AtomicU64::new(0),
+            last_data_flush: Mutex::new(None),
             dropped: Mutex::new(dropped.clone()),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).

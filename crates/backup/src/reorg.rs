@@ -122,6 +122,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
                 // Lock order: a tablet's state before `reorg_queue` before `reorg_busy` (the
                 // processor asks for reorganizations holding a tablet's state).
                 let busy = sh.reorg_busy.lock().clone();
+                let level = clean_level(&sh);
                 let eligible: Vec<(u64, f64)> = {
                     sh.tablets
                         .read()
@@ -133,7 +134,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
                                 t.state.lock().used_bytes() as f64 / t.capacity_bytes() as f64,
                             )
                         })
-                        .filter(|(_, u)| *u >= sh.cfg.reorg_activation)
+                        .filter(|(_, u)| *u > level)
                         .collect()
                 };
                 if eligible.is_empty() {
@@ -176,6 +177,20 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
         }
     }
     bump_done(&sh);
+}
+
+/// The fill a periodic or requested visit cleans a log down to: the busy level while flushes
+/// carry data, the activation threshold once none has for `Config::reorg_quiet_after`.
+fn clean_level(sh: &Shared) -> f64 {
+    let busy = sh
+        .last_data_flush
+        .lock()
+        .is_some_and(|t| t.elapsed() < sh.cfg.reorg_quiet_after);
+    if busy {
+        sh.cfg.reorg_busy_level()
+    } else {
+        sh.cfg.reorg_activation
+    }
 }
 
 /// Counts a round that begins while another reorganizer holds another tablet.
@@ -790,11 +805,12 @@ pub fn reorganize_cached(
     // are freed, so `freed_estimate` starts again from nothing.)
     let excess = {
         let used = t.state.lock().used_bytes() as f64;
-        (used - sh.cfg.reorg_activation * t.capacity_bytes() as f64).max(0.0) as u64
+        (used - clean_level(sh) * t.capacity_bytes() as f64).max(0.0) as u64
     };
     out.freed_estimate = 0;
-    // Nothing to read if the all-dead segments brought the log under the threshold.
-    let enough = !full && !all_dead.is_empty() && excess == 0;
+    // Nothing to read if the log is under the level (the all-dead segments may have brought it
+    // there).
+    let enough = !full && excess == 0;
     if result.is_ok() && enough {
         untouched.extend_from_slice(&chosen);
     }

@@ -74,6 +74,8 @@ pub fn crash_config() -> crate::Config {
         version_buffer_entries: 256,
         reorg_activation: 0.05,
         reorg_prompt: 0.3,
+        // Clean down to the activation threshold while writes arrive too.
+        reorg_busy_target: 0.0,
         ..crate::Config::default()
     }
 }

@@ -684,9 +684,79 @@ pub fn reorganize_cached(
     // would then count an entry dead in whatever the segment holds next.
     let tracking = sh.cfg.tracks_locations();
     let noted = |m: &crate::tablet::SegMeta| !tracking || m.data_seq <= absorbed;
-    let map = gather_versions(sh, &t, cache, None)?;
     let seg_bytes = t.segment_bytes as usize;
     let now = Instant::now();
+    // A segment the strategy may choose: it holds data, no write is pending, and (unless the
+    // visit is urgent) the placement notes do not show it all live.
+    let candidate = |m: &crate::tablet::SegMeta| {
+        m.used > 0
+            && m.pending == 0
+            && !m.reorganizing
+            && noted(m)
+            // A tracked segment with no entry known dead has nothing to free: reading it would
+            // be wasted (an urgent visit still takes every segment).
+            && (full || !(tracking && m.tracked && m.dead == 0))
+    };
+    let score = |m: &crate::tablet::SegMeta| {
+        let u = m.used as f64 / seg_bytes as f64;
+        // Cost-benefit weighs the estimated live fraction (fill minus dead bytes the placement
+        // notes revealed), as RAMCloud does with its exact live counts.
+        let live = m.used.saturating_sub(m.dead) as f64 / seg_bytes as f64;
+        let age = now.duration_since(m.stamp).as_secs_f64() + 1e-3;
+        match sh.cfg.reorg_strategy {
+            SegmentStrategy::AgeTimesUtilisation => age * u,
+            SegmentStrategy::CostBenefit => (1.0 - live) * age / (1.0 + live),
+            SegmentStrategy::Random => 0.0,
+        }
+    };
+    // Segment-sized buffers are kept between visits (allocating and zeroing them per visit
+    // showed up as a tenth of the reorganizer's time).
+    let (out_buf, [read_a, read_b]) = BUFFERS
+        .with(|b| b.borrow_mut().take())
+        .filter(|(o, r)| o.capacity() == seg_bytes && r.iter().all(|r| r.capacity() == seg_bytes))
+        .unwrap_or_else(|| {
+            let new = || AlignedBuf::huge(seg_bytes);
+            (new(), [new(), new()])
+        });
+    let mut bufs = vec![read_a];
+    // The best segment of a periodic or requested visit to a log over its level is chosen now
+    // and its read started, so that the read overlaps the gathering of versions: the first read
+    // of a visit used to be waited for in full (with visits of a few segments each, a third of
+    // the reorganizers' read waits in the bench's uniform updates).
+    let early = if full {
+        None
+    } else {
+        let mut st = t.state.lock();
+        let over = st.used_bytes() as f64 > clean_level(sh) * t.capacity_bytes() as f64;
+        let best = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| candidate(m))
+            .max_by(|a, b| score(a.1).total_cmp(&score(b.1)))
+            .map(|(i, _)| i);
+        best.filter(|_| over)
+            .inspect(|&i| st.segments[i].reorganizing = true)
+    };
+    let mut ahead = match early {
+        Some(s) => Some(Pending::start(&t, s, read_b)),
+        None => {
+            bufs.push(read_b);
+            None
+        }
+    };
+    let map = match gather_versions(sh, &t, cache, None) {
+        Ok(map) => map,
+        Err(e) => {
+            if let Some(r) = ahead.take() {
+                r.join();
+            }
+            if let Some(s) = early {
+                t.state.lock().segments[s].reorganizing = false;
+            }
+            return Err(e);
+        }
+    };
     // Choose segments. Those whose every entry the placement notes show superseded or deleted
     // are freed first, whatever the strategy, and without being read: freeing them costs a zero
     // page each. The strategy chooses among the others.
@@ -716,23 +786,8 @@ pub fn reorganize_cached(
             .segments
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.used > 0 && s.pending == 0 && !s.reorganizing && noted(s))
-            // A tracked segment with no entry known dead has nothing to free: reading it would
-            // be wasted (an urgent visit still takes every segment).
-            .filter(|(_, s)| full || !(tracking && s.tracked && s.dead == 0))
-            .map(|(i, s)| {
-                let u = s.used as f64 / seg_bytes as f64;
-                // Cost-benefit weighs the estimated live fraction (fill minus dead bytes the
-                // placement notes revealed), as RAMCloud does with its exact live counts.
-                let live = s.used.saturating_sub(s.dead) as f64 / seg_bytes as f64;
-                let age = now.duration_since(s.stamp).as_secs_f64() + 1e-3;
-                let score = match sh.cfg.reorg_strategy {
-                    SegmentStrategy::AgeTimesUtilisation => age * u,
-                    SegmentStrategy::CostBenefit => (1.0 - live) * age / (1.0 + live),
-                    SegmentStrategy::Random => 0.0,
-                };
-                (i, score)
-            })
+            .filter(|(_, m)| candidate(m))
+            .map(|(i, m)| (i, score(m)))
             .collect();
         if !full {
             let budget = ((st.segments.len() as f64 * sh.cfg.reorg_segments_per_visit).ceil()
@@ -756,25 +811,35 @@ pub fn reorganize_cached(
         for &i in &chosen {
             st.segments[i].reorganizing = true;
         }
+        let mut all_dead = all_dead;
+        if let Some(s) = early {
+            // Chosen before the versions were gathered, and first in line (its read is under
+            // way), unless its entries are all known dead by now.
+            let m = &st.segments[s];
+            if tracking && m.tracked && m.live == 0 && noted(m) {
+                all_dead.push(s);
+            } else {
+                chosen.insert(0, s);
+            }
+        }
         (all_dead, chosen)
     };
-    // Segment-sized buffers are kept between visits (allocating and zeroing them per visit
-    // showed up as a tenth of the reorganizer's time).
-    let (out_buf, [mut read_a, read_b]) = BUFFERS
-        .with(|b| b.borrow_mut().take())
-        .filter(|(o, r)| o.capacity() == seg_bytes && r.iter().all(|r| r.capacity() == seg_bytes))
-        .unwrap_or_else(|| {
-            let new = || AlignedBuf::huge(seg_bytes);
-            (new(), [new(), new()])
-        });
-    let mut out = Output::new(out_buf);
     let mut outcome = ReorgOutcome::default();
+    if chosen.first() != early.as_ref() {
+        // The early read is not needed after all: its segment is freed unread.
+        if let Some((_, buf)) = ahead.take().and_then(Pending::join) {
+            outcome.bytes_read += buf.len() as u64;
+            bufs.push(buf);
+        }
+    }
+    let mut out = Output::new(out_buf);
     let mut result = Ok(());
     let mut untouched: Vec<usize> = Vec::new();
     for (k, &s) in all_dead.iter().enumerate() {
         let used = t.state.lock().segments[s].used;
         if sh.cfg.reorg_verify_dead {
-            if let Err(e) = verify_all_dead(&t, &*map, s, &mut read_a) {
+            // At most one read is in flight here, so a buffer is free.
+            if let Err(e) = verify_all_dead(&t, &*map, s, &mut bufs[0]) {
                 sh.counters
                     .reorg_dead_verify_failures
                     .fetch_add(1, Ordering::Relaxed);
@@ -822,96 +887,76 @@ pub fn reorganize_cached(
     // The next chosen segment is read on a helper thread while this one is cleaned, so the
     // reads overlap the lookups and copies. Chosen segments are frozen: marked reorganizing with
     // no write pending, placement skips them.
-    let read_segment = |s: usize, mut buf: AlignedBuf| -> (Result<()>, AlignedBuf) {
-        let used = t.state.lock().segments[s].used as usize;
-        let r = io::read_exact_at(
-            &t.file,
-            &mut buf.full_mut()[..used],
-            s as u64 * t.segment_bytes,
-        );
-        match r {
-            Ok(n) => {
-                buf.set_len(n);
-                (Ok(()), buf)
-            }
-            Err(e) => {
-                buf.set_len(0);
-                (Err(Error::io(&t.sec_path, e)), buf)
-            }
-        }
-    };
-    let mut bufs = vec![read_a, read_b];
     let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    std::thread::scope(|scope| {
-        let mut ahead = match (chosen.first(), bufs.pop()) {
-            (Some(&s), Some(b)) => Some(scope.spawn(move || read_segment(s, b))),
-            _ => None,
+    if ahead.is_none() {
+        if let (Some(&s), Some(b)) = (chosen.first(), bufs.pop()) {
+            ahead = Some(Pending::start(&t, s, b));
+        }
+    }
+    for (k, &s) in chosen.iter().enumerate() {
+        // This segment's read: issued ahead, or done now if the visit did not expect to need
+        // it (with no read in flight, both buffers are free).
+        let joined = match ahead.take() {
+            Some(r) => r.join(),
+            None => bufs.pop().map(|b| read_segment(&t, s, b)),
         };
-        for (k, &s) in chosen.iter().enumerate() {
-            // This segment's read: issued ahead, or done now if the visit did not expect to
-            // need it (with no read in flight, both buffers are free).
-            let joined = match ahead.take() {
-                Some(h) => h.join().ok(),
-                None => bufs.pop().map(|b| read_segment(s, b)),
-            };
-            let Some((read, buf)) = joined else {
+        let Some((read, buf)) = joined else {
+            untouched.extend_from_slice(&chosen[k..]);
+            result = Err(Error::Corrupt("a segment read failed to run".into()));
+            break;
+        };
+        outcome.bytes_read += buf.len() as u64;
+        // Read the next segment while this one is cleaned, unless this one is expected to
+        // bring the visit to its goal (freed bytes per segment so far as the guide): a read
+        // the visit does not use costs the disk as much as one it does.
+        let expected = if k == 0 {
+            0
+        } else {
+            out.freed_estimate / k as u64
+        };
+        if full || out.freed_estimate + expected < excess {
+            if let (Some(&next), Some(b)) = (chosen.get(k + 1), bufs.pop()) {
+                ahead = Some(Pending::start(&t, next, b));
+            }
+        }
+        let r = read.and_then(|()| {
+            clean_one(
+                sh,
+                &t,
+                &mut *map,
+                s,
+                buf.as_slice(),
+                &mut scratch,
+                &mut out,
+                &mut outcome,
+            )
+        });
+        bufs.push(buf);
+        if tracking && sh.notes_pending.load(Ordering::Relaxed) > 0 {
+            // Notes that arrived during the segment: this log's, and idle logs'.
+            absorb_into(sh, &t, &mut *map);
+            absorb_all_notes(sh);
+        }
+        match r {
+            Ok(true) => {}
+            Ok(false) => untouched.push(s),
+            Err(e) => {
                 untouched.extend_from_slice(&chosen[k..]);
-                result = Err(Error::Corrupt("a segment read failed to run".into()));
-                break;
-            };
-            outcome.bytes_read += buf.len() as u64;
-            // Read the next segment while this one is cleaned, unless this one is expected to
-            // bring the visit to its goal (freed bytes per segment so far as the guide): a read
-            // the visit does not use costs the disk as much as one it does.
-            let expected = if k == 0 {
-                0
-            } else {
-                out.freed_estimate / k as u64
-            };
-            if full || out.freed_estimate + expected < excess {
-                if let (Some(&next), Some(b)) = (chosen.get(k + 1), bufs.pop()) {
-                    ahead = Some(scope.spawn(move || read_segment(next, b)));
-                }
-            }
-            let r = read.and_then(|()| {
-                clean_one(
-                    sh,
-                    &t,
-                    &mut *map,
-                    s,
-                    buf.as_slice(),
-                    &mut scratch,
-                    &mut out,
-                    &mut outcome,
-                )
-            });
-            bufs.push(buf);
-            if tracking && sh.notes_pending.load(Ordering::Relaxed) > 0 {
-                // Notes that arrived during the segment: this log's, and idle logs'.
-                absorb_into(sh, &t, &mut *map);
-                absorb_all_notes(sh);
-            }
-            match r {
-                Ok(true) => {}
-                Ok(false) => untouched.push(s),
-                Err(e) => {
-                    untouched.extend_from_slice(&chosen[k..]);
-                    result = Err(e);
-                    break;
-                }
-            }
-            if !full && out.freed_estimate >= excess {
-                untouched.extend_from_slice(&chosen[k + 1..]);
+                result = Err(e);
                 break;
             }
         }
-        // A read still in flight (the visit stopped early or failed) hands its buffer back; its
-        // bytes were read all the same.
-        if let Some(Ok((_, buf))) = ahead.map(|h| h.join()) {
-            outcome.bytes_read += buf.len() as u64;
-            bufs.push(buf);
+        if !full && out.freed_estimate >= excess {
+            untouched.extend_from_slice(&chosen[k + 1..]);
+            break;
         }
-    });
+    }
+    // A read still in flight (the visit stopped early or failed, or needed no read) hands its
+    // buffer back; its bytes were read all the same.
+    if let Some((_, buf)) = ahead.take().and_then(Pending::join) {
+        outcome.bytes_read += buf.len() as u64;
+        bufs.push(buf);
+    }
     SCRATCH.with(|c| *c.borrow_mut() = scratch);
     if result.is_ok() {
         result = out.flush(sh, &t, &mut outcome);
@@ -988,6 +1033,62 @@ pub fn reorganize_cached(
         }
     }
     result.map(|_| outcome)
+}
+
+/// Reads the `used` bytes of segment `s` of `t` into `buf`.
+fn read_segment(t: &Tablet, s: usize, mut buf: AlignedBuf) -> ReadResult {
+    let used = t.state.lock().segments[s].used as usize;
+    let r = io::read_exact_at(
+        &t.file,
+        &mut buf.full_mut()[..used],
+        s as u64 * t.segment_bytes,
+    );
+    match r {
+        Ok(n) => {
+            buf.set_len(n);
+            (Ok(()), buf)
+        }
+        Err(e) => {
+            buf.set_len(0);
+            (Err(Error::io(&t.sec_path, e)), buf)
+        }
+    }
+}
+
+type ReadResult = (Result<()>, AlignedBuf);
+
+/// A segment read issued ahead of its use: on a thread of its own, or done at once if no
+/// thread could be started.
+enum Pending {
+    Thread(std::thread::JoinHandle<ReadResult>),
+    Done(ReadResult),
+}
+
+impl Pending {
+    fn start(t: &Arc<Tablet>, s: usize, buf: AlignedBuf) -> Pending {
+        let tablet = t.clone();
+        // The buffer comes back through the thread; if none can be started, the read is done
+        // here (the closure, and the buffer in it, are then dropped: read into a new one).
+        match std::thread::Builder::new().spawn(move || read_segment(&tablet, s, buf)) {
+            Ok(h) => Pending::Thread(h),
+            Err(e) => {
+                tracing::warn!("no thread to read a segment ahead ({e}); reading it now");
+                Pending::Done(read_segment(
+                    t,
+                    s,
+                    AlignedBuf::huge(t.segment_bytes as usize),
+                ))
+            }
+        }
+    }
+
+    /// The read's result, or None if its thread panicked (its buffer is lost with it).
+    fn join(self) -> Option<ReadResult> {
+        match self {
+            Pending::Thread(h) => h.join().ok(),
+            Pending::Done(r) => Some(r),
+        }
+    }
 }
 
 /// The segment survivors are copied into, filled in memory and written once. Cleaned segments

@@ -728,13 +728,16 @@ pub fn reorganize_cached(
     } else {
         let mut st = t.state.lock();
         let over = st.used_bytes() as f64 > clean_level(sh) * t.capacity_bytes() as f64;
-        let best = st
-            .segments
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| candidate(m))
-            .max_by(|a, b| score(a.1).total_cmp(&score(b.1)))
-            .map(|(i, _)| i);
+        let mut cands = st.segments.iter().enumerate().filter(|(_, m)| candidate(m));
+        let best = if sh.cfg.reorg_strategy == SegmentStrategy::Random {
+            let n = cands.clone().count();
+            (n > 0)
+                .then(|| rand::thread_rng().gen_range(0..n))
+                .and_then(|k| cands.nth(k))
+        } else {
+            cands.max_by(|a, b| score(a.1).total_cmp(&score(b.1)))
+        }
+        .map(|(i, _)| i);
         best.filter(|_| over)
             .inspect(|&i| st.segments[i].reorganizing = true)
     };

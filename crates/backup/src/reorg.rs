@@ -728,7 +728,12 @@ pub fn reorganize_cached(
     } else {
         let mut st = t.state.lock();
         let over = st.used_bytes() as f64 > clean_level(sh) * t.capacity_bytes() as f64;
-        let mut cands = st.segments.iter().enumerate().filter(|(_, m)| candidate(m));
+        // Not one the notes show all dead: that is freed unread, after the gathering.
+        let mut cands = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| candidate(m) && !(tracking && m.tracked && m.live == 0));
         let best = if sh.cfg.reorg_strategy == SegmentStrategy::Random {
             let n = cands.clone().count();
             (n > 0)

@@ -819,27 +819,15 @@ pub fn reorganize_cached(
         for &i in &chosen {
             st.segments[i].reorganizing = true;
         }
-        let mut all_dead = all_dead;
         if let Some(s) = early {
-            // Chosen before the versions were gathered, and first in line (its read is under
-            // way), unless its entries are all known dead by now.
-            let m = &st.segments[s];
-            if tracking && m.tracked && m.live == 0 && noted(m) {
-                all_dead.push(s);
-            } else {
-                chosen.insert(0, s);
-            }
+            // Chosen before the versions were gathered, and first in line: its read is under
+            // way. (It was not known all dead then, and only this visit's absorptions, which
+            // come later, lower a segment's live count.)
+            chosen.insert(0, s);
         }
         (all_dead, chosen)
     };
     let mut outcome = ReorgOutcome::default();
-    if chosen.first() != early.as_ref() {
-        // The early read is not needed after all: its segment is freed unread.
-        if let Some((_, buf)) = ahead.take().and_then(Pending::join) {
-            outcome.bytes_read += buf.len() as u64;
-            bufs.push(buf);
-        }
-    }
     let mut out = Output::new(out_buf);
     let mut result = Ok(());
     let mut untouched: Vec<usize> = Vec::new();

@@ -297,6 +297,33 @@ def test_info_config_command_cluster(r):
     assert slots[0][0] == 0 and slots[0][1] == 16383
 
 
+def test_info_keyspace_counts_keys_with_expiry(r):
+    # Redis 7: "db0:keys=K,expires=E,avg_ttl=T", E the keys with a time to live, T their mean
+    # remaining time in milliseconds.
+    r.set("plain", "v")
+    r.set("a", "v", ex=100)
+    r.set("b", "v", px=300_000)
+    r.set("c", "v", ex=1000)
+    db0 = r.info("keyspace")["db0"]
+    assert (db0["keys"], db0["expires"]) == (4, 3)
+    # (100 s + 300 s + 1000 s) / 3 = 466.7 s, less what has passed (the sum is kept in seconds).
+    assert 460_000 <= db0["avg_ttl"] <= 467_000, db0
+    r.persist("a")
+    r.set("b", "w")  # a plain SET drops the TTL
+    r.set("c", "w", keepttl=True)
+    r.delete("plain")
+    db0 = r.info("keyspace")["db0"]
+    assert (db0["keys"], db0["expires"]) == (3, 1)
+    assert 995_000 <= db0["avg_ttl"] <= 1_000_000, db0
+    r.expire("a", 10)
+    r.delete("c")
+    db0 = r.info("keyspace")["db0"]
+    assert (db0["keys"], db0["expires"]) == (2, 1)
+    assert 9_000 <= db0["avg_ttl"] <= 10_000, db0
+    r.flushall()
+    assert "db0" not in r.info("keyspace")
+
+
 def test_pipeline_and_transactionless_batch(r):
     p = r.pipeline(transaction=False)
     for i in range(1000):

@@ -64,6 +64,35 @@ pub(crate) struct Tablet {
     /// (version, id) of the open single-scan snapshots of this tablet's table whose pass has
     /// not yet captured this tablet: until it has, they need every version they can read here.
     pub scan_uncaptured: Mutex<Vec<(u64, u64)>>,
+    /// Current objects that carry an expiry time (expired ones not yet removed included, as
+    /// Redis counts its `expires`), and the sum of their expiry times in whole seconds, each
+    /// taken as at most `EXPIRY_SUM_SECS_MAX` so that the sum stays below 2^64 for any object
+    /// count a tablet can hold. Changed only under the write lock, where the current reference
+    /// of a key changes.
+    pub expiring_objects: AtomicU64,
+    pub expiring_sum_secs: AtomicU64,
+}
+
+/// Expiry times later than this (2^32 s after the epoch, in 2106) enter the expiry sum as this.
+const EXPIRY_SUM_SECS_MAX: u64 = u32::MAX as u64;
+
+impl Tablet {
+    /// Counts a current object with expiry time `expire_at_ms` (0: none) in or out of
+    /// `expiring_objects`. Caller holds the write lock.
+    fn count_expiry(&self, expire_at_ms: u64, added: bool) {
+        if expire_at_ms == 0 {
+            return;
+        }
+        let secs = (expire_at_ms / 1000).min(EXPIRY_SUM_SECS_MAX);
+        if added {
+            self.expiring_objects.fetch_add(1, Ordering::Relaxed);
+            self.expiring_sum_secs.fetch_add(secs, Ordering::Relaxed);
+        } else {
+            let was = self.expiring_objects.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(was > 0, "an expiring object leaves that was never counted");
+            self.expiring_sum_secs.fetch_sub(secs, Ordering::Relaxed);
+        }
+    }
 }
 
 /// How a superseded version must be kept (see `Inner::keep_for_snapshots`).
@@ -233,6 +262,8 @@ impl Inner {
             // Scans of this table already under way may come to this tablet too (its entries
             // may be old: a restore keeps their versions), so they wait for it like the others.
             scan_uncaptured: Mutex::new(self.snapshots.scan_snapshots_of(table)),
+            expiring_objects: AtomicU64::new(0),
+            expiring_sum_secs: AtomicU64::new(0),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -528,6 +559,7 @@ impl Inner {
         by: Version,
     ) {
         let (slot, old_loc, h) = current;
+        tablet.count_expiry(h.expire_at_ms, false);
         let len = h.total_len();
         let keep = if by > h.version {
             self.keep_for_snapshots(tablet, old_loc, h.version)
@@ -809,7 +841,9 @@ impl Inner {
         current: Option<(SlotRef, Loc, Header)>,
         loc: Loc,
         version: Version,
+        expire_at_ms: u64,
     ) {
+        tablet.count_expiry(expire_at_ms, true);
         match current {
             Some(c) => self.supersede(tablet, hash, key, c, Some(loc), version),
             None => tablet.index.insert(hash, loc, |l| self.rehash(l)),
@@ -985,7 +1019,7 @@ impl Inner {
                 .fetch_add(total as u64, Ordering::Relaxed);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
-                self.point_index_at(tablet, hash, key, current, loc, version);
+                self.point_index_at(tablet, hash, key, current, loc, version, expire_at_ms);
             } else {
                 // A tombstone records the delete in the tablet's version-ordered log; nothing in the
                 // master replays it, so its bytes are dead from the start.
@@ -1207,7 +1241,7 @@ impl Inner {
                 self.mark_live(segment, *len);
                 // A key given twice finds its first copy here: the early result no longer holds.
                 let current = self.find_locked(tablet, hash, k, early);
-                self.point_index_at(tablet, hash, k, current, loc, version);
+                self.point_index_at(tablet, hash, k, current, loc, version, 0);
             }
             if let Some(obs) = &self.config.write_observer {
                 let records: Vec<LoggedWrite<'_>> = items
@@ -1289,7 +1323,7 @@ impl Inner {
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
             self.mark_live(segment, total);
-            self.point_index_at(tablet_ref, hash, key, current, loc, version);
+            self.point_index_at(tablet_ref, hash, key, current, loc, version, expire_at_ms);
             return Ok(());
         }
     }
@@ -1364,8 +1398,12 @@ impl Inner {
         let mut objects = 0;
         let mut index_bytes = 0;
         let mut retained_versions = 0;
+        let mut expiring_objects = 0u64;
+        let mut expiring_sum_secs = 0u128;
         for id in 0..self.tablet_count() {
             if let Ok(t) = self.tablet(id) {
+                expiring_objects += t.expiring_objects.load(Ordering::Relaxed);
+                expiring_sum_secs += t.expiring_sum_secs.load(Ordering::Relaxed) as u128;
                 objects += t.index.len();
                 retained_versions += t.index.historic_len();
                 index_bytes += t.index.memory_bytes();
@@ -1385,6 +1423,12 @@ impl Inner {
             reserve_seglets: self.pool.reserve_seglets() as u64,
             segments,
             objects,
+            expiring_objects,
+            expiring_mean_expire_at_ms: if expiring_objects == 0 {
+                0
+            } else {
+                (expiring_sum_secs * 1000 / expiring_objects as u128) as u64
+            },
             tablets: self.tablet_count() as u64,
             index_bytes,
             new_bytes,

@@ -49,6 +49,10 @@ pub struct EngineStats {
     /// Segments holding data (open or closed).
     pub segments: u64,
     pub objects: u64,
+    /// Objects among `objects` that carry an expiry time (Redis's `expires`).
+    pub expiring_objects: u64,
+    /// Their mean expiry time, Unix milliseconds at a resolution of one second (0 when none).
+    pub expiring_mean_expire_at_ms: u64,
     pub tablets: u64,
     /// Bytes of hash-index buckets.
     pub index_bytes: u64,

@@ -582,3 +582,139 @@ fn restore_keeps_newest_and_moves_the_clock() {
         .version;
     assert!(v > 11, "version {v} must follow restored versions");
 }
+
+/// The engine's count of objects with an expiry time (Redis's `expires`) and their mean expiry
+/// follow every way a key's current object changes: puts with and without expiry, KEEPTTL,
+/// set_expiry, deletes, multi-puts, restores, an expired object replaced or reclaimed by the
+/// cleaner, and cleaner moves (which must change nothing).
+#[test]
+fn expiring_object_count_follows_every_write() {
+    use rand::{Rng, SeedableRng};
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 16 << 20,
+        segment_seglets: 2,
+        cleaner_threads: 1,
+        key_size_max_bytes: 64,
+        value_size_max_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    let base_ms = 4_000_000_000_000u64; // year 2096: never expires during the test
+                                        // key -> expiry of its current object (0: none); absent keys are not in the map.
+    let mut model: BTreeMap<u8, u64> = BTreeMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut next_version = 1u64 << 40;
+    for round in 0..20_000u32 {
+        let k = rng.gen_range(0u8..60);
+        let key = key_bytes(k);
+        let expiry = if rng.gen_bool(0.5) {
+            base_ms + rng.gen_range(0..1_000_000_000)
+        } else {
+            0
+        };
+        let value = value_bytes(k, rng.gen_range(0..300), round as u64);
+        match rng.gen_range(0..7) {
+            0 | 1 => {
+                let opts = PutOptions {
+                    expire_at_ms: expiry,
+                    ..Default::default()
+                };
+                engine.put(t, &key, &value, &opts).unwrap();
+                model.insert(k, expiry);
+            }
+            2 => {
+                let opts = PutOptions {
+                    keep_ttl: true,
+                    ..Default::default()
+                };
+                engine.put(t, &key, &value, &opts).unwrap();
+                let kept = model.get(&k).copied().unwrap_or(0);
+                model.insert(k, kept);
+            }
+            3 => {
+                if engine.set_expiry(t, &key, expiry).unwrap().is_some() {
+                    model.insert(k, expiry);
+                } else {
+                    assert!(!model.contains_key(&k));
+                }
+            }
+            4 => {
+                engine.delete(t, &key, Condition::None).unwrap();
+                model.remove(&k);
+            }
+            5 => {
+                let k2 = rng.gen_range(0u8..60);
+                let key2 = key_bytes(k2);
+                engine
+                    .multi_put(t, &[(&key[..], &value[..]), (&key2[..], &value[..])])
+                    .unwrap();
+                model.insert(k, 0);
+                model.insert(k2, 0);
+            }
+            _ => {
+                // A replayed record newer than anything written so far replaces the key.
+                next_version += 1 << 20;
+                let value = rng.gen_bool(0.8).then_some(&value[..]);
+                engine
+                    .restore(t, &key, value, next_version, expiry)
+                    .unwrap();
+                match value {
+                    Some(_) => model.insert(k, expiry),
+                    None => model.remove(&k),
+                };
+            }
+        }
+        if round % 1000 == 0 {
+            engine.clean_until_idle(50);
+        }
+        if round % 97 == 0 {
+            let stats = engine.stats();
+            let expiring: Vec<u64> = model.values().copied().filter(|&e| e != 0).collect();
+            assert_eq!(
+                stats.expiring_objects,
+                expiring.len() as u64,
+                "round {round}"
+            );
+            let mean_ms = if expiring.is_empty() {
+                0
+            } else {
+                expiring.iter().map(|e| e / 1000).sum::<u64>() * 1000 / expiring.len() as u64
+            };
+            assert_eq!(stats.expiring_mean_expire_at_ms, mean_ms, "round {round}");
+        }
+    }
+    // Expired objects stay counted until they go, as Redis counts its expires; replacing one
+    // or letting the cleaner reclaim it takes it out.
+    let before = engine.stats().expiring_objects;
+    for (i, k) in [200u8, 201, 202].iter().enumerate() {
+        let opts = PutOptions {
+            expire_at_ms: 1 + i as u64,
+            ..Default::default()
+        };
+        engine.put(t, &key_bytes(*k), b"old", &opts).unwrap();
+    }
+    assert_eq!(engine.stats().expiring_objects, before + 3);
+    engine
+        .put(t, &key_bytes(200), b"new", &PutOptions::default())
+        .unwrap();
+    assert_eq!(engine.stats().expiring_objects, before + 2);
+    // Overwrite everything else so that the expired objects' segments are worth cleaning.
+    for round in 0..20u64 {
+        for (&k, &expire_at_ms) in &model {
+            let opts = PutOptions {
+                expire_at_ms,
+                ..Default::default()
+            };
+            engine
+                .put(t, &key_bytes(k), &value_bytes(k, 200, round), &opts)
+                .unwrap();
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while engine.stats().expiring_objects != before && std::time::Instant::now() < deadline {
+        engine.clean_until_idle(50);
+    }
+    assert_eq!(engine.stats().expiring_objects, before);
+    assert!(engine.stats().expired_reclaimed >= 2);
+}

@@ -172,6 +172,10 @@ pub struct ProcessInfo {
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct EngineFigures {
     pub objects: u64,
+    /// Objects with an expiry time, and the mean time they have left in milliseconds (0 when
+    /// none), as Redis's INFO keyspace `expires` and `avg_ttl`.
+    pub objects_expiring: u64,
+    pub objects_expiring_avg_ttl_ms: u64,
     pub memory_bytes_total: u64,
     pub memory_bytes_live: u64,
     pub memory_utilisation: f64,
@@ -254,6 +258,12 @@ impl Snapshot {
             "Objects stored in memory.",
             "gauge",
             self.engine.objects.to_string(),
+        );
+        gauge(
+            "ramlog_objects_expiring",
+            "Objects stored in memory that carry an expiry time.",
+            "gauge",
+            self.engine.objects_expiring.to_string(),
         );
         gauge(
             "ramlog_memory_bytes_total",
@@ -494,8 +504,10 @@ impl Snapshot {
             if self.engine.objects > 0 {
                 let _ = write!(
                     s,
-                    "db0:keys={},expires=0,avg_ttl=0\r\n",
-                    self.engine.objects
+                    "db0:keys={},expires={},avg_ttl={}\r\n",
+                    self.engine.objects,
+                    self.engine.objects_expiring,
+                    self.engine.objects_expiring_avg_ttl_ms
                 );
             }
         }

@@ -98,6 +98,10 @@ impl Shared {
         let stats = engine.stats();
         let figures = EngineFigures {
             objects: engine.object_count(),
+            objects_expiring: stats.expiring_objects,
+            objects_expiring_avg_ttl_ms: stats
+                .expiring_mean_expire_at_ms
+                .saturating_sub(crate::commands::now_ms()),
             memory_bytes_total: stats.total_bytes,
             memory_bytes_live: stats.live_bytes,
             memory_utilisation: stats.utilisation,

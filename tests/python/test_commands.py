@@ -324,6 +324,24 @@ def test_info_keyspace_counts_keys_with_expiry(r):
     assert "db0" not in r.info("keyspace")
 
 
+def test_expired_keys_leave_dbsize_without_being_read(r):
+    # Redis's active expiry removes keys nobody reads; DBSIZE and INFO follow within moments.
+    p = r.pipeline(transaction=False)
+    for i in range(2000):
+        p.set(f"t{i}", "x" * 100, px=200)
+    for i in range(10):
+        p.set(f"keep{i}", "y")
+    p.execute()
+    assert r.dbsize() == 2010
+    deadline = time.time() + 5
+    while r.dbsize() > 10 and time.time() < deadline:
+        time.sleep(0.05)
+    assert r.dbsize() == 10
+    db0 = r.info("keyspace")["db0"]
+    assert (db0["keys"], db0["expires"]) == (10, 0)
+    assert r.get("keep3") == "y" and r.get("t3") is None
+
+
 def test_pipeline_and_transactionless_batch(r):
     p = r.pipeline(transaction=False)
     for i in range(1000):

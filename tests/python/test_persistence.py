@@ -48,6 +48,26 @@ def test_clean_restart_replays(tmp_path, mode):
         s3.stop()
 
 
+def test_keys_that_expired_while_stopped_do_not_come_back(tmp_path):
+    s = Server(tmp_path, ["--persistence", "durable"])
+    c = s.client(decode_responses=True)
+    fill(c, 100)
+    for i in range(50):
+        c.set(f"short{i}", "v", px=300)
+    c.set("long", "v", ex=1000)
+    assert c.dbsize() == 151
+    s.stop()
+    time.sleep(0.5)
+    s2 = Server(tmp_path, ["--persistence", "durable"])
+    try:
+        c2 = s2.client(decode_responses=True)
+        assert c2.dbsize() == 101
+        assert c2.info("keyspace")["db0"]["expires"] == 1
+        assert c2.get("short0") is None and c2.get("long") == "v"
+    finally:
+        s2.stop()
+
+
 def test_durable_survives_kill_9_right_after_the_reply(tmp_path):
     s = Server(tmp_path, ["--persistence", "durable"])
     c = s.client(decode_responses=True)

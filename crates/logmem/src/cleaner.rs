@@ -107,7 +107,17 @@ pub(crate) fn drain_limbo(inner: &Inner) {
 pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut idle_rounds = 0u32;
     let mut recycle_retry_at: Option<Instant> = None;
+    let mut sweep_at = Instant::now() + EXPIRY_SWEEP_INTERVAL;
+    let mut sweep_cursor = 0u32;
     while !inner.shutdown.load(Ordering::Acquire) {
+        if thread_index == 0 && Instant::now() >= sweep_at {
+            sweep_expired(
+                &inner,
+                &mut sweep_cursor,
+                Some(Instant::now() + EXPIRY_SWEEP_BUDGET),
+            );
+            sweep_at = Instant::now() + EXPIRY_SWEEP_INTERVAL;
+        }
         if retire_unpinned(&inner) > 0 {
             collect_garbage();
             if inner.release_reclaimable() > 0 {
@@ -235,12 +245,27 @@ struct Survivor {
 
 /// Walks a closed segment's entries in log order. The header's `state` is read atomically before
 /// the rest, so for a RETAINED entry the CRC field already holds its valid-to.
-fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &[u8])) {
+fn for_each_entry(inner: &Inner, segment: u32, f: impl FnMut(Loc, &Header, &[u8])) {
+    for_each_entry_from(inner, segment, 0, f);
+}
+
+/// As `for_each_entry`, from byte `from` of the segment (an entry boundary) to the end of what
+/// is published; returns that end.
+fn for_each_entry_from(
+    inner: &Inner,
+    segment: u32,
+    from: usize,
+    mut f: impl FnMut(Loc, &Header, &[u8]),
+) -> usize {
     let slot = inner.segments.get(segment);
-    let used = slot.used_bytes.load(Ordering::Acquire) as usize;
+    let used = slot.used_bytes.load(Ordering::SeqCst) as usize;
     let mut seglet = slot.first_seglet.load(Ordering::Acquire);
-    let mut off = 0usize;
-    let mut pos = 0usize;
+    let mut off = from;
+    let mut pos = from;
+    while off >= SEGLET_BYTES && seglet != NO_SEGLET {
+        seglet = inner.pool.next_seglet(seglet);
+        off -= SEGLET_BYTES;
+    }
     while pos < used && seglet != NO_SEGLET {
         let loc = make_loc(seglet, off);
         let state = inner.entry_state(loc).load(Ordering::Acquire) & crate::entry::STATE_MASK;
@@ -255,7 +280,7 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
                 pos,
                 "undecodable entry while cleaning; rest of segment skipped"
             );
-            return;
+            return used;
         };
         pos += len;
         off += len;
@@ -264,6 +289,7 @@ fn for_each_entry(inner: &Inner, segment: u32, mut f: impl FnMut(Loc, &Header, &
             off -= SEGLET_BYTES;
         }
     }
+    used
 }
 
 /// Collects the live entries of a victim from their state bits alone (no index probe): current
@@ -520,6 +546,20 @@ fn relocate(
                     let new_loc = w.position();
                     let offset = w.used() as u32;
                     copy_entry(inner, s.loc, s.len as usize, w, &mut scratch);
+                    // The copy may carry an expiry: the survivor segment inherits the victim's
+                    // bound (a lower bound still; the expiry sweep makes it exact).
+                    let expire_min = inner
+                        .segments
+                        .get(s.segment)
+                        .expire_min_ms
+                        .load(Ordering::Acquire);
+                    if expire_min != u64::MAX {
+                        inner
+                            .segments
+                            .get(w.segment)
+                            .expire_min_ms
+                            .fetch_min(expire_min, Ordering::Release);
+                    }
                     moved.push(Moved {
                         survivor: *s,
                         to: Destination {
@@ -755,6 +795,120 @@ pub(crate) fn queue_released_retention(inner: &Inner) {
             }
         }
     }
+}
+
+/// How often the background cleaner sweeps for expired objects (Redis's active expiry runs
+/// ten times a second too).
+pub(crate) const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest one background sweep may run before it yields to cleaning (it resumes where it
+/// stopped): at most a tenth of a core.
+pub(crate) const EXPIRY_SWEEP_BUDGET: Duration = Duration::from_millis(10);
+
+/// Active expiry: removes expired objects from the index (and their bytes from the live count),
+/// so that they leave DBSIZE and the memory figures within about a sweep interval instead of
+/// waiting for the cleaner to reach their segments, the way Redis's active expiry deletes
+/// expired keys nobody reads. Only segments whose expiry bound (`expire_min_ms`) has passed are
+/// walked; a walk makes the bound exact again. Objects an open snapshot may still read are kept
+/// (they go once it closes). Starts at segment `*cursor` and stops at `deadline`, leaving
+/// `*cursor` where the next call resumes; returns the objects removed (counted from the
+/// engine's `expired_reclaimed`, so other cleaner threads' reclaims meanwhile count too).
+pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<Instant>) -> u64 {
+    let count = inner.segments.iter().count() as u32;
+    if count == 0 {
+        return 0;
+    }
+    let now = now_ms();
+    let reclaimed_before = inner.counters.expired_reclaimed.load(Ordering::Relaxed);
+    let mut removable: Vec<(Loc, u64)> = Vec::new();
+    let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
+    let mut key_buf = Vec::new();
+    let mut visited = 0;
+    while visited < count {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let id = (*cursor + visited) % count;
+        visited += 1;
+        let slot = inner.segments.get(id);
+        let bound = slot.expire_min_ms.load(Ordering::SeqCst);
+        if bound > now {
+            continue;
+        }
+        // The pin keeps the segment's memory from being freed while it is walked (the cleaner
+        // retires segments through the epoch).
+        let _guard = epoch::pin();
+        let state = slot.state();
+        if state != SegmentState::Closed && state != SegmentState::Open {
+            continue;
+        }
+        let Ok(tablet) = inner.tablet(slot.tablet.load(Ordering::Relaxed)) else {
+            continue;
+        };
+        removable.clear();
+        let mut next_bound = u64::MAX;
+        let walked = for_each_entry_from(inner, id, 0, |loc, header, key| {
+            if !header.is_object()
+                || header.expire_at_ms == 0
+                || header.state & STATE_SUPERSEDED != 0
+            {
+                return;
+            }
+            if header.state & STATE_MOVED == 0
+                && header.expire_at_ms <= now
+                && !inner.snapshots.any_at_or_above(header.version)
+            {
+                removable.push((loc, hash_key(key)));
+            } else {
+                // Not yet expired, a cleaner's copy or original in flight, or readable by a
+                // snapshot: it keeps the bound down.
+                next_bound = next_bound.min(header.expire_at_ms);
+            }
+        });
+        // As in `live_entries`: each removal is checked again under the write lock, which is
+        // held for one batch at a time.
+        for batch in removable.chunks(SWAP_BATCH) {
+            hints.clear();
+            hints.extend(
+                batch
+                    .iter()
+                    .map(|&(loc, hash)| tablet.index.find_loc(hash, loc)),
+            );
+            let _head = tablet.head.lock();
+            for (&(loc, hash), &hint) in batch.iter().zip(&hints) {
+                if remove_dead(inner, tablet, (loc, hash, id), hint, &mut key_buf).is_some() {
+                    // A snapshot opened since the walk may read it: look again next time.
+                    next_bound = next_bound.min(now);
+                }
+            }
+        }
+        // Raise the bound to what the walk found. A closed segment takes no more entries. An
+        // open one takes appends from its tablet's writers only under the write lock (held here
+        // while the entries published since the walk join the bound) or, if it is a cleaner's
+        // survivor segment, from the cleaner: its bound then stays until the segment is closed.
+        let raise = |next_bound: u64| {
+            let _ = slot.expire_min_ms.compare_exchange(
+                bound,
+                next_bound,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        };
+        if slot.state() == SegmentState::Closed {
+            raise(next_bound);
+        } else {
+            let head = tablet.head.lock();
+            if head.as_ref().is_some_and(|w| w.segment == id) {
+                for_each_entry_from(inner, id, walked, |_, h, _| {
+                    if h.is_object() && h.expire_at_ms != 0 && h.state & STATE_SUPERSEDED == 0 {
+                        next_bound = next_bound.min(h.expire_at_ms);
+                    }
+                });
+                raise(next_bound);
+            }
+        }
+    }
+    *cursor = (*cursor + visited) % count;
+    inner.counters.expired_reclaimed.load(Ordering::Relaxed) - reclaimed_before
 }
 
 /// Compacts the segments queued as sparse (by scans, or after snapshots were released). Returns

@@ -389,6 +389,16 @@ impl Inner {
         self.live_bytes.fetch_sub(len as i64, Ordering::Relaxed);
     }
 
+    /// Lowers a segment's expiry bound for an object with expiry `expire_at_ms` (0: none).
+    fn note_expiry(&self, segment: u32, expire_at_ms: u64) {
+        if expire_at_ms != 0 {
+            self.segments
+                .get(segment)
+                .expire_min_ms
+                .fetch_min(expire_at_ms, Ordering::Release);
+        }
+    }
+
     pub fn mark_live(&self, segment: u32, len: usize) {
         self.segments
             .get(segment)
@@ -1019,6 +1029,7 @@ impl Inner {
                 .fetch_add(total as u64, Ordering::Relaxed);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
+                self.note_expiry(segment, expire_at_ms);
                 self.point_index_at(tablet, hash, key, current, loc, version, expire_at_ms);
             } else {
                 // A tombstone records the delete in the tablet's version-ordered log; nothing in the
@@ -1292,6 +1303,8 @@ impl Inner {
                     return Ok(());
                 }
             }
+            // A record that expired while it was away is replayed as the delete it has become.
+            let value = value.filter(|_| !expired(expire_at_ms, &mut None));
             let Some(value) = value else {
                 if let Some(c) = current {
                     self.supersede(tablet_ref, hash, key, c, None, version);
@@ -1323,6 +1336,7 @@ impl Inner {
                 .new_bytes
                 .fetch_add(total as u64, Ordering::Relaxed);
             self.mark_live(segment, total);
+            self.note_expiry(segment, expire_at_ms);
             self.point_index_at(tablet_ref, hash, key, current, loc, version, expire_at_ms);
             return Ok(());
         }

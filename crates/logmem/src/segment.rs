@@ -43,6 +43,10 @@ pub struct SegmentSlot {
     /// While pinned: the largest `used_bytes` a pinning scan captured. Cleaner copies placed below
     /// it may not be swapped in (the scan reads that range and must see no state change there).
     pub pinned_upto: AtomicU32,
+    /// A lower bound of the expiry times (Unix ms) of the current objects in this segment that
+    /// have one; `u64::MAX` when none may. Writers and cleaner copies lower it; the expiry sweep
+    /// (`cleaner::sweep_expired`) raises it to the exact minimum after removing expired objects.
+    pub expire_min_ms: AtomicU64,
 }
 
 impl SegmentSlot {
@@ -59,6 +63,7 @@ impl SegmentSlot {
             retained_valid_to_max: AtomicU64::new(0),
             pins: AtomicU32::new(0),
             pinned_upto: AtomicU32::new(0),
+            expire_min_ms: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -142,6 +147,7 @@ impl SegmentTable {
         slot.live_bytes.store(0, Ordering::Relaxed);
         slot.retained_bytes.store(0, Ordering::Relaxed);
         slot.retained_valid_to_max.store(0, Ordering::Relaxed);
+        slot.expire_min_ms.store(u64::MAX, Ordering::Relaxed);
         debug_assert_eq!(slot.pins.load(Ordering::Relaxed), 0);
         slot.set_state(SegmentState::Free);
         self.give_back(id);
@@ -188,6 +194,7 @@ impl SegmentWriter {
         slot.live_bytes.store(0, Ordering::Relaxed);
         slot.retained_bytes.store(0, Ordering::Relaxed);
         slot.retained_valid_to_max.store(0, Ordering::Relaxed);
+        slot.expire_min_ms.store(u64::MAX, Ordering::Relaxed);
         slot.created.store(created, Ordering::Relaxed);
         slot.set_state(SegmentState::Open);
         let mut seglets = Vec::with_capacity(segment_seglets);

@@ -718,3 +718,155 @@ fn expiring_object_count_follows_every_write() {
     assert_eq!(engine.stats().expiring_objects, before);
     assert!(engine.stats().expired_reclaimed >= 2);
 }
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Active expiry: expired objects nobody reads leave the index and the live bytes within a few
+/// sweep intervals of the background cleaner, in open head segments and in closed ones alike;
+/// objects without expiry, with a later expiry, or made persistent stay.
+#[test]
+fn expired_objects_leave_without_being_read() {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 64 << 20,
+        segment_seglets: 4,
+        cleaner_threads: 1,
+        key_size_max_bytes: 64,
+        value_size_max_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    let tablets: Vec<_> = (0..4u16)
+        .map(|i| engine.create_tablet(0, i * 4096, i * 4096 + 4095).unwrap())
+        .collect();
+    let soon = wall_ms() + 300;
+    let value = vec![7u8; 200];
+    for i in 0..20_000u32 {
+        let t = tablets[i as usize % tablets.len()];
+        let key = format!("k{i}");
+        let expire_at_ms = match i % 4 {
+            0 => 0,
+            1 => soon + 3_600_000,
+            _ => soon,
+        };
+        let opts = PutOptions {
+            expire_at_ms,
+            ..Default::default()
+        };
+        engine.put(t, key.as_bytes(), &value, &opts).unwrap();
+    }
+    // Half of the ones about to expire are made persistent again (PERSIST writes a new entry).
+    for i in (2..20_000u32).step_by(8) {
+        let t = tablets[i as usize % tablets.len()];
+        engine.set_expiry(t, format!("k{i}").as_bytes(), 0).unwrap();
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.objects, 20_000);
+    assert_eq!(stats.expiring_objects, 5_000 + 7_500);
+    let live_before = stats.live_bytes;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while engine.object_count() > 12_500 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.objects, 12_500, "expired objects left the index");
+    assert_eq!(stats.expiring_objects, 5_000);
+    assert!(stats.expired_reclaimed >= 7_500);
+    assert!(
+        stats.live_bytes < live_before * 13 / 20,
+        "their bytes are no longer live: {} of {live_before}",
+        stats.live_bytes
+    );
+    for i in 0..20_000u32 {
+        let t = tablets[i as usize % tablets.len()];
+        let got = engine.get(t, format!("k{i}").as_bytes()).unwrap();
+        let expected = i % 4 < 2 || i % 8 == 2;
+        assert_eq!(got.is_some(), expected, "k{i}");
+    }
+}
+
+/// `expire_now` removes exactly the expired objects, never one a snapshot may still read, and
+/// agrees with an oracle under random writes, deletes, expiry changes and cleaning.
+#[test]
+fn expiry_sweep_agrees_with_an_oracle() {
+    use rand::{Rng, SeedableRng};
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: 16 << 20,
+        segment_seglets: 2,
+        cleaner_threads: 0,
+        key_size_max_bytes: 64,
+        value_size_max_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = engine.create_tablet(0, 0, 16383).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    // key -> (value, expiry)
+    let mut model: BTreeMap<u16, (Vec<u8>, u64)> = BTreeMap::new();
+    let past = 1_000u64;
+    let future = wall_ms() + 3_600_000;
+    for round in 0..30_000u32 {
+        let k = rng.gen_range(0u16..500);
+        let key = format!("key-{k}").into_bytes();
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                let expire_at_ms = [0, past, future][rng.gen_range(0..3)];
+                let value = value_bytes(k as u8, rng.gen_range(0..200), round as u64);
+                let opts = PutOptions {
+                    expire_at_ms,
+                    ..Default::default()
+                };
+                engine.put(t, &key, &value, &opts).unwrap();
+                model.insert(k, (value, expire_at_ms));
+            }
+            6 => {
+                engine.delete(t, &key, Condition::None).unwrap();
+                model.remove(&k);
+            }
+            7 => {
+                let expire_at_ms = [0, past, future][rng.gen_range(0..3)];
+                let live = model.get(&k).is_some_and(|(_, e)| *e != past);
+                let set = engine.set_expiry(t, &key, expire_at_ms).unwrap().is_some();
+                assert_eq!(set, live, "set_expiry {k}");
+                if live {
+                    model.get_mut(&k).unwrap().1 = expire_at_ms;
+                }
+            }
+            8 => {
+                engine.clean_until_idle(5);
+            }
+            _ => {
+                // A snapshot keeps what it can read; the sweep leaves those alone.
+                let snap = engine.snapshot();
+                let swept = engine.expire_now();
+                let _ = swept;
+                for (k, (value, expire_at_ms)) in model.iter().take(50) {
+                    let got = engine
+                        .get_at(t, format!("key-{k}").as_bytes(), &snap)
+                        .unwrap();
+                    let visible = *expire_at_ms != past;
+                    assert_eq!(got.map(|o| o.value), visible.then(|| value.clone()), "{k}");
+                }
+                drop(snap);
+                engine.expire_now();
+                model.retain(|_, (_, e)| *e != past);
+                assert_eq!(engine.object_count(), model.len() as u64, "round {round}");
+                assert_eq!(
+                    engine.stats().expiring_objects,
+                    model.values().filter(|(_, e)| *e != 0).count() as u64
+                );
+            }
+        }
+    }
+    engine.expire_now();
+    model.retain(|_, (_, e)| *e != past);
+    assert_eq!(engine.object_count(), model.len() as u64);
+    for (k, (value, _)) in &model {
+        let got = engine.get(t, format!("key-{k}").as_bytes()).unwrap();
+        assert_eq!(got.map(|o| o.value).as_ref(), Some(value), "{k}");
+    }
+}

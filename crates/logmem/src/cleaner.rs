@@ -115,6 +115,7 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
                 &inner,
                 &mut sweep_cursor,
                 Some(Instant::now() + EXPIRY_SWEEP_BUDGET),
+                false,
             );
             sweep_at = Instant::now() + EXPIRY_SWEEP_INTERVAL;
         }
@@ -803,16 +804,29 @@ pub(crate) const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// The longest one background sweep may run before it yields to cleaning (it resumes where it
 /// stopped): at most a tenth of a core.
 pub(crate) const EXPIRY_SWEEP_BUDGET: Duration = Duration::from_millis(10);
+/// A segment is walked again once this share of the objects with an expiry that its last walk
+/// left has expired (Redis's active expiry also accepts about 10% of stale keys), ...
+const EXPIRY_STALE_SHARE_DIVISOR: usize = 10;
+/// ... or once its earliest one has been expired this long, whichever comes first.
+const EXPIRY_LAG_MAX_MS: u64 = 10_000;
+/// A walk that found an expired object a snapshot may still read looks again after this.
+const EXPIRY_SNAPSHOT_RETRY_MS: u64 = 1_000;
 
 /// Active expiry: removes expired objects from the index (and their bytes from the live count),
 /// so that they leave DBSIZE and the memory figures within about a sweep interval instead of
 /// waiting for the cleaner to reach their segments, the way Redis's active expiry deletes
 /// expired keys nobody reads. Only segments whose expiry bound (`expire_min_ms`) has passed are
-/// walked; a walk makes the bound exact again. Objects an open snapshot may still read are kept
+/// walked; a walk sets the bound to when the segment is next worth walking (`next_expiry_bound`). Objects an open snapshot may still read are kept
 /// (they go once it closes). Starts at segment `*cursor` and stops at `deadline`, leaving
-/// `*cursor` where the next call resumes; returns the objects removed (counted from the
+/// `*cursor` where the next call resumes. `every_segment` walks every segment that may hold an
+/// object with an expiry, whether or not its time has come. Returns the objects removed (counted from the
 /// engine's `expired_reclaimed`, so other cleaner threads' reclaims meanwhile count too).
-pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<Instant>) -> u64 {
+pub(crate) fn sweep_expired(
+    inner: &Inner,
+    cursor: &mut u32,
+    deadline: Option<Instant>,
+    every_segment: bool,
+) -> u64 {
     let count = inner.segments.iter().count() as u32;
     if count == 0 {
         return 0;
@@ -820,6 +834,7 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
     let now = now_ms();
     let reclaimed_before = inner.counters.expired_reclaimed.load(Ordering::Relaxed);
     let mut removable: Vec<(Loc, u64)> = Vec::new();
+    let mut remaining: Vec<u64> = Vec::new();
     let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
     let mut key_buf = Vec::new();
     let mut visited = 0;
@@ -831,7 +846,7 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
         visited += 1;
         let slot = inner.segments.get(id);
         let bound = slot.expire_min_ms.load(Ordering::SeqCst);
-        if bound > now {
+        if bound == u64::MAX || (bound > now && !every_segment) {
             continue;
         }
         // The pin keeps the segment's memory from being freed while it is walked (the cleaner
@@ -845,7 +860,8 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
             continue;
         };
         removable.clear();
-        let mut next_bound = u64::MAX;
+        remaining.clear();
+        let mut retry = false;
         let walked = for_each_entry_from(inner, id, 0, |loc, header, key| {
             if !header.is_object()
                 || header.expire_at_ms == 0
@@ -861,7 +877,7 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
             } else {
                 // Not yet expired, a cleaner's copy or original in flight, or readable by a
                 // snapshot: it keeps the bound down.
-                next_bound = next_bound.min(header.expire_at_ms);
+                remaining.push(header.expire_at_ms);
             }
         });
         // As in `live_entries`: each removal is checked again under the write lock, which is
@@ -876,8 +892,8 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
             let _head = tablet.head.lock();
             for (&(loc, hash), &hint) in batch.iter().zip(&hints) {
                 if remove_dead(inner, tablet, (loc, hash, id), hint, &mut key_buf).is_some() {
-                    // A snapshot opened since the walk may read it: look again next time.
-                    next_bound = next_bound.min(now);
+                    // A snapshot opened since the walk may read it: look again later.
+                    retry = true;
                 }
             }
         }
@@ -885,7 +901,11 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
         // open one takes appends from its tablet's writers only under the write lock (held here
         // while the entries published since the walk join the bound) or, if it is a cleaner's
         // survivor segment, from the cleaner: its bound then stays until the segment is closed.
-        let raise = |next_bound: u64| {
+        let raise = |remaining: &mut Vec<u64>| {
+            let mut next_bound = next_expiry_bound(remaining);
+            if retry {
+                next_bound = next_bound.min(now + EXPIRY_SNAPSHOT_RETRY_MS);
+            }
             let _ = slot.expire_min_ms.compare_exchange(
                 bound,
                 next_bound,
@@ -894,21 +914,33 @@ pub(crate) fn sweep_expired(inner: &Inner, cursor: &mut u32, deadline: Option<In
             );
         };
         if slot.state() == SegmentState::Closed {
-            raise(next_bound);
+            raise(&mut remaining);
         } else {
             let head = tablet.head.lock();
             if head.as_ref().is_some_and(|w| w.segment == id) {
                 for_each_entry_from(inner, id, walked, |_, h, _| {
                     if h.is_object() && h.expire_at_ms != 0 && h.state & STATE_SUPERSEDED == 0 {
-                        next_bound = next_bound.min(h.expire_at_ms);
+                        remaining.push(h.expire_at_ms);
                     }
                 });
-                raise(next_bound);
+                raise(&mut remaining);
             }
         }
     }
     *cursor = (*cursor + visited) % count;
     inner.counters.expired_reclaimed.load(Ordering::Relaxed) - reclaimed_before
+}
+
+/// The time a segment is next worth walking, given the expiry times of the objects its walk
+/// left (reordered): when a tenth of them has expired, or `EXPIRY_LAG_MAX_MS` after the first
+/// has; `u64::MAX` when none is left.
+fn next_expiry_bound(remaining: &mut [u64]) -> u64 {
+    let Some(&earliest) = remaining.iter().min() else {
+        return u64::MAX;
+    };
+    let k = remaining.len() / EXPIRY_STALE_SHARE_DIVISOR;
+    let (_, &mut kth, _) = remaining.select_nth_unstable(k);
+    kth.min(earliest.saturating_add(EXPIRY_LAG_MAX_MS))
 }
 
 /// Compacts the segments queued as sparse (by scans, or after snapshots were released). Returns
@@ -1158,6 +1190,21 @@ fn combined_clean(inner: &Inner) -> bool {
 mod tests {
     use super::*;
     use crate::PutOptions;
+
+    #[test]
+    fn next_expiry_bound_waits_for_a_tenth_or_ten_seconds() {
+        assert_eq!(next_expiry_bound(&mut []), u64::MAX);
+        // Fewer than ten: the earliest.
+        assert_eq!(next_expiry_bound(&mut [5_000, 3_000, 9_000]), 3_000);
+        // A hundred, one per second: the eleventh earliest (a tenth expired)...
+        let mut v: Vec<u64> = (0..100).rev().map(|i| 1_000_000 + i * 1_000).collect();
+        assert_eq!(next_expiry_bound(&mut v), 1_010_000);
+        // ... but never later than ten seconds after the earliest.
+        let mut v: Vec<u64> = (0..100).map(|i| 1_000_000 + i * 60_000).collect();
+        assert_eq!(next_expiry_bound(&mut v), 1_010_000);
+        let mut v = vec![u64::MAX - 1; 20];
+        assert_eq!(next_expiry_bound(&mut v), u64::MAX - 1);
+    }
 
     /// A victim whose entries all moved but that a scan pinned before it could be freed waits,
     /// still Cleaning and counted empty, and is freed once the scan lets go; nothing is lost.

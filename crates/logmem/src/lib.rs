@@ -540,11 +540,12 @@ impl Engine {
         progressed
     }
 
-    /// Removes every expired object no open snapshot can read, now, as the background cleaner
-    /// does every 100 ms (for tests and engines without cleaner threads). Returns how many.
+    /// Removes every expired object no open snapshot can read, now (the background cleaner does
+    /// it every 100 ms for the segments where enough has expired; this is for tests and engines
+    /// without cleaner threads). Returns how many.
     pub fn expire_now(&self) -> u64 {
         let mut cursor = 0;
-        cleaner::sweep_expired(&self.inner, &mut cursor, None)
+        cleaner::sweep_expired(&self.inner, &mut cursor, None, true)
     }
 
     /// Runs cleaning passes until a pass finds nothing to do or `max_passes` ran.

@@ -43,9 +43,10 @@ pub struct SegmentSlot {
     /// While pinned: the largest `used_bytes` a pinning scan captured. Cleaner copies placed below
     /// it may not be swapped in (the scan reads that range and must see no state change there).
     pub pinned_upto: AtomicU32,
-    /// A lower bound of the expiry times (Unix ms) of the current objects in this segment that
-    /// have one; `u64::MAX` when none may. Writers and cleaner copies lower it; the expiry sweep
-    /// (`cleaner::sweep_expired`) raises it to the exact minimum after removing expired objects.
+    /// When the expiry sweep should next walk this segment (Unix ms; `u64::MAX`: never). Writers
+    /// and cleaner copies lower it to their objects' expiry times; the sweep
+    /// (`cleaner::sweep_expired`) raises it after removing expired objects, to when a tenth of
+    /// the expiring objects left, or the earliest of them ten seconds ago, has expired.
     pub expire_min_ms: AtomicU64,
 }
 

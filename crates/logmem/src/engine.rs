@@ -21,6 +21,7 @@ use crossbeam_epoch as epoch;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
 use ramlog_common::{key_slot, TableId, Version, SLOT_COUNT};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -939,11 +940,11 @@ impl Inner {
     }
 
     /// The one write path: `build` decides, from the current object, what to write (or fails).
-    fn write_one(
+    fn write_one<'v>(
         &self,
         tablet_id: TabletId,
         key: &[u8],
-        mut decide: impl FnMut(Option<(&Header, Loc)>) -> Result<WriteAction, EngineError>,
+        mut decide: impl FnMut(Option<(&Header, Loc)>) -> Result<WriteAction<'v>, EngineError>,
     ) -> Result<WriteResult, EngineError> {
         let tablet = self.tablet(tablet_id)?;
         let hash = hash_key(key);
@@ -984,7 +985,7 @@ impl Inner {
                             old: None,
                         });
                     }
-                    (KIND_TOMBSTONE, Vec::new(), 0, false)
+                    (KIND_TOMBSTONE, Cow::Borrowed(&[][..]), 0, false)
                 }
                 WriteAction::Nothing { return_old } => {
                     return Ok(WriteResult {
@@ -1085,7 +1086,7 @@ impl Inner {
                 opts.expire_at_ms
             };
             Ok(WriteAction::Put {
-                value: value.to_vec(),
+                value: Cow::Borrowed(value),
                 expire_at_ms,
                 return_old: opts.return_old,
             })
@@ -1152,7 +1153,7 @@ impl Inner {
                 .checked_add(delta)
                 .ok_or(EngineError::IncrementOverflow)?;
             Ok(WriteAction::Put {
-                value: new_value.to_string().into_bytes(),
+                value: Cow::Owned(new_value.to_string().into_bytes()),
                 expire_at_ms,
                 return_old: false,
             })
@@ -1172,7 +1173,7 @@ impl Inner {
             Some((_, loc)) => {
                 let value = self.with_entry(loc, true, |e| e.value.to_vec())?;
                 Ok(WriteAction::Put {
-                    value,
+                    value: Cow::Owned(value),
                     expire_at_ms,
                     return_old: false,
                 })
@@ -1476,9 +1477,10 @@ impl Inner {
     }
 }
 
-pub(crate) enum WriteAction {
+pub(crate) enum WriteAction<'v> {
     Put {
-        value: Vec<u8>,
+        /// The caller's bytes, or bytes the decision computed (an increment's result).
+        value: Cow<'v, [u8]>,
         expire_at_ms: u64,
         return_old: bool,
     },

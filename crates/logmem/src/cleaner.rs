@@ -827,8 +827,12 @@ pub(crate) fn sweep_expired(
     deadline: Option<Instant>,
     every_segment: bool,
 ) -> u64 {
-    let count = inner.segments.iter().count() as u32;
-    if count == 0 {
+    let count = inner.segments.len() as u32;
+    let expiring = (0..inner.tablet_count())
+        .filter_map(|id| inner.tablet(id).ok())
+        .any(|t| t.expiring_objects.load(Ordering::Relaxed) > 0);
+    if count == 0 || !expiring {
+        // No current object has an expiry time: no segment has anything to remove.
         return 0;
     }
     let now = now_ms();
@@ -838,10 +842,13 @@ pub(crate) fn sweep_expired(
     let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
     let mut key_buf = Vec::new();
     let mut visited = 0;
+    let mut walked_any = false;
     while visited < count {
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        // The clock is read only after walks: skipping a segment costs one load.
+        if walked_any && deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
+        walked_any = false;
         let id = (*cursor + visited) % count;
         visited += 1;
         let slot = inner.segments.get(id);
@@ -859,6 +866,7 @@ pub(crate) fn sweep_expired(
         let Ok(tablet) = inner.tablet(slot.tablet.load(Ordering::Relaxed)) else {
             continue;
         };
+        walked_any = true;
         removable.clear();
         remaining.clear();
         let mut retry = false;

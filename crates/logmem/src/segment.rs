@@ -116,6 +116,11 @@ impl SegmentTable {
         &self.slots[id as usize]
     }
 
+    /// Slots in the table (free or not).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u32, &SegmentSlot)> {
         self.slots.iter().enumerate().map(|(i, s)| (i as u32, s))
     }

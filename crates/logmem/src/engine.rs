@@ -966,12 +966,13 @@ impl Inner {
                 }
             };
             let action = decide(visible.map(|(_, loc, h)| (h, *loc)))?;
-            let (kind, value, expire_at_ms, return_old) = match action {
+            let (kind, value, body_crc, expire_at_ms, return_old) = match action {
                 WriteAction::Put {
                     value,
+                    body_crc,
                     expire_at_ms,
                     return_old,
-                } => (KIND_OBJECT, value, expire_at_ms, return_old),
+                } => (KIND_OBJECT, value, body_crc, expire_at_ms, return_old),
                 WriteAction::Delete => {
                     if visible.is_none() {
                         // Nothing to delete; an expired leftover is removed quietly (a snapshot taken
@@ -985,7 +986,7 @@ impl Inner {
                             old: None,
                         });
                     }
-                    (KIND_TOMBSTONE, Cow::Borrowed(&[][..]), 0, false)
+                    (KIND_TOMBSTONE, Cow::Borrowed(&[][..]), None, 0, false)
                 }
                 WriteAction::Nothing { return_old } => {
                     return Ok(WriteResult {
@@ -997,7 +998,16 @@ impl Inner {
             let old = old_object(return_old);
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut header = [0u8; HEADER_BYTES_MAX];
-            let hl = encode_header(&mut header, kind, version, key, &value, expire_at_ms);
+            let body_crc = body_crc.unwrap_or_else(|| entry::body_crc(key, &value));
+            let hl = entry::encode_header_with_body_crc(
+                &mut header,
+                kind,
+                version,
+                key,
+                &value,
+                expire_at_ms,
+                body_crc,
+            );
             let total = hl + key.len() + value.len();
             debug_assert_eq!(
                 total,
@@ -1068,6 +1078,8 @@ impl Inner {
         opts: &PutOptions,
     ) -> Result<PutOutcome, EngineError> {
         self.check_sizes(key, value)?;
+        // Checksummed before the write lock is taken: the lock is held only for what needs it.
+        let body_crc = entry::body_crc(key, value);
         let mut failed = false;
         let result = self.write_one(tablet, key, |current| {
             let ok = match opts.condition {
@@ -1087,6 +1099,7 @@ impl Inner {
             };
             Ok(WriteAction::Put {
                 value: Cow::Borrowed(value),
+                body_crc: Some(body_crc),
                 expire_at_ms,
                 return_old: opts.return_old,
             })
@@ -1154,6 +1167,7 @@ impl Inner {
                 .ok_or(EngineError::IncrementOverflow)?;
             Ok(WriteAction::Put {
                 value: Cow::Owned(new_value.to_string().into_bytes()),
+                body_crc: None,
                 expire_at_ms,
                 return_old: false,
             })
@@ -1174,6 +1188,7 @@ impl Inner {
                 let value = self.with_entry(loc, true, |e| e.value.to_vec())?;
                 Ok(WriteAction::Put {
                     value: Cow::Owned(value),
+                    body_crc: None,
                     expire_at_ms,
                     return_old: false,
                 })
@@ -1481,6 +1496,8 @@ pub(crate) enum WriteAction<'v> {
     Put {
         /// The caller's bytes, or bytes the decision computed (an increment's result).
         value: Cow<'v, [u8]>,
+        /// `entry::body_crc(key, value)` when the caller computed it before the lock.
+        body_crc: Option<u32>,
         expire_at_ms: u64,
         return_old: bool,
     },

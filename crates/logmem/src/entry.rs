@@ -7,8 +7,10 @@
 //! varint  key_len      LEB128, 1-3 bytes (<= 65536)
 //! varint  value_len    LEB128, 1-4 bytes (objects only; < 2^28)
 //! u64 LE  expire_at_ms only when has-expiry (unix milliseconds)
-//! u32 LE  crc32c       CRC32C of every header byte before it (state bits taken as 0), then the key,
-//!                      then the value; for a RETAINED entry, its valid-to instead (see below)
+//! u32 LE  crc32c       CRC32C of the key, then the value, then every header byte before this field
+//!                      (state bits taken as 0); for a RETAINED entry, its valid-to instead (see
+//!                      below). The key and value come first so that a writer can checksum them
+//!                      before it takes the tablet's write lock, which the version needs.
 //! [key_len]   key
 //! [value_len] value    (objects only)
 //! ```
@@ -164,6 +166,26 @@ pub fn encode_header(
     value: &[u8],
     expire_at_ms: u64,
 ) -> usize {
+    let body_crc = body_crc(key, value);
+    encode_header_with_body_crc(out, kind, version, key, value, expire_at_ms, body_crc)
+}
+
+/// The CRC32C of an entry's key and value: the start of its checksum (see the layout above).
+pub fn body_crc(key: &[u8], value: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(key), value)
+}
+
+/// As [`encode_header`], with `body_crc` = [`body_crc`]`(key, value)` computed beforehand.
+pub fn encode_header_with_body_crc(
+    out: &mut [u8; HEADER_BYTES_MAX],
+    kind: u8,
+    version: u64,
+    key: &[u8],
+    value: &[u8],
+    expire_at_ms: u64,
+    body_crc: u32,
+) -> usize {
+    debug_assert_eq!(body_crc, self::body_crc(key, value));
     debug_assert!(kind == KIND_OBJECT || kind == KIND_TOMBSTONE);
     debug_assert!(key.len() <= KEY_BYTES_FORMAT_MAX && value.len() <= VALUE_BYTES_FORMAT_MAX);
     debug_assert!(kind == KIND_OBJECT || value.is_empty());
@@ -177,9 +199,7 @@ pub fn encode_header(
         out[pos..pos + 8].copy_from_slice(&expire_at_ms.to_le_bytes());
         pos += 8;
     }
-    let mut crc = crc32c::crc32c(&out[..pos]);
-    crc = crc32c::crc32c_append(crc, key);
-    crc = crc32c::crc32c_append(crc, value);
+    let crc = crc32c::crc32c_append(body_crc, &out[..pos]);
     out[pos..pos + 4].copy_from_slice(&crc.to_le_bytes());
     pos + 4
 }
@@ -315,10 +335,9 @@ pub fn verify(
     let Some((&first, rest)) = header_bytes.split_first() else {
         return Err(DecodeError::Truncated);
     };
-    let mut crc = crc32c::crc32c(&[first & !STATE_MASK]);
+    let mut crc = body_crc(key, value);
+    crc = crc32c::crc32c_append(crc, &[first & !STATE_MASK]);
     crc = crc32c::crc32c_append(crc, rest);
-    crc = crc32c::crc32c_append(crc, key);
-    crc = crc32c::crc32c_append(crc, value);
     if crc != header.crc {
         return Err(DecodeError::Checksum {
             stored: header.crc,

@@ -51,7 +51,7 @@ pub(crate) fn memory_low(inner: &Inner) -> bool {
         .free_count()
         .saturating_sub(inner.pool.reserve_seglets()) as f64
         / total;
-    let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / inner.total_bytes() as f64;
+    let live = inner.live_bytes.sum().max(0) as f64 / inner.total_bytes() as f64;
     free <= 0.10f64.min((1.0 - live) / FREE_TARGET_DIVISOR)
         || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
 }
@@ -75,7 +75,7 @@ pub(crate) fn recycling_wanted(inner: &Inner) -> bool {
         return false;
     }
     let in_use = (pool.seglet_count() - pool.free_count()) as f64 * SEGLET_BYTES as f64;
-    let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64;
+    let live = inner.live_bytes.sum().max(0) as f64;
     live < in_use * SPARSE_UTILISATION
 }
 
@@ -201,7 +201,7 @@ pub(crate) fn run_pass(inner: &Inner, may_combine: bool) -> bool {
             // Tombstones are dead from the start in the master (nothing replays its memory log), so
             // T is 0 unless that changes; the rule is kept so that the policy stays RAMCloud's.
             let total = inner.total_bytes() as f64;
-            let live = inner.live_bytes.load(Ordering::Relaxed).max(0) as f64 / total;
+            let live = inner.live_bytes.sum().max(0) as f64 / total;
             let undead_tombstones = 0.0;
             if may_combine && undead_tombstones / (1.0 - live).max(1e-9) >= ratio {
                 Mode::Combined

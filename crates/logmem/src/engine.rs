@@ -117,7 +117,7 @@ pub(crate) struct Inner {
     routes: RwLock<HashMap<TableId, Arc<[AtomicU32]>>>,
     /// The engine clock: every write takes the next value as its version.
     pub clock: CachePadded<AtomicU64>,
-    pub live_bytes: CachePadded<AtomicI64>,
+    pub live_bytes: crate::stats::ShardedCounter,
     pub counters: Counters,
     pub shutdown: AtomicBool,
     pub cleaner_wake: Mutex<bool>,
@@ -197,7 +197,7 @@ impl Inner {
             tablet_create: Mutex::new(()),
             routes: RwLock::new(HashMap::new()),
             clock: CachePadded::new(AtomicU64::new(0)),
-            live_bytes: CachePadded::new(AtomicI64::new(0)),
+            live_bytes: Default::default(),
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
             cleaner_wake: Mutex::new(false),
@@ -387,7 +387,7 @@ impl Inner {
                 .live_bytes
                 .fetch_sub(len as i64, Ordering::Relaxed);
         }
-        self.live_bytes.fetch_sub(len as i64, Ordering::Relaxed);
+        self.live_bytes.add(-(len as i64));
     }
 
     /// Lowers a segment's expiry bound for an object with expiry `expire_at_ms` (0: none).
@@ -405,7 +405,7 @@ impl Inner {
             .get(segment)
             .live_bytes
             .fetch_add(len as i64, Ordering::Relaxed);
-        self.live_bytes.fetch_add(len as i64, Ordering::Relaxed);
+        self.live_bytes.add(len as i64);
     }
 
     /// The first byte of the entry at `loc` (kind, flags and state bits), for atomic state changes.
@@ -721,7 +721,7 @@ impl Inner {
 
     pub fn out_of_memory(&self) -> EngineError {
         EngineError::OutOfMemory {
-            live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,
+            live_bytes: self.live_bytes.sum().max(0) as u64,
             total_bytes: self.total_bytes(),
         }
     }
@@ -1035,9 +1035,7 @@ impl Inner {
                     unreachable!("append retries on a new segment")
                 }
             };
-            self.counters
-                .new_bytes
-                .fetch_add(total as u64, Ordering::Relaxed);
+            self.counters.new_bytes.add(total as i64);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
                 self.note_expiry(segment, expire_at_ms);
@@ -1254,9 +1252,7 @@ impl Inner {
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
             };
-            self.counters
-                .new_bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.counters.new_bytes.add(bytes.len() as i64);
             let start_seglet = loc_seglet(start);
             let start_offset = loc_offset(start);
             for (((k, _), (off, len)), (&hash, early)) in items
@@ -1348,9 +1344,7 @@ impl Inner {
                     unreachable!("append retries on a new segment")
                 }
             };
-            self.counters
-                .new_bytes
-                .fetch_add(total as u64, Ordering::Relaxed);
+            self.counters.new_bytes.add(total as i64);
             self.mark_live(segment, total);
             self.note_expiry(segment, expire_at_ms);
             self.point_index_at(tablet_ref, hash, key, current, loc, version, expire_at_ms);
@@ -1440,8 +1434,8 @@ impl Inner {
             }
         }
         let total = self.total_bytes();
-        let live = self.live_bytes.load(Ordering::Relaxed).max(0) as u64;
-        let new_bytes = c.new_bytes.load(Ordering::Relaxed);
+        let live = self.live_bytes.sum().max(0) as u64;
+        let new_bytes = c.new_bytes.sum() as u64;
         let copied = c.cleaner_copied_bytes.load(Ordering::Relaxed);
         crate::EngineStats {
             total_bytes: total,

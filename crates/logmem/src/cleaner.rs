@@ -335,11 +335,23 @@ fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
     if removable.is_empty() {
         return;
     }
-    // Removal happens under the write lock, after checking again: a snapshot may have been opened,
-    // or the object replaced, since the walk. As for relocation's swaps, each reference is found
-    // before the lock (the index probes are cache misses) and the lock is held for one batch at a
-    // time, so a writer waits at most for a batch.
     let _guard = epoch::pin();
+    remove_all_dead(inner, tablet, segment, &removable, |kept| out.push(kept));
+}
+
+/// Removes the entries of `segment` a walk found dead (`(loc, hash)` pairs) with `remove_dead`,
+/// handing `kept` those a snapshot opened since the walk may read. Removal happens under the write
+/// lock, after checking again: a snapshot may have been opened, or the object replaced, since the
+/// walk. As for relocation's swaps, each reference is found before the lock (the index probes are
+/// cache misses) and the lock is held for one batch at a time, so a writer waits at most for a
+/// batch. The caller holds an epoch pin.
+fn remove_all_dead(
+    inner: &Inner,
+    tablet: &crate::engine::Tablet,
+    segment: u32,
+    removable: &[(Loc, u64)],
+    mut kept: impl FnMut(Survivor),
+) {
     let mut key_buf = Vec::new();
     let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
     for batch in removable.chunks(SWAP_BATCH) {
@@ -351,13 +363,9 @@ fn live_entries(inner: &Inner, segment: u32, out: &mut Vec<Survivor>) {
         );
         let _head = tablet.head.lock();
         for (&(loc, hash), &hint) in batch.iter().zip(&hints) {
-            out.extend(remove_dead(
-                inner,
-                tablet,
-                (loc, hash, segment),
-                hint,
-                &mut key_buf,
-            ));
+            if let Some(s) = remove_dead(inner, tablet, (loc, hash, segment), hint, &mut key_buf) {
+                kept(s);
+            }
         }
     }
 }
@@ -839,8 +847,6 @@ pub(crate) fn sweep_expired(
     let reclaimed_before = inner.counters.expired_reclaimed.load(Ordering::Relaxed);
     let mut removable: Vec<(Loc, u64)> = Vec::new();
     let mut remaining: Vec<u64> = Vec::new();
-    let mut hints: Vec<Option<SlotRef>> = Vec::with_capacity(SWAP_BATCH);
-    let mut key_buf = Vec::new();
     let mut visited = 0;
     let mut walked_any = false;
     while visited < count {
@@ -888,23 +894,8 @@ pub(crate) fn sweep_expired(
                 remaining.push(header.expire_at_ms);
             }
         });
-        // As in `live_entries`: each removal is checked again under the write lock, which is
-        // held for one batch at a time.
-        for batch in removable.chunks(SWAP_BATCH) {
-            hints.clear();
-            hints.extend(
-                batch
-                    .iter()
-                    .map(|&(loc, hash)| tablet.index.find_loc(hash, loc)),
-            );
-            let _head = tablet.head.lock();
-            for (&(loc, hash), &hint) in batch.iter().zip(&hints) {
-                if remove_dead(inner, tablet, (loc, hash, id), hint, &mut key_buf).is_some() {
-                    // A snapshot opened since the walk may read it: look again later.
-                    retry = true;
-                }
-            }
-        }
+        // One a snapshot opened since the walk may read stays: look again later.
+        remove_all_dead(inner, tablet, id, &removable, |_| retry = true);
         // Raise the bound to what the walk found. A closed segment takes no more entries. An
         // open one takes appends from its tablet's writers only under the write lock (held here
         // while the entries published since the walk join the bound) or, if it is a cleaner's

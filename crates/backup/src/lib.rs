@@ -71,6 +71,7 @@ mod engine;
 pub mod error;
 pub mod format;
 pub mod io;
+mod iopool;
 mod reorg;
 mod replay;
 mod tablet;

@@ -239,8 +239,9 @@ impl Config {
     pub fn entry_max_bytes(&self) -> usize {
         let by_segment =
             (self.segment_bytes as usize / 2).saturating_sub(crate::format::BLOCK_HEADER_BYTES);
-        by_segment.min(
-            crate::format::ENTRY_HEADER_BYTES + crate::format::KEY_MAX_BYTES + self.value_max_bytes,
-        )
+        by_segment.min(crate::format::entry_bytes_max(
+            crate::format::KEY_MAX_BYTES,
+            self.value_max_bytes,
+        ))
     }
 }

@@ -13,8 +13,13 @@ pub const KIND_PUT: u8 = 1;
 /// Kind byte of a delete record (only in the write buffer and the primary log).
 pub const KIND_DELETE: u8 = 2;
 
-/// Entry header: kind u8 | crc32c u32 | key_len u32 | value_len u32 | version u64 | expiry u64.
-pub const ENTRY_HEADER_BYTES: usize = 29;
+/// Entry header: kind u8 | crc32c u32 | key_len varint | value_len varint | version varint |
+/// expiry varint (LEB128: 7 bits a byte, low bits first). The CRC covers everything after it.
+/// 100 B keys and values at version 10^6 without expiry: 1 + 4 + 1 + 1 + 3 + 1 = 11 bytes.
+pub const ENTRY_HEADER_MIN_BYTES: usize = 9;
+/// Longest header: a key length up to 64 KiB takes 3 bytes, a value length (u32) 5, version and
+/// expiry (u64) 10 each.
+pub const ENTRY_HEADER_MAX_BYTES: usize = 1 + 4 + 3 + 5 + 10 + 10;
 /// Largest key the backup accepts (DESIGN.md: keys up to 64 KiB).
 pub const KEY_MAX_BYTES: usize = 64 * 1024;
 
@@ -62,10 +67,14 @@ pub enum DecodeError {
     TruncatedBody,
     #[error("entry key is longer than the 64 KiB limit")]
     KeyTooLong,
+    #[error("entry header field is an overlong or overflowing varint")]
+    BadVarint,
     #[error("entry checksum mismatch")]
     BadChecksum,
     #[error("block magic mismatch")]
     BadMagic,
+    #[error("written by an earlier ramlog whose entry format (fixed 29-byte headers) this version does not read")]
+    OldFormat,
     #[error("block header checksum mismatch")]
     BadHeaderChecksum,
     #[error("block body length exceeds the space available")]
@@ -96,10 +105,71 @@ pub fn page_align_up(n: usize) -> usize {
     n.div_ceil(PAGE_BYTES) * PAGE_BYTES
 }
 
+/// Bytes of `v` as a LEB128 varint.
+#[inline]
+pub fn varint_len(v: u64) -> usize {
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+#[inline]
+fn put_varint(out: &mut [u8], mut pos: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        out[pos] = (v as u8) | 0x80;
+        v >>= 7;
+        pos += 1;
+    }
+    out[pos] = v as u8;
+    pos + 1
+}
+
+/// Reads a varint of at most `max_bytes` bytes at `*pos`, whose value must be at most `max`.
+#[inline]
+fn get_varint(buf: &[u8], pos: &mut usize, max_bytes: usize, max: u64) -> Result<u64, DecodeError> {
+    let mut value: u64 = 0;
+    for i in 0..max_bytes {
+        let Some(&b) = buf.get(*pos) else {
+            return Err(DecodeError::TruncatedHeader);
+        };
+        *pos += 1;
+        let bits = (b & 0x7F) as u64;
+        // The tenth byte of a u64 carries its top bit only.
+        if i == 9 && bits > 1 {
+            return Err(DecodeError::BadVarint);
+        }
+        value |= bits << (7 * i);
+        if b & 0x80 == 0 {
+            // One encoding per value (a trailing zero byte is not one), so an entry's length
+            // is always `entry_bytes` of its fields.
+            return if value > max || (i > 0 && b == 0) {
+                Err(DecodeError::BadVarint)
+            } else {
+                Ok(value)
+            };
+        }
+    }
+    Err(DecodeError::BadVarint)
+}
+
+/// Header length of an entry with these fields.
+#[inline]
+pub fn entry_header_bytes(key_len: usize, value_len: usize, version: u64, expiry: u64) -> usize {
+    5 + varint_len(key_len as u64)
+        + varint_len(value_len as u64)
+        + varint_len(version)
+        + varint_len(expiry)
+}
+
 /// Encoded size of one entry.
 #[inline]
-pub fn entry_bytes(key_len: usize, value_len: usize) -> usize {
-    ENTRY_HEADER_BYTES + key_len + value_len
+pub fn entry_bytes(key_len: usize, value_len: usize, version: u64, expiry: u64) -> usize {
+    entry_header_bytes(key_len, value_len, version, expiry) + key_len + value_len
+}
+
+/// Largest encoded size of an entry with this key and value, whatever its version and expiry.
+#[inline]
+pub fn entry_bytes_max(key_len: usize, value_len: usize) -> usize {
+    entry_bytes(key_len, value_len, u64::MAX, u64::MAX)
 }
 
 /// One decoded entry, borrowing key and value from the buffer it was read from.
@@ -117,7 +187,7 @@ impl EntryRef<'_> {
         self.kind == KIND_DELETE
     }
     pub fn encoded_len(&self) -> usize {
-        entry_bytes(self.key.len(), self.value.len())
+        entry_bytes(self.key.len(), self.value.len(), self.version, self.expiry)
     }
 }
 
@@ -133,76 +203,81 @@ pub fn encode_entry(
     debug_assert!(kind == KIND_PUT || kind == KIND_DELETE);
     debug_assert!(key.len() <= KEY_MAX_BYTES);
     let start = out.len();
-    out.push(kind);
-    out.extend_from_slice(&[0u8; 4]);
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&expiry.to_le_bytes());
+    let mut h = [0u8; ENTRY_HEADER_MAX_BYTES];
+    h[0] = kind;
+    let mut n = 5;
+    n = put_varint(&mut h, n, key.len() as u64);
+    n = put_varint(&mut h, n, value.len() as u64);
+    n = put_varint(&mut h, n, version);
+    n = put_varint(&mut h, n, expiry);
+    out.extend_from_slice(&h[..n]);
     out.extend_from_slice(key);
     out.extend_from_slice(value);
     let crc = crc32c::crc32c(&out[start + 5..]);
     out[start + 1..start + 5].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Reads only the lengths of the entry at the start of `buf` (no checksum check). Used on data
-/// this process wrote itself (the write buffer) where the checksum was computed moments ago.
+/// Parses the entry at the start of `buf`, checking its checksum if `verify`.
 #[inline]
-pub fn entry_len_unchecked(buf: &[u8]) -> Result<usize, DecodeError> {
-    if buf.is_empty() || buf[0] == 0 {
+fn parse_entry(buf: &[u8], verify: bool) -> Result<(EntryRef<'_>, usize), DecodeError> {
+    let Some(&kind) = buf.first() else {
+        return Err(DecodeError::End);
+    };
+    if kind == 0 {
         return Err(DecodeError::End);
     }
-    if buf.len() < ENTRY_HEADER_BYTES {
+    if buf.len() < ENTRY_HEADER_MIN_BYTES {
         return Err(DecodeError::TruncatedHeader);
     }
-    let key_len = u32_at(buf, 5) as usize;
-    let value_len = u32_at(buf, 9) as usize;
-    let total = ENTRY_HEADER_BYTES
-        .checked_add(key_len)
-        .and_then(|n| n.checked_add(value_len))
-        .ok_or(DecodeError::TruncatedBody)?;
-    if total > buf.len() {
-        return Err(DecodeError::TruncatedBody);
-    }
-    Ok(total)
-}
-
-/// Decodes and verifies the entry at the start of `buf`; returns it and its encoded length.
-pub fn decode_entry(buf: &[u8]) -> Result<(EntryRef<'_>, usize), DecodeError> {
-    if buf.is_empty() || buf[0] == 0 {
-        return Err(DecodeError::End);
-    }
-    if buf.len() < ENTRY_HEADER_BYTES {
-        return Err(DecodeError::TruncatedHeader);
-    }
-    let kind = buf[0];
     if kind != KIND_PUT && kind != KIND_DELETE {
         return Err(DecodeError::BadKind(kind));
     }
     let crc = u32_at(buf, 1);
-    let key_len = u32_at(buf, 5) as usize;
-    let value_len = u32_at(buf, 9) as usize;
+    let mut at = 5usize;
+    let key_len = get_varint(buf, &mut at, 3, u64::MAX)? as usize;
     if key_len > KEY_MAX_BYTES {
         return Err(DecodeError::KeyTooLong);
     }
-    let total = ENTRY_HEADER_BYTES
+    let value_len = get_varint(buf, &mut at, 5, u32::MAX as u64)? as usize;
+    let version = get_varint(buf, &mut at, 10, u64::MAX)?;
+    let expiry = get_varint(buf, &mut at, 10, u64::MAX)?;
+    let total = at
         .checked_add(key_len)
         .and_then(|n| n.checked_add(value_len))
         .ok_or(DecodeError::TruncatedBody)?;
     if total > buf.len() {
         return Err(DecodeError::TruncatedBody);
     }
-    if crc32c::crc32c(&buf[5..total]) != crc {
+    if verify && crc32c::crc32c(&buf[5..total]) != crc {
         return Err(DecodeError::BadChecksum);
     }
     let entry = EntryRef {
         kind,
-        key: &buf[ENTRY_HEADER_BYTES..ENTRY_HEADER_BYTES + key_len],
-        value: &buf[ENTRY_HEADER_BYTES + key_len..total],
-        version: u64_at(buf, 13),
-        expiry: u64_at(buf, 21),
+        key: &buf[at..at + key_len],
+        value: &buf[at + key_len..total],
+        version,
+        expiry,
     };
     Ok((entry, total))
+}
+
+/// Reads only the lengths of the entry at the start of `buf` (no checksum check). Used on data
+/// this process wrote itself (the write buffer) where the checksum was computed moments ago.
+#[inline]
+pub fn entry_len_unchecked(buf: &[u8]) -> Result<usize, DecodeError> {
+    parse_entry(buf, false).map(|(_, len)| len)
+}
+
+/// Decodes the entry at the start of `buf` without checking its checksum: for bytes this process
+/// wrote itself or verified already (a replay's second pass over what its first pass checked).
+#[inline]
+pub fn decode_entry_unchecked(buf: &[u8]) -> Result<(EntryRef<'_>, usize), DecodeError> {
+    parse_entry(buf, false)
+}
+
+/// Decodes and verifies the entry at the start of `buf`; returns it and its encoded length.
+pub fn decode_entry(buf: &[u8]) -> Result<(EntryRef<'_>, usize), DecodeError> {
+    parse_entry(buf, true)
 }
 
 /// What a walk over a run of entries found.
@@ -555,7 +630,10 @@ pub fn key_hash(key: &[u8]) -> u128 {
 
 /// Manifest: magic "RLMF" u32 | crc u32 | segment_bytes u64 | primary_bytes u64 | seq_base u64.
 pub const MANIFEST_BYTES: usize = 32;
-pub const MANIFEST_MAGIC: u32 = 0x464D_4C52;
+/// "RLM2": a data directory whose entries have varint headers.
+pub const MANIFEST_MAGIC: u32 = 0x324D_4C52;
+/// "RLMF": the first format (fixed 29-byte entry headers), which this version cannot read.
+pub const MANIFEST_MAGIC_V1: u32 = 0x464D_4C52;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Manifest {
@@ -581,8 +659,10 @@ impl Manifest {
         if b.len() < MANIFEST_BYTES {
             return Err(DecodeError::End);
         }
-        if u32_at(b, 0) != MANIFEST_MAGIC {
-            return Err(DecodeError::BadMagic);
+        match u32_at(b, 0) {
+            MANIFEST_MAGIC => {}
+            MANIFEST_MAGIC_V1 => return Err(DecodeError::OldFormat),
+            _ => return Err(DecodeError::BadMagic),
         }
         if crc32c::crc32c(&b[8..MANIFEST_BYTES]) != u32_at(b, 4) {
             return Err(DecodeError::BadHeaderChecksum);
@@ -637,11 +717,59 @@ mod tests {
             (e.key, e.value, e.version, e.expiry),
             (&b"key"[..], &b"value"[..], 7, 99)
         );
-        assert_eq!(len, entry_bytes(3, 5));
+        assert_eq!(len, entry_bytes(3, 5, 7, 99));
         let (e2, _) = decode_entry(&buf[len..]).unwrap();
         assert!(e2.is_delete());
-        buf[ENTRY_HEADER_BYTES + 1] ^= 1;
+        let header = entry_header_bytes(3, 5, 7, 99);
+        assert_eq!(header, 9);
+        buf[header + 1] ^= 1;
         assert_eq!(decode_entry(&buf), Err(DecodeError::BadChecksum));
+    }
+
+    #[test]
+    fn header_fields_take_the_bytes_their_values_need() {
+        for (key_len, value_len, version, expiry) in [
+            (0usize, 0usize, 0u64, 0u64),
+            (16, 48, 1 << 22, 0),
+            (KEY_MAX_BYTES, u32::MAX as usize, u64::MAX, u64::MAX),
+            (127, 128, 16_383, 16_384),
+        ] {
+            let key = vec![1u8; key_len.min(KEY_MAX_BYTES)];
+            // At most 64 KiB of value (the largest header is checked below, by its fields).
+            let value = vec![2u8; value_len.min(1 << 16)];
+            let mut buf = Vec::new();
+            encode_entry(&mut buf, KIND_PUT, &key, &value, version, expiry);
+            let (e, len) = decode_entry(&buf).unwrap();
+            assert_eq!((e.version, e.expiry), (version, expiry));
+            assert_eq!(len, buf.len());
+            assert_eq!(len, entry_bytes(key.len(), value.len(), version, expiry));
+            assert!(len - key.len() - value.len() <= ENTRY_HEADER_MAX_BYTES);
+        }
+        assert_eq!(
+            entry_header_bytes(KEY_MAX_BYTES, u32::MAX as usize, u64::MAX, u64::MAX),
+            ENTRY_HEADER_MAX_BYTES
+        );
+    }
+
+    #[test]
+    fn overlong_and_overflowing_varints_are_rejected() {
+        let mut buf = Vec::new();
+        encode_entry(&mut buf, KIND_PUT, b"k", b"v", 5, 0);
+        // Version 5 written as two bytes (0x85 0x00): not the one encoding of 5.
+        let mut long = buf[..7].to_vec();
+        long.extend_from_slice(&[0x85, 0x00]);
+        long.extend_from_slice(&buf[8..]);
+        assert_eq!(decode_entry(&long), Err(DecodeError::BadVarint));
+        // An expiry of eleven bytes.
+        let mut over = buf[..8].to_vec();
+        over.extend_from_slice(&[0xFF; 10]);
+        over.extend_from_slice(&[0x01, b'k', b'v']);
+        assert_eq!(decode_entry(&over), Err(DecodeError::BadVarint));
+        // A value length past u32.
+        let mut big = buf[..6].to_vec();
+        big.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0x7F]);
+        big.extend_from_slice(&[0u8; 16]);
+        assert_eq!(decode_entry(&big), Err(DecodeError::BadVarint));
     }
 
     #[test]
@@ -657,8 +785,9 @@ mod tests {
                 0,
             );
         }
-        let one = entry_bytes(2, 4);
-        buf[one * 2 + ENTRY_HEADER_BYTES + 3] ^= 0x40; // value byte of entry 2
+        let one = entry_bytes(2, 4, 1, 0);
+        // Versions 1..=5 all take one byte: every entry is `one` long.
+        buf[one * 2 + entry_header_bytes(2, 4, 3, 0) + 3] ^= 0x40; // value byte of entry 2
         let mut seen = Vec::new();
         let stats = walk_entries(&buf, |_, e| seen.push(e.version));
         assert_eq!(seen, vec![1, 2, 4, 5]);
@@ -810,6 +939,9 @@ mod tests {
             seq_base: 1 << 32,
         };
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        let mut old = m.encode();
+        old[0..4].copy_from_slice(&MANIFEST_MAGIC_V1.to_le_bytes());
+        assert_eq!(Manifest::decode(&old), Err(DecodeError::OldFormat));
     }
 
     proptest! {

@@ -329,7 +329,12 @@ impl Backup {
                     limit: format::KEY_MAX_BYTES,
                 });
             }
-            let len = format::entry_bytes(e.key.len(), e.value.map_or(0, |v| v.len()));
+            let len = format::entry_bytes(
+                e.key.len(),
+                e.value.map_or(0, |v| v.len()),
+                e.version,
+                e.expiry,
+            );
             if len > limit
                 || e.value
                     .is_some_and(|v| v.len() > self.sh.cfg.value_max_bytes)

@@ -10,7 +10,7 @@
 //! resurrected in its place.
 
 use crate::engine::Shared;
-use crate::format::{self, BLOCK_HEADER_BYTES, ENTRY_HEADER_BYTES};
+use crate::format::{self, BLOCK_HEADER_BYTES};
 use crate::io::{self, AlignedBuf};
 use crate::tablet::{HashMapU128, Tablet};
 use crate::{Error, Result};
@@ -203,7 +203,9 @@ pub fn replay_tablet(
     let next = AtomicUsize::new(0);
     let slb_index = segments.len();
     let used_total: u64 = segments.iter().map(|s| s.1).sum::<u64>() + slb.len() as u64;
-    let expect_keys = (used_total / (ENTRY_HEADER_BYTES as u64 + 16)).max(1024) as usize;
+    // Sized for small entries (a 16 B key and nothing else); the map grows if there are more.
+    let expect_keys =
+        (used_total / format::entry_bytes(16, 0, 1 << 20, 0) as u64).max(1024) as usize;
     let shards: Vec<parking_lot::Mutex<Shard>> = (0..SHARDS)
         .map(|_| {
             parking_lot::Mutex::new(Shard::with_capacity_and_hasher(
@@ -347,7 +349,11 @@ pub fn replay_tablet(
                 _ => {
                     let src = sources[(loc >> 32) as usize];
                     let off = (loc & 0xFFFF_FFFF) as usize;
-                    let e = entry_at(&src[off..]);
+                    // Verified in phase 1; the bytes have not changed since.
+                    let Some(e) = entry_at(&src[off..]) else {
+                        report.lost_keys += 1;
+                        continue;
+                    };
                     report.live_keys += 1;
                     f(ReplayEntry {
                         tablet: t.id,
@@ -369,17 +375,10 @@ pub fn replay_tablet(
 
 /// Fields of an entry already verified in phase 1.
 #[inline]
-fn entry_at(b: &[u8]) -> (&[u8], &[u8], u64, u64) {
-    let kl = u32::from_le_bytes([b[5], b[6], b[7], b[8]]) as usize;
-    let vl = u32::from_le_bytes([b[9], b[10], b[11], b[12]]) as usize;
-    let version = u64::from_le_bytes(b[13..21].try_into().expect("8 bytes"));
-    let expiry = u64::from_le_bytes(b[21..29].try_into().expect("8 bytes"));
-    (
-        &b[ENTRY_HEADER_BYTES..ENTRY_HEADER_BYTES + kl],
-        &b[ENTRY_HEADER_BYTES + kl..ENTRY_HEADER_BYTES + kl + vl],
-        version,
-        expiry,
-    )
+fn entry_at(b: &[u8]) -> Option<(&[u8], &[u8], u64, u64)> {
+    format::decode_entry_unchecked(b)
+        .ok()
+        .map(|(e, _)| (e.key, e.value, e.version, e.expiry))
 }
 
 fn parse_region(

@@ -643,15 +643,12 @@ type Range3 = (usize, usize, usize);
 fn note_entries(st: &mut TabletState, run: &[u8], segment: u32, seq: u64) -> u32 {
     let mut at = 0usize;
     let mut count = 0u32;
-    while at + format::ENTRY_HEADER_BYTES <= run.len() {
-        let Ok(len) = format::entry_len_unchecked(&run[at..]) else {
+    while at < run.len() {
+        let Ok((e, len)) = format::decode_entry_unchecked(&run[at..]) else {
             break;
         };
-        let key_len = u32::from_le_bytes([run[at + 5], run[at + 6], run[at + 7], run[at + 8]]);
-        let key_at = at + format::ENTRY_HEADER_BYTES;
-        let key = &run[key_at..key_at + key_len as usize];
         st.push_note(Note {
-            hash: format::key_hash(key),
+            hash: format::key_hash(e.key),
             segment,
             len: len as u32,
             seq,

@@ -129,7 +129,12 @@ impl WriteBuffer {
             let mut body = 0usize;
             while end < entries.len() {
                 let e = &entries[end];
-                let len = format::entry_bytes(e.key.len(), e.value.map_or(0, |v| v.len()));
+                let len = format::entry_bytes(
+                    e.key.len(),
+                    e.value.map_or(0, |v| v.len()),
+                    e.version,
+                    e.expiry,
+                );
                 if body + len > self.chunk_bytes {
                     break;
                 }

@@ -170,7 +170,6 @@ fn dead_bytes_are_estimated_from_placements() {
     let b = Backup::open(dir.path(), cfg).expect("open");
     let value = [7u8; 100];
     let key = |i: u32| format!("key{i:05}").into_bytes();
-    let entry_len = (ramlog_backup::format::ENTRY_HEADER_BYTES + 8 + 100) as u64;
     let mut version = 0u64;
     let mut write = |ids: std::ops::Range<u32>, delete: bool| {
         let keys: Vec<Vec<u8>> = ids.map(key).collect();
@@ -194,7 +193,12 @@ fn dead_bytes_are_estimated_from_placements() {
     write(0..1000, false);
     write(0..400, false); // 400 overwrites
     write(900..1000, true); // 100 deletes
-    let want = 500 * entry_len;
+                            // The superseded entries: keys 0..400 (versions 1..=400) and the deleted keys 900..1000
+                            // (versions 901..=1000), each as long as its own header makes it.
+    let want: u64 = (1..=400u64)
+        .chain(901..=1000)
+        .map(|v| ramlog_backup::format::entry_bytes(8, 100, v, 0) as u64)
+        .sum();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut seen = 0;
     while std::time::Instant::now() < deadline {

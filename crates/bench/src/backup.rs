@@ -608,7 +608,9 @@ fn replay_run(dir: &Path, log_bytes: u64) -> Result<(f64, u64, u64, bool)> {
         tablet_log_capacity_bytes: 2 * log_bytes + (64 << 20),
         ..Config::default()
     };
-    let entry_disk = (ramlog_backup::format::ENTRY_HEADER_BYTES + 64) as u64;
+    // 64 B entries (key and value) at a version of about 2^22, no expiry.
+    let entry_disk =
+        ramlog_backup::format::entry_bytes(KEY_BYTES, 64 - KEY_BYTES, 1 << 22, 0) as u64;
     let total = log_bytes / entry_disk;
     let keys = total * 100 / 111; // keys + 10% updates + 1% deletes ≈ total
     {
@@ -860,7 +862,9 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
         (8u64, 1u64 << 20, 64u64 << 20)
     };
     // Live data ≈ 45% of the log capacity (DXRAM: a 256 MB zone in a 512 MB log).
-    let entry_disk = (ramlog_backup::format::ENTRY_HEADER_BYTES + 64) as u64;
+    // 64 B entries (key and value) at a version of about 2^22, no expiry.
+    let entry_disk =
+        ramlog_backup::format::entry_bytes(KEY_BYTES, 64 - KEY_BYTES, 1 << 22, 0) as u64;
     let keys_per_tablet = capacity * 45 / 100 / entry_disk / 10 * 10;
     let reorg_reps = if quick { 1 } else { 3 };
     for pattern in [

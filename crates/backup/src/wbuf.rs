@@ -33,9 +33,16 @@ pub(crate) struct Chunk {
 }
 
 impl Chunk {
+    /// A chunk whose memory is touched now: producers would otherwise take the page faults of
+    /// the whole buffer (32 MiB by default) on its first lap, in the middle of their appends
+    /// (DXRAM, too, allocates its buffers at start).
     fn with_capacity(bytes: usize) -> Chunk {
+        let mut data = vec![0u8; 0];
+        data.reserve_exact(bytes);
+        data.resize(bytes, 0);
+        data.clear();
         Chunk {
-            data: Vec::with_capacity(bytes),
+            data,
             batches: Vec::new(),
             records: Vec::new(),
         }

@@ -521,15 +521,25 @@ pub fn arena_bytes(cfg: &crate::Config) -> usize {
 pub const POOL_BYTES: usize = 128 << 20;
 
 /// Waits (at most `limit`) until a round of reorganization of `tablet` ends after the tablet had
-/// seen `rounds` of them: rounds of other tablets ending meanwhile say nothing about this one.
-/// The caller holds no lock.
-fn wait_for_round(sh: &Shared, tablet: &Tablet, rounds: u64, limit: Duration) {
+/// seen `rounds` of them, or (if `commits` is given) a round frees some of its segments after it
+/// had seen that many such commits: rounds of other tablets ending meanwhile say nothing about
+/// this one. The caller holds no lock.
+fn wait_for_round(
+    sh: &Shared,
+    tablet: &Tablet,
+    (rounds, commits): (u64, Option<u64>),
+    limit: Duration,
+) {
     let deadline = Instant::now() + limit;
     loop {
         // Read the completion count before the check, so a round ending between the check and
         // the wait is not slept through (and never hold both locks).
         let done = *sh.reorg_done.lock();
-        if tablet.state.lock().reorg_rounds != rounds
+        let progressed = {
+            let st = tablet.state.lock();
+            st.reorg_rounds != rounds || commits.is_some_and(|c| st.reorg_commits != c)
+        };
+        if progressed
             || Instant::now() >= deadline
             || sh.shutdown.load(Ordering::SeqCst)
             || sh.failed().is_some()
@@ -588,13 +598,13 @@ fn place_with_urgent(
             // superseded: if earlier flushes are still being written, their versions are not yet
             // visible (the finisher applies them), so a round that frees nothing then is
             // followed by another once they are.
-            let rounds = st.reorg_rounds;
+            let seen = (st.reorg_rounds, Some(st.reorg_commits));
             let sent = sh.sent_lsn.load(Ordering::SeqCst);
             let versions_visible = sh.written_lsn.load(Ordering::SeqCst) >= sent;
             sh.request_reorg_front(tablet.id);
             let t0 = Instant::now();
             parking_lot::MutexGuard::unlocked(st, || {
-                wait_for_round(sh, tablet, rounds, Duration::from_secs(5))
+                wait_for_round(sh, tablet, seen, Duration::from_secs(5))
             });
             if st.used_bytes() >= used && !versions_visible {
                 parking_lot::MutexGuard::unlocked(st, || wait_written(sh, sent));
@@ -628,7 +638,7 @@ fn place_with_urgent(
         sh.request_reorg(tablet.id, true);
         // The reorganizer needs the tablet state lock: release it while waiting.
         parking_lot::MutexGuard::unlocked(st, || {
-            wait_for_round(sh, tablet, rounds, Duration::from_secs(60))
+            wait_for_round(sh, tablet, (rounds, None), Duration::from_secs(60))
         });
     }
     Err(Error::LogFull {

@@ -111,6 +111,9 @@ pub struct TabletState {
     /// Reorganization rounds completed on this tablet (requested or periodic), so that a writer
     /// throttled on this log waits for a round of this log, not of another.
     pub reorg_rounds: u64,
+    /// Commits of cleaned segments (each frees some), so that a throttled writer goes on as soon
+    /// as the log is back under the threshold, without waiting for the rest of the round.
+    pub reorg_commits: u64,
     /// When a flush last waited for this log's cleaning (throttle): while that is recent, the
     /// reorganizers put off rewriting its version log (`reorg::VERSION_LOG_GROWTH_PRESSED`).
     pub throttled_at: Option<std::time::Instant>,
@@ -368,6 +371,7 @@ impl Tablet {
                 ver_wm,
                 prompt_requested: false,
                 reorg_rounds: 0,
+                reorg_commits: 0,
                 throttled_at: None,
             }),
             reorg_lock: Mutex::new(()),

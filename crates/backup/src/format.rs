@@ -3,6 +3,7 @@
 //! untrusted bytes and never panic, never index out of bounds and never allocate by a length read
 //! from disk (they are fuzzed by `fuzz/fuzz_targets/decode.rs`). `docs/formats.md` mirrors this file.
 
+use ramlog_common::varint::{len as varint_len, put as put_varint};
 use thiserror::Error;
 
 /// Page size for O_DIRECT alignment: every block starts and ends on a page boundary.
@@ -103,24 +104,6 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 #[inline]
 pub fn page_align_up(n: usize) -> usize {
     n.div_ceil(PAGE_BYTES) * PAGE_BYTES
-}
-
-/// Bytes of `v` as a LEB128 varint.
-#[inline]
-pub fn varint_len(v: u64) -> usize {
-    let bits = 64 - (v | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
-}
-
-#[inline]
-fn put_varint(out: &mut [u8], mut pos: usize, mut v: u64) -> usize {
-    while v >= 0x80 {
-        out[pos] = (v as u8) | 0x80;
-        v >>= 7;
-        pos += 1;
-    }
-    out[pos] = v as u8;
-    pos + 1
 }
 
 /// Reads a varint of at most `max_bytes` bytes at `*pos`, whose value must be at most `max`.

@@ -6,6 +6,7 @@
 
 pub mod size;
 pub mod slot;
+pub mod varint;
 
 pub use size::{parse_size_bytes, SizeParseError};
 pub use slot::{key_slot, SLOT_COUNT};

@@ -27,6 +27,7 @@
 //! - MOVED: not the live copy. Set on a cleaner's copy until its reference is swapped to it, and on
 //!   the original once the swap is done; exactly one of the two lacks it at any time.
 
+use ramlog_common::varint;
 use thiserror::Error;
 
 pub const KIND_OBJECT: u8 = 1;
@@ -106,17 +107,6 @@ impl Header {
 }
 
 #[inline]
-fn put_varint(out: &mut [u8], mut pos: usize, mut v: u64) -> usize {
-    while v >= 0x80 {
-        out[pos] = (v as u8) | 0x80;
-        v >>= 7;
-        pos += 1;
-    }
-    out[pos] = v as u8;
-    pos + 1
-}
-
-#[inline]
 fn get_varint(buf: &[u8], pos: &mut usize, max_bytes: usize) -> Result<u64, DecodeError> {
     let mut value: u64 = 0;
     for i in 0..max_bytes {
@@ -141,20 +131,14 @@ pub fn encoded_len(
     value_len: usize,
     expire_at_ms: u64,
 ) -> usize {
-    let mut n = 1 + varint_len(version) + varint_len(key_len as u64) + 4;
+    let mut n = 1 + varint::len(version) + varint::len(key_len as u64) + 4;
     if kind == KIND_OBJECT {
-        n += varint_len(value_len as u64) + value_len;
+        n += varint::len(value_len as u64) + value_len;
     }
     if expire_at_ms != 0 {
         n += 8;
     }
     n + key_len
-}
-
-#[inline]
-fn varint_len(v: u64) -> usize {
-    let bits = 64 - (v | 1).leading_zeros() as usize;
-    bits.div_ceil(7)
 }
 
 /// Encodes a header (including the CRC over key and value) into `out`; returns its length.
@@ -190,10 +174,10 @@ pub fn encode_header_with_body_crc(
     debug_assert!(key.len() <= KEY_BYTES_FORMAT_MAX && value.len() <= VALUE_BYTES_FORMAT_MAX);
     debug_assert!(kind == KIND_OBJECT || value.is_empty());
     out[0] = kind | if expire_at_ms != 0 { FLAG_EXPIRY } else { 0 };
-    let mut pos = put_varint(out, 1, version);
-    pos = put_varint(out, pos, key.len() as u64);
+    let mut pos = varint::put(out, 1, version);
+    pos = varint::put(out, pos, key.len() as u64);
     if kind == KIND_OBJECT {
-        pos = put_varint(out, pos, value.len() as u64);
+        pos = varint::put(out, pos, value.len() as u64);
     }
     if expire_at_ms != 0 {
         out[pos..pos + 8].copy_from_slice(&expire_at_ms.to_le_bytes());

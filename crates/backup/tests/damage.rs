@@ -440,3 +440,27 @@ fn disk_full_fails_appends_and_keeps_written_data() {
     }
     drop(b);
 }
+
+#[test]
+fn a_directory_in_the_earlier_entry_format_is_refused_by_name() {
+    let dir = temp_dir("old-format");
+    fill(dir.path(), &crash_config(), 9);
+    // Give the manifest the first format's magic ("RLMF"), as a directory written before the
+    // varint entry headers has it.
+    let path = dir.path().join("MANIFEST");
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&ramlog_backup::format::MANIFEST_MAGIC_V1.to_le_bytes(), 0)
+        .unwrap();
+    drop(f);
+    let err = match Backup::open(dir.path(), crash_config()) {
+        Ok(_) => panic!("a directory in the earlier format opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("earlier ramlog"), "{err}");
+    // Nothing was changed: the manifest still carries the old magic.
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(
+        bytes[0..4],
+        ramlog_backup::format::MANIFEST_MAGIC_V1.to_le_bytes()
+    );
+}

@@ -1,8 +1,7 @@
 //! The flush pipeline: a processor thread drains the write buffer, sorts entries by tablet and
-//! decides primary vs secondary (two-level logging); a writer thread issues the block writes to its
-//! I/O threads (`iopool`); a
-//! finisher thread applies versions to the version buffers, spills them, syncs, and publishes
-//! progress. Sorting of one flush overlaps with the disk writes of the previous one (DXRAM's
+//! decides primary vs secondary (two-level logging); a writer thread issues the block writes to
+//! its I/O threads (`iopool`); a finisher thread applies versions to the version buffers, spills
+//! them, syncs, and publishes progress. Sorting of one flush overlaps with the disk writes of the previous one (DXRAM's
 //! BufferProcessingThread and WriterThread), and the writes of one flush with the sync and version
 //! spills of the previous one.
 

@@ -1394,22 +1394,42 @@ pub fn open_manifest(dir: &Path, cfg: &Config) -> Result<u64> {
 }
 
 /// Dropped tablets: `(tablet, seq)` pairs; primary-log entries of a tablet older than its drop
-/// are ignored on open.
-pub fn read_dropped(dir: &Path) -> HashMap<u64, u64> {
-    let mut out = HashMap::new();
-    if let Ok(bytes) = std::fs::read(dir.join("DROPPED")) {
-        if bytes.len() >= 4 {
-            let crc = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-            if crc32c::crc32c(&bytes[4..]) == crc {
-                for pair in bytes[4..].chunks_exact(16) {
-                    let t = u64::from_le_bytes(pair[0..8].try_into().expect("8 bytes"));
-                    let s = u64::from_le_bytes(pair[8..16].try_into().expect("8 bytes"));
-                    out.insert(t, s);
-                }
-            }
-        }
+/// are ignored on open. A missing file means no tablet was dropped. A file that is present but
+/// unreadable, too short, of a length that is not a whole number of pairs, or whose checksum does
+/// not match is an error naming it: reading it as empty would bring dropped tablets back.
+pub fn read_dropped(dir: &Path) -> Result<HashMap<u64, u64>> {
+    let path = dir.join("DROPPED");
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let corrupt = |why: String| {
+        Err(Error::Corrupt(format!(
+            "{}: {why}; the store was not opened and nothing was changed",
+            path.display()
+        )))
+    };
+    if bytes.len() < 4 || (bytes.len() - 4) % 16 != 0 {
+        return corrupt(format!(
+            "{} bytes is not a checksum followed by 16-byte (tablet, sequence) pairs",
+            bytes.len()
+        ));
     }
-    out
+    let stored = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    let computed = crc32c::crc32c(&bytes[4..]);
+    if stored != computed {
+        return corrupt(format!(
+            "checksum {stored:#010x} does not match its contents ({computed:#010x})"
+        ));
+    }
+    let mut out = HashMap::new();
+    for pair in bytes[4..].chunks_exact(16) {
+        let t = u64::from_le_bytes(pair[0..8].try_into().expect("8 bytes"));
+        let s = u64::from_le_bytes(pair[8..16].try_into().expect("8 bytes"));
+        out.insert(t, s);
+    }
+    Ok(out)
 }
 
 pub fn write_dropped(dir: &Path, dropped: &HashMap<u64, u64>) -> Result<()> {

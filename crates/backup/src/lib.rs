@@ -208,8 +208,9 @@ impl Backup {
         } else {
             io::IoMode::Buffered
         };
+        // Read before the manifest is rewritten, so that a corrupt file leaves the directory as it was.
+        let dropped = engine::read_dropped(dir)?;
         let seq_base = engine::open_manifest(dir, &config)?;
-        let dropped = engine::read_dropped(dir);
         let sh = Arc::new(Shared {
             dir: dir.to_path_buf(),
             wb: wbuf::WriteBuffer::new(

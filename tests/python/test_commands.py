@@ -404,6 +404,28 @@ def test_multi_exec_and_default_redis_py_pipeline(r):
         r.execute_command("DISCARD")
 
 
+def test_shutdown_inside_multi_is_refused_and_aborts_exec(server, r):
+    # Redis 7's "MULTI with SHUTDOWN": the command is refused, EXEC aborts, the server lives on.
+    r.delete("foo")
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s.sendall(b"MULTI\r\nSET foo bar\r\nSHUTDOWN\r\nEXEC\r\nGET foo\r\nPING\r\n")
+    want = (
+        b"+OK\r\n+QUEUED\r\n"
+        b"-ERR Command not allowed inside a transaction\r\n"
+        b"-EXECABORT Transaction discarded because of previous errors.\r\n"
+        b"$-1\r\n+PONG\r\n"
+    )
+    data = b""
+    while len(data) < len(want):
+        chunk = s.recv(4096)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    assert data == want
+    assert r.ping()
+
+
 def test_multi_queueing_errors_abort_exec(server):
     import socket
 

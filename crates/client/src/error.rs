@@ -64,6 +64,10 @@ pub enum Error {
     /// A query that cannot be sent (checked locally).
     #[error("invalid query: {0}")]
     InvalidQuery(String),
+    /// The server cannot log writes to disk (disk full, I/O error) and refuses writes; reads go
+    /// on. A write answered with it was not acknowledged (it may or may not have been applied).
+    #[error("writes refused: {0}")]
+    WritesRefused(String),
     /// Any other error status.
     #[error("server error {status:?}: {message}")]
     Server { status: Status, message: String },
@@ -98,6 +102,7 @@ impl From<ErrorReply> for Error {
             },
             Status::Busy => Error::Busy(m),
             Status::NoAuth => Error::NoAuth(m),
+            Status::WritesRefused => Error::WritesRefused(m),
             Status::AuthFailed => Error::AuthFailed(m),
             Status::SnapshotTooOld => Error::SnapshotTooOld {
                 version: e.detail,

@@ -161,6 +161,10 @@ pub enum Status {
     NoAuth,
     /// Wrong password.
     AuthFailed,
+    /// The server cannot log writes to its data directory (disk full, I/O error): writes are
+    /// refused until it can again, reads go on. Also answers a write that was applied in memory
+    /// but whose promised durability could not be reached; such a write is not acknowledged.
+    WritesRefused,
     /// Anything else that went wrong inside the server.
     Internal,
     /// A status this version does not know (a newer server).
@@ -191,6 +195,7 @@ impl Status {
             Status::Busy => 0x14,
             Status::NoAuth => 0x15,
             Status::AuthFailed => 0x16,
+            Status::WritesRefused => 0x17,
             Status::Internal => 0x1F,
             Status::Unknown(code) => code,
         }
@@ -220,6 +225,7 @@ impl Status {
             0x14 => Status::Busy,
             0x15 => Status::NoAuth,
             0x16 => Status::AuthFailed,
+            0x17 => Status::WritesRefused,
             0x1F => Status::Internal,
             other => Status::Unknown(other),
         }

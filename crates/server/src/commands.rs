@@ -379,7 +379,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!(
             "shutdown",
             -1,
-            &["admin", "noscript", "loading", "stale"],
+            &["admin", "noscript", "loading", "stale", "no_multi"],
             0,
             0,
             0,
@@ -517,6 +517,12 @@ pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut
                 spec.name
             )),
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
+            // Redis's CMD_NO_MULTI (SHUTDOWN): refused inside a transaction, which EXEC then aborts.
+            Some(spec) if in_multi && spec.flags.contains(&"no_multi") => {
+                ctx.session.multi_failed = true;
+                ctx.enc
+                    .error("ERR Command not allowed inside a transaction")
+            }
             Some(spec)
                 if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") =>
             {

@@ -350,6 +350,12 @@ impl Backup {
         Ok(Ticket(lsn))
     }
 
+    /// Why the store failed (disk full, I/O error), once it has: it then refuses appends, and
+    /// what it had written stays readable by a later open. None while it works.
+    pub fn failure(&self) -> Option<String> {
+        self.sh.failed()
+    }
+
     /// How far `ticket` has come (atomics only). Fails if the store failed before reaching it.
     pub fn poll(&self, ticket: Ticket) -> Result<Stage> {
         if self.sh.durable_lsn.load(Ordering::SeqCst) >= ticket.0 {

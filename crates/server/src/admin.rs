@@ -4,7 +4,7 @@
 //! answers it and closes the connection. Operators and Prometheus need nothing more, and it keeps
 //! a web framework out of the server.
 
-use crate::server::Shared;
+use crate::node::Node;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,7 +17,7 @@ const CONNECTIONS_MAX: usize = 64;
 
 pub async fn serve(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
@@ -34,15 +34,15 @@ pub async fn serve(
         if connections.len() >= CONNECTIONS_MAX {
             continue; // dropped: the admin port is not for load
         }
-        let shared = shared.clone();
+        let node = node.clone();
         connections.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), handle(stream, &shared)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), handle(stream, &node)).await;
         });
     }
     connections.shutdown().await;
 }
 
-async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, node: &Node) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -77,20 +77,20 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
     match path {
         "/metrics" => {
-            let body = shared.snapshot().prometheus();
+            let body = node.snapshot().prometheus();
             respond(&mut stream, "200 OK", "text/plain; version=0.0.4", &body).await
         }
         "/status" => {
-            let snapshot = shared.snapshot();
+            let snapshot = node.snapshot();
             let body = serde_json::json!({
                 "status": "ok",
                 "role": "server",
-                "node_id": shared.node_id(),
+                "node_id": node.node_id(),
                 "config": {
-                    "bind": shared.config.bind.to_string(),
-                    "memory_bytes": shared.config.memory_bytes,
-                    "persistence": shared.config.persistence.to_string(),
-                    "connections_max": shared.config.connections_max,
+                    "bind": node.config.bind.to_string(),
+                    "memory_bytes": node.config.memory_bytes,
+                    "persistence": node.config.persistence.to_string(),
+                    "connections_max": node.config.connections_max,
                 },
                 "metrics": snapshot,
             });

@@ -6,8 +6,8 @@
 //! error strings and types follow Redis 7 so that clients and their tests cannot tell the difference.
 
 use crate::keyspace::glob_match_nocase;
-use crate::metrics::{Metrics, Op};
-use crate::server::Shared;
+use crate::metrics::Op;
+use crate::node::{now_ms, Node, NodeError};
 use ramlog_common::{key_slot, SLOT_COUNT};
 use ramlog_logmem::{Condition, EngineError, Object, PutOptions};
 use ramlog_proto::resp::ReplyEncoder;
@@ -28,8 +28,10 @@ pub struct Session {
     pub lib_ver: Option<Vec<u8>>,
     /// Set by QUIT: close once the reply is written.
     pub closing: bool,
-    /// Whether this connection wrote since the last durability wait (for `durable` persistence).
-    pub wrote: bool,
+    /// Replies to write commands in the connection's reply buffer that are not written out yet,
+    /// as byte ranges: they wait for [`Node::acknowledge`] and are replaced by `-MISCONF` errors if
+    /// it fails (inside an EXEC reply too: an array element may be an error).
+    pub write_replies: Vec<(usize, usize)>,
     /// Commands queued since MULTI (None outside a transaction).
     pub multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued after MULTI was refused: EXEC will discard the transaction.
@@ -46,7 +48,7 @@ impl Session {
             lib_name: None,
             lib_ver: None,
             closing: false,
-            wrote: false,
+            write_replies: Vec::new(),
             multi: None,
             multi_failed: false,
         }
@@ -54,7 +56,7 @@ impl Session {
 }
 
 struct Ctx<'a> {
-    shared: &'a Shared,
+    node: &'a Node,
     session: &'a mut Session,
     enc: ReplyEncoder<'a>,
 }
@@ -75,6 +77,13 @@ pub struct Spec {
     handler: Handler,
     /// Allowed before authentication.
     no_auth: bool,
+}
+
+impl Spec {
+    /// Whether the command may change data (Redis's `write` flag).
+    pub fn is_write(&self) -> bool {
+        self.flags.contains(&"write")
+    }
 }
 
 const W: &[&str] = &["write", "denyoom"];
@@ -484,17 +493,26 @@ const ERR_OVERFLOW: &str = "ERR increment or decrement would overflow";
 const ERR_NOAUTH: &str = "NOAUTH Authentication required.";
 const ERR_WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
+/// Redis's error when it cannot persist (`-MISCONF`), with ramlog's reason.
+pub fn misconf(reason: &str) -> String {
+    let reason: String = reason.replace(['\r', '\n'], " ").chars().take(400).collect();
+    format!(
+        "MISCONF Errors writing to the data directory: {reason}. Commands that may modify the data set are refused until ramlog can write again; reads go on (see INFO persistence)"
+    )
+}
+
 /// Runs one request and appends its reply to `out`.
-pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut Vec<u8>) {
+pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec<u8>) {
     debug_assert!(!args.is_empty());
     let before = out.len();
     let started = Instant::now();
     let spec = lookup(args[0]);
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
+    let mut wrote = false;
     {
         let protocol = session.protocol;
         let mut ctx = Ctx {
-            shared,
+            node,
             session,
             enc: ReplyEncoder::new(out, protocol),
         };
@@ -523,6 +541,19 @@ pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut
                 ctx.enc
                     .error("ERR Command not allowed inside a transaction")
             }
+            // As Redis: while persistence is failing, write commands are refused before they run
+            // (or are queued: the transaction is then aborted).
+            Some(spec) if spec.is_write() && node.write_refusal().is_some() => {
+                if in_multi {
+                    ctx.session.multi_failed = true;
+                }
+                let refusal = node.write_refusal();
+                let reason = match &refusal {
+                    Some(NodeError::WritesRefused { reason }) => reason.as_str(),
+                    _ => "persistence failed",
+                };
+                ctx.enc.error(&misconf(reason))
+            }
             Some(spec)
                 if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") =>
             {
@@ -531,13 +562,17 @@ pub fn execute(shared: &Shared, session: &mut Session, args: &[&[u8]], out: &mut
                 }
                 ctx.enc.simple("QUEUED")
             }
-            Some(spec) => (spec.handler)(&mut ctx, args),
+            Some(spec) => {
+                wrote = spec.is_write();
+                (spec.handler)(&mut ctx, args)
+            }
         }
     }
-    shared.metrics.record(op, started.elapsed());
-    if out.get(before) == Some(&b'-') {
-        Metrics::add(&shared.metrics.errors, 1);
+    let failed = out.get(before) == Some(&b'-');
+    if wrote && !failed {
+        session.write_replies.push((before, out.len()));
     }
+    node.record(op, started.elapsed(), !failed);
 }
 
 fn arity_ok(arity: i32, argc: usize) -> bool {
@@ -572,7 +607,11 @@ fn unknown_subcommand(ctx: &mut Ctx<'_>, command: &str, sub: &[u8]) {
     ));
 }
 
-fn engine_error(ctx: &mut Ctx<'_>, e: &EngineError) {
+fn engine_error(ctx: &mut Ctx<'_>, e: &NodeError) {
+    let e = match e {
+        NodeError::Engine(e) => e,
+        NodeError::WritesRefused { reason } => return ctx.enc.error(&misconf(reason)),
+    };
     let message = match e {
         EngineError::KeyTooLarge { len, max } => {
             format!("ERR key too large ({len} bytes, limit {max})")
@@ -623,25 +662,18 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn eq_ignore_case(a: &[u8], b: &str) -> bool {
     a.eq_ignore_ascii_case(b.as_bytes())
 }
 
 /// Reads the key, counting a hit or a miss.
-fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, EngineError> {
-    let keyspace = &ctx.shared.keyspace;
-    let found = keyspace.engine().get(keyspace.tablet_of(key), key)?;
+fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, NodeError> {
+    let node = ctx.node;
+    let found = node.get(node.tablet_of(key), key)?;
     let counter = if found.is_some() {
-        &ctx.shared.metrics.keyspace_hits
+        &ctx.node.metrics.keyspace_hits
     } else {
-        &ctx.shared.metrics.keyspace_misses
+        &ctx.node.metrics.keyspace_misses
     };
     counter.fetch_add(1, Ordering::Relaxed);
     Ok(found)
@@ -649,13 +681,12 @@ fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, EngineError> {
 
 fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let key = args[1];
-    let keyspace = &ctx.shared.keyspace;
-    let metrics = &ctx.shared.metrics;
+    let node = ctx.node;
+    let metrics = &ctx.node.metrics;
     let enc = &mut ctx.enc;
     // Encode straight from the log: no copy of the value into a temporary.
-    match keyspace
-        .engine()
-        .read_with(keyspace.tablet_of(key), key, |value, _, _| enc.bulk(value))
+    match node
+        .read_with(node.tablet_of(key), key, |value, _, _| enc.bulk(value))
     {
         Ok(Some(())) => {
             metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
@@ -746,13 +777,11 @@ fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return_old: set.get,
     };
     let (key, value) = (args[1], args[2]);
-    let keyspace = &ctx.shared.keyspace;
-    match keyspace
-        .engine()
-        .put(keyspace.tablet_of(key), key, value, &opts)
+    let node = ctx.node;
+    match node
+        .put(node.tablet_of(key), key, value, &opts)
     {
         Ok(outcome) => {
-            ctx.session.wrote = true;
             if set.get {
                 ctx.enc
                     .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()));
@@ -760,7 +789,7 @@ fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 ctx.enc.ok();
             }
         }
-        Err(EngineError::ConditionFailed { current }) => {
+        Err(NodeError::Engine(EngineError::ConditionFailed { current })) => {
             if set.get {
                 ctx.enc
                     .bulk_or_null(current.as_ref().map(|o| o.value.as_slice()));
@@ -777,17 +806,15 @@ fn set_with(
     key: &[u8],
     value: &[u8],
     opts: PutOptions,
-) -> Result<bool, EngineError> {
-    let keyspace = &ctx.shared.keyspace;
-    match keyspace
-        .engine()
-        .put(keyspace.tablet_of(key), key, value, &opts)
+) -> Result<bool, NodeError> {
+    let node = ctx.node;
+    match node
+        .put(node.tablet_of(key), key, value, &opts)
     {
         Ok(_) => {
-            ctx.session.wrote = true;
             Ok(true)
         }
-        Err(EngineError::ConditionFailed { .. }) => Ok(false),
+        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -841,17 +868,15 @@ fn cmd_psetex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let keyspace = &ctx.shared.keyspace;
+    let node = ctx.node;
     let opts = PutOptions {
         return_old: true,
         ..Default::default()
     };
-    match keyspace
-        .engine()
-        .put(keyspace.tablet_of(args[1]), args[1], args[2], &opts)
+    match node
+        .put(node.tablet_of(args[1]), args[1], args[2], &opts)
     {
         Ok(outcome) => {
-            ctx.session.wrote = true;
             ctx.enc
                 .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()))
         }
@@ -861,26 +886,24 @@ fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let key = args[1];
-    let keyspace = &ctx.shared.keyspace;
-    let tablet = keyspace.tablet_of(key);
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
     // Read, then delete only that version: a concurrent writer makes us retry.
     for _ in 0..64 {
-        let found = match keyspace.engine().get(tablet, key) {
+        let found = match node.get(tablet, key) {
             Ok(f) => f,
             Err(e) => return engine_error(ctx, &e),
         };
         let Some(object) = found else {
             return ctx.enc.null();
         };
-        match keyspace
-            .engine()
+        match node
             .delete(tablet, key, Condition::IfVersion(object.version))
         {
             Ok(Some(_)) => {
-                ctx.session.wrote = true;
                 return ctx.enc.bulk(&object.value);
             }
-            Ok(None) | Err(EngineError::ConditionFailed { .. }) => continue,
+            Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
             Err(e) => return engine_error(ctx, &e),
         }
     }
@@ -890,10 +913,10 @@ fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (key, suffix) = (args[1], args[2]);
-    let keyspace = &ctx.shared.keyspace;
-    let tablet = keyspace.tablet_of(key);
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
     for _ in 0..64 {
-        let found = match keyspace.engine().get(tablet, key) {
+        let found = match node.get(tablet, key) {
             Ok(f) => f,
             Err(e) => return engine_error(ctx, &e),
         };
@@ -907,12 +930,11 @@ fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             keep_ttl: true,
             ..Default::default()
         };
-        match keyspace.engine().put(tablet, key, &value, &opts) {
+        match node.put(tablet, key, &value, &opts) {
             Ok(_) => {
-                ctx.session.wrote = true;
                 return ctx.enc.integer(value.len() as i64);
             }
-            Err(EngineError::ConditionFailed { .. }) => continue,
+            Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
             Err(e) => return engine_error(ctx, &e),
         }
     }
@@ -941,73 +963,68 @@ fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             .enc
             .error("ERR wrong number of arguments for 'mset' command");
     }
-    let config = &ctx.shared.config;
+    let config = &ctx.node.config;
     // Refuse oversized items before writing anything, so that MSET is never half applied for that reason.
     for pair in args[1..].chunks_exact(2) {
         if pair[0].len() as u64 > config.key_size_max_bytes {
             return engine_error(
                 ctx,
-                &EngineError::KeyTooLarge {
+                &NodeError::Engine(EngineError::KeyTooLarge {
                     len: pair[0].len(),
                     max: config.key_size_max_bytes as usize,
-                },
+                }),
             );
         }
         if pair[1].len() as u64 > config.value_size_max_bytes {
             return engine_error(
                 ctx,
-                &EngineError::ValueTooLarge {
+                &NodeError::Engine(EngineError::ValueTooLarge {
                     len: pair[1].len(),
                     max: config.value_size_max_bytes as usize,
-                },
+                }),
             );
         }
     }
-    let keyspace = &ctx.shared.keyspace;
+    let node = ctx.node;
     // Group by tablet: each group is one atomic multi-put. Redis keeps the last of repeated keys;
     // so does a multi-put applied in order.
     type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
     let mut groups: Vec<(u32, Items<'_>)> = Vec::new();
     for pair in args[1..].chunks_exact(2) {
-        let tablet = keyspace.tablet_of(pair[0]);
+        let tablet = node.tablet_of(pair[0]);
         match groups.iter_mut().find(|g| g.0 == tablet) {
             Some(g) => g.1.push((pair[0], pair[1])),
             None => groups.push((tablet, vec![(pair[0], pair[1])])),
         }
     }
     for (tablet, items) in &groups {
-        if let Err(e) = keyspace.engine().multi_put(*tablet, items) {
+        if let Err(e) = node.multi_put(*tablet, items) {
             return engine_error(ctx, &e);
         }
     }
-    ctx.session.wrote = true;
     ctx.enc.ok();
 }
 
 fn cmd_del(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let keyspace = &ctx.shared.keyspace;
+    let node = ctx.node;
     let mut deleted = 0;
     for key in &args[1..] {
-        match keyspace
-            .engine()
-            .delete(keyspace.tablet_of(key), key, Condition::None)
+        match node
+            .delete(node.tablet_of(key), key, Condition::None)
         {
             Ok(Some(_)) => deleted += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
         }
     }
-    if deleted > 0 {
-        ctx.session.wrote = true;
-    }
     ctx.enc.integer(deleted);
 }
 
 fn cmd_exists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let keyspace = &ctx.shared.keyspace;
+    let node = ctx.node;
     let mut found = 0;
     for key in &args[1..] {
-        match keyspace.engine().get(keyspace.tablet_of(key), key) {
+        match node.get(node.tablet_of(key), key) {
             Ok(Some(_)) => found += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
@@ -1017,8 +1034,8 @@ fn cmd_exists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let keyspace = &ctx.shared.keyspace;
-    match keyspace.engine().get(keyspace.tablet_of(args[1]), args[1]) {
+    let node = ctx.node;
+    match node.get(node.tablet_of(args[1]), args[1]) {
         Ok(Some(_)) => ctx.enc.simple("string"),
         Ok(None) => ctx.enc.simple("none"),
         Err(e) => engine_error(ctx, &e),
@@ -1026,13 +1043,11 @@ fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
-    let keyspace = &ctx.shared.keyspace;
-    match keyspace
-        .engine()
-        .increment(keyspace.tablet_of(key), key, delta)
+    let node = ctx.node;
+    match node
+        .increment(node.tablet_of(key), key, delta)
     {
         Ok((value, _)) => {
-            ctx.session.wrote = true;
             ctx.enc.integer(value)
         }
         Err(e) => engine_error(ctx, &e),
@@ -1143,20 +1158,18 @@ fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.null();
     };
     if let Some(at) = expire_at {
-        let keyspace = &ctx.shared.keyspace;
-        let tablet = keyspace.tablet_of(key);
+        let node = ctx.node;
+        let tablet = node.tablet_of(key);
         let result = if at != 0 && at <= now_ms() {
-            keyspace
-                .engine()
-                .delete(tablet, key, Condition::IfVersion(object.version))
+            node.delete(tablet, key, Condition::IfVersion(object.version))
         } else if at == 0 && object.expire_at_ms == 0 {
             Ok(None) // PERSIST on a key without expiry: nothing to write
         } else {
-            keyspace.engine().set_expiry(tablet, key, at)
+            node.set_expiry(tablet, key, at)
         };
         match result {
-            Ok(Some(_)) => ctx.session.wrote = true,
-            Ok(None) | Err(EngineError::ConditionFailed { .. }) => {}
+            Ok(Some(_)) => {}
+            Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => {}
             Err(e) => return engine_error(ctx, &e),
         }
     }
@@ -1198,10 +1211,10 @@ fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         i += 2;
     }
     let mut keys = Vec::new();
-    let next = match ctx.shared.keyspace.scan(cursor, count, pattern, &mut keys) {
+    let next = match ctx.node.keyspace.scan(cursor, count, pattern, &mut keys) {
         Ok(Some(next)) => next,
         Ok(None) => 0, // a cursor we never handed out: Redis answers an empty last page
-        Err(e) => return engine_error(ctx, &e),
+        Err(e) => return engine_error(ctx, &e.into()),
     };
     if !type_matches {
         keys.clear();
@@ -1224,10 +1237,10 @@ fn cmd_keys(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let mut keys = Vec::new();
     let mut cursor = 0;
     loop {
-        match ctx.shared.keyspace.scan(cursor, 1024, pattern, &mut keys) {
+        match ctx.node.keyspace.scan(cursor, 1024, pattern, &mut keys) {
             Ok(Some(0)) | Ok(None) => break,
             Ok(Some(next)) => cursor = next,
-            Err(e) => return engine_error(ctx, &e),
+            Err(e) => return engine_error(ctx, &e.into()),
         }
     }
     keys.sort();
@@ -1239,14 +1252,14 @@ fn cmd_keys(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 fn cmd_dbsize(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
-    let n = ctx.shared.keyspace.engine().object_count();
+    let n = ctx.node.engine().object_count();
     ctx.enc.integer(n as i64);
 }
 
 /// Remaining time to live: -2 no key, -1 no expiry.
 fn ttl_common(ctx: &mut Ctx<'_>, key: &[u8], unit_ms: u64, absolute: bool) {
-    let keyspace = &ctx.shared.keyspace;
-    match keyspace.engine().get(keyspace.tablet_of(key), key) {
+    let node = ctx.node;
+    match node.get(node.tablet_of(key), key) {
         Ok(None) => ctx.enc.integer(-2),
         Ok(Some(o)) if o.expire_at_ms == 0 => ctx.enc.integer(-1),
         Ok(Some(o)) => {
@@ -1316,10 +1329,10 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
             .error(&format!("ERR invalid expire time in '{name}' command"));
     };
     let key = args[1];
-    let keyspace = &ctx.shared.keyspace;
-    let tablet = keyspace.tablet_of(key);
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
     for _ in 0..64 {
-        let object = match keyspace.engine().get(tablet, key) {
+        let object = match node.get(tablet, key) {
             Ok(Some(o)) => o,
             Ok(None) => return ctx.enc.integer(0),
             Err(e) => return engine_error(ctx, &e),
@@ -1339,21 +1352,17 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
         }
         if at <= now_ms() as i64 {
             // An expiry in the past deletes the key.
-            return match keyspace
-                .engine()
-                .delete(tablet, key, Condition::IfVersion(object.version))
+            return match node.delete(tablet, key, Condition::IfVersion(object.version))
             {
                 Ok(Some(_)) => {
-                    ctx.session.wrote = true;
                     ctx.enc.integer(1)
                 }
-                Ok(None) | Err(EngineError::ConditionFailed { .. }) => continue,
+                Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
                 Err(e) => engine_error(ctx, &e),
             };
         }
-        return match keyspace.engine().set_expiry(tablet, key, at as u64) {
+        return match node.set_expiry(tablet, key, at as u64) {
             Ok(Some(_)) => {
-                ctx.session.wrote = true;
                 ctx.enc.integer(1)
             }
             Ok(None) => ctx.enc.integer(0),
@@ -1382,12 +1391,11 @@ fn cmd_pexpireat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn cmd_persist(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let key = args[1];
-    let keyspace = &ctx.shared.keyspace;
-    let tablet = keyspace.tablet_of(key);
-    match keyspace.engine().get(tablet, key) {
-        Ok(Some(o)) if o.expire_at_ms != 0 => match keyspace.engine().set_expiry(tablet, key, 0) {
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
+    match node.get(tablet, key) {
+        Ok(Some(o)) if o.expire_at_ms != 0 => match node.set_expiry(tablet, key, 0) {
             Ok(Some(_)) => {
-                ctx.session.wrote = true;
                 ctx.enc.integer(1)
             }
             Ok(None) => ctx.enc.integer(0),
@@ -1406,18 +1414,18 @@ fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     {
         return ctx.enc.error(ERR_SYNTAX);
     }
-    let keyspace = &ctx.shared.keyspace;
+    let node = ctx.node;
     let mut keys = Vec::new();
-    for &tablet in keyspace.tablets() {
+    for &tablet in node.keyspace.tablets() {
         let mut cursor = 0;
         loop {
             keys.clear();
-            let next = match keyspace.engine().scan_keys(tablet, cursor, 1024, &mut keys) {
+            let next = match node.engine().scan_keys(tablet, cursor, 1024, &mut keys) {
                 Ok(n) => n,
-                Err(e) => return engine_error(ctx, &e),
+                Err(e) => return engine_error(ctx, &e.into()),
             };
             for key in &keys {
-                if let Err(e) = keyspace.engine().delete(tablet, key, Condition::None) {
+                if let Err(e) = node.delete(tablet, key, Condition::None) {
                     return engine_error(ctx, &e);
                 }
             }
@@ -1427,7 +1435,6 @@ fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             cursor = next;
         }
     }
-    ctx.session.wrote = true;
     ctx.enc.ok();
 }
 
@@ -1488,7 +1495,7 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     let out = ctx.enc.buffer();
     for command in &queue {
         let args: Vec<&[u8]> = command.iter().map(|a| a.as_slice()).collect();
-        execute(ctx.shared, ctx.session, &args, out);
+        execute(ctx.node, ctx.session, &args, out);
     }
 }
 
@@ -1511,7 +1518,7 @@ fn cmd_shutdown(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return ctx.enc.error(ERR_SYNTAX);
         }
     }
-    ctx.shared.request_shutdown();
+    ctx.node.request_shutdown();
     ctx.session.closing = true;
 }
 
@@ -1525,7 +1532,7 @@ fn cmd_time(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 }
 
 fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
-    let started = std::time::SystemTime::now() - ctx.shared.started.elapsed();
+    let started = std::time::SystemTime::now() - ctx.node.started.elapsed();
     let secs = started
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -1534,21 +1541,8 @@ fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 }
 
 /// Checks a username/password pair against the configured password (user `default` only).
-fn credentials_ok(shared: &Shared, user: &[u8], pass: &[u8]) -> bool {
-    if user != b"default" {
-        return false;
-    }
-    match &shared.config.password {
-        None => true,
-        Some(p) => constant_time_eq(p.as_bytes(), pass),
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn credentials_ok(node: &Node, user: &[u8], pass: &[u8]) -> bool {
+    user == b"default" && node.password_ok(pass)
 }
 
 fn cmd_auth(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -1557,10 +1551,10 @@ fn cmd_auth(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         3 => (args[1], args[2]),
         _ => return ctx.enc.error(ERR_SYNTAX),
     };
-    if args.len() == 2 && ctx.shared.config.password.is_none() {
+    if args.len() == 2 && ctx.node.config.password.is_none() {
         return ctx.enc.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
     }
-    if credentials_ok(ctx.shared, user, pass) {
+    if credentials_ok(ctx.node, user, pass) {
         ctx.session.authenticated = true;
         ctx.enc.ok()
     } else {
@@ -1604,7 +1598,7 @@ fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     }
     if let Some((user, pass)) = auth {
-        if !credentials_ok(ctx.shared, user, pass) {
+        if !credentials_ok(ctx.node, user, pass) {
             return ctx.enc.error(ERR_WRONGPASS);
         }
         ctx.session.authenticated = true;
@@ -1646,12 +1640,12 @@ fn valid_client_name(name: &[u8]) -> bool {
 
 fn cmd_info(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
-    let text = ctx.shared.snapshot().info(section.as_deref());
+    let text = ctx.node.snapshot().info(section.as_deref());
     ctx.enc.verbatim("txt", text.as_bytes());
 }
 
 /// The parameters CONFIG GET knows, with their current values.
-fn config_params(shared: &Shared) -> Vec<(&'static str, String)> {
+fn config_params(shared: &Node) -> Vec<(&'static str, String)> {
     use crate::config::PersistenceMode;
     let c = &shared.config;
     vec![
@@ -1698,7 +1692,7 @@ fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 .enc
                 .error("ERR wrong number of arguments for 'config|get' command");
         }
-        let params = config_params(ctx.shared);
+        let params = config_params(ctx.node);
         let matched: Vec<&(&str, String)> = params
             .iter()
             .filter(|(name, _)| {
@@ -1823,7 +1817,7 @@ fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
-fn client_info_line(shared: &Shared, session: &Session) -> String {
+fn client_info_line(session: &Session) -> String {
     let name = session
         .name
         .as_deref()
@@ -1839,7 +1833,6 @@ fn client_info_line(shared: &Shared, session: &Session) -> String {
         .as_deref()
         .map(String::from_utf8_lossy)
         .unwrap_or_default();
-    let _ = shared;
     format!(
         "id={} name={} db=0 resp={} lib-name={} lib-ver={}\n",
         session.id, name, session.protocol, lib_name, lib_ver
@@ -1896,7 +1889,7 @@ fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "info") {
-        let line = client_info_line(ctx.shared, ctx.session);
+        let line = client_info_line(ctx.session);
         ctx.enc.verbatim("txt", line.as_bytes());
     } else if eq_ignore_case(sub, "no-evict") || eq_ignore_case(sub, "no-touch") {
         ctx.enc.ok();
@@ -1928,9 +1921,9 @@ fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
         return ctx.enc.integer(i64::from(key_slot(args[2])));
     }
-    let id = ctx.shared.node_id();
-    let host = ctx.shared.config.bind.to_string();
-    let port = ctx.shared.resp_port();
+    let id = ctx.node.node_id();
+    let host = ctx.node.config.bind.to_string();
+    let port = ctx.node.resp_port();
     if eq_ignore_case(sub, "myid") {
         ctx.enc.bulk(id.as_bytes());
     } else if eq_ignore_case(sub, "slots") {

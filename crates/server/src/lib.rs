@@ -1,10 +1,13 @@
 //! ramlog-server: one server process, wired from the engine, the protocols and the network.
 //!
-//! Owns: configuration ([`config`]), the RESP command set with Redis 7 semantics ([`commands`]),
-//! connection handling with limits ([`resp_conn`]), the keyspace of table 0 split into tablets
-//! ([`keyspace`]), metrics ([`metrics`]) and the admin HTTP endpoint ([`admin`]), and the
+//! Owns: the service layer that every front end calls ([`node`]: routing, auth, the clock,
+//! write admission, the acknowledgement wait of the durability mode, metrics); the front ends,
+//! which only decode and encode: the RESP command set with Redis 7 semantics ([`commands`]) and
+//! its connections ([`resp_conn`]), the native protocol ([`native`]); configuration
+//! ([`config`]), the keyspace of table 0 split into tablets ([`keyspace`]), persistence
+//! ([`persistence`]), metrics ([`metrics`]), the admin HTTP endpoint ([`admin`]), and the
 //! `ramlog server` / `ramlog up` entry points ([`cli`]). Hides: sockets, tasks and buffers; the
-//! engine is called directly from connection tasks, with no lock of the server's own.
+//! engine is called from connection tasks through the node, with no lock of the server's own.
 
 pub mod admin;
 pub mod cli;
@@ -13,9 +16,11 @@ pub mod config;
 pub mod keyspace;
 pub mod metrics;
 pub mod native;
+pub mod node;
 pub mod persistence;
 pub mod resp_conn;
 pub mod server;
 
 pub use config::{PersistenceMode, ServerConfig};
-pub use server::{Addresses, Server, ServerError, Shared};
+pub use node::{Node, NodeError};
+pub use server::{Addresses, Server, ServerError};

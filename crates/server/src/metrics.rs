@@ -133,6 +133,9 @@ pub struct Metrics {
     ops: [AtomicU64; Op::ALL.len()],
     latency: [Histogram; Op::ALL.len()],
     pub errors: AtomicU64,
+    /// Writes refused because persistence had failed (`-MISCONF`, WRITES_REFUSED), including
+    /// `durable` writes whose acknowledgement was withdrawn.
+    pub writes_refused: AtomicU64,
     pub connections_current: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
@@ -166,6 +169,12 @@ pub struct ProcessInfo {
     pub connections_max: usize,
     pub rss_bytes: u64,
     pub persistence: String,
+    /// `ok`, `failed` or `rewriting` (see `persistence::Health`); `ok` when persistence is off.
+    pub persistence_status: &'static str,
+    /// Why the store last failed; empty if it never did.
+    pub persistence_error: String,
+    pub persistence_failures: u64,
+    pub persistence_rewrites: u64,
 }
 
 /// The engine's figures, as reported to operators.
@@ -198,6 +207,7 @@ pub struct Snapshot {
     pub ops: Vec<(String, u64, HistogramSnapshot)>,
     pub commands_total: u64,
     pub errors: u64,
+    pub writes_refused: u64,
     pub connections_current: u64,
     pub connections_total: u64,
     pub connections_rejected: u64,
@@ -227,6 +237,7 @@ impl Snapshot {
             commands_total: ops.iter().map(|o| o.1).sum(),
             ops,
             errors: load(&metrics.errors),
+            writes_refused: load(&metrics.writes_refused),
             connections_current: load(&metrics.connections_current),
             connections_total: load(&metrics.connections_total),
             connections_rejected: load(&metrics.connections_rejected),
@@ -252,6 +263,30 @@ impl Snapshot {
             "Seconds since the process started.",
             "gauge",
             self.process.uptime_secs.to_string(),
+        );
+        gauge(
+            "ramlog_persistence_failed",
+            "1 while persistence has failed (or is rewriting memory into a fresh store) and writes are refused.",
+            "gauge",
+            u8::from(self.process.persistence_status != "ok").to_string(),
+        );
+        gauge(
+            "ramlog_persistence_failures_total",
+            "Times the backup store failed (disk full, I/O error).",
+            "counter",
+            self.process.persistence_failures.to_string(),
+        );
+        gauge(
+            "ramlog_persistence_rewrites_total",
+            "Rewrites of memory into a fresh store that completed and resumed writes.",
+            "counter",
+            self.process.persistence_rewrites.to_string(),
+        );
+        gauge(
+            "ramlog_writes_refused_total",
+            "Writes refused because persistence had failed.",
+            "counter",
+            self.writes_refused.to_string(),
         );
         gauge(
             "ramlog_objects",
@@ -463,8 +498,13 @@ impl Snapshot {
         if wants("persistence") {
             let _ = write!(
                 s,
-                "# Persistence\r\nloading:0\r\nramlog_persistence:{}\r\n\r\n",
-                self.process.persistence
+                "# Persistence\r\nloading:0\r\naof_last_write_status:{}\r\nramlog_persistence:{}\r\nramlog_persistence_status:{}\r\nramlog_persistence_error:{}\r\nramlog_persistence_failures:{}\r\nramlog_persistence_rewrites:{}\r\n\r\n",
+                if self.process.persistence_status == "ok" { "ok" } else { "err" },
+                self.process.persistence,
+                self.process.persistence_status,
+                self.process.persistence_error.replace(['\r', '\n'], " "),
+                self.process.persistence_failures,
+                self.process.persistence_rewrites,
             );
         }
         if wants("stats") {
@@ -530,6 +570,10 @@ mod tests {
             connections_max: 10,
             rss_bytes: 1 << 20,
             persistence: "off".into(),
+            persistence_status: "ok",
+            persistence_error: String::new(),
+            persistence_failures: 0,
+            persistence_rewrites: 0,
         };
         let engine = EngineFigures {
             objects: 3,

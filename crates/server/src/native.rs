@@ -2,9 +2,11 @@
 //! the engine and writes the replies back in batches.
 //!
 //! Owns the connection's life: handshake, AUTH state, limits (frame size, requests in flight, reply size),
-//! idle and write timeouts, and resynchronising after an oversize frame. Hides how a request becomes engine
-//! calls: routing by `engine.locate(table, key)`, expiry conversion, and the mapping of engine errors to
-//! protocol status codes. The byte layout itself lives in `ramlog_proto::native`.
+//! idle and write timeouts, and resynchronising after an oversize frame. Every request is a call into the
+//! service layer ([`Node`]): routing, auth, expiry conversion, write admission, metrics and the
+//! acknowledgement wait of the durability mode live there; this module decodes requests and encodes
+//! replies, mapping the node's errors to protocol status codes. The byte layout itself lives in
+//! `ramlog_proto::native`.
 //!
 //! Model: the task reads whatever bytes arrived, answers every complete frame in them in order (engine
 //! calls take microseconds, so no request waits on another connection), and writes all the replies in one
@@ -15,8 +17,10 @@
 
 use bytes::{Buf, BytesMut};
 use ramlog_common::{key_slot, TableId};
+use crate::metrics::Op;
+use crate::node::{Node, NodeError};
 use ramlog_logmem::query::glob_match;
-use ramlog_logmem::{Engine, EngineError, TabletId};
+use ramlog_logmem::{EngineError, TabletId};
 use ramlog_proto::native::{
     encode_error, opcode, parse_header, ClientHello, Condition, Expiry, FrameError, Request,
     ServerHello, Status, CLIENT_HELLO_LEN, FRAME_BYTES_HARD_MAX, HEADER_LEN,
@@ -26,7 +30,7 @@ use ramlog_proto::native::{
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -54,31 +58,25 @@ pub struct NativeConfig {
     pub write_timeout: Duration,
     /// Time allowed for the client hello.
     pub handshake_timeout: Duration,
-    /// When set, every request but PING and AUTH needs a successful AUTH first.
-    pub password: Option<String>,
     /// Announced in the server hello (the engine enforces its own limits).
     pub key_size_max_bytes: usize,
     pub value_size_max_bytes: usize,
-    /// Produces the STATS reply (the server's `/status` JSON); without it STATS reports engine figures.
-    pub status_json: Option<StatusJson>,
-    /// Told about every answered request: its opcode, the time spent on it, and whether it succeeded
-    /// (for the server's metrics). Requests refused with BUSY or FRAME_TOO_LARGE are not reported.
-    pub request_observer: Option<RequestObserver>,
     /// Snapshots and paged scans per connection, and the size of scan pages.
     pub scan: ScanLimits,
-    /// Records a table's schema (None: its removal) durably before SET_SCHEMA applies it, so that
-    /// a restart finds it; without it schemas live in memory only.
-    pub schema_recorder: Option<SchemaRecorder>,
 }
 
-/// Produces the server's status JSON for STATS.
-pub type StatusJson = Arc<dyn Fn() -> String + Send + Sync>;
-
-/// Called with (opcode, time spent, succeeded) for each answered request.
-pub type RequestObserver = Arc<dyn Fn(u8, Duration, bool) + Send + Sync>;
-
-/// Records (table, encoded schema or None); an error refuses the SET_SCHEMA with its text.
-pub type SchemaRecorder = Arc<dyn Fn(TableId, Option<&[u8]>) -> Result<(), String> + Send + Sync>;
+impl NativeConfig {
+    /// The native protocol's settings, from the server's configuration.
+    pub fn from_server(config: &crate::ServerConfig) -> NativeConfig {
+        NativeConfig {
+            idle_timeout: Duration::from_secs(config.idle_timeout_secs),
+            write_timeout: Duration::from_secs(config.write_timeout_secs.max(1)),
+            key_size_max_bytes: config.key_size_max_bytes as usize,
+            value_size_max_bytes: config.value_size_max_bytes as usize,
+            ..NativeConfig::default()
+        }
+    }
+}
 
 impl Default for NativeConfig {
     fn default() -> Self {
@@ -91,13 +89,9 @@ impl Default for NativeConfig {
             idle_timeout: Duration::ZERO,
             write_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
-            password: None,
             key_size_max_bytes: ramlog_common::KEY_SIZE_MAX_BYTES_DEFAULT,
             value_size_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
-            status_json: None,
-            request_observer: None,
             scan: ScanLimits::default(),
-            schema_recorder: None,
         }
     }
 }
@@ -111,7 +105,6 @@ impl fmt::Debug for NativeConfig {
             .field("max_reply_bytes", &self.max_reply_bytes)
             .field("idle_timeout", &self.idle_timeout)
             .field("write_timeout", &self.write_timeout)
-            .field("password", &self.password.as_ref().map(|_| "<set>"))
             .field("scan", &self.scan)
             .finish_non_exhaustive()
     }
@@ -121,11 +114,11 @@ impl fmt::Debug for NativeConfig {
 /// out or stops reading. Never panics on client input; errors end the connection and are logged at debug.
 pub async fn serve_native_connection(
     stream: TcpStream,
-    engine: Arc<Engine>,
+    node: Arc<Node>,
     config: Arc<NativeConfig>,
 ) {
     let peer = stream.peer_addr().ok();
-    if let Err(e) = serve(stream, engine, &config).await {
+    if let Err(e) = serve(stream, node, &config).await {
         tracing::debug!(?peer, "native connection closed: {e}");
     }
 }
@@ -153,9 +146,13 @@ impl From<std::io::Error> for Closed {
 
 /// Per-connection state that requests see.
 struct Session<'a> {
-    engine: &'a Engine,
+    node: &'a Node,
     config: &'a NativeConfig,
     authenticated: bool,
+    /// Replies to writes in the output buffer not yet written to the socket, as (start, end,
+    /// request id, opcode): in `durable` mode they go out only after [`Node::acknowledge`], and are
+    /// replaced by WRITES_REFUSED errors if it fails.
+    write_replies: Vec<(usize, usize, u64, u8)>,
     /// Scratch space reused across SCAN_KEYS requests.
     scan_keys: Vec<Vec<u8>>,
     /// Open snapshots and paged scans.
@@ -290,15 +287,71 @@ pub async fn refuse_native_connection(mut stream: TcpStream, message: &str) {
     let _ = stream.shutdown().await;
 }
 
+/// Writes the replies in `output`. When they include replies to writes and the node's durability
+/// mode makes acknowledgements wait, waits first; if the wait fails, each write's reply is replaced
+/// by a WRITES_REFUSED error, since its promise does not hold.
+async fn send_replies(
+    stream: &mut TcpStream,
+    session: &mut Session<'_>,
+    output: &mut BytesMut,
+    timeout: Duration,
+) -> Result<(), Closed> {
+    if !session.write_replies.is_empty() {
+        if session.node.acknowledgement_waits() {
+            if let Err(e) = session.node.acknowledge().await {
+                withdraw_write_replies(output, &session.write_replies, &e);
+                crate::metrics::Metrics::add(
+                    &session.node.metrics.writes_refused,
+                    session.write_replies.len() as u64,
+                );
+            }
+        }
+        session.write_replies.clear();
+    }
+    if !output.is_empty() {
+        write_with_timeout(stream, output, timeout).await?;
+        output.clear();
+    }
+    Ok(())
+}
+
+/// Rebuilds `output` with each write reply in `ranges` (in order, not overlapping) replaced by an
+/// error frame for the same request.
+fn withdraw_write_replies(
+    output: &mut BytesMut,
+    ranges: &[(usize, usize, u64, u8)],
+    e: &NodeError,
+) {
+    let message = format!("not acknowledged: {e}");
+    let mut rebuilt = BytesMut::with_capacity(output.len());
+    let mut at = 0;
+    for &(start, end, id, op) in ranges {
+        debug_assert!(at <= start && start <= end && end <= output.len());
+        rebuilt.extend_from_slice(&output[at..start]);
+        encode_error(&mut rebuilt, id, op, Status::WritesRefused, 0, &message);
+        at = end;
+    }
+    rebuilt.extend_from_slice(&output[at..]);
+    *output = rebuilt;
+}
+
+/// Whether a request of this opcode changes data (and so waits for the acknowledgement point).
+fn is_write(op: u8) -> bool {
+    matches!(
+        op,
+        opcode::PUT | opcode::DELETE | opcode::INCREMENT | opcode::EXPIRE | opcode::MULTI_PUT
+    )
+}
+
 async fn serve(
     mut stream: TcpStream,
-    engine_arc: Arc<Engine>,
+    node_arc: Arc<Node>,
     config: &NativeConfig,
 ) -> Result<(), Closed> {
-    let engine: &Engine = &engine_arc;
+    let node: &Node = &node_arc;
     let _ = stream.set_nodelay(true);
     let version = read_client_hello(&mut stream, config.handshake_timeout).await?;
-    let flags = if config.password.is_some() {
+    let flags = if node.password_required() {
         HELLO_FLAG_AUTH_REQUIRED
     } else {
         0
@@ -311,11 +364,12 @@ async fn serve(
     }
 
     let mut session = Session {
-        engine,
+        node,
         config,
-        authenticated: config.password.is_none(),
+        authenticated: !node.password_required(),
+        write_replies: Vec::new(),
         scan_keys: Vec::new(),
-        scans: scan::ScanSession::new(engine_arc.clone(), config.scan),
+        scans: scan::ScanSession::new(node.engine().clone(), config.scan),
         new_jobs: Vec::new(),
         jobs_outstanding: 0,
     };
@@ -362,13 +416,11 @@ async fn serve(
                 session.jobs_outstanding = session.jobs_outstanding.saturating_sub(1);
                 let (op, started, frame) =
                     done.map_err(|_| Closed::Reason("a scan job was lost"))?;
-                if let Some(observe) = &config.request_observer {
-                    observe(
-                        op,
-                        started.elapsed(),
-                        frame.get(13) == Some(&Status::Ok.to_u8()),
-                    );
-                }
+                node.record(
+                    native_op(op),
+                    started.elapsed(),
+                    frame.get(13) == Some(&Status::Ok.to_u8()),
+                );
                 write_with_timeout(&mut stream, &frame, config.write_timeout).await?;
                 continue;
             }
@@ -409,7 +461,7 @@ async fn serve(
                         let body = &input[HEADER_LEN..frame_bytes];
                         let reply_at = output.len();
                         let jobs_before = session.new_jobs.len();
-                        let started = config.request_observer.as_ref().map(|_| Instant::now());
+                        let started = Instant::now();
                         session.answer(
                             header.request_id,
                             header.opcode,
@@ -420,17 +472,23 @@ async fn serve(
                         );
                         // A request that became a job is reported when the job is done.
                         let queued = session.new_jobs.len() > jobs_before;
-                        if let (Some(observe), Some(started), false) =
-                            (&config.request_observer, started, queued)
-                        {
+                        if !queued {
                             let ok = output.get(reply_at + 13) == Some(&Status::Ok.to_u8());
-                            observe(header.opcode, started.elapsed(), ok);
+                            node.record(native_op(header.opcode), started.elapsed(), ok);
+                            if ok && is_write(header.opcode) {
+                                session.write_replies.push((
+                                    reply_at,
+                                    output.len(),
+                                    header.request_id,
+                                    header.opcode,
+                                ));
+                            }
                         }
                     }
                     input.advance(frame_bytes);
                     if output.len() >= config.reply_flush_bytes {
-                        write_with_timeout(&mut stream, &output, config.write_timeout).await?;
-                        output.clear();
+                        send_replies(&mut stream, &mut session, &mut output, config.write_timeout)
+                            .await?;
                         answered = 0;
                     }
                 }
@@ -443,7 +501,8 @@ async fn serve(
                         0,
                         "frame length shorter than the header; closing",
                     );
-                    write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+                    send_replies(&mut stream, &mut session, &mut output, config.write_timeout)
+                        .await?;
                     return Err(Closed::Reason("frame shorter than its header"));
                 }
                 Err(FrameError::TooLarge {
@@ -467,7 +526,8 @@ async fn serve(
                         &message,
                     );
                     if !resync {
-                        write_with_timeout(&mut stream, &output, config.write_timeout).await?;
+                        send_replies(&mut stream, &mut session, &mut output, config.write_timeout)
+                            .await?;
                         return Err(Closed::Reason("absurd frame length"));
                     }
                     input.advance(HEADER_LEN);
@@ -477,10 +537,7 @@ async fn serve(
                 }
             }
         }
-        if !output.is_empty() {
-            write_with_timeout(&mut stream, &output, config.write_timeout).await?;
-            output.clear();
-        }
+        send_replies(&mut stream, &mut session, &mut output, config.write_timeout).await?;
         // Give back memory a large frame or reply left behind.
         if input.is_empty() && input.capacity() > 1 << 20 {
             input = BytesMut::with_capacity(16 * 1024);
@@ -488,23 +545,6 @@ async fn serve(
         if output.capacity() > config.reply_flush_bytes.max(1 << 20) * 2 {
             output = BytesMut::with_capacity(16 * 1024);
         }
-    }
-}
-
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// The engine's absolute expiry (0 = none) for a protocol expiry; `Keep` is handled by the caller.
-fn expire_at_ms(expiry: Expiry) -> u64 {
-    match expiry {
-        Expiry::None | Expiry::Keep => 0,
-        // At least 1: an expiry in the past (or at the epoch) means "already expired", not "never".
-        Expiry::AfterMs(ms) => now_unix_ms().saturating_add(ms).max(1),
-        Expiry::AtUnixMs(at) => at.max(1),
     }
 }
 
@@ -519,6 +559,15 @@ fn engine_condition(condition: Condition) -> ramlog_logmem::Condition {
 
 /// An error reply: status, detail number, message.
 pub(crate) struct Failure(Status, u64, String);
+
+impl From<NodeError> for Failure {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::Engine(e) => e.into(),
+            NodeError::WritesRefused { .. } => Failure(Status::WritesRefused, 0, e.to_string()),
+        }
+    }
+}
 
 impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Self {
@@ -553,7 +602,7 @@ impl From<EngineError> for Failure {
 
 impl Session<'_> {
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
-        self.engine.locate(table, key).ok_or_else(|| {
+        self.node.locate(table, key).ok_or_else(|| {
             Failure(
                 Status::WrongServer,
                 0,
@@ -567,11 +616,11 @@ impl Session<'_> {
 
     /// The reply for an engine error on `key`. A failed condition reports the key's current version (read
     /// right after the failure when the engine did not return it; 0 = absent).
-    fn failure(&self, tablet: TabletId, key: &[u8], e: EngineError) -> Failure {
+    fn failure(&self, tablet: TabletId, key: &[u8], e: NodeError) -> Failure {
         match e {
-            EngineError::ConditionFailed { current: None } => {
+            NodeError::Engine(EngineError::ConditionFailed { current: None }) => {
                 let version = self
-                    .engine
+                    .node
                     .read_with(tablet, key, |_, version, _| version)
                     .ok()
                     .flatten();
@@ -657,23 +706,21 @@ impl Session<'_> {
         };
         let reply = match request {
             Request::Ping { payload } => Response::Pong(bytes::Bytes::copy_from_slice(payload)),
-            Request::Auth { password } => match &self.config.password {
-                None => Response::AuthOk,
-                Some(expected) if constant_time_eq(expected.as_bytes(), password) => {
+            Request::Auth { password } => {
+                if self.node.password_ok(password) {
                     self.authenticated = true;
                     Response::AuthOk
-                }
-                Some(_) => {
+                } else {
                     self.authenticated = false;
                     return Err(Failure(Status::AuthFailed, 0, "wrong password".into()));
                 }
-            },
-            Request::Stats => Response::Stats(self.stats_json().into()),
+            }
+            Request::Stats => Response::Stats(self.node.status_json().into()),
             Request::Get { table, key } => {
                 let tablet = self.tablet(*table, key)?;
                 // Encode straight from the engine's memory: no copy of the value besides the one into `out`.
                 let found =
-                    self.engine
+                    self.node
                         .read_with(tablet, key, |value, version, expire_at_ms| {
                             get_reply(out, id, value, version, expire_at_ms)
                         })?;
@@ -693,12 +740,12 @@ impl Session<'_> {
                 let tablet = self.tablet(*table, key)?;
                 let options = ramlog_logmem::PutOptions {
                     condition: engine_condition(*condition),
-                    expire_at_ms: expire_at_ms(*expiry),
+                    expire_at_ms: self.node.expire_at_ms(*expiry),
                     keep_ttl: *expiry == Expiry::Keep,
                     return_old: *return_old,
                 };
                 let outcome = self
-                    .engine
+                    .node
                     .put(tablet, key, value, &options)
                     .map_err(|e| self.failure(tablet, key, e))?;
                 Response::Put {
@@ -713,19 +760,20 @@ impl Session<'_> {
             } => {
                 let tablet = self.tablet(*table, key)?;
                 let deleted = self
-                    .engine
+                    .node
                     .delete(tablet, key, engine_condition(*condition))
                     .map_err(|e| self.failure(tablet, key, e))?;
                 Response::Delete(deleted)
             }
             Request::Increment { table, key, delta } => {
                 let tablet = self.tablet(*table, key)?;
-                let (value, version) = self.engine.increment(tablet, key, *delta)?;
+                let (value, version) = self.node.increment(tablet, key, *delta)?;
                 Response::Increment { value, version }
             }
             Request::Expire { table, key, expiry } => {
                 let tablet = self.tablet(*table, key)?;
-                Response::Expire(self.engine.set_expiry(tablet, key, expire_at_ms(*expiry))?)
+                let at = self.node.expire_at_ms(*expiry);
+                Response::Expire(self.node.set_expiry(tablet, key, at)?)
             }
             Request::MultiGet { table, keys } => {
                 let start = out.len();
@@ -733,7 +781,7 @@ impl Session<'_> {
                 for key in keys {
                     let tablet = self.tablet(*table, key)?;
                     let found =
-                        self.engine
+                        self.node
                             .read_with(tablet, key, |value, version, expire_at_ms| {
                                 put_present_object(out, value, version, expire_at_ms)
                             })?;
@@ -766,7 +814,7 @@ impl Session<'_> {
                     }
                 }
                 Response::MultiPut {
-                    version: self.engine.multi_put(tablet, items)?,
+                    version: self.node.multi_put(tablet, items)?,
                 }
             }
             Request::ScanKeys {
@@ -789,8 +837,9 @@ impl Session<'_> {
             Request::SnapshotRelease { snapshot } => self.scans.snapshot_release(*snapshot)?,
             Request::ScanClose { cursor } => self.scans.scan_close(*cursor)?,
             Request::SetSchema { table, schema } => {
-                self.scans
-                    .set_schema(*table, schema, self.config.schema_recorder.as_ref())?
+                let schema = scan::decode_schema(schema)?;
+                self.node.set_schema(*table, schema)?;
+                Response::SchemaSet
             }
             Request::GetSchema { table } => self.scans.get_schema(*table),
             Request::GetAt {
@@ -837,7 +886,8 @@ impl Session<'_> {
     ) -> Result<(u64, Vec<Vec<u8>>), Failure> {
         const TABLET_BITS: u32 = 16;
         let mut tablets: Vec<_> = self
-            .engine
+            .node
+            .engine()
             .tablets()
             .into_iter()
             .filter(|t| t.table == table)
@@ -865,7 +915,7 @@ impl Session<'_> {
         let batch = &mut self.scan_keys;
         loop {
             batch.clear();
-            let next = self.engine.scan_keys(
+            let next = self.node.engine().scan_keys(
                 tablets[position].id,
                 inner,
                 count - visited.min(count - 1),
@@ -899,37 +949,6 @@ impl Session<'_> {
         }
         Ok(((inner << TABLET_BITS) | position as u64, matched))
     }
-
-    fn stats_json(&self) -> String {
-        if let Some(f) = &self.config.status_json {
-            return f();
-        }
-        let s = self.engine.stats();
-        format!(
-            concat!(
-                "{{\"engine\":{{\"total_bytes\":{},\"live_bytes\":{},\"utilisation\":{:.6},",
-                "\"objects\":{},\"tablets\":{},\"free_seglets\":{},\"cleaner_copied_bytes\":{},",
-                "\"cleaner_freed_bytes\":{},\"write_cost\":{:.6}}}}}"
-            ),
-            s.total_bytes,
-            s.live_bytes,
-            finite(s.utilisation),
-            s.objects,
-            s.tablets,
-            s.free_seglets,
-            s.cleaner_copied_bytes,
-            s.cleaner_freed_bytes,
-            finite(s.write_cost),
-        )
-    }
-}
-
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
 }
 
 fn reply_too_large(max: usize) -> Failure {
@@ -938,10 +957,6 @@ fn reply_too_large(max: usize) -> Failure {
         max as u64,
         format!("reply would exceed {max} bytes; ask for fewer keys"),
     )
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 // Direct encoders for the two replies that carry values, so that values go from the engine's memory into
@@ -981,20 +996,17 @@ fn begin_multi_get(out: &mut BytesMut, id: u64, count: usize) -> usize {
     start
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expiry_conversion() {
-        assert_eq!(expire_at_ms(Expiry::None), 0);
-        assert_eq!(
-            expire_at_ms(Expiry::AtUnixMs(0)),
-            1,
-            "the epoch is in the past, not 'never'"
-        );
-        assert_eq!(expire_at_ms(Expiry::AtUnixMs(123)), 123);
-        let later = expire_at_ms(Expiry::AfterMs(10_000));
-        assert!(later >= now_unix_ms() + 9_000 && later <= now_unix_ms() + 10_000);
+/// The metrics family of a native request.
+fn native_op(opcode_byte: u8) -> Op {
+    match opcode_byte {
+        opcode::GET | opcode::GET_AT => Op::Get,
+        opcode::PUT => Op::Set,
+        opcode::DELETE => Op::Del,
+        opcode::INCREMENT => Op::Incr,
+        opcode::MULTI_GET => Op::Mget,
+        opcode::MULTI_PUT => Op::Mset,
+        opcode::SCAN_KEYS | opcode::SCAN_FILTERED | opcode::SCAN_NEXT => Op::Scan,
+        opcode::EXPIRE => Op::Expire,
+        _ => Op::Other,
     }
 }

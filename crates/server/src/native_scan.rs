@@ -157,35 +157,6 @@ impl ScanSession {
         self.snapshots.get(&id).ok_or_else(|| no_such_snapshot(id))
     }
 
-    /// SET_SCHEMA: an empty body removes the schema. With a recorder, the schema is recorded
-    /// durably first and applied only if that succeeded.
-    pub(super) fn set_schema(
-        &self,
-        table: TableId,
-        bytes: &[u8],
-        recorder: Option<&super::SchemaRecorder>,
-    ) -> Result<Response, Failure> {
-        let schema = if bytes.is_empty() {
-            None
-        } else {
-            Some(
-                ramlog_logmem::query::Schema::from_bytes(bytes)
-                    .map_err(|e| Failure(Status::BadRequest, 0, format!("bad schema: {e}")))?,
-            )
-        };
-        if let Some(record) = recorder {
-            record(table, (!bytes.is_empty()).then_some(bytes)).map_err(|e| {
-                Failure(
-                    Status::Internal,
-                    0,
-                    format!("could not record the schema: {e}"),
-                )
-            })?;
-        }
-        self.engine.set_schema(table, schema);
-        Ok(Response::SchemaSet)
-    }
-
     pub(super) fn get_schema(&self, table: TableId) -> Response {
         Response::Schema(
             self.engine
@@ -466,4 +437,14 @@ fn page_frame(id: u64, op: u8, cursor: u64, version: u64, page: &[ScanRecord]) -
     }
     finish_reply_frame(&mut out, start);
     out
+}
+
+/// SET_SCHEMA's body as a schema: empty removes the table's schema.
+pub(super) fn decode_schema(bytes: &[u8]) -> Result<Option<ramlog_logmem::query::Schema>, Failure> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    ramlog_logmem::query::Schema::from_bytes(bytes)
+        .map(Some)
+        .map_err(|e| Failure(Status::BadRequest, 0, format!("bad schema: {e}")))
 }

@@ -7,11 +7,10 @@
 //! so a deep pipeline is served in batches and a client that does not read its replies blocks only
 //! itself, until `write_timeout_secs` closes it).
 
-use crate::commands::{execute, Session};
-use crate::config::PersistenceMode;
+use crate::commands::{execute, misconf, Session};
 use crate::metrics::Metrics;
-use crate::server::Shared;
-use ramlog_proto::resp::{ReplyEncoder, Request, RequestDecoder};
+use crate::node::{Node, NodeError};
+use ramlog_proto::resp::{ReplyEncoder, Request, RequestDecoder, RequestLimits};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,11 +30,11 @@ pub enum Ending {
     IoError,
 }
 
-pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Shared>, client_id: u64) -> Ending {
+pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64) -> Ending {
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
-    let mut session = Session::new(client_id, config.password.is_some());
-    let decoder = RequestDecoder::new(shared.limits);
+    let mut session = Session::new(client_id, shared.password_required());
+    let decoder = RequestDecoder::new(request_limits(config));
     let mut request = Request::default();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -116,30 +115,69 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Shared>, client_id: u
     }
 }
 
-/// Writes the buffered replies; in `durable` mode first waits until this connection's writes are on disk.
+/// The RESP request limits of this server's configuration.
+pub fn request_limits(config: &crate::ServerConfig) -> RequestLimits {
+    RequestLimits {
+        bulk_len_max: config.request_arg_size_max_bytes as usize,
+        array_len_max: config.request_args_max,
+        inline_len_max: 64 * 1024,
+        request_len_max: config.request_size_max_bytes as usize,
+    }
+}
+
+/// Writes the buffered replies. When they include replies to writes and the node's durability
+/// mode makes acknowledgements wait (`durable`), waits first; if that fails, each write's reply is
+/// replaced by a `-MISCONF` error, since what it would have claimed does not hold.
 async fn flush(
     stream: &mut TcpStream,
-    shared: &Shared,
+    node: &Node,
     session: &mut Session,
     out: &mut Vec<u8>,
     write_timeout: Duration,
 ) -> Result<(), Ending> {
-    if session.wrote {
-        session.wrote = false;
-        if shared.config.persistence == PersistenceMode::Durable {
-            shared.wait_durable().await;
+    if !session.write_replies.is_empty() {
+        if node.acknowledgement_waits() {
+            if let Err(e) = node.acknowledge().await {
+                withdraw_write_replies(out, &session.write_replies, &e, session.protocol);
+                Metrics::add(
+                    &node.metrics.writes_refused,
+                    session.write_replies.len() as u64,
+                );
+            }
         }
+        session.write_replies.clear();
     }
     if out.is_empty() {
         return Ok(());
     }
     match tokio::time::timeout(write_timeout, stream.write_all(out)).await {
         Ok(Ok(())) => {
-            Metrics::add(&shared.metrics.bytes_out, out.len() as u64);
+            Metrics::add(&node.metrics.bytes_out, out.len() as u64);
             out.clear();
             Ok(())
         }
         Ok(Err(_)) => Err(Ending::IoError),
         Err(_) => Err(Ending::WriteTimeout),
     }
+}
+
+/// Rebuilds `out` with each range of `replies` (in order, not overlapping) replaced by the
+/// `-MISCONF` error for `e`.
+fn withdraw_write_replies(out: &mut Vec<u8>, replies: &[(usize, usize)], e: &NodeError, protocol: u8) {
+    let reason = match e {
+        NodeError::WritesRefused { reason } => reason.clone(),
+        other => other.to_string(),
+    };
+    let mut error = Vec::new();
+    ReplyEncoder::new(&mut error, protocol).error(&misconf(&reason));
+    let mut rebuilt = Vec::with_capacity(out.len());
+    let mut at = 0;
+    for &(start, end) in replies {
+        debug_assert!(at <= start && start <= end && end <= out.len());
+        rebuilt.extend_from_slice(&out[at..start]);
+        rebuilt.extend_from_slice(&error);
+        at = end;
+    }
+    rebuilt.extend_from_slice(&out[at..]);
+    *out = rebuilt;
 }

@@ -12,6 +12,7 @@ use ramlog_proto::native::{
     PROTOCOL_VERSION,
 };
 use ramlog_server::native::{serve_native_connection, NativeConfig};
+use ramlog_server::{Node, ServerConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct TestServer {
     pub addr: SocketAddr,
     pub engine: Arc<Engine>,
+    pub node: Arc<Node>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -36,21 +38,26 @@ pub async fn start_server(config: NativeConfig) -> TestServer {
 
 /// Like [`start_server`], with engine settings (the memory budget is always 128 MiB).
 pub async fn start_server_with(engine_config: EngineConfig, config: NativeConfig) -> TestServer {
+    start_server_full(engine_config, ServerConfig::default(), config).await
+}
+
+/// Like [`start_server_with`], with the service layer's settings (a password, say) from
+/// `server_config`.
+pub async fn start_server_full(
+    engine_config: EngineConfig,
+    server_config: ServerConfig,
+    config: NativeConfig,
+) -> TestServer {
     let engine = Engine::new(EngineConfig {
         memory_bytes: 128 << 20,
         ..engine_config
     })
     .expect("engine");
-    let quarter = ramlog_common::SLOT_COUNT / 4;
-    for i in 0..4u16 {
-        engine
-            .create_tablet(0, i * quarter, i * quarter + quarter - 1)
-            .expect("tablet");
-    }
+    let node = Node::with_engine(engine.clone(), 4, server_config).expect("node");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let config = Arc::new(config);
-    let engine2 = engine.clone();
+    let node2 = node.clone();
     let accept = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -58,7 +65,7 @@ pub async fn start_server_with(engine_config: EngineConfig, config: NativeConfig
             };
             tokio::spawn(serve_native_connection(
                 stream,
-                engine2.clone(),
+                node2.clone(),
                 config.clone(),
             ));
         }
@@ -66,6 +73,7 @@ pub async fn start_server_with(engine_config: EngineConfig, config: NativeConfig
     TestServer {
         addr,
         engine,
+        node,
         accept,
     }
 }

@@ -1,0 +1,508 @@
+//! The service layer: what every front end of a server calls (RESP, the native protocol, and the
+//! routing port and replication the cluster adds).
+//!
+//! A [`Node`] owns the engine and the keyspace it serves, persistence, the metrics registry, the
+//! clock and the settings that apply to every request. Front ends decode a request, call the node,
+//! and encode what it returns; the checks that must hold on every path live here, once:
+//! - **routing**: a key to its tablet ([`Node::tablet_of`] for the RESP table, [`Node::locate`]
+//!   for any table);
+//! - **auth**: [`Node::password_ok`];
+//! - **the clock and expiry conversion**: [`now_ms`], [`Node::expire_at_ms`];
+//! - **write admission**: every write goes through [`Node::put`], [`Node::delete`], ... which refuse
+//!   it with [`NodeError::WritesRefused`] while persistence cannot log writes (Redis's `-MISCONF`);
+//! - **the acknowledgement point** of the table's durability: a front end that ran writes calls
+//!   [`Node::acknowledge`] before it sends their replies; in `durable` mode that waits for
+//!   fdatasync, and an error means the replies must not claim success;
+//! - **metrics**: [`Node::record`].
+//!
+//! What it hides: the engine's tablet ids behind keys, how persistence is wired to the engine (its
+//! write observer), and the recovery of a failed store.
+
+use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
+use crate::keyspace::Keyspace;
+use crate::metrics::{EngineFigures, Metrics, Op, ProcessInfo, Snapshot};
+use crate::persistence::{Persistence, PersistenceError};
+use ramlog_common::TableId;
+use ramlog_logmem::{
+    Condition, Engine, EngineConfig, EngineError, Object, PutOptions, PutOutcome, TabletId,
+};
+use ramlog_proto::native::Expiry;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why the service layer refused or could not complete a request.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Persistence cannot log writes (disk full, I/O error): writes are refused, reads go on.
+    #[error("writes are refused: {reason}")]
+    WritesRefused { reason: String },
+}
+
+/// The addresses a running server listens on (0 ports for a listener that is off).
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    pub resp: SocketAddr,
+    pub native: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+impl Addresses {
+    /// No listener: a node used without a network (tests, embedding).
+    pub fn none() -> Addresses {
+        Addresses {
+            resp: SocketAddr::from(([127, 0, 0, 1], 0)),
+            native: None,
+            admin: None,
+        }
+    }
+}
+
+/// One server's service layer; see the module comment. Shared by every connection, and nothing
+/// in it is locked on the request path.
+pub struct Node {
+    pub config: ServerConfig,
+    pub keyspace: Keyspace,
+    pub metrics: Metrics,
+    pub started: Instant,
+    addresses: Addresses,
+    node_id: String,
+    persistence: Option<Arc<Persistence>>,
+    next_client_id: AtomicU64,
+    shutdown_requested: tokio::sync::Notify,
+}
+
+/// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Node {
+    /// Creates the engine and table 0, opens persistence and replays it (per the configuration).
+    /// Runs blocking work (replay) on the blocking pool.
+    pub async fn open(
+        config: ServerConfig,
+        addresses: Addresses,
+    ) -> Result<Arc<Node>, crate::ServerError> {
+        let persistence = match config.persistence {
+            PersistenceMode::Off => None,
+            _ => Some(Persistence::open(&config)?),
+        };
+        let engine = Engine::new(EngineConfig {
+            write_observer: persistence
+                .clone()
+                .map(|p| p as Arc<dyn ramlog_logmem::WriteObserver>),
+            memory_bytes: config.memory_bytes,
+            key_size_max_bytes: config.key_size_max_bytes as usize,
+            value_size_max_bytes: config.value_size_max_bytes as usize,
+            snapshot_max_age_ms: config.snapshot_max_age_ms,
+            snapshot_max_retained_bytes: config.snapshot_max_retained_bytes,
+            scan_threads: config.scan_threads,
+            ..EngineConfig::default()
+        })?;
+        let tablets = match &persistence {
+            Some(p) => p.tablets(),
+            None => config.tablets.unwrap_or(TABLETS_DEFAULT),
+        };
+        let keyspace = Keyspace::create(engine, tablets)?;
+        let keyspace = match &persistence {
+            None => keyspace,
+            Some(p) => {
+                let replaying = p.clone();
+                let (keyspace, restored) = tokio::task::spawn_blocking(move || {
+                    let restored = replaying.replay(|key, value, version, expire_at_ms| {
+                        let tablet = keyspace.tablet_of(key);
+                        keyspace
+                            .engine()
+                            .restore(tablet, key, Some(value), version, expire_at_ms)
+                    });
+                    (keyspace, restored)
+                })
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let restored = restored?;
+                tracing::info!(objects = restored, "replayed the data directory");
+                for (table, path, bytes) in p.load_schemas()? {
+                    let schema = ramlog_logmem::query::Schema::from_bytes(&bytes).map_err(|e| {
+                        PersistenceError::CorruptSchema {
+                            path,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                    keyspace.engine().set_schema(table, Some(schema));
+                }
+                p.open_tablets(keyspace.tablet_ids())?;
+                p.start_recovery(keyspace.engine().clone(), keyspace.tablet_ids().to_vec());
+                keyspace
+            }
+        };
+        Ok(Node::assemble(config, keyspace, persistence, addresses))
+    }
+
+    /// A node over an engine the caller made, serving table 0 as `tablets` tablets, with no
+    /// persistence and no listeners (tests and embedding). `config`'s persistence is ignored.
+    pub fn with_engine(
+        engine: Arc<Engine>,
+        tablets: u16,
+        mut config: ServerConfig,
+    ) -> Result<Arc<Node>, EngineError> {
+        config.persistence = PersistenceMode::Off;
+        let keyspace = Keyspace::create(engine, tablets)?;
+        Ok(Node::assemble(config, keyspace, None, Addresses::none()))
+    }
+
+    fn assemble(
+        config: ServerConfig,
+        keyspace: Keyspace,
+        persistence: Option<Arc<Persistence>>,
+        addresses: Addresses,
+    ) -> Arc<Node> {
+        let node_id = {
+            let seed = (std::process::id() as u64) << 32
+                ^ addresses.resp.port() as u64
+                ^ now_ms().wrapping_mul(1_000_003)
+                ^ Instant::now().elapsed().as_nanos() as u64;
+            let a = ramlog_common::slot::crc16_xmodem(&seed.to_le_bytes());
+            format!(
+                "{:016x}{:016x}{:08x}",
+                seed.rotate_left(17).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                seed,
+                a
+            )
+        };
+        Arc::new(Node {
+            config,
+            keyspace,
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            addresses,
+            node_id,
+            persistence,
+            next_client_id: AtomicU64::new(1),
+            shutdown_requested: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        self.keyspace.engine()
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
+    }
+
+    pub fn resp_port(&self) -> u16 {
+        self.addresses.resp.port()
+    }
+
+    /// A 40-hex-digit node id, stable for the life of the process (Redis Cluster's form).
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// A new client id (CLIENT ID, CLIENT LIST).
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Asks the process running this server to stop (the SHUTDOWN command).
+    pub fn request_shutdown(&self) {
+        self.shutdown_requested.notify_one();
+    }
+
+    /// Ends when a client asked the server to stop.
+    pub async fn shutdown_requested(&self) {
+        self.shutdown_requested.notified().await
+    }
+
+    /// Stops the engine's background work and writes out what persistence holds.
+    pub async fn stop(&self) {
+        self.engine().shutdown();
+        if let Some(p) = self.persistence.clone() {
+            let _ = tokio::task::spawn_blocking(move || p.flush()).await;
+        }
+    }
+
+    // ---- auth -------------------------------------------------------------------------------
+
+    pub fn password_required(&self) -> bool {
+        self.config.password.is_some()
+    }
+
+    /// Whether `password` (for the default user) opens this server. Compares in constant time.
+    pub fn password_ok(&self, password: &[u8]) -> bool {
+        match &self.config.password {
+            None => true,
+            Some(expected) => constant_time_eq(expected.as_bytes(), password),
+        }
+    }
+
+    // ---- routing ----------------------------------------------------------------------------
+
+    /// The tablet of the RESP table (table 0) holding `key`.
+    #[inline]
+    pub fn tablet_of(&self, key: &[u8]) -> TabletId {
+        self.keyspace.tablet_of(key)
+    }
+
+    /// The tablet of `table` holding `key` on this server, if this server has it.
+    pub fn locate(&self, table: TableId, key: &[u8]) -> Option<TabletId> {
+        self.engine().locate(table, key)
+    }
+
+    // ---- the clock --------------------------------------------------------------------------
+
+    /// The engine's absolute expiry (0 = none) for a protocol expiry; `Keep` is the caller's.
+    pub fn expire_at_ms(&self, expiry: Expiry) -> u64 {
+        match expiry {
+            Expiry::None | Expiry::Keep => 0,
+            // At least 1: an expiry in the past (or at the epoch) means "already expired", not "never".
+            Expiry::AfterMs(ms) => now_ms().saturating_add(ms).max(1),
+            Expiry::AtUnixMs(at) => at.max(1),
+        }
+    }
+
+    // ---- write admission and acknowledgement ------------------------------------------------
+
+    /// Why writes are refused now, or None while they are accepted. Counts the refusal.
+    pub fn write_refusal(&self) -> Option<NodeError> {
+        let reason = self.persistence.as_ref()?.refusal()?;
+        Metrics::add(&self.metrics.writes_refused, 1);
+        Some(NodeError::WritesRefused { reason })
+    }
+
+    #[inline]
+    fn admit_write(&self) -> Result<(), NodeError> {
+        match self.write_refusal() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Whether replies to writes must wait in [`Node::acknowledge`] (`durable` persistence).
+    #[inline]
+    pub fn acknowledgement_waits(&self) -> bool {
+        self.persistence
+            .as_ref()
+            .is_some_and(|p| p.mode() == PersistenceMode::Durable)
+    }
+
+    /// Waits until every write applied so far has reached the point where this server's
+    /// durability promise lets it be acknowledged: at once for `async` and no persistence,
+    /// fdatasync for `durable`. An error means that point cannot be reached: the writes were
+    /// applied in memory, but their replies must not claim success.
+    pub async fn acknowledge(&self) -> Result<(), NodeError> {
+        let Some(p) = &self.persistence else {
+            return Ok(());
+        };
+        if p.mode() != PersistenceMode::Durable {
+            return Ok(());
+        }
+        let p = p.clone();
+        let waited = tokio::task::spawn_blocking(move || p.wait_durable_blocking())
+            .await
+            .unwrap_or_else(|e| Err(format!("the durability wait failed: {e}")));
+        waited.map_err(|reason| NodeError::WritesRefused { reason })
+    }
+
+    // ---- data operations --------------------------------------------------------------------
+
+    pub fn get(&self, tablet: TabletId, key: &[u8]) -> Result<Option<Object>, NodeError> {
+        Ok(self.engine().get(tablet, key)?)
+    }
+
+    /// Runs `f` on the key's value, version and expiry in place (no copy), if present.
+    pub fn read_with<R>(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        f: impl FnOnce(&[u8], u64, u64) -> R,
+    ) -> Result<Option<R>, NodeError> {
+        Ok(self.engine().read_with(tablet, key, f)?)
+    }
+
+    pub fn put(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        value: &[u8],
+        options: &PutOptions,
+    ) -> Result<PutOutcome, NodeError> {
+        self.admit_write()?;
+        Ok(self.engine().put(tablet, key, value, options)?)
+    }
+
+    /// Deletes the key if `condition` holds; Some(old version) if it existed.
+    pub fn delete(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        condition: Condition,
+    ) -> Result<Option<u64>, NodeError> {
+        self.admit_write()?;
+        Ok(self.engine().delete(tablet, key, condition)?)
+    }
+
+    /// Adds `delta` to the key's integer value; (new value, version).
+    pub fn increment(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        delta: i64,
+    ) -> Result<(i64, u64), NodeError> {
+        self.admit_write()?;
+        Ok(self.engine().increment(tablet, key, delta)?)
+    }
+
+    /// Sets (0: removes) the key's expiry; None if the key is absent.
+    pub fn set_expiry(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        expire_at_ms: u64,
+    ) -> Result<Option<u64>, NodeError> {
+        self.admit_write()?;
+        Ok(self.engine().set_expiry(tablet, key, expire_at_ms)?)
+    }
+
+    /// Writes every item to one tablet as one atomic unit; returns its version.
+    pub fn multi_put(
+        &self,
+        tablet: TabletId,
+        items: &[(&[u8], &[u8])],
+    ) -> Result<u64, NodeError> {
+        self.admit_write()?;
+        Ok(self.engine().multi_put(tablet, items)?)
+    }
+
+    /// Records a table's schema durably (when persistence is on), then applies it.
+    pub fn set_schema(
+        &self,
+        table: TableId,
+        schema: Option<ramlog_logmem::query::Schema>,
+    ) -> Result<(), NodeError> {
+        self.admit_write()?;
+        if let Some(p) = &self.persistence {
+            let bytes = schema.as_ref().map(|s| s.to_bytes());
+            p.store_schema(table, bytes.as_deref())
+                .map_err(|e| NodeError::WritesRefused {
+                    reason: e.to_string(),
+                })?;
+        }
+        self.engine().set_schema(table, schema);
+        Ok(())
+    }
+
+    // ---- metrics ----------------------------------------------------------------------------
+
+    /// Counts one answered request of family `op` that took `elapsed`.
+    #[inline]
+    pub fn record(&self, op: Op, elapsed: Duration, ok: bool) {
+        self.metrics.record(op, elapsed);
+        if !ok {
+            Metrics::add(&self.metrics.errors, 1);
+        }
+    }
+
+    /// All figures at this moment, for `/metrics`, `/status`, `INFO` and the native STATS.
+    pub fn snapshot(&self) -> Snapshot {
+        let engine = self.engine();
+        let stats = engine.stats();
+        let figures = EngineFigures {
+            objects: engine.object_count(),
+            objects_expiring: stats.expiring_objects,
+            objects_expiring_avg_ttl_ms: stats.expiring_mean_expire_at_ms.saturating_sub(now_ms()),
+            memory_bytes_total: stats.total_bytes,
+            memory_bytes_live: stats.live_bytes,
+            memory_utilisation: stats.utilisation,
+            cleaner_bytes_copied: stats.cleaner_copied_bytes,
+            cleaner_bytes_freed: stats.cleaner_freed_bytes,
+            write_cost: stats.write_cost,
+            tablets: self.keyspace.tablets().len() as u64,
+            memory_waits: stats.memory_waits,
+            memory_wait_secs: stats.memory_wait_secs,
+            memory_bytes_untouched: stats.untouched_seglets * ramlog_logmem::SEGLET_BYTES as u64,
+        };
+        let persistence = self.persistence.as_ref().map(|p| p.figures());
+        let process = ProcessInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            resp_port: self.addresses.resp.port(),
+            native_port: self.addresses.native.map(|a| a.port()).unwrap_or(0),
+            admin_port: self.addresses.admin.map(|a| a.port()).unwrap_or(0),
+            connections_max: self.config.connections_max,
+            rss_bytes: rss_bytes(),
+            persistence: self.config.persistence.to_string(),
+            persistence_status: persistence.as_ref().map_or("ok", |f| f.health.as_str()),
+            persistence_error: persistence
+                .as_ref()
+                .map(|f| f.last_error.clone())
+                .unwrap_or_default(),
+            persistence_failures: persistence.as_ref().map_or(0, |f| f.failures),
+            persistence_rewrites: persistence.as_ref().map_or(0, |f| f.rewrites),
+        };
+        Snapshot::take(&self.metrics, process, figures)
+    }
+
+    /// The `/status` JSON (also the native STATS reply).
+    pub fn status_json(&self) -> String {
+        serde_json::to_string(&self.snapshot()).unwrap_or_default()
+    }
+}
+
+/// Resident set size of this process (from /proc/self/statm; 0 where that does not exist).
+pub fn rss_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_conversion() {
+        let engine = Engine::new(EngineConfig {
+            memory_bytes: 16 << 20,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let node = Node::with_engine(engine, 4, ServerConfig::default()).unwrap();
+        assert_eq!(node.expire_at_ms(Expiry::None), 0);
+        assert_eq!(
+            node.expire_at_ms(Expiry::AtUnixMs(0)),
+            1,
+            "the epoch is in the past, not 'never'"
+        );
+        assert_eq!(node.expire_at_ms(Expiry::AtUnixMs(123)), 123);
+        let later = node.expire_at_ms(Expiry::AfterMs(10_000));
+        assert!(later >= now_ms() + 9_000 && later <= now_ms() + 10_000);
+        assert!(node.write_refusal().is_none(), "no persistence, nothing refused");
+        assert!(!node.acknowledgement_waits());
+    }
+
+    #[test]
+    fn passwords_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

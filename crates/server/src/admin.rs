@@ -15,11 +15,7 @@ use tokio::task::JoinSet;
 const HEAD_MAX_BYTES: usize = 8 * 1024;
 const CONNECTIONS_MAX: usize = 64;
 
-pub async fn serve(
-    listener: TcpListener,
-    node: Arc<Node>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn serve(listener: TcpListener, node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {

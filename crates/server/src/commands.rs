@@ -495,7 +495,11 @@ const ERR_WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is
 
 /// Redis's error when it cannot persist (`-MISCONF`), with ramlog's reason.
 pub fn misconf(reason: &str) -> String {
-    let reason: String = reason.replace(['\r', '\n'], " ").chars().take(400).collect();
+    let reason: String = reason
+        .replace(['\r', '\n'], " ")
+        .chars()
+        .take(400)
+        .collect();
     format!(
         "MISCONF Errors writing to the data directory: {reason}. Commands that may modify the data set are refused until ramlog can write again; reads go on (see INFO persistence)"
     )
@@ -685,9 +689,7 @@ fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let metrics = &ctx.node.metrics;
     let enc = &mut ctx.enc;
     // Encode straight from the log: no copy of the value into a temporary.
-    match node
-        .read_with(node.tablet_of(key), key, |value, _, _| enc.bulk(value))
-    {
+    match node.read_with(node.tablet_of(key), key, |value, _, _| enc.bulk(value)) {
         Ok(Some(())) => {
             metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -778,9 +780,7 @@ fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     let (key, value) = (args[1], args[2]);
     let node = ctx.node;
-    match node
-        .put(node.tablet_of(key), key, value, &opts)
-    {
+    match node.put(node.tablet_of(key), key, value, &opts) {
         Ok(outcome) => {
             if set.get {
                 ctx.enc
@@ -808,12 +808,8 @@ fn set_with(
     opts: PutOptions,
 ) -> Result<bool, NodeError> {
     let node = ctx.node;
-    match node
-        .put(node.tablet_of(key), key, value, &opts)
-    {
-        Ok(_) => {
-            Ok(true)
-        }
+    match node.put(node.tablet_of(key), key, value, &opts) {
+        Ok(_) => Ok(true),
         Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
         Err(e) => Err(e),
     }
@@ -873,13 +869,10 @@ fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return_old: true,
         ..Default::default()
     };
-    match node
-        .put(node.tablet_of(args[1]), args[1], args[2], &opts)
-    {
-        Ok(outcome) => {
-            ctx.enc
-                .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()))
-        }
+    match node.put(node.tablet_of(args[1]), args[1], args[2], &opts) {
+        Ok(outcome) => ctx
+            .enc
+            .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice())),
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -897,9 +890,7 @@ fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let Some(object) = found else {
             return ctx.enc.null();
         };
-        match node
-            .delete(tablet, key, Condition::IfVersion(object.version))
-        {
+        match node.delete(tablet, key, Condition::IfVersion(object.version)) {
             Ok(Some(_)) => {
                 return ctx.enc.bulk(&object.value);
             }
@@ -1009,9 +1000,7 @@ fn cmd_del(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let mut deleted = 0;
     for key in &args[1..] {
-        match node
-            .delete(node.tablet_of(key), key, Condition::None)
-        {
+        match node.delete(node.tablet_of(key), key, Condition::None) {
             Ok(Some(_)) => deleted += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
@@ -1044,12 +1033,8 @@ fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
     let node = ctx.node;
-    match node
-        .increment(node.tablet_of(key), key, delta)
-    {
-        Ok((value, _)) => {
-            ctx.enc.integer(value)
-        }
+    match node.increment(node.tablet_of(key), key, delta) {
+        Ok((value, _)) => ctx.enc.integer(value),
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -1352,19 +1337,14 @@ fn expire_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, absolute: bool
         }
         if at <= now_ms() as i64 {
             // An expiry in the past deletes the key.
-            return match node.delete(tablet, key, Condition::IfVersion(object.version))
-            {
-                Ok(Some(_)) => {
-                    ctx.enc.integer(1)
-                }
+            return match node.delete(tablet, key, Condition::IfVersion(object.version)) {
+                Ok(Some(_)) => ctx.enc.integer(1),
                 Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
                 Err(e) => engine_error(ctx, &e),
             };
         }
         return match node.set_expiry(tablet, key, at as u64) {
-            Ok(Some(_)) => {
-                ctx.enc.integer(1)
-            }
+            Ok(Some(_)) => ctx.enc.integer(1),
             Ok(None) => ctx.enc.integer(0),
             Err(e) => engine_error(ctx, &e),
         };
@@ -1395,9 +1375,7 @@ fn cmd_persist(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let tablet = node.tablet_of(key);
     match node.get(tablet, key) {
         Ok(Some(o)) if o.expire_at_ms != 0 => match node.set_expiry(tablet, key, 0) {
-            Ok(Some(_)) => {
-                ctx.enc.integer(1)
-            }
+            Ok(Some(_)) => ctx.enc.integer(1),
             Ok(None) => ctx.enc.integer(0),
             Err(e) => engine_error(ctx, &e),
         },

@@ -15,10 +15,10 @@
 //! on the blocking pool (see `native_scan.rs`) and their replies are written when they finish, while the
 //! connection goes on answering its other requests.
 
-use bytes::{Buf, BytesMut};
-use ramlog_common::{key_slot, TableId};
 use crate::metrics::Op;
 use crate::node::{Node, NodeError};
+use bytes::{Buf, BytesMut};
+use ramlog_common::{key_slot, TableId};
 use ramlog_logmem::query::glob_match;
 use ramlog_logmem::{EngineError, TabletId};
 use ramlog_proto::native::{
@@ -719,11 +719,11 @@ impl Session<'_> {
             Request::Get { table, key } => {
                 let tablet = self.tablet(*table, key)?;
                 // Encode straight from the engine's memory: no copy of the value besides the one into `out`.
-                let found =
-                    self.node
-                        .read_with(tablet, key, |value, version, expire_at_ms| {
-                            get_reply(out, id, value, version, expire_at_ms)
-                        })?;
+                let found = self
+                    .node
+                    .read_with(tablet, key, |value, version, expire_at_ms| {
+                        get_reply(out, id, value, version, expire_at_ms)
+                    })?;
                 if found.is_none() {
                     Response::Get(None).encode(id, op, out);
                 }

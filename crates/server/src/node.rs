@@ -372,11 +372,7 @@ impl Node {
     }
 
     /// Writes every item to one tablet as one atomic unit; returns its version.
-    pub fn multi_put(
-        &self,
-        tablet: TabletId,
-        items: &[(&[u8], &[u8])],
-    ) -> Result<u64, NodeError> {
+    pub fn multi_put(&self, tablet: TabletId, items: &[(&[u8], &[u8])]) -> Result<u64, NodeError> {
         self.admit_write()?;
         Ok(self.engine().multi_put(tablet, items)?)
     }
@@ -494,7 +490,10 @@ mod tests {
         assert_eq!(node.expire_at_ms(Expiry::AtUnixMs(123)), 123);
         let later = node.expire_at_ms(Expiry::AfterMs(10_000));
         assert!(later >= now_ms() + 9_000 && later <= now_ms() + 10_000);
-        assert!(node.write_refusal().is_none(), "no persistence, nothing refused");
+        assert!(
+            node.write_refusal().is_none(),
+            "no persistence, nothing refused"
+        );
         assert!(!node.acknowledgement_waits());
     }
 

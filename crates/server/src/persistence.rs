@@ -24,7 +24,7 @@
 //! to start.
 
 use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT, TABLETS_MAX};
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
 use parking_lot::{Condvar, Mutex};
 use ramlog_backup::{Backup, Config as BackupConfig, Entry, Stage, Ticket};
 use ramlog_common::TableId;
@@ -129,7 +129,10 @@ const REWRITE_RETRY: Duration = Duration::from_secs(1);
 const HEALTH_POLL: Duration = Duration::from_millis(100);
 
 pub struct Persistence {
-    store: ArcSwap<Store>,
+    /// The store writes go to. None only between a failed rewrite attempt and the next one.
+    store: ArcSwapOption<Store>,
+    /// The generation that `STORE` names: the store a restart would open.
+    committed: AtomicU64,
     data_dir: PathBuf,
     backup_config: BackupConfig,
     /// `<data_dir>/schemas`: one file per table with a schema (see [`Persistence::store_schema`]).
@@ -174,11 +177,12 @@ impl Persistence {
         let schemas_dir = config.data_dir.join("schemas");
         std::fs::create_dir_all(&schemas_dir).map_err(io_error(&schemas_dir))?;
         Ok(Arc::new(Persistence {
-            store: ArcSwap::from_pointee(Store {
+            store: ArcSwapOption::from_pointee(Store {
                 backup,
                 generation,
                 last_ticket: AtomicU64::new(0),
             }),
+            committed: AtomicU64::new(generation),
             data_dir: config.data_dir.clone(),
             backup_config,
             schemas_dir,
@@ -202,7 +206,7 @@ impl Persistence {
     ) -> Result<u64, PersistenceError> {
         let mut restored = 0u64;
         let mut first_error = None;
-        let store = self.store.load();
+        let store = self.current()?;
         store
             .backup
             .replay_all(|e| match restore(e.key, e.value, e.version, e.expiry) {
@@ -223,6 +227,14 @@ impl Persistence {
         Ok(restored)
     }
 
+    /// The store writes go to now.
+    fn current(&self) -> Result<Arc<Store>, PersistenceError> {
+        self.store.load_full().ok_or_else(|| PersistenceError::Io {
+            path: self.data_dir.clone(),
+            source: std::io::Error::other("no backup store is open"),
+        })
+    }
+
     /// Records (or with None removes) a table's schema durably; see [`store_schema`].
     pub fn store_schema(
         &self,
@@ -239,7 +251,7 @@ impl Persistence {
 
     /// Opens (creating if missing) the backup logs of these tablets ahead of their first write.
     pub fn open_tablets(&self, tablets: &[TabletId]) -> Result<(), PersistenceError> {
-        let store = self.store.load();
+        let store = self.current()?;
         store
             .backup
             .open_tablets(tablets.iter().map(|&t| u64::from(t)))
@@ -281,7 +293,7 @@ impl Persistence {
             last_error: self.last_error.lock().clone(),
             failures: self.failures.load(Ordering::Relaxed),
             rewrites: self.rewrites.load(Ordering::Relaxed),
-            generation: self.store.load().generation,
+            generation: self.committed.load(Ordering::Relaxed),
         }
     }
 
@@ -291,7 +303,11 @@ impl Persistence {
         if let Some(reason) = self.refusal() {
             return Err(reason);
         }
-        let store = self.store.load_full();
+        let Some(store) = self.store.load_full() else {
+            return Err(self
+                .refusal()
+                .unwrap_or_else(|| "no backup store is open".into()));
+        };
         let ticket = store.last_ticket.load(Ordering::Acquire);
         if ticket == 0 {
             return Ok(());
@@ -319,8 +335,10 @@ impl Persistence {
             tracing::warn!("persistence had failed; writes since the failure were refused");
             return;
         }
-        if let Err(e) = self.store.load().backup.flush() {
-            self.fail(&e.to_string());
+        if let Some(store) = self.store.load_full() {
+            if let Err(e) = store.backup.flush() {
+                self.fail(&e.to_string());
+            }
         }
     }
 
@@ -359,7 +377,8 @@ impl Persistence {
         while !self.stopping.load(Ordering::SeqCst) {
             if self.health() == Health::Ok {
                 // Nobody waits on the store in async mode: notice a failed background flush here.
-                if let Some(reason) = self.store.load().backup.failure() {
+                let failure = self.store.load().as_ref().and_then(|s| s.backup.failure());
+                if let Some(reason) = failure {
                     self.fail(&reason);
                     continue;
                 }
@@ -379,13 +398,12 @@ impl Persistence {
                     self.rewrites.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         objects,
-                        generation = self.store.load().generation,
+                        generation = self.committed.load(Ordering::Relaxed),
                         "persistence resumed: memory rewritten into a fresh store; writes are accepted again"
                     );
                 }
                 Err(e) => {
-                    self.health
-                        .store(Health::Failed.to_u8(), Ordering::Release);
+                    self.health.store(Health::Failed.to_u8(), Ordering::Release);
                     tracing::warn!(error = %e, "rewrite into a fresh store failed; retrying");
                 }
             }
@@ -400,29 +418,42 @@ impl Persistence {
     fn rewrite(&self, engine: &Engine, tablets: &[TabletId]) -> Result<u64, String> {
         self.health
             .store(Health::Rewriting.to_u8(), Ordering::Release);
-        let generation = self.store.load().generation + 1;
+        let committed = self.committed.load(Ordering::Acquire);
+        let generation = committed + 1;
         let dir = store_dir(&self.data_dir, generation);
-        let describe = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", dir.display());
+        // A store that an earlier attempt installed but could not complete: close it, and remove
+        // every directory but the committed store's, so attempts do not pile up on the disk.
+        if self
+            .store
+            .load()
+            .as_ref()
+            .is_some_and(|s| s.generation != committed)
+        {
+            self.store.store(None);
+        }
+        remove_other_generations(&self.data_dir, committed);
+        let describe =
+            |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", dir.display());
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(describe("removing", &e)),
         }
-        let backup = Backup::open(&dir, self.backup_config.clone())
-            .map_err(|e| describe("opening", &e))?;
+        let backup =
+            Backup::open(&dir, self.backup_config.clone()).map_err(|e| describe("opening", &e))?;
         backup
             .open_tablets(tablets.iter().map(|&t| u64::from(t)))
             .map_err(|e| describe("opening tablets in", &e))?;
-        let old = self.store.swap(Arc::new(Store {
+        let store = Arc::new(Store {
             backup,
             generation,
             last_ticket: AtomicU64::new(0),
-        }));
-        drop(old);
-        let store = self.store.load_full();
+        });
+        drop(self.store.swap(Some(store.clone())));
         let mut copied = 0u64;
         let mut keys = Vec::new();
-        let mut batch: Vec<(Vec<u8>, Vec<u8>, u64, u64)> = Vec::with_capacity(REWRITE_BATCH_OBJECTS);
+        let mut batch: Vec<(Vec<u8>, Vec<u8>, u64, u64)> =
+            Vec::with_capacity(REWRITE_BATCH_OBJECTS);
         for &tablet in tablets {
             let mut cursor = 0;
             loop {
@@ -470,6 +501,7 @@ impl Persistence {
         }
         store.backup.flush().map_err(|e| describe("syncing", &e))?;
         write_store_file(&self.data_dir, generation).map_err(|e| e.to_string())?;
+        self.committed.store(generation, Ordering::Release);
         remove_other_generations(&self.data_dir, generation);
         self.health.store(Health::Ok.to_u8(), Ordering::Release);
         Ok(copied)
@@ -492,6 +524,9 @@ impl WriteObserver for Persistence {
             })
             .collect();
         let store = self.store.load();
+        let Some(store) = store.as_ref() else {
+            return; // between rewrite attempts: writes are refused, memory keeps these
+        };
         match store.backup.append(u64::from(tablet), &entries) {
             Ok(ticket) => {
                 store.last_ticket.fetch_max(ticket.0, Ordering::AcqRel);
@@ -576,15 +611,22 @@ fn remove_other_generations(data_dir: &Path, current: u64) {
         let Some(name) = name.to_str() else { continue };
         let generation = match name {
             "backup" => 0,
-            _ => match name.strip_prefix("backup.").and_then(|n| n.parse::<u64>().ok()) {
+            _ => match name
+                .strip_prefix("backup.")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
                 Some(n) if n > 0 => n,
                 _ => continue,
             },
         };
         if generation != current && entry.path().is_dir() {
             match std::fs::remove_dir_all(entry.path()) {
-                Ok(()) => tracing::info!(dir = %entry.path().display(), "removed a replaced backup store"),
-                Err(e) => tracing::warn!(dir = %entry.path().display(), error = %e, "could not remove a replaced backup store"),
+                Ok(()) => {
+                    tracing::info!(dir = %entry.path().display(), "removed a replaced backup store")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %entry.path().display(), error = %e, "could not remove a replaced backup store")
+                }
             }
         }
     }

@@ -163,7 +163,12 @@ async fn flush(
 
 /// Rebuilds `out` with each range of `replies` (in order, not overlapping) replaced by the
 /// `-MISCONF` error for `e`.
-fn withdraw_write_replies(out: &mut Vec<u8>, replies: &[(usize, usize)], e: &NodeError, protocol: u8) {
+fn withdraw_write_replies(
+    out: &mut Vec<u8>,
+    replies: &[(usize, usize)],
+    e: &NodeError,
+    protocol: u8,
+) {
     let reason = match e {
         NodeError::WritesRefused { reason } => reason.clone(),
         other => other.to_string(),

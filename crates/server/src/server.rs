@@ -86,7 +86,11 @@ impl Server {
         let node = Node::open(config, addresses).await?;
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_resp(resp_listener, node.clone(), shutdown.subscribe()));
+        tasks.spawn(accept_resp(
+            resp_listener,
+            node.clone(),
+            shutdown.subscribe(),
+        ));
         if let Some(listener) = native_listener {
             let native_config = Arc::new(NativeConfig::from_server(&node.config));
             tasks.spawn(accept_native(

@@ -100,6 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let opened = t.elapsed();
         let cpu = || {
+            // SAFETY: rusage is plain integers, for which all-zero bytes are a valid value.
             let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: getrusage fills the struct we own.
             unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };

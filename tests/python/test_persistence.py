@@ -52,12 +52,13 @@ def test_keys_that_expired_while_stopped_do_not_come_back(tmp_path):
     s = Server(tmp_path, ["--persistence", "durable"])
     c = s.client(decode_responses=True)
     fill(c, 100)
+    # Long enough to outlive 50 durable writes (one fdatasync each) on a loaded machine.
     for i in range(50):
-        c.set(f"short{i}", "v", px=300)
+        c.set(f"short{i}", "v", px=3000)
     c.set("long", "v", ex=1000)
     assert c.dbsize() == 151
     s.stop()
-    time.sleep(0.5)
+    time.sleep(3.2)
     s2 = Server(tmp_path, ["--persistence", "durable"])
     try:
         c2 = s2.client(decode_responses=True)

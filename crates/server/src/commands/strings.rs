@@ -1,0 +1,447 @@
+//! String commands (Redis's `t_string.c`): GET, SET and its options, SETNX/SETEX/PSETEX, GETSET,
+//! GETDEL, GETEX, APPEND, MGET, MSET, INCR/DECR/INCRBY/DECRBY, STRLEN, GETRANGE.
+
+use super::*;
+
+pub(super) fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let key = args[1];
+    let node = ctx.node;
+    let metrics = &ctx.node.metrics;
+    let enc = &mut ctx.enc;
+    // Encode straight from the log: no copy of the value into a temporary.
+    match node.read_with(node.tablet_of(key), key, |value, _, _| enc.bulk(value)) {
+        Ok(Some(())) => {
+            metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(None) => {
+            metrics.keyspace_misses.fetch_add(1, Ordering::Relaxed);
+            enc.null();
+        }
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+/// Options of SET, parsed with Redis's conflict rules.
+#[derive(Default)]
+pub(super) struct SetArgs {
+    pub(super) condition: Condition,
+    pub(super) get: bool,
+    pub(super) keep_ttl: bool,
+    pub(super) expire_at_ms: u64,
+}
+
+pub(super) fn parse_set_options(options: &[&[u8]], command: &str) -> Result<SetArgs, String> {
+    let mut out = SetArgs::default();
+    let mut nx = false;
+    let mut xx = false;
+    let mut expire_seen = false;
+    let mut i = 0;
+    let syntax = || ERR_SYNTAX.to_string();
+    while i < options.len() {
+        let o = options[i];
+        if eq_ignore_case(o, "nx") && !xx {
+            nx = true;
+        } else if eq_ignore_case(o, "xx") && !nx {
+            xx = true;
+        } else if eq_ignore_case(o, "get") {
+            out.get = true;
+        } else if eq_ignore_case(o, "keepttl") && !expire_seen {
+            out.keep_ttl = true;
+        } else if (eq_ignore_case(o, "ex")
+            || eq_ignore_case(o, "px")
+            || eq_ignore_case(o, "exat")
+            || eq_ignore_case(o, "pxat"))
+            && !expire_seen
+            && !out.keep_ttl
+            && i + 1 < options.len()
+        {
+            expire_seen = true;
+            let n = parse_i64(options[i + 1]).ok_or_else(|| ERR_NOT_INTEGER.to_string())?;
+            let invalid = || format!("ERR invalid expire time in '{command}' command");
+            if n <= 0 {
+                return Err(invalid());
+            }
+            let lower = o.to_ascii_lowercase();
+            let at = match lower.as_slice() {
+                b"ex" => n
+                    .checked_mul(1000)
+                    .and_then(|ms| ms.checked_add(now_ms() as i64)),
+                b"px" => n.checked_add(now_ms() as i64),
+                b"exat" => n.checked_mul(1000),
+                _ => Some(n),
+            };
+            out.expire_at_ms = at.ok_or_else(invalid)? as u64;
+            i += 1;
+        } else {
+            return Err(syntax());
+        }
+        i += 1;
+    }
+    out.condition = if nx {
+        Condition::IfAbsent
+    } else if xx {
+        Condition::IfExists
+    } else {
+        Condition::None
+    };
+    Ok(out)
+}
+
+pub(super) fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let set = match parse_set_options(&args[3..], "set") {
+        Ok(s) => s,
+        Err(message) => return ctx.enc.error(&message),
+    };
+    let opts = PutOptions {
+        condition: set.condition,
+        expire_at_ms: set.expire_at_ms,
+        keep_ttl: set.keep_ttl,
+        return_old: set.get,
+    };
+    let (key, value) = (args[1], args[2]);
+    let node = ctx.node;
+    match node.put(node.tablet_of(key), key, value, &opts) {
+        Ok(outcome) => {
+            if set.get {
+                ctx.enc
+                    .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()));
+            } else {
+                ctx.enc.ok();
+            }
+        }
+        Err(NodeError::Engine(EngineError::ConditionFailed { current })) => {
+            if set.get {
+                ctx.enc
+                    .bulk_or_null(current.as_ref().map(|o| o.value.as_slice()));
+            } else {
+                ctx.enc.null();
+            }
+        }
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+pub(super) fn set_with(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    value: &[u8],
+    opts: PutOptions,
+) -> Result<bool, NodeError> {
+    let node = ctx.node;
+    match node.put(node.tablet_of(key), key, value, &opts) {
+        Ok(_) => Ok(true),
+        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+pub(super) fn cmd_setnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let opts = PutOptions {
+        condition: Condition::IfAbsent,
+        ..Default::default()
+    };
+    match set_with(ctx, args[1], args[2], opts) {
+        Ok(done) => ctx.enc.integer(i64::from(done)),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+pub(super) fn setex_common(ctx: &mut Ctx<'_>, args: &[&[u8]], unit_ms: i64, name: &str) {
+    let Some(n) = parse_i64(args[2]) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let at = if n <= 0 {
+        None
+    } else {
+        n.checked_mul(unit_ms)
+            .and_then(|ms| ms.checked_add(now_ms() as i64))
+    };
+    let Some(at) = at else {
+        return ctx
+            .enc
+            .error(&format!("ERR invalid expire time in '{name}' command"));
+    };
+    match set_with(
+        ctx,
+        args[1],
+        args[3],
+        PutOptions {
+            expire_at_ms: at as u64,
+            ..Default::default()
+        },
+    ) {
+        Ok(_) => ctx.enc.ok(),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+pub(super) fn cmd_setex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    setex_common(ctx, args, 1000, "setex")
+}
+
+pub(super) fn cmd_psetex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    setex_common(ctx, args, 1, "psetex")
+}
+
+pub(super) fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let node = ctx.node;
+    let opts = PutOptions {
+        return_old: true,
+        ..Default::default()
+    };
+    match node.put(node.tablet_of(args[1]), args[1], args[2], &opts) {
+        Ok(outcome) => ctx
+            .enc
+            .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice())),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+pub(super) fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let key = args[1];
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
+    // Read, then delete only that version: a concurrent writer makes us retry.
+    for _ in 0..64 {
+        let found = match node.get(tablet, key) {
+            Ok(f) => f,
+            Err(e) => return engine_error(ctx, &e),
+        };
+        let Some(object) = found else {
+            return ctx.enc.null();
+        };
+        match node.delete(tablet, key, Condition::IfVersion(object.version)) {
+            Ok(Some(_)) => {
+                return ctx.enc.bulk(&object.value);
+            }
+            Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
+}
+
+pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (key, suffix) = (args[1], args[2]);
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
+    for _ in 0..64 {
+        let found = match node.get(tablet, key) {
+            Ok(f) => f,
+            Err(e) => return engine_error(ctx, &e),
+        };
+        let (mut value, condition) = match found {
+            Some(o) => (o.value, Condition::IfVersion(o.version)),
+            None => (Vec::new(), Condition::IfAbsent),
+        };
+        value.extend_from_slice(suffix);
+        let opts = PutOptions {
+            condition,
+            keep_ttl: true,
+            ..Default::default()
+        };
+        match node.put(tablet, key, &value, &opts) {
+            Ok(_) => {
+                return ctx.enc.integer(value.len() as i64);
+            }
+            Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
+}
+
+pub(super) fn cmd_mget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let keys = &args[1..];
+    let mut values = Vec::with_capacity(keys.len());
+    for key in keys {
+        match read(ctx, key) {
+            Ok(found) => values.push(found),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.array(values.len());
+    for v in &values {
+        ctx.enc.bulk_or_null(v.as_ref().map(|o| o.value.as_slice()));
+    }
+}
+
+pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if args.len().is_multiple_of(2) {
+        return ctx
+            .enc
+            .error("ERR wrong number of arguments for 'mset' command");
+    }
+    let config = &ctx.node.config;
+    // Refuse oversized items before writing anything, so that MSET is never half applied for that reason.
+    for pair in args[1..].chunks_exact(2) {
+        if pair[0].len() as u64 > config.key_size_max_bytes {
+            return engine_error(
+                ctx,
+                &NodeError::Engine(EngineError::KeyTooLarge {
+                    len: pair[0].len(),
+                    max: config.key_size_max_bytes as usize,
+                }),
+            );
+        }
+        if pair[1].len() as u64 > config.value_size_max_bytes {
+            return engine_error(
+                ctx,
+                &NodeError::Engine(EngineError::ValueTooLarge {
+                    len: pair[1].len(),
+                    max: config.value_size_max_bytes as usize,
+                }),
+            );
+        }
+    }
+    let node = ctx.node;
+    // Group by tablet: each group is one atomic multi-put. Redis keeps the last of repeated keys;
+    // so does a multi-put applied in order.
+    type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
+    let mut groups: Vec<(u32, Items<'_>)> = Vec::new();
+    for pair in args[1..].chunks_exact(2) {
+        let tablet = node.tablet_of(pair[0]);
+        match groups.iter_mut().find(|g| g.0 == tablet) {
+            Some(g) => g.1.push((pair[0], pair[1])),
+            None => groups.push((tablet, vec![(pair[0], pair[1])])),
+        }
+    }
+    for (tablet, items) in &groups {
+        if let Err(e) = node.multi_put(*tablet, items) {
+            return engine_error(ctx, &e);
+        }
+    }
+    ctx.enc.ok();
+}
+
+pub(super) fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
+    let node = ctx.node;
+    match node.increment(node.tablet_of(key), key, delta) {
+        Ok((value, _)) => ctx.enc.integer(value),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+pub(super) fn cmd_incr(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    incr_by(ctx, args[1], 1)
+}
+
+pub(super) fn cmd_decr(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    incr_by(ctx, args[1], -1)
+}
+
+pub(super) fn cmd_incrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match parse_i64(args[2]) {
+        Some(d) => incr_by(ctx, args[1], d),
+        None => ctx.enc.error(ERR_NOT_INTEGER),
+    }
+}
+
+pub(super) fn cmd_decrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match parse_i64(args[2]) {
+        Some(i64::MIN) => ctx.enc.error("ERR decrement would overflow"),
+        Some(d) => incr_by(ctx, args[1], -d),
+        None => ctx.enc.error(ERR_NOT_INTEGER),
+    }
+}
+
+pub(super) fn cmd_strlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match read(ctx, args[1]) {
+        Ok(found) => ctx
+            .enc
+            .integer(found.map(|o| o.value.len() as i64).unwrap_or(0)),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+/// GETRANGE key start end, with Redis's index rules (negative counts from the end, clamped).
+pub(super) fn cmd_getrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(mut start), Some(mut end)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let value = match read(ctx, args[1]) {
+        Ok(found) => found.map(|o| o.value).unwrap_or_default(),
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let len = value.len() as i64;
+    if start < 0 && end < 0 && start > end {
+        return ctx.enc.bulk(b"");
+    }
+    if start < 0 {
+        start += len;
+    }
+    if end < 0 {
+        end += len;
+    }
+    start = start.max(0);
+    end = end.max(0);
+    if end >= len {
+        end = len - 1;
+    }
+    if len == 0 || start > end {
+        return ctx.enc.bulk(b"");
+    }
+    ctx.enc.bulk(&value[start as usize..=end as usize]);
+}
+
+/// GETEX key [EX s | PX ms | EXAT s | PXAT ms | PERSIST]: the value, and a new expiry.
+pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    // None = leave the expiry alone; Some(0) = remove it.
+    let mut expire_at: Option<u64> = None;
+    let mut i = 2;
+    while i < args.len() {
+        let o = args[i];
+        if eq_ignore_case(o, "persist") && expire_at.is_none() {
+            expire_at = Some(0);
+            i += 1;
+            continue;
+        }
+        let unit = if eq_ignore_case(o, "ex") || eq_ignore_case(o, "exat") {
+            1000
+        } else if eq_ignore_case(o, "px") || eq_ignore_case(o, "pxat") {
+            1
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        };
+        if expire_at.is_some() || i + 1 >= args.len() {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        let Some(n) = parse_i64(args[i + 1]) else {
+            return ctx.enc.error(ERR_NOT_INTEGER);
+        };
+        let absolute = o.len() == 4;
+        let base = if absolute { 0 } else { now_ms() as i64 };
+        match n.checked_mul(unit).and_then(|ms| ms.checked_add(base)) {
+            Some(at) if n > 0 => expire_at = Some(at as u64),
+            _ => return ctx.enc.error("ERR invalid expire time in 'getex' command"),
+        }
+        i += 2;
+    }
+    let key = args[1];
+    let found = match read(ctx, key) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(object) = found else {
+        return ctx.enc.null();
+    };
+    if let Some(at) = expire_at {
+        let node = ctx.node;
+        let tablet = node.tablet_of(key);
+        let result = if at != 0 && at <= now_ms() {
+            node.delete(tablet, key, Condition::IfVersion(object.version))
+        } else if at == 0 && object.expire_at_ms == 0 {
+            Ok(None) // PERSIST on a key without expiry: nothing to write
+        } else {
+            node.set_expiry(tablet, key, at)
+        };
+        match result {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => {}
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.bulk(&object.value);
+}

@@ -28,7 +28,7 @@ mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::{parse_redis_i64, TABLETS_MAX};
+pub use engine::TABLETS_MAX;
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;

@@ -149,7 +149,7 @@ pub(crate) struct Inner {
     /// of a table run different tablets' passes on different cores instead of queueing behind one.
     pub scan_rotation: AtomicU64,
     /// Optional per-table schemas (scans filter, project and aggregate by field).
-    pub schemas: RwLock<HashMap<TableId, Arc<crate::query::Schema>>>,
+    pub schemas: RwLock<HashMap<TableId, Arc<ramlog_query::Schema>>>,
 }
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.

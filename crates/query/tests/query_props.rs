@@ -5,7 +5,7 @@
 //! random or mutated bytes fed to every decoder.
 
 use proptest::prelude::*;
-use ramlog_logmem::query::*;
+use ramlog_query::*;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
@@ -503,7 +503,7 @@ proptest! {
         prop_assert_eq!(counts, (matched, malformed));
         prop_assert!(same_finish(&batched, &one));
         let mut whole = compiled.agg_state();
-        let n = values.len().min(ramlog_logmem::query::BATCH_RECORDS);
+        let n = values.len().min(ramlog_query::BATCH_RECORDS);
         let (m, bad) = compiled.aggregate_batch(&mut whole, &values[..n]);
         let mut single = compiled.agg_state();
         let (mut m1, mut bad1) = (0, 0);

@@ -19,10 +19,10 @@
 use crate::report::{Report, Row, Target};
 use crate::util::{median, scramble};
 use anyhow::{bail, ensure, Context};
-use ramlog_logmem::query::{
+use ramlog_logmem::{Engine, EngineConfig, EngineError, PutOptions, ScanMethod, TabletId};
+use ramlog_query::{
     Aggregate, Cnf, CompiledQuery, Field, FieldType, KeyFilter, Op, Predicate, Query, Schema, Value,
 };
-use ramlog_logmem::{Engine, EngineConfig, EngineError, PutOptions, ScanMethod, TabletId};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::path::Path;

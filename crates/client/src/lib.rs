@@ -27,9 +27,10 @@ mod error;
 mod scan;
 
 pub use error::Error;
-/// Queries, schemas and values of filtered scans (the engine's own types and wire forms).
-pub use ramlog_logmem::query;
 pub use ramlog_proto::native::{Condition, Expiry, Object, Record, Request, Response, ServerHello};
+/// Queries, schemas and values of filtered scans, and their wire forms (the `ramlog-query` crate,
+/// which the server's engine evaluates).
+pub use ramlog_query as query;
 pub use scan::{PagedScan, ScanAggregates, ScanResult, Snapshot};
 
 use bytes::Bytes;

@@ -26,7 +26,7 @@
 use crate::connection::Connection;
 use crate::{unexpected, Client, Error, Object, Record, Request, Response};
 use ramlog_common::{TableId, Version};
-use ramlog_logmem::query::{decode_values, Query, Schema, Value};
+use ramlog_query::{decode_values, Query, Schema, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -755,7 +755,7 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
     // The scan ran at the snapshot: the PUT answered before it is not counted.
     match scan_reply.unwrap() {
         Response::ScanAggregates { values, .. } => {
-            let v = ramlog_logmem::query::decode_values(&values, 1 << 20).unwrap();
+            let v = ramlog_client::query::decode_values(&values, 1 << 20).unwrap();
             assert_eq!(v, vec![Value::I64(1)]);
         }
         other => panic!("expected aggregates, got {other:?}"),
@@ -797,7 +797,7 @@ async fn scans_do_not_hold_up_other_requests_and_close_with_the_connection() {
     assert_eq!(order, vec![6, 7, 5], "GET_AT answered before the scan");
     match &got[&5] {
         Response::ScanAggregates { values, .. } => assert_eq!(
-            ramlog_logmem::query::decode_values(values, 1 << 20).unwrap(),
+            ramlog_client::query::decode_values(values, 1 << 20).unwrap(),
             vec![Value::I64(1)]
         ),
         other => panic!("expected aggregates, got {other:?}"),

@@ -20,7 +20,7 @@ use crate::{Condition, LoggedWrite, Object, PutOptions, PutOutcome, TabletId, Ta
 use crossbeam_epoch as epoch;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
-use ramlog_common::{key_slot, TableId, Version, SLOT_COUNT};
+use ramlog_common::{key_slot, parse_redis_i64, TableId, Version, SLOT_COUNT};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -149,7 +149,7 @@ pub(crate) struct Inner {
     /// of a table run different tablets' passes on different cores instead of queueing behind one.
     pub scan_rotation: AtomicU64,
     /// Optional per-table schemas (scans filter, project and aggregate by field).
-    pub schemas: RwLock<HashMap<TableId, Arc<crate::query::Schema>>>,
+    pub schemas: RwLock<HashMap<TableId, Arc<ramlog_query::Schema>>>,
 }
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
@@ -1504,55 +1504,4 @@ pub(crate) enum WriteAction<'v> {
 pub(crate) struct WriteResult {
     version: Option<Version>,
     old: Option<Object>,
-}
-
-/// Parses a value the way Redis's INCR does: an optional '-', no '+', no spaces, no leading zeros.
-pub fn parse_redis_i64(bytes: &[u8]) -> Option<i64> {
-    if bytes.is_empty() || bytes.len() > 20 {
-        return None;
-    }
-    let s = std::str::from_utf8(bytes).ok()?;
-    let digits = s.strip_prefix('-').unwrap_or(s);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    if digits.len() > 1 && digits.starts_with('0') {
-        return None;
-    }
-    if s == "-0" {
-        return None;
-    }
-    s.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_redis_i64;
-
-    #[test]
-    fn redis_integer_rules() {
-        assert_eq!(parse_redis_i64(b"0"), Some(0));
-        assert_eq!(parse_redis_i64(b"-12"), Some(-12));
-        assert_eq!(parse_redis_i64(b"9223372036854775807"), Some(i64::MAX));
-        assert_eq!(parse_redis_i64(b"-9223372036854775808"), Some(i64::MIN));
-        for bad in [
-            &b""[..],
-            b"+1",
-            b" 1",
-            b"1 ",
-            b"01",
-            b"-0",
-            b"1.0",
-            b"9223372036854775808",
-            b"abc",
-            b"-",
-        ] {
-            assert_eq!(
-                parse_redis_i64(bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
 }

@@ -22,17 +22,18 @@ mod error;
 mod index;
 mod mvcc;
 mod pool;
-pub mod query;
 mod scan;
 mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::{parse_redis_i64, TABLETS_MAX};
+pub use engine::TABLETS_MAX;
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
 pub use ramlog_common::{TableId, Version};
+/// Scan queries, schemas and values (the `ramlog-query` crate), at their earlier path.
+pub use ramlog_query as query;
 pub use scan::ScanCursor;
 pub use stats::EngineStats;
 

@@ -26,14 +26,14 @@ use crate::error::EngineError;
 use crate::index::{make_loc, Loc};
 use crate::mvcc::{PinSet, SnapshotEntry};
 use crate::pool::{NO_SEGLET, SEGLET_BYTES};
-use crate::query::{
-    AggState, Aggregate, BatchGroup, CompiledQuery, GroupMember, Value, BATCH_RECORDS,
-};
 use crate::segment::SegmentState;
 use crate::TabletId;
 use crate::{ScanOutput, ScanRecord};
 use crossbeam_epoch as epoch;
 use parking_lot::{Condvar, Mutex};
+use ramlog_query::{
+    AggState, Aggregate, BatchGroup, CompiledQuery, GroupMember, Value, BATCH_RECORDS,
+};
 use std::sync::atomic::AtomicU8;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -1158,7 +1158,7 @@ impl QuerySink {
             && q.projection.is_none()
             && !q.aggregates.is_empty()
             && q.aggregates.iter().all(|a| *a == Aggregate::Count);
-        let all_keys = matches!(q.key_filter, crate::query::KeyFilter::All);
+        let all_keys = matches!(q.key_filter, ramlog_query::KeyFilter::All);
         let batching = !count_only && query.batches();
         QuerySink {
             query,
@@ -1624,8 +1624,8 @@ mod scan_snapshot_tests {
     /// A scan snapshot serves its one scan of its table; every other use is refused.
     #[test]
     fn scan_snapshots_serve_one_scan_of_their_table() {
-        use crate::query::{KeyFilter, Query};
         use crate::ScanMethod;
+        use ramlog_query::{KeyFilter, Query};
         let e = Engine::new(EngineConfig {
             memory_bytes: 32 << 20,
             cleaner_threads: 0,

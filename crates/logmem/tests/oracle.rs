@@ -260,7 +260,7 @@ fn run(ops: Vec<Op>, background_cleaner: bool) {
                 let current = model.get(&k).map(|m| m.value.clone());
                 let parsed = match &current {
                     None => Some(0i64),
-                    Some(v) => ramlog_logmem::parse_redis_i64(v),
+                    Some(v) => ramlog_common::parse_redis_i64(v),
                 };
                 match (engine.increment(tablet, &key_bytes(k), d), parsed) {
                     (Ok((n, version)), Some(old)) => {

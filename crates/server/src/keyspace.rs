@@ -4,9 +4,9 @@
 //! cursor walks all tablets: the cursor packs the tablet's index in its low bits and the engine's
 //! per-tablet cursor above them, so a client holds one opaque number, as with Redis.
 
-use ramlog_common::{key_slot, TableId, SLOT_COUNT};
 /// Redis's glob matching (SCAN MATCH, KEYS) and its case-insensitive form (CONFIG GET patterns).
-pub use ramlog_logmem::query::{glob_match, glob_match_nocase};
+pub use ramlog_common::{glob_match, glob_match_nocase};
+use ramlog_common::{key_slot, TableId, SLOT_COUNT};
 use ramlog_logmem::{Engine, EngineError, TabletId};
 use std::sync::Arc;
 

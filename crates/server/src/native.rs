@@ -18,8 +18,7 @@
 use crate::metrics::Op;
 use crate::node::{Node, NodeError};
 use bytes::{Buf, BytesMut};
-use ramlog_common::{key_slot, TableId};
-use ramlog_logmem::query::glob_match;
+use ramlog_common::{glob_match, key_slot, TableId};
 use ramlog_logmem::{EngineError, TabletId};
 use ramlog_proto::native::{
     encode_error, opcode, parse_header, ClientHello, Condition, Expiry, FrameError, Request,

@@ -649,37 +649,7 @@ fn engine_error(ctx: &mut Ctx<'_>, e: &NodeError) {
 }
 
 /// Redis's `string2ll`: optional '-', digits, no '+', no spaces, no leading zeros, fits in i64.
-pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
-    if bytes.is_empty() || bytes.len() > 20 {
-        return None;
-    }
-    if bytes == b"0" {
-        return Some(0);
-    }
-    let (negative, digits) = match bytes[0] {
-        b'-' => (true, &bytes[1..]),
-        _ => (false, bytes),
-    };
-    if digits.is_empty() || digits[0] == b'0' {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        value = value.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    if negative {
-        if value > i64::MAX as u64 + 1 {
-            None
-        } else {
-            Some((value as i64).wrapping_neg())
-        }
-    } else {
-        i64::try_from(value).ok()
-    }
-}
+pub use ramlog_common::parse_redis_i64 as parse_i64;
 
 fn eq_ignore_case(a: &[u8], b: &str) -> bool {
     a.eq_ignore_ascii_case(b.as_bytes())

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_logmem::query::{CompiledQuery, Query, Schema, BATCH_RECORDS};
+use ramlog_query::{CompiledQuery, Query, Schema, BATCH_RECORDS};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {

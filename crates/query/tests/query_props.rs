@@ -1,127 +1,21 @@
 //! Property tests of the scan query module against an oracle: rows kept decoded in a
 //! `BTreeMap<key, Vec<Value>>`, predicates, projections and aggregates evaluated by straightforward
-//! code here, and Redis's recursive glob ported as the reference for the iterative one. Also
-//! round trips of records, schemas and queries, and random or mutated bytes fed to every decoder.
+//! code here (glob key filters by `ramlog_common::glob_match`, itself checked against Redis's
+//! algorithm in ramlog-common's tests). Also round trips of records, schemas and queries, and
+//! random or mutated bytes fed to every decoder.
 
 use proptest::prelude::*;
-use ramlog_logmem::query::*;
+use ramlog_query::*;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
 
 // ------------------------------------------------------------------ reference implementations
 
-/// Redis's `stringmatchlen` (util.c), recursive as in Redis, plus the documented rule that an
-/// empty text matches a pattern made only of `*`.
-fn redis_glob(pattern: &[u8], text: &[u8], nocase: bool) -> bool {
-    if text.is_empty() {
-        return pattern.iter().all(|&c| c == b'*');
-    }
-    let mut skip = false;
-    redis_impl(pattern, text, nocase, &mut skip)
-}
-
-fn redis_impl(mut p: &[u8], mut s: &[u8], nocase: bool, skip: &mut bool) -> bool {
-    let low = |c: u8| if nocase { c.to_ascii_lowercase() } else { c };
-    while !p.is_empty() && !s.is_empty() {
-        match p[0] {
-            b'*' => {
-                while p.len() > 1 && p[1] == b'*' {
-                    p = &p[1..];
-                }
-                if p.len() == 1 {
-                    return true;
-                }
-                while !s.is_empty() {
-                    if redis_impl(&p[1..], s, nocase, skip) {
-                        return true;
-                    }
-                    if *skip {
-                        return false;
-                    }
-                    s = &s[1..];
-                }
-                *skip = true;
-                return false;
-            }
-            b'?' => s = &s[1..],
-            b'[' => {
-                p = &p[1..];
-                let not = p.first() == Some(&b'^');
-                if not {
-                    p = &p[1..];
-                }
-                let mut matched = false;
-                loop {
-                    if p.len() >= 2 && p[0] == b'\\' {
-                        p = &p[1..];
-                        if p[0] == s[0] {
-                            matched = true;
-                        }
-                    } else if p.first() == Some(&b']') {
-                        break;
-                    } else if p.is_empty() {
-                        // Redis steps back so that the common `pattern++` lands at the end.
-                        break;
-                    } else if p.len() >= 3 && p[1] == b'-' {
-                        let (mut a, mut b) = (p[0], p[2]);
-                        if a > b {
-                            std::mem::swap(&mut a, &mut b);
-                        }
-                        let c = low(s[0]);
-                        if c >= low(a) && c <= low(b) {
-                            matched = true;
-                        }
-                        p = &p[2..];
-                    } else if low(p[0]) == low(s[0]) {
-                        matched = true;
-                    }
-                    p = &p[1..];
-                }
-                if not {
-                    matched = !matched;
-                }
-                if !matched {
-                    return false;
-                }
-                s = &s[1..];
-                if p.is_empty() {
-                    // Unterminated class: the pattern is used up.
-                    if s.is_empty() {
-                        return true;
-                    }
-                    return false;
-                }
-            }
-            b'\\' if p.len() >= 2 => {
-                p = &p[1..];
-                if low(p[0]) != low(s[0]) {
-                    return false;
-                }
-                s = &s[1..];
-            }
-            c => {
-                if low(c) != low(s[0]) {
-                    return false;
-                }
-                s = &s[1..];
-            }
-        }
-        p = &p[1..];
-        if s.is_empty() {
-            while p.first() == Some(&b'*') {
-                p = &p[1..];
-            }
-            break;
-        }
-    }
-    p.is_empty() && s.is_empty()
-}
-
 fn oracle_key(filter: &KeyFilter, key: &[u8]) -> bool {
     match filter {
         KeyFilter::All => true,
-        KeyFilter::Glob(p) => redis_glob(p, key, false),
+        KeyFilter::Glob(p) => ramlog_common::glob_match(p, key),
         KeyFilter::Prefix(p) => key.len() >= p.len() && &key[..p.len()] == p.as_slice(),
         KeyFilter::Range { start, end } => (
             start.as_ref().map(|v| v.as_slice()),
@@ -609,7 +503,7 @@ proptest! {
         prop_assert_eq!(counts, (matched, malformed));
         prop_assert!(same_finish(&batched, &one));
         let mut whole = compiled.agg_state();
-        let n = values.len().min(ramlog_logmem::query::BATCH_RECORDS);
+        let n = values.len().min(ramlog_query::BATCH_RECORDS);
         let (m, bad) = compiled.aggregate_batch(&mut whole, &values[..n]);
         let mut single = compiled.agg_state();
         let (mut m1, mut bad1) = (0, 0);
@@ -781,17 +675,6 @@ proptest! {
                 }
             }
         }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
-
-    /// Iterative glob == Redis's recursive algorithm, with and without case folding.
-    #[test]
-    fn glob_agrees_with_redis(pattern in glob_pattern(), text in prop::collection::vec(prop::sample::select(b"abA]-^\\*?[".to_vec()), 0..7)) {
-        prop_assert_eq!(glob_match(&pattern, &text), redis_glob(&pattern, &text, false), "{:?} {:?}", String::from_utf8_lossy(&pattern), String::from_utf8_lossy(&text));
-        prop_assert_eq!(glob_match_nocase(&pattern, &text), redis_glob(&pattern, &text, true));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Prints what `CompiledQuery::matches` costs per record for a 3-clause CNF over 100-byte records
 //! (run with `--release --nocapture` to see the figure). It checks the answers, never the time.
 
-use ramlog_logmem::query::*;
+use ramlog_query::*;
 use std::hint::black_box;
 use std::time::Instant;
 

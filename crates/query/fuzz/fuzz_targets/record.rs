@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_logmem::query::Schema;
+use ramlog_query::Schema;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&n, rest)) = data.split_first() else {

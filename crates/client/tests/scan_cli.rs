@@ -26,9 +26,7 @@ fn sorted_lines(s: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_and_filtered_scan_verbs() {
-    let Some(server) = ServerProcess::start(&["--persistence", "off"]).await else {
-        return;
-    };
+    let server = ServerProcess::start(&["--persistence", "off"]).await;
     // Schema verbs.
     assert_eq!(ok_stdout(&server.cli(&["schema", "get", "0"])).trim(), "");
     let set = server.cli(&["schema", "set", "0", "age:i64,name:string,active:bool"]);
@@ -137,9 +135,7 @@ async fn schema_and_filtered_scan_verbs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemas_survive_kill_9_and_a_corrupt_one_is_refused() {
-    let Some(mut server) = ServerProcess::start(&["--persistence", "async"]).await else {
-        return;
-    };
+    let mut server = ServerProcess::start(&["--persistence", "async"]).await;
     let set = server.cli(&["schema", "set", "0", "age:i64,name:string"]);
     assert_eq!(ok_stdout(&set).trim(), "OK age:i64,name:string");
     let client = Client::connect(ClientConfig::new(server.addr()))

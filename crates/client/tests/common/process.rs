@@ -1,7 +1,7 @@
 //! The real `ramlog server` process for tests. The binary is looked up beside the test executable
 //! (`target/<profile>/ramlog`), which `cargo build` of the workspace produces (scripts/test builds
-//! everything first). When it is missing, tests fail under CI (`CI` set) and otherwise say so on
-//! stderr and return without checking anything.
+//! everything first). When it is missing, every test that needs it fails and says how to build it:
+//! a test that checked nothing must not pass.
 
 use ramlog_client::{Client, ClientConfig, Error};
 use std::collections::BTreeSet;
@@ -11,11 +11,21 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub fn ramlog_binary() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let profile_dir = exe.parent()?.parent()?;
+/// The `ramlog` binary beside the test executable; panics, saying how to build it, when it is missing.
+pub fn ramlog_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lies in target/<profile>/deps");
     let bin = profile_dir.join("ramlog");
-    bin.exists().then_some(bin)
+    assert!(
+        bin.exists(),
+        "the ramlog binary is not built at {}: run `cargo build --workspace` with the same profile \
+         (e.g. `cargo build --release --workspace --all-targets`) before these tests",
+        bin.display()
+    );
+    bin
 }
 
 /// A loopback port nothing listens on, never one this test process handed out before: the kernel
@@ -70,18 +80,10 @@ fn server_command(bin: &Path, ports: [u16; 3], data_dir: &Path, extra: &[String]
 }
 
 impl ServerProcess {
-    /// Starts `ramlog server` (256 MiB) with `extra` flags and waits until its native port answers;
-    /// None (after saying so) when the binary is missing outside CI.
-    pub async fn start(extra: &[&str]) -> Option<ServerProcess> {
-        let Some(bin) = ramlog_binary() else {
-            let message = "the ramlog binary is not built next to the tests: \
-                           run `cargo build -p ramlog` with the same profile first";
-            if std::env::var_os("CI").is_some() {
-                panic!("{message}");
-            }
-            eprintln!("{message} (skipping)");
-            return None;
-        };
+    /// Starts `ramlog server` (256 MiB) with `extra` flags and waits until its native port answers.
+    /// Panics when the binary is missing (see [`ramlog_binary`]).
+    pub async fn start(extra: &[&str]) -> ServerProcess {
+        let bin = ramlog_binary();
         let (resp_port, native_port, admin_port) = (free_port(), free_port(), free_port());
         let data_dir = std::env::temp_dir().join(format!(
             "ramlog-client-test-{}-{native_port}",
@@ -108,7 +110,7 @@ impl ServerProcess {
             extra,
         };
         server.wait_ready().await;
-        Some(server)
+        server
     }
 
     /// The server command line: same ports, data directory and flags every time.

@@ -141,16 +141,31 @@ impl ServerProcess {
         }
     }
 
-    /// Kills the server (SIGKILL) and starts it again on the same data directory and ports.
-    pub async fn kill_and_restart(&mut self) {
+    /// Kills the server (SIGKILL) and waits until it is gone; [`ServerProcess::restart`] starts
+    /// it again.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts the killed server again on the same data directory and ports.
+    pub async fn restart(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_some(),
+            "restart of a server that still runs"
+        );
         self.child = self
             .command()
             .stderr(Stdio::inherit())
             .spawn()
             .expect("restart ramlog server");
         self.wait_ready().await;
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same data directory and ports.
+    pub async fn kill_and_restart(&mut self) {
+        self.kill();
+        self.restart().await;
     }
 
     /// Kills the server and starts it again, expecting it to refuse to start: its output.

@@ -543,7 +543,7 @@ pub enum Request<'a> {
     SnapshotRelease {
         snapshot: u64,
     },
-    /// `snapshot` 0 = a fresh snapshot for this scan. `query` is `ramlog_logmem::query::Query::to_bytes`.
+    /// `snapshot` 0 = a fresh snapshot for this scan. `query` is `ramlog_query::Query::to_bytes`.
     ScanFiltered {
         table: TableId,
         snapshot: u64,
@@ -562,7 +562,7 @@ pub enum Request<'a> {
     ScanClose {
         cursor: u64,
     },
-    /// `schema` is `ramlog_logmem::query::Schema::to_bytes`; empty removes the table's schema.
+    /// `schema` is `ramlog_query::Schema::to_bytes`; empty removes the table's schema.
     SetSchema {
         table: TableId,
         schema: &'a [u8],
@@ -960,7 +960,7 @@ pub enum Response {
         records: Vec<Record>,
     },
     /// The reply to SCAN_FILTERED of an aggregate query. `values` is the aggregates' values in query
-    /// order, in `ramlog_logmem::query::encode_values` form.
+    /// order, in `ramlog_query::encode_values` form.
     ScanAggregates {
         snapshot_version: Version,
         matched: u64,

@@ -1329,6 +1329,8 @@ fn spill_versions(
     let (records, vseq) = {
         let mut st = tablet.state.lock();
         if st.vbuf.is_empty() {
+            st.vbuf = Vec::new();
+            st.account();
             return Ok(());
         }
         let records = st.take_versions();

@@ -75,6 +75,19 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
     let mut rested = 0u64;
     while !sh.shutdown.load(Ordering::SeqCst) {
         account_thread(&sh, &mut held);
+        // At rest, and with nothing to clean on the last look: let go of what reorganization
+        // keeps between visits, once after each rest checkpoint and whenever a visit since
+        // has built a table or this thread holds buffers again.
+        if idle && at_rest(&sh) {
+            let rest = sh.counters.rests.load(Ordering::SeqCst);
+            let holding = held > 0
+                || !sh.reorg_caches.lock().is_empty()
+                || sh.notes_pending.load(Ordering::Relaxed) > 0;
+            if rest != rested || holding {
+                rested = rest;
+                come_to_rest(&sh, &mut held);
+            }
+        }
         let request = {
             let mut q = sh.reorg_queue.lock();
             // The first queued request for a tablet no other reorganizer holds.
@@ -149,13 +162,6 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
                     // Nothing to clean: rewrite a version log that grew past its bound while
                     // the reorganizer was busy.
                     idle = !compact_one_grown(&sh);
-                    // Once the store is at rest (the finisher's rest checkpoint is done), let
-                    // go of what the reorganization keeps between visits.
-                    let rest = sh.counters.rests.load(Ordering::SeqCst);
-                    if idle && rest != rested {
-                        rested = rest;
-                        come_to_rest(&sh, &mut held);
-                    }
                     continue;
                 }
                 visits += 1;
@@ -208,6 +214,16 @@ fn clean_level(sh: &Shared) -> f64 {
     } else {
         sh.cfg.reorg_activation
     }
+}
+
+/// Whether the store is at rest: it has come to rest once (`Stats::rests`) and nothing has been
+/// appended for `Config::idle_after`.
+fn at_rest(sh: &Shared) -> bool {
+    sh.counters.rests.load(Ordering::SeqCst) > 0
+        && sh
+            .last_data_flush
+            .lock()
+            .is_none_or(|t| t.elapsed() >= sh.cfg.idle_after)
 }
 
 /// Counts a round that begins while another reorganizer holds another tablet.
@@ -567,6 +583,10 @@ pub fn gather_versions<'c>(
     if st.vbuf_epoch == vepoch && st.vbuf.len() >= vlen {
         st.vbuf.drain(..vlen);
         st.vbuf_epoch += 1;
+        if st.vbuf.len() < st.vbuf.capacity() / 4 {
+            st.vbuf.shrink_to_fit();
+        }
+        st.account();
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(&mut cache.map)

@@ -30,6 +30,9 @@ pub enum SyncPolicy {
     OnDemand,
 }
 
+/// Sizes, thresholds and policies of a store. [`Config::default`] sizes the buffers for
+/// throughput (the benches use it: 32 MiB write buffer, 96 MiB of flush arenas warmed at open);
+/// a server sizes them from its memory budget with [`Config::for_memory_budget`].
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Write buffer (ring of `write_buffer_chunks` chunks). Appends block when it is full.

@@ -61,6 +61,15 @@
 //! A failed write (for example a full disk) makes the store refuse appends with that error; what
 //! was written before stays intact and replays after a reopen.
 //!
+//! # Memory
+//! [`Backup::memory`] counts what the store holds, by part ([`MemoryUsage`]). Fixed buffers are
+//! sized by the [`Config`] ([`Config::for_memory_budget`] sizes them from a budget); version
+//! buffers, placement notes, the reorganizer's version tables and the secondary-log buffers are
+//! bounded store-wide; and once nothing has been appended for `idle_after` the store comes to
+//! rest: a checkpoint spills every version buffer and writes every secondary-log buffer, and the
+//! version tables, notes and reorganizer buffers are dropped, so that nothing it keeps grows with
+//! the keys it has logged (docs/architecture.md, "Memory of the backup store").
+//!
 //! # Limits
 //! Keys ≤ 64 KiB, values ≤ `value_max_bytes` (1 MiB) and ≤ half a segment. A key is identified in
 //! version buffers and logs by a 128-bit hash (xxh3-128). The version log keeps one record per key

@@ -86,12 +86,13 @@ impl BufPool {
         }
     }
 
-    /// Frees pooled buffers, largest first, until the pool keeps at most `keep_bytes`.
+    /// Frees pooled buffers, smallest first (the arenas warmed at open are the largest), until
+    /// the pool keeps at most `keep_bytes`.
     pub fn trim(&self, keep_bytes: usize) {
         let mut dropped = Vec::new();
         {
             let mut g = self.free.lock();
-            for c in (0..g.0.len()).rev() {
+            for c in 0..g.0.len() {
                 while g.1 > keep_bytes {
                     let Some(b) = g.0[c].pop() else { break };
                     g.1 -= b.capacity();
@@ -1729,5 +1730,25 @@ mod tests {
         assert_eq!(pool.free.lock().1, 32 << 20);
         pool.put(b);
         assert_eq!(pool.free.lock().1, 40 << 20);
+    }
+
+    #[test]
+    fn a_trimmed_pool_keeps_its_largest_buffers_and_counts_what_it_lends() {
+        let pool = BufPool::new(64 << 20);
+        pool.warm(8 << 20, 2);
+        assert_eq!(pool.held_bytes(), 16 << 20);
+        let small: Vec<AlignedBuf> = (0..4).map(|_| pool.get(1 << 20)).collect();
+        let lent = pool.get(8 << 20);
+        assert_eq!(pool.held_bytes(), (16 << 20) + (4 << 20));
+        for b in small {
+            pool.put(b);
+        }
+        pool.put(lent);
+        assert_eq!(pool.held_bytes(), 20 << 20);
+        pool.trim(16 << 20);
+        assert_eq!(pool.held_bytes(), 16 << 20);
+        assert_eq!(pool.free.lock().0[BufPool::class(8 << 20)].len(), 2);
+        pool.trim(0);
+        assert_eq!(pool.held_bytes(), 0);
     }
 }

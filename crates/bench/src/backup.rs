@@ -74,8 +74,8 @@ struct MemoryRun {
     rest_rss: u64,
     before: MemoryUsage,
     at_rest: MemoryUsage,
-    /// Largest accounted total seen while logging.
-    busy_peak: u64,
+    /// The accounted memory with the largest total seen while logging.
+    busy_peak: MemoryUsage,
 }
 
 /// Opens a store over 64 tablets, waits until it is at rest, logs `keys` distinct keys with
@@ -90,7 +90,7 @@ fn memory_run(dir: &Path, cfg: Config, keys: u64) -> Result<MemoryRun> {
     b.open_tablets(0..TABLETS)?;
     let before = wait_at_rest(&b, 1)?;
     let before_rss = rss_bytes();
-    let mut busy_peak = 0u64;
+    let mut busy_peak = MemoryUsage::default();
     let mut key = [0u8; KEY_BYTES];
     let value = [0x5au8; 100];
     let mut last = None;
@@ -112,7 +112,10 @@ fn memory_run(dir: &Path, cfg: Config, keys: u64) -> Result<MemoryRun> {
             .collect();
         last = Some(b.append(tablet, &entries)?);
         if n % 256 == 0 {
-            busy_peak = busy_peak.max(b.memory().total());
+            let m = b.memory();
+            if m.total() > busy_peak.total() {
+                busy_peak = m;
+            }
         }
     }
     if let Some(t) = last {
@@ -812,9 +815,10 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             let m = memory_run(&s.0, cfg, keys)?;
             drop(s);
             println!(
-                "memory/{label}: empty store {:.1} MiB RSS; before logging {:?}; at rest after {keys} keys {:?}",
+                "memory/{label}: empty store {:.1} MiB RSS; before logging {:?}; busy peak {:?}; at rest after {keys} keys {:?}",
                 m.fixed_rss as f64 / (1 << 20) as f64,
                 m.before,
+                m.busy_peak,
                 m.at_rest
             );
             report.push(Row::plain(
@@ -829,7 +833,7 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
             ));
             report.push(Row::plain(
                 format!("memory/{label}/busy_accounted_peak_MiB"),
-                m.busy_peak as f64 / (1 << 20) as f64,
+                m.busy_peak.total() as f64 / (1 << 20) as f64,
                 "MiB",
             ));
             let per_key = |delta: i64| delta as f64 / keys as f64;

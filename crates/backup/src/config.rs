@@ -200,18 +200,19 @@ impl Default for Config {
 }
 
 impl Config {
-    /// A configuration whose fixed buffers are sized from `budget_bytes`, the memory the server
-    /// may use in all (its `--memory`), so that the store keeps a small share of it: about 7%
-    /// at rest from 256 MiB up (write buffer, flush-arena pool and the store-wide bounds of
-    /// secondary-log buffers, version buffers, placement notes and version tables), plus the
-    /// reorganizer's segment buffers while it cleans (two segments with one thread below 1 GiB,
-    /// four per thread with two threads from 1 GiB). Every part is at most what
-    /// [`Config::default`] uses. On-disk parameters (`segment_bytes`, `primary_log_bytes`,
-    /// `tablet_log_capacity_bytes`) are those of the default, so a directory opens under any
-    /// budget. The write buffer always holds an entry with a value of the default
-    /// `value_max_bytes` (1 MiB); a caller that raises `value_max_bytes` must raise
-    /// `write_buffer_bytes` with it (`validate` says so). The sizes, for three budgets, are in
-    /// docs/architecture.md ("Memory of the backup store").
+    /// A configuration whose buffers are sized from `budget_bytes`, the memory the server may
+    /// use in all (its `--memory`), so that the store keeps a small share of it: the write
+    /// buffer, the flush-arena pool and the store-wide bounds of secondary-log buffers, version
+    /// buffers, placement notes and version tables add up to about 7% of the budget from 256 MiB
+    /// up (10.5% at 64 MiB), plus the reorganizer's segment buffers while it cleans (two 8 MiB
+    /// segments with one thread below 1 GiB, four per thread with two threads from 1 GiB). At
+    /// rest only the write buffer and the warmed part of the pool remain (1.6% at 256 MiB).
+    /// Every part is at most what [`Config::default`] uses. On-disk parameters
+    /// (`segment_bytes`, `primary_log_bytes`, `tablet_log_capacity_bytes`) are the default's, so
+    /// a directory opens under any budget. The write buffer always holds an entry with a value
+    /// of the default `value_max_bytes` (1 MiB); a caller that raises `value_max_bytes` must
+    /// raise `write_buffer_bytes` with it (`validate` says so). The sizes for three budgets are
+    /// in docs/architecture.md ("Memory of the backup store").
     pub fn for_memory_budget(budget_bytes: u64) -> Config {
         const MIB: usize = 1 << 20;
         let base = Config::default();

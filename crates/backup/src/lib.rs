@@ -218,9 +218,12 @@ pub struct MemoryUsage {
     /// The write buffer's chunks (`write_buffer_bytes`, allocated at open) and their side
     /// tables (batch descriptors and a 32-byte version record per buffered entry; freed at rest).
     pub write_buffer: u64,
-    /// Flush arenas and block buffers, pooled or in flight. The pool keeps at most `pool_bytes`
-    /// (flushes in flight hold their arenas besides), `pool_warm_bytes` of it from the open, and
-    /// is trimmed to `pool_warm_bytes` at rest.
+    /// Flush arenas and block buffers, pooled or in flight. The pool keeps at most `pool_bytes`,
+    /// `pool_warm_bytes` of it from the open, and is trimmed to `pool_warm_bytes` at rest. The
+    /// flushes in flight (at most three: one being built, one being written, one queued) hold
+    /// their buffers besides: each up to twice its data (buffers come in powers of two), and a
+    /// flush carries at most the write buffer's content plus the secondary-log buffers it
+    /// writes out.
     pub flush_arenas: u64,
     /// The reorganizer threads' buffers: `reorg_segment_buffers` segments per thread while it
     /// cleans, its work lists, and its version-log and notes read buffers. Freed at rest. (A
@@ -238,9 +241,9 @@ pub struct MemoryUsage {
     /// `version_caches_max_bytes` between visits, plus, during a visit, the table of the log
     /// being reorganized (one entry per key of that tablet). Dropped at rest.
     pub version_caches: u64,
-    /// Placement notes waiting for the reorganizer (32 bytes each), at most `notes_max_bytes`
-    /// store-wide plus the capacity a tablet keeps between absorptions (a 64th of the bound);
-    /// dropped at rest.
+    /// Placement notes waiting for the reorganizer (32 bytes each): at most `notes_max_bytes` of
+    /// notes wait store-wide; counted by capacity, which a growing vector may double, plus what
+    /// a tablet keeps between absorptions (a 64th of the bound each); dropped at rest.
     pub notes: u64,
     /// Per-tablet state: segment metadata (about 70 bytes per allocated segment) and the
     /// tablet's state record. Grows with the tablets and their logs' segments, not with keys.

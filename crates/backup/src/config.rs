@@ -148,11 +148,11 @@ pub struct Config {
     /// one is written while the other fills) or 2 (one of each: reads and writes of survivors
     /// are not overlapped with cleaning). Released once the store is at rest.
     pub reorg_segment_buffers: usize,
-    /// The store is at rest once no entry has been appended for this long. It then writes every
-    /// secondary-log buffer to its secondary log and spills every version buffer (a
-    /// checkpoint), drops the reorganizer's version tables and segment buffers, and trims the
-    /// flush-arena pool to `pool_warm_bytes`, so that what it keeps in memory no longer grows
-    /// with the keys it has logged.
+    /// The store is at rest once no entry has been appended for this long. It then spills every
+    /// version buffer to its version log, drops the reorganizer's version tables, notes and
+    /// segment buffers, and trims the flush-arena pool to `pool_warm_bytes`, so that what it
+    /// keeps in memory no longer grows with the keys it has logged. (Secondary-log buffers keep
+    /// their entries: they are bounded store-wide by `secondary_buffers_max_bytes`.)
     pub idle_after: Duration,
 }
 

@@ -1044,7 +1044,7 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
     // When the last sync ended (or the finisher started).
     let mut last_sync = Instant::now();
     // Coming to rest (`Config::idle_after`): when a flush last carried entries, and whether the
-    // rest checkpoint is still to be asked for, asked for, or done.
+    // store has come to rest since.
     let mut last_data = Instant::now();
     let mut rest = Rest::Waiting;
     loop {
@@ -1052,7 +1052,7 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
             Some((oldest, _)) if periodic => Some(periodic_sync_at(oldest, last_sync, sync_after)),
             _ => None,
         };
-        // The rest checkpoint waits for the periodic sync (it syncs itself).
+        // Coming to rest waits for the periodic sync (it syncs the version logs itself).
         let rest_at =
             (rest == Rest::Waiting && sync_at.is_none()).then(|| last_data + sh.cfg.idle_after);
         let job = match sync_at.or(rest_at) {
@@ -1073,11 +1073,13 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
                         last_sync = Instant::now();
                         unsynced = None;
                     } else {
-                        // Nothing appended for `idle_after`: a checkpoint writes the secondary-
-                        // log buffers and spills the version buffers.
-                        rest = Rest::Asked;
-                        sh.checkpoint_requested.store(true, Ordering::SeqCst);
-                        sh.wb.request_flush();
+                        // Nothing appended for `idle_after`: come to rest.
+                        rest = Rest::Done;
+                        let r =
+                            come_to_rest(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+                        if let Err(e) = r {
+                            sh.fail(&e);
+                        }
                     }
                     continue;
                 }
@@ -1091,7 +1093,6 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
         let closing = job.closing;
         let lsn = job.lsn;
         let done = job.done.clone();
-        let checkpoint = job.checkpoint;
         if job.oldest.is_some() {
             last_data = Instant::now();
             rest = Rest::Waiting;
@@ -1123,10 +1124,6 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
                     Some(t) if !durable => Some((t, lsn)),
                     _ => None,
                 };
-                if rest == Rest::Asked && checkpoint && oldest.is_none() {
-                    rest = Rest::Done;
-                    come_to_rest(&sh);
-                }
             }
             Err(e) => sh.fail(&e),
         }
@@ -1142,24 +1139,40 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
 /// Where the finisher is in coming to rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rest {
-    /// Entries were appended within `idle_after`: the rest checkpoint is not due yet.
+    /// Entries were appended within `idle_after`: not at rest yet.
     Waiting,
-    /// The rest checkpoint is asked for.
-    Asked,
-    /// At rest: nothing appended since the rest checkpoint.
+    /// At rest: nothing appended since the store came to rest.
     Done,
 }
 
-/// After the rest checkpoint: every secondary-log buffer is written and every version buffer
-/// spilled. Frees the emptied buffers, trims the flush-arena pool to `pool_warm_bytes`, hands
-/// freed heap memory back to the system, and tells the reorganizers (they drop their version
-/// tables and segment buffers).
-fn come_to_rest(sh: &Shared) {
+/// Nothing has been appended for `Config::idle_after`: spills every version buffer to its
+/// version log (synced at once under the periodic policy, with the next sync otherwise, as any
+/// spill), frees the emptied buffers and the write buffer's side tables, trims the flush-arena
+/// pool to `pool_warm_bytes`, hands freed heap memory back to the system, and tells the
+/// reorganizers (they drop their version tables, notes and segment buffers). Secondary-log
+/// buffers keep their entries (bounded store-wide): writing them out at every pause would put a
+/// padded block per tablet into the secondary logs each time.
+fn come_to_rest(
+    sh: &Shared,
+    dirty: &mut HashMap<u64, Arc<Tablet>>,
+    dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
+    primary_dirty: &mut bool,
+) -> Result<()> {
     let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
-    for t in tablets {
+    for t in &tablets {
+        spill_versions(sh, t, dirty_versions)?;
+    }
+    if sh.cfg.sync == SyncPolicy::Periodic {
+        let t0 = Instant::now();
+        let r = sync_all(sh, dirty, dirty_versions, primary_dirty);
+        sh.counters
+            .sync_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r?;
+    }
+    for t in &tablets {
         let mut st = t.state.lock();
-        // The version buffer (emptied by the checkpoint) and the secondary-log buffer; the
-        // notes are the reorganizers' to drop.
+        // The notes are the reorganizers' to drop.
         if st.slb.is_empty() {
             st.slb = Vec::new();
         }
@@ -1173,6 +1186,7 @@ fn come_to_rest(sh: &Shared) {
     sh.counters.rests.fetch_add(1, Ordering::SeqCst);
     sh.reorg_cv.notify_all();
     crate::io::return_free_memory();
+    Ok(())
 }
 
 /// When the periodic policy syncs, given the append time of the oldest written but unsynced

@@ -66,8 +66,8 @@
 //! sized by the [`Config`] ([`Config::for_memory_budget`] sizes them from a budget); version
 //! buffers, placement notes, the reorganizer's version tables and the secondary-log buffers are
 //! bounded store-wide; and once nothing has been appended for `idle_after` the store comes to
-//! rest: a checkpoint spills every version buffer and writes every secondary-log buffer, and the
-//! version tables, notes and reorganizer buffers are dropped, so that nothing it keeps grows with
+//! rest: every version buffer is spilled to its version log, and the version tables, notes and
+//! reorganizer buffers are dropped, so that nothing it keeps grows with
 //! the keys it has logged (docs/architecture.md, "Memory of the backup store").
 //!
 //! # Limits
@@ -145,7 +145,7 @@ pub struct Stats {
     /// `Config::version_buffers_max_bytes` store-wide.
     pub version_spills_over_bound: u64,
     pub version_bytes: u64,
-    /// Times the store came to rest (`Config::idle_after`): a checkpoint, then the version
+    /// Times the store came to rest (`Config::idle_after`): version buffers spilled, the version
     /// tables, notes and reorganizer buffers dropped and the flush-arena pool trimmed.
     pub rests: u64,
     /// Reorganizer version tables dropped (over `Config::version_caches_max_bytes`, or at rest).
@@ -230,8 +230,8 @@ pub struct MemoryUsage {
     /// thread counts what it keeps between visits, at the end of each visit.)
     pub reorg_buffers: u64,
     /// Secondary-log buffers: at most `secondary_buffer_bytes` of entries per tablet and
-    /// `secondary_buffers_max_bytes` store-wide; an emptied buffer is freed, and every buffer
-    /// is written out at rest.
+    /// `secondary_buffers_max_bytes` store-wide; an emptied buffer is freed. (Kept at rest: a
+    /// buffer written out at every pause would put a padded block into its log each time.)
     pub secondary_buffers: u64,
     /// Version buffers (32 bytes a record), bounded store-wide by `version_buffers_max_bytes`
     /// (over it the largest are spilled to their version logs) and per tablet by

@@ -76,7 +76,7 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
     while !sh.shutdown.load(Ordering::SeqCst) {
         account_thread(&sh, &mut held);
         // At rest, and with nothing to clean on the last look: let go of what reorganization
-        // keeps between visits, once after each rest checkpoint and whenever a visit since
+        // keeps between visits, once after the store came to rest and whenever a visit since
         // has built a table or this thread holds buffers again.
         if idle && at_rest(&sh) {
             let rest = sh.counters.rests.load(Ordering::SeqCst);
@@ -287,10 +287,10 @@ fn release(sh: &Shared, tablet: u64, cache: Option<VersionCache>) {
     sh.reorg_cv.notify_all();
 }
 
-/// At rest (`Config::idle_after`, after the finisher's rest checkpoint): drops every idle
-/// tablet's version table and waiting placement notes (its segments are then read before they
-/// are freed, until emptied once more), frees its emptied buffers, and frees this thread's
-/// buffers. Nothing of what it keeps then grows with the keys logged.
+/// At rest (`Config::idle_after`, once the finisher has spilled the version buffers): drops
+/// every idle tablet's version table and waiting placement notes (its segments are then read
+/// before they are freed, until emptied once more), frees its emptied buffers, and frees this
+/// thread's buffers. Nothing of what it keeps then grows with the keys logged.
 fn come_to_rest(sh: &Shared, held: &mut u64) {
     let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
     for t in tablets {

@@ -105,8 +105,7 @@ fn kill_minus_nine_at_random_points() {
     );
 }
 
-/// Kills a child that pauses until its store has come to rest (checkpoint, version buffers
-/// spilled, version tables and notes dropped, buffers released) every 16 durable batches, and
+/// Kills a child that pauses until its store has come to rest (version buffers spilled, version tables and notes dropped, buffers released) every 16 durable batches, and
 /// spills version buffers and drops tables over tiny bounds all the time: every acknowledged
 /// write replays, and no deleted key comes back.
 #[test]

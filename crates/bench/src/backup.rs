@@ -19,7 +19,8 @@
 //!    64 tablets opened with `Config::for_memory_budget(256 MiB)` and with `Config::default()`,
 //!    and the RAM per logged key once the store is at rest after logging N distinct keys (2 M;
 //!    quick: 200 k) with 100 B values over 64 tablets: (RSS at rest − RSS of the same store
-//!    before logging) / N, and the same from `Backup::memory().total()`. Target ≤ 16 B/key.
+//!    before logging) / N, and the same from `Backup::memory().total()`. Target ≤ 16 B/key,
+//!    judged in a full run only.
 //!
 //! Data lives under `$RAMLOG_BENCH_DIR` (default `target/bench-data` in the working directory)
 //! and is removed afterwards.
@@ -837,22 +838,26 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
                 "MiB",
             ));
             let per_key = |delta: i64| delta as f64 / keys as f64;
-            report.push(
-                Row::plain(
-                    format!("memory/{label}/rss_per_key_at_rest_B"),
-                    per_key(m.rest_rss as i64 - m.before_rss as i64),
-                    "B/key",
-                )
-                .with_target(Target::at_most(16.0)),
-            );
-            report.push(
-                Row::plain(
-                    format!("memory/{label}/accounted_per_key_at_rest_B"),
-                    per_key(m.at_rest.total() as i64 - m.before.total() as i64),
-                    "B/key",
-                )
-                .with_target(Target::at_most(16.0)),
-            );
+            // The target is judged at 2 M keys: a quick run's 200 k keys spread what stays
+            // bounded but not empty at rest (secondary-log buffers, up to 2 MiB at this budget,
+            // and heap the allocator keeps) over too few keys to say anything per key.
+            let judged = |row: Row| {
+                if quick {
+                    row
+                } else {
+                    row.with_target(Target::at_most(16.0))
+                }
+            };
+            report.push(judged(Row::plain(
+                format!("memory/{label}/rss_per_key_at_rest_B"),
+                per_key(m.rest_rss as i64 - m.before_rss as i64),
+                "B/key",
+            )));
+            report.push(judged(Row::plain(
+                format!("memory/{label}/accounted_per_key_at_rest_B"),
+                per_key(m.at_rest.total() as i64 - m.before.total() as i64),
+                "B/key",
+            )));
         }
     }
 

@@ -30,6 +30,9 @@ pub enum SyncPolicy {
     OnDemand,
 }
 
+/// Sizes, thresholds and policies of a store. [`Config::default`] sizes the buffers for
+/// throughput (the benches use it: 32 MiB write buffer, 96 MiB of flush arenas warmed at open);
+/// a server sizes them from its memory budget with [`Config::for_memory_budget`].
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Write buffer (ring of `write_buffer_chunks` chunks). Appends block when it is full.
@@ -114,8 +117,43 @@ pub struct Config {
     /// 512 B entries logged at 1210–1283 MB/s against 1324–1356 MB/s with three (three
     /// alternating rounds). The pool keeps the third arena once used, so this only moves that
     /// memory to the open. Only used when an arena is at least 2 MiB; at most the pool's bound
-    /// (128 MiB).
+    /// (`pool_bytes`).
     pub pool_warm_bytes: usize,
+    /// Bound of the pool of flush arenas and block buffers (free buffers kept for reuse). A
+    /// flush's arena is the write buffer's size rounded up to a power of two, at most a quarter
+    /// of this. Once the store is at rest (`idle_after`) the pool keeps only `pool_warm_bytes`.
+    pub pool_bytes: usize,
+    /// Store-wide bound of the version buffers (32 bytes a record, counted by the capacity the
+    /// buffers hold). When a flush leaves them above it, the largest buffers are spilled to
+    /// their version logs until they hold at most half of it, besides each buffer's own
+    /// threshold (`version_buffer_entries` × `version_spill_fraction`).
+    pub version_buffers_max_bytes: usize,
+    /// Store-wide bound of the placement notes waiting for the reorganizer (32 bytes each).
+    /// Notes beyond it are counted and dropped (`Stats::notes_dropped`): the dead-byte estimate
+    /// gets coarser and the segments involved are read before they are freed.
+    pub notes_max_bytes: usize,
+    /// Bound of the reorganizer's version tables (32-byte slots, at most three quarters full)
+    /// kept between visits. After a visit, tables are dropped, largest first, until the rest fit;
+    /// the table of the tablet being reorganized is held in full while it is, whatever its size,
+    /// and then dropped too if it alone exceeds the bound. A dropped table costs the next visit
+    /// of its log a read of the whole version log, and the log's segments are read before they
+    /// are freed until emptied once more.
+    pub version_caches_max_bytes: usize,
+    /// Store-wide bound of the secondary-log buffers. A small batch that would take them above
+    /// it goes straight to its secondary log with its tablet's buffer. A buffer's memory is
+    /// released when it is emptied.
+    pub secondary_buffers_max_bytes: usize,
+    /// Segment-sized buffers each reorganizer thread uses while it cleans: 4 (two to read,
+    /// so that the next segment is read while one is cleaned, and two for survivors, so that
+    /// one is written while the other fills) or 2 (one of each: reads and writes of survivors
+    /// are not overlapped with cleaning). Released once the store is at rest.
+    pub reorg_segment_buffers: usize,
+    /// The store is at rest once no entry has been appended for this long. It then spills every
+    /// version buffer to its version log, drops the reorganizer's version tables, notes and
+    /// segment buffers, and trims the flush-arena pool to `pool_warm_bytes`, so that what it
+    /// keeps in memory no longer grows with the keys it has logged. (Secondary-log buffers keep
+    /// their entries: they are bounded store-wide by `secondary_buffers_max_bytes`.)
+    pub idle_after: Duration,
 }
 
 impl Default for Config {
@@ -150,11 +188,61 @@ impl Default for Config {
             value_max_bytes: ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT,
             direct_io: true,
             pool_warm_bytes: 96 << 20,
+            pool_bytes: 128 << 20,
+            version_buffers_max_bytes: 64 << 20,
+            notes_max_bytes: 64 << 20,
+            version_caches_max_bytes: 512 << 20,
+            secondary_buffers_max_bytes: 64 << 20,
+            reorg_segment_buffers: 4,
+            idle_after: Duration::from_secs(1),
         }
     }
 }
 
 impl Config {
+    /// A configuration whose buffers are sized from `budget_bytes`, the memory the server may
+    /// use in all (its `--memory`), so that the store keeps a small share of it: the write
+    /// buffer, the flush-arena pool and the store-wide bounds of secondary-log buffers, version
+    /// buffers, placement notes and version tables add up to about 7% of the budget from 256 MiB
+    /// up (10.5% at 64 MiB), plus the reorganizer's segment buffers while it cleans (two 8 MiB
+    /// segments with one thread below 1 GiB, four per thread with two threads from 1 GiB). At
+    /// rest only the write buffer and the warmed part of the pool remain (1.6% at 256 MiB).
+    /// Every part is at most what [`Config::default`] uses. On-disk parameters
+    /// (`segment_bytes`, `primary_log_bytes`, `tablet_log_capacity_bytes`) are the default's, so
+    /// a directory opens under any budget. The write buffer always holds an entry with a value
+    /// of the default `value_max_bytes` (1 MiB); a caller that raises `value_max_bytes` must
+    /// raise `write_buffer_bytes` with it (`validate` says so). The sizes for three budgets are
+    /// in docs/architecture.md ("Memory of the backup store").
+    pub fn for_memory_budget(budget_bytes: u64) -> Config {
+        const MIB: usize = 1 << 20;
+        let base = Config::default();
+        let budget = usize::try_from(budget_bytes).unwrap_or(usize::MAX);
+        let share = |divisor: usize, min: usize, max: usize| (budget / divisor).clamp(min, max);
+        // Each write-buffer chunk holds the largest entry; two chunks at least.
+        let entry_max = base.entry_max_bytes();
+        let write_buffer_bytes = share(64, 2 * entry_max.next_multiple_of(64 << 10), 32 * MIB);
+        let write_buffer_chunks = (write_buffer_bytes / entry_max).clamp(2, 8);
+        let pool_bytes = share(64, 2 * MIB, 128 * MIB);
+        let large = budget >= 1 << 30;
+        let secondary_buffer_bytes = share(2048, 16 << 10, base.secondary_buffer_bytes);
+        Config {
+            write_buffer_bytes,
+            write_buffer_chunks,
+            flush_threshold_bytes: write_buffer_bytes / 2,
+            pool_bytes,
+            pool_warm_bytes: if large { pool_bytes / 2 } else { 0 },
+            secondary_buffer_bytes,
+            direct_threshold_bytes: base.direct_threshold_bytes.min(secondary_buffer_bytes),
+            secondary_buffers_max_bytes: share(128, 512 << 10, base.secondary_buffers_max_bytes),
+            version_buffers_max_bytes: share(128, 512 << 10, base.version_buffers_max_bytes),
+            notes_max_bytes: share(128, 512 << 10, base.notes_max_bytes),
+            version_caches_max_bytes: share(64, MIB, base.version_caches_max_bytes),
+            reorg_threads: if large { base.reorg_threads } else { 1 },
+            reorg_segment_buffers: if large { 4 } else { 2 },
+            ..base
+        }
+    }
+
     /// The fill a visit cleans a log down to while writes arrive (`reorg_busy_target`, bounded
     /// by the other thresholds).
     pub fn reorg_busy_level(&self) -> f64 {
@@ -219,6 +307,12 @@ impl Config {
         }
         if self.reorg_threads == 0 || self.reorg_threads > 64 {
             return Err("reorg_threads must be in 1..=64".into());
+        }
+        if self.reorg_segment_buffers != 2 && self.reorg_segment_buffers != 4 {
+            return Err("reorg_segment_buffers must be 2 or 4".into());
+        }
+        if self.pool_warm_bytes > self.pool_bytes {
+            return Err("pool_warm_bytes must be at most pool_bytes".into());
         }
         if self.version_buffer_entries < 16 {
             return Err("version_buffer_entries must be at least 16".into());

@@ -22,10 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A pool of page-aligned buffers in power-of-two size classes, so that steady-state flushes
-/// neither allocate nor zero fresh memory. Bounded by `limit_bytes`.
+/// neither allocate nor zero fresh memory. Bounded by `limit_bytes` (`Config::pool_bytes`).
 pub struct BufPool {
     free: Mutex<(Vec<Vec<AlignedBuf>>, usize)>,
     limit_bytes: usize,
+    /// Bytes of buffers handed out by `get` and not yet put back (flushes in flight).
+    lent_bytes: AtomicU64,
 }
 
 impl BufPool {
@@ -33,6 +35,7 @@ impl BufPool {
         BufPool {
             free: Mutex::new(((0..40).map(|_| Vec::new()).collect(), 0)),
             limit_bytes,
+            lent_bytes: AtomicU64::new(0),
         }
     }
     fn class(len: usize) -> usize {
@@ -40,6 +43,7 @@ impl BufPool {
     }
     pub fn get(&self, len: usize) -> AlignedBuf {
         let c = Self::class(len);
+        self.lent_bytes.fetch_add(1 << c, Ordering::Relaxed);
         let mut g = self.free.lock();
         if let Some(mut b) = g.0[c].pop() {
             g.1 -= b.capacity();
@@ -59,6 +63,7 @@ impl BufPool {
         for _ in 0..count.min(room) {
             let mut buf = AlignedBuf::huge(cap);
             buf.touch();
+            self.lent_bytes.fetch_add(cap as u64, Ordering::Relaxed);
             self.put(buf);
         }
     }
@@ -68,11 +73,39 @@ impl BufPool {
         if buf.capacity() != 1usize << c {
             return;
         }
+        // Saturating: a buffer the pool did not hand out may come back (never in this crate).
+        let _ = self
+            .lent_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                Some(l.saturating_sub(buf.capacity() as u64))
+            });
         let mut g = self.free.lock();
         if g.1 + buf.capacity() <= self.limit_bytes {
             g.1 += buf.capacity();
             g.0[c].push(buf);
         }
+    }
+
+    /// Frees pooled buffers, smallest first (the arenas warmed at open are the largest), until
+    /// the pool keeps at most `keep_bytes`.
+    pub fn trim(&self, keep_bytes: usize) {
+        let mut dropped = Vec::new();
+        {
+            let mut g = self.free.lock();
+            for c in 0..g.0.len() {
+                while g.1 > keep_bytes {
+                    let Some(b) = g.0[c].pop() else { break };
+                    g.1 -= b.capacity();
+                    dropped.push(b);
+                }
+            }
+        }
+        drop(dropped);
+    }
+
+    /// Bytes the pool holds: free buffers plus those handed out.
+    pub fn held_bytes(&self) -> u64 {
+        self.free.lock().1 as u64 + self.lent_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -86,6 +119,12 @@ pub struct Counters {
     pub secondary_writes: AtomicU64,
     pub secondary_bytes: AtomicU64,
     pub version_spills: AtomicU64,
+    /// Spills of version buffers because the store-wide bound was exceeded.
+    pub version_spills_over_bound: AtomicU64,
+    /// Times the store came to rest (idle checkpoint and release of memory).
+    pub rests: AtomicU64,
+    /// Version tables dropped: over their bound, or at rest.
+    pub version_caches_dropped: AtomicU64,
     pub version_bytes: AtomicU64,
     pub syncs: AtomicU64,
     /// Sync rounds done with one syncfs instead of a fdatasync per file.
@@ -166,6 +205,8 @@ pub struct Shared {
     /// When the processor last took entries from the write buffer (`reorg::clean_level`).
     pub last_data_flush: Mutex<Option<Instant>>,
     pub dropped: Mutex<HashMap<u64, u64>>,
+    /// Memory gauges (`Backup::memory`).
+    pub mem: Arc<crate::tablet::MemGauges>,
 }
 
 impl Shared {
@@ -188,7 +229,12 @@ impl Shared {
         self.counters
             .open_version_bytes_damaged
             .fetch_add(scan.version_log_damaged_bytes, Ordering::Relaxed);
-        t.state.lock().notes_pending = self.notes_pending.clone();
+        {
+            let mut st = t.state.lock();
+            st.notes_pending = self.notes_pending.clone();
+            st.mem = self.mem.clone();
+            st.account();
+        }
         let t = Arc::new(t);
         g.insert(id, t.clone());
         Ok(t)
@@ -383,7 +429,11 @@ fn build_job(
         let mut run_bytes = 0usize;
         if put_bytes > 0 {
             let small = cfg.two_level && put_bytes < cfg.direct_threshold_bytes;
-            if small && st.slb.len() + put_bytes <= cfg.secondary_buffer_bytes {
+            // Within the tablet's buffer and the store-wide bound (`put_bytes` more may cost
+            // up to twice that in capacity while the buffer grows).
+            let room = sh.mem.secondary_buffers.load(Ordering::Relaxed) as usize + 2 * put_bytes
+                <= cfg.secondary_buffers_max_bytes;
+            if small && st.slb.len() + put_bytes <= cfg.secondary_buffer_bytes && room {
                 for p in &puts {
                     st.slb.extend_from_slice(p);
                 }
@@ -401,10 +451,11 @@ fn build_job(
                 for w in placed {
                     writes.push((tablet.clone(), w));
                 }
-                st.slb = slb;
-                st.slb.clear();
+                // The emptied buffer's memory goes back (it is allocated again when needed).
+                drop(slb);
             }
         }
+        st.account();
         drop(st);
         // Deletes are versions: they go to the primary log (durable now) and the version buffer,
         // never to the secondary log.
@@ -490,6 +541,7 @@ fn build_job(
             for w in placed {
                 writes.push((tablet.clone(), w));
             }
+            st.account();
         }
     }
     Ok(Job {
@@ -513,11 +565,9 @@ pub fn arena_bytes(cfg: &crate::Config) -> usize {
     // the pool and are reused; a larger flush puts its overflow in buffers of their own.
     cfg.write_buffer_bytes
         .next_power_of_two()
-        .min(POOL_BYTES / 4)
+        .min(cfg.pool_bytes / 4)
+        .max(PAGE_BYTES)
 }
-
-/// Bound of the write-buffer pool.
-pub const POOL_BYTES: usize = 128 << 20;
 
 /// Waits (at most `limit`) until a round of reorganization of `tablet` ends after the tablet had
 /// seen `rounds` of them, or (if `commits` is given) a round frees some of its segments after it
@@ -993,14 +1043,23 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
     let sync_after = sh.cfg.flush_interval / 2;
     // When the last sync ended (or the finisher started).
     let mut last_sync = Instant::now();
+    // Coming to rest (`Config::idle_after`): when a flush last carried entries, and whether the
+    // store has come to rest since.
+    let mut last_data = Instant::now();
+    let mut rest = Rest::Waiting;
     loop {
-        let job = match unsynced {
-            Some((oldest, lsn)) if periodic => {
-                let left = periodic_sync_at(oldest, last_sync, sync_after)
-                    .saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(job) => job,
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+        let sync_at = match unsynced {
+            Some((oldest, _)) if periodic => Some(periodic_sync_at(oldest, last_sync, sync_after)),
+            _ => None,
+        };
+        // Coming to rest waits for the periodic sync (it syncs the version logs itself).
+        let rest_at =
+            (rest == Rest::Waiting && sync_at.is_none()).then(|| last_data + sh.cfg.idle_after);
+        let job = match sync_at.or(rest_at) {
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(job) => job,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let (Some((_, lsn)), Some(_)) = (unsynced, sync_at) {
                         // No flush came along in time: sync what is written.
                         let t0 = Instant::now();
                         let r = sync_all(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
@@ -1013,12 +1072,20 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
                         }
                         last_sync = Instant::now();
                         unsynced = None;
-                        continue;
+                    } else {
+                        // Nothing appended for `idle_after`: come to rest.
+                        rest = Rest::Done;
+                        let r =
+                            come_to_rest(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+                        if let Err(e) = r {
+                            sh.fail(&e);
+                        }
                     }
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                    continue;
                 }
-            }
-            _ => match rx.recv() {
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match rx.recv() {
                 Ok(job) => job,
                 Err(_) => return,
             },
@@ -1026,6 +1093,10 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
         let closing = job.closing;
         let lsn = job.lsn;
         let done = job.done.clone();
+        if job.oldest.is_some() {
+            last_data = Instant::now();
+            rest = Rest::Waiting;
+        }
         let oldest = match (unsynced.map(|u| u.0), job.oldest) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -1064,6 +1135,60 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
         }
     }
 }
+
+/// Where the finisher is in coming to rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rest {
+    /// Entries were appended within `idle_after`: not at rest yet.
+    Waiting,
+    /// At rest: nothing appended since the store came to rest.
+    Done,
+}
+
+/// Nothing has been appended for `Config::idle_after`: spills every version buffer to its
+/// version log (synced at once under the periodic policy, with the next sync otherwise, as any
+/// spill), frees the emptied buffers and the write buffer's side tables, trims the flush-arena
+/// pool to `pool_warm_bytes`, hands freed heap memory back to the system, and tells the
+/// reorganizers (they drop their version tables, notes and segment buffers). Secondary-log
+/// buffers keep their entries (bounded store-wide): writing them out at every pause would put a
+/// padded block per tablet into the secondary logs each time.
+fn come_to_rest(
+    sh: &Shared,
+    dirty: &mut HashMap<u64, Arc<Tablet>>,
+    dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
+    primary_dirty: &mut bool,
+) -> Result<()> {
+    let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
+    for t in &tablets {
+        spill_versions(sh, t, dirty_versions)?;
+    }
+    if sh.cfg.sync == SyncPolicy::Periodic {
+        let t0 = Instant::now();
+        let r = sync_all(sh, dirty, dirty_versions, primary_dirty);
+        sh.counters
+            .sync_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r?;
+    }
+    for t in &tablets {
+        let mut st = t.state.lock();
+        // The notes are the reorganizers' to drop.
+        if st.slb.is_empty() {
+            st.slb = Vec::new();
+        }
+        if st.vbuf.is_empty() {
+            st.vbuf = Vec::new();
+        }
+        st.account();
+    }
+    sh.wb.release_spare_records();
+    sh.pool.trim(sh.cfg.pool_warm_bytes);
+    sh.counters.rests.fetch_add(1, Ordering::SeqCst);
+    sh.reorg_cv.notify_all();
+    crate::io::return_free_memory();
+    Ok(())
+}
+
 /// When the periodic policy syncs, given the append time of the oldest written but unsynced
 /// entry and the end of the last sync (`sync_after` is half the flush interval): once that entry
 /// is half an interval old, so that it is durable within about one interval of its append (as
@@ -1137,12 +1262,13 @@ fn finish(
             let mut st = vb.tablet.state.lock();
             st.vbuf.extend_from_slice(&vb.records);
             st.vbuf_seq = seq;
+            st.account();
         }
-        let notes_waiting =
-            sh.notes_pending.load(Ordering::Relaxed) >= crate::tablet::NOTES_MAX / 8;
+        let notes_waiting = sh.notes_pending.load(Ordering::Relaxed)
+            >= sh.cfg.notes_max_bytes / crate::tablet::NOTE_MEM_BYTES / 8;
         // So do the flush's placement notes (jobs finish in sequence order). An idle
         // reorganizer takes them once many wait (it looks every 100 ms otherwise, and a log
-        // can place more than `NOTES_MAX` entries in that time).
+        // can place more than `Config::notes_max_bytes` of notes in that time).
         sh.notes_visible_seq.fetch_max(seq, Ordering::SeqCst);
         if notes_waiting {
             sh.reorg_cv.notify_all();
@@ -1155,31 +1281,19 @@ fn finish(
             versions.iter().map(|v| v.tablet.clone()).collect()
         };
         for tablet in candidates {
-            let (records, vseq) = {
-                let mut st = tablet.state.lock();
-                let due = if checkpoint {
+            let due = {
+                let st = tablet.state.lock();
+                if checkpoint {
                     !st.vbuf.is_empty()
                 } else {
                     st.vbuf.len() >= spill_at
-                };
-                if !due {
-                    continue;
                 }
-                let records = st.take_versions();
-                (records, st.vbuf_seq)
             };
-            let bytes = tablet.append_versions(vseq, &records)?;
-            {
-                let mut st = tablet.state.lock();
-                st.ver_wm = st.ver_wm.max(vseq);
-                st.vbuf_spilling = None;
+            if due {
+                spill_versions(sh, &tablet, dirty_versions)?;
             }
-            sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
-            sh.counters
-                .version_bytes
-                .fetch_add(bytes, Ordering::Relaxed);
-            dirty_versions.insert(tablet.id, tablet.clone());
         }
+        spill_over_bound(sh, dirty_versions)?;
         let t2 = Instant::now();
         sh.counters
             .version_ns
@@ -1218,6 +1332,68 @@ fn finish(
         sh.pool.put(b);
     }
     r
+}
+
+/// Spills a tablet's version buffer to its version log (the caller syncs the files in
+/// `dirty_versions`). Only the finisher spills, so one spill of a tablet runs at a time.
+fn spill_versions(
+    sh: &Shared,
+    tablet: &Arc<Tablet>,
+    dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
+) -> Result<()> {
+    let (records, vseq) = {
+        let mut st = tablet.state.lock();
+        if st.vbuf.is_empty() {
+            st.vbuf = Vec::new();
+            st.account();
+            return Ok(());
+        }
+        let records = st.take_versions();
+        st.account();
+        (records, st.vbuf_seq)
+    };
+    let bytes = tablet.append_versions(vseq, &records)?;
+    drop(records);
+    {
+        let mut st = tablet.state.lock();
+        st.ver_wm = st.ver_wm.max(vseq);
+        st.vbuf_spilling = None;
+        st.account();
+    }
+    sh.counters.version_spills.fetch_add(1, Ordering::Relaxed);
+    sh.counters
+        .version_bytes
+        .fetch_add(bytes, Ordering::Relaxed);
+    dirty_versions.insert(tablet.id, tablet.clone());
+    Ok(())
+}
+
+/// Keeps the version buffers within `Config::version_buffers_max_bytes` store-wide: once they
+/// hold more, the largest are spilled until they hold at most half of it (so that a store with
+/// many small buffers does not spill on every flush).
+fn spill_over_bound(sh: &Shared, dirty_versions: &mut HashMap<u64, Arc<Tablet>>) -> Result<()> {
+    let bound = sh.cfg.version_buffers_max_bytes as u64;
+    if sh.mem.version_buffers.load(Ordering::Relaxed) <= bound {
+        return Ok(());
+    }
+    let mut sizes: Vec<(usize, Arc<Tablet>)> = sh
+        .tablets
+        .read()
+        .values()
+        .map(|t| (t.state.lock().vbuf.capacity(), t.clone()))
+        .filter(|(c, _)| *c > 0)
+        .collect();
+    sizes.sort_unstable_by_key(|(c, _)| std::cmp::Reverse(*c));
+    for (_, tablet) in sizes {
+        if sh.mem.version_buffers.load(Ordering::Relaxed) <= bound / 2 {
+            break;
+        }
+        spill_versions(sh, &tablet, dirty_versions)?;
+        sh.counters
+            .version_spills_over_bound
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 fn write_primary(sh: &Shared, primary: &Option<(u64, AlignedBuf)>, dirty: &mut bool) -> Result<()> {
@@ -1516,6 +1692,7 @@ pub fn recover_primary(sh: &Shared, dropped: &HashMap<u64, u64>) -> Result<u64> 
                     st.slb_data_seq = st.slb_data_seq.max(seq);
                 }
             });
+            st.account();
         });
         at += padded as u64;
     }
@@ -1567,5 +1744,25 @@ mod tests {
         assert_eq!(pool.free.lock().1, 32 << 20);
         pool.put(b);
         assert_eq!(pool.free.lock().1, 40 << 20);
+    }
+
+    #[test]
+    fn a_trimmed_pool_keeps_its_largest_buffers_and_counts_what_it_lends() {
+        let pool = BufPool::new(64 << 20);
+        pool.warm(8 << 20, 2);
+        assert_eq!(pool.held_bytes(), 16 << 20);
+        let small: Vec<AlignedBuf> = (0..4).map(|_| pool.get(1 << 20)).collect();
+        let lent = pool.get(8 << 20);
+        assert_eq!(pool.held_bytes(), (16 << 20) + (4 << 20));
+        for b in small {
+            pool.put(b);
+        }
+        pool.put(lent);
+        assert_eq!(pool.held_bytes(), 20 << 20);
+        pool.trim(16 << 20);
+        assert_eq!(pool.held_bytes(), 16 << 20);
+        assert_eq!(pool.free.lock().0[BufPool::class(8 << 20)].len(), 2);
+        pool.trim(0);
+        assert_eq!(pool.held_bytes(), 0);
     }
 }

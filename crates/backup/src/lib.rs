@@ -61,6 +61,15 @@
 //! A failed write (for example a full disk) makes the store refuse appends with that error; what
 //! was written before stays intact and replays after a reopen.
 //!
+//! # Memory
+//! [`Backup::memory`] counts what the store holds, by part ([`MemoryUsage`]). Fixed buffers are
+//! sized by the [`Config`] ([`Config::for_memory_budget`] sizes them from a budget); version
+//! buffers, placement notes, the reorganizer's version tables and the secondary-log buffers are
+//! bounded store-wide; and once nothing has been appended for `idle_after` the store comes to
+//! rest: every version buffer is spilled to its version log, and the version tables, notes and
+//! reorganizer buffers are dropped, so that nothing it keeps grows with
+//! the keys it has logged (docs/architecture.md, "Memory of the backup store").
+//!
 //! # Limits
 //! Keys ≤ 64 KiB, values ≤ `value_max_bytes` (1 MiB) and ≤ half a segment. A key is identified in
 //! version buffers and logs by a 128-bit hash (xxh3-128). The version log keeps one record per key
@@ -132,7 +141,15 @@ pub struct Stats {
     pub secondary_writes: u64,
     pub secondary_bytes: u64,
     pub version_spills: u64,
+    /// Of `version_spills`, those because the version buffers held more than
+    /// `Config::version_buffers_max_bytes` store-wide.
+    pub version_spills_over_bound: u64,
     pub version_bytes: u64,
+    /// Times the store came to rest (`Config::idle_after`): version buffers spilled, the version
+    /// tables, notes and reorganizer buffers dropped and the flush-arena pool trimmed.
+    pub rests: u64,
+    /// Reorganizer version tables dropped (over `Config::version_caches_max_bytes`, or at rest).
+    pub version_caches_dropped: u64,
     /// Files synced (each counts, also when a sync round used one syncfs).
     pub syncs: u64,
     /// Sync rounds done with one syncfs(2) because many files were dirty.
@@ -189,6 +206,64 @@ pub struct Stats {
     pub failed: Option<String>,
 }
 
+/// Memory a backup store holds, in bytes, by part: what is allocated (capacities of vectors,
+/// buffers handed out or pooled), not configured maxima. [`Backup::memory`] reads it from
+/// atomics and two short locks, cheap enough to call every 100 ms.
+///
+/// Fixed parts, sized by the [`Config`] ([`Config::for_memory_budget`] sizes them from a
+/// budget); parts bounded store-wide; and none that grows with the keys logged once the store
+/// is at rest (`Config::idle_after`), where only the fixed parts and `tablet_metadata` remain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// The write buffer's chunks (`write_buffer_bytes`, allocated at open) and their side
+    /// tables (batch descriptors and a 32-byte version record per buffered entry; freed at rest).
+    pub write_buffer: u64,
+    /// Flush arenas and block buffers, pooled or in flight. The pool keeps at most `pool_bytes`,
+    /// `pool_warm_bytes` of it from the open, and is trimmed to `pool_warm_bytes` at rest. The
+    /// flushes in flight (at most three: one being built, one being written, one queued) hold
+    /// their buffers besides: each up to twice its data (buffers come in powers of two), and a
+    /// flush carries at most the write buffer's content plus the secondary-log buffers it
+    /// writes out.
+    pub flush_arenas: u64,
+    /// The reorganizer threads' buffers: `reorg_segment_buffers` segments per thread while it
+    /// cleans, its work lists, and its version-log and notes read buffers. Freed at rest. (A
+    /// thread counts what it keeps between visits, at the end of each visit.)
+    pub reorg_buffers: u64,
+    /// Secondary-log buffers: at most `secondary_buffer_bytes` of entries per tablet and
+    /// `secondary_buffers_max_bytes` store-wide; an emptied buffer is freed. (Kept at rest: a
+    /// buffer written out at every pause would put a padded block into its log each time.)
+    pub secondary_buffers: u64,
+    /// Version buffers (32 bytes a record), bounded store-wide by `version_buffers_max_bytes`
+    /// (over it the largest are spilled to their version logs) and per tablet by
+    /// `version_buffer_entries`; all spilled and freed at rest.
+    pub version_buffers: u64,
+    /// The reorganizer's version tables (32-byte slots, at most three quarters full): at most
+    /// `version_caches_max_bytes` between visits, plus, during a visit, the table of the log
+    /// being reorganized (one entry per key of that tablet). Dropped at rest.
+    pub version_caches: u64,
+    /// Placement notes waiting for the reorganizer (32 bytes each): at most `notes_max_bytes` of
+    /// notes wait store-wide; counted by capacity, which a growing vector may double, plus what
+    /// a tablet keeps between absorptions (a 64th of the bound each); dropped at rest.
+    pub notes: u64,
+    /// Per-tablet state: segment metadata (about 70 bytes per allocated segment) and the
+    /// tablet's state record. Grows with the tablets and their logs' segments, not with keys.
+    pub tablet_metadata: u64,
+}
+
+impl MemoryUsage {
+    /// The sum of the parts.
+    pub fn total(&self) -> u64 {
+        self.write_buffer
+            + self.flush_arenas
+            + self.reorg_buffers
+            + self.secondary_buffers
+            + self.version_buffers
+            + self.version_caches
+            + self.notes
+            + self.tablet_metadata
+    }
+}
+
 /// A backup log store in one directory. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Backup {
     sh: Arc<Shared>,
@@ -211,6 +286,7 @@ impl Backup {
         // Read before the manifest is rewritten, so that a corrupt file leaves the directory as it was.
         let dropped = engine::read_dropped(dir)?;
         let seq_base = engine::open_manifest(dir, &config)?;
+        let pool_bytes = config.pool_bytes;
         let sh = Arc::new(Shared {
             dir: dir.to_path_buf(),
             wb: wbuf::WriteBuffer::new(
@@ -239,7 +315,7 @@ impl Backup {
             durable_lsn: AtomicU64::new(0),
             sync_requested: AtomicBool::new(false),
             checkpoint_requested: AtomicBool::new(false),
-            pool: engine::BufPool::new(engine::POOL_BYTES),
+            pool: engine::BufPool::new(pool_bytes),
             counters: engine::Counters::default(),
             reorg_queue: Mutex::new(VecDeque::new()),
             reorg_cv: Condvar::new(),
@@ -254,6 +330,7 @@ impl Backup {
             reorg_rounds_active: AtomicU64::new(0),
             last_data_flush: Mutex::new(None),
             dropped: Mutex::new(dropped.clone()),
+            mem: Arc::default(),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).
         let mut ids = Vec::new();
@@ -512,6 +589,22 @@ impl Backup {
         })
     }
 
+    /// Memory the store holds now, by part (see [`MemoryUsage`]).
+    pub fn memory(&self) -> MemoryUsage {
+        let m = &self.sh.mem;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MemoryUsage {
+            write_buffer: self.sh.wb.held_bytes(self.sh.cfg.write_buffer_bytes),
+            flush_arenas: self.sh.pool.held_bytes(),
+            reorg_buffers: l(&m.reorg_buffers),
+            secondary_buffers: l(&m.secondary_buffers),
+            version_buffers: l(&m.version_buffers),
+            version_caches: l(&m.version_caches),
+            notes: l(&m.notes),
+            tablet_metadata: l(&m.tablet_metadata),
+        }
+    }
+
     pub fn stats(&self) -> Stats {
         let c = &self.sh.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -539,6 +632,9 @@ impl Backup {
             secondary_writes: l(&c.secondary_writes),
             secondary_bytes: l(&c.secondary_bytes),
             version_spills: l(&c.version_spills),
+            version_spills_over_bound: l(&c.version_spills_over_bound),
+            rests: l(&c.rests),
+            version_caches_dropped: l(&c.version_caches_dropped),
             version_bytes: l(&c.version_bytes),
             syncs: l(&c.syncs),
             syncfs_calls: l(&c.syncfs_calls),

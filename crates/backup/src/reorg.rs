@@ -24,13 +24,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
-    /// The reorganizing thread's two output buffers and two read buffers, reused between visits.
-    static BUFFERS: std::cell::RefCell<Option<([AlignedBuf; 2], [AlignedBuf; 2])>> =
+    /// The reorganizing thread's output buffers and read buffers (two and two, or one and one:
+    /// `Config::reorg_segment_buffers`), reused between visits.
+    static BUFFERS: std::cell::RefCell<Option<SegmentBuffers>> =
         const { std::cell::RefCell::new(None) };
     /// The reorganizing thread's per-segment work lists, reused between segments and visits.
     static SCRATCH: std::cell::RefCell<CleanScratch> =
         std::cell::RefCell::new(CleanScratch::default());
 }
+
+/// Output buffers and read buffers of a reorganizing thread, each a segment.
+type SegmentBuffers = (Vec<AlignedBuf>, Vec<AlignedBuf>);
 
 /// `clean_one`'s work lists. Allocated afresh for each segment they were fresh memory every time
 /// (about 0.8 MiB for a 1 MiB segment of 64 B entries, beyond the allocator's mmap threshold):
@@ -66,7 +70,24 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed + index as u64);
     let mut visits = 0u64;
     let mut idle = false;
+    // Bytes of this thread's buffers counted in the gauges, and the last rest it came to.
+    let mut held = 0u64;
+    let mut rested = 0u64;
     while !sh.shutdown.load(Ordering::SeqCst) {
+        account_thread(&sh, &mut held);
+        // At rest, and with nothing to clean on the last look: let go of what reorganization
+        // keeps between visits, once after the store came to rest and whenever a visit since
+        // has built a table or this thread holds buffers again.
+        if idle && at_rest(&sh) {
+            let rest = sh.counters.rests.load(Ordering::SeqCst);
+            let holding = held > 0
+                || !sh.reorg_caches.lock().is_empty()
+                || sh.notes_pending.load(Ordering::Relaxed) > 0;
+            if rest != rested || holding {
+                rested = rest;
+                come_to_rest(&sh, &mut held);
+            }
+        }
         let request = {
             let mut q = sh.reorg_queue.lock();
             // The first queued request for a tablet no other reorganizer holds.
@@ -176,6 +197,8 @@ pub fn run_reorganizer(sh: Arc<Shared>, index: usize) {
             }
         }
     }
+    release_thread_buffers();
+    account_thread(&sh, &mut held);
     bump_done(&sh);
 }
 
@@ -193,6 +216,16 @@ fn clean_level(sh: &Shared) -> f64 {
     }
 }
 
+/// Whether the store is at rest: it has come to rest once (`Stats::rests`) and nothing has been
+/// appended for `Config::idle_after`.
+fn at_rest(sh: &Shared) -> bool {
+    sh.counters.rests.load(Ordering::SeqCst) > 0
+        && sh
+            .last_data_flush
+            .lock()
+            .is_none_or(|t| t.elapsed() >= sh.cfg.idle_after)
+}
+
 /// Counts a round that begins while another reorganizer holds another tablet.
 fn note_round_start(sh: &Shared) {
     if sh.reorg_rounds_active.fetch_add(1, Ordering::SeqCst) > 0 {
@@ -205,45 +238,126 @@ fn note_round_start(sh: &Shared) {
 /// Takes a tablet's version cache out of the shared map (an empty one if it has none); the
 /// caller holds the tablet in `reorg_busy`.
 fn take_cache(sh: &Shared, tablet: u64) -> VersionCache {
-    sh.reorg_caches.lock().remove(&tablet).unwrap_or_default()
+    sh.reorg_caches
+        .lock()
+        .remove(&tablet)
+        .unwrap_or_else(|| VersionCache::new(sh))
 }
 
-/// Ends a reorganizer's hold on a tablet: its cache goes back into the shared map (other
-/// tablets' caches are evicted while the total is over `VERSION_CACHE_KEYS_MAX`), and other
-/// reorganizers may pick the tablet again.
+/// Ends a reorganizer's hold on a tablet: its cache goes back into the shared map, and while the
+/// caches hold more than `Config::version_caches_max_bytes` the largest are dropped (this one
+/// too, if it alone is over the bound). Other reorganizers may pick the tablet again.
 fn release(sh: &Shared, tablet: u64, cache: Option<VersionCache>) {
     let mut evicted = Vec::new();
     if let Some(cache) = cache {
         let mut caches = sh.reorg_caches.lock();
         caches.insert(tablet, cache);
-        loop {
-            let total: usize = caches.values().map(|c| c.map.len()).sum();
-            if total <= VERSION_CACHE_KEYS_MAX {
-                break;
-            }
+        let bound = sh.cfg.version_caches_max_bytes;
+        let mut total: usize = caches.values().map(|c| c.map.bytes()).sum();
+        while total > bound {
             let victim = caches
                 .iter()
-                .filter(|(t, _)| **t != tablet)
-                .max_by_key(|(_, c)| c.map.len())
+                .max_by_key(|(_, c)| c.map.bytes())
                 .map(|(t, _)| *t);
-            match victim {
-                Some(v) => {
-                    caches.remove(&v);
-                    evicted.push(v);
-                }
-                None => break,
+            let Some(v) = victim else { break };
+            if let Some(c) = caches.remove(&v) {
+                total -= c.map.bytes();
+                evicted.push((v, c));
             }
         }
     }
     // An evicted cache takes its tablet's key locations with it (the caches' lock is not held
-    // here: tablet state locks come first in the lock order).
-    for v in evicted {
+    // here: tablet state locks come first in the lock order). A log whose table cannot be kept
+    // stops noting placements (unless cost-benefit selection needs them): the notes would only
+    // rebuild a table that is dropped again. Reading all-dead segments turns it back on.
+    for (v, c) in evicted {
+        drop(c);
+        sh.counters
+            .version_caches_dropped
+            .fetch_add(1, Ordering::Relaxed);
         if let Some(t) = sh.tablet(v) {
-            t.state.lock().untrack_all();
+            let mut st = t.state.lock();
+            st.untrack_all();
+            if sh.cfg.reorg_strategy != SegmentStrategy::CostBenefit {
+                st.noting = false;
+            }
         }
     }
     sh.reorg_busy.lock().remove(&tablet);
     sh.reorg_cv.notify_all();
+}
+
+/// At rest (`Config::idle_after`, once the finisher has spilled the version buffers): drops
+/// every idle tablet's version table and waiting placement notes (its segments are then read
+/// before they are freed, until emptied once more), frees its emptied buffers, and frees this
+/// thread's buffers. Nothing of what it keeps then grows with the keys logged.
+fn come_to_rest(sh: &Shared, held: &mut u64) {
+    let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
+    for t in tablets {
+        if !sh.reorg_busy.lock().insert(t.id) {
+            continue;
+        }
+        let cache = sh.reorg_caches.lock().remove(&t.id);
+        {
+            let mut st = t.state.lock();
+            if cache.is_some() || !st.notes.is_empty() {
+                let mut notes = std::mem::take(&mut st.notes);
+                st.notes_pending.fetch_sub(notes.len(), Ordering::Relaxed);
+                notes.clear();
+                st.untrack_all();
+            }
+            st.release_empty();
+        }
+        if cache.is_some() {
+            sh.counters
+                .version_caches_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        drop(cache);
+        sh.reorg_busy.lock().remove(&t.id);
+    }
+    sh.reorg_cv.notify_all();
+    release_thread_buffers();
+    account_thread(sh, held);
+    io::return_free_memory();
+}
+
+/// Frees the reorganizing thread's segment buffers and work lists.
+pub fn release_thread_buffers() {
+    BUFFERS.with(|b| b.borrow_mut().take());
+    SCRATCH.with(|c| *c.borrow_mut() = CleanScratch::default());
+    GATHER.with(|g| *g.borrow_mut() = (Vec::new(), Vec::new()));
+    NOTES.with(|n| *n.borrow_mut() = Vec::new());
+}
+
+/// Bytes this thread's buffers hold (segment buffers, work lists, gather and notes buffers).
+fn thread_buffer_bytes() -> u64 {
+    let segments: usize = BUFFERS.with(|b| {
+        b.borrow()
+            .as_ref()
+            .map_or(0, |(o, r)| o.iter().chain(r).map(|x| x.capacity()).sum())
+    });
+    let scratch = SCRATCH.with(|c| {
+        let c = c.borrow();
+        c.cands.capacity() * std::mem::size_of::<(u128, u64, u32, u32)>()
+            + c.keep.capacity() * std::mem::size_of::<(usize, usize)>()
+            + c.kept_hashes.capacity() * std::mem::size_of::<u128>()
+    });
+    let gather = GATHER.with(|g| {
+        let g = g.borrow();
+        g.0.capacity() + g.1.capacity() * std::mem::size_of::<(u128, VersionInfo)>()
+    });
+    let notes = NOTES.with(|n| n.borrow().capacity() * crate::tablet::NOTE_MEM_BYTES);
+    (segments + scratch + gather + notes) as u64
+}
+
+/// Brings `MemGauges::reorg_buffers` up to date with this thread's buffers; `held` is what the
+/// thread counted there last.
+fn account_thread(sh: &Shared, held: &mut u64) {
+    let now = thread_buffer_bytes();
+    sh.mem.reorg_buffers.fetch_add(now, Ordering::Relaxed);
+    sh.mem.reorg_buffers.fetch_sub(*held, Ordering::Relaxed);
+    *held = now;
 }
 
 /// Turns every idle tablet's placement notes into dead-byte estimates (a tablet another
@@ -320,9 +434,6 @@ fn compact_one_grown(sh: &Shared) -> bool {
     after < before
 }
 
-/// Keys cached over all tablets' version maps (about 48 bytes each).
-const VERSION_CACHE_KEYS_MAX: usize = 1 << 23;
-
 fn bump_done(sh: &Shared) {
     let mut g = sh.reorg_done.lock();
     *g += 1;
@@ -343,6 +454,16 @@ pub struct VersionCache {
     /// (the buffer only grows within an epoch).
     vbuf_epoch: u64,
     vbuf_merged: usize,
+}
+
+impl VersionCache {
+    /// An empty cache whose table is counted in the store's memory gauges.
+    pub fn new(sh: &Shared) -> VersionCache {
+        VersionCache {
+            map: VersionTable::counted(sh.mem.clone()),
+            ..VersionCache::default()
+        }
+    }
 }
 
 fn inode_of(f: &std::fs::File) -> u64 {
@@ -462,6 +583,10 @@ pub fn gather_versions<'c>(
     if st.vbuf_epoch == vepoch && st.vbuf.len() >= vlen {
         st.vbuf.drain(..vlen);
         st.vbuf_epoch += 1;
+        if st.vbuf.len() < st.vbuf.capacity() / 4 {
+            st.vbuf.shrink_to_fit();
+        }
+        st.account();
     }
     st.ver_wm = st.ver_wm.max(vseq);
     Ok(&mut cache.map)
@@ -621,6 +746,8 @@ pub fn reorganize(sh: &Shared, tablet: u64, full: bool) -> Result<ReorgOutcome> 
         Ok(o)
     });
     release(sh, tablet, Some(cache));
+    // The caller's thread does not keep segment buffers between such calls.
+    release_thread_buffers();
     outcome
 }
 
@@ -711,19 +838,31 @@ pub fn reorganize_cached(
     };
     // Segment-sized buffers are kept between visits (allocating and zeroing them per visit
     // showed up as a tenth of the reorganizer's time).
-    let ([out_buf, out_spare], [read_a, read_b]) = BUFFERS
+    let per_side = sh.cfg.reorg_segment_buffers / 2;
+    let (mut outs, mut reads) = BUFFERS
         .with(|b| b.borrow_mut().take())
-        .filter(|(o, r)| o.iter().chain(r).all(|b| b.capacity() == seg_bytes))
+        .filter(|(o, r)| {
+            o.len() == per_side
+                && r.len() == per_side
+                && o.iter().chain(r).all(|b| b.capacity() == seg_bytes)
+        })
         .unwrap_or_else(|| {
             let new = || AlignedBuf::huge(seg_bytes);
-            ([new(), new()], [new(), new()])
+            (
+                (0..per_side).map(|_| new()).collect(),
+                (0..per_side).map(|_| new()).collect(),
+            )
         });
-    let mut bufs = vec![read_a];
+    let out_buf = outs.pop().expect("an output buffer");
+    let out_spare = outs.pop();
+    let read_b = reads.pop().expect("a read buffer");
+    let mut bufs = reads;
     // The best segment of a periodic or requested visit to a log over its level is chosen now
     // and its read started, so that the read overlaps the gathering of versions: the first read
     // of a visit used to be waited for in full (with visits of a few segments each, a third of
     // the reorganizers' read waits in the bench's uniform updates).
-    let early = if full {
+    // (With one read buffer there is no read ahead: segments are read as they are cleaned.)
+    let early = if full || bufs.is_empty() {
         None
     } else {
         let mut st = t.state.lock();
@@ -999,9 +1138,12 @@ pub fn reorganize_cached(
     sh.counters
         .reorg_segments_unread
         .fetch_add(outcome.segments_unread, Ordering::Relaxed);
-    if let (Some(a), Some(b), Some(spare)) = (bufs.pop(), bufs.pop(), out.spare.take()) {
-        let buf = std::mem::replace(&mut out.buf, AlignedBuf::new(0));
-        BUFFERS.with(|cell| *cell.borrow_mut() = Some(([buf, spare], [a, b])));
+    {
+        let mut outs = vec![std::mem::replace(&mut out.buf, AlignedBuf::new(0))];
+        outs.extend(out.spare.take());
+        if outs.len() == per_side && bufs.len() == per_side {
+            BUFFERS.with(|cell| *cell.borrow_mut() = Some((outs, bufs)));
+        }
     }
     if result.is_ok() && tracking && sh.cfg.reorg_strategy != SegmentStrategy::CostBenefit {
         let mut st = t.state.lock();
@@ -1024,7 +1166,7 @@ pub fn reorganize_cached(
         // A visit that failed midway may have moved keys' locations to an output segment it
         // never wrote: start the locations afresh, and read every segment with data before
         // freeing it until it has been emptied once more.
-        *cache = VersionCache::default();
+        *cache = VersionCache::new(sh);
         for m in t.state.lock().segments.iter_mut() {
             m.tracked = m.used == 0;
             if m.used == 0 {
@@ -1095,6 +1237,8 @@ impl Pending {
 /// are zeroed (freed) in batches, after one fdatasync has made all copies of their survivors
 /// durable.
 struct Output {
+    /// No second buffer: each output segment is written before cleaning goes on.
+    inline: bool,
     buf: AlignedBuf,
     /// The other output buffer: free, or (taken) being written by `writing`.
     spare: Option<AlignedBuf>,
@@ -1129,11 +1273,13 @@ struct OutWrite {
 }
 
 impl Output {
-    fn new(mut buf: AlignedBuf, spare: AlignedBuf) -> Output {
+    /// With no spare buffer, output segments are written in line (`Config::reorg_segment_buffers`).
+    fn new(mut buf: AlignedBuf, spare: Option<AlignedBuf>) -> Output {
         buf.set_len(0);
         Output {
+            inline: spare.is_none(),
             buf,
-            spare: Some(spare),
+            spare,
             writing: None,
             len: BLOCK_HEADER_BYTES,
             count: 0,
@@ -1177,13 +1323,32 @@ impl Output {
             .encode(out);
         }
         self.buf.set_len(padded);
+        let base = o as u64 * t.segment_bytes;
+        if self.inline {
+            let r = t.file.write_all_at(self.buf.as_slice(), base);
+            self.buf.set_len(0);
+            self.writing = Some(OutWrite {
+                handle: None,
+                done: Some((r, AlignedBuf::new(0))),
+                segment: o,
+                padded,
+                sources: std::mem::take(&mut self.sources),
+                sources_used: self.sources_used,
+                data_seq: self.data_seq,
+            });
+            self.sources_used = 0;
+            self.len = BLOCK_HEADER_BYTES;
+            self.count = 0;
+            self.data_seq = 0;
+            self.segment = None;
+            return Ok(());
+        }
         let next = self
             .spare
             .take()
             .unwrap_or_else(|| AlignedBuf::huge(self.buf.capacity()));
         let mut buf = std::mem::replace(&mut self.buf, next);
         self.buf.set_len(0);
-        let base = o as u64 * t.segment_bytes;
         // The write runs on a thread with its own handle of the file; if either cannot be had,
         // it is done here.
         let (handle, done) = match t.file.try_clone() {

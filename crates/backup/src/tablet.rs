@@ -13,7 +13,7 @@ use std::fs::File;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -137,21 +137,46 @@ pub struct TabletState {
     /// No tracked segment has gained data since `untrack_all` last ran: a dropped note then
     /// needs no new pass over the segments (drops come by the thousand once the bound is hit).
     pub all_untracked: bool,
+    /// Notes the store keeps waiting for the reorganizer before dropping new ones
+    /// (`Config::notes_max_bytes` / 32). A log taking 7 M entries/s fills 128 Ki notes in under
+    /// 20 ms, so the reorganizer takes a log's notes between the segments of a visit, and an
+    /// idle reorganizer is woken once an eighth of this waits.
+    pub notes_max: usize,
+    /// The store's memory gauges, and what this tablet last added to them (`account`).
+    pub mem: Arc<MemGauges>,
+    accounted: [u64; 4],
 }
 
 impl Drop for TabletState {
     fn drop(&mut self) {
         self.notes_pending
             .fetch_sub(self.notes.len(), Ordering::Relaxed);
+        let [v, s, n, m] = self.accounted;
+        self.mem.version_buffers.fetch_sub(v, Ordering::Relaxed);
+        self.mem.secondary_buffers.fetch_sub(s, Ordering::Relaxed);
+        self.mem.notes.fetch_sub(n, Ordering::Relaxed);
+        self.mem.tablet_metadata.fetch_sub(m, Ordering::Relaxed);
     }
 }
 
-/// Notes the store keeps waiting for the reorganizer before dropping new ones (32 bytes each:
-/// 64 MiB). A log taking 7 M entries/s fills 128 Ki notes in under 20 ms, so the reorganizer
-/// takes a log's notes between the segments of a visit, and an idle reorganizer is woken once
-/// an eighth of this waits.
-pub const NOTES_MAX: usize = 1 << 21;
-/// Capacity a tablet's notes vector keeps once emptied (32 bytes a note: 4 MiB).
+/// Bytes held by the parts of a store that many threads change, for `Backup::memory`: each
+/// tablet adds what its buffers hold (`TabletState::account`), the version tables and the
+/// reorganizer threads what they hold.
+#[derive(Default, Debug)]
+pub struct MemGauges {
+    pub version_buffers: AtomicU64,
+    pub secondary_buffers: AtomicU64,
+    pub notes: AtomicU64,
+    pub tablet_metadata: AtomicU64,
+    pub version_caches: AtomicU64,
+    pub reorg_buffers: AtomicU64,
+}
+
+/// Bytes of one version-buffer record and of one placement note.
+pub const VERSION_RECORD_MEM_BYTES: usize = std::mem::size_of::<VersionRecord>();
+pub const NOTE_MEM_BYTES: usize = std::mem::size_of::<Note>();
+/// Capacity a tablet's notes vector keeps once emptied, at most (32 bytes a note: 4 MiB), and
+/// at most a 64th of the store-wide bound.
 const NOTES_KEPT_PER_TABLET: usize = 1 << 17;
 
 /// Where an entry was placed (`segment == NOTE_DELETE`: the key was deleted), by the flush with
@@ -171,7 +196,7 @@ pub const NOTE_DELETE: u32 = u32::MAX;
 impl TabletState {
     /// Appends a placement note unless the bound is reached.
     pub fn push_note(&mut self, note: Note) {
-        if self.notes_pending.load(Ordering::Relaxed) < NOTES_MAX {
+        if self.notes_pending.load(Ordering::Relaxed) < self.notes_max {
             self.notes.push(note);
             self.notes_pending.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -210,9 +235,53 @@ impl TabletState {
         let k = self.notes.partition_point(|n| n.seq <= visible_seq);
         self.notes_pending.fetch_sub(k, Ordering::Relaxed);
         out.extend(self.notes.drain(..k));
-        if self.notes.is_empty() && self.notes.capacity() > NOTES_KEPT_PER_TABLET {
+        let kept = NOTES_KEPT_PER_TABLET.min(self.notes_max / 64);
+        if self.notes.is_empty() && self.notes.capacity() > kept {
             self.notes = Vec::new();
         }
+        self.account();
+    }
+
+    /// Brings the store's memory gauges up to date with what this tablet's buffers hold now
+    /// (capacities, not lengths). Called after the buffers change; cheap.
+    pub fn account(&mut self) {
+        let spilling = self.vbuf_spilling.as_ref().map_or(0, |v| v.capacity());
+        let now = [
+            ((self.vbuf.capacity() + spilling) * VERSION_RECORD_MEM_BYTES) as u64,
+            self.slb.capacity() as u64,
+            (self.notes.capacity() * NOTE_MEM_BYTES) as u64,
+            (self.segments.capacity() * std::mem::size_of::<SegMeta>()
+                + std::mem::size_of::<TabletState>()) as u64,
+        ];
+        let gauges = [
+            &self.mem.version_buffers,
+            &self.mem.secondary_buffers,
+            &self.mem.notes,
+            &self.mem.tablet_metadata,
+        ];
+        for ((g, new), old) in gauges.iter().zip(now).zip(self.accounted) {
+            if new >= old {
+                g.fetch_add(new - old, Ordering::Relaxed);
+            } else {
+                g.fetch_sub(old - new, Ordering::Relaxed);
+            }
+        }
+        self.accounted = now;
+    }
+
+    /// Releases the memory of emptied buffers (at rest: the notes vector, the secondary-log
+    /// buffer and the version buffer keep no capacity once empty).
+    pub fn release_empty(&mut self) {
+        if self.notes.is_empty() {
+            self.notes = Vec::new();
+        }
+        if self.slb.is_empty() {
+            self.slb = Vec::new();
+        }
+        if self.vbuf.is_empty() {
+            self.vbuf = Vec::new();
+        }
+        self.account();
     }
 
     pub fn used_bytes(&self) -> u64 {
@@ -367,6 +436,9 @@ impl Tablet {
                 noting: cfg.reorg_enabled,
                 segments_without_all_dead: 0,
                 all_untracked: false,
+                notes_max: cfg.notes_max_bytes / NOTE_MEM_BYTES,
+                mem: Arc::default(),
+                accounted: [0; 4],
                 data_wm,
                 ver_wm,
                 prompt_requested: false,

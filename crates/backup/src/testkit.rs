@@ -79,3 +79,20 @@ pub fn crash_config() -> crate::Config {
         ..crate::Config::default()
     }
 }
+
+/// The crash configuration with tiny memory bounds and a short rest delay, so that store-wide
+/// spills of version buffers, dropped version tables and notes, and rests happen all the time.
+pub fn crash_config_resting() -> crate::Config {
+    crate::Config {
+        version_buffers_max_bytes: 4 << 10,
+        version_caches_max_bytes: 16 << 10,
+        notes_max_bytes: 4 << 10,
+        secondary_buffers_max_bytes: 32 << 10,
+        reorg_segment_buffers: 2,
+        reorg_threads: 1,
+        pool_bytes: 2 << 20,
+        pool_warm_bytes: 0,
+        idle_after: std::time::Duration::from_millis(20),
+        ..crash_config()
+    }
+}

@@ -86,15 +86,53 @@ const PREFETCH_AHEAD: usize = 16;
 pub struct VersionTable {
     slots: Vec<Slot>,
     len: usize,
+    /// The store's gauges, whose `version_caches` counts this table's slots while it has them.
+    gauges: Option<std::sync::Arc<crate::tablet::MemGauges>>,
+}
+
+impl Drop for VersionTable {
+    fn drop(&mut self) {
+        self.set_slots(Vec::new());
+    }
 }
 
 impl VersionTable {
+    /// An empty table whose memory is counted in `gauges.version_caches`.
+    pub fn counted(gauges: std::sync::Arc<crate::tablet::MemGauges>) -> VersionTable {
+        VersionTable {
+            slots: Vec::new(),
+            len: 0,
+            gauges: Some(gauges),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Bytes of the table's slots.
+    pub fn bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+    }
+
+    /// Replaces the slots, keeping the gauge in step.
+    fn set_slots(&mut self, slots: Vec<Slot>) -> Vec<Slot> {
+        if let Some(g) = &self.gauges {
+            let (old, new) = (
+                self.bytes() as u64,
+                (slots.capacity() * std::mem::size_of::<Slot>()) as u64,
+            );
+            g.version_caches
+                .fetch_add(new, std::sync::atomic::Ordering::Relaxed);
+            g.version_caches
+                .fetch_sub(old, std::sync::atomic::Ordering::Relaxed);
+        }
+        std::mem::replace(&mut self.slots, slots)
+    }
+
+    /// Empties the table and frees its memory.
     pub fn clear(&mut self) {
-        self.slots = Vec::new();
+        self.set_slots(Vec::new());
         self.len = 0;
     }
 
@@ -228,7 +266,7 @@ impl VersionTable {
 
     fn grow(&mut self) {
         let new_len = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, zeroed_slots(new_len));
+        let old = self.set_slots(zeroed_slots(new_len));
         let mask = new_len - 1;
         for s in old.into_iter().filter(|s| s.flags != 0) {
             let mut i = (s.lo as usize) & mask;

@@ -83,6 +83,8 @@ struct Inner {
     closed: bool,
     failed: Option<String>,
     producer_wait_ns: u64,
+    /// Bytes of the chunks' side tables (batches, version records), as of the last release.
+    side_bytes: usize,
 }
 
 /// What one flush took out of the buffer.
@@ -117,6 +119,7 @@ impl WriteBuffer {
                 closed: false,
                 failed: None,
                 producer_wait_ns: 0,
+                side_bytes: 0,
             }),
             space: Condvar::new(),
             work: Condvar::new(),
@@ -302,7 +305,27 @@ impl WriteBuffer {
                 g.free.push(c);
             }
         }
+        g.side_bytes = side_bytes(&g);
         self.space.notify_all();
+    }
+
+    /// Frees the side tables of the empty chunks (at rest; they grow again with the entries).
+    pub fn release_spare_records(&self) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        for c in g.free.iter_mut().chain(std::iter::once(&mut g.cur)) {
+            if c.data.is_empty() {
+                c.batches = Vec::new();
+                c.records = Vec::new();
+            }
+        }
+        g.side_bytes = side_bytes(g);
+    }
+
+    /// Bytes the buffer holds: its chunks (allocated at open) and their side tables.
+    pub fn held_bytes(&self, total_bytes: usize) -> u64 {
+        let chunks = total_bytes / self.chunk_bytes.max(1) * self.chunk_bytes;
+        (chunks + self.inner.lock().side_bytes) as u64
     }
 
     pub fn close(&self) {
@@ -319,4 +342,17 @@ impl WriteBuffer {
         }
         self.space.notify_all();
     }
+}
+
+/// Bytes of the side tables of the chunks in the ring (not of those being flushed).
+fn side_bytes(g: &Inner) -> usize {
+    g.free
+        .iter()
+        .chain(&g.full)
+        .chain(std::iter::once(&g.cur))
+        .map(|c| {
+            c.batches.capacity() * std::mem::size_of::<BatchMeta>()
+                + c.records.capacity() * std::mem::size_of::<VersionRecord>()
+        })
+        .sum()
 }

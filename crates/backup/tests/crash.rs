@@ -4,8 +4,8 @@
 
 mod common;
 use common::*;
-use ramlog_backup::testkit::{crash_batch, crash_config, value_for};
-use ramlog_backup::Backup;
+use ramlog_backup::testkit::{crash_batch, crash_config, crash_config_resting, value_for};
+use ramlog_backup::{Backup, Config};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
@@ -19,14 +19,25 @@ struct RoundLog {
     began: Option<u64>,
     /// Highest batch acknowledged as written (every batch before it is written too).
     acked: Option<u64>,
+    /// In the `rest` mode, the child's last report: rests, store-wide version spills, version
+    /// tables dropped, notes dropped.
+    rest: [u64; 4],
 }
 
-fn run_child(dir: &std::path::Path, seed: u64, round: u64, kill_after: Duration) -> RoundLog {
+fn run_child(
+    dir: &std::path::Path,
+    seed: u64,
+    round: u64,
+    kill_after: Duration,
+    resting: bool,
+) -> RoundLog {
     let exe = env!("CARGO_BIN_EXE_ramlog-backup-crash-child");
-    let mut child = Command::new(exe)
-        .arg(dir)
-        .arg(seed.to_string())
-        .arg(round.to_string())
+    let mut cmd = Command::new(exe);
+    cmd.arg(dir).arg(seed.to_string()).arg(round.to_string());
+    if resting {
+        cmd.arg("rest");
+    }
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -43,6 +54,16 @@ fn run_child(dir: &std::path::Path, seed: u64, round: u64, kill_after: Duration)
                 (Some("B"), Some(n)) => log2.lock().unwrap().began = Some(n),
                 (Some("A"), Some(n)) => log2.lock().unwrap().acked = Some(n),
                 (Some("OPEN"), _) => *opened2.lock().unwrap() = true,
+                (Some("R"), Some(rests)) => {
+                    let rest: Vec<u64> = line
+                        .split_whitespace()
+                        .skip(1)
+                        .filter_map(|n| n.parse().ok())
+                        .collect();
+                    if let [_, spills, tables, notes] = rest[..] {
+                        log2.lock().unwrap().rest = [rests, spills, tables, notes];
+                    }
+                }
                 _ => {}
             }
         }
@@ -76,16 +97,56 @@ struct KeyHistory {
 
 #[test]
 fn kill_minus_nine_at_random_points() {
-    let dir = temp_dir("crash");
-    let seed = 0xC0FFEE;
+    let rounds = kill_rounds("crash", 0xC0FFEE, 8, 50..500, false, crash_config);
+    let total_acked: u64 = rounds.iter().map(|l| l.acked.map_or(0, |a| a + 1)).sum();
+    assert!(
+        total_acked > 5,
+        "the child acknowledged too little to test anything ({total_acked} batches)"
+    );
+}
+
+/// Kills a child that pauses until its store has come to rest (version buffers spilled, version tables and notes dropped, buffers released) every 16 durable batches, and
+/// spills version buffers and drops tables over tiny bounds all the time: every acknowledged
+/// write replays, and no deleted key comes back.
+#[test]
+fn kill_minus_nine_after_rests_and_store_wide_spills() {
+    let rounds = kill_rounds(
+        "crash-rest",
+        0xBEEF,
+        6,
+        400..1200,
+        true,
+        crash_config_resting,
+    );
+    let total_acked: u64 = rounds.iter().map(|l| l.acked.map_or(0, |a| a + 1)).sum();
+    assert!(
+        total_acked > 32,
+        "the child acknowledged too little to test anything ({total_acked} batches)"
+    );
+    let most = |i: usize| rounds.iter().map(|l| l.rest[i]).max().unwrap_or(0);
+    assert!(most(0) > 1, "the store never came to rest after writes");
+    assert!(most(1) > 0, "no store-wide version spill happened");
+    assert!(most(2) > 0, "no version table was dropped");
+}
+
+/// Runs `count` rounds of the crash child on one directory, each killed after a random time in
+/// `kill_ms`, and after each checks the replay against what may have landed and what was
+/// acknowledged.
+fn kill_rounds(
+    name: &str,
+    seed: u64,
+    count: u64,
+    kill_ms: std::ops::Range<u64>,
+    resting: bool,
+    config: fn() -> Config,
+) -> Vec<RoundLog> {
+    let dir = temp_dir(name);
     let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
     let mut rounds: Vec<RoundLog> = Vec::new();
-    let mut total_acked = 0u64;
-    for round in 0..8u64 {
-        let kill_after = Duration::from_millis(rng.gen_range(50..500));
-        let log = run_child(dir.path(), seed, round, kill_after);
+    for round in 0..count {
+        let kill_after = Duration::from_millis(rng.gen_range(kill_ms.clone()));
+        let log = run_child(dir.path(), seed, round, kill_after, resting);
         rounds.push(log);
-        total_acked += log.acked.map_or(0, |a| a + 1);
 
         // Rebuild what may have landed and what was acknowledged.
         let mut hist: HashMap<(u64, Vec<u8>), KeyHistory> = HashMap::new();
@@ -104,7 +165,7 @@ fn kill_minus_nine_at_random_points() {
                 }
             }
         }
-        let b = Backup::open(dir.path(), crash_config()).expect("reopen after kill -9");
+        let b = Backup::open(dir.path(), config()).expect("reopen after kill -9");
         let (state, report) = replay_state(&b);
         assert_eq!(
             report.corrupt_entries, 0,
@@ -147,8 +208,5 @@ fn kill_minus_nine_at_random_points() {
         }
         b.close().expect("close");
     }
-    assert!(
-        total_acked > 5,
-        "the child acknowledged too little to test anything ({total_acked} batches)"
-    );
+    rounds
 }

@@ -76,8 +76,9 @@ pub struct EngineStats {
     pub live_bytes: u64,
     /// live_bytes / log_capacity_bytes: how full the log is of what it may hold.
     pub utilisation: f64,
-    /// The utilisation up to which overwrite loads are accepted (see `Inner::utilisation_limit`);
-    /// writes may fail with out-of-memory above it.
+    /// The utilisation up to which overwrite loads are accepted: 0.9 × (log capacity − cleaner
+    /// reserve − half a seglet per tablet) / log capacity (docs/architecture.md, "Utilisation
+    /// limit"). Writes may fail with out-of-memory above it.
     pub utilisation_limit: f64,
     /// Memory outside the engine charged to the budget (`Engine::set_external_bytes`).
     pub external_bytes: u64,

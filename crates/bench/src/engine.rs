@@ -6,6 +6,9 @@
 //! 2. Fragmentation: RAMCloud's workloads W1–W8, peak RSS ÷ peak live bytes, engine vs HashMap.
 //! 3. Bytes per object: 2M objects of 10–16 B keys and 100 B values, process RSS ÷ objects.
 //! 4. Point operations: single-threaded get and put against the HashMap.
+//! 5. Small budget, many tablets: overwrites at 85% utilisation (of the log's capacity, or the
+//!    engine's utilisation limit if lower) with one tablet per slot range, as a server splits a
+//!    table; failed writes (target 0), the utilisation reached, write cost, RSS ÷ budget.
 //!
 //! Measurements that read process RSS run in a child process (this binary, re-executed), so that
 //! one measurement's heap does not inflate another's.
@@ -33,9 +36,9 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
         "machine: {} cores; full targets apply to the full run only",
         num_cpus()
     );
-    // RAMLOG_BENCH_ENGINE_SECTIONS=write,frag,bpo,point runs a subset (all by default).
+    // RAMLOG_BENCH_ENGINE_SECTIONS=write,frag,bpo,point,small runs a subset (all by default).
     let sections = std::env::var("RAMLOG_BENCH_ENGINE_SECTIONS")
-        .unwrap_or_else(|_| "write,frag,bpo,point".into());
+        .unwrap_or_else(|_| "write,frag,bpo,point,small".into());
     let wants = |name: &str| sections.split(',').any(|s| s.trim() == name);
     if wants("write") {
         write_throughput(&mut report, quick)?;
@@ -48,6 +51,9 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     }
     if wants("point") {
         point_ops(&mut report, quick)?;
+    }
+    if wants("small") {
+        small_budget(&mut report, quick)?;
     }
     report.finish(json)
 }
@@ -547,6 +553,127 @@ fn point_ops(report: &mut Report, quick: bool) -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 5. Small budget, many tablets
+
+/// The utilisation the small-budget row aims at (of the log's capacity).
+const SMALL_UTILISATION: f64 = 0.85;
+
+fn small_budget(report: &mut Report, quick: bool) -> anyhow::Result<()> {
+    // (budget, tablets, overwrites per live object)
+    let (memory, tablets, ops_factor): (u64, u32, f64) = if quick {
+        (64 << 20, 64, 1.0)
+    } else {
+        (256 << 20, 256, 3.0)
+    };
+    let r = spawn_child(&format!("small:{memory}:{tablets}:{ops_factor}"))?;
+    let get = |k: &str| r.get(k).copied().unwrap_or(f64::NAN);
+    let name = format!("small_overwrite_{}MiB_{tablets}tablets", memory >> 20);
+    report.push(Row::plain(
+        format!("{name}_tput"),
+        get("ops_per_sec"),
+        "ops/s",
+    ));
+    report.push(
+        Row::plain(format!("{name}_failed_writes"), get("failed"), "writes")
+            .with_target(Target::at_most(0.0)),
+    );
+    let target = SMALL_UTILISATION.min(get("utilisation_limit"));
+    report.push(
+        Row::plain(format!("{name}_utilisation"), get("utilisation"), "frac")
+            .with_target(Target::at_least(target - 0.01)),
+    );
+    report.push(Row::plain(
+        format!("{name}_utilisation_limit"),
+        get("utilisation_limit"),
+        "frac",
+    ));
+    report.push(Row::plain(
+        format!("{name}_write_cost"),
+        get("write_cost"),
+        "B/B",
+    ));
+    report.push(Row::plain(
+        format!("{name}_rss_over_budget"),
+        get("rss") / memory as f64,
+        "x",
+    ));
+    report.push(Row::plain(
+        format!("{name}_log_resident_over_budget"),
+        get("log_resident") / memory as f64,
+        "x",
+    ));
+    Ok(())
+}
+
+/// The small-budget run (in a child process, for its RSS): 100 B values under 8-byte keys of one
+/// table split over `tablets` tablets, filled to the target utilisation, then `ops_factor`
+/// uniform overwrites per object. Failed writes are counted, not fatal.
+fn small_budget_child(
+    memory: u64,
+    tablets: u32,
+    ops_factor: f64,
+    result: &mut HashMap<&str, f64>,
+) -> anyhow::Result<()> {
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: memory,
+        balancer: balancer(),
+        ..Default::default()
+    })?;
+    let slots = ramlog_common::SLOT_COUNT as u32;
+    for i in 0..tablets {
+        let first = (i * slots / tablets) as u16;
+        let last = ((i + 1) * slots / tablets - 1) as u16;
+        engine.create_tablet(0, first, last)?;
+    }
+    let value = vec![0x5Au8; 100];
+    let mut failed = 0u64;
+    let mut put = |id: u64| -> anyhow::Result<()> {
+        let key = key8(id);
+        let tablet = engine.locate(0, &key).context("a slot without a tablet")?;
+        match engine.put(tablet, &key, &value, &PutOptions::default()) {
+            Ok(_) => {}
+            Err(ramlog_logmem::EngineError::OutOfMemory { .. }) => failed += 1,
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    };
+    let mut objects = 0u64;
+    loop {
+        for _ in 0..1000 {
+            put(objects)?;
+            objects += 1;
+        }
+        let s = engine.stats();
+        if s.utilisation >= SMALL_UTILISATION.min(s.utilisation_limit) {
+            break;
+        }
+        if objects > memory / 100 {
+            bail!("the fill did not reach {SMALL_UTILISATION} utilisation");
+        }
+    }
+    let ops = (objects as f64 * ops_factor) as u64;
+    let mut rng = SmallRng::seed_from_u64(u64::from(tablets));
+    let before = engine.stats();
+    let start = Instant::now();
+    for _ in 0..ops {
+        put(rng.gen_range(0..objects))?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after = engine.stats();
+    let new_bytes = (after.new_bytes - before.new_bytes) as f64;
+    let copied = (after.cleaner_copied_bytes - before.cleaner_copied_bytes) as f64;
+    result.insert("ops_per_sec", ops as f64 / secs);
+    result.insert("failed", failed as f64);
+    result.insert("utilisation", after.utilisation);
+    result.insert("utilisation_limit", after.utilisation_limit);
+    result.insert("write_cost", copied / new_bytes.max(1.0));
+    result.insert("rss", rss_bytes() as f64);
+    result.insert("log_resident", after.log_resident_bytes as f64);
+    result.insert("objects", objects as f64);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // Child processes
 
 fn spawn_child(spec: &str) -> anyhow::Result<HashMap<String, f64>> {
@@ -649,6 +776,14 @@ fn child(spec: &str) -> anyhow::Result<()> {
             )?;
             result.insert("ops_per_sec", r.ops_per_sec);
             result.insert("write_cost", r.write_cost);
+        }
+        ["small", memory, tablets, ops_factor] => {
+            small_budget_child(
+                memory.parse()?,
+                tablets.parse()?,
+                ops_factor.parse()?,
+                &mut result,
+            )?;
         }
         _ => bail!("bad child spec {spec}"),
     }

@@ -43,17 +43,15 @@ pub(crate) const SPARSE_UTILISATION: f64 = 0.5;
 /// besides), so a smaller free target suffices, and it lets segments decay longer before they are
 /// cleaned: at 90% live, 100 B objects, the cleaner copies 5.1 bytes per new byte (uniform) and 2.9
 /// (zipfian) instead of 12.2 and 6.1 with (1 - L) / 2, once cleaning itself became fast.
-/// The cleaner still starts before writers reach the reserve and runs beside them.
+/// The cleaner still starts before writers reach the reserve and runs beside them. Memory charged
+/// to the budget from outside the log (hash indexes, the external charge) is not free: F counts
+/// what writers may take, and L is live bytes over the log's capacity.
 pub(crate) fn memory_low(inner: &Inner) -> bool {
     let total = inner.pool.seglet_count() as f64;
-    let free = inner
-        .pool
-        .free_count()
-        .saturating_sub(inner.pool.reserve_seglets()) as f64
-        / total;
-    let live = inner.live_bytes.sum().max(0) as f64 / inner.total_bytes() as f64;
-    free <= 0.10f64.min((1.0 - live) / FREE_TARGET_DIVISOR)
-        || inner.pool.free_count() <= inner.pool.reserve_seglets() + 1
+    let writer_free = inner.pool.writer_free_count();
+    let free = writer_free as f64 / total;
+    let live = inner.utilisation().min(1.0);
+    free <= 0.10f64.min((1.0 - live) / FREE_TARGET_DIVISOR) || writer_free <= 1
 }
 
 /// Whether the log is about to take memory it never touched while segments it already holds are
@@ -66,7 +64,11 @@ pub(crate) fn memory_low(inner: &Inner) -> bool {
 pub(crate) fn recycling_wanted(inner: &Inner) -> bool {
     let pool = &inner.pool;
     let fresh = pool.fresh_count();
-    if fresh <= pool.reserve_seglets() {
+    if fresh
+        <= pool
+            .reserve_seglets()
+            .saturating_add(pool.charged_seglets())
+    {
         // No fresh memory left for writers: the ordinary trigger (`memory_low`) governs.
         return false;
     }
@@ -110,6 +112,11 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
     let mut sweep_at = Instant::now() + EXPIRY_SWEEP_INTERVAL;
     let mut sweep_cursor = 0u32;
     while !inner.shutdown.load(Ordering::Acquire) {
+        if thread_index == 0 {
+            // Follows the hash indexes' growth when writers take no seglet (overwrites that the
+            // cleaner keeps up with, or new keys in the heads' last seglets).
+            inner.refresh_charge();
+        }
         if thread_index == 0 && Instant::now() >= sweep_at {
             sweep_expired(
                 &inner,
@@ -137,13 +144,17 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
         }
         if memory_low(&inner) {
             // Only thread 0 may run combined cleaning (RAMCloud: one combined cleaner is enough).
-            let progressed = run_pass(&inner, thread_index == 0);
+            let mut progressed = run_pass(&inner, thread_index == 0);
+            if !progressed && thread_index == 0 {
+                // Nothing closed is worth cleaning: what can be freed sits in head segments.
+                progressed = close_wasteful_heads(&inner) > 0;
+            }
             collect_garbage();
             if inner.release_reclaimable() > 0 {
                 inner.memory_cv.notify_all();
             }
             // Wait for the grace period only when writers are starved for memory.
-            if inner.pool.free_count() <= inner.pool.reserve_seglets() {
+            if inner.pool.writer_free_count() == 0 {
                 drain_limbo(&inner);
             }
             inner.last_pass_idle.store(!progressed, Ordering::Release);
@@ -180,6 +191,62 @@ pub(crate) fn cleaner_thread(inner: Arc<Inner>, thread_index: usize) {
         }
         *wake = false;
     }
+}
+
+/// Closes the few head segments that hold the most the cleaner could free, so that it may clean
+/// them. Called when memory is low and no closed segment is worth cleaning. What counts is a
+/// head's garbage (bytes written and since overwritten or deleted) and the unwritten tail of its
+/// last seglet, at least half a seglet of them: heads opened large (before tablets were added, or
+/// for a large entry) can hold much of the garbage, and with hundreds of tablets in a small budget
+/// the heads' tails are a good part of memory, which packing a closed head with its tablet's other
+/// segments gets back. The tablet's next write opens a new head with a tail of its own, so closing
+/// every such head at once would mostly copy live bytes around: it closes at most half the
+/// cleaner's reserve of them, the most wasteful first. Returns how many it closed.
+pub(crate) fn close_wasteful_heads(inner: &Inner) -> usize {
+    let threshold = (SEGLET_BYTES / 2) as i64;
+    let waste_of = |writer: &SegmentWriter| -> i64 {
+        let allocated = (writer.seglet_count() * SEGLET_BYTES) as i64;
+        let live = inner
+            .segments
+            .get(writer.segment)
+            .live_bytes
+            .load(Ordering::Relaxed)
+            .max(0);
+        if writer.used() == 0 {
+            0
+        } else {
+            allocated - live
+        }
+    };
+    let mut wasteful: Vec<(i64, u32)> = Vec::new();
+    for id in 0..inner.tablet_count() {
+        let Ok(tablet) = inner.tablet(id) else {
+            continue;
+        };
+        let waste = tablet.head.lock().as_ref().map_or(0, &waste_of);
+        if waste >= threshold {
+            wasteful.push((waste, id));
+        }
+    }
+    wasteful.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    wasteful.truncate((inner.pool.reserve_seglets() / 2).max(1));
+    let mut closed = 0;
+    for (_, id) in wasteful {
+        let Ok(tablet) = inner.tablet(id) else {
+            continue;
+        };
+        let mut head = tablet.head.lock();
+        // Checked again: writers may have filled or replaced the head meanwhile.
+        if head.as_ref().is_some_and(|w| waste_of(w) >= threshold) {
+            head.take().expect("present").close(&inner.segments);
+            closed += 1;
+        }
+    }
+    inner
+        .counters
+        .heads_closed
+        .fetch_add(closed as u64, Ordering::Relaxed);
+    closed
 }
 
 enum Mode {
@@ -1091,12 +1158,30 @@ fn abort_victims(inner: &Inner, victims: &[u32]) {
     }
 }
 
+/// A closed segment combined cleaning may take.
+struct Candidate {
+    score: f64,
+    age: f64,
+    id: u32,
+    live: i64,
+    seglets: u64,
+}
+
 /// Combined cleaning: several segments chosen by cost-benefit, survivors sorted by age.
+///
+/// Each tablet's survivors go to segments of their own, so a pass frees memory only where the
+/// victims of one tablet together occupy more seglets than their live bytes need. With many
+/// tablets in a small budget segments are small (down to one seglet: see
+/// `Inner::head_segment_seglets`), and victims taken across tablets by score alone would each
+/// need the seglet they free. So the pass is planned per tablet: each tablet's candidates in
+/// cost-benefit order `(1 − u)·age/(1 + u)`, and of their prefixes that fit, the one that scores
+/// best as a whole, `u` counting the whole seglets its survivors need; then the tablets' plans by
+/// that score until the pass is full.
 fn combined_clean(inner: &Inner) -> bool {
     let now = inner.clock.load(Ordering::Relaxed);
-    let mut candidates: Vec<(f64, u32, i64)> = Vec::new();
+    let mut by_tablet: std::collections::HashMap<u32, Vec<Candidate>> = Default::default();
     for (id, slot) in inner.segments.iter() {
-        if slot.state() != SegmentState::Closed {
+        if slot.state() != SegmentState::Closed || slot.pins.load(Ordering::Acquire) != 0 {
             continue;
         }
         let u = utilisation(inner, id);
@@ -1109,47 +1194,93 @@ fn combined_clean(inner: &Inner) -> bool {
         } else {
             (1.0 - u) * age / (1.0 + u)
         };
-        candidates.push((score, id, effective_live(inner, slot)));
+        by_tablet
+            .entry(slot.tablet.load(Ordering::Relaxed))
+            .or_default()
+            .push(Candidate {
+                score,
+                age,
+                id,
+                live: effective_live(inner, slot),
+                seglets: slot.seglet_count.load(Ordering::Relaxed) as u64,
+            });
     }
-    if candidates.is_empty() {
+    if by_tablet.is_empty() {
         return false;
     }
-    candidates.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
-    // Copy no more than the cleaner is sure to get, leaving room for one partial seglet per
-    // tablet. Writers may take every free seglet above the reserve while the pass runs, so only
-    // the reserve counts: a pass that ran out of memory half-way would hold its survivors and its
-    // victims at once, leaving less free memory than before it started.
+    // Copy no more than the cleaner is sure to get. Writers may take every free seglet above the
+    // reserve while the pass runs, so only the reserve counts: a pass that ran out of memory
+    // half-way would hold its survivors and its victims at once, leaving less free memory than
+    // before it started.
     let guaranteed = inner.pool.free_count().min(inner.pool.reserve_seglets());
-    let free_bytes = guaranteed.saturating_sub(4) as i64 * SEGLET_BYTES as i64;
-    let limit = (inner.config.combined_pass_segments_max * inner.segment_capacity) as i64;
-    let budget = limit.min(free_bytes * 9 / 10);
-    let mut chosen = Vec::new();
-    let mut chosen_live = 0i64;
-    let mut chosen_seglets = 0u64;
-    for (_, id, live) in candidates {
-        if chosen_live + live > budget {
-            if chosen.is_empty() {
-                // Too full to copy with what the cleaner has: the next best may fit.
+    let seglet_budget = (guaranteed.saturating_sub(2) as u64) * 9 / 10;
+    let byte_limit = (inner.config.combined_pass_segments_max * inner.segment_capacity) as i64;
+    // Seglets a tablet's survivors need: its live bytes, and the tail a survivor segment may
+    // leave unfilled when the next entry does not fit in it.
+    let segment_capacity = inner.segment_capacity as u64;
+    let needs = |live: i64| -> u64 {
+        let live = live.max(0) as u64;
+        live.div_ceil(SEGLET_BYTES as u64) + live / segment_capacity
+    };
+    // (score, victims, live bytes, seglets their survivors need)
+    let mut plans: Vec<(f64, Vec<u32>, i64, u64)> = Vec::new();
+    for (_, mut candidates) in by_tablet {
+        candidates.sort_by(|a, b| {
+            b.score
+                .partial_cmp(&a.score)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        // The best prefix of the tablet's candidates, scored as one segment by cost-benefit,
+        // with its utilisation counted in the whole seglets its survivors need.
+        let (mut live, mut seglets, mut age_seglets) = (0i64, 0u64, 0f64);
+        let mut best: Option<(f64, usize, i64, u64)> = None;
+        for (k, c) in candidates.iter().enumerate() {
+            let l = live + c.live;
+            if l > byte_limit || needs(l) > seglet_budget {
+                break;
+            }
+            live = l;
+            seglets += c.seglets;
+            age_seglets += c.age * c.seglets as f64;
+            let needed = needs(live);
+            if needed >= seglets {
                 continue;
             }
-            break;
+            let u = needed as f64 / seglets as f64;
+            let score = (1.0 - u) * (age_seglets / seglets as f64) / (1.0 + u);
+            if best.is_none_or(|(s, ..)| score > s) {
+                best = Some((score, k + 1, live, needed));
+            }
         }
-        if !inner.segments.get(id).claim() {
+        if let Some((score, n, live, needed)) = best {
+            let victims = candidates[..n].iter().map(|c| c.id).collect();
+            plans.push((score, victims, live, needed));
+        }
+    }
+    plans.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal));
+    let mut chosen = Vec::new();
+    let (mut chosen_live, mut chosen_needed) = (0i64, 0u64);
+    for (_, victims, live, needed) in plans {
+        if chosen_live + live > byte_limit || chosen_needed + needed > seglet_budget {
+            continue;
+        }
+        let claimed: Vec<u32> = victims
+            .iter()
+            .copied()
+            .filter(|&id| inner.segments.get(id).claim())
+            .collect();
+        if claimed.len() < victims.len() {
+            // Another cleaner took some of them: this plan may free nothing now.
+            for id in claimed {
+                inner.segments.get(id).set_state(SegmentState::Closed);
+            }
             continue;
         }
         chosen_live += live;
-        chosen_seglets += inner.segments.get(id).seglet_count.load(Ordering::Relaxed) as u64;
-        chosen.push(id);
+        chosen_needed += needed;
+        chosen.extend(claimed);
     }
     if chosen.is_empty() {
-        return false;
-    }
-    // Only worth it if it frees a seglet.
-    let needed = (chosen_live as f64 / SEGLET_BYTES as f64).ceil() as u64 + 1;
-    if needed >= chosen_seglets && chosen_live > 0 {
-        for &id in &chosen {
-            inner.segments.get(id).set_state(SegmentState::Closed);
-        }
         return false;
     }
     inner

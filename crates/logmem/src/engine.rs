@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 /// Upper bound on tablets per engine (one per slot of one table is the finest split).
 pub const TABLETS_MAX: usize = SLOT_COUNT as usize;
 
+/// The head segments of all tablets together may grow to at most 1/16 of the budget (see
+/// `Inner::head_segment_seglets`).
+const HEAD_SHARE_DIVISOR: usize = 16;
+
 #[inline]
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
@@ -128,6 +132,10 @@ pub(crate) struct Inner {
     pub pass_seq: AtomicU64,
     pub last_pass_idle: AtomicBool,
     pub segment_capacity: usize,
+    /// Bytes of memory outside the engine charged to its budget (`Engine::set_external_bytes`).
+    pub external_bytes: AtomicU64,
+    /// The tablets' hash-index bytes as last summed by `refresh_charge`.
+    pub index_bytes: AtomicU64,
     /// Segments whose epoch grace period has passed; their seglets can go back to the pool.
     pub reclaimable: Arc<Mutex<Vec<u32>>>,
     /// Seglets of retired segments still waiting for their grace period.
@@ -182,9 +190,16 @@ impl Inner {
             )));
         }
         let seglets = (config.memory_bytes / SEGLET_BYTES as u64) as usize;
+        // One full segment and 4 seglets, as RAMCloud's cleaner keeps, but no more than 1/64 of a
+        // small budget (1 MiB of 64 MiB: passes are smaller there), and at least 1%.
         let reserve = config
             .cleaner_reserve_seglets
-            .unwrap_or_else(|| (config.segment_seglets + 4).max(seglets / 100))
+            .unwrap_or_else(|| {
+                (config.segment_seglets + 4)
+                    .min(seglets / 64)
+                    .max(seglets / 100)
+                    .max(8)
+            })
             .min(seglets / 4);
         let pool = SegletPool::new(config.memory_bytes, reserve)
             .map_err(|e| EngineError::Config(e.to_string()))?;
@@ -207,6 +222,8 @@ impl Inner {
             pass_seq: AtomicU64::new(0),
             last_pass_idle: AtomicBool::new(false),
             segment_capacity,
+            external_bytes: AtomicU64::new(0),
+            index_bytes: AtomicU64::new(0),
             reclaimable: Arc::new(Mutex::new(Vec::new())),
             limbo_seglets: AtomicU64::new(0),
             snapshots: Snapshots::default(),
@@ -222,6 +239,81 @@ impl Inner {
 
     pub fn total_bytes(&self) -> u64 {
         (self.pool.seglet_count() * SEGLET_BYTES) as u64
+    }
+
+    /// Bytes of the budget charged to memory outside the log: the hash indexes (as last summed)
+    /// and the external charge.
+    pub fn charged_bytes(&self) -> u64 {
+        self.index_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(self.external_bytes.load(Ordering::Relaxed))
+    }
+
+    /// What the log may use: the budget less the charge (0 when the charge exceeds it).
+    pub fn log_capacity_bytes(&self) -> u64 {
+        self.total_bytes().saturating_sub(self.charged_bytes())
+    }
+
+    /// Live bytes as a share of the log capacity (above 1 when the charge grew past what the
+    /// log holds).
+    pub fn utilisation(&self) -> f64 {
+        self.live_bytes.sum().max(0) as f64 / self.log_capacity_bytes().max(1) as f64
+    }
+
+    /// The utilisation up to which overwrite loads are accepted: 90% of what the log capacity
+    /// leaves once the cleaner's reserve and the heads' unwritten tails (half a seglet per tablet
+    /// on average) are set aside. The last 10% is garbage the cleaner needs to work with (its
+    /// write cost grows as 1 / (1 − u) of the segments it cleans). Above it writes may still be
+    /// accepted (a single tablet in 1 GiB keeps up at 98%), but they may fail with out-of-memory.
+    /// 64 MiB with 64 tablets: 0.85; 64 MiB with 256 tablets: 0.76 (each tablet's head takes a
+    /// seglet of its own, 16 MiB in all, half of it unwritten on average).
+    pub fn utilisation_limit(&self) -> f64 {
+        let capacity = self.log_capacity_bytes() as f64;
+        if capacity <= 0.0 {
+            return 0.0;
+        }
+        let reserve = (self.pool.reserve_seglets() * SEGLET_BYTES) as f64;
+        let head_tails = self.tablet_count() as f64 * SEGLET_BYTES as f64 / 2.0;
+        (0.9 * (capacity - reserve - head_tails) / capacity).max(0.0)
+    }
+
+    /// Sums the tablets' hash-index bytes and charges them, with the external bytes, to the
+    /// pool, in whole seglets rounded up. Writers call it whenever they take a seglet, and the
+    /// cleaner thread on every round, so the charge follows index growth within a seglet of
+    /// writes. Costs two atomic loads per tablet.
+    pub fn refresh_charge(&self) {
+        let index: u64 = (0..self.tablet_count())
+            .filter_map(|id| self.tablet(id).ok())
+            .map(|t| t.index.memory_bytes())
+            .sum();
+        self.index_bytes.store(index, Ordering::Relaxed);
+        let seglets = self.charged_bytes().div_ceil(SEGLET_BYTES as u64);
+        self.pool
+            .set_charged_seglets(usize::try_from(seglets).unwrap_or(usize::MAX));
+    }
+
+    /// Sets the external charge (absolute) and wakes the cleaner if memory is now short.
+    pub fn set_external_bytes(&self, bytes: u64) {
+        self.external_bytes.store(bytes, Ordering::Relaxed);
+        self.refresh_charge();
+        self.wake_cleaner_if_needed();
+    }
+
+    /// The size, in seglets, of a head segment opened now: the budget's share for heads
+    /// (1/16) split among the tablets, within 1..=`segment_seglets`.
+    ///
+    /// Only closed segments can be cleaned, and a head closes when it is full. With
+    /// full-size heads, 64 tablets of 8 MiB heads hold 512 MiB: in a 256 MiB budget every byte
+    /// ends up in heads that never fill, the cleaner finds nothing to clean, and writes fail at
+    /// 40% utilisation. Sized this way, heads hold at most 1/16 of the budget (tablets created
+    /// later make later heads smaller, and `append` closes an older head at the new size), and
+    /// each keeps at most one partly written seglet. With one seglet per head (256 tablets in
+    /// 64 MiB) the heads' unwritten tails average half a seglet per tablet: the utilisation
+    /// limit counts them (docs/architecture.md, "Full memory").
+    pub fn head_segment_seglets(&self) -> usize {
+        let tablets = (self.tablet_count() as usize).max(1);
+        (self.pool.seglet_count() / (HEAD_SHARE_DIVISOR * tablets))
+            .clamp(1, self.config.segment_seglets)
     }
 
     pub fn tablet(&self, id: TabletId) -> Result<&Tablet, EngineError> {
@@ -681,19 +773,30 @@ impl Inner {
         total: usize,
         class: AllocClass,
     ) -> Result<(Loc, u32), AppendError> {
+        // An entry larger than a head segment gets a head of its own size (entries are at most
+        // half a full segment, a multi-put at most a full one).
+        let head_seglets = self
+            .head_segment_seglets()
+            .max(total.div_ceil(SEGLET_BYTES));
         loop {
             if head.is_none() {
                 let created = self.clock.load(Ordering::Relaxed);
+                self.refresh_charge();
                 *head = Some(SegmentWriter::open(
                     &self.segments,
                     &self.pool,
                     class,
                     tablet,
                     created,
-                    self.config.segment_seglets,
+                    head_seglets,
                 )?);
             }
             let writer = head.as_mut().expect("opened above");
+            // A head opened before tablets were added closes at today's head size.
+            writer.limit_capacity(head_seglets);
+            if writer.needs_seglet(total) {
+                self.refresh_charge();
+            }
             match writer.reserve(&self.segments, &self.pool, total, class) {
                 Ok(()) => {
                     let loc = writer.position();
@@ -705,7 +808,11 @@ impl Inner {
                 }
                 Err(AppendError::SegmentFull) => {
                     let full = head.take().expect("present");
-                    full.close(&self.segments);
+                    if full.used() == 0 {
+                        full.abandon(&self.segments, &self.pool);
+                    } else {
+                        full.close(&self.segments);
+                    }
                     self.wake_cleaner_if_needed();
                 }
                 Err(AppendError::NoMemory) => return Err(AppendError::NoMemory),
@@ -781,10 +888,17 @@ impl Inner {
             }
             Err(self.out_of_memory())
         };
+        self.refresh_charge();
+        if self.log_cannot_grow() {
+            return fail();
+        }
         if self.config.cleaner_threads == 0 {
-            let progressed = crate::cleaner::run_pass(self, true);
+            let mut progressed = crate::cleaner::run_pass(self, true);
+            if !progressed && crate::cleaner::close_wasteful_heads(self) > 0 {
+                progressed = crate::cleaner::run_pass(self, true);
+            }
             crate::cleaner::drain_limbo(self);
-            if !progressed && self.pool.free_count() <= self.pool.reserve_seglets() {
+            if !progressed && self.pool.writer_free_count() == 0 {
                 return fail();
             }
             return Ok(());
@@ -794,7 +908,7 @@ impl Inner {
             let mut g = self.memory_lock.lock();
             self.memory_cv.wait_for(&mut g, Duration::from_millis(5));
         }
-        if self.pool.free_count() > self.pool.reserve_seglets() {
+        if self.pool.writer_free_count() > 0 {
             return Ok(());
         }
         let passes_since = self
@@ -811,13 +925,23 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether no cleaning can make room for a writer: the live bytes, the charge and the
+    /// cleaner's reserve fill the budget (the charge grew, or live data did).
+    fn log_cannot_grow(&self) -> bool {
+        let live = self.live_bytes.sum().max(0) as u64;
+        let reserve = (self.pool.reserve_seglets() * SEGLET_BYTES) as u64;
+        live.saturating_add(self.charged_bytes())
+            .saturating_add(reserve)
+            >= self.total_bytes()
+    }
+
     pub fn wake_cleaner(&self) {
         let mut w = self.cleaner_wake.lock();
         *w = true;
         self.cleaner_cv.notify_all();
     }
 
-    fn wake_cleaner_if_needed(&self) {
+    pub fn wake_cleaner_if_needed(&self) {
         if self.config.cleaner_threads > 0
             && (crate::cleaner::memory_low(self) || crate::cleaner::recycling_wanted(self))
         {
@@ -1406,9 +1530,17 @@ impl Inner {
         let c = &self.counters;
         let mut histogram = [0u64; 10];
         let mut segments = 0u64;
+        let mut head_waste_bytes = 0u64;
         for (_, slot) in self.segments.iter() {
             match slot.state() {
                 crate::segment::SegmentState::Free | crate::segment::SegmentState::Retired => {}
+                crate::segment::SegmentState::Open => {
+                    segments += 1;
+                    let allocated =
+                        slot.seglet_count.load(Ordering::Relaxed) as u64 * SEGLET_BYTES as u64;
+                    let used = slot.used_bytes.load(Ordering::Acquire) as u64;
+                    head_waste_bytes += allocated.saturating_sub(used);
+                }
                 crate::segment::SegmentState::Closed => {
                     segments += 1;
                     let cap =
@@ -1435,12 +1567,25 @@ impl Inner {
         }
         let total = self.total_bytes();
         let live = self.live_bytes.sum().max(0) as u64;
+        let external_bytes = self.external_bytes.load(Ordering::Relaxed);
+        let log_capacity_bytes = total
+            .saturating_sub(index_bytes)
+            .saturating_sub(external_bytes);
+        let seglet_bytes = SEGLET_BYTES as u64;
         let new_bytes = c.new_bytes.sum() as u64;
         let copied = c.cleaner_copied_bytes.load(Ordering::Relaxed);
         crate::EngineStats {
             total_bytes: total,
             live_bytes: live,
-            utilisation: live as f64 / total as f64,
+            utilisation: live as f64 / log_capacity_bytes.max(1) as f64,
+            utilisation_limit: self.utilisation_limit(),
+            external_bytes,
+            log_capacity_bytes,
+            log_used_bytes: (self.pool.seglet_count() - self.pool.free_count()) as u64
+                * seglet_bytes,
+            log_resident_bytes: (self.pool.seglet_count() - self.pool.fresh_count()) as u64
+                * seglet_bytes,
+            head_waste_bytes,
             total_seglets: self.pool.seglet_count() as u64,
             free_seglets: self.pool.free_count() as u64,
             untouched_seglets: self.pool.fresh_count() as u64,
@@ -1467,6 +1612,7 @@ impl Inner {
             compaction_passes: c.compaction_passes.load(Ordering::Relaxed),
             combined_passes: c.combined_passes.load(Ordering::Relaxed),
             compaction_failures: c.compaction_failures.load(Ordering::Relaxed),
+            heads_closed: c.heads_closed.load(Ordering::Relaxed),
             segments_cleaned: c.segments_cleaned.load(Ordering::Relaxed),
             expired_reclaimed: c.expired_reclaimed.load(Ordering::Relaxed),
             segment_utilisation_histogram: histogram,

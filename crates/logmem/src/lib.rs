@@ -1,7 +1,9 @@
 //! ramlog's master memory: log-structured storage for a server's tablets (RAMCloud's design).
 //!
-//! What it owns: a fixed memory budget cut into 64 KiB seglets; one log per tablet made of segments
-//! of up to 128 seglets; per-tablet hash indexes whose references are the only pointers to objects;
+//! What it owns: a fixed memory budget cut into 64 KiB seglets, of which the hash indexes and an
+//! external charge (memory the server holds for data elsewhere) are deducted; one log per tablet
+//! made of segments of up to 128 seglets, head segments sized so that all tablets' heads hold at
+//! most 1/16 of the budget; per-tablet hash indexes whose references are the only pointers to objects;
 //! the two-level cleaner (compaction and cost-benefit combined cleaning) running beside readers and
 //! writers; epoch-based reclamation of cleaned memory.
 //!
@@ -319,6 +321,17 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.inner.stats()
+    }
+
+    /// Charges `bytes` of memory held outside the engine (absolute: the current total, not a
+    /// change) to the memory budget. With the hash indexes, which the engine charges itself, it
+    /// is what the log may not use: writers stop taking seglets at `memory_bytes − charge −
+    /// cleaner reserve`, the cleaner counts it as used when it decides that memory is low, and
+    /// `utilisation` is live bytes over what is left (`log_capacity_bytes`). A charge above the
+    /// budget makes writes fail with out-of-memory; deletes (through their half of the reserve)
+    /// and reads keep working, and writes are accepted again once the charge drops.
+    pub fn set_external_bytes(&self, bytes: u64) {
+        self.inner.set_external_bytes(bytes);
     }
 
     /// Sets (or with None removes) the schema of a table's records, used by scan queries.

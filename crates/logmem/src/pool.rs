@@ -8,6 +8,12 @@
 //!
 //! A reserve of seglets is kept for the cleaner: writers may not take the last `reserve` seglets,
 //! so the cleaner can always find room for survivors (RAMCloud's cleaner segment pool).
+//!
+//! Memory held outside the log but inside the budget (the hash indexes, and what the server
+//! charges from outside) is a *charge* in seglets: writers may not take the last
+//! `reserve + charge` seglets either. The seglets stay mapped, and the cleaner and deletes keep
+//! their own floors, so a charge larger than the budget makes writes fail, never deletes or the
+//! cleaner.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -35,6 +41,8 @@ pub struct SegletPool {
     mapping_bytes: usize,
     seglet_count: usize,
     reserve_seglets: usize,
+    /// Seglets of the budget held outside the log (see the module comment).
+    charged_seglets: AtomicUsize,
     free: Mutex<Vec<u32>>,
     free_count: AtomicUsize,
     /// For every seglet, the next seglet of the same segment, or NO_SEGLET.
@@ -175,6 +183,7 @@ impl SegletPool {
             mapping_bytes,
             seglet_count,
             reserve_seglets: reserve_seglets.min(seglet_count / 2),
+            charged_seglets: AtomicUsize::new(0),
             free: Mutex::new(free),
             free_count: AtomicUsize::new(seglet_count),
             next,
@@ -212,6 +221,21 @@ impl SegletPool {
         self.reserve_seglets
     }
 
+    /// Seglets of the budget charged to memory outside the log (may exceed the pool).
+    pub fn charged_seglets(&self) -> usize {
+        self.charged_seglets.load(Ordering::Relaxed)
+    }
+
+    pub fn set_charged_seglets(&self, seglets: usize) {
+        self.charged_seglets.store(seglets, Ordering::Relaxed);
+    }
+
+    /// Free seglets a writer may take now (beyond the reserve and the charge).
+    pub fn writer_free_count(&self) -> usize {
+        self.free_count()
+            .saturating_sub(self.floor(AllocClass::Writer))
+    }
+
     /// Free seglets never handed out: their memory has not been touched yet. They sit at the
     /// bottom of the free stack (handed out in ascending order, after every released seglet).
     pub fn fresh_count(&self) -> usize {
@@ -244,7 +268,7 @@ impl SegletPool {
     ) -> bool {
         let mut free = self.free.lock();
         let floor = self.floor(class);
-        if free.len() < floor + count {
+        if free.len() < floor.saturating_add(count) {
             return false;
         }
         for _ in 0..count {
@@ -263,7 +287,9 @@ impl SegletPool {
 
     fn floor(&self, class: AllocClass) -> usize {
         match class {
-            AllocClass::Writer => self.reserve_seglets,
+            AllocClass::Writer => self
+                .reserve_seglets
+                .saturating_add(self.charged_seglets.load(Ordering::Relaxed)),
             AllocClass::Delete => self.reserve_seglets / 2,
             AllocClass::Cleaner => 0,
         }
@@ -415,6 +441,33 @@ mod tests {
         );
         pool.release(&got);
         assert_eq!(pool.free_count(), 15);
+    }
+
+    #[test]
+    fn a_charge_keeps_writers_out_but_not_deletes_or_the_cleaner() {
+        let pool = SegletPool::new(16 * SEGLET_BYTES as u64, 4).unwrap();
+        pool.set_charged_seglets(6);
+        assert_eq!(pool.writer_free_count(), 6);
+        let mut got = Vec::new();
+        while let Some(s) = pool.alloc(AllocClass::Writer, 0) {
+            got.push(s);
+        }
+        assert_eq!(got.len(), 6, "writers stop at reserve + charge");
+        assert!(!pool.alloc_many(AllocClass::Writer, 0, 1, &mut got));
+        // A charge beyond the whole pool: writers get nothing, deletes still get their half of
+        // the reserve, the cleaner everything.
+        pool.set_charged_seglets(usize::MAX);
+        assert_eq!(pool.writer_free_count(), 0);
+        assert!(pool.alloc(AllocClass::Writer, 0).is_none());
+        assert!(!pool.alloc_many(AllocClass::Writer, 0, 1, &mut got));
+        let delete = pool
+            .alloc(AllocClass::Delete, 0)
+            .expect("deletes ignore the charge");
+        assert!(pool.alloc(AllocClass::Cleaner, 0).is_some());
+        // The charge drops: writers may take seglets again.
+        pool.set_charged_seglets(0);
+        pool.release(&[delete]);
+        assert!(pool.alloc(AllocClass::Writer, 0).is_some());
     }
 
     #[test]

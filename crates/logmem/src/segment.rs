@@ -178,7 +178,8 @@ pub struct SegmentWriter {
 }
 
 impl SegmentWriter {
-    /// Opens a new segment for `tablet`, with one seglet, or fails for lack of memory.
+    /// Opens a new segment for `tablet` that may grow to `segment_seglets` seglets, with one
+    /// seglet, or fails for lack of memory.
     pub fn open(
         table: &SegmentTable,
         pool: &SegletPool,
@@ -215,6 +216,23 @@ impl SegmentWriter {
 
     pub fn used(&self) -> usize {
         self.used
+    }
+
+    /// Seglets allocated so far.
+    pub fn seglet_count(&self) -> usize {
+        self.seglets.len()
+    }
+
+    /// Whether appending `len` more bytes needs another seglet.
+    pub fn needs_seglet(&self, len: usize) -> bool {
+        self.used + len > self.seglets.len() * SEGLET_BYTES
+    }
+
+    /// Lowers the segment's capacity to `seglets` seglets, or to the seglets it already holds if
+    /// that is more: appends that would need a seglet beyond it find the segment full.
+    pub fn limit_capacity(&mut self, seglets: usize) {
+        let bytes = seglets.max(self.seglets.len()) * SEGLET_BYTES;
+        self.capacity = self.capacity.min(bytes);
     }
 
     /// Makes room for `len` more bytes, allocating seglets as needed (all or nothing).

@@ -48,6 +48,8 @@ pub(crate) struct Counters {
     pub compaction_passes: AtomicU64,
     pub combined_passes: AtomicU64,
     pub compaction_failures: AtomicU64,
+    /// Head segments the cleaner closed early to clean them (`cleaner::close_wasteful_heads`).
+    pub heads_closed: AtomicU64,
     pub segments_cleaned: AtomicU64,
     pub expired_reclaimed: AtomicU64,
     /// Superseded versions kept for snapshots, ever (bytes); drives the retained-bytes bound.
@@ -72,8 +74,24 @@ pub struct EngineStats {
     pub total_bytes: u64,
     /// Bytes of entries the index references (headers included).
     pub live_bytes: u64,
-    /// live_bytes / total_bytes.
+    /// live_bytes / log_capacity_bytes: how full the log is of what it may hold.
     pub utilisation: f64,
+    /// The utilisation up to which overwrite loads are accepted: 0.9 × (log capacity − cleaner
+    /// reserve − half a seglet per tablet) / log capacity (docs/architecture.md, "Utilisation
+    /// limit"). Writes may fail with out-of-memory above it.
+    pub utilisation_limit: f64,
+    /// Memory outside the engine charged to the budget (`Engine::set_external_bytes`).
+    pub external_bytes: u64,
+    /// What the log may use: total_bytes − index_bytes − external_bytes (0 at least).
+    pub log_capacity_bytes: u64,
+    /// Seglets in use (holding entries, or freed and waiting for readers' grace period), in bytes.
+    pub log_used_bytes: u64,
+    /// Seglets ever touched (resident memory of the log), in bytes.
+    pub log_resident_bytes: u64,
+    /// Allocated but unwritten bytes of open segments: the partly written last seglet of each
+    /// tablet's head (and of a cleaner's survivor while a pass runs). At most one seglet per
+    /// tablet; the cleaner reclaims it once the segment closes.
+    pub head_waste_bytes: u64,
     pub total_seglets: u64,
     pub free_seglets: u64,
     /// Free seglets whose memory was never touched (not yet part of the resident set).
@@ -87,7 +105,7 @@ pub struct EngineStats {
     /// Their mean expiry time, Unix milliseconds at a resolution of one second (0 when none).
     pub expiring_mean_expire_at_ms: u64,
     pub tablets: u64,
-    /// Bytes of hash-index buckets.
+    /// Bytes of hash-index buckets (charged to the budget).
     pub index_bytes: u64,
     pub new_bytes: u64,
     pub tombstone_bytes: u64,
@@ -98,6 +116,9 @@ pub struct EngineStats {
     pub compaction_passes: u64,
     pub combined_passes: u64,
     pub compaction_failures: u64,
+    /// Head segments the cleaner closed before they were full, to clean them when memory was
+    /// low and no closed segment was worth cleaning.
+    pub heads_closed: u64,
     pub segments_cleaned: u64,
     pub expired_reclaimed: u64,
     /// Closed segments by utilisation (live / allocated seglet bytes), in tenths: [0,10%), ..., [90%,100%].

@@ -1583,8 +1583,7 @@ impl Inner {
             log_capacity_bytes,
             log_used_bytes: (self.pool.seglet_count() - self.pool.free_count()) as u64
                 * seglet_bytes,
-            log_resident_bytes: (self.pool.seglet_count() - self.pool.fresh_count()) as u64
-                * seglet_bytes,
+            log_resident_bytes: self.pool.resident_bytes() as u64,
             head_waste_bytes,
             total_seglets: self.pool.seglet_count() as u64,
             free_seglets: self.pool.free_count() as u64,

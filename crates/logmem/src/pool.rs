@@ -94,7 +94,8 @@ impl Prefault {
                 };
                 if r != 0 {
                     // Unsupported (older kernel) or no memory right now: writers fault as usual.
-                    self.populated.store(self.mapping_bytes, Ordering::Relaxed);
+                    // `populated` stays what it really is (it is reported as resident memory);
+                    // waking this ended thread later does nothing.
                     return;
                 }
                 at += len;
@@ -240,6 +241,15 @@ impl SegletPool {
     /// bottom of the free stack (handed out in ascending order, after every released seglet).
     pub fn fresh_count(&self) -> usize {
         self.seglet_count - self.prefault.high.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the mapping that are resident: every seglet handed out so far, and what the
+    /// prefaulter populated ahead of them (at most `PREFAULT_AHEAD_BYTES` more).
+    pub fn resident_bytes(&self) -> usize {
+        let handed_out = self.prefault.high.load(Ordering::Relaxed) * SEGLET_BYTES;
+        handed_out
+            .max(self.prefault.populated.load(Ordering::Relaxed))
+            .min(self.mapping_bytes)
     }
 
     /// Takes one free seglet for `segment`, or None when none is available to this class.

@@ -86,7 +86,8 @@ pub struct EngineStats {
     pub log_capacity_bytes: u64,
     /// Seglets in use (holding entries, or freed and waiting for readers' grace period), in bytes.
     pub log_used_bytes: u64,
-    /// Seglets ever touched (resident memory of the log), in bytes.
+    /// Resident memory of the log: seglets ever touched, and the few MiB beyond them that the
+    /// prefaulter populated ahead of use.
     pub log_resident_bytes: u64,
     /// Allocated but unwritten bytes of open segments: the partly written last seglet of each
     /// tablet's head (and of a cleaner's survivor while a pass runs). At most one seglet per

@@ -144,6 +144,69 @@ pub struct Metrics {
     pub bytes_out: AtomicU64,
     pub keyspace_hits: AtomicU64,
     pub keyspace_misses: AtomicU64,
+    /// Bytes of request and reply buffers held by client connections (their capacities).
+    pub connection_buffer_bytes: AtomicU64,
+}
+
+/// A connection's share of [`Metrics::connection_buffer_bytes`]: `update` moves the total by the
+/// change in this connection's buffer capacity; dropping it takes the connection's share out.
+pub struct BufferGauge<'a> {
+    total: &'a AtomicU64,
+    held: u64,
+}
+
+impl<'a> BufferGauge<'a> {
+    pub fn new(metrics: &'a Metrics) -> Self {
+        BufferGauge {
+            total: &metrics.connection_buffer_bytes,
+            held: 0,
+        }
+    }
+
+    /// Records that the connection now holds `bytes` of buffers.
+    #[inline]
+    pub fn update(&mut self, bytes: usize) {
+        let bytes = bytes as u64;
+        if bytes > self.held {
+            self.total.fetch_add(bytes - self.held, Ordering::Relaxed);
+        } else if bytes < self.held {
+            self.total.fetch_sub(self.held - bytes, Ordering::Relaxed);
+        }
+        self.held = bytes;
+    }
+}
+
+impl Drop for BufferGauge<'_> {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// What the process holds in memory, by part (bytes). `--memory` bounds the parts charged to the
+/// budget (the log, the index, the backup store and connection buffers); `process` (code,
+/// libraries, the runtime, measured at start) is outside it. See docs/operations.md.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct MemoryBreakdown {
+    /// (part, bytes), in a fixed order.
+    pub parts: Vec<(&'static str, u64)>,
+    /// The sum of the parts: Redis's `used_memory`.
+    pub accounted: u64,
+    /// The budget (`--memory`).
+    pub budget: u64,
+    /// Of the budget, what the log may use now (the rest is charged to the index, the backup
+    /// store and connection buffers).
+    pub log_capacity: u64,
+}
+
+impl MemoryBreakdown {
+    pub fn new(parts: Vec<(&'static str, u64)>, budget: u64, log_capacity: u64) -> Self {
+        MemoryBreakdown {
+            accounted: parts.iter().map(|p| p.1).sum(),
+            parts,
+            budget,
+            log_capacity,
+        }
+    }
 }
 
 impl Metrics {
@@ -204,6 +267,7 @@ pub struct EngineFigures {
 pub struct Snapshot {
     pub process: ProcessInfo,
     pub engine: EngineFigures,
+    pub memory: MemoryBreakdown,
     pub ops: Vec<(String, u64, HistogramSnapshot)>,
     pub commands_total: u64,
     pub errors: u64,
@@ -219,7 +283,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn take(metrics: &Metrics, process: ProcessInfo, engine: EngineFigures) -> Snapshot {
+    pub fn take(
+        metrics: &Metrics,
+        process: ProcessInfo,
+        engine: EngineFigures,
+        memory: MemoryBreakdown,
+    ) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let ops: Vec<_> = Op::ALL
             .iter()
@@ -234,6 +303,7 @@ impl Snapshot {
         Snapshot {
             process,
             engine,
+            memory,
             commands_total: ops.iter().map(|o| o.1).sum(),
             ops,
             errors: load(&metrics.errors),
@@ -320,7 +390,7 @@ impl Snapshot {
         );
         gauge(
             "ramlog_memory_utilisation",
-            "Live bytes over the memory budget.",
+            "Live bytes over the log's capacity (the budget less what the index, the backup store and connection buffers hold).",
             "gauge",
             format!("{}", self.engine.memory_utilisation),
         );
@@ -329,6 +399,18 @@ impl Snapshot {
             "Resident set size of the process.",
             "gauge",
             self.process.rss_bytes.to_string(),
+        );
+        gauge(
+            "ramlog_memory_accounted_bytes",
+            "Sum of ramlog_memory_part_bytes: what the process holds, by its own account.",
+            "gauge",
+            self.memory.accounted.to_string(),
+        );
+        gauge(
+            "ramlog_memory_log_capacity_bytes",
+            "Of the memory budget, what the log may use now (the rest is charged to the index, the backup store and connection buffers).",
+            "gauge",
+            self.memory.log_capacity.to_string(),
         );
         gauge(
             "ramlog_cleaner_bytes_copied_total",
@@ -420,6 +502,13 @@ impl Snapshot {
             "counter",
             self.keyspace_misses.to_string(),
         );
+        let _ = writeln!(
+            s,
+            "# HELP ramlog_memory_part_bytes Memory the process holds, by part (they sum to ramlog_memory_accounted_bytes).\n# TYPE ramlog_memory_part_bytes gauge"
+        );
+        for (part, bytes) in &self.memory.parts {
+            let _ = writeln!(s, "ramlog_memory_part_bytes{{part=\"{part}\"}} {bytes}");
+        }
         let _ = writeln!(s, "# HELP ramlog_commands_total Commands executed, by operation.\n# TYPE ramlog_commands_total counter");
         for (name, count, _) in &self.ops {
             let _ = writeln!(s, "ramlog_commands_total{{op=\"{name}\"}} {count}");
@@ -485,15 +574,21 @@ impl Snapshot {
         if wants("memory") {
             let _ = write!(
                 s,
-                "# Memory\r\nused_memory:{}\r\nused_memory_rss:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\nramlog_memory_utilisation:{:.6}\r\nramlog_cleaner_bytes_copied:{}\r\nramlog_cleaner_bytes_freed:{}\r\nramlog_cleaner_write_cost:{:.6}\r\n\r\n",
-                self.engine.memory_bytes_live,
+                "# Memory\r\nused_memory:{}\r\nused_memory_rss:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\nramlog_memory_live:{}\r\nramlog_memory_log_capacity:{}\r\nramlog_memory_utilisation:{:.6}\r\nramlog_cleaner_bytes_copied:{}\r\nramlog_cleaner_bytes_freed:{}\r\nramlog_cleaner_write_cost:{:.6}\r\n",
+                self.memory.accounted,
                 self.process.rss_bytes,
                 self.engine.memory_bytes_total,
+                self.engine.memory_bytes_live,
+                self.memory.log_capacity,
                 self.engine.memory_utilisation,
                 self.engine.cleaner_bytes_copied,
                 self.engine.cleaner_bytes_freed,
                 self.engine.write_cost
             );
+            for (part, bytes) in &self.memory.parts {
+                let _ = write!(s, "ramlog_memory_{part}:{bytes}\r\n");
+            }
+            s.push_str("\r\n");
         }
         if wants("persistence") {
             let _ = write!(
@@ -584,7 +679,7 @@ mod tests {
             tablets: 48,
             ..Default::default()
         };
-        Snapshot::take(metrics, process, engine)
+        Snapshot::take(metrics, process, engine, MemoryBreakdown::default())
     }
 
     #[test]

@@ -379,7 +379,9 @@ async fn serve(
     // Blocking jobs running, and those waiting for a turn.
     let mut jobs: JoinSet<JobDone> = JoinSet::new();
     let mut waiting: VecDeque<QueuedJob> = VecDeque::new();
+    let mut buffers = crate::metrics::BufferGauge::new(&node.metrics);
     loop {
+        buffers.update(input.capacity() + output.capacity());
         waiting.extend(session.new_jobs.drain(..));
         while jobs.len() < config.scan.jobs_running_max.max(1) {
             let Some(job) = waiting.pop_front() else {

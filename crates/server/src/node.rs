@@ -20,7 +20,7 @@
 
 use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
 use crate::keyspace::Keyspace;
-use crate::metrics::{EngineFigures, Metrics, Op, ProcessInfo, Snapshot};
+use crate::metrics::{EngineFigures, MemoryBreakdown, Metrics, Op, ProcessInfo, Snapshot};
 use crate::persistence::{Persistence, PersistenceError};
 use ramlog_common::TableId;
 use ramlog_logmem::{
@@ -73,6 +73,8 @@ pub struct Node {
     persistence: Option<Arc<Persistence>>,
     next_client_id: AtomicU64,
     shutdown_requested: tokio::sync::Notify,
+    /// Resident memory before the engine and the store existed: code, libraries, the runtime.
+    process_base_bytes: u64,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -90,6 +92,7 @@ impl Node {
         config: ServerConfig,
         addresses: Addresses,
     ) -> Result<Arc<Node>, crate::ServerError> {
+        let process_base_bytes = rss_bytes();
         let persistence = match config.persistence {
             PersistenceMode::Off => None,
             _ => Some(Persistence::open(&config)?),
@@ -142,7 +145,13 @@ impl Node {
                 keyspace
             }
         };
-        Ok(Node::assemble(config, keyspace, persistence, addresses))
+        Ok(Node::assemble(
+            config,
+            keyspace,
+            persistence,
+            addresses,
+            process_base_bytes,
+        ))
     }
 
     /// A node over an engine the caller made, serving table 0 as `tablets` tablets, with no
@@ -153,8 +162,15 @@ impl Node {
         mut config: ServerConfig,
     ) -> Result<Arc<Node>, EngineError> {
         config.persistence = PersistenceMode::Off;
+        let process_base_bytes = rss_bytes();
         let keyspace = Keyspace::create(engine, tablets)?;
-        Ok(Node::assemble(config, keyspace, None, Addresses::none()))
+        Ok(Node::assemble(
+            config,
+            keyspace,
+            None,
+            Addresses::none(),
+            process_base_bytes,
+        ))
     }
 
     fn assemble(
@@ -162,6 +178,7 @@ impl Node {
         keyspace: Keyspace,
         persistence: Option<Arc<Persistence>>,
         addresses: Addresses,
+        process_base_bytes: u64,
     ) -> Arc<Node> {
         let node_id = {
             let seed = (std::process::id() as u64) << 32
@@ -176,7 +193,7 @@ impl Node {
                 a
             )
         };
-        Arc::new(Node {
+        let node = Arc::new(Node {
             config,
             keyspace,
             metrics: Metrics::default(),
@@ -186,7 +203,61 @@ impl Node {
             persistence,
             next_client_id: AtomicU64::new(1),
             shutdown_requested: tokio::sync::Notify::new(),
-        })
+            process_base_bytes,
+        });
+        node.charge_memory();
+        start_memory_charger(&node);
+        node
+    }
+
+    // ---- memory ----------------------------------------------------------------------------
+
+    /// Memory held for data outside the engine's log and index: the backup store's buffers and
+    /// per-key state, and client connections' buffers. The engine counts it against the budget.
+    fn external_memory_bytes(&self) -> u64 {
+        let backup = self
+            .persistence
+            .as_ref()
+            .and_then(|p| p.memory())
+            .map_or(0, |m| m.total());
+        backup + self.metrics.connection_buffer_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Charges the memory held outside the engine to its budget (see [`start_memory_charger`]).
+    fn charge_memory(&self) {
+        self.engine()
+            .set_external_bytes(self.external_memory_bytes());
+    }
+
+    /// What the process holds, by part. The parts the budget bounds are the log, the index, the
+    /// backup store's parts and connection buffers; `process` is what was resident before the
+    /// engine and the store existed.
+    pub fn memory_breakdown(&self, stats: &ramlog_logmem::EngineStats) -> MemoryBreakdown {
+        let mut parts = vec![
+            ("log", stats.log_resident_bytes),
+            ("index", stats.index_bytes),
+        ];
+        if let Some(backup) = self.persistence.as_ref().and_then(|p| p.memory()) {
+            parts.extend([
+                ("backup_write_buffer", backup.write_buffer),
+                ("backup_flush_arenas", backup.flush_arenas),
+                ("backup_reorg_buffers", backup.reorg_buffers),
+                ("backup_secondary_buffers", backup.secondary_buffers),
+                ("backup_version_buffers", backup.version_buffers),
+                ("backup_version_caches", backup.version_caches),
+                ("backup_notes", backup.notes),
+                ("backup_tablet_metadata", backup.tablet_metadata),
+            ]);
+        }
+        parts.extend([
+            (
+                "connections",
+                self.metrics.connection_buffer_bytes.load(Ordering::Relaxed),
+            ),
+            ("process", self.process_base_bytes),
+            ("allocator_free", allocator_free_bytes()),
+        ]);
+        MemoryBreakdown::new(parts, stats.total_bytes, stats.log_capacity_bytes)
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -444,12 +515,50 @@ impl Node {
             persistence_failures: persistence.as_ref().map_or(0, |f| f.failures),
             persistence_rewrites: persistence.as_ref().map_or(0, |f| f.rewrites),
         };
-        Snapshot::take(&self.metrics, process, figures)
+        let memory = self.memory_breakdown(&stats);
+        Snapshot::take(&self.metrics, process, figures, memory)
     }
 
     /// The `/status` JSON (also the native STATS reply).
     pub fn status_json(&self) -> String {
         serde_json::to_string(&self.snapshot()).unwrap_or_default()
+    }
+}
+
+/// How often the memory held outside the engine is charged to its budget.
+const MEMORY_CHARGE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Starts the thread that charges the memory held outside the engine (the backup store,
+/// connection buffers) to the engine's budget every [`MEMORY_CHARGE_INTERVAL`], so that the log
+/// gives way as they grow; it ends with the node.
+fn start_memory_charger(node: &Arc<Node>) {
+    let weak = Arc::downgrade(node);
+    let spawned = std::thread::Builder::new()
+        .name("ramlog-memory".into())
+        .spawn(move || loop {
+            std::thread::sleep(MEMORY_CHARGE_INTERVAL);
+            match weak.upgrade() {
+                Some(node) => node.charge_memory(),
+                None => return,
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the memory accounting thread; the backup store's memory is charged to the budget only at start");
+    }
+}
+
+/// Bytes the C allocator holds free in its arenas (freed by the program, not yet returned to the
+/// system): memory the process keeps but no part uses. 0 where the allocator cannot say.
+pub fn allocator_free_bytes() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics (under its arena locks).
+        let info = unsafe { libc::mallinfo2() };
+        info.fordblks as u64
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        0
     }
 }
 

@@ -121,8 +121,11 @@ struct Store {
     last_ticket: AtomicU64,
 }
 
-/// Writes appended to the store per call while a rewrite copies memory into it.
+/// Keys read per step while a rewrite copies memory into a fresh store ...
 const REWRITE_BATCH_OBJECTS: usize = 512;
+/// ... and the bytes of keys and values it holds before appending them to the store: the copy
+/// held outside the budget is at most this plus one object.
+const REWRITE_BATCH_BYTES: usize = 1 << 20;
 /// Time between a failure and the first rewrite attempt, and between failed attempts.
 const REWRITE_RETRY: Duration = Duration::from_secs(1);
 /// How often the recovery thread checks a store that nobody waits on (async mode) for failure.
@@ -161,10 +164,11 @@ impl Persistence {
         let tablets = check_layout(&config.data_dir, config.tablets)?;
         let generation = read_store_file(&config.data_dir)?;
         remove_other_generations(&config.data_dir, generation);
+        // The store's buffers are sized from the server's budget, which they are charged to.
         let backup_config = BackupConfig {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
             value_max_bytes: config.value_size_max_bytes as usize,
-            ..BackupConfig::default()
+            ..BackupConfig::for_memory_budget(config.memory_bytes)
         };
         let dir = store_dir(&config.data_dir, generation);
         std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
@@ -225,6 +229,12 @@ impl Persistence {
             tracing::error!(error = %err, "some replayed objects could not be restored");
         }
         Ok(restored)
+    }
+
+    /// What the current store holds in memory, by part (None between a failed rewrite attempt
+    /// and the next one, when no store is open).
+    pub fn memory(&self) -> Option<ramlog_backup::MemoryUsage> {
+        self.store.load().as_ref().map(|s| s.backup.memory())
     }
 
     /// The store writes go to now.
@@ -465,34 +475,23 @@ impl Persistence {
                     .scan_keys(tablet, cursor, REWRITE_BATCH_OBJECTS, &mut keys)
                     .map_err(|e| format!("reading tablet {tablet}: {e}"))?;
                 batch.clear();
-                for key in keys.drain(..) {
+                let mut batch_bytes = 0;
+                let last = keys.len();
+                for (i, key) in keys.drain(..).enumerate() {
                     let found = engine
                         .read_with(tablet, &key, |value, version, expire_at_ms| {
                             (value.to_vec(), version, expire_at_ms)
                         })
                         .map_err(|e| format!("reading tablet {tablet}: {e}"))?;
                     if let Some((value, version, expiry)) = found {
+                        batch_bytes += key.len() + value.len();
                         batch.push((key, value, version, expiry));
                     }
-                }
-                // The store wants each tablet's entries in version order within a call.
-                batch.sort_by_key(|e| e.2);
-                let entries: Vec<Entry<'_>> = batch
-                    .iter()
-                    .map(|(key, value, version, expiry)| Entry {
-                        key,
-                        value: Some(value),
-                        version: *version,
-                        expiry: *expiry,
-                    })
-                    .collect();
-                if !entries.is_empty() {
-                    let ticket = store
-                        .backup
-                        .append(u64::from(tablet), &entries)
-                        .map_err(|e| describe("writing", &e))?;
-                    store.last_ticket.fetch_max(ticket.0, Ordering::AcqRel);
-                    copied += entries.len() as u64;
+                    if batch_bytes >= REWRITE_BATCH_BYTES || i + 1 == last {
+                        copied += append_copies(&store, tablet, &mut batch)
+                            .map_err(|e| describe("writing", &e))?;
+                        batch_bytes = 0;
+                    }
                 }
                 if cursor == 0 {
                     break;
@@ -506,6 +505,34 @@ impl Persistence {
         self.health.store(Health::Ok.to_u8(), Ordering::Release);
         Ok(copied)
     }
+}
+
+/// Appends a rewrite's copies of one tablet's objects to the store, in version order (the store
+/// wants each call's entries in version order), and empties `batch`; returns how many.
+fn append_copies(
+    store: &Store,
+    tablet: TabletId,
+    batch: &mut Vec<(Vec<u8>, Vec<u8>, u64, u64)>,
+) -> Result<u64, ramlog_backup::Error> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    batch.sort_by_key(|e| e.2);
+    let entries: Vec<Entry<'_>> = batch
+        .iter()
+        .map(|(key, value, version, expiry)| Entry {
+            key,
+            value: Some(value),
+            version: *version,
+            expiry: *expiry,
+        })
+        .collect();
+    let ticket = store.backup.append(u64::from(tablet), &entries)?;
+    store.last_ticket.fetch_max(ticket.0, Ordering::AcqRel);
+    let n = entries.len() as u64;
+    drop(entries);
+    batch.clear();
+    Ok(n)
 }
 
 impl WriteObserver for Persistence {

@@ -8,7 +8,7 @@
 //! itself, until `write_timeout_secs` closes it).
 
 use crate::commands::{execute, misconf, Session};
-use crate::metrics::Metrics;
+use crate::metrics::{BufferGauge, Metrics};
 use crate::node::{Node, NodeError};
 use ramlog_proto::resp::{ReplyEncoder, Request, RequestDecoder, RequestLimits};
 use std::sync::Arc;
@@ -43,10 +43,12 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64
     let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
     let reply_buffer_max = config.reply_buffer_max_bytes as usize;
     let depth_max = config.pipeline_depth_max;
+    let mut buffers = BufferGauge::new(&shared.metrics);
     loop {
         if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
             inbuf.reserve(READ_CHUNK_BYTES.max(inbuf.len()));
         }
+        buffers.update(inbuf.capacity() + out.capacity());
         let read = match idle {
             Some(limit) => match tokio::time::timeout(limit, stream.read_buf(&mut inbuf)).await {
                 Ok(r) => r,
@@ -112,6 +114,7 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64
         if out.capacity() > BUFFER_KEEP_BYTES {
             out = Vec::with_capacity(READ_CHUNK_BYTES);
         }
+        buffers.update(inbuf.capacity() + out.capacity());
     }
 }
 

@@ -202,12 +202,13 @@ impl Default for Config {
 impl Config {
     /// A configuration whose buffers are sized from `budget_bytes`, the memory the server may
     /// use in all (its `--memory`), so that the store keeps a small share of it: the write
-    /// buffer, the flush-arena pool and the store-wide bounds of secondary-log buffers, version
-    /// buffers, placement notes and version tables add up to about 7% of the budget from 256 MiB
-    /// up (10.5% at 64 MiB), plus the reorganizer's segment buffers while it cleans (two 8 MiB
-    /// segments with one thread below 1 GiB, four per thread with two threads from 1 GiB). At
-    /// rest only the write buffer and the warmed part of the pool remain (1.6% at 256 MiB).
-    /// Every part is at most what [`Config::default`] uses. On-disk parameters
+    /// buffer (1/128 of the budget), the flush-arena pool (1/128) and the store-wide bounds of
+    /// secondary-log buffers, version buffers and placement notes (1/256 each) and version
+    /// tables (1/128) add up to about 3.6% of the budget from 256 MiB up (10.5% at 64 MiB,
+    /// where minimum sizes apply), plus the reorganizer's segment buffers while it cleans (two
+    /// 8 MiB segments with one thread below 4 GiB, four per thread with two threads from
+    /// 4 GiB). At rest only the write buffer and the warmed part of the pool (half of it, from
+    /// 1 GiB) remain. Every part is at most what [`Config::default`] uses. On-disk parameters
     /// (`segment_bytes`, `primary_log_bytes`, `tablet_log_capacity_bytes`) are the default's, so
     /// a directory opens under any budget. The write buffer always holds an entry with a value
     /// of the default `value_max_bytes` (1 MiB); a caller that raises `value_max_bytes` must
@@ -220,23 +221,26 @@ impl Config {
         let share = |divisor: usize, min: usize, max: usize| (budget / divisor).clamp(min, max);
         // Each write-buffer chunk holds the largest entry; two chunks at least.
         let entry_max = base.entry_max_bytes();
-        let write_buffer_bytes = share(64, 2 * entry_max.next_multiple_of(64 << 10), 32 * MIB);
+        let write_buffer_bytes = share(128, 2 * entry_max.next_multiple_of(64 << 10), 32 * MIB);
         let write_buffer_chunks = (write_buffer_bytes / entry_max).clamp(2, 8);
-        let pool_bytes = share(64, 2 * MIB, 128 * MIB);
-        let large = budget >= 1 << 30;
+        let pool_bytes = share(128, 2 * MIB, 128 * MIB);
+        // Warmed arenas from 1 GiB; two reorganizer threads with read-ahead from 4 GiB (one
+        // thread cleans faster than a server's network path fills the logs below that).
+        let warm = budget >= 1 << 30;
+        let large = budget >= 4 << 30;
         let secondary_buffer_bytes = share(2048, 16 << 10, base.secondary_buffer_bytes);
         Config {
             write_buffer_bytes,
             write_buffer_chunks,
             flush_threshold_bytes: write_buffer_bytes / 2,
             pool_bytes,
-            pool_warm_bytes: if large { pool_bytes / 2 } else { 0 },
+            pool_warm_bytes: if warm { pool_bytes / 2 } else { 0 },
             secondary_buffer_bytes,
             direct_threshold_bytes: base.direct_threshold_bytes.min(secondary_buffer_bytes),
-            secondary_buffers_max_bytes: share(128, 512 << 10, base.secondary_buffers_max_bytes),
-            version_buffers_max_bytes: share(128, 512 << 10, base.version_buffers_max_bytes),
-            notes_max_bytes: share(128, 512 << 10, base.notes_max_bytes),
-            version_caches_max_bytes: share(64, MIB, base.version_caches_max_bytes),
+            secondary_buffers_max_bytes: share(256, 512 << 10, base.secondary_buffers_max_bytes),
+            version_buffers_max_bytes: share(256, 512 << 10, base.version_buffers_max_bytes),
+            notes_max_bytes: share(256, 512 << 10, base.notes_max_bytes),
+            version_caches_max_bytes: share(128, MIB, base.version_caches_max_bytes),
             reorg_threads: if large { base.reorg_threads } else { 1 },
             reorg_segment_buffers: if large { 4 } else { 2 },
             ..base

@@ -193,7 +193,6 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Opens (creating if asked) a log file in the given mode.
 /// Hands heap memory freed by the process back to the system where the allocator keeps it
 /// (glibc keeps freed memory in its arenas; the store calls this once it is at rest, after
 /// freeing its buffers and tables). Elsewhere it does nothing.
@@ -205,6 +204,7 @@ pub fn return_free_memory() {
     }
 }
 
+/// Opens (creating if asked) a log file in the given mode.
 pub fn open_log(path: &Path, mode: IoMode, create: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true).write(true).create(create);

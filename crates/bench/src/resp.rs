@@ -28,6 +28,9 @@ const KEYSPACE: u64 = 1_000_000;
 
 struct Sizes {
     memory_keys: u64,
+    /// Budget and tablets of the small-budget rows, and their overwrite rounds.
+    small_budget: (u64, u16),
+    small_budget_rounds: u8,
     requests_p1: u64,
     requests_p16: u64,
     repeats: usize,
@@ -42,6 +45,8 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     let sizes = if quick {
         Sizes {
             memory_keys: 200_000,
+            small_budget: (64 << 20, 64),
+            small_budget_rounds: 1,
             requests_p1: 50_000,
             requests_p16: 200_000,
             repeats: 1,
@@ -49,6 +54,8 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     } else {
         Sizes {
             memory_keys: 2_000_000,
+            small_budget: (256 << 20, 256),
+            small_budget_rounds: 3,
             requests_p1: 500_000,
             requests_p16: 2_000_000,
             // Single runs move by ±10% on a shared 2-core machine; five give a steadier median.
@@ -74,6 +81,7 @@ fn run_all(sizes: &Sizes, work: &Path, report: &mut Report) -> anyhow::Result<()
         flush(ramlog.port)?;
         throughput_rows(sizes, &redis, &ramlog, "", report)?;
     }
+    small_budget_rows(sizes, work, report)?;
     // Persistence on: ramlog `async` (100 ms flush) against Redis appendfsync everysec.
     {
         let ramlog = Peer::ramlog(work, "async")?;
@@ -147,6 +155,11 @@ impl Peer {
     }
 
     fn ramlog(work: &Path, persistence: &str) -> anyhow::Result<Peer> {
+        Peer::ramlog_with(work, persistence, &[])
+    }
+
+    /// `ramlog server` with more flags.
+    fn ramlog_with(work: &Path, persistence: &str, extra: &[&str]) -> anyhow::Result<Peer> {
         let port = free_port()?;
         let dir = work.join(format!("ramlog-{port}"));
         let exe = std::env::current_exe().context("locating the ramlog binary")?;
@@ -161,6 +174,7 @@ impl Peer {
                 "0",
             ])
             .args(["--persistence", persistence])
+            .args(extra)
             .arg("--data-dir")
             .arg(&dir)
             .stdout(Stdio::piped())
@@ -256,6 +270,27 @@ fn command(port: u16, line: &str) -> anyhow::Result<String> {
     Ok(reply.trim_end().to_string())
 }
 
+/// One numeric field of an INFO section.
+fn info_field(port: u16, section: &str, field: &str) -> anyhow::Result<f64> {
+    let mut s = connect(port)?;
+    s.write_all(format!("INFO {section}\r\n").as_bytes())?;
+    let mut reader = BufReader::new(s);
+    let mut header = String::new();
+    reader.read_line(&mut header)?;
+    let len: usize = header
+        .trim_end()
+        .strip_prefix('$')
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("INFO reply {header:?}"))?;
+    let mut body = vec![0u8; len + 2];
+    reader.read_exact(&mut body)?;
+    let body = String::from_utf8_lossy(&body);
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {field} in INFO {section}"))
+}
+
 fn flush(port: u16) -> anyhow::Result<()> {
     let reply = command(port, "FLUSHALL")?;
     if reply != "+OK" {
@@ -265,17 +300,33 @@ fn flush(port: u16) -> anyhow::Result<()> {
 }
 
 /// Loads `keys` keys of 100 B values with pipelined SETs (1000 per round trip); `round` picks
-/// the value's filler byte, so that each round overwrites with different bytes.
+/// the value's filler byte, so that each round overwrites with different bytes. Fails on the
+/// first SET that fails.
 fn load(port: u16, keys: u64, round: u8) -> anyhow::Result<()> {
+    let failed = load_range(port, 0..keys, round, false)?;
+    debug_assert_eq!(failed, 0);
+    Ok(())
+}
+
+/// SETs keys `range` as [`load`] does; with `count_failures` a failed SET is counted and the
+/// load goes on, otherwise it fails the load. Returns the failed SETs.
+fn load_range(
+    port: u16,
+    range: std::ops::Range<u64>,
+    round: u8,
+    count_failures: bool,
+) -> anyhow::Result<u64> {
     const BATCH: u64 = 1000;
     let mut s = connect(port)?;
     let value = vec![b'a' + round % 26; VALUE_BYTES];
     let mut out = Vec::with_capacity(64 * 1024);
     let mut reply = vec![0u8; (BATCH as usize) * 5];
-    let mut next = 0;
-    while next < keys {
+    let mut failed = 0;
+    let mut next = range.start;
+    let mut reader = BufReader::new(s.try_clone()?);
+    while next < range.end {
         out.clear();
-        let n = BATCH.min(keys - next);
+        let n = BATCH.min(range.end - next);
         for i in next..next + n {
             let key = format!("key:{i:012}");
             out.extend_from_slice(
@@ -290,18 +341,34 @@ fn load(port: u16, keys: u64, round: u8) -> anyhow::Result<()> {
             out.extend_from_slice(b"\r\n");
         }
         s.write_all(&out)?;
-        let want = n as usize * 5;
-        s.read_exact(&mut reply[..want])
-            .context("reading SET replies")?;
-        if reply[..want].chunks(5).any(|r| r != b"+OK\r\n") {
-            bail!(
-                "a SET failed while loading port {port}: {}",
-                String::from_utf8_lossy(&reply[..want.min(200)])
-            );
+        if count_failures {
+            // Replies are +OK or an error line (OOM): read them line by line.
+            let mut line = String::new();
+            for _ in 0..n {
+                line.clear();
+                reader.read_line(&mut line).context("reading SET replies")?;
+                if line != "+OK\r\n" {
+                    if !line.starts_with('-') {
+                        bail!("unexpected reply to SET on port {port}: {line:?}");
+                    }
+                    failed += 1;
+                }
+            }
+        } else {
+            let want = n as usize * 5;
+            reader
+                .read_exact(&mut reply[..want])
+                .context("reading SET replies")?;
+            if reply[..want].chunks(5).any(|r| r != b"+OK\r\n") {
+                bail!(
+                    "a SET failed while loading port {port}: {}",
+                    String::from_utf8_lossy(&reply[..want.min(200)])
+                );
+            }
         }
         next += n;
     }
-    Ok(())
+    Ok(failed)
 }
 
 /// Memory per key after loading `memory_keys` distinct keys into each peer; `target` is the
@@ -410,6 +477,86 @@ fn overwrite_rows(
         ramlog.1,
         "keys/s",
         redis.1,
+    ));
+    Ok(())
+}
+
+/// A small budget with many tablets, persistence on (`async`): ramlog alone, against its own
+/// budget. Loads keys in steps until the log is `SMALL_BUDGET_FILL` full (live bytes over the
+/// log's capacity), then overwrites all of them `small_budget_rounds` times. Reports the failed
+/// writes (target 0: writes fail only above the documented utilisation limit), the utilisation
+/// reached, and the peak RSS over the budget (target ≤ 1.2: the budget bounds the log, the index
+/// and the backup store together).
+fn small_budget_rows(sizes: &Sizes, work: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const SMALL_BUDGET_FILL: f64 = 0.85;
+    const STEP: u64 = 50_000;
+    let (budget, tablets) = sizes.small_budget;
+    let config = work.join(format!("tablets-{tablets}.toml"));
+    std::fs::write(&config, format!("tablets = {tablets}\n"))?;
+    let budget_arg = budget.to_string();
+    let peer = Peer::ramlog_with(
+        work,
+        "async",
+        &[
+            "--memory",
+            &budget_arg,
+            "--config",
+            config.to_str().context("config path")?,
+        ],
+    )?;
+    let mut keys = 0;
+    let mut rss_peak = 0u64;
+    let mut utilisation_max: f64 = 0.0;
+    let mut failed = 0;
+    loop {
+        failed += load_range(peer.port, keys..keys + STEP, 0, true)?;
+        keys += STEP;
+        rss_peak = rss_peak.max(peer.rss_bytes());
+        let u = info_field(peer.port, "memory", "ramlog_memory_utilisation")?;
+        utilisation_max = utilisation_max.max(u);
+        if u >= SMALL_BUDGET_FILL || failed > 0 {
+            break;
+        }
+    }
+    let started = Instant::now();
+    for round in 1..=sizes.small_budget_rounds {
+        let mut at = 0;
+        while at < keys {
+            let end = (at + STEP).min(keys);
+            failed += load_range(peer.port, at..end, round, true)?;
+            at = end;
+            rss_peak = rss_peak.max(peer.rss_bytes());
+            let u = info_field(peer.port, "memory", "ramlog_memory_utilisation")?;
+            utilisation_max = utilisation_max.max(u);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let name = format!("small_budget_{}MiB_{tablets}_tablets", budget >> 20);
+    println!(
+        "{name}: {keys} keys, {} overwrite rounds, {failed} failed writes, utilisation up to {utilisation_max:.3}, peak RSS {} MiB",
+        sizes.small_budget_rounds,
+        rss_peak >> 20
+    );
+    report.push(
+        Row::plain(format!("{name}/failed_writes"), failed as f64, "writes")
+            .with_target(Target::at_most(0.0)),
+    );
+    report.push(
+        Row::plain(format!("{name}/utilisation_max"), utilisation_max, "frac")
+            .with_target(Target::at_least(SMALL_BUDGET_FILL)),
+    );
+    report.push(
+        Row::plain(
+            format!("{name}/rss_peak_over_budget"),
+            rss_peak as f64 / budget as f64,
+            "x",
+        )
+        .with_target(Target::at_most(1.2)),
+    );
+    report.push(Row::plain(
+        format!("{name}/overwrite_pipelined_set"),
+        (keys * u64::from(sizes.small_budget_rounds)) as f64 / secs,
+        "keys/s",
     ));
     Ok(())
 }

@@ -119,6 +119,7 @@ fn apply_cpu_scheduling(policy: CpuScheduling) {
 
 fn runtime(config: &ServerConfig) -> anyhow::Result<tokio::runtime::Runtime> {
     apply_cpu_scheduling(config.cpu_scheduling);
+    crate::node::tune_allocator();
     let spin = Duration::from_micros(config.worker_idle_spin_us);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.worker_threads)

@@ -834,9 +834,14 @@ impl Inner {
     }
 
     /// Blocks (without any tablet lock) until the cleaner may have freed memory. Fails with
-    /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
+    /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean, and
+    /// a writer's write at once when no cleaning could make room (`log_cannot_grow`).
     /// `started` is when this write first had to wait (set on the first call).
-    fn wait_for_memory(&self, started: &mut Option<Instant>) -> Result<(), EngineError> {
+    fn wait_for_memory(
+        &self,
+        started: &mut Option<Instant>,
+        class: AllocClass,
+    ) -> Result<(), EngineError> {
         let started = *started.get_or_insert_with(Instant::now);
         /// Counts the wait and its time, on every way out.
         struct Timed<'a>(&'a Inner, Instant);
@@ -889,7 +894,9 @@ impl Inner {
             Err(self.out_of_memory())
         };
         self.refresh_charge();
-        if self.log_cannot_grow() {
+        // A delete waits for the cleaner as before: its tombstone needs little, and the cleaner
+        // may free it from the reserve's share of garbage.
+        if class == AllocClass::Writer && self.log_cannot_grow() {
             return fail();
         }
         if self.config.cleaner_threads == 0 {
@@ -1137,22 +1144,23 @@ impl Inner {
                 total,
                 encoded_len(kind, version, key.len(), value.len(), expire_at_ms)
             );
+            let class = if kind == KIND_TOMBSTONE {
+                AllocClass::Delete
+            } else {
+                AllocClass::Writer
+            };
             let (loc, segment) = match self.append(
                 &mut head,
                 tablet_id,
                 &[&header[..hl], key, &value],
                 total,
-                if kind == KIND_TOMBSTONE {
-                    AllocClass::Delete
-                } else {
-                    AllocClass::Writer
-                },
+                class,
             ) {
                 Ok(placed) => placed,
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, class)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {
@@ -1371,7 +1379,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
@@ -1461,7 +1469,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {

@@ -111,12 +111,15 @@ fn write_at(
     ops_factor: f64,
 ) -> anyhow::Result<WriteResult> {
     let (engine, t) = engine_with(memory_bytes)?;
-    // Entry = 1 kind + version varint (~4) + 1-2 key len + 1-3 value len + 4 CRC + 8 key + value.
-    let entry_bytes = (size + 8 + 12) as f64;
-    let objects = ((memory_bytes as f64 * util) / entry_bytes) as u64;
+    // Fill to `util` of the log's capacity (the budget less the hash index, which grows with the
+    // keys), as the engine's `utilisation` counts it.
     let value = vec![0xABu8; size];
-    for id in 0..objects {
-        engine.put(t, &key8(id), &value, &PutOptions::default())?;
+    let mut objects = 0u64;
+    while engine.stats().utilisation < util {
+        for _ in 0..1000 {
+            engine.put(t, &key8(objects), &value, &PutOptions::default())?;
+            objects += 1;
+        }
     }
     let zipf_gen = if zipf {
         Some(Zipf::new(objects, 0.99))
@@ -721,7 +724,9 @@ fn child(spec: &str) -> anyhow::Result<()> {
                     // sustain (its cleaner reserve makes progress up to there); small budgets (1
                     // MiB segments, more compaction tail waste) run at 88%.
                     let fill = if entry_bytes >= 512 << 20 { 0.98 } else { 0.88 };
-                    let budget = (entry_bytes as f64 / fill) as u64;
+                    // The hash index comes out of the same budget: at most 16 B per object.
+                    let index_bytes = objects_max * 16;
+                    let budget = (entry_bytes as f64 / fill) as u64 + index_bytes;
                     // Small (quick) budgets use 1 MiB segments so the cleaner reserve (one segment)
                     // stays near 1% of memory; values here are at most 15 000 B.
                     let segment_seglets = if budget >= 512 << 20 { 128 } else { 16 };
@@ -751,7 +756,8 @@ fn child(spec: &str) -> anyhow::Result<()> {
         ["bpo", objects] => {
             let objects: u64 = objects.parse()?;
             let rss_before = rss_bytes();
-            let (engine, t) = engine_with((objects * 140).max(64 << 20))?;
+            // About 125 B of entry and up to 16 B of hash index per object, in one budget.
+            let (engine, t) = engine_with((objects * 160).max(64 << 20))?;
             let value = vec![0x33u8; 100];
             for i in 0..objects {
                 engine.put(t, &bpo_key(i), &value, &PutOptions::default())?;

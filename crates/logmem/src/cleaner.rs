@@ -228,7 +228,7 @@ pub(crate) fn close_wasteful_heads(inner: &Inner) -> usize {
             wasteful.push((waste, id));
         }
     }
-    wasteful.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    wasteful.sort_unstable_by_key(|&(waste, _)| std::cmp::Reverse(waste));
     wasteful.truncate((inner.pool.reserve_seglets() / 2).max(1));
     let mut closed = 0;
     for (_, id) in wasteful {

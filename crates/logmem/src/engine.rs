@@ -834,9 +834,14 @@ impl Inner {
     }
 
     /// Blocks (without any tablet lock) until the cleaner may have freed memory. Fails with
-    /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean.
+    /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean, and
+    /// a writer's write at once when no cleaning could make room (`log_cannot_grow`).
     /// `started` is when this write first had to wait (set on the first call).
-    fn wait_for_memory(&self, started: &mut Option<Instant>) -> Result<(), EngineError> {
+    fn wait_for_memory(
+        &self,
+        started: &mut Option<Instant>,
+        class: AllocClass,
+    ) -> Result<(), EngineError> {
         let started = *started.get_or_insert_with(Instant::now);
         /// Counts the wait and its time, on every way out.
         struct Timed<'a>(&'a Inner, Instant);
@@ -889,7 +894,9 @@ impl Inner {
             Err(self.out_of_memory())
         };
         self.refresh_charge();
-        if self.log_cannot_grow() {
+        // A delete waits for the cleaner as before: its tombstone needs little, and the cleaner
+        // may free it from the reserve's share of garbage.
+        if class == AllocClass::Writer && self.log_cannot_grow() {
             return fail();
         }
         if self.config.cleaner_threads == 0 {
@@ -1137,22 +1144,23 @@ impl Inner {
                 total,
                 encoded_len(kind, version, key.len(), value.len(), expire_at_ms)
             );
+            let class = if kind == KIND_TOMBSTONE {
+                AllocClass::Delete
+            } else {
+                AllocClass::Writer
+            };
             let (loc, segment) = match self.append(
                 &mut head,
                 tablet_id,
                 &[&header[..hl], key, &value],
                 total,
-                if kind == KIND_TOMBSTONE {
-                    AllocClass::Delete
-                } else {
-                    AllocClass::Writer
-                },
+                class,
             ) {
                 Ok(placed) => placed,
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, class)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {
@@ -1371,7 +1379,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
@@ -1461,7 +1469,7 @@ impl Inner {
                 Err(AppendError::NoMemory) => {
                     drop(head);
                     drop(guard);
-                    self.wait_for_memory(&mut started)?;
+                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
                     continue;
                 }
                 Err(AppendError::SegmentFull) => {
@@ -1649,4 +1657,70 @@ pub(crate) enum WriteAction<'v> {
 pub(crate) struct WriteResult {
     version: Option<Version>,
     old: Option<Object>,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::segment::SegmentState;
+    use crate::{Engine, EngineConfig, PutOptions};
+
+    /// A head opened when the engine had one tablet may grow to 1/16 of the budget; once tablets
+    /// are added, it closes at the smaller size when it next needs a seglet.
+    #[test]
+    fn heads_shrink_to_a_share_of_the_budget_when_tablets_are_added() {
+        let e = Engine::new(EngineConfig {
+            memory_bytes: 64 << 20,
+            cleaner_threads: 0,
+            ..Default::default()
+        })
+        .unwrap();
+        let inner = &e.inner;
+        let t = e.create_tablet(1, 0, 16383).unwrap();
+        assert_eq!(inner.head_segment_seglets(), 1024 / 16);
+        let put = |i: u32| {
+            e.put(
+                t,
+                format!("k{i}").as_bytes(),
+                &[1u8; 1000],
+                &PutOptions::default(),
+            )
+            .unwrap();
+        };
+        // About four seglets of entries: one head segment.
+        for i in 0..250 {
+            put(i);
+        }
+        let head = |t| {
+            let g = inner.tablet(t).unwrap().head.lock();
+            let w = g.as_ref().expect("a head");
+            (w.segment, w.seglet_count())
+        };
+        let (first, seglets) = head(t);
+        assert!(seglets >= 3, "{seglets} seglets");
+        for i in 0..63u16 {
+            e.create_tablet(2, i * 256, i * 256 + 255).unwrap();
+        }
+        assert_eq!(inner.head_segment_seglets(), 1);
+        // The next seglet the head needs is not taken: the head closes and a new one opens.
+        let mut i = 250;
+        while head(t).0 == first {
+            put(i);
+            i += 1;
+            assert!(i < 400, "the old head kept growing");
+        }
+        let old = inner.segments.get(first);
+        assert_eq!(old.state(), SegmentState::Closed);
+        assert_eq!(
+            old.seglet_count.load(std::sync::atomic::Ordering::Relaxed) as usize,
+            seglets
+        );
+        // New heads are one seglet long.
+        for j in i..i + 200 {
+            put(j);
+            assert_eq!(head(t).1, 1);
+        }
+        for j in 0..i + 200 {
+            assert!(e.get(t, format!("k{j}").as_bytes()).unwrap().is_some());
+        }
+    }
 }

@@ -180,15 +180,19 @@ fn combined_cleaning_keeps_up_beside_fast_writers() {
     let tablets: Vec<u32> = (0..2u16)
         .map(|i| engine.create_tablet(0, i * 8192, i * 8192 + 8191).unwrap())
         .collect();
-    // About 90% of memory live (entries of 100 B values, 16 B keys and a ~12 B header).
-    let keys_per_tablet = (0.90 * engine.stats().total_bytes as f64 / 128.0 / 2.0) as u64;
+    // 90% of the log's capacity live (the budget less the hash indexes, which grow with the
+    // keys): entries of 100 B values, 16 B keys and a ~12 B header.
     let key = |t: usize, k: u64| format!("t{t}-key-{k:09}").into_bytes();
-    for (t, &tablet) in tablets.iter().enumerate() {
-        for k in 0..keys_per_tablet {
-            engine
-                .put(tablet, &key(t, k), &[7u8; 100], &PutOptions::default())
-                .unwrap();
+    let mut keys_per_tablet = 0;
+    while engine.stats().utilisation < 0.90 {
+        for k in keys_per_tablet..keys_per_tablet + 1000 {
+            for (t, &tablet) in tablets.iter().enumerate() {
+                engine
+                    .put(tablet, &key(t, k), &[7u8; 100], &PutOptions::default())
+                    .unwrap();
+            }
         }
+        keys_per_tablet += 1000;
     }
     let writers: Vec<_> = tablets
         .iter()

@@ -275,11 +275,24 @@ fn the_external_charge_and_the_index_shrink_what_writers_may_use() {
         s.log_capacity_bytes
     );
 
-    // A charge above the whole budget: writes fail at once, reads and deletes work.
+    // A charge above the whole budget: writes fail once the head's last seglet is full (the
+    // charge applies when a seglet is taken), without waiting for the cleaner; reads and deletes
+    // work.
     e.set_external_bytes(total * 2);
     let s = e.stats();
     assert_eq!(s.log_capacity_bytes, 0);
     let started = Instant::now();
+    let mut accepted = 0;
+    while e
+        .put(t, b"one-more", &[1u8; 100], &PutOptions::default())
+        .is_ok()
+    {
+        accepted += 1;
+        assert!(
+            accepted <= seglet / 100,
+            "writes accepted beyond the head's last seglet"
+        );
+    }
     assert!(matches!(
         e.put(t, b"one-more", &[1u8; 100], &PutOptions::default()),
         Err(EngineError::OutOfMemory { .. })

@@ -73,7 +73,8 @@ pub struct Node {
     persistence: Option<Arc<Persistence>>,
     next_client_id: AtomicU64,
     shutdown_requested: tokio::sync::Notify,
-    /// Resident memory before the engine and the store existed: code, libraries, the runtime.
+    /// Anonymous resident memory before the engine and the store existed (the runtime, the
+    /// configuration); with the resident code and libraries, the `process` part.
     process_base_bytes: u64,
 }
 
@@ -92,7 +93,7 @@ impl Node {
         config: ServerConfig,
         addresses: Addresses,
     ) -> Result<Arc<Node>, crate::ServerError> {
-        let process_base_bytes = rss_bytes();
+        let process_base_bytes = status_kib("RssAnon:") * 1024;
         let persistence = match config.persistence {
             PersistenceMode::Off => None,
             _ => Some(Persistence::open(&config)?),
@@ -162,7 +163,7 @@ impl Node {
         mut config: ServerConfig,
     ) -> Result<Arc<Node>, EngineError> {
         config.persistence = PersistenceMode::Off;
-        let process_base_bytes = rss_bytes();
+        let process_base_bytes = status_kib("RssAnon:") * 1024;
         let keyspace = Keyspace::create(engine, tablets)?;
         Ok(Node::assemble(
             config,
@@ -230,8 +231,9 @@ impl Node {
     }
 
     /// What the process holds, by part. The parts the budget bounds are the log, the index, the
-    /// backup store's parts and connection buffers; `process` is what was resident before the
-    /// engine and the store existed.
+    /// backup store's parts and connection buffers; `process` is the resident code and libraries
+    /// and the anonymous memory resident before the engine and the store existed (the runtime);
+    /// `allocator_free` is freed heap memory the C allocator keeps.
     pub fn memory_breakdown(&self, stats: &ramlog_logmem::EngineStats) -> MemoryBreakdown {
         let mut parts = vec![
             ("log", stats.log_resident_bytes),
@@ -254,7 +256,10 @@ impl Node {
                 "connections",
                 self.metrics.connection_buffer_bytes.load(Ordering::Relaxed),
             ),
-            ("process", self.process_base_bytes),
+            (
+                "process",
+                self.process_base_bytes + status_kib("RssFile:") * 1024,
+            ),
             ("allocator_free", allocator_free_bytes()),
         ]);
         MemoryBreakdown::new(parts, stats.total_bytes, stats.log_capacity_bytes)
@@ -565,10 +570,12 @@ pub fn tune_allocator() {
 }
 
 /// Resident bytes the C allocator holds free in its heaps (freed by the program, not returned to
-/// the system): the resident size of glibc's heaps (`[heap]` and the thread arenas' heaps,
-/// which glibc maps at multiples of their 64 MiB maximum) less the bytes allocated in them
-/// (`mallinfo2().uordblks`). Blocks of their own mapping (the log, the backup store's buffers)
-/// are in neither. Reads /proc/self/smaps: for reports, not hot paths. 0 where that is unknown.
+/// the system): the resident size of glibc's heaps less the bytes allocated in them
+/// (`mallinfo2().uordblks`). The heaps are `[heap]` and the thread arenas' heaps, which glibc
+/// reserves as 64 MiB regions at multiples of 64 MiB and opens for writing from the start as they
+/// grow (a writable mapping followed by the inaccessible rest of its region). Blocks in mappings
+/// of their own (the log, the backup store's buffers) are in neither figure. Reads
+/// /proc/self/smaps: for reports, not hot paths. 0 where that is unknown.
 pub fn allocator_free_bytes() -> u64 {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -576,27 +583,47 @@ pub fn allocator_free_bytes() -> u64 {
         let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return 0;
         };
-        let mut heap_rss_kib = 0u64;
-        let mut in_heap = false;
+        // (start, end, writable, inaccessible, named [heap], anonymous, rss in KiB)
+        let mut maps: Vec<(u64, u64, bool, bool, bool, bool, u64)> = Vec::new();
         for line in smaps.lines() {
             let mut fields = line.split_whitespace();
             let first = fields.next().unwrap_or("");
-            if let Some((start, end)) = first.split_once('-').filter(|_| !line.ends_with(':')) {
-                let (Ok(start), Ok(end)) =
-                    (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
-                else {
-                    in_heap = false;
-                    continue;
-                };
-                let perms = fields.next().unwrap_or("");
-                let name = fields.nth(3).unwrap_or("");
-                in_heap = perms.starts_with("rw")
-                    && (name == "[heap]"
-                        || (name.is_empty()
-                            && start % ARENA_HEAP_BYTES == 0
-                            && end - start <= ARENA_HEAP_BYTES));
-            } else if in_heap && first == "Rss:" {
-                heap_rss_kib += fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if first == "Rss:" {
+                if let Some(m) = maps.last_mut() {
+                    m.6 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                }
+                continue;
+            }
+            let Some((start, end)) = first.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) =
+                (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+            else {
+                continue;
+            };
+            let perms = fields.next().unwrap_or("");
+            let name = fields.nth(3).unwrap_or("");
+            maps.push((
+                start,
+                end,
+                perms.starts_with("rw"),
+                perms.starts_with("---"),
+                name == "[heap]",
+                name.is_empty(),
+                0,
+            ));
+        }
+        let mut heap_rss_kib = 0;
+        for (i, m) in maps.iter().enumerate() {
+            let arena_heap = m.2
+                && m.5
+                && m.0 % ARENA_HEAP_BYTES == 0
+                && maps.get(i + 1).is_some_and(|next| {
+                    next.3 && next.5 && next.0 == m.1 && next.1 == m.0 + ARENA_HEAP_BYTES
+                });
+            if (m.2 && m.4) || arena_heap {
+                heap_rss_kib += m.6;
             }
         }
         // SAFETY: mallinfo2 only reads the allocator's statistics (under its arena locks).
@@ -607,6 +634,16 @@ pub fn allocator_free_bytes() -> u64 {
     {
         0
     }
+}
+
+/// A `kB` figure of /proc/self/status (0 where it does not exist).
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Resident set size of this process (from /proc/self/statm; 0 where that does not exist).

@@ -272,6 +272,17 @@ async fn write_then_kill(
     tasks: Vec<TaskState>,
     run: Duration,
 ) -> (Vec<TaskState>, Instant) {
+    write_for(server, tasks, run, true).await
+}
+
+/// Runs the writers for `run`, then stops them; with `kill`, kills the server with writes in
+/// flight at that moment (it is left dead), otherwise lets every write in flight complete.
+async fn write_for(
+    server: &mut ServerProcess,
+    tasks: Vec<TaskState>,
+    run: Duration,
+    kill: bool,
+) -> (Vec<TaskState>, Instant) {
     let client = connect(server).await;
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = tasks
@@ -281,7 +292,9 @@ async fn write_then_kill(
     tokio::time::sleep(run).await;
     stop.store(true, Ordering::SeqCst);
     let killed_at = Instant::now();
-    server.kill();
+    if kill {
+        server.kill();
+    }
     let mut tasks = Vec::new();
     for h in handles {
         match h.await.expect("writer task") {
@@ -335,6 +348,76 @@ async fn durable_acknowledged_writes_survive_kill_9_with_writes_in_flight() {
         .await;
         tasks = done;
     }
+}
+
+/// The backup store frees what grows with the keys once it is at rest (nothing appended for a
+/// second): it spills every version buffer to its version log and drops the reorganizer's
+/// version tables. Writes after such a rest, and the kill, must still leave every acknowledged
+/// write (and no deleted key) behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_writes_survive_kill_9_after_the_store_came_to_rest() {
+    let mut server = ServerProcess::start(&["--persistence", "durable"]).await;
+    let tasks: Vec<TaskState> = (0..TASKS).map(TaskState::new).collect();
+    let (tasks, _) = write_for(&mut server, tasks, Duration::from_millis(800), false).await;
+    let rested = count(&tasks, |op| matches!(op.outcome, Outcome::Acked { .. }));
+    assert!(rested > 0, "no write was acknowledged before the rest");
+    // The store comes to rest a second after the last append; wait (bounded) until the memory
+    // account shows that it let go of its version buffers and tables.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let metrics = admin_get(server.admin_port, "/metrics");
+        let part = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("ramlog_memory_part_bytes{{part=\"{name}\"}} "))
+                })
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} part in /metrics"))
+        };
+        if part("backup_version_buffers") == 0 && part("backup_version_caches") == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store did not come to rest within 15 s of the last write"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (mut done, _) = write_then_kill(&mut server, tasks, Duration::from_millis(800)).await;
+    let acked = count(&done, |op| matches!(op.outcome, Outcome::Acked { .. }));
+    assert!(acked > rested, "no write was acknowledged after the rest");
+    server.restart().await;
+    let client = connect(&server).await;
+    let last_acked = |h: &History| {
+        h.ops
+            .iter()
+            .rposition(|op| matches!(op.outcome, Outcome::Acked { .. }))
+    };
+    check_and_rebase(
+        &client,
+        &mut done,
+        last_acked,
+        &format!("durable, kill after a rest ({rested} writes before it, {acked} in all)"),
+    )
+    .await;
+}
+
+/// GET on the server's admin port; the body.
+fn admin_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("admin port");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("admin reply");
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -389,14 +389,7 @@ fn memory_rows(
         let secs = started.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_millis(200));
         let after = peer.rss_bytes();
-        let dbsize = command(peer.port, "DBSIZE")?;
-        if dbsize != format!(":{}", sizes.memory_keys) {
-            bail!(
-                "{} holds {dbsize} keys after loading {}",
-                peer.name,
-                sizes.memory_keys
-            );
-        }
+        expect_keys(peer, sizes.memory_keys, "loading")?;
         per_key.push((
             after as f64 / sizes.memory_keys as f64,
             (after.saturating_sub(before)) as f64 / sizes.memory_keys as f64,
@@ -428,6 +421,15 @@ fn memory_rows(
     Ok(())
 }
 
+/// Fails unless `peer` holds exactly `keys` keys (after `what`).
+fn expect_keys(peer: &Peer, keys: u64, what: &str) -> anyhow::Result<()> {
+    let dbsize = command(peer.port, "DBSIZE")?;
+    if dbsize != format!(":{keys}") {
+        bail!("{} holds {dbsize} keys after {what} {keys}", peer.name);
+    }
+    Ok(())
+}
+
 /// Steady state under overwrites: after `memory_rows` loaded the keys, overwrites every key twice
 /// more (new bytes each round) in each peer, waits a second for background work (ramlog's cleaner
 /// and backup reorganization, Redis's AOF rewrite) and compares RSS per key, and the overwrite
@@ -449,14 +451,7 @@ fn overwrite_rows(
         let secs = started.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_secs(1));
         let rss = peer.rss_bytes();
-        let dbsize = command(peer.port, "DBSIZE")?;
-        if dbsize != format!(":{}", sizes.memory_keys) {
-            bail!(
-                "{} holds {dbsize} keys after overwriting {}",
-                peer.name,
-                sizes.memory_keys
-            );
-        }
+        expect_keys(peer, sizes.memory_keys, "overwriting")?;
         figures.push((
             rss as f64 / sizes.memory_keys as f64,
             (sizes.memory_keys * ROUNDS as u64) as f64 / secs,

@@ -305,6 +305,13 @@ async fn write_for(
     (tasks, killed_at)
 }
 
+/// The last write of a key's history that was acknowledged (every durable acknowledgement holds).
+fn last_acked(h: &History) -> Option<usize> {
+    h.ops
+        .iter()
+        .rposition(|op| matches!(op.outcome, Outcome::Acked { .. }))
+}
+
 fn count(tasks: &[TaskState], f: impl Fn(&Op) -> bool) -> usize {
     tasks
         .iter()
@@ -332,11 +339,6 @@ async fn durable_acknowledged_writes_survive_kill_9_with_writes_in_flight() {
         );
         server.restart().await;
         let client = connect(&server).await;
-        let last_acked = |h: &History| {
-            h.ops
-                .iter()
-                .rposition(|op| matches!(op.outcome, Outcome::Acked { .. }))
-        };
         check_and_rebase(
             &client,
             &mut done,
@@ -389,11 +391,6 @@ async fn durable_writes_survive_kill_9_after_the_store_came_to_rest() {
     assert!(acked > rested, "no write was acknowledged after the rest");
     server.restart().await;
     let client = connect(&server).await;
-    let last_acked = |h: &History| {
-        h.ops
-            .iter()
-            .rposition(|op| matches!(op.outcome, Outcome::Acked { .. }))
-    };
     check_and_rebase(
         &client,
         &mut done,

@@ -1262,9 +1262,14 @@ struct Output {
 /// An output segment's write, on a thread of its own so that cleaning goes on meanwhile (written
 /// in line, output segments were a sixth of the reorganizers' round time in the bench's uniform
 /// updates). What `Output::finish_write` records once it is done.
+/// A finished output write: its result and the buffer it wrote.
+type WriteDone = Option<(std::io::Result<()>, AlignedBuf)>;
+/// The thread running an output write.
+type WriteHandle = std::thread::JoinHandle<(std::io::Result<()>, AlignedBuf)>;
+
 struct OutWrite {
-    handle: Option<std::thread::JoinHandle<(std::io::Result<()>, AlignedBuf)>>,
-    done: Option<(std::io::Result<()>, AlignedBuf)>,
+    handle: Option<WriteHandle>,
+    done: WriteDone,
     segment: usize,
     padded: usize,
     sources: Vec<usize>,
@@ -1324,25 +1329,34 @@ impl Output {
         }
         self.buf.set_len(padded);
         let base = o as u64 * t.segment_bytes;
-        if self.inline {
+        let (handle, done) = if self.inline {
             let r = t.file.write_all_at(self.buf.as_slice(), base);
             self.buf.set_len(0);
-            self.writing = Some(OutWrite {
-                handle: None,
-                done: Some((r, AlignedBuf::new(0))),
-                segment: o,
-                padded,
-                sources: std::mem::take(&mut self.sources),
-                sources_used: self.sources_used,
-                data_seq: self.data_seq,
-            });
-            self.sources_used = 0;
-            self.len = BLOCK_HEADER_BYTES;
-            self.count = 0;
-            self.data_seq = 0;
-            self.segment = None;
-            return Ok(());
-        }
+            (None, Some((r, AlignedBuf::new(0))))
+        } else {
+            self.write_in_background(t, base)
+        };
+        self.writing = Some(OutWrite {
+            handle,
+            done,
+            segment: o,
+            padded,
+            sources: std::mem::take(&mut self.sources),
+            sources_used: self.sources_used,
+            data_seq: self.data_seq,
+        });
+        self.sources_used = 0;
+        self.len = BLOCK_HEADER_BYTES;
+        self.count = 0;
+        self.data_seq = 0;
+        self.segment = None;
+        Ok(())
+    }
+
+    /// Hands the output buffer to a thread that writes it at `base` (taking the spare buffer,
+    /// or a new one, for the next output); the write is done here if no thread or file handle
+    /// can be had.
+    fn write_in_background(&mut self, t: &Tablet, base: u64) -> (Option<WriteHandle>, WriteDone) {
         let next = self
             .spare
             .take()
@@ -1351,7 +1365,7 @@ impl Output {
         self.buf.set_len(0);
         // The write runs on a thread with its own handle of the file; if either cannot be had,
         // it is done here.
-        let (handle, done) = match t.file.try_clone() {
+        match t.file.try_clone() {
             Ok(file) => {
                 let (tx, rx) = std::sync::mpsc::sync_channel(1);
                 let spawned = std::thread::Builder::new().spawn(move || {
@@ -1375,22 +1389,7 @@ impl Output {
                 }
             }
             Err(_) => (None, Some((t.file.write_all_at(buf.as_slice(), base), buf))),
-        };
-        self.writing = Some(OutWrite {
-            handle,
-            done,
-            segment: o,
-            padded,
-            sources: std::mem::take(&mut self.sources),
-            sources_used: self.sources_used,
-            data_seq: self.data_seq,
-        });
-        self.sources_used = 0;
-        self.len = BLOCK_HEADER_BYTES;
-        self.count = 0;
-        self.data_seq = 0;
-        self.segment = None;
-        Ok(())
+        }
     }
 
     /// Waits for the output write in flight, if any, and records it: the output segment holds

@@ -1,0 +1,273 @@
+//! The cluster map: which servers exist, which tables, and which server masters and backs up each
+//! tablet. The coordinator owns it; servers and clients hold copies stamped with its version, and
+//! a copy with a higher version replaces a lower one.
+
+use ramlog_common::{key_slot, TableId, SLOT_COUNT};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+/// A server's id in the cluster, handed out by the coordinator (1, 2, ...), never reused.
+pub type ServerId = u64;
+
+/// The table that RESP clients use (Redis's db 0).
+pub const DEFAULT_TABLE: TableId = 0;
+pub const DEFAULT_TABLE_NAME: &str = "default";
+
+/// Where a server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerAddresses {
+    /// Cluster-aware RESP (answers -MOVED for keys it does not master).
+    pub resp: SocketAddr,
+    /// The routing port: RESP for any client and any key.
+    pub routing: Option<SocketAddr>,
+    /// Native protocol (clients and other servers).
+    pub native: SocketAddr,
+    /// Admin HTTP.
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerState {
+    /// Registered, not serving yet.
+    Joining,
+    Up,
+    /// Reported by a peer or missing heartbeats; not yet confirmed dead.
+    Suspected,
+    /// Declared dead; its epoch is fenced. A restarted process registers again.
+    Dead,
+}
+
+impl ServerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerState::Joining => "joining",
+            ServerState::Up => "up",
+            ServerState::Suspected => "suspected",
+            ServerState::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub id: ServerId,
+    /// Redis Cluster's 40-character node id (CLUSTER NODES, MYID).
+    pub name: String,
+    pub addresses: ServerAddresses,
+    /// Grows with every registration of this id: a process with an older epoch is fenced.
+    pub epoch: u64,
+    pub state: ServerState,
+    pub memory_bytes: u64,
+}
+
+/// A table's replication mode (DESIGN.md "Replication modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationMode {
+    Async,
+    #[default]
+    Sync,
+    Durable,
+    Mirror,
+}
+
+impl ReplicationMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicationMode::Async => "async",
+            ReplicationMode::Sync => "sync",
+            ReplicationMode::Durable => "durable",
+            ReplicationMode::Mirror => "mirror",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ReplicationMode> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "async" => ReplicationMode::Async,
+            "sync" => ReplicationMode::Sync,
+            "durable" => ReplicationMode::Durable,
+            "mirror" => ReplicationMode::Mirror,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for ReplicationMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: TableId,
+    pub name: String,
+    pub mode: ReplicationMode,
+    /// Backups per tablet.
+    pub replicas: u32,
+    /// The table's schema in its binary form (`ramlog_query::Schema::to_bytes`), if any.
+    pub schema: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletInfo {
+    pub table: TableId,
+    pub first_slot: u16,
+    pub last_slot: u16,
+    pub master: ServerId,
+    pub mirror: Option<ServerId>,
+    /// Ordered backups: the first is the tablet's designated restorer.
+    pub backups: Vec<ServerId>,
+    /// Grows whenever the tablet's master changes; replication frames carry it.
+    pub epoch: u64,
+}
+
+impl TabletInfo {
+    pub fn slots(&self) -> std::ops::RangeInclusive<u16> {
+        self.first_slot..=self.last_slot
+    }
+}
+
+/// The whole map at one version.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Random at the cluster's creation: a server or client that names another cluster's id is
+    /// pointed at the wrong coordinator.
+    pub cluster_id: u64,
+    /// Grows with every change.
+    pub version: u64,
+    /// By id, ascending.
+    pub servers: Vec<ServerInfo>,
+    /// By id, ascending.
+    pub tables: Vec<TableInfo>,
+    /// By (table, first slot).
+    pub tablets: Vec<TabletInfo>,
+}
+
+impl ClusterMap {
+    pub fn server(&self, id: ServerId) -> Option<&ServerInfo> {
+        self.servers
+            .binary_search_by_key(&id, |s| s.id)
+            .ok()
+            .map(|i| &self.servers[i])
+    }
+
+    pub fn table(&self, id: TableId) -> Option<&TableInfo> {
+        self.tables.iter().find(|t| t.id == id)
+    }
+
+    pub fn table_by_name(&self, name: &str) -> Option<&TableInfo> {
+        self.tables.iter().find(|t| t.name == name)
+    }
+
+    /// The tablets of `table`, in slot order.
+    pub fn tablets_of(&self, table: TableId) -> impl Iterator<Item = &TabletInfo> {
+        self.tablets.iter().filter(move |t| t.table == table)
+    }
+
+    /// The tablet of `table` holding `slot`.
+    pub fn tablet_at(&self, table: TableId, slot: u16) -> Option<&TabletInfo> {
+        let start = self.tablets.partition_point(|t| t.table < table);
+        let rest = &self.tablets[start..];
+        let end = rest.partition_point(|t| t.table == table);
+        let within = &rest[..end];
+        let i = within.partition_point(|t| t.last_slot < slot);
+        within.get(i).filter(|t| t.first_slot <= slot)
+    }
+
+    /// The tablet of `table` holding `key`.
+    pub fn tablet_of(&self, table: TableId, key: &[u8]) -> Option<&TabletInfo> {
+        self.tablet_at(table, key_slot(key))
+    }
+
+    /// Owner of every slot of `table` (0 where no tablet covers it), for O(1) routing.
+    pub fn slot_owners(&self, table: TableId) -> Vec<ServerId> {
+        let mut owners = vec![0; SLOT_COUNT as usize];
+        for t in self.tablets_of(table) {
+            for slot in t.slots() {
+                owners[slot as usize] = t.master;
+            }
+        }
+        owners
+    }
+
+    /// Servers in state `Up`.
+    pub fn up_servers(&self) -> impl Iterator<Item = &ServerInfo> {
+        self.servers.iter().filter(|s| s.state == ServerState::Up)
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a map always serializes")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<ClusterMap, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// Redis Cluster's node id for a server: 40 lowercase hex characters, derived from the cluster
+/// and the server id so that it is the same on every server and client that holds the map.
+pub fn redis_node_name(cluster_id: u64, server: ServerId) -> String {
+    let mut x = cluster_id ^ server.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut out = String::with_capacity(40);
+    while out.len() < 40 {
+        // splitmix64
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        out.push_str(&format!("{z:016x}"));
+    }
+    out.truncate(40);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tablet(table: TableId, first: u16, last: u16, master: ServerId) -> TabletInfo {
+        TabletInfo {
+            table,
+            first_slot: first,
+            last_slot: last,
+            master,
+            mirror: None,
+            backups: vec![],
+            epoch: 1,
+        }
+    }
+
+    #[test]
+    fn tablet_lookup_by_slot() {
+        let map = ClusterMap {
+            tablets: vec![
+                tablet(0, 0, 99, 1),
+                tablet(0, 100, 16383, 2),
+                tablet(5, 0, 16383, 3),
+            ],
+            ..ClusterMap::default()
+        };
+        assert_eq!(map.tablet_at(0, 0).unwrap().master, 1);
+        assert_eq!(map.tablet_at(0, 99).unwrap().master, 1);
+        assert_eq!(map.tablet_at(0, 100).unwrap().master, 2);
+        assert_eq!(map.tablet_at(5, 7).unwrap().master, 3);
+        assert!(map.tablet_at(4, 7).is_none());
+        let owners = map.slot_owners(0);
+        assert_eq!((owners[99], owners[100]), (1, 2));
+    }
+
+    #[test]
+    fn node_names_are_40_hex_and_distinct() {
+        let a = redis_node_name(7, 1);
+        let b = redis_node_name(7, 2);
+        assert_eq!(a.len(), 40);
+        assert!(a
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(a, b);
+        assert_eq!(a, redis_node_name(7, 1));
+    }
+}

@@ -1,0 +1,349 @@
+//! The coordinator's wire protocol and its client.
+//!
+//! One TCP port per coordinator member carries both what servers and tools ask ([`Request`]) and
+//! Raft's traffic between members ([`Request::Raft`]). A frame is a 4-byte big-endian length and
+//! that many bytes of JSON; a frame above [`FRAME_MAX_BYTES`] or one that does not decode closes
+//! the connection with an error. Every request gets exactly one response, in order.
+//!
+//! Requests that change the map go to the Raft leader; a follower answers
+//! [`Response::NotLeader`] with the leader's address when it knows it, and [`CoordinatorClient`]
+//! follows it. The client tries every member it was given, within one deadline per call.
+
+use crate::map::{ClusterMap, ReplicationMode, ServerAddresses, ServerId, TableInfo};
+use crate::state::{CommandError, PreviousIdentity};
+use ramlog_common::TableId;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+/// Largest frame either side accepts (a snapshot of a large map fits many times over).
+pub const FRAME_MAX_BYTES: usize = 64 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// A server joins (or rejoins after a restart, with what it remembers).
+    Register {
+        previous: Option<PreviousIdentity>,
+        addresses: ServerAddresses,
+        memory_bytes: u64,
+    },
+    /// Sent by every server every heartbeat interval; the answer carries the map when the
+    /// coordinator's is newer than `map_version`.
+    Heartbeat {
+        id: ServerId,
+        epoch: u64,
+        map_version: u64,
+    },
+    GetMap,
+    CreateTable {
+        name: String,
+        mode: ReplicationMode,
+        replicas: Option<u32>,
+        schema: Option<Vec<u8>>,
+    },
+    DropTable {
+        name: String,
+    },
+    /// The coordinator members, the leader, and the map.
+    Status,
+    /// Raft traffic between coordinator members: the body is openraft's request as JSON.
+    Raft {
+        rpc: RaftRpc,
+        body: serde_json::Value,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    Registered {
+        id: ServerId,
+        epoch: u64,
+        map: ClusterMap,
+    },
+    /// `map` is set when the coordinator's map is newer than the one the server named.
+    Heartbeat {
+        map: Option<ClusterMap>,
+    },
+    Map(ClusterMap),
+    TableCreated(TableInfo),
+    TableDropped(TableId),
+    Status(CoordinatorStatus),
+    Raft(serde_json::Value),
+    /// This member is not the leader; `leader` is the leader's client address if known.
+    NotLeader {
+        leader: Option<String>,
+    },
+    /// The server's epoch is older than the coordinator's: another process registered with its
+    /// id since. It must stop serving.
+    Fenced {
+        reason: String,
+    },
+    /// The command was refused; nothing changed.
+    Refused(CommandError),
+    /// Any other failure (Raft could not commit, storage failed, a malformed request).
+    Error(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorStatus {
+    /// The member that answered.
+    pub member: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub members: Vec<MemberInfo>,
+    pub map: ClusterMap,
+    /// Milliseconds since each server's last heartbeat, as the answering member saw them
+    /// (only the leader receives heartbeats).
+    pub heartbeat_age_ms: Vec<(ServerId, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub id: u64,
+    pub address: String,
+    /// "leader", "follower", "candidate", "learner" or "unreachable" as the answering member knows it.
+    pub role: String,
+    pub last_applied: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("no coordinator reachable at {addresses}: {last}")]
+    Unreachable { addresses: String, last: String },
+    #[error("the coordinator refused: {0}")]
+    Refused(#[from] CommandError),
+    #[error("fenced by the coordinator: {0}")]
+    Fenced(String),
+    #[error("coordinator error: {0}")]
+    Coordinator(String),
+    #[error("bad frame: {0}")]
+    Frame(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes one frame.
+pub async fn write_frame<W: AsyncWriteExt + Unpin, T: Serialize>(
+    w: &mut W,
+    message: &T,
+) -> Result<(), RpcError> {
+    let body = serde_json::to_vec(message).map_err(|e| RpcError::Frame(e.to_string()))?;
+    if body.len() > FRAME_MAX_BYTES {
+        return Err(RpcError::Frame(format!(
+            "a frame of {} bytes is above the limit of {FRAME_MAX_BYTES}",
+            body.len()
+        )));
+    }
+    let mut buf = Vec::with_capacity(4 + body.len());
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&body);
+    w.write_all(&buf).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Reads one frame; Ok(None) at a clean end of stream.
+pub async fn read_frame<R: AsyncReadExt + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> Result<Option<T>, RpcError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > FRAME_MAX_BYTES {
+        return Err(RpcError::Frame(format!(
+            "a frame of {len} bytes is above the limit of {FRAME_MAX_BYTES}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    decode_frame_body(&body).map(Some)
+}
+
+/// Decodes a frame's JSON body (also the fuzz target's entry point).
+pub fn decode_frame_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, RpcError> {
+    serde_json::from_slice(body).map_err(|e| RpcError::Frame(e.to_string()))
+}
+
+/// Parses a comma-separated list of coordinator addresses (`host:port,host:port`).
+pub fn parse_addresses(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// A client of the coordinator members. Cheap to share; calls are serialized over one cached
+/// connection to the member that last answered.
+pub struct CoordinatorClient {
+    addresses: Vec<String>,
+    timeout: Duration,
+    conn: Mutex<Option<(String, TcpStream)>>,
+}
+
+impl CoordinatorClient {
+    /// `addresses`: every member's client address (or any subset); `timeout` bounds each call.
+    pub fn new(addresses: Vec<String>, timeout: Duration) -> CoordinatorClient {
+        CoordinatorClient {
+            addresses,
+            timeout,
+            conn: Mutex::new(None),
+        }
+    }
+
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    /// Sends `request` to the leader (following redirects, trying every member) and returns its
+    /// answer. `Refused`, `Fenced` and `Error` answers become errors.
+    pub async fn call(&self, request: &Request) -> Result<Response, RpcError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut conn = self.conn.lock().await;
+        let mut next = 0usize;
+        let mut hint: Option<String> = None;
+        let mut last = String::from("no address given");
+        loop {
+            if tokio::time::Instant::now() >= deadline || self.addresses.is_empty() {
+                return Err(RpcError::Unreachable {
+                    addresses: self.addresses.join(","),
+                    last,
+                });
+            }
+            if conn.is_none() {
+                let address = hint
+                    .take()
+                    .unwrap_or_else(|| self.addresses[next % self.addresses.len()].clone());
+                next += 1;
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(left, TcpStream::connect(&address)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = stream.set_nodelay(true);
+                        *conn = Some((address, stream));
+                    }
+                    Ok(Err(e)) => {
+                        last = format!("{address}: {e}");
+                        if next % self.addresses.len() == 0 {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        continue;
+                    }
+                    Err(_) => {
+                        last = format!("{address}: connect timed out");
+                        continue;
+                    }
+                }
+            }
+            let Some((address, stream)) = conn.as_mut() else {
+                continue;
+            };
+            let address = address.clone();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let exchange = async {
+                write_frame(stream, request).await?;
+                read_frame::<_, Response>(stream).await
+            };
+            match tokio::time::timeout(left, exchange).await {
+                Ok(Ok(Some(response))) => match response {
+                    Response::NotLeader { leader } => {
+                        *conn = None;
+                        last = format!("{address} is not the leader");
+                        match leader {
+                            Some(l) if l != address => hint = Some(l),
+                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                        }
+                    }
+                    Response::Refused(e) => return Err(RpcError::Refused(e)),
+                    Response::Fenced { reason } => return Err(RpcError::Fenced(reason)),
+                    Response::Error(e) => return Err(RpcError::Coordinator(e)),
+                    other => return Ok(other),
+                },
+                Ok(Ok(None)) => {
+                    *conn = None;
+                    last = format!("{address} closed the connection");
+                }
+                Ok(Err(e)) => {
+                    *conn = None;
+                    last = format!("{address}: {e}");
+                }
+                Err(_) => {
+                    *conn = None;
+                    last = format!("{address}: no answer in time");
+                }
+            }
+        }
+    }
+
+    pub async fn map(&self) -> Result<ClusterMap, RpcError> {
+        match self.call(&Request::GetMap).await? {
+            Response::Map(map) => Ok(map),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub async fn status(&self) -> Result<CoordinatorStatus, RpcError> {
+        match self.call(&Request::Status).await? {
+            Response::Status(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// An answer of the wrong kind for the request.
+pub fn unexpected(response: &Response) -> RpcError {
+    let text = format!("{response:?}");
+    RpcError::Coordinator(format!(
+        "unexpected answer: {}",
+        text.chars().take(200).collect::<String>()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_refuse_garbage() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        write_frame(&mut a, &Request::GetMap).await.unwrap();
+        let got: Request = read_frame(&mut b).await.unwrap().unwrap();
+        assert!(matches!(got, Request::GetMap));
+        a.write_all(&5u32.to_be_bytes()).await.unwrap();
+        a.write_all(b"{bad}").await.unwrap();
+        assert!(matches!(
+            read_frame::<_, Request>(&mut b).await,
+            Err(RpcError::Frame(_))
+        ));
+        a.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        assert!(matches!(
+            read_frame::<_, Request>(&mut b).await,
+            Err(RpcError::Frame(_))
+        ));
+        drop(a);
+        assert!(read_frame::<_, Request>(&mut b).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn unreachable_members_fail_within_the_deadline() {
+        let client = CoordinatorClient::new(
+            vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            Duration::from_millis(300),
+        );
+        let started = std::time::Instant::now();
+        let e = client.map().await.unwrap_err();
+        assert!(matches!(e, RpcError::Unreachable { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}

@@ -1,0 +1,444 @@
+//! The coordinator's replicated state machine. Every change to the map is a [`Command`] in the
+//! Raft log; [`ClusterState::apply`] is a pure function of the state and the command, so every
+//! coordinator member that applies the same log holds the same map. Anything that is not
+//! deterministic (the cluster id, the leader's view of heartbeats) is decided by the leader
+//! before it proposes, and travels in the command.
+
+use crate::map::{
+    redis_node_name, ClusterMap, ReplicationMode, ServerAddresses, ServerId, ServerInfo,
+    ServerState, TableInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
+};
+use crate::placement::place_table;
+use ramlog_common::TableId;
+use serde::{Deserialize, Serialize};
+
+/// Longest table name.
+pub const TABLE_NAME_MAX: usize = 64;
+/// Most backups per tablet.
+pub const REPLICAS_MAX: u32 = 7;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// The first command of a new cluster: fixes its id (random, chosen by the leader) and how
+    /// many servers must be up before the default table is placed.
+    Init {
+        cluster_id: u64,
+        initial_servers: u32,
+    },
+    /// A server joins: a new id, or an earlier id again (a restart) with the cluster id it was
+    /// given. Either way it gets a new epoch.
+    Register {
+        previous: Option<PreviousIdentity>,
+        addresses: ServerAddresses,
+        memory_bytes: u64,
+    },
+    CreateTable {
+        name: String,
+        mode: ReplicationMode,
+        /// Backups per tablet; None = the default for the cluster's size (2 with 3 servers, 3 from 4).
+        replicas: Option<u32>,
+        schema: Option<Vec<u8>>,
+    },
+    DropTable {
+        name: String,
+    },
+}
+
+/// What a restarted server remembers of its membership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousIdentity {
+    pub cluster_id: u64,
+    pub server_id: ServerId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandOutcome {
+    Initialized,
+    Registered { id: ServerId, epoch: u64 },
+    TableCreated(TableInfo),
+    TableDropped(TableId),
+}
+
+/// Why a command changed nothing. Every variant is the caller's error, stated so that a person
+/// can act on it; the map is left as it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum CommandError {
+    #[error("the cluster is not initialized yet")]
+    NotInitialized,
+    #[error(
+        "this server belongs to cluster {theirs:016x}, but this coordinator runs cluster {ours:016x}: \
+         a wrong or stale coordinator address, or a data directory from another cluster"
+    )]
+    WrongCluster { ours: u64, theirs: u64 },
+    #[error("server id {0} is not a member of this cluster")]
+    UnknownServer(ServerId),
+    #[error("server id {id} is in use by a live server at {address}")]
+    DuplicateServer { id: ServerId, address: String },
+    #[error("a table named {0:?} exists")]
+    TableExists(String),
+    #[error("no table named {0:?}")]
+    NoSuchTable(String),
+    #[error("bad table name {name:?}: {reason}")]
+    BadTableName { name: String, reason: String },
+    #[error("the default table cannot be dropped")]
+    DefaultTable,
+    #[error("{replicas} backups per tablet need at least {} live servers; {up} are up", replicas + 1)]
+    NotEnoughServers { replicas: u32, up: u32 },
+    #[error("replicas must be between 0 and {REPLICAS_MAX}, not {0}")]
+    BadReplicas(u32),
+    #[error("no server is up to place the table on")]
+    NoServers,
+}
+
+/// Everything the coordinator replicates.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub map: ClusterMap,
+    pub initialized: bool,
+    pub initial_servers: u32,
+    pub next_server_id: ServerId,
+    pub next_table_id: TableId,
+}
+
+/// Backups per tablet when a table does not say: 2 in a 3-server cluster, 3 from 4 servers.
+pub fn default_replicas(up: u32) -> u32 {
+    up.saturating_sub(1).min(3)
+}
+
+impl ClusterState {
+    /// Applies one command; on error the state is unchanged.
+    pub fn apply(&mut self, command: &Command) -> Result<CommandOutcome, CommandError> {
+        if !self.initialized && !matches!(command, Command::Init { .. }) {
+            return Err(CommandError::NotInitialized);
+        }
+        let outcome = match command {
+            Command::Init {
+                cluster_id,
+                initial_servers,
+            } => {
+                if self.initialized {
+                    // A second Init (a new leader that had not seen the first) changes nothing.
+                    return Ok(CommandOutcome::Initialized);
+                }
+                self.initialized = true;
+                self.initial_servers = (*initial_servers).max(1);
+                self.map.cluster_id = *cluster_id;
+                self.next_server_id = 1;
+                self.next_table_id = 1;
+                CommandOutcome::Initialized
+            }
+            Command::Register {
+                previous,
+                addresses,
+                memory_bytes,
+            } => self.register(previous.as_ref(), *addresses, *memory_bytes)?,
+            Command::CreateTable {
+                name,
+                mode,
+                replicas,
+                schema,
+            } => {
+                check_table_name(name)?;
+                if self.map.table_by_name(name).is_some() || name == DEFAULT_TABLE_NAME {
+                    return Err(CommandError::TableExists(name.clone()));
+                }
+                let id = self.next_table_id;
+                let table = self.place(id, name, *mode, *replicas, schema.clone())?;
+                self.next_table_id += 1;
+                CommandOutcome::TableCreated(table)
+            }
+            Command::DropTable { name } => {
+                let Some(table) = self.map.table_by_name(name) else {
+                    return Err(CommandError::NoSuchTable(name.clone()));
+                };
+                let id = table.id;
+                if id == DEFAULT_TABLE {
+                    return Err(CommandError::DefaultTable);
+                }
+                self.map.tables.retain(|t| t.id != id);
+                self.map.tablets.retain(|t| t.table != id);
+                CommandOutcome::TableDropped(id)
+            }
+        };
+        self.map.version += 1;
+        Ok(outcome)
+    }
+
+    fn register(
+        &mut self,
+        previous: Option<&PreviousIdentity>,
+        addresses: ServerAddresses,
+        memory_bytes: u64,
+    ) -> Result<CommandOutcome, CommandError> {
+        let cluster_id = self.map.cluster_id;
+        let (id, epoch) = match previous {
+            Some(p) if p.cluster_id != cluster_id => {
+                return Err(CommandError::WrongCluster {
+                    ours: cluster_id,
+                    theirs: p.cluster_id,
+                })
+            }
+            Some(p) => {
+                let Some(server) = self.map.servers.iter_mut().find(|s| s.id == p.server_id) else {
+                    return Err(CommandError::UnknownServer(p.server_id));
+                };
+                server.epoch += 1;
+                server.addresses = addresses;
+                server.state = ServerState::Up;
+                server.memory_bytes = memory_bytes;
+                (server.id, server.epoch)
+            }
+            None => {
+                let id = self.next_server_id;
+                self.next_server_id += 1;
+                self.map.servers.push(ServerInfo {
+                    id,
+                    name: redis_node_name(cluster_id, id),
+                    addresses,
+                    epoch: 1,
+                    state: ServerState::Up,
+                    memory_bytes,
+                });
+                (id, 1)
+            }
+        };
+        let up = self.map.up_servers().count() as u32;
+        if self.map.table(DEFAULT_TABLE).is_none() && up >= self.initial_servers {
+            self.place(
+                DEFAULT_TABLE,
+                DEFAULT_TABLE_NAME,
+                ReplicationMode::Sync,
+                None,
+                None,
+            )?;
+        }
+        Ok(CommandOutcome::Registered { id, epoch })
+    }
+
+    /// Adds the table and its tablets over the live servers.
+    fn place(
+        &mut self,
+        id: TableId,
+        name: &str,
+        mode: ReplicationMode,
+        replicas: Option<u32>,
+        schema: Option<Vec<u8>>,
+    ) -> Result<TableInfo, CommandError> {
+        let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+        if up.is_empty() {
+            return Err(CommandError::NoServers);
+        }
+        let n = up.len() as u32;
+        let replicas = match replicas {
+            Some(r) if r > REPLICAS_MAX => return Err(CommandError::BadReplicas(r)),
+            Some(r) if r + 1 > n => {
+                return Err(CommandError::NotEnoughServers { replicas: r, up: n })
+            }
+            Some(r) => r,
+            None => default_replicas(n),
+        };
+        let table = TableInfo {
+            id,
+            name: name.to_string(),
+            mode,
+            replicas,
+            schema,
+        };
+        let tablets = place_table(id, &up, replicas as usize, self.map.cluster_id);
+        self.map.tables.push(table.clone());
+        self.map.tables.sort_by_key(|t| t.id);
+        self.map.tablets.extend(tablets);
+        self.map.tablets.sort_by_key(|t| (t.table, t.first_slot));
+        Ok(table)
+    }
+}
+
+fn check_table_name(name: &str) -> Result<(), CommandError> {
+    let bad = |reason: &str| {
+        Err(CommandError::BadTableName {
+            name: name.chars().take(80).collect(),
+            reason: reason.to_string(),
+        })
+    };
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > TABLE_NAME_MAX {
+        return bad("longer than 64 bytes");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return bad("only letters, digits, '_', '-' and '.' are allowed");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn addrs(port: u16) -> ServerAddresses {
+        let a = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        ServerAddresses {
+            resp: a(port),
+            routing: Some(a(port + 1)),
+            native: a(port + 2),
+            admin: None,
+        }
+    }
+
+    fn register(s: &mut ClusterState, port: u16) -> (ServerId, u64) {
+        match s
+            .apply(&Command::Register {
+                previous: None,
+                addresses: addrs(port),
+                memory_bytes: 1 << 30,
+            })
+            .unwrap()
+        {
+            CommandOutcome::Registered { id, epoch } => (id, epoch),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn init(initial: u32) -> ClusterState {
+        let mut s = ClusterState::default();
+        assert_eq!(
+            s.apply(&Command::Register {
+                previous: None,
+                addresses: addrs(1),
+                memory_bytes: 0
+            }),
+            Err(CommandError::NotInitialized)
+        );
+        s.apply(&Command::Init {
+            cluster_id: 0xabc,
+            initial_servers: initial,
+        })
+        .unwrap();
+        s
+    }
+
+    #[test]
+    fn default_table_waits_for_the_initial_servers() {
+        let mut s = init(3);
+        register(&mut s, 100);
+        register(&mut s, 200);
+        assert!(s.map.table(DEFAULT_TABLE).is_none());
+        let v = s.map.version;
+        register(&mut s, 300);
+        assert!(s.map.version > v);
+        let table = s.map.table(DEFAULT_TABLE).unwrap();
+        assert_eq!(table.replicas, 2);
+        assert_eq!(s.map.tablets_of(DEFAULT_TABLE).count(), 48);
+        // A fourth server gets no tablets of the default table, but of a new one.
+        let (four, _) = register(&mut s, 400);
+        assert!(s.map.tablets.iter().all(|t| t.master != four));
+        s.apply(&Command::CreateTable {
+            name: "users".into(),
+            mode: ReplicationMode::Durable,
+            replicas: None,
+            schema: None,
+        })
+        .unwrap();
+        let users = s.map.table_by_name("users").unwrap().clone();
+        assert_eq!((users.id, users.replicas), (1, 3));
+        assert_eq!(
+            s.map
+                .tablets_of(users.id)
+                .filter(|t| t.master == four)
+                .count(),
+            16
+        );
+    }
+
+    #[test]
+    fn restart_keeps_the_id_and_bumps_the_epoch() {
+        let mut s = init(1);
+        let (id, epoch) = register(&mut s, 100);
+        let again = s
+            .apply(&Command::Register {
+                previous: Some(PreviousIdentity {
+                    cluster_id: 0xabc,
+                    server_id: id,
+                }),
+                addresses: addrs(500),
+                memory_bytes: 1,
+            })
+            .unwrap();
+        assert_eq!(
+            again,
+            CommandOutcome::Registered {
+                id,
+                epoch: epoch + 1
+            }
+        );
+        assert_eq!(s.map.server(id).unwrap().addresses.resp.port(), 500);
+    }
+
+    #[test]
+    fn bad_commands_change_nothing() {
+        let mut s = init(1);
+        register(&mut s, 100);
+        let before = s.clone();
+        let wrong = s.apply(&Command::Register {
+            previous: Some(PreviousIdentity {
+                cluster_id: 0xdef,
+                server_id: 1,
+            }),
+            addresses: addrs(1),
+            memory_bytes: 0,
+        });
+        assert!(matches!(wrong, Err(CommandError::WrongCluster { .. })));
+        let unknown = s.apply(&Command::Register {
+            previous: Some(PreviousIdentity {
+                cluster_id: 0xabc,
+                server_id: 9,
+            }),
+            addresses: addrs(1),
+            memory_bytes: 0,
+        });
+        assert_eq!(unknown, Err(CommandError::UnknownServer(9)));
+        for (name, replicas) in [("", None), ("a b", None), ("default", None), ("t", Some(1))] {
+            assert!(s
+                .apply(&Command::CreateTable {
+                    name: name.into(),
+                    mode: ReplicationMode::Sync,
+                    replicas,
+                    schema: None,
+                })
+                .is_err());
+        }
+        assert_eq!(
+            s.apply(&Command::DropTable {
+                name: "default".into()
+            }),
+            Err(CommandError::DefaultTable)
+        );
+        assert_eq!(
+            s.apply(&Command::DropTable { name: "x".into() }),
+            Err(CommandError::NoSuchTable("x".into()))
+        );
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn drop_removes_the_tablets() {
+        let mut s = init(1);
+        register(&mut s, 100);
+        s.apply(&Command::CreateTable {
+            name: "t".into(),
+            mode: ReplicationMode::Async,
+            replicas: Some(0),
+            schema: None,
+        })
+        .unwrap();
+        assert_eq!(s.map.tablets_of(1).count(), 16);
+        s.apply(&Command::DropTable { name: "t".into() }).unwrap();
+        assert_eq!(s.map.tablets_of(1).count(), 0);
+        assert!(s.map.table_by_name("t").is_none());
+    }
+}

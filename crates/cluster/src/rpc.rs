@@ -235,7 +235,7 @@ impl CoordinatorClient {
                     }
                     Ok(Err(e)) => {
                         last = format!("{address}: {e}");
-                        if next % self.addresses.len() == 0 {
+                        if next.is_multiple_of(self.addresses.len()) {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                         continue;

@@ -29,6 +29,8 @@ pub const HEADER_LEN_AFTER_LENGTH: u32 = 12;
 pub const FRAME_BYTES_HARD_MAX: usize = 1 << 30;
 /// Largest item count in one MULTI-GET or MULTI-PUT.
 pub const BATCH_ITEMS_MAX: u32 = 65_536;
+/// Most commands in one RESP_BATCH, and most arguments of one command in it.
+pub const RESP_BATCH_MAX: u32 = 1 << 20;
 /// Largest SCAN-KEYS count hint the server honours (larger hints are clamped).
 pub const SCAN_COUNT_MAX: u32 = 65_536;
 /// Most records a SCAN_FILTERED / SCAN_NEXT page may carry (larger requests are clamped).
@@ -71,11 +73,17 @@ pub mod opcode {
     pub const SET_SCHEMA: u8 = 0x26;
     /// Read a table's schema.
     pub const GET_SCHEMA: u8 = 0x27;
+    /// The cluster map this server holds (JSON, `ramlog_cluster::ClusterMap`); empty when the
+    /// server is standalone.
+    pub const CLUSTER_MAP: u8 = 0x04;
+    /// Server to server: RESP commands a routing port forwards to the server that masters their
+    /// keys, executed in order; the reply carries each command's RESP reply.
+    pub const RESP_BATCH: u8 = 0x30;
 
-    /// True for opcodes the protocol reserves for later versions (0x30..=0x3F for server-to-server
+    /// True for opcodes the protocol reserves for later versions (0x31..=0x3F for server-to-server
     /// traffic).
     pub fn is_reserved(op: u8) -> bool {
-        matches!(op, 0x30..=0x3F)
+        matches!(op, 0x31..=0x3F)
     }
 
     /// A readable name, for messages and logs.
@@ -100,6 +108,8 @@ pub mod opcode {
             SCAN_CLOSE => "SCAN_CLOSE",
             SET_SCHEMA => "SET_SCHEMA",
             GET_SCHEMA => "GET_SCHEMA",
+            CLUSTER_MAP => "CLUSTER_MAP",
+            RESP_BATCH => "RESP_BATCH",
             _ => "UNKNOWN",
         }
     }
@@ -570,6 +580,13 @@ pub enum Request<'a> {
     GetSchema {
         table: TableId,
     },
+    ClusterMap,
+    /// RESP commands (each a list of arguments, the name first) to run in order with RESP
+    /// protocol version `protocol` (2 or 3).
+    RespBatch {
+        protocol: u8,
+        commands: Vec<Vec<&'a [u8]>>,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -594,6 +611,8 @@ impl<'a> Request<'a> {
             Request::ScanClose { .. } => opcode::SCAN_CLOSE,
             Request::SetSchema { .. } => opcode::SET_SCHEMA,
             Request::GetSchema { .. } => opcode::GET_SCHEMA,
+            Request::ClusterMap => opcode::CLUSTER_MAP,
+            Request::RespBatch { .. } => opcode::RESP_BATCH,
         }
     }
 
@@ -605,7 +624,9 @@ impl<'a> Request<'a> {
             | Request::SnapshotOpen
             | Request::SnapshotRelease { .. }
             | Request::ScanNext { .. }
-            | Request::ScanClose { .. } => None,
+            | Request::ScanClose { .. }
+            | Request::ClusterMap
+            | Request::RespBatch { .. } => None,
             Request::Get { table, .. }
             | Request::Put { table, .. }
             | Request::Delete { table, .. }
@@ -712,6 +733,17 @@ impl<'a> Request<'a> {
             }
             Request::ScanClose { cursor } => out.put_u64_le(*cursor),
             Request::SetSchema { schema, .. } => put_bytes(out, schema),
+            Request::ClusterMap => {}
+            Request::RespBatch { protocol, commands } => {
+                out.put_u8(*protocol);
+                out.put_u32_le(commands.len() as u32);
+                for args in commands {
+                    out.put_u32_le(args.len() as u32);
+                    for arg in args {
+                        put_bytes(out, arg);
+                    }
+                }
+            }
         }
         finish_frame(out, start);
     }
@@ -883,6 +915,27 @@ impl<'a> Request<'a> {
                 schema: r.bytes("schema")?,
             },
             opcode::GET_SCHEMA => Request::GetSchema { table },
+            opcode::CLUSTER_MAP => Request::ClusterMap,
+            opcode::RESP_BATCH => {
+                let protocol = r.u8("protocol")?;
+                if !(2..=3).contains(&protocol) {
+                    return Err(DecodeError::bad(format!("RESP protocol {protocol}")));
+                }
+                let count = r.count("commands", 4, RESP_BATCH_MAX)?;
+                let mut commands = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let argc = r.count("arguments", 4, RESP_BATCH_MAX)?;
+                    if argc == 0 {
+                        return Err(DecodeError::bad("a command without a name"));
+                    }
+                    let mut args = Vec::with_capacity(argc);
+                    for _ in 0..argc {
+                        args.push(r.bytes("argument")?);
+                    }
+                    commands.push(args);
+                }
+                Request::RespBatch { protocol, commands }
+            }
             other => {
                 return Err(DecodeError {
                     status: Status::UnknownOpcode,
@@ -971,6 +1024,10 @@ pub enum Response {
     SchemaSet,
     /// The table's schema (`Schema::to_bytes`); empty when the table has none.
     Schema(Bytes),
+    /// The cluster map as JSON; empty from a standalone server.
+    ClusterMap(Bytes),
+    /// Each command's RESP reply, in order.
+    RespBatch(Vec<Bytes>),
     Error(ErrorReply),
 }
 
@@ -1131,7 +1188,13 @@ impl Response {
                 out.put_u64_le(*malformed);
                 put_bytes(out, values);
             }
-            Response::Schema(schema) => put_bytes(out, schema),
+            Response::Schema(schema) | Response::ClusterMap(schema) => put_bytes(out, schema),
+            Response::RespBatch(replies) => {
+                out.put_u32_le(replies.len() as u32);
+                for reply in replies {
+                    put_bytes(out, reply);
+                }
+            }
             Response::Error(_) => unreachable!("handled above"),
         }
         finish_frame(out, start);
@@ -1230,6 +1293,15 @@ impl Response {
             opcode::SCAN_CLOSE => Response::ScanClosed,
             opcode::SET_SCHEMA => Response::SchemaSet,
             opcode::GET_SCHEMA => Response::Schema(slice(r.bytes("schema")?)),
+            opcode::CLUSTER_MAP => Response::ClusterMap(slice(r.bytes("map")?)),
+            opcode::RESP_BATCH => {
+                let count = r.count("replies", 4, RESP_BATCH_MAX)?;
+                let mut replies = Vec::with_capacity(count);
+                for _ in 0..count {
+                    replies.push(slice(r.bytes("reply")?));
+                }
+                Response::RespBatch(replies)
+            }
             opcode::GET_AT => Response::GetAt(object(&mut r)?),
             opcode::SCAN_FILTERED | opcode::SCAN_NEXT => match r.u8("scan reply kind")? {
                 SCAN_REPLY_RECORDS => {

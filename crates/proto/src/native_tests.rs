@@ -157,7 +157,7 @@ fn malformed_bodies_are_typed_errors() {
     assert_eq!(e.status, Status::UnknownOpcode);
     // Reserved opcodes and flags.
     assert_eq!(
-        Request::decode(0x30, 0, &[]).unwrap_err().status,
+        Request::decode(0x31, 0, &[]).unwrap_err().status,
         Status::Unsupported
     );
     assert_eq!(
@@ -329,7 +329,7 @@ impl Owned {
     fn request(&self) -> Request<'_> {
         let table = self.table;
         let key = &self.a[..];
-        match self.kind % 19 {
+        match self.kind % 21 {
             0 => Request::Ping { payload: key },
             1 => Request::Auth { password: key },
             2 => Request::Stats,
@@ -394,6 +394,15 @@ impl Owned {
             },
             16 => Request::ScanClose { cursor: self.n },
             17 => Request::SetSchema { table, schema: key },
+            18 => Request::ClusterMap,
+            19 => Request::RespBatch {
+                protocol: 2 + (self.n % 2) as u8,
+                commands: self
+                    .list
+                    .iter()
+                    .map(|(k, v)| vec![&k[..], &v[..]])
+                    .collect(),
+            },
             _ => Request::GetSchema { table },
         }
     }
@@ -492,6 +501,11 @@ fn response_strategy() -> impl Strategy<Value = (u8, Response)> {
         Just((opcode::SCAN_CLOSE, Response::ScanClosed)),
         Just((opcode::SET_SCHEMA, Response::SchemaSet)),
         bytes_strategy().prop_map(|s| (opcode::GET_SCHEMA, Response::Schema(s.into()))),
+        bytes_strategy().prop_map(|s| (opcode::CLUSTER_MAP, Response::ClusterMap(s.into()))),
+        prop::collection::vec(bytes_strategy(), 0..6).prop_map(|r| (
+            opcode::RESP_BATCH,
+            Response::RespBatch(r.into_iter().map(Bytes::from).collect())
+        )),
         object_strategy().prop_map(|o| (opcode::GET_AT, Response::GetAt(o))),
         (
             any::<bool>(),
@@ -614,6 +628,7 @@ proptest! {
             opcode::GET, opcode::PUT, opcode::MULTI_GET, opcode::MULTI_PUT, opcode::SCAN_KEYS,
             opcode::SNAPSHOT_OPEN, opcode::SNAPSHOT_RELEASE, opcode::SCAN_FILTERED, opcode::GET_AT,
             opcode::SCAN_NEXT, opcode::SCAN_CLOSE, opcode::SET_SCHEMA, opcode::GET_SCHEMA,
+            opcode::CLUSTER_MAP, opcode::RESP_BATCH,
         ] {
             let _ = Request::decode(op, bytes.first().copied().unwrap_or(0) & flag::KNOWN, &bytes);
             let _ = Response::decode(op, 0, Bytes::copy_from_slice(&bytes));

@@ -48,6 +48,12 @@ pub struct ServerFlags {
     /// Persistence: off, async (flushed every 100 ms) or durable (fdatasync before the reply).
     #[arg(long, env = "RAMLOG_PERSISTENCE")]
     pub persistence: Option<PersistenceMode>,
+    /// Join the cluster of these coordinator members (`host:port,...`); unset = standalone.
+    #[arg(long, env = "RAMLOG_COORDINATOR")]
+    pub coordinator: Option<String>,
+    /// Routing port (cluster mode): RESP for any client and any key (default 0 = off).
+    #[arg(long, env = "RAMLOG_ROUTING_PORT")]
+    pub routing_port: Option<u16>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -68,6 +74,8 @@ impl ServerFlags {
             idle_timeout_secs: self.idle_timeout,
             worker_threads: self.workers,
             persistence: self.persistence,
+            coordinator: self.coordinator.clone(),
+            routing_port: self.routing_port,
         };
         Ok(ServerConfig::load(self.config.as_deref(), &overrides)?)
     }

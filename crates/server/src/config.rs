@@ -161,6 +161,14 @@ pub struct ServerConfig {
     /// once). A request that arrives meanwhile is picked up when the spin ends, without a wake-up
     /// for the client's send to pay for; each such idle moment costs up to this much CPU.
     pub worker_idle_spin_us: u64,
+    /// Coordinator members' addresses (`host:port,host:port`): set, the server joins that cluster
+    /// and serves the tablets its map gives it; unset, it is a standalone server.
+    pub coordinator: Option<String>,
+    /// The routing port: RESP for clients that know nothing of clusters, any key on any server
+    /// (cluster mode only); 0 turns it off.
+    pub routing_port: u16,
+    /// How often a cluster server heartbeats the coordinator.
+    pub heartbeat_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -192,6 +200,9 @@ impl Default for ServerConfig {
             scan_threads: 0,
             cpu_scheduling: CpuScheduling::Batch,
             worker_idle_spin_us: 20,
+            coordinator: None,
+            routing_port: 0,
+            heartbeat_interval_ms: 100,
         }
     }
 }
@@ -210,6 +221,8 @@ pub struct ConfigOverrides {
     pub idle_timeout_secs: Option<u64>,
     pub worker_threads: Option<usize>,
     pub persistence: Option<PersistenceMode>,
+    pub coordinator: Option<String>,
+    pub routing_port: Option<u16>,
 }
 
 impl ServerConfig {
@@ -260,6 +273,10 @@ impl ServerConfig {
         set!(idle_timeout_secs);
         set!(worker_threads);
         set!(persistence);
+        set!(routing_port);
+        if let Some(c) = &o.coordinator {
+            self.coordinator = if c.is_empty() { None } else { Some(c.clone()) };
+        }
         if let Some(p) = &o.password {
             self.password = if p.is_empty() { None } else { Some(p.clone()) };
         }

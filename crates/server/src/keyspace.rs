@@ -8,6 +8,7 @@
 pub use ramlog_common::{glob_match, glob_match_nocase};
 use ramlog_common::{key_slot, TableId, SLOT_COUNT};
 use ramlog_logmem::{Engine, EngineError, TabletId};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// The table that RESP clients see (Redis has one keyspace per database; ramlog serves db 0).
@@ -15,12 +16,20 @@ pub const RESP_TABLE: TableId = 0;
 
 pub struct Keyspace {
     engine: Arc<Engine>,
-    /// Tablets in slot order.
-    tablets: Vec<TabletId>,
-    slot_to_tablet: Vec<TabletId>,
+    /// Tablets in the order they were added (slot order for a standalone server).
+    tablets: parking_lot::RwLock<Arc<Vec<TabletId>>>,
+    /// The tablet of each slot, or [`NO_TABLET`] where this server holds none.
+    slot_to_tablet: Box<[AtomicU32]>,
     /// Bits of a SCAN cursor that hold the tablet index.
     tablet_bits: u32,
 }
+
+/// A slot this server holds no tablet for.
+pub const NO_TABLET: TabletId = TabletId::MAX;
+
+/// Bits of a SCAN cursor for the tablet index in a cluster, where tablets are added as the map
+/// gives them (at most 1024 tablets of table 0 on one server).
+const CLUSTER_TABLET_BITS: u32 = 10;
 
 impl Keyspace {
     /// Creates table 0 as `tablet_count` tablets of equal slot ranges.
@@ -30,44 +39,64 @@ impl Keyspace {
             "tablet count {tablet_count}"
         );
         let per = SLOT_COUNT.div_ceil(tablet_count);
-        let mut tablets = Vec::with_capacity(tablet_count as usize);
-        let mut slot_to_tablet = vec![0; SLOT_COUNT as usize];
+        let tablet_bits = usize::BITS - (usize::from(tablet_count).max(2) - 1).leading_zeros();
+        let keyspace = Keyspace::with_bits(engine, tablet_bits);
         let mut first: u16 = 0;
         while first < SLOT_COUNT {
             let last = first.saturating_add(per - 1).min(SLOT_COUNT - 1);
-            let id = engine.create_tablet(RESP_TABLE, first, last)?;
-            for slot in first..=last {
-                slot_to_tablet[slot as usize] = id;
-            }
-            tablets.push(id);
+            keyspace.add_tablet(first, last)?;
             first = last + 1;
         }
-        let tablet_bits = usize::BITS - (tablets.len().max(2) - 1).leading_zeros();
-        Ok(Keyspace {
-            engine,
-            tablets,
-            slot_to_tablet,
-            tablet_bits,
-        })
+        Ok(keyspace)
     }
 
-    /// The tablets of the RESP table, in slot order.
-    pub fn tablet_ids(&self) -> &[TabletId] {
-        &self.tablets
+    /// A keyspace with no tablets yet: a cluster server adds the ones the map gives it.
+    pub fn empty(engine: Arc<Engine>) -> Keyspace {
+        Keyspace::with_bits(engine, CLUSTER_TABLET_BITS)
+    }
+
+    fn with_bits(engine: Arc<Engine>, tablet_bits: u32) -> Keyspace {
+        Keyspace {
+            engine,
+            tablets: parking_lot::RwLock::new(Arc::new(Vec::new())),
+            slot_to_tablet: (0..SLOT_COUNT).map(|_| AtomicU32::new(NO_TABLET)).collect(),
+            tablet_bits,
+        }
+    }
+
+    /// Creates a tablet of table 0 for `first..=last` in the engine and routes its slots to it.
+    pub fn add_tablet(&self, first: u16, last: u16) -> Result<TabletId, EngineError> {
+        let mut tablets = self.tablets.write();
+        if tablets.len() >= 1 << self.tablet_bits {
+            return Err(EngineError::TooManyTablets(1 << self.tablet_bits));
+        }
+        let id = self.engine.create_tablet(RESP_TABLE, first, last)?;
+        for slot in first..=last {
+            self.slot_to_tablet[slot as usize].store(id, Ordering::Release);
+        }
+        let mut next = Vec::clone(&tablets);
+        next.push(id);
+        *tablets = Arc::new(next);
+        Ok(id)
+    }
+
+    /// The tablets of the RESP table on this server.
+    pub fn tablet_ids(&self) -> Arc<Vec<TabletId>> {
+        self.tablets.read().clone()
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
 
-    pub fn tablets(&self) -> &[TabletId] {
-        &self.tablets
+    pub fn tablets(&self) -> Arc<Vec<TabletId>> {
+        self.tablet_ids()
     }
 
-    /// The tablet holding `key`.
+    /// The tablet holding `key`, or [`NO_TABLET`] (which the engine answers with `NoSuchTablet`).
     #[inline]
     pub fn tablet_of(&self, key: &[u8]) -> TabletId {
-        self.slot_to_tablet[key_slot(key) as usize]
+        self.slot_to_tablet[key_slot(key) as usize].load(Ordering::Acquire)
     }
 
     /// One SCAN step: appends keys matching `pattern` (after visiting about `count` keys) and returns
@@ -79,19 +108,20 @@ impl Keyspace {
         pattern: Option<&[u8]>,
         out: &mut Vec<Vec<u8>>,
     ) -> Result<Option<u64>, EngineError> {
+        let tablets = self.tablet_ids();
         let mask = (1u64 << self.tablet_bits) - 1;
         let mut index = (cursor & mask) as usize;
         let mut inner = cursor >> self.tablet_bits;
-        if index >= self.tablets.len() {
+        if index >= tablets.len() {
             return Ok(None);
         }
         let mut visited = 0;
         let mut batch = Vec::new();
         loop {
             batch.clear();
-            let next =
-                self.engine
-                    .scan_keys(self.tablets[index], inner, count.max(1), &mut batch)?;
+            let next = self
+                .engine
+                .scan_keys(tablets[index], inner, count.max(1), &mut batch)?;
             visited += batch.len().max(1);
             for key in batch.drain(..) {
                 if pattern.is_none_or(|p| glob_match(p, &key)) {
@@ -101,7 +131,7 @@ impl Keyspace {
             if next == 0 {
                 index += 1;
                 inner = 0;
-                if index == self.tablets.len() {
+                if index == tablets.len() {
                     return Ok(Some(0));
                 }
             } else {
@@ -113,7 +143,7 @@ impl Keyspace {
         }
         // The engine's cursor must leave room for the tablet bits; it is well below 2^56 in practice.
         if inner.leading_zeros() < self.tablet_bits {
-            return Err(EngineError::NoSuchTablet(self.tablets[index]));
+            return Err(EngineError::NoSuchTablet(tablets[index]));
         }
         Ok(Some((inner << self.tablet_bits) | index as u64))
     }

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod keyspace;
@@ -19,6 +20,7 @@ pub mod native;
 pub mod node;
 pub mod persistence;
 pub mod resp_conn;
+pub mod routing;
 pub mod server;
 
 pub use config::{PersistenceMode, ServerConfig};

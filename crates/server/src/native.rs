@@ -338,7 +338,12 @@ fn withdraw_write_replies(
 fn is_write(op: u8) -> bool {
     matches!(
         op,
-        opcode::PUT | opcode::DELETE | opcode::INCREMENT | opcode::EXPIRE | opcode::MULTI_PUT
+        opcode::PUT
+            | opcode::DELETE
+            | opcode::INCREMENT
+            | opcode::EXPIRE
+            | opcode::MULTI_PUT
+            | opcode::RESP_BATCH
     )
 }
 
@@ -602,7 +607,49 @@ impl From<EngineError> for Failure {
 }
 
 impl Session<'_> {
+    /// Runs RESP commands a routing port forwarded here, in order, as one RESP connection would
+    /// (the batch's own MULTI state included), and returns each reply.
+    fn resp_batch(&mut self, protocol: u8, commands: &[Vec<&[u8]>]) -> Vec<bytes::Bytes> {
+        let mut session = crate::commands::Session::new(0, false);
+        session.protocol = protocol;
+        session.routed = true;
+        let mut out = Vec::new();
+        commands
+            .iter()
+            .map(|args| {
+                out.clear();
+                crate::commands::execute(self.node, &mut session, args, &mut out);
+                bytes::Bytes::copy_from_slice(&out)
+            })
+            .collect()
+    }
+
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
+        if let Some(member) = self.node.cluster() {
+            match member.view().route_key(table, key) {
+                crate::cluster::Route::Here => {}
+                crate::cluster::Route::Moved(addr) => {
+                    return Err(Failure(
+                        Status::WrongServer,
+                        0,
+                        format!(
+                            "slot {} of table {table} is served by {addr}; refresh the cluster map",
+                            key_slot(key)
+                        ),
+                    ))
+                }
+                crate::cluster::Route::Down => {
+                    return Err(Failure(
+                        Status::NoSuchTable,
+                        0,
+                        format!(
+                            "no server serves slot {} of table {table} (no such table in the cluster map)",
+                            key_slot(key)
+                        ),
+                    ))
+                }
+            }
+        }
         self.node.locate(table, key).ok_or_else(|| {
             Failure(
                 Status::WrongServer,
@@ -843,6 +890,15 @@ impl Session<'_> {
                 Response::SchemaSet
             }
             Request::GetSchema { table } => self.scans.get_schema(*table),
+            Request::ClusterMap => Response::ClusterMap(
+                self.node
+                    .cluster()
+                    .map(|m| m.view().map_json.clone())
+                    .unwrap_or_default(),
+            ),
+            Request::RespBatch { protocol, commands } => {
+                Response::RespBatch(self.resp_batch(*protocol, commands))
+            }
             Request::GetAt {
                 table,
                 snapshot,

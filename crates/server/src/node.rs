@@ -48,6 +48,8 @@ pub struct Addresses {
     pub resp: SocketAddr,
     pub native: Option<SocketAddr>,
     pub admin: Option<SocketAddr>,
+    /// The routing port (cluster mode).
+    pub routing: Option<SocketAddr>,
 }
 
 impl Addresses {
@@ -57,6 +59,7 @@ impl Addresses {
             resp: SocketAddr::from(([127, 0, 0, 1], 0)),
             native: None,
             admin: None,
+            routing: None,
         }
     }
 }
@@ -76,6 +79,9 @@ pub struct Node {
     /// Anonymous resident memory before the engine and the store existed (the runtime, the
     /// configuration); with the resident code and libraries, the `process` part.
     process_base_bytes: u64,
+    /// Set once a cluster server joined (see [`crate::cluster`]); unset for a standalone server.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Member>>,
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -94,7 +100,10 @@ impl Node {
         addresses: Addresses,
     ) -> Result<Arc<Node>, crate::ServerError> {
         let process_base_bytes = status_kib("RssAnon:") * 1024;
+        // A cluster server's writes are made durable by its backups, not by a log of its own.
+        let clustered = config.coordinator.is_some();
         let persistence = match config.persistence {
+            _ if clustered => None,
             PersistenceMode::Off => None,
             _ => Some(Persistence::open(&config)?),
         };
@@ -114,7 +123,11 @@ impl Node {
             Some(p) => p.tablets(),
             None => config.tablets.unwrap_or(TABLETS_DEFAULT),
         };
-        let keyspace = Keyspace::create(engine, tablets)?;
+        let keyspace = if clustered {
+            Keyspace::empty(engine)
+        } else {
+            Keyspace::create(engine, tablets)?
+        };
         let keyspace = match &persistence {
             None => keyspace,
             Some(p) => {
@@ -141,7 +154,7 @@ impl Node {
                     })?;
                     keyspace.engine().set_schema(table, Some(schema));
                 }
-                p.open_tablets(keyspace.tablet_ids())?;
+                p.open_tablets(&keyspace.tablet_ids())?;
                 p.start_recovery(keyspace.engine().clone(), keyspace.tablet_ids().to_vec());
                 keyspace
             }
@@ -205,6 +218,8 @@ impl Node {
             next_client_id: AtomicU64::new(1),
             shutdown_requested: tokio::sync::Notify::new(),
             process_base_bytes,
+            cluster: std::sync::OnceLock::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         node.charge_memory();
         start_memory_charger(&node);
@@ -299,10 +314,29 @@ impl Node {
 
     /// Stops the engine's background work and writes out what persistence holds.
     pub async fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
         self.engine().shutdown();
         if let Some(p) = self.persistence.clone() {
             let _ = tokio::task::spawn_blocking(move || p.flush()).await;
         }
+    }
+
+    /// Whether [`Node::stop`] ran.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    // ---- cluster ----------------------------------------------------------------------------
+
+    /// This server's cluster membership; None for a standalone server.
+    #[inline]
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Member>> {
+        self.cluster.get()
+    }
+
+    /// Records the membership once the server joined.
+    pub fn set_cluster(&self, member: Arc<crate::cluster::Member>) {
+        let _ = self.cluster.set(member);
     }
 
     // ---- auth -------------------------------------------------------------------------------

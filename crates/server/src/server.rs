@@ -38,6 +38,8 @@ pub enum ServerError {
     Persistence(#[from] crate::persistence::PersistenceError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Join(#[from] crate::cluster::JoinError),
 }
 
 /// A running server.
@@ -71,7 +73,16 @@ impl Server {
         } else {
             None
         };
+        let routing_listener = if config.routing_port != 0 && config.coordinator.is_some() {
+            Some(bind(config.routing_port, "routing port").await?)
+        } else {
+            None
+        };
         let addresses = Addresses {
+            routing: routing_listener
+                .as_ref()
+                .map(|l| l.local_addr())
+                .transpose()?,
             resp: resp_listener.local_addr()?,
             native: native_listener
                 .as_ref()
@@ -83,9 +94,38 @@ impl Server {
                 .transpose()?,
         };
 
+        let coordinator = config.coordinator.clone();
         let node = Node::open(config, addresses).await?;
+        if let Some(coordinator) = coordinator {
+            let native = addresses.native.ok_or(ServerError::Config(
+                crate::config::ConfigError::Invalid {
+                    field: "native_port",
+                    reason: "a cluster server needs its native port (servers talk over it)".into(),
+                },
+            ))?;
+            let member = crate::cluster::Member::join(
+                &node,
+                &coordinator,
+                ramlog_cluster::ServerAddresses {
+                    resp: addresses.resp,
+                    routing: addresses.routing,
+                    native,
+                    admin: addresses.admin,
+                },
+            )
+            .await?;
+            node.set_cluster(member.clone());
+            member.start_heartbeats(&node);
+        }
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        if let Some(listener) = routing_listener {
+            tasks.spawn(accept_routing(
+                listener,
+                node.clone(),
+                shutdown.subscribe(),
+            ));
+        }
         tasks.spawn(accept_resp(
             resp_listener,
             node.clone(),
@@ -200,6 +240,41 @@ async fn accept_resp(
             let _guard = guard;
             let ending = resp_conn::serve_resp(stream, conn_shared, id).await;
             tracing::debug!(client = id, ?ending, "connection closed");
+        });
+    }
+    connections.shutdown().await;
+}
+
+async fn accept_routing(
+    listener: TcpListener,
+    shared: Arc<Node>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(guard) = admit(&shared) else {
+            tokio::spawn(refuse(stream, b"-ERR max number of clients reached\r\n"));
+            continue;
+        };
+        let id = shared.next_client_id();
+        let conn_shared = shared.clone();
+        connections.spawn(async move {
+            let _guard = guard;
+            let ending = crate::routing::serve_routing(stream, conn_shared, id).await;
+            tracing::debug!(client = id, ?ending, "routing connection closed");
         });
     }
     connections.shutdown().await;

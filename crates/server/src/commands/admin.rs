@@ -214,63 +214,258 @@ pub(super) fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
+/// One server as CLUSTER SLOTS/SHARDS/NODES describe it.
+struct NodeDesc {
+    id: String,
+    host: String,
+    port: u16,
+    /// Slot ranges of the default table it masters.
+    ranges: Vec<(u16, u16)>,
+    myself: bool,
+    epoch: u64,
+    failed: bool,
+}
+
+/// The servers a CLUSTER command describes: the map's servers on a cluster server's own RESP
+/// port; one server holding every slot on a standalone server and on the routing port.
+fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
+    let node = ctx.node;
+    if let (Some(member), false) = (node.cluster(), ctx.session.routed) {
+        let view = member.view();
+        let runs = view.slot_runs();
+        let nodes = view
+            .map
+            .servers
+            .iter()
+            .map(|s| NodeDesc {
+                id: s.name.clone(),
+                host: s.addresses.resp.ip().to_string(),
+                port: s.addresses.resp.port(),
+                ranges: runs
+                    .iter()
+                    .filter(|r| r.2 == s.id)
+                    .map(|r| (r.0, r.1))
+                    .collect(),
+                myself: s.id == view.me,
+                epoch: s.epoch,
+                failed: s.state == ramlog_cluster::ServerState::Dead,
+            })
+            .collect();
+        return (nodes, view.map.version);
+    }
+    let (id, port) = match (node.cluster(), node.addresses().routing) {
+        (Some(member), Some(routing)) => (
+            member
+                .view()
+                .map
+                .server(member.view().me)
+                .map_or_else(|| node.node_id().to_string(), |s| s.name.clone()),
+            routing.port(),
+        ),
+        _ => (node.node_id().to_string(), node.resp_port()),
+    };
+    let nodes = vec![NodeDesc {
+        id,
+        host: node.config.bind.to_string(),
+        port,
+        ranges: vec![(0, SLOT_COUNT - 1)],
+        myself: true,
+        epoch: 1,
+        failed: false,
+    }];
+    (nodes, 1)
+}
+
+/// The keys of `slot` held here (at most `limit`).
+fn keys_in_slot(ctx: &mut Ctx<'_>, slot: u16, limit: usize) -> Result<Vec<Vec<u8>>, NodeError> {
+    let node = ctx.node;
+    let mut found = Vec::new();
+    let Some(tablet) = node
+        .engine()
+        .tablets()
+        .into_iter()
+        .find(|t| t.table == crate::keyspace::RESP_TABLE && t.first_slot <= slot && slot <= t.last_slot)
+    else {
+        return Ok(found);
+    };
+    let mut cursor = 0;
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        cursor = node.engine().scan_keys(tablet.id, cursor, 1024, &mut batch)?;
+        for key in batch.drain(..) {
+            if found.len() < limit && key_slot(&key) == slot {
+                found.push(key);
+            }
+        }
+        if cursor == 0 || found.len() >= limit {
+            return Ok(found);
+        }
+    }
+}
+
+fn slot_arg(ctx: &mut Ctx<'_>, arg: &[u8]) -> Option<u16> {
+    match parse_i64(arg) {
+        Some(n) if (0..i64::from(SLOT_COUNT)).contains(&n) => Some(n as u16),
+        _ => {
+            ctx.enc.error("ERR Invalid slot");
+            None
+        }
+    }
+}
+
 pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1];
-    if eq_ignore_case(sub, "keyslot") {
-        if args.len() != 3 {
-            return ctx
-                .enc
-                .error("ERR wrong number of arguments for 'cluster|keyslot' command");
+    let arity = |ctx: &mut Ctx<'_>, n: usize, name: &str| {
+        if args.len() != n {
+            ctx.enc.error(&format!(
+                "ERR wrong number of arguments for 'cluster|{name}' command"
+            ));
+            return false;
         }
-        return ctx.enc.integer(i64::from(key_slot(args[2])));
+        true
+    };
+    if eq_ignore_case(sub, "keyslot") {
+        if arity(ctx, 3, "keyslot") {
+            ctx.enc.integer(i64::from(key_slot(args[2])));
+        }
+        return;
     }
-    let id = ctx.node.node_id();
-    let host = ctx.node.config.bind.to_string();
-    let port = ctx.node.resp_port();
+    if eq_ignore_case(sub, "countkeysinslot") {
+        if !arity(ctx, 3, "countkeysinslot") {
+            return;
+        }
+        let Some(slot) = slot_arg(ctx, args[2]) else {
+            return;
+        };
+        match keys_in_slot(ctx, slot, usize::MAX) {
+            Ok(keys) => ctx.enc.integer(keys.len() as i64),
+            Err(e) => engine_error(ctx, &e),
+        }
+        return;
+    }
+    if eq_ignore_case(sub, "getkeysinslot") {
+        if !arity(ctx, 4, "getkeysinslot") {
+            return;
+        }
+        let Some(slot) = slot_arg(ctx, args[2]) else {
+            return;
+        };
+        let count = match parse_i64(args[3]) {
+            Some(n) if n >= 0 => n as usize,
+            _ => return ctx.enc.error("ERR Invalid number of keys"),
+        };
+        match keys_in_slot(ctx, slot, count) {
+            Ok(keys) => {
+                ctx.enc.array(keys.len());
+                for k in keys {
+                    ctx.enc.bulk(&k);
+                }
+            }
+            Err(e) => engine_error(ctx, &e),
+        }
+        return;
+    }
+    let (nodes, version) = cluster_nodes(ctx);
+    let me = nodes.iter().find(|n| n.myself);
     if eq_ignore_case(sub, "myid") {
+        let id = me.map_or_else(|| ctx.node.node_id().to_string(), |n| n.id.clone());
         ctx.enc.bulk(id.as_bytes());
     } else if eq_ignore_case(sub, "slots") {
-        // One node owns every slot.
-        ctx.enc.array(1);
-        ctx.enc.array(3);
-        ctx.enc.integer(0);
-        ctx.enc.integer(i64::from(SLOT_COUNT - 1));
-        ctx.enc.array(3);
-        ctx.enc.bulk(host.as_bytes());
-        ctx.enc.integer(i64::from(port));
-        ctx.enc.bulk(id.as_bytes());
+        let mut ranges: Vec<(u16, u16, &NodeDesc)> = nodes
+            .iter()
+            .flat_map(|n| n.ranges.iter().map(move |r| (r.0, r.1, n)))
+            .collect();
+        ranges.sort_by_key(|r| r.0);
+        ctx.enc.array(ranges.len());
+        for (first, last, n) in ranges {
+            ctx.enc.array(3);
+            ctx.enc.integer(i64::from(first));
+            ctx.enc.integer(i64::from(last));
+            ctx.enc.array(3);
+            ctx.enc.bulk(n.host.as_bytes());
+            ctx.enc.integer(i64::from(n.port));
+            ctx.enc.bulk(n.id.as_bytes());
+        }
     } else if eq_ignore_case(sub, "shards") {
-        ctx.enc.array(1);
-        ctx.enc.map(2);
-        ctx.enc.bulk(b"slots");
-        ctx.enc.array(2);
-        ctx.enc.integer(0);
-        ctx.enc.integer(i64::from(SLOT_COUNT - 1));
-        ctx.enc.bulk(b"nodes");
-        ctx.enc.array(1);
-        ctx.enc.map(7);
-        ctx.enc.bulk(b"id");
-        ctx.enc.bulk(id.as_bytes());
-        ctx.enc.bulk(b"port");
-        ctx.enc.integer(i64::from(port));
-        ctx.enc.bulk(b"ip");
-        ctx.enc.bulk(host.as_bytes());
-        ctx.enc.bulk(b"endpoint");
-        ctx.enc.bulk(host.as_bytes());
-        ctx.enc.bulk(b"role");
-        ctx.enc.bulk(b"master");
-        ctx.enc.bulk(b"replication-offset");
-        ctx.enc.integer(0);
-        ctx.enc.bulk(b"health");
-        ctx.enc.bulk(b"online");
+        let shards: Vec<&NodeDesc> = nodes.iter().filter(|n| !n.ranges.is_empty()).collect();
+        ctx.enc.array(shards.len());
+        for n in shards {
+            ctx.enc.map(2);
+            ctx.enc.bulk(b"slots");
+            ctx.enc.array(n.ranges.len() * 2);
+            for &(first, last) in &n.ranges {
+                ctx.enc.integer(i64::from(first));
+                ctx.enc.integer(i64::from(last));
+            }
+            ctx.enc.bulk(b"nodes");
+            ctx.enc.array(1);
+            ctx.enc.map(7);
+            ctx.enc.bulk(b"id");
+            ctx.enc.bulk(n.id.as_bytes());
+            ctx.enc.bulk(b"port");
+            ctx.enc.integer(i64::from(n.port));
+            ctx.enc.bulk(b"ip");
+            ctx.enc.bulk(n.host.as_bytes());
+            ctx.enc.bulk(b"endpoint");
+            ctx.enc.bulk(n.host.as_bytes());
+            ctx.enc.bulk(b"role");
+            ctx.enc.bulk(b"master");
+            ctx.enc.bulk(b"replication-offset");
+            ctx.enc.integer(0);
+            ctx.enc.bulk(b"health");
+            ctx.enc.bulk(if n.failed { &b"fail"[..] } else { b"online" });
+        }
     } else if eq_ignore_case(sub, "nodes") {
-        let line = format!(
-            "{id} {host}:{port}@0 myself,master - 0 0 1 connected 0-{}\n",
-            SLOT_COUNT - 1
-        );
-        ctx.enc.verbatim("txt", line.as_bytes());
+        let now = now_ms();
+        let mut text = String::new();
+        for n in &nodes {
+            let flags = match (n.myself, n.failed) {
+                (true, _) => "myself,master",
+                (false, true) => "master,fail",
+                (false, false) => "master",
+            };
+            let link = if n.failed { "disconnected" } else { "connected" };
+            text.push_str(&format!(
+                "{} {}:{}@{} {flags} - 0 {now} {} {link}",
+                n.id,
+                n.host,
+                n.port,
+                u32::from(n.port) + 10000,
+                n.epoch
+            ));
+            for &(first, last) in &n.ranges {
+                if first == last {
+                    text.push_str(&format!(" {first}"));
+                } else {
+                    text.push_str(&format!(" {first}-{last}"));
+                }
+            }
+            text.push('\n');
+        }
+        ctx.enc.verbatim("txt", text.as_bytes());
     } else if eq_ignore_case(sub, "info") {
-        let text = "cluster_enabled:0\r\ncluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:1\r\ncluster_size:1\r\ncluster_current_epoch:1\r\ncluster_my_epoch:1\r\n";
+        let assigned: usize = nodes
+            .iter()
+            .flat_map(|n| n.ranges.iter())
+            .map(|&(a, b)| usize::from(b - a) + 1)
+            .sum();
+        let failed: usize = nodes
+            .iter()
+            .filter(|n| n.failed)
+            .flat_map(|n| n.ranges.iter())
+            .map(|&(a, b)| usize::from(b - a) + 1)
+            .sum();
+        let enabled = u8::from(ctx.node.cluster().is_some() && !ctx.session.routed);
+        let ok = assigned == usize::from(SLOT_COUNT) && failed == 0;
+        let my_epoch = me.map_or(1, |n| n.epoch);
+        let text = format!(
+            "cluster_enabled:{enabled}\r\ncluster_state:{}\r\ncluster_slots_assigned:{assigned}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{failed}\r\ncluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{version}\r\ncluster_my_epoch:{my_epoch}\r\n",
+            if ok { "ok" } else { "fail" },
+            assigned - failed,
+            nodes.len(),
+            nodes.iter().filter(|n| !n.ranges.is_empty()).count(),
+        );
         ctx.enc.verbatim("txt", text.as_bytes());
     } else {
         unknown_subcommand(ctx, "cluster", sub);

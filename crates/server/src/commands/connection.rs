@@ -262,3 +262,15 @@ pub(super) fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         unknown_subcommand(ctx, "client", sub);
     }
 }
+
+/// READONLY: this connection may read from replicas (a mirror serves them; a master answers as
+/// before).
+pub(super) fn cmd_readonly(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    ctx.session.readonly = true;
+    ctx.enc.ok();
+}
+
+pub(super) fn cmd_readwrite(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    ctx.session.readonly = false;
+    ctx.enc.ok();
+}

@@ -277,7 +277,7 @@ pub(super) fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     let node = ctx.node;
     let mut keys = Vec::new();
-    for &tablet in node.keyspace.tablets() {
+    for &tablet in node.keyspace.tablets().iter() {
         let mut cursor = 0;
         loop {
             keys.clear();

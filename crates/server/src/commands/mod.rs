@@ -51,6 +51,12 @@ pub struct Session {
     pub multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued after MULTI was refused: EXEC will discard the transaction.
     pub multi_failed: bool,
+    /// The connection reaches the whole key space through this server (the routing port, or
+    /// commands a routing port forwarded here): no `-MOVED`/`-CROSSSLOT` checks, and CLUSTER
+    /// answers describe one server that holds every slot.
+    pub routed: bool,
+    /// READONLY was sent (replica reads; mirrors serve them).
+    pub readonly: bool,
 }
 
 impl Session {
@@ -66,6 +72,8 @@ impl Session {
             write_replies: Vec::new(),
             multi: None,
             multi_failed: false,
+            routed: false,
+            readonly: false,
         }
     }
 }
@@ -354,7 +362,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             0,
             c,
             Op::Other,
-            cmd_ok
+            cmd_readonly
         ),
         spec!(
             "readwrite",
@@ -365,7 +373,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             0,
             c,
             Op::Other,
-            cmd_ok
+            cmd_readwrite
         ),
         spec!(
             "multi",
@@ -491,7 +499,8 @@ pub fn specs() -> &'static [Spec] {
     &SPECS
 }
 
-fn lookup(name: &[u8]) -> Option<&'static Spec> {
+/// The command named `name` (any case).
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     let mut lower = [0u8; 24];
     if name.len() > lower.len() {
         return None;
@@ -554,37 +563,20 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                 spec.name
             )),
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
-            // Redis's CMD_NO_MULTI (SHUTDOWN): refused inside a transaction, which EXEC then aborts.
-            Some(spec) if in_multi && spec.flags.contains(&"no_multi") => {
-                ctx.session.multi_failed = true;
-                ctx.enc
-                    .error("ERR Command not allowed inside a transaction")
-            }
-            // As Redis: while persistence is failing, write commands are refused before they run
-            // (or are queued: the transaction is then aborted).
-            Some(spec) if spec.is_write() && node.write_refusal().is_some() => {
-                if in_multi {
-                    ctx.session.multi_failed = true;
+            // Redis Cluster: keys in another server's slots get -MOVED, keys in several slots
+            // -CROSSSLOT (inside MULTI too, which EXEC then aborts).
+            Some(spec) if !ctx.session.routed && spec.first_key > 0 && node.cluster().is_some() => {
+                match cluster_check(node, spec, args) {
+                    Ok(()) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
+                    Err(e) => {
+                        if in_multi {
+                            ctx.session.multi_failed = true;
+                        }
+                        ctx.enc.error(&e)
+                    }
                 }
-                let refusal = node.write_refusal();
-                let reason = match &refusal {
-                    Some(NodeError::WritesRefused { reason }) => reason.as_str(),
-                    _ => "persistence failed",
-                };
-                ctx.enc.error(&misconf(reason))
             }
-            Some(spec)
-                if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") =>
-            {
-                if let Some(queue) = ctx.session.multi.as_mut() {
-                    queue.push(args.iter().map(|a| a.to_vec()).collect());
-                }
-                ctx.enc.simple("QUEUED")
-            }
-            Some(spec) => {
-                wrote = spec.is_write();
-                (spec.handler)(&mut ctx, args)
-            }
+            Some(spec) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
         }
     }
     let failed = out.get(before) == Some(&b'-');
@@ -594,7 +586,88 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     node.record(op, started.elapsed(), !failed);
 }
 
-fn arity_ok(arity: i32, argc: usize) -> bool {
+/// The keys of a command, by its key positions (Redis's first key, last key, step).
+pub fn command_keys<'a, 'b>(
+    spec: &Spec,
+    args: &'b [&'a [u8]],
+) -> impl Iterator<Item = &'a [u8]> + 'b {
+    let first = spec.first_key.max(0) as usize;
+    let last = if spec.last_key < 0 {
+        (args.len() as i64 + i64::from(spec.last_key)).max(0) as usize
+    } else {
+        spec.last_key as usize
+    };
+    let step = spec.step.max(1) as usize;
+    let end = if first == 0 {
+        0
+    } else {
+        (last + 1).min(args.len())
+    };
+    (first..end).step_by(step).map(move |i| args[i])
+}
+
+/// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
+/// in one slot that this server masters.
+fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]]) -> Result<(), String> {
+    let Some(member) = node.cluster() else {
+        return Ok(());
+    };
+    let mut keys = command_keys(spec, args);
+    let Some(first) = keys.next() else {
+        return Ok(());
+    };
+    let slot = key_slot(first);
+    if keys.any(|k| key_slot(k) != slot) {
+        return Err("CROSSSLOT Keys in request don't hash to the same slot".into());
+    }
+    match member.view().route(slot) {
+        crate::cluster::Route::Here => Ok(()),
+        crate::cluster::Route::Moved(addr) => Err(format!("MOVED {slot} {addr}")),
+        crate::cluster::Route::Down => Err("CLUSTERDOWN Hash slot not served".into()),
+    }
+}
+
+/// The checks after routing, then the command (or its queueing inside MULTI).
+fn run_checked(
+    ctx: &mut Ctx<'_>,
+    spec: &'static Spec,
+    args: &[&[u8]],
+    in_multi: bool,
+    wrote: &mut bool,
+) {
+    let node = ctx.node;
+    // Redis's CMD_NO_MULTI (SHUTDOWN): refused inside a transaction, which EXEC then aborts.
+    if in_multi && spec.flags.contains(&"no_multi") {
+        ctx.session.multi_failed = true;
+        return ctx
+            .enc
+            .error("ERR Command not allowed inside a transaction");
+    }
+    // As Redis: while persistence is failing, write commands are refused before they run
+    // (or are queued: the transaction is then aborted).
+    if spec.is_write() {
+        if let Some(refusal) = node.write_refusal() {
+            if in_multi {
+                ctx.session.multi_failed = true;
+            }
+            let reason = match &refusal {
+                NodeError::WritesRefused { reason } => reason.as_str(),
+                _ => "persistence failed",
+            };
+            return ctx.enc.error(&misconf(reason));
+        }
+    }
+    if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") {
+        if let Some(queue) = ctx.session.multi.as_mut() {
+            queue.push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        return ctx.enc.simple("QUEUED");
+    }
+    *wrote = spec.is_write();
+    (spec.handler)(ctx, args)
+}
+
+pub(crate) fn arity_ok(arity: i32, argc: usize) -> bool {
     if arity >= 0 {
         argc == arity as usize
     } else {

@@ -1,0 +1,389 @@
+//! A server's membership in a cluster: joining, heartbeats, the map it serves, and routing answers.
+//!
+//! With `coordinator` configured, a server registers with the coordinator (its id and epoch come
+//! back, and are remembered in `<data_dir>/cluster.json` so that a restart rejoins as the same
+//! id), then heartbeats every `heartbeat_interval_ms`; each heartbeat answer carries the map when
+//! the coordinator's is newer. Applying a map creates, in the engine, every tablet the map makes
+//! this server master of. Front ends ask [`ClusterView::route`] whether a slot is served here, and
+//! get what Redis Cluster answers otherwise (`-MOVED`, `-CLUSTERDOWN`).
+//!
+//! Hides: the coordinator client, retries, the identity file, and which tablets were created.
+//! Memory: one map (a few hundred bytes per tablet) and a 16384-entry owner table per version held.
+
+use crate::node::Node;
+use arc_swap::ArcSwap;
+use ramlog_cluster::rpc::{CoordinatorClient, Request, Response, RpcError};
+use ramlog_cluster::state::PreviousIdentity;
+use ramlog_cluster::{ClusterMap, CommandError, ServerAddresses, ServerId, DEFAULT_TABLE};
+use ramlog_common::{key_slot, TableId, SLOT_COUNT};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a starting server keeps trying to register before it gives up.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One version of the map as this server uses it.
+pub struct ClusterView {
+    pub map: ClusterMap,
+    pub me: ServerId,
+    pub epoch: u64,
+    /// The master of each slot of the default table (0 = none).
+    owners: Vec<ServerId>,
+    /// `host:port` of each server's cluster RESP port, by position in `map.servers`.
+    resp_addresses: Vec<String>,
+    /// The map as JSON (the native protocol's CLUSTER_MAP reply).
+    pub map_json: bytes::Bytes,
+}
+
+/// Where a slot of the default table is served.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    Here,
+    /// Another server masters it: `host:port` of its cluster RESP port.
+    Moved(String),
+    /// No server masters it (the map has no tablet there yet).
+    Down,
+}
+
+impl ClusterView {
+    pub fn new(map: ClusterMap, me: ServerId, epoch: u64) -> ClusterView {
+        let owners = map.slot_owners(DEFAULT_TABLE);
+        let resp_addresses = map
+            .servers
+            .iter()
+            .map(|s| s.addresses.resp.to_string())
+            .collect();
+        let map_json = map.to_json().into();
+        ClusterView {
+            map,
+            me,
+            epoch,
+            owners,
+            resp_addresses,
+            map_json,
+        }
+    }
+
+    /// The master of `slot` of the default table (0 = none).
+    #[inline]
+    pub fn owner(&self, slot: u16) -> ServerId {
+        self.owners[slot as usize]
+    }
+
+    pub fn route(&self, slot: u16) -> Route {
+        match self.owner(slot) {
+            0 => Route::Down,
+            id if id == self.me => Route::Here,
+            id => match self.map.servers.binary_search_by_key(&id, |s| s.id) {
+                Ok(i) => Route::Moved(self.resp_addresses[i].clone()),
+                Err(_) => Route::Down,
+            },
+        }
+    }
+
+    /// Where `key` of `table` is served (any table; the default table's fast path is [`Self::route`]).
+    pub fn route_key(&self, table: TableId, key: &[u8]) -> Route {
+        if table == DEFAULT_TABLE {
+            return self.route(key_slot(key));
+        }
+        match self.map.tablet_of(table, key) {
+            None => Route::Down,
+            Some(t) if t.master == self.me => Route::Here,
+            Some(t) => match self.map.server(t.master) {
+                Some(s) => Route::Moved(s.addresses.resp.to_string()),
+                None => Route::Down,
+            },
+        }
+    }
+
+    /// Slots of the default table with a master.
+    pub fn slots_assigned(&self) -> usize {
+        self.owners.iter().filter(|&&o| o != 0).count()
+    }
+
+    /// Contiguous runs of slots of the default table with the same master: (first, last, master).
+    pub fn slot_runs(&self) -> Vec<(u16, u16, ServerId)> {
+        let mut runs: Vec<(u16, u16, ServerId)> = Vec::new();
+        for slot in 0..SLOT_COUNT {
+            let owner = self.owners[slot as usize];
+            if owner == 0 {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.2 == owner && run.1 + 1 == slot => run.1 = slot,
+                _ => runs.push((slot, slot, owner)),
+            }
+        }
+        runs
+    }
+}
+
+/// What a server remembers of its membership across restarts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Identity {
+    cluster_id: u64,
+    server_id: ServerId,
+}
+
+fn identity_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("cluster.json")
+}
+
+fn load_identity(data_dir: &Path) -> Result<Option<Identity>, String> {
+    let path = identity_path(data_dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            format!(
+                "{} is corrupt ({e}); remove it to join as a new server",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+fn save_identity(data_dir: &Path, identity: Identity) -> Result<(), String> {
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let path = identity_path(data_dir);
+    let tmp = path.with_extension("json.tmp");
+    let bytes = serde_json::to_vec(&identity).map_err(|e| e.to_string())?;
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        if let Ok(dir) = std::fs::File::open(data_dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// This server's membership (see the module comment).
+pub struct Member {
+    view: ArcSwap<ClusterView>,
+    client: CoordinatorClient,
+    /// Tablets created in the engine: (table, first slot).
+    created: parking_lot::Mutex<HashSet<(TableId, u16)>>,
+    /// Connections to the other servers (the routing port forwards over them).
+    peers: crate::routing::Peers,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("cannot join the cluster: {0}")]
+    Refused(String),
+    #[error("cannot reach the coordinator at {addresses} within {secs} s: {last}")]
+    Unreachable {
+        addresses: String,
+        secs: u64,
+        last: String,
+    },
+    #[error("{0}")]
+    Identity(String),
+}
+
+impl Member {
+    /// Registers with the coordinator (retrying for up to [`JOIN_TIMEOUT`] while it is unreachable
+    /// or the previous process with this id still heartbeats), applies the map it returns, and
+    /// starts the heartbeat task.
+    pub async fn join(
+        node: &Arc<Node>,
+        coordinator: &str,
+        addresses: ServerAddresses,
+    ) -> Result<Arc<Member>, JoinError> {
+        let config = &node.config;
+        let client = CoordinatorClient::new(
+            ramlog_cluster::rpc::parse_addresses(coordinator),
+            Duration::from_secs(3),
+        );
+        let previous = load_identity(&config.data_dir)
+            .map_err(JoinError::Identity)?
+            .map(|i| PreviousIdentity {
+                cluster_id: i.cluster_id,
+                server_id: i.server_id,
+            });
+        let request = Request::Register {
+            previous,
+            addresses,
+            memory_bytes: config.memory_bytes,
+        };
+        let deadline = tokio::time::Instant::now() + JOIN_TIMEOUT;
+        let (id, epoch, map) = loop {
+            match client.call(&request).await {
+                Ok(Response::Registered { id, epoch, map }) => break (id, epoch, map),
+                Ok(other) => {
+                    return Err(JoinError::Refused(
+                        ramlog_cluster::rpc::unexpected(&other).to_string(),
+                    ))
+                }
+                Err(e) => {
+                    let retry = matches!(
+                        e,
+                        RpcError::Unreachable { .. }
+                            | RpcError::Refused(CommandError::DuplicateServer { .. })
+                            | RpcError::Refused(CommandError::NotInitialized)
+                    );
+                    if !retry {
+                        return Err(JoinError::Refused(e.to_string()));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(JoinError::Unreachable {
+                            addresses: coordinator.to_string(),
+                            secs: JOIN_TIMEOUT.as_secs(),
+                            last: e.to_string(),
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        save_identity(
+            &config.data_dir,
+            Identity {
+                cluster_id: map.cluster_id,
+                server_id: id,
+            },
+        )
+        .map_err(JoinError::Identity)?;
+        tracing::info!(
+            server = id,
+            epoch,
+            map_version = map.version,
+            "joined the cluster"
+        );
+        let member = Arc::new(Member {
+            view: ArcSwap::from_pointee(ClusterView::new(ClusterMap::default(), id, epoch)),
+            client,
+            created: parking_lot::Mutex::new(HashSet::new()),
+            peers: crate::routing::Peers::default(),
+        });
+        member.apply(node, map);
+        Ok(member)
+    }
+
+    pub fn view(&self) -> arc_swap::Guard<Arc<ClusterView>> {
+        self.view.load()
+    }
+
+    pub fn peers(&self) -> &crate::routing::Peers {
+        &self.peers
+    }
+
+    pub fn coordinator(&self) -> &CoordinatorClient {
+        &self.client
+    }
+
+    /// Serves `map` if it is newer than the one held: creates the tablets it makes this server
+    /// master of and sets table schemas, then publishes the view.
+    pub fn apply(&self, node: &Node, map: ClusterMap) {
+        let current = self.view.load();
+        if map.version <= current.map.version && current.map.version != 0 {
+            return;
+        }
+        let me = current.me;
+        let epoch = map.server(me).map_or(current.epoch, |s| s.epoch);
+        {
+            let mut created = self.created.lock();
+            for t in map.tablets.iter().filter(|t| t.master == me) {
+                if created.contains(&(t.table, t.first_slot)) {
+                    continue;
+                }
+                let made = if t.table == DEFAULT_TABLE {
+                    node.keyspace.add_tablet(t.first_slot, t.last_slot)
+                } else {
+                    node.engine()
+                        .create_tablet(t.table, t.first_slot, t.last_slot)
+                };
+                match made {
+                    Ok(_) => {
+                        created.insert((t.table, t.first_slot));
+                    }
+                    Err(e) => tracing::error!(
+                        table = t.table,
+                        first = t.first_slot,
+                        last = t.last_slot,
+                        error = %e,
+                        "cannot create a tablet the map gives this server"
+                    ),
+                }
+            }
+        }
+        for table in &map.tables {
+            let schema = table.schema.as_deref().and_then(|bytes| {
+                ramlog_logmem::query::Schema::from_bytes(bytes)
+                    .map_err(
+                        |e| tracing::error!(table = table.id, error = %e, "bad schema in the map"),
+                    )
+                    .ok()
+            });
+            if schema.is_some() {
+                node.engine().set_schema(table.id, schema);
+            }
+        }
+        tracing::info!(version = map.version, "serving map");
+        self.view.store(Arc::new(ClusterView::new(map, me, epoch)));
+    }
+
+    /// Heartbeats until the node stops. A newer map in an answer is applied; a fenced answer
+    /// (another process registered with this id) stops the server.
+    pub fn start_heartbeats(self: &Arc<Self>, node: &Arc<Node>) {
+        let member = self.clone();
+        let node = Arc::downgrade(node);
+        let interval = Duration::from_millis(
+            node.upgrade()
+                .map_or(100, |n| n.config.heartbeat_interval_ms.max(10)),
+        );
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing_since: Option<std::time::Instant> = None;
+            loop {
+                ticker.tick().await;
+                let Some(node) = node.upgrade() else { return };
+                if node.stopping() {
+                    return;
+                }
+                let view = member.view();
+                let request = Request::Heartbeat {
+                    id: view.me,
+                    epoch: view.epoch,
+                    map_version: view.map.version,
+                };
+                drop(view);
+                match member.client.call(&request).await {
+                    Ok(Response::Heartbeat { map }) => {
+                        if let Some(since) = failing_since.take() {
+                            tracing::warn!(
+                                after_ms = since.elapsed().as_millis() as u64,
+                                "the coordinator answers heartbeats again"
+                            );
+                        }
+                        if let Some(map) = map {
+                            member.apply(&node, map);
+                        }
+                    }
+                    Ok(other) => tracing::warn!(answer = ?other, "unexpected heartbeat answer"),
+                    Err(RpcError::Fenced(reason)) => {
+                        tracing::error!(%reason, "fenced by the coordinator: stopping");
+                        node.request_shutdown();
+                        return;
+                    }
+                    Err(e) => {
+                        if failing_since.is_none() {
+                            tracing::warn!(error = %e, "heartbeat failed; serving the map held");
+                            failing_since = Some(std::time::Instant::now());
+                        }
+                    }
+                }
+            }
+        });
+    }
+}

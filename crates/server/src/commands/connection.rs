@@ -16,10 +16,6 @@ pub(super) fn cmd_echo(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     ctx.enc.bulk(args[1])
 }
 
-pub(super) fn cmd_ok(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
-    ctx.enc.ok()
-}
-
 pub(super) fn cmd_select(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match parse_i64(args[1]) {
         None => ctx.enc.error(ERR_NOT_INTEGER),

@@ -98,6 +98,22 @@ def server(tmp_path):
     s.stop()
 
 
+@pytest.fixture(params=["standalone", "routing"])
+def server_both_ways(request, tmp_path):
+    """A standalone server, then the routing port of a 3-server cluster (RESP tests run both ways)."""
+    if request.param == "standalone":
+        s = Server(tmp_path)
+        yield s
+        assert s.alive(), "the server died during the test"
+        s.stop()
+    else:
+        cluster = request.getfixturevalue("shared_cluster")
+        port = RoutingPort(cluster)
+        port.client().flushall()
+        yield port
+        assert port.alive(), "a cluster process died during the test"
+
+
 @pytest.fixture
 def make_server(tmp_path):
     started = []
@@ -126,3 +142,118 @@ def wait_until(predicate, timeout=10.0, interval=0.05):
             return True
         time.sleep(interval)
     return False
+
+
+class Cluster:
+    """A coordinator and `servers` ramlog servers, each a child process on ports picked here.
+
+    Every process is stopped by its pid in `stop()`; every wait is bounded.
+    """
+
+    def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None):
+        self.tmp_path = tmp_path
+        self.coord_port = free_port()
+        self.coordinator_addr = f"127.0.0.1:{self.coord_port}"
+        self.procs = []
+        self.coordinator = self._spawn(
+            [
+                "coordinator", "--id", "1", "--listen", self.coordinator_addr,
+                "--members", f"1={self.coordinator_addr}",
+                "--data-dir", str(tmp_path / "coordinator-1"),
+                "--initial-servers", str(initial_servers or servers),
+            ],
+            "coordinator",
+        )
+        self.servers = []
+        for i in range(servers):
+            self.add_server(extra_args)
+        self.wait_ok()
+
+    def _spawn(self, args, name):
+        proc = subprocess.Popen(
+            [ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        line = proc.stdout.readline()
+        if "ready" not in line:
+            proc.kill()
+            out, err = proc.communicate(timeout=5)
+            raise RuntimeError(f"{name} did not start: {line!r} {out!r} {err!r}")
+        self.procs.append(proc)
+        return proc
+
+    def add_server(self, extra_args=()):
+        i = len(self.servers)
+        s = type("ClusterServer", (), {})()
+        s.resp, s.routing, s.native, s.admin = free_port(), free_port(), free_port(), free_port()
+        s.proc = self._spawn(
+            [
+                "server", "--coordinator", self.coordinator_addr,
+                "--resp-port", str(s.resp), "--routing-port", str(s.routing),
+                "--native-port", str(s.native), "--admin-port", str(s.admin),
+                "--data-dir", str(self.tmp_path / f"server-{i}"), "--memory", "256MiB",
+                *extra_args,
+            ],
+            f"server {i}",
+        )
+        self.servers.append(s)
+        return s
+
+    def cluster_info(self, port):
+        out = subprocess.run(["redis-cli", "-p", str(port), "CLUSTER", "INFO"], capture_output=True, text=True, timeout=10)
+        return out.stdout
+
+    def wait_ok(self, timeout=20.0):
+        ok = wait_until(
+            lambda: all("cluster_state:ok" in self.cluster_info(s.resp) for s in self.servers),
+            timeout=timeout,
+        )
+        assert ok, [self.cluster_info(s.resp) for s in self.servers]
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class RoutingPort:
+    """The routing port of a cluster's first server, with the interface of `Server` above, so that
+    the RESP tests run unchanged against a cluster."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.port = cluster.servers[0].routing
+        self.admin_port = cluster.servers[0].admin
+
+    def client(self, **kwargs) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10, **kwargs)
+
+    def cli(self, *args, stdin=None, extra=()):
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.port), *extra, *args],
+            input=stdin, capture_output=True, text=True, timeout=30,
+        )
+        return out.stdout.rstrip("\n")
+
+    def alive(self) -> bool:
+        return self.cluster.alive()
+
+    def stop(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    alive = c.alive()
+    c.stop()
+    assert alive, "a cluster process died during the tests"

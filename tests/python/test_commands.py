@@ -6,6 +6,12 @@ import pytest
 import redis
 
 
+@pytest.fixture
+def server(server_both_ways):
+    """Each test runs against a standalone server and against the routing port of a cluster."""
+    return server_both_ways
+
+
 def test_ping_echo(r):
     assert r.ping() is True
     assert r.echo("hello") == "hello"

@@ -16,8 +16,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a local deployment with safe defaults and print how to connect; Ctrl-C stops it.
-    Up(ramlog_server::cli::ServerFlags),
+    /// Start a local cluster (a coordinator and 3 servers by default) and print how to connect;
+    /// Ctrl-C stops it.
+    Up(ramlog_server::up::UpFlags),
     /// Run one server process (RESP, native protocol, admin HTTP).
     Server(ramlog_server::cli::ServerFlags),
     /// Print a key's value (native protocol); exit 1 if absent.
@@ -69,7 +70,7 @@ enum Suite {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Up(flags) => ramlog_server::cli::run_up(&flags),
+        Command::Up(flags) => ramlog_server::up::run_up(&flags),
         Command::Server(flags) => ramlog_server::cli::run_server(&flags),
         Command::Get(args) => ramlog_client::cli::get(&args),
         Command::Set(args) => ramlog_client::cli::set(&args),

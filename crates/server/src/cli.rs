@@ -1,5 +1,6 @@
-//! The `ramlog server` and `ramlog up` subcommands: flags and environment variables, the runtime,
-//! and Ctrl-C handling. The binary only forwards to [`run_server`] and [`run_up`].
+//! The `ramlog server` subcommand: flags and environment variables, the runtime, and Ctrl-C
+//! handling (`ramlog up`, which starts a cluster of such processes, is [`crate::up`]). The binary
+//! only forwards to [`run_server`] and [`crate::up::run_up`].
 
 use crate::config::{ConfigOverrides, CpuScheduling, PersistenceMode, ServerConfig};
 use crate::server::Server;
@@ -200,55 +201,6 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
             _ = server.shutdown_requested() => {}
         }
         server.shutdown().await;
-        anyhow::Ok(())
-    })
-}
-
-/// `ramlog up`: the whole local deployment with safe defaults. Today that is one server in this
-/// process; the command and its output stay the same when it starts a cluster.
-pub fn run_up(flags: &ServerFlags) -> anyhow::Result<()> {
-    init_logging();
-    let config = flags.load()?;
-    warn_if_exposed(&config);
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
-    let rt = runtime(&config)?;
-    rt.block_on(async {
-        let stop = stop_signal()?;
-        let persistence = config.persistence;
-        let data_dir = config.data_dir.clone();
-        let password = config.password.is_some();
-        let server = Server::start(config).await?;
-        let a = server.addresses();
-        println!("ramlog is up: 1 server on this machine");
-        let auth = if password { " -a <password>" } else { "" };
-        if a.resp.ip().is_loopback() {
-            println!("  connect:  redis-cli -p {}{auth}", a.resp.port());
-        } else {
-            println!(
-                "  connect:  redis-cli -h {} -p {}{auth}",
-                a.resp.ip(),
-                a.resp.port()
-            );
-        }
-        if let Some(admin) = a.admin {
-            println!("  admin:    http://{admin}/status   (metrics: http://{admin}/metrics)");
-        }
-        if let Some(native) = a.native {
-            println!("  native:   {native}");
-        }
-        println!(
-            "  data:     {} (persistence {persistence})",
-            data_dir.display()
-        );
-        println!("Press Ctrl-C to stop.");
-        tokio::select! {
-            _ = stop => {}
-            _ = server.shutdown_requested() => {}
-        }
-        println!("stopping...");
-        server.shutdown().await;
-        println!("stopped");
         anyhow::Ok(())
     })
 }

@@ -22,6 +22,7 @@ pub mod persistence;
 pub mod resp_conn;
 pub mod routing;
 pub mod server;
+pub mod up;
 
 pub use config::{PersistenceMode, ServerConfig};
 pub use node::{Node, NodeError};

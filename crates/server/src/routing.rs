@@ -37,17 +37,19 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// per server, shared by every routing connection.
 #[derive(Default)]
 pub struct Peers {
-    clients: parking_lot::Mutex<HashMap<(ServerId, std::net::SocketAddr), Arc<tokio::sync::OnceCell<Client>>>>,
+    clients: parking_lot::Mutex<
+        HashMap<(ServerId, std::net::SocketAddr), Arc<tokio::sync::OnceCell<Client>>>,
+    >,
 }
 
 impl Peers {
-    async fn client(&self, node: &Node, id: ServerId, addr: std::net::SocketAddr) -> Result<Client, String> {
-        let cell = self
-            .clients
-            .lock()
-            .entry((id, addr))
-            .or_default()
-            .clone();
+    async fn client(
+        &self,
+        node: &Node,
+        id: ServerId,
+        addr: std::net::SocketAddr,
+    ) -> Result<Client, String> {
+        let cell = self.clients.lock().entry((id, addr)).or_default().clone();
         cell.get_or_try_init(|| async {
             let mut config = ClientConfig::new(addr.to_string());
             config.password = node.config.password.clone().map(String::into_bytes);
@@ -68,11 +70,17 @@ enum Part {
     /// The reply of a write run here: replaced by `-MISCONF` if its acknowledgement point fails.
     Write(Vec<u8>),
     /// The `index`-th command sent to server `peer` in this round.
-    Remote { peer: ServerId, index: usize },
+    Remote {
+        peer: ServerId,
+        index: usize,
+    },
     /// Integer replies added up (DEL, EXISTS, UNLINK, DBSIZE).
     Sum(Vec<Part>),
     /// MGET split by server: each piece's elements go to the given positions.
-    Mget { pieces: Vec<(Part, Vec<usize>)>, total: usize },
+    Mget {
+        pieces: Vec<(Part, Vec<usize>)>,
+        total: usize,
+    },
     /// +OK when every piece is +OK, else the first other reply (MSET, FLUSHALL).
     AllOk(Vec<Part>),
     /// Arrays concatenated (KEYS).
@@ -80,7 +88,11 @@ enum Part {
     /// One array of the parts' replies (EXEC).
     Array(Vec<Part>),
     /// A SCAN reply from server number `index` of `servers`: the cursor is rewritten.
-    Scan { part: Box<Part>, index: u64, servers: u64 },
+    Scan {
+        part: Box<Part>,
+        index: u64,
+        servers: u64,
+    },
 }
 
 /// One read's worth of requests: the replies being assembled and the commands to forward.
@@ -317,7 +329,8 @@ pub async fn serve_routing(mut stream: TcpStream, node: Arc<Node>, client_id: u6
     let mut request = ramlog_proto::resp::Request::default();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
-    let idle = (config.idle_timeout_secs > 0).then(|| Duration::from_secs(config.idle_timeout_secs));
+    let idle =
+        (config.idle_timeout_secs > 0).then(|| Duration::from_secs(config.idle_timeout_secs));
     let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
     let depth_max = config.pipeline_depth_max;
     let mut buffers = BufferGauge::new(&node.metrics);
@@ -350,9 +363,8 @@ pub async fn serve_routing(mut stream: TcpStream, node: Arc<Node>, client_id: u6
                             let args = request.args(&inbuf[pos..]);
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
-                            let barrier = lookup(args[0]).is_some_and(|s| {
-                                matches!(s.name, "hello" | "auth")
-                            });
+                            let barrier =
+                                lookup(args[0]).is_some_and(|s| matches!(s.name, "hello" | "auth"));
                             if barrier && !round.outgoing.is_empty() {
                                 break;
                             }
@@ -396,7 +408,11 @@ pub async fn serve_routing(mut stream: TcpStream, node: Arc<Node>, client_id: u6
     }
 }
 
-async fn write_out(stream: &mut TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<(), Ending> {
+async fn write_out(
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+    timeout: Duration,
+) -> Result<(), Ending> {
     if out.is_empty() {
         return Ok(());
     }
@@ -497,7 +513,9 @@ impl Assemble<'_> {
         match part {
             Part::Ready(bytes) => out.extend_from_slice(bytes),
             Part::Write(bytes) => match self.ack_error {
-                Some(e) => ReplyEncoder::new(out, self.protocol).error(&crate::commands::misconf(e)),
+                Some(e) => {
+                    ReplyEncoder::new(out, self.protocol).error(&crate::commands::misconf(e))
+                }
                 None => out.extend_from_slice(bytes),
             },
             Part::Remote { peer, index } => match self.replies.get(peer) {

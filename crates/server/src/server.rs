@@ -120,11 +120,7 @@ impl Server {
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
         if let Some(listener) = routing_listener {
-            tasks.spawn(accept_routing(
-                listener,
-                node.clone(),
-                shutdown.subscribe(),
-            ));
+            tasks.spawn(accept_routing(listener, node.clone(), shutdown.subscribe()));
         }
         tasks.spawn(accept_resp(
             resp_listener,

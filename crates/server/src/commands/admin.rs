@@ -280,19 +280,18 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
 fn keys_in_slot(ctx: &mut Ctx<'_>, slot: u16, limit: usize) -> Result<Vec<Vec<u8>>, NodeError> {
     let node = ctx.node;
     let mut found = Vec::new();
-    let Some(tablet) = node
-        .engine()
-        .tablets()
-        .into_iter()
-        .find(|t| t.table == crate::keyspace::RESP_TABLE && t.first_slot <= slot && slot <= t.last_slot)
-    else {
+    let Some(tablet) = node.engine().tablets().into_iter().find(|t| {
+        t.table == crate::keyspace::RESP_TABLE && t.first_slot <= slot && slot <= t.last_slot
+    }) else {
         return Ok(found);
     };
     let mut cursor = 0;
     let mut batch = Vec::new();
     loop {
         batch.clear();
-        cursor = node.engine().scan_keys(tablet.id, cursor, 1024, &mut batch)?;
+        cursor = node
+            .engine()
+            .scan_keys(tablet.id, cursor, 1024, &mut batch)?;
         for key in batch.drain(..) {
             if found.len() < limit && key_slot(&key) == slot {
                 found.push(key);
@@ -414,7 +413,8 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             ctx.enc.bulk(b"replication-offset");
             ctx.enc.integer(0);
             ctx.enc.bulk(b"health");
-            ctx.enc.bulk(if n.failed { &b"fail"[..] } else { b"online" });
+            ctx.enc
+                .bulk(if n.failed { &b"fail"[..] } else { b"online" });
         }
     } else if eq_ignore_case(sub, "nodes") {
         let now = now_ms();
@@ -425,7 +425,11 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 (false, true) => "master,fail",
                 (false, false) => "master",
             };
-            let link = if n.failed { "disconnected" } else { "connected" };
+            let link = if n.failed {
+                "disconnected"
+            } else {
+                "connected"
+            };
             text.push_str(&format!(
                 "{} {}:{}@{} {flags} - 0 {now} {} {link}",
                 n.id,

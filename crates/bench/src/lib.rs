@@ -5,6 +5,7 @@
 //! as its baseline, so that each figure is a ratio rather than a bare time.
 
 pub mod backup;
+pub mod cluster;
 pub mod engine;
 pub mod native;
 pub mod report;

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const VALUE_BYTES: usize = 100;
-const CLIENTS: u32 = 50;
-const KEYSPACE: u64 = 1_000_000;
+pub(crate) const VALUE_BYTES: usize = 100;
+pub(crate) const CLIENTS: u32 = 50;
+pub(crate) const KEYSPACE: u64 = 1_000_000;
 
 struct Sizes {
     memory_keys: u64,
@@ -96,10 +96,10 @@ fn run_all(sizes: &Sizes, work: &Path, report: &mut Report) -> anyhow::Result<()
 }
 
 /// A server under test, stopped when dropped.
-struct Peer {
-    name: &'static str,
-    port: u16,
-    child: Child,
+pub(crate) struct Peer {
+    pub(crate) name: &'static str,
+    pub(crate) port: u16,
+    pub(crate) child: Child,
 }
 
 impl Drop for Peer {
@@ -223,14 +223,14 @@ impl Peer {
     }
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|p| p.join(tool))
         .find(|p| p.is_file())
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -241,7 +241,7 @@ fn connect(port: u16) -> anyhow::Result<TcpStream> {
     Ok(s)
 }
 
-fn wait_for_ping(port: u16) -> anyhow::Result<()> {
+pub(crate) fn wait_for_ping(port: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = connect(port) {
@@ -261,7 +261,7 @@ fn wait_for_ping(port: u16) -> anyhow::Result<()> {
 }
 
 /// Sends one command and reads one line-sized reply.
-fn command(port: u16, line: &str) -> anyhow::Result<String> {
+pub(crate) fn command(port: u16, line: &str) -> anyhow::Result<String> {
     let mut s = connect(port)?;
     s.write_all(format!("{line}\r\n").as_bytes())?;
     let mut reader = BufReader::new(s);
@@ -562,10 +562,10 @@ fn small_budget_rows(sizes: &Sizes, work: &Path, report: &mut Report) -> anyhow:
 }
 
 #[derive(Debug, Clone, Copy, Default)]
-struct BenchResult {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+pub(crate) struct BenchResult {
+    pub(crate) rps: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
 }
 
 /// Runs redis-benchmark once and returns the SET and GET results.
@@ -574,7 +574,18 @@ fn redis_benchmark(
     requests: u64,
     pipeline: u32,
 ) -> anyhow::Result<(BenchResult, BenchResult)> {
+    redis_benchmark_with(port, requests, pipeline, &[])
+}
+
+/// [`redis_benchmark`] with more flags (`--cluster`).
+pub(crate) fn redis_benchmark_with(
+    port: u16,
+    requests: u64,
+    pipeline: u32,
+    extra: &[&str],
+) -> anyhow::Result<(BenchResult, BenchResult)> {
     let out = Command::new("redis-benchmark")
+        .args(extra)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args([
             "-c",
@@ -606,7 +617,7 @@ fn redis_benchmark(
 }
 
 /// Parses `--csv` output: a header with `test,rps,...,p50_latency_ms,...,p99_latency_ms,...`, then rows.
-fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
+pub(crate) fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<String> = lines
         .next()
@@ -641,7 +652,7 @@ fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
     Ok((set.context("no SET row")?, get.context("no GET row")?))
 }
 
-fn median_by(results: &[BenchResult], f: impl Fn(&BenchResult) -> f64) -> f64 {
+pub(crate) fn median_by(results: &[BenchResult], f: impl Fn(&BenchResult) -> f64) -> f64 {
     let values: Vec<f64> = results.iter().map(f).collect();
     crate::util::median(&values)
 }

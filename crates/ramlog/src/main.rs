@@ -65,6 +65,8 @@ enum Suite {
     Backup,
     /// Log-order scans against hash-index scans and gets, scan bandwidth, shared scans, writes during scans.
     Scan,
+    /// A 3-server cluster against a Redis Cluster of 3 masters (redis-benchmark --cluster), and the routing port.
+    Cluster,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -93,6 +95,7 @@ fn main() -> anyhow::Result<()> {
                 Suite::Native => ramlog_bench::native::run(args.quick, args.json.as_deref()),
                 Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
                 Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
+                Suite::Cluster => ramlog_bench::cluster::run(args.quick, args.json.as_deref()),
             }
         }
     }

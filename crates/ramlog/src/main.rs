@@ -33,6 +33,12 @@ enum Command {
     Schema(ramlog_client::cli::SchemaArgs),
     /// Print a server's status as JSON.
     Status(ramlog_client::cli::StatusArgs),
+    /// Run one coordinator member (Raft over the cluster map) until Ctrl-C or SIGTERM.
+    Coordinator(ramlog_coordinator::cli::CoordinatorArgs),
+    /// Create, list or drop tables through the coordinator.
+    Table(ramlog_coordinator::cli::TableArgs),
+    /// Inspect the cluster through the coordinator.
+    Cluster(ramlog_coordinator::cli::ClusterArgs),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
     Bench(BenchArgs),
 }
@@ -80,6 +86,9 @@ fn main() -> anyhow::Result<()> {
         Command::Scan(args) => ramlog_client::cli::scan(&args),
         Command::Schema(args) => ramlog_client::cli::schema(&args),
         Command::Status(args) => ramlog_client::cli::status(&args),
+        Command::Coordinator(args) => ramlog_coordinator::cli::run_coordinator(&args),
+        Command::Table(args) => ramlog_coordinator::cli::run_table(&args),
+        Command::Cluster(args) => ramlog_coordinator::cli::run_cluster(&args),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {
                 for value in Suite::value_variants() {

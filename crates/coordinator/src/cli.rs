@@ -1,0 +1,494 @@
+//! The coordinator's command-line tools: `ramlog coordinator` (run one member), `ramlog table`
+//! (create, list, drop) and `ramlog cluster status`.
+//!
+//! Owns: the flags, their defaults and the output formats. Hides: the runtime, the client's
+//! retries, and how a server's memory use is fetched from its admin HTTP port.
+
+use crate::service::{Coordinator, CoordinatorConfig};
+use anyhow::Context;
+use ramlog_cluster::rpc::{
+    parse_addresses, unexpected, CoordinatorClient, CoordinatorStatus, Request, Response,
+};
+use ramlog_cluster::{ClusterMap, ReplicationMode, ServerInfo};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a tool keeps trying the coordinator members (a leader election takes about a second).
+const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(clap::Args, Debug)]
+pub struct CoordinatorArgs {
+    /// This member's id (1, 2, ...).
+    #[arg(long, default_value_t = 1)]
+    pub id: u64,
+    /// Address to listen on, for servers, tools and the other members.
+    #[arg(long, default_value = "127.0.0.1:9380")]
+    pub listen: SocketAddr,
+    /// Every member as ID=HOST:PORT, comma-separated (default: just this one at --listen).
+    #[arg(long)]
+    pub members: Option<String>,
+    /// Where the Raft log, vote and snapshots live (default ./ramlog-data/coordinator-ID).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Servers that must register before the default table is placed.
+    #[arg(long, default_value_t = 1)]
+    pub initial_servers: u32,
+}
+
+/// Parses `1=host:port,2=host:port`.
+pub fn parse_members(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut members = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, address) = item.split_once('=').with_context(|| {
+            format!("bad member {item:?}: expected ID=HOST:PORT, for example 1=127.0.0.1:9380")
+        })?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("bad member id {id:?} in {item:?}: expected a number"))?;
+        if id == 0 {
+            anyhow::bail!("bad member {item:?}: member ids start at 1");
+        }
+        if members.insert(id, address.trim().to_string()).is_some() {
+            anyhow::bail!("member id {id} is listed twice");
+        }
+    }
+    if members.is_empty() {
+        anyhow::bail!("the member list is empty");
+    }
+    Ok(members)
+}
+
+impl CoordinatorArgs {
+    pub fn config(&self) -> anyhow::Result<CoordinatorConfig> {
+        let members = match &self.members {
+            Some(list) => parse_members(list)?,
+            None => BTreeMap::from([(self.id, self.listen.to_string())]),
+        };
+        Ok(CoordinatorConfig {
+            id: self.id,
+            listen: self.listen,
+            members,
+            data_dir: self
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("./ramlog-data/coordinator-{}", self.id))),
+            initial_servers: self.initial_servers.max(1),
+        })
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RAMLOG_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ramlog-coordinator")
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// `ramlog coordinator`: one member until Ctrl-C or SIGTERM.
+pub fn run_coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
+    init_logging();
+    let config = args.config()?;
+    let id = config.id;
+    runtime()?.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let coordinator = Coordinator::start(config).await?;
+        println!(
+            "ramlog coordinator ready id={id} listen={} pid={}",
+            coordinator.address(),
+            std::process::id()
+        );
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        coordinator.shutdown().await;
+        Ok(())
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CoordinatorFlag {
+    /// Coordinator members to ask, comma-separated HOST:PORT.
+    #[arg(
+        long,
+        env = "RAMLOG_COORDINATOR",
+        default_value = "127.0.0.1:9380",
+        global = true
+    )]
+    pub coordinator: String,
+}
+
+impl CoordinatorFlag {
+    fn client(&self) -> CoordinatorClient {
+        CoordinatorClient::new(parse_addresses(&self.coordinator), TOOL_TIMEOUT)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TableArgs {
+    #[command(subcommand)]
+    pub command: TableCommand,
+    #[command(flatten)]
+    pub coordinator: CoordinatorFlag,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TableCommand {
+    /// Create a table; its tablets are placed over the live servers.
+    Create {
+        name: String,
+        /// Replication mode: async, sync, durable or mirror.
+        #[arg(long, default_value = "sync", value_parser = parse_mode)]
+        mode: ReplicationMode,
+        /// Backups per tablet (default: 2 with 3 servers, 3 from 4).
+        #[arg(long)]
+        replicas: Option<u32>,
+    },
+    /// List the tables, one per line.
+    List,
+    /// Drop a table and its tablets.
+    Drop { name: String },
+}
+
+fn parse_mode(s: &str) -> Result<ReplicationMode, String> {
+    ReplicationMode::parse(s).ok_or_else(|| {
+        format!("unknown replication mode {s:?}: expected async, sync, durable or mirror")
+    })
+}
+
+fn tool_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// Prints a tool's error as one line on stderr and exits 1 (no backtrace, no chain: the
+/// coordinator's message says it all).
+fn exit_on_error(result: anyhow::Result<()>) -> anyhow::Result<()> {
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `ramlog table ...`.
+pub fn run_table(args: &TableArgs) -> anyhow::Result<()> {
+    exit_on_error(table(args))
+}
+
+fn table(args: &TableArgs) -> anyhow::Result<()> {
+    let client = args.coordinator.client();
+    tool_runtime()?.block_on(async {
+        match &args.command {
+            TableCommand::Create {
+                name,
+                mode,
+                replicas,
+            } => {
+                let request = Request::CreateTable {
+                    name: name.clone(),
+                    mode: *mode,
+                    replicas: *replicas,
+                    schema: None,
+                };
+                let info = match client.call(&request).await? {
+                    Response::TableCreated(info) => info,
+                    other => return Err(unexpected(&other).into()),
+                };
+                let map = client.map().await?;
+                println!(
+                    "created table {} id={} mode={} replicas={} tablets={} map_version={}",
+                    info.name,
+                    info.id,
+                    info.mode,
+                    info.replicas,
+                    map.tablets_of(info.id).count(),
+                    map.version
+                );
+            }
+            TableCommand::List => {
+                let map = client.map().await?;
+                for t in &map.tables {
+                    println!(
+                        "{} id={} mode={} replicas={} tablets={}",
+                        t.name,
+                        t.id,
+                        t.mode,
+                        t.replicas,
+                        map.tablets_of(t.id).count()
+                    );
+                }
+            }
+            TableCommand::Drop { name } => {
+                let request = Request::DropTable { name: name.clone() };
+                match client.call(&request).await? {
+                    Response::TableDropped(id) => println!("dropped table {name} id={id}"),
+                    other => return Err(unexpected(&other).into()),
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+    #[command(flatten)]
+    pub coordinator: CoordinatorFlag,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// The cluster at a glance: coordinator members, servers, tables and tablets.
+    Status {
+        /// Print the structured form as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `ramlog cluster ...`.
+pub fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
+    exit_on_error(cluster(args))
+}
+
+fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
+    let ClusterCommand::Status { json } = args.command;
+    let client = args.coordinator.client();
+    tool_runtime()?.block_on(async {
+        let mut status = client.status().await?;
+        // Ask the leader, which knows its followers' progress and the servers' heartbeats.
+        if let Some(leader) = status.leader.filter(|l| *l != status.member) {
+            if let Some(address) = status.members.iter().find(|m| m.id == leader) {
+                let direct =
+                    CoordinatorClient::new(vec![address.address.clone()], Duration::from_secs(2));
+                if let Ok(s) = direct.status().await {
+                    status = s;
+                }
+            }
+        }
+        let mut memory = BTreeMap::new();
+        for server in &status.map.servers {
+            memory.insert(server.id, server_memory_used(server).await);
+        }
+        if json {
+            println!("{:#}", status_json(&status, &memory));
+        } else {
+            print!("{}", status_text(&status, &memory));
+        }
+        Ok(())
+    })
+}
+
+/// A server's memory in use from its admin `/status`, or None when unreachable or unknown.
+async fn server_memory_used(server: &ServerInfo) -> Option<u64> {
+    let admin = server.addresses.admin?;
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+        stream
+            .write_all(b"GET /status HTTP/1.0\r\nHost: ramlog\r\n\r\n")
+            .await
+            .ok()?;
+        let mut reply = Vec::new();
+        stream.take(16 << 20).read_to_end(&mut reply).await.ok()?;
+        let at = reply.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let body: serde_json::Value = serde_json::from_slice(&reply[at..]).ok()?;
+        body.pointer("/metrics/memory/accounted")
+            .or_else(|| body.pointer("/metrics/engine/memory_bytes_live"))
+            .and_then(|v| v.as_u64())
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn tablet_counts(map: &ClusterMap, server: u64) -> (usize, usize) {
+    let mastered = map.tablets.iter().filter(|t| t.master == server).count();
+    let backed = map
+        .tablets
+        .iter()
+        .filter(|t| t.backups.contains(&server) || t.mirror == Some(server))
+        .count();
+    (mastered, backed)
+}
+
+fn status_json(
+    status: &CoordinatorStatus,
+    memory: &BTreeMap<u64, Option<u64>>,
+) -> serde_json::Value {
+    let map = &status.map;
+    let servers: Vec<serde_json::Value> = map
+        .servers
+        .iter()
+        .map(|s| {
+            let (mastered, backed) = tablet_counts(map, s.id);
+            serde_json::json!({
+                "id": s.id,
+                "state": s.state.as_str(),
+                "epoch": s.epoch,
+                "addresses": s.addresses,
+                "tablets_mastered": mastered,
+                "tablets_backed_up": backed,
+                "memory_used": memory.get(&s.id).cloned().flatten(),
+            })
+        })
+        .collect();
+    let tables: Vec<serde_json::Value> = map
+        .tables
+        .iter()
+        .map(|t| {
+            let tablets: Vec<serde_json::Value> = map
+                .tablets_of(t.id)
+                .map(|tb| {
+                    serde_json::json!({
+                        "first_slot": tb.first_slot,
+                        "last_slot": tb.last_slot,
+                        "master": tb.master,
+                        "mirror": tb.mirror,
+                        "backups": tb.backups,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "name": t.name,
+                "id": t.id,
+                "mode": t.mode.as_str(),
+                "replicas": t.replicas,
+                "tablet_count": tablets.len(),
+                "tablets": tablets,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "cluster_id": format!("{:016x}", map.cluster_id),
+        "answered_by": status.member,
+        "leader": status.leader,
+        "term": status.term,
+        "members": status.members,
+        "map_version": map.version,
+        "servers": servers,
+        "tables": tables,
+    })
+}
+
+fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) -> String {
+    use std::fmt::Write;
+    let map = &status.map;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "cluster {:016x}  map version {}  term {}",
+        map.cluster_id, map.version, status.term
+    );
+    let _ = writeln!(s, "coordinator members:");
+    for m in &status.members {
+        let mark = if Some(m.id) == status.leader {
+            " *"
+        } else {
+            ""
+        };
+        let applied = m
+            .last_applied
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "?".into());
+        let _ = writeln!(
+            s,
+            "  {} {} {}{} applied={}",
+            m.id, m.address, m.role, mark, applied
+        );
+    }
+    let _ = writeln!(s, "servers:");
+    if map.servers.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    for server in &map.servers {
+        let (mastered, backed) = tablet_counts(map, server.id);
+        let a = &server.addresses;
+        let opt = |x: Option<SocketAddr>| x.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+        let mem = memory
+            .get(&server.id)
+            .cloned()
+            .flatten()
+            .map(|m| m.to_string())
+            .unwrap_or_else(|| "?".into());
+        let _ = writeln!(
+            s,
+            "  {} {} epoch={} resp={} routing={} native={} admin={} masters={} backups={} memory_used={}",
+            server.id,
+            server.state.as_str(),
+            server.epoch,
+            a.resp,
+            opt(a.routing),
+            a.native,
+            opt(a.admin),
+            mastered,
+            backed,
+            mem
+        );
+    }
+    let _ = writeln!(s, "tables:");
+    for t in &map.tables {
+        let count = map.tablets_of(t.id).count();
+        let _ = writeln!(
+            s,
+            "  {} id={} mode={} replicas={} tablets={}",
+            t.name, t.id, t.mode, t.replicas, count
+        );
+        for tb in map.tablets_of(t.id) {
+            let backups: Vec<String> = tb.backups.iter().map(|b| b.to_string()).collect();
+            let mirror = tb
+                .mirror
+                .map(|m| format!(" mirror={m}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "    {}-{} master={}{} backups=[{}]",
+                tb.first_slot,
+                tb.last_slot,
+                tb.master,
+                mirror,
+                backups.join(",")
+            );
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lists_parse_and_refuse_mistakes() {
+        let m = parse_members("1=127.0.0.1:1, 2=127.0.0.1:2").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[&2], "127.0.0.1:2");
+        for bad in ["", "1", "x=a:1", "0=a:1", "1=a:1,1=b:2"] {
+            assert!(parse_members(bad).is_err(), "{bad}");
+        }
+    }
+}

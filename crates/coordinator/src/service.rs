@@ -1,0 +1,500 @@
+//! The coordinator service: one member's Raft node and its TCP port.
+//!
+//! Owns: the accept loop and the connections (frames answered in order; a malformed or oversized
+//! frame closes its connection), the Raft node (its timing, the bootstrap of a new cluster by the
+//! member with the lowest id, and the `Init` command a new leader proposes while the state is
+//! uninitialized), the leader's in-memory record of server heartbeats, and the answers to every
+//! [`Request`]. Hides: openraft's errors (they become [`Response::NotLeader`] or
+//! [`Response::Error`]) and how requests become commands.
+
+use crate::network::Network;
+use crate::store::{self, Machine};
+use crate::TypeConfig;
+use anyhow::Context;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
+use ramlog_cluster::rpc::{
+    read_frame, write_frame, CoordinatorStatus, MemberInfo, RaftRpc, Request, Response,
+};
+use ramlog_cluster::{ClusterMap, Command, CommandError, CommandOutcome, ServerId};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// A heartbeat younger than this means a live process owns the server id.
+pub const LIVE_HEARTBEAT: Duration = Duration::from_millis(300);
+/// How long a proposal may wait to commit before the caller hears an error.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// This member's Raft id.
+    pub id: u64,
+    /// Where to listen (clients and members); port 0 picks one.
+    pub listen: SocketAddr,
+    /// Every member's id and address, this one included.
+    pub members: BTreeMap<u64, String>,
+    pub data_dir: PathBuf,
+    /// Servers that must register before the default table is placed.
+    pub initial_servers: u32,
+}
+
+/// A running coordinator member.
+pub struct Coordinator {
+    address: SocketAddr,
+    raft: Raft<TypeConfig>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    id: u64,
+    raft: Raft<TypeConfig>,
+    machine: Arc<RwLock<Machine>>,
+    heartbeats: Mutex<HashMap<ServerId, Instant>>,
+    initial_servers: u32,
+}
+
+impl Coordinator {
+    /// Opens the storage, starts Raft and listens; bootstraps a new cluster when this is the
+    /// member with the lowest id and its storage is empty.
+    pub async fn start(config: CoordinatorConfig) -> anyhow::Result<Coordinator> {
+        if !config.members.contains_key(&config.id) {
+            anyhow::bail!(
+                "member id {} is not in the member list ({})",
+                config.id,
+                config
+                    .members
+                    .keys()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+        }
+        let (log, sm) = store::open(&config.data_dir)?;
+        let machine = sm.shared();
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let address = listener.local_addr()?;
+        let raft_config = Config {
+            cluster_name: "ramlog-coordinator".into(),
+            heartbeat_interval: 50,
+            election_timeout_min: 150,
+            election_timeout_max: 300,
+            install_snapshot_timeout: 5000,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(500),
+            max_in_snapshot_log_to_keep: 500,
+            purge_batch_size: 64,
+            ..Config::default()
+        }
+        .validate()
+        .context("the Raft configuration is invalid")?;
+        let raft = Raft::new(config.id, Arc::new(raft_config), Network, log, sm)
+            .await
+            .context("cannot start Raft")?;
+        let shared = Arc::new(Shared {
+            id: config.id,
+            raft: raft.clone(),
+            machine,
+            heartbeats: Mutex::new(HashMap::new()),
+            initial_servers: config.initial_servers,
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = vec![tokio::spawn(accept_loop(
+            shared.clone(),
+            listener,
+            stop_rx.clone(),
+        ))];
+        tasks.push(tokio::spawn(init_when_leader(shared.clone(), stop_rx)));
+
+        let lowest = config.members.keys().next().copied();
+        if lowest == Some(config.id) && !raft.is_initialized().await? {
+            let nodes: BTreeMap<u64, BasicNode> = config
+                .members
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode::new(addr)))
+                .collect();
+            match raft.initialize(nodes).await {
+                Ok(()) => tracing::info!("initialized a new coordinator group"),
+                Err(e) => {
+                    tracing::info!(error = %e, "the coordinator group is initialized already")
+                }
+            }
+        }
+        Ok(Coordinator {
+            address,
+            raft,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Where this member listens.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops accepting, closes the connections and stops Raft.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "Raft did not stop cleanly");
+        }
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(serve(shared.clone(), stream, peer));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.shutdown().await;
+}
+
+async fn serve(shared: Arc<Shared>, mut stream: TcpStream, peer: SocketAddr) {
+    loop {
+        let request = match read_frame::<_, Request>(&mut stream).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "closing a coordinator connection");
+                return;
+            }
+        };
+        let response = answer(&shared, request).await;
+        if let Err(e) = write_frame(&mut stream, &response).await {
+            tracing::warn!(%peer, error = %e, "cannot answer; closing the connection");
+            return;
+        }
+    }
+}
+
+/// Proposes `Init` whenever this member leads a group whose state is not initialized.
+async fn init_when_leader(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut metrics = shared.raft.metrics();
+    loop {
+        let leading = metrics.borrow().state == ServerState::Leader;
+        let initialized = shared.machine_read(|m| m.state.initialized);
+        if leading && !initialized {
+            let command = Command::Init {
+                cluster_id: rand::random::<u64>(),
+                initial_servers: shared.initial_servers,
+            };
+            match shared.propose(command).await {
+                Ok(_) => tracing::info!("initialized the cluster state"),
+                Err(e) => {
+                    tracing::warn!(answer = ?e, "proposing Init failed; retrying");
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            changed = metrics.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+async fn answer(shared: &Shared, request: Request) -> Response {
+    match request {
+        Request::Raft { rpc, body } => shared.raft_rpc(rpc, body).await,
+        Request::Status => Response::Status(shared.status()),
+        other => {
+            if let Err(not_leader) = shared.check_leader() {
+                return not_leader;
+            }
+            shared.leader_request(other).await
+        }
+    }
+}
+
+impl Shared {
+    fn machine_read<T>(&self, f: impl FnOnce(&Machine) -> T) -> T {
+        f(&self.machine.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn map(&self) -> ClusterMap {
+        self.machine_read(|m| m.state.map.clone())
+    }
+
+    fn metrics(&self) -> RaftMetrics<u64, BasicNode> {
+        self.raft.metrics().borrow().clone()
+    }
+
+    fn address_of(metrics: &RaftMetrics<u64, BasicNode>, id: u64) -> Option<String> {
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+    }
+
+    /// Ok when this member leads; else the NotLeader answer.
+    fn check_leader(&self) -> Result<(), Response> {
+        let m = self.metrics();
+        if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+            return Ok(());
+        }
+        let leader = m
+            .current_leader
+            .filter(|l| *l != self.id)
+            .and_then(|l| Self::address_of(&m, l));
+        Err(Response::NotLeader { leader })
+    }
+
+    async fn raft_rpc(&self, rpc: RaftRpc, body: serde_json::Value) -> Response {
+        fn bad(rpc: RaftRpc, e: serde_json::Error) -> Response {
+            Response::Error(format!("a malformed {rpc:?} request: {e}"))
+        }
+        let value = match rpc {
+            RaftRpc::AppendEntries => match serde_json::from_value(body) {
+                Ok(req) => serde_json::to_value(self.raft.append_entries(req).await),
+                Err(e) => return bad(rpc, e),
+            },
+            RaftRpc::Vote => match serde_json::from_value(body) {
+                Ok(req) => serde_json::to_value(self.raft.vote(req).await),
+                Err(e) => return bad(rpc, e),
+            },
+            RaftRpc::InstallSnapshot => match serde_json::from_value(body) {
+                Ok(req) => serde_json::to_value(self.raft.install_snapshot(req).await),
+                Err(e) => return bad(rpc, e),
+            },
+        };
+        match value {
+            Ok(v) => Response::Raft(v),
+            Err(e) => Response::Error(format!("cannot encode the {rpc:?} answer: {e}")),
+        }
+    }
+
+    /// Proposes `command` and waits until it is applied; errors are the answer to send.
+    async fn propose(&self, command: Command) -> Result<(CommandOutcome, ClusterMap), Response> {
+        let written = tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(command)).await;
+        let response = match written {
+            Err(_) => {
+                return Err(Response::Error(format!(
+                    "the change did not commit within {} s: a majority of coordinator members \
+                     may be unreachable",
+                    COMMIT_TIMEOUT.as_secs()
+                )))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                return Err(Response::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Ok(Err(e)) => return Err(Response::Error(format!("Raft failed: {e}"))),
+            Ok(Ok(r)) => r,
+        };
+        match response.data.result {
+            Some(Ok(outcome)) => Ok((outcome, response.data.map)),
+            Some(Err(e)) => Err(Response::Refused(e)),
+            None => Err(Response::Error(
+                "the proposal was applied as a Raft entry, not a command".into(),
+            )),
+        }
+    }
+
+    async fn leader_request(&self, request: Request) -> Response {
+        match request {
+            Request::GetMap => match self.raft.ensure_linearizable().await {
+                Ok(_) => Response::Map(self.map()),
+                Err(RaftError::APIError(e)) => match e {
+                    openraft::error::CheckIsLeaderError::ForwardToLeader(f) => {
+                        Response::NotLeader {
+                            leader: f.leader_node.map(|n| n.addr),
+                        }
+                    }
+                    other => Response::Error(format!("cannot confirm leadership: {other}")),
+                },
+                Err(e) => Response::Error(format!("Raft failed: {e}")),
+            },
+            Request::Heartbeat {
+                id,
+                epoch,
+                map_version,
+            } => self.heartbeat(id, epoch, map_version),
+            Request::Register {
+                previous,
+                addresses,
+                memory_bytes,
+            } => {
+                if let Some(p) = previous {
+                    let live = self.machine_read(|m| {
+                        m.state
+                            .map
+                            .server(p.server_id)
+                            .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+                            .map(|s| s.addresses.resp.to_string())
+                    });
+                    let recent = self
+                        .heartbeats
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&p.server_id)
+                        .is_some_and(|t| t.elapsed() < LIVE_HEARTBEAT);
+                    if let (Some(address), true) = (live, recent) {
+                        return Response::Refused(CommandError::DuplicateServer {
+                            id: p.server_id,
+                            address,
+                        });
+                    }
+                }
+                let command = Command::Register {
+                    previous,
+                    addresses,
+                    memory_bytes,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Registered { id, epoch }, map)) => {
+                        Response::Registered { id, epoch, map }
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::CreateTable {
+                name,
+                mode,
+                replicas,
+                schema,
+            } => match self
+                .propose(Command::CreateTable {
+                    name,
+                    mode,
+                    replicas,
+                    schema,
+                })
+                .await
+            {
+                Ok((CommandOutcome::TableCreated(info), _)) => Response::TableCreated(info),
+                Ok((other, _)) => unexpected_outcome(&other),
+                Err(answer) => answer,
+            },
+            Request::DropTable { name } => match self.propose(Command::DropTable { name }).await {
+                Ok((CommandOutcome::TableDropped(id), _)) => Response::TableDropped(id),
+                Ok((other, _)) => unexpected_outcome(&other),
+                Err(answer) => answer,
+            },
+            Request::Status | Request::Raft { .. } => {
+                Response::Error("internal: this request is not a leader request".into())
+            }
+        }
+    }
+
+    fn heartbeat(&self, id: ServerId, epoch: u64, map_version: u64) -> Response {
+        let (known, map) = self.machine_read(|m| {
+            let known = m.state.map.server(id).map(|s| s.epoch);
+            let newer = (m.state.map.version > map_version).then(|| m.state.map.clone());
+            (known, newer)
+        });
+        let Some(current) = known else {
+            return Response::Refused(CommandError::UnknownServer(id));
+        };
+        if epoch < current {
+            return Response::Fenced {
+                reason: format!(
+                    "server {id} has epoch {epoch}, but epoch {current} registered since: \
+                     another process took over this id"
+                ),
+            };
+        }
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Instant::now());
+        Response::Heartbeat { map }
+    }
+
+    fn status(&self) -> CoordinatorStatus {
+        let m = self.metrics();
+        let leading = m.state == ServerState::Leader;
+        let members = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| {
+                let role = if m.current_leader == Some(*id) {
+                    "leader".to_string()
+                } else if *id == self.id {
+                    role_name(m.state).to_string()
+                } else {
+                    "follower".to_string()
+                };
+                let last_applied = if *id == self.id {
+                    m.last_applied.map(|l| l.index)
+                } else if leading {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).cloned().flatten())
+                        .map(|l| l.index)
+                } else {
+                    None
+                };
+                MemberInfo {
+                    id: *id,
+                    address: node.addr.clone(),
+                    role,
+                    last_applied,
+                }
+            })
+            .collect();
+        let mut heartbeat_age_ms: Vec<(ServerId, u64)> = self
+            .heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, t)| (*id, t.elapsed().as_millis() as u64))
+            .collect();
+        heartbeat_age_ms.sort_unstable();
+        CoordinatorStatus {
+            member: self.id,
+            leader: m.current_leader,
+            term: m.current_term,
+            members,
+            map: self.map(),
+            heartbeat_age_ms,
+        }
+    }
+}
+
+fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+fn unexpected_outcome(outcome: &CommandOutcome) -> Response {
+    Response::Error(format!(
+        "internal: the command had an unexpected outcome {outcome:?}"
+    ))
+}

@@ -345,10 +345,13 @@ impl Shared {
                 memory_bytes,
             } => {
                 if let Some(p) = previous {
+                    // Only a server of this cluster can be a duplicate; another cluster's id is
+                    // refused by the state machine with WrongCluster.
                     let live = self.machine_read(|m| {
                         m.state
                             .map
                             .server(p.server_id)
+                            .filter(|_| m.state.map.cluster_id == p.cluster_id)
                             .filter(|s| s.state == ramlog_cluster::ServerState::Up)
                             .map(|s| s.addresses.resp.to_string())
                     });

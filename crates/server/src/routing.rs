@@ -87,6 +87,8 @@ enum Part {
     Concat(Vec<Part>),
     /// One array of the parts' replies (EXEC).
     Array(Vec<Part>),
+    /// INFO: this server's text with the keyspace line summed over every server's.
+    Info { text: String, others: Vec<Part> },
     /// A SCAN reply from server number `index` of `servers`: the cursor is rewritten.
     Scan {
         part: Box<Part>,
@@ -217,6 +219,22 @@ impl Router<'_> {
                     .collect();
                 return Part::AllOk(parts);
             }
+            "info" => {
+                let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
+                let text = self.node.snapshot().info(section.as_deref());
+                let me = view.me;
+                let others = if text.contains("# Keyspace") {
+                    let info_keyspace: [&[u8]; 2] = [b"info", b"keyspace"];
+                    servers
+                        .iter()
+                        .filter(|&&s| s != me)
+                        .map(|&s| self.to_owner(round, s, &info_keyspace))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                return Part::Info { text, others };
+            }
             "scan" => {
                 let Some(cursor) = std::str::from_utf8(args[1])
                     .ok()
@@ -246,6 +264,12 @@ impl Router<'_> {
         if spec.first_key <= 0 {
             return self.local(args);
         }
+        let step = spec.step.max(1) as usize;
+        let first_arg = spec.first_key as usize;
+        // A key without its values (MSET a 1 b): the command's own check answers it.
+        if spec.last_key < 0 && (args.len() - first_arg) % step != 0 {
+            return self.local(args);
+        }
         let keys: Vec<&[u8]> = command_keys(spec, args).collect();
         let Some(first) = keys.first() else {
             return self.local(args);
@@ -257,8 +281,6 @@ impl Router<'_> {
         }
         // Keys on several servers: split the command by server.
         let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
-        let step = spec.step.max(1) as usize;
-        let first_arg = spec.first_key as usize;
         for (i, k) in keys.iter().enumerate() {
             by_owner
                 .entry(view.owner(key_slot(k)))
@@ -590,6 +612,39 @@ impl Assemble<'_> {
                     self.write(p, out);
                 }
             }
+            Part::Info { text, others } => {
+                let mut total = keyspace_of(text.as_bytes());
+                for p in others {
+                    let (k, e, ttl_sum) = keyspace_of(&self.bytes(p));
+                    total = (total.0 + k, total.1 + e, total.2 + ttl_sum);
+                }
+                let (keys, expires, ttl_sum) = total;
+                let line = if keys > 0 {
+                    format!(
+                        "db0:keys={keys},expires={expires},avg_ttl={}\r\n",
+                        ttl_sum.checked_div(expires).unwrap_or(0)
+                    )
+                } else {
+                    String::new()
+                };
+                let mut merged = String::with_capacity(text.len() + line.len());
+                match text.find("# Keyspace\r\n") {
+                    Some(at) => {
+                        let head = at + "# Keyspace\r\n".len();
+                        merged.push_str(&text[..head]);
+                        merged.push_str(&line);
+                        let rest = &text[head..];
+                        let skip = if rest.starts_with("db0:") {
+                            rest.find("\r\n").map_or(rest.len(), |e| e + 2)
+                        } else {
+                            0
+                        };
+                        merged.push_str(&rest[skip..]);
+                    }
+                    None => merged.push_str(text),
+                }
+                ReplyEncoder::new(out, self.protocol).verbatim("txt", merged.as_bytes());
+            }
             Part::Scan {
                 part,
                 index,
@@ -620,6 +675,23 @@ impl Assemble<'_> {
             }
         }
     }
+}
+
+/// (keys, expires, avg_ttl × expires) of the `db0:` line in an INFO reply; zeros without one.
+fn keyspace_of(b: &[u8]) -> (u64, u64, u64) {
+    let text = String::from_utf8_lossy(b);
+    let Some(at) = text.find("db0:") else {
+        return (0, 0, 0);
+    };
+    let line = text[at + 4..].lines().next().unwrap_or("");
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let expires = field("expires");
+    (field("keys"), expires, field("avg_ttl").saturating_mul(expires))
 }
 
 fn parse_integer(b: &[u8]) -> Option<i64> {

@@ -60,7 +60,8 @@ pub(super) fn config_params(shared: &Node) -> Vec<(&'static str, String)> {
         ("save", String::new()),
         (
             "appendonly",
-            if c.persistence == PersistenceMode::Off {
+            // A cluster server keeps no log of its own (its backups hold its writes).
+            if c.persistence == PersistenceMode::Off || c.coordinator.is_some() {
                 "no"
             } else {
                 "yes"

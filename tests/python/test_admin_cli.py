@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -69,15 +70,16 @@ def start(args, env=None, cwd=None):
     )
 
 
-def test_up_prints_how_to_connect_and_stops_on_ctrl_c(tmp_path):
-    port, admin, native = free_port(), free_port(), free_port()
+def test_up_starts_a_cluster_prints_how_to_connect_and_stops_on_ctrl_c(tmp_path):
+    # Free ports for everything (bases of 0), three servers and one coordinator.
     proc = start(
-        ["up", "--resp-port", str(port), "--admin-port", str(admin), "--native-port", str(native), "--memory", "64MiB"],
+        ["up", "--routing-port", "0", "--resp-port", "0", "--native-port", "0", "--admin-port", "0",
+         "--coordinator-port", "0", "--memory", "64MiB"],
         cwd=tmp_path,
     )
     lines = []
     try:
-        while len(lines) < 10:
+        while len(lines) < 30:
             line = proc.stdout.readline()
             if not line:
                 break
@@ -85,15 +87,26 @@ def test_up_prints_how_to_connect_and_stops_on_ctrl_c(tmp_path):
             if "Ctrl-C" in line:
                 break
         text = "".join(lines)
-        assert f"redis-cli -p {port}" in text, text
-        assert f"http://127.0.0.1:{admin}/status" in text, text
-        assert (tmp_path / "ramlog-data").is_dir(), "the default data directory is ./ramlog-data"
-        out = subprocess.run(["redis-cli", "-p", str(port), "SET", "a", "1"], capture_output=True, text=True)
-        assert out.stdout.strip() == "OK"
+        assert "3 servers and 1 coordinator" in text, text
+        routing = int(re.search(r"connect:\s+redis-cli -p (\d+)", text).group(1))
+        cluster = int(re.search(r"cluster:\s+redis-cli -c -p (\d+)", text).group(1))
+        for d in ["coordinator-1", "server-0", "server-1", "server-2"]:
+            assert (tmp_path / "ramlog-data" / d).is_dir(), d
+        # Any key through the routing port, and through the cluster port with -c.
+        for i in range(30):
+            out = subprocess.run(["redis-cli", "-p", str(routing), "SET", f"k{i}", str(i)], capture_output=True, text=True)
+            assert out.stdout.strip() == "OK", out
+            out = subprocess.run(["redis-cli", "-c", "-p", str(cluster), "GET", f"k{i}"], capture_output=True, text=True)
+            assert out.stdout.strip() == str(i), out
+        info = subprocess.run(["redis-cli", "-p", str(cluster), "CLUSTER", "INFO"], capture_output=True, text=True)
+        assert "cluster_state:ok" in info.stdout and "cluster_known_nodes:3" in info.stdout
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=15)
+        rest, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         assert "stopped" in rest
+        # Every child is gone: nothing listens on the ports any more.
+        out = subprocess.run(["redis-cli", "-p", str(routing), "PING"], capture_output=True, text=True)
+        assert "PONG" not in out.stdout
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -613,6 +613,7 @@ impl Session<'_> {
         let mut session = crate::commands::Session::new(0, false);
         session.protocol = protocol;
         session.routed = true;
+        session.forwarded = true;
         let mut out = Vec::new();
         commands
             .iter()

@@ -229,7 +229,10 @@ pub fn run_up(flags: &UpFlags) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    if let Err(e) = wait_for_placement(&members, flags.servers as usize, &stop) {
+    let cluster_ports: Vec<u16> = servers.iter().map(|a| a.resp).collect();
+    if let Err(e) = wait_for_placement(&members, flags.servers as usize, &stop)
+        .and_then(|()| wait_for_servers(bind, &cluster_ports, &stop))
+    {
         stop_all(&mut processes);
         return Err(e);
     }
@@ -289,6 +292,33 @@ fn wait_for_placement(members: &[String], servers: usize, stop: &AtomicBool) -> 
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!("the cluster did not come up: {last}")
+}
+
+/// Waits until every server serves a map in which all slots have a master (bounded).
+fn wait_for_servers(bind: IpAddr, ports: &[u16], stop: &AtomicBool) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for &port in ports {
+        loop {
+            let ok = (|| -> std::io::Result<bool> {
+                let mut s = std::net::TcpStream::connect(SocketAddr::new(bind, port))?;
+                s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                s.write_all(b"CLUSTER INFO\r\n")?;
+                let mut buf = [0u8; 2048];
+                let n = s.read(&mut buf)?;
+                Ok(String::from_utf8_lossy(&buf[..n]).contains("cluster_state:ok"))
+            })()
+            .unwrap_or(false);
+            if ok {
+                break;
+            }
+            if Instant::now() >= deadline || stop.load(Ordering::Acquire) {
+                bail!("the server on port {port} does not serve the whole map yet");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
 }
 
 fn print_banner(

@@ -55,6 +55,10 @@ pub struct Session {
     /// commands a routing port forwarded here): no `-MOVED`/`-CROSSSLOT` checks, and CLUSTER
     /// answers describe one server that holds every slot.
     pub routed: bool,
+    /// Commands a routing port forwarded here: keys may span slots (the router split them by
+    /// server), but each must be served here; one that is not (the router's map was newer or
+    /// older than this server's) gets `-TRYAGAIN`.
+    pub forwarded: bool,
     /// READONLY was sent (replica reads; mirrors serve them).
     pub readonly: bool,
 }
@@ -73,6 +77,7 @@ impl Session {
             multi: None,
             multi_failed: false,
             routed: false,
+            forwarded: false,
             readonly: false,
         }
     }
@@ -565,8 +570,12 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
             // Redis Cluster: keys in another server's slots get -MOVED, keys in several slots
             // -CROSSSLOT (inside MULTI too, which EXEC then aborts).
-            Some(spec) if !ctx.session.routed && spec.first_key > 0 && node.cluster().is_some() => {
-                match cluster_check(node, spec, args) {
+            Some(spec)
+                if (!ctx.session.routed || ctx.session.forwarded)
+                    && spec.first_key > 0
+                    && node.cluster().is_some() =>
+            {
+                match cluster_check(node, spec, args, ctx.session.forwarded) {
                     Ok(()) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
                     Err(e) => {
                         if in_multi {
@@ -607,11 +616,24 @@ pub fn command_keys<'a, 'b>(
 }
 
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
-/// in one slot that this server masters.
-fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]]) -> Result<(), String> {
+/// in one slot that this server masters. `forwarded`: keys may span slots, each served here.
+fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]], forwarded: bool) -> Result<(), String> {
     let Some(member) = node.cluster() else {
         return Ok(());
     };
+    if forwarded {
+        let view = member.view();
+        for key in command_keys(spec, args) {
+            let slot = key_slot(key);
+            if view.route(slot) != crate::cluster::Route::Here {
+                return Err(format!(
+                    "TRYAGAIN slot {slot} is not served by this server at map version {}; retry",
+                    view.map.version
+                ));
+            }
+        }
+        return Ok(());
+    }
     let mut keys = command_keys(spec, args);
     let Some(first) = keys.next() else {
         return Ok(());

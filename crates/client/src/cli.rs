@@ -5,14 +5,18 @@
 use crate::query::{
     Aggregate, Cnf, Field, FieldType, KeyFilter, Op, Predicate, Query, Schema, Value,
 };
-use crate::{Client, ClientConfig, Condition, Expiry, PutOptions, ScanResult, NATIVE_PORT_DEFAULT};
+use crate::{
+    Client, ClientConfig, ClusterClient, Condition, Expiry, PutOptions, ScanResult,
+    NATIVE_PORT_DEFAULT,
+};
 use anyhow::{anyhow, bail, Context};
 use std::io::{Read, Write};
 use std::ops::Bound;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Where the server is. Flags win over the environment variables named beside them.
+/// Where the server is (for `get`, `set`, `del` and `scan`: any server of a cluster, whose map routes
+/// each key to its master). Flags win over the environment variables named beside them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// Server host.
@@ -33,7 +37,7 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
-    async fn client(&self) -> anyhow::Result<Client> {
+    fn config(&self) -> ClientConfig {
         let mut config = ClientConfig::new(format!("{}:{}", self.host, self.port));
         config.password = self
             .password
@@ -42,7 +46,18 @@ impl ConnectArgs {
             .map(String::into_bytes);
         config.request_timeout = Duration::from_millis(self.timeout_ms.max(1));
         config.connect_timeout = config.request_timeout;
-        let client = Client::connect(config).await?;
+        config
+    }
+
+    /// A client of this one server.
+    async fn client(&self) -> anyhow::Result<Client> {
+        let client = Client::connect(self.config()).await?;
+        Ok(client.with_table(self.table))
+    }
+
+    /// A client of the cluster this server belongs to (or of the server alone when standalone).
+    async fn cluster_client(&self) -> anyhow::Result<ClusterClient> {
+        let client = ClusterClient::connect(self.config()).await?;
         Ok(client.with_table(self.table))
     }
 }
@@ -225,7 +240,7 @@ fn print_line(bytes: &[u8]) -> anyhow::Result<()> {
 /// `ramlog get KEY`: prints the value; exits 1 with `(nil)` on stderr when the key is absent.
 pub fn get(args: &GetArgs) -> anyhow::Result<()> {
     let object = runtime()?.block_on(async {
-        let client = args.connect.client().await?;
+        let client = args.connect.cluster_client().await?;
         Ok::<_, anyhow::Error>(client.get(args.key.as_bytes()).await?)
     })?;
     match object {
@@ -267,7 +282,7 @@ pub fn set(args: &SetArgs) -> anyhow::Result<()> {
         _ => Expiry::None,
     };
     let result = runtime()?.block_on(async {
-        let client = args.connect.client().await?;
+        let client = args.connect.cluster_client().await?;
         let options = PutOptions {
             condition,
             expiry,
@@ -293,7 +308,7 @@ pub fn del(args: &DelArgs) -> anyhow::Result<()> {
         .map(Condition::IfVersion)
         .unwrap_or(Condition::None);
     let deleted = runtime()?.block_on(async {
-        let client = args.connect.client().await?;
+        let client = args.connect.cluster_client().await?;
         let mut deleted = 0u64;
         for key in &args.keys {
             if client
@@ -312,14 +327,39 @@ pub fn del(args: &DelArgs) -> anyhow::Result<()> {
 
 /// `ramlog scan`: prints matching keys, one per line; with filter, projection or aggregate flags, runs a
 /// filtered scan at one snapshot and prints `key<TAB>value` lines (values decoded by the table's
-/// schema when it has one) or one `aggregate value` line per aggregate.
+/// schema when it has one) or one `aggregate value` line per aggregate. Against a cluster, the key
+/// listing covers every server; filtered scans and `--cursor` need a standalone server.
 pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
-    if args.filtered() {
-        return runtime()?.block_on(filtered_scan(args));
-    }
     runtime()?.block_on(async {
-        let client = args.connect.client().await?;
+        let cluster = args.connect.cluster_client().await?;
         let pattern = args.pattern.as_bytes();
+        if !cluster.is_standalone() {
+            if args.filtered() {
+                bail!(
+                    "filtered scans of a cluster table are not supported yet: --prefix, --range, \
+                     --where, --fields, --limit and aggregates need a standalone server; list the \
+                     keys of every server with `ramlog scan --match PATTERN`"
+                );
+            }
+            if args.cursor.is_some() {
+                bail!(
+                    "--cursor steps through one server's keys; against a cluster, scan without \
+                     --cursor (every server is listed)"
+                );
+            }
+            // A key may come back twice if the key set changes meanwhile; print each once.
+            let mut seen = std::collections::HashSet::new();
+            for key in cluster.scan_all(pattern).await? {
+                if seen.insert(key.clone()) {
+                    print_line(&key)?;
+                }
+            }
+            return Ok(());
+        }
+        let client = cluster.seed();
+        if args.filtered() {
+            return filtered_scan(args, client).await;
+        }
         if let Some(cursor) = args.cursor {
             let (next, keys) = client.scan_keys(cursor, args.count, pattern).await?;
             println!("{next}");
@@ -346,11 +386,10 @@ pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn filtered_scan(args: &ScanArgs) -> anyhow::Result<()> {
+async fn filtered_scan(args: &ScanArgs, client: Client) -> anyhow::Result<()> {
     if args.cursor.is_some() {
         bail!("--cursor is for key listings; a filtered scan pages by itself");
     }
-    let client = args.connect.client().await?;
     let schema = client.get_schema().await?;
     let query = build_query(args, schema.as_ref())?;
     let mut printed = 0u64;

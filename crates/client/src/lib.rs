@@ -2,7 +2,8 @@
 //!
 //! Owns: a cloneable [`Client`] handle over a small pool of connections, each multiplexing many concurrent
 //! requests (request ids, replies in any order), pipelining, per-request timeouts, reconnection, and
-//! typed errors ([`Error`]). Hides: framing, the handshake, the writer/reader tasks and the map from request
+//! typed errors ([`Error`]); and [`ClusterClient`], which routes each key to the server that masters it
+//! using the cluster map. Hides: framing, the handshake, the writer/reader tasks and the map from request
 //! id to waiter.
 //!
 //! ```no_run
@@ -22,12 +23,17 @@
 
 #[cfg(feature = "cli")]
 pub mod cli;
+mod cluster;
 mod connection;
 mod error;
 mod scan;
 
+pub use cluster::{ClusterClient, RETRIES as CLUSTER_RETRIES};
 pub use error::Error;
-pub use ramlog_proto::native::{Condition, Expiry, Object, Record, Request, Response, ServerHello};
+pub use ramlog_cluster::ClusterMap;
+pub use ramlog_proto::native::{
+    Condition, Expiry, Object, Record, Request, Response, ServerHello, Status,
+};
 /// Queries, schemas and values of filtered scans, and their wire forms (the `ramlog-query` crate,
 /// which the server's engine evaluates).
 pub use ramlog_query as query;

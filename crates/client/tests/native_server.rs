@@ -434,13 +434,13 @@ async fn malformed_frames_get_typed_errors_and_the_connection_lives() {
             Status::BadRequest,
         ), // key length past the end
         (frame(2, 0x7E, 0, &[]), Status::UnknownOpcode),
-        (frame(3, 0x30, 0, &[]), Status::Unsupported),
+        (frame(3, 0x31, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH now)
         (frame(4, opcode::SCAN_KEYS, 0x08, &[]), Status::Unsupported), // FILTER flag is reserved
         (
             frame(5, opcode::MULTI_GET, 0, &[0xFF, 0xFF, 0xFF, 0x7F]),
             Status::BadRequest,
         ), // absurd count
-        (frame(6, opcode::PUT, 0x40, &[]), Status::BadRequest),        // unknown flag
+        (frame(6, opcode::PUT, 0x40, &[]), Status::BadRequest), // unknown flag
         (
             frame(7, opcode::MULTI_PUT, 0, &[0, 0, 0, 0]),
             Status::BadRequest,

@@ -1,0 +1,937 @@
+//! A client for a whole cluster: routes each key to the master of its tablet.
+//!
+//! Owns: the cached cluster map (replaced only by a higher version), one pooled [`Client`] per
+//! server (connected on first use to the server's native address, with the seed's password and
+//! timeouts), routing by `(table, key_slot(key))`, the split of MULTI_GET by server, the
+//! single-tablet check of MULTI_PUT, key listings over every master, and retries after a map
+//! refresh. Hides: which server answers what.
+//!
+//! Retries: a request refused with `WrongServer` or `NoSuchTable` (the server applied nothing), or
+//! whose connection could not even be opened (nothing was sent), is retried after a short backoff
+//! (50, 100, 200 ms) and a map refresh, at most [`RETRIES`] times. A read (GET, MULTI_GET,
+//! SCAN_KEYS) is also retried when the connection broke under it; a write never is, since it may
+//! have been applied.
+//!
+//! A seed server that answers CLUSTER_MAP with nothing is standalone: every request then goes to
+//! it unchanged.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ramlog_client::Error> {
+//! use ramlog_client::{ClientConfig, ClusterClient};
+//! let cluster = ClusterClient::connect(ClientConfig::new("127.0.0.1:7380")).await?;
+//! cluster.put(b"user:1", b"alice").await?;
+//! let values = cluster.multi_get(&[b"user:1", b"user:2"]).await?;
+//! assert_eq!(values.len(), 2);
+//! # Ok(()) }
+//! ```
+
+use crate::{
+    unexpected, Client, ClientConfig, Condition, Error, Expiry, Object, Request, Response,
+};
+use crate::{PutOptions, PutResult};
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use ramlog_cluster::{ClusterMap, ServerId, ServerState, TabletInfo};
+use ramlog_common::{key_slot, TableId, Version};
+use ramlog_proto::native::Status;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+/// Backoff before each retry of a routed request; its length is the number of retries.
+const RETRY_BACKOFF_MS: [u64; 3] = [50, 100, 200];
+
+/// How many times a routed request is retried after its first attempt.
+pub const RETRIES: usize = RETRY_BACKOFF_MS.len();
+
+/// The cached map: replaced only by a map with a higher version.
+pub(crate) struct MapCache(RwLock<Arc<ClusterMap>>);
+
+impl MapCache {
+    pub(crate) fn new(map: ClusterMap) -> MapCache {
+        MapCache(RwLock::new(Arc::new(map)))
+    }
+
+    pub(crate) fn get(&self) -> Arc<ClusterMap> {
+        self.0.read().clone()
+    }
+
+    /// Keep `map` if it is newer than the cached one; true if it was kept.
+    pub(crate) fn offer(&self, map: ClusterMap) -> bool {
+        let mut current = self.0.write();
+        if map.version > current.version {
+            *current = Arc::new(map);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct Shared {
+    /// The seed's configuration; per-server clients copy it with another address.
+    config: ClientConfig,
+    seed: Client,
+    /// None when the seed is a standalone server.
+    map: Option<MapCache>,
+    /// Pooled clients by native address (the seed's included).
+    clients: Mutex<HashMap<String, Client>>,
+    /// One refresh at a time; the others wait for its map.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// A handle to a cluster (or to a standalone server). Cheap to clone; clones share the map and the
+/// connections.
+#[derive(Clone)]
+pub struct ClusterClient {
+    shared: Arc<Shared>,
+    table: TableId,
+}
+
+impl std::fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterClient")
+            .field("seed", &self.shared.config.addr)
+            .field("table", &self.table)
+            .field(
+                "map_version",
+                &self.shared.map.as_ref().map(|m| m.get().version),
+            )
+            .finish()
+    }
+}
+
+impl ClusterClient {
+    /// Connect to the seed server (`config.addr`, its native address) and fetch its cluster map.
+    pub async fn connect(config: ClientConfig) -> Result<ClusterClient, Error> {
+        let seed = Client::connect(config.clone()).await?;
+        let map = fetch_map(&seed).await?.map(MapCache::new);
+        let clients = HashMap::from([(config.addr.clone(), seed.clone())]);
+        Ok(ClusterClient {
+            shared: Arc::new(Shared {
+                config,
+                seed,
+                map,
+                clients: Mutex::new(clients),
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+            table: 0,
+        })
+    }
+
+    /// A handle on the same map and connections that addresses another table.
+    pub fn with_table(&self, table: TableId) -> ClusterClient {
+        ClusterClient {
+            table,
+            ..self.clone()
+        }
+    }
+
+    /// The table this handle addresses.
+    pub fn table(&self) -> TableId {
+        self.table
+    }
+
+    /// True when the seed is a standalone server (no cluster map).
+    pub fn is_standalone(&self) -> bool {
+        self.shared.map.is_none()
+    }
+
+    /// The client of the seed server (the one every request uses when standalone).
+    pub fn seed(&self) -> Client {
+        self.shared.seed.with_table(self.table)
+    }
+
+    /// The cached map (an empty map, version 0, when standalone).
+    pub fn map(&self) -> ClusterMap {
+        self.shared
+            .map
+            .as_ref()
+            .map(|m| (*m.get()).clone())
+            .unwrap_or_default()
+    }
+
+    /// Ask a reachable server (the seed first, then the servers of the cached map) for its map and
+    /// keep it if its version is higher than the cached one; returns the map now cached.
+    pub async fn refresh_map(&self) -> Result<ClusterMap, Error> {
+        self.refresh(None).await?;
+        Ok(self.map())
+    }
+
+    /// Refresh the map; with `seen`, only if no other task replaced map version `seen` meanwhile.
+    async fn refresh(&self, seen: Option<u64>) -> Result<(), Error> {
+        let Some(cache) = &self.shared.map else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.shared.refreshing.lock().await;
+        let current = cache.get();
+        if seen.is_some_and(|seen| current.version > seen) {
+            return Ok(());
+        }
+        let mut last_error = None;
+        for addr in refresh_candidates(&self.shared.config.addr, &current) {
+            let fetched = match self.client_for(&addr).await {
+                Ok(client) => fetch_map(&client).await,
+                Err(e) => Err(e),
+            };
+            match fetched {
+                Ok(Some(map)) => {
+                    if cache.offer(map) {
+                        tracing::debug!(version = cache.get().version, from = %addr, "new cluster map");
+                    }
+                    return Ok(());
+                }
+                Ok(None) => {
+                    last_error = Some(Error::Protocol(format!(
+                        "{addr} answered CLUSTER_MAP with no map (a standalone server)"
+                    )))
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error
+            .unwrap_or_else(|| Error::Protocol("no server to ask for the cluster map".into())))
+    }
+
+    /// The pooled client of the server at `addr`, connected on first use.
+    async fn client_for(&self, addr: &str) -> Result<Client, Error> {
+        if let Some(client) = self.shared.clients.lock().get(addr) {
+            return Ok(client.clone());
+        }
+        let mut config = self.shared.config.clone();
+        config.addr = addr.to_string();
+        let client = Client::connect(config).await?;
+        Ok(self
+            .shared
+            .clients
+            .lock()
+            .entry(addr.to_string())
+            .or_insert(client)
+            .clone())
+    }
+
+    /// Run `op` on the client of `key`'s master (after `check` passes on the map used), retrying
+    /// as the module documentation says.
+    async fn routed<T, C, F, Fut>(
+        &self,
+        key: &[u8],
+        idempotent: bool,
+        check: C,
+        op: F,
+    ) -> Result<T, Error>
+    where
+        C: Fn(&ClusterMap) -> Result<(), Error>,
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let Some(cache) = &self.shared.map else {
+            return op(self.seed()).await;
+        };
+        let mut attempt = 0;
+        loop {
+            let map = cache.get();
+            let result = match check(&map).and_then(|()| route(&map, self.table, key)) {
+                Ok((_, addr)) => match self.client_for(&addr).await {
+                    Ok(client) => op(client.with_table(self.table)).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if attempt < RETRIES && retryable(&e, idempotent) => {
+                    tracing::debug!(error = %e, attempt, "retrying after a map refresh");
+                    self.backoff_and_refresh(attempt, map.version).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn backoff_and_refresh(&self, attempt: usize, seen: u64) {
+        tokio::time::sleep(Duration::from_millis(RETRY_BACKOFF_MS[attempt])).await;
+        if let Err(e) = self.refresh(Some(seen)).await {
+            tracing::debug!(error = %e, "cluster map refresh failed");
+        }
+    }
+
+    /// The object stored under `key` with its version, or None.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Object>, Error> {
+        self.routed(key, true, no_check, |c| async move { c.get(key).await })
+            .await
+    }
+
+    /// Store `value` under `key` unconditionally; returns the new version.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<Version, Error> {
+        Ok(self
+            .put_with(key, value, PutOptions::default())
+            .await?
+            .version)
+    }
+
+    /// Store with a condition, an expiry, and optionally get the replaced object back.
+    pub async fn put_with(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        options: PutOptions,
+    ) -> Result<PutResult, Error> {
+        self.routed(key, false, no_check, |c| async move {
+            c.put_with(key, value, options).await
+        })
+        .await
+    }
+
+    /// Delete `key`; returns the delete's version if the key existed.
+    pub async fn delete(&self, key: &[u8]) -> Result<Option<Version>, Error> {
+        self.delete_with(key, Condition::None).await
+    }
+
+    /// Delete `key` if `condition` holds.
+    pub async fn delete_with(
+        &self,
+        key: &[u8],
+        condition: Condition,
+    ) -> Result<Option<Version>, Error> {
+        self.routed(key, false, no_check, |c| async move {
+            c.delete_with(key, condition).await
+        })
+        .await
+    }
+
+    /// Add `delta` to the ASCII decimal integer under `key` (absent = 0); returns the new value and
+    /// version.
+    pub async fn increment(&self, key: &[u8], delta: i64) -> Result<(i64, Version), Error> {
+        self.routed(key, false, no_check, |c| async move {
+            c.increment(key, delta).await
+        })
+        .await
+    }
+
+    /// Set or clear `key`'s expiry; returns the new version if the key exists.
+    pub async fn expire(&self, key: &[u8], expiry: Expiry) -> Result<Option<Version>, Error> {
+        self.routed(key, false, no_check, |c| async move {
+            c.expire(key, expiry).await
+        })
+        .await
+    }
+
+    /// Read many keys: one MULTI_GET per server holding some of them, sent at once; one entry per
+    /// key, in the order of `keys`.
+    pub async fn multi_get(&self, keys: &[&[u8]]) -> Result<Vec<Option<Object>>, Error> {
+        let Some(cache) = &self.shared.map else {
+            return self.seed().multi_get(keys).await;
+        };
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut results: Vec<Option<Option<Object>>> = vec![None; keys.len()];
+        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut attempt = 0;
+        loop {
+            let map = cache.get();
+            let mut failed = Vec::new();
+            let mut last_error = None;
+            match split_by_server(&map, self.table, keys, &pending) {
+                Ok(groups) => {
+                    let calls = groups.into_iter().map(|(_, addr, indices)| async move {
+                        let reply = async {
+                            let client = self.client_for(&addr).await?;
+                            let group: Vec<&[u8]> = indices.iter().map(|&i| keys[i]).collect();
+                            client.with_table(self.table).multi_get(&group).await
+                        }
+                        .await;
+                        (indices, reply)
+                    });
+                    for (indices, reply) in join_all(calls.collect()).await {
+                        match reply {
+                            Ok(objects) => place(&mut results, &indices, objects)?,
+                            Err(e) if retryable(&e, true) => {
+                                failed.extend(indices);
+                                last_error = Some(e);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) if retryable(&e, true) => {
+                    failed = pending.clone();
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+            match last_error {
+                None => {
+                    return Ok(results
+                        .into_iter()
+                        .map(|r| r.expect("every key was answered"))
+                        .collect())
+                }
+                Some(e) if attempt >= RETRIES => return Err(e),
+                Some(e) => {
+                    tracing::debug!(error = %e, attempt, "retrying part of a MULTI_GET");
+                    self.backoff_and_refresh(attempt, map.version).await;
+                    attempt += 1;
+                    failed.sort_unstable();
+                    pending = failed;
+                }
+            }
+        }
+    }
+
+    /// Write many keys atomically under one version. All keys must live on one tablet (use a
+    /// `{hash tag}`); otherwise nothing is sent and the answer is [`Error::CrossTablet`], as the
+    /// server would answer.
+    pub async fn multi_put(&self, items: &[(&[u8], &[u8])]) -> Result<Version, Error> {
+        let Some((first_key, _)) = items.first() else {
+            // The server answers an empty MULTI_PUT with its error.
+            return self.seed().multi_put(items).await;
+        };
+        let table = self.table;
+        let check = |map: &ClusterMap| single_tablet(map, table, items.iter().map(|(k, _)| *k));
+        self.routed(first_key, false, check, |c| async move {
+            c.multi_put(items).await
+        })
+        .await
+    }
+
+    /// Every key of the table matching `pattern` (a Redis-style glob; empty matches every key):
+    /// the key listings of every server that masters tablets of the table, concatenated in server
+    /// order. A key may repeat if the key set changes meanwhile.
+    pub async fn scan_all(&self, pattern: &[u8]) -> Result<Vec<Bytes>, Error> {
+        let Some(cache) = &self.shared.map else {
+            return self.seed().scan_all(pattern).await;
+        };
+        let mut attempt = 0;
+        loop {
+            let map = cache.get();
+            let result = self.scan_all_once(&map, pattern).await;
+            match result {
+                Err(e) if attempt < RETRIES && retryable(&e, true) => {
+                    tracing::debug!(error = %e, attempt, "retrying a key listing");
+                    self.backoff_and_refresh(attempt, map.version).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn scan_all_once(&self, map: &ClusterMap, pattern: &[u8]) -> Result<Vec<Bytes>, Error> {
+        let masters = masters_of(map, self.table)?;
+        let table = self.table;
+        let listings = masters.into_iter().map(|(id, addr)| async move {
+            let client = self.client_for(&addr).await?.with_table(table);
+            let mut keys = Vec::new();
+            let mut cursor = 0;
+            loop {
+                let (next, batch) = client.scan_keys(cursor, 1000, pattern).await?;
+                // A server keeps the tablets it no longer masters: list only what it masters.
+                keys.extend(
+                    batch
+                        .into_iter()
+                        .filter(|k| map.tablet_of(table, k).map(|t| t.master) == Some(id)),
+                );
+                if next == 0 {
+                    return Ok::<_, Error>(keys);
+                }
+                cursor = next;
+            }
+        });
+        let mut all = Vec::new();
+        for listing in join_all(listings.collect()).await {
+            all.extend(listing?);
+        }
+        Ok(all)
+    }
+
+    /// Send a request to the master of `key` (routed and retried like a write: only when refused)
+    /// and return the raw reply.
+    pub async fn request_for_key(
+        &self,
+        key: &[u8],
+        request: &Request<'_>,
+    ) -> Result<Response, Error> {
+        self.routed(key, false, no_check, |c| async move {
+            match c.request(request).await? {
+                Response::Error(e) => Err(e.into()),
+                reply => Ok(reply),
+            }
+        })
+        .await
+    }
+}
+
+fn no_check(_: &ClusterMap) -> Result<(), Error> {
+    Ok(())
+}
+
+/// The map the server holds, or None from a standalone server.
+async fn fetch_map(client: &Client) -> Result<Option<ClusterMap>, Error> {
+    match client.call(&Request::ClusterMap).await? {
+        Response::ClusterMap(json) if json.is_empty() => Ok(None),
+        Response::ClusterMap(json) => ClusterMap::from_json(&json)
+            .map(Some)
+            .map_err(|e| Error::Protocol(format!("CLUSTER_MAP reply is not a cluster map: {e}"))),
+        other => Err(unexpected("CLUSTER_MAP", other)),
+    }
+}
+
+/// Where to ask for a map: the seed, then the servers of `map` that are up, then the others.
+fn refresh_candidates(seed: &str, map: &ClusterMap) -> Vec<String> {
+    let mut out = vec![seed.to_string()];
+    let up = map.servers.iter().filter(|s| s.state == ServerState::Up);
+    let others = map.servers.iter().filter(|s| s.state != ServerState::Up);
+    for server in up.chain(others) {
+        let addr = server.addresses.native.to_string();
+        if !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    out
+}
+
+/// Whether a failed request may be sent again after a map refresh: always when the server refused
+/// it or it was never sent; when the connection broke under it, only if it is idempotent.
+fn retryable(e: &Error, idempotent: bool) -> bool {
+    match e {
+        Error::Server { status, .. } => {
+            matches!(status, Status::WrongServer | Status::NoSuchTable)
+        }
+        Error::Connect { .. } | Error::Handshake { .. } => true,
+        Error::ConnectionLost(_) => idempotent,
+        _ => false,
+    }
+}
+
+fn no_such_table(table: TableId, key: &[u8], map: &ClusterMap) -> Error {
+    Error::Server {
+        status: Status::NoSuchTable,
+        message: format!(
+            "no tablet of table {table} holds slot {} in the cluster map (version {})",
+            key_slot(key),
+            map.version
+        ),
+    }
+}
+
+/// The tablet of `key` and its master's native address.
+fn tablet_and_master<'m>(
+    map: &'m ClusterMap,
+    table: TableId,
+    key: &[u8],
+) -> Result<(&'m TabletInfo, String), Error> {
+    let tablet = map
+        .tablet_of(table, key)
+        .ok_or_else(|| no_such_table(table, key, map))?;
+    let server = map.server(tablet.master).ok_or_else(|| Error::Server {
+        status: Status::WrongServer,
+        message: format!(
+            "the cluster map (version {}) names server {} as the master of slot {} of table {table} but does not list it",
+            map.version,
+            tablet.master,
+            key_slot(key)
+        ),
+    })?;
+    Ok((tablet, server.addresses.native.to_string()))
+}
+
+/// The master of `(table, key_slot(key))` and its native address.
+pub(crate) fn route(
+    map: &ClusterMap,
+    table: TableId,
+    key: &[u8],
+) -> Result<(ServerId, String), Error> {
+    tablet_and_master(map, table, key).map(|(t, addr)| (t.master, addr))
+}
+
+/// `indices` of `keys` grouped by master: (server, its native address, indices in the order given),
+/// servers ascending.
+pub(crate) fn split_by_server(
+    map: &ClusterMap,
+    table: TableId,
+    keys: &[&[u8]],
+    indices: &[usize],
+) -> Result<Vec<(ServerId, String, Vec<usize>)>, Error> {
+    let mut groups: BTreeMap<ServerId, (String, Vec<usize>)> = BTreeMap::new();
+    for &i in indices {
+        let (server, addr) = route(map, table, keys[i])?;
+        groups
+            .entry(server)
+            .or_insert_with(|| (addr, Vec::new()))
+            .1
+            .push(i);
+    }
+    Ok(groups
+        .into_iter()
+        .map(|(server, (addr, indices))| (server, addr, indices))
+        .collect())
+}
+
+/// Put the replies of one group at their keys' positions.
+pub(crate) fn place(
+    results: &mut [Option<Option<Object>>],
+    indices: &[usize],
+    objects: Vec<Option<Object>>,
+) -> Result<(), Error> {
+    if objects.len() != indices.len() {
+        return Err(Error::Protocol(format!(
+            "MULTI_GET of {} keys answered {} objects",
+            indices.len(),
+            objects.len()
+        )));
+    }
+    for (&i, object) in indices.iter().zip(objects) {
+        results[i] = Some(object);
+    }
+    Ok(())
+}
+
+/// Ok if every key lives on one tablet of `table` in `map`; the server's CROSS_TABLET refusal
+/// otherwise.
+pub(crate) fn single_tablet<'k>(
+    map: &ClusterMap,
+    table: TableId,
+    mut keys: impl Iterator<Item = &'k [u8]>,
+) -> Result<(), Error> {
+    let Some(first) = keys.next() else {
+        return Ok(());
+    };
+    let (tablet, _) = tablet_and_master(map, table, first)?;
+    for key in keys {
+        let (other, _) = tablet_and_master(map, table, key)?;
+        if (other.table, other.first_slot) != (tablet.table, tablet.first_slot) {
+            return Err(Error::CrossTablet(
+                "MULTI_PUT keys live on more than one tablet; give them a common {hash tag}".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The masters of `table`'s tablets, by server id, with their native addresses.
+pub(crate) fn masters_of(
+    map: &ClusterMap,
+    table: TableId,
+) -> Result<Vec<(ServerId, String)>, Error> {
+    let mut masters = BTreeMap::new();
+    for tablet in map.tablets_of(table) {
+        let server = map.server(tablet.master).ok_or_else(|| Error::Server {
+            status: Status::WrongServer,
+            message: format!(
+                "the cluster map (version {}) names server {} as a master but does not list it",
+                map.version, tablet.master
+            ),
+        })?;
+        let addr = server.addresses.native.to_string();
+        masters.insert(tablet.master, addr);
+    }
+    if masters.is_empty() {
+        return Err(Error::Server {
+            status: Status::NoSuchTable,
+            message: format!(
+                "no tablet of table {table} in the cluster map (version {})",
+                map.version
+            ),
+        });
+    }
+    Ok(masters.into_iter().collect())
+}
+
+/// Run futures concurrently on the current task; their outputs in the order given.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ramlog_cluster::{ServerAddresses, ServerInfo};
+
+    fn server(id: ServerId) -> ServerInfo {
+        let addr = |port: u16| format!("127.0.0.1:{port}").parse().unwrap();
+        ServerInfo {
+            id,
+            name: format!("s{id}"),
+            addresses: ServerAddresses {
+                resp: addr(6000 + id as u16),
+                routing: None,
+                native: addr(7000 + id as u16),
+                admin: None,
+            },
+            epoch: 1,
+            state: ServerState::Up,
+            memory_bytes: 1 << 30,
+        }
+    }
+
+    fn tablet(table: TableId, first: u16, last: u16, master: ServerId) -> TabletInfo {
+        TabletInfo {
+            table,
+            first_slot: first,
+            last_slot: last,
+            master,
+            mirror: None,
+            backups: vec![],
+            epoch: 1,
+        }
+    }
+
+    /// Table 0 in three tablets on servers 1, 2, 3; table 5 in one tablet on server 2.
+    fn map(version: u64) -> ClusterMap {
+        ClusterMap {
+            cluster_id: 9,
+            version,
+            servers: vec![server(1), server(2), server(3)],
+            tables: vec![],
+            tablets: vec![
+                tablet(0, 0, 5460, 1),
+                tablet(0, 5461, 10922, 2),
+                tablet(0, 10923, 16383, 3),
+                tablet(5, 0, 16383, 2),
+            ],
+        }
+    }
+
+    /// A key whose slot is in `first..=last`.
+    fn key_in(first: u16, last: u16, n: usize) -> Vec<u8> {
+        (0..)
+            .map(|i| format!("k{n}:{i}").into_bytes())
+            .find(|k| (first..=last).contains(&key_slot(k)))
+            .unwrap()
+    }
+
+    fn status_of(e: &Error) -> Option<Status> {
+        match e {
+            Error::Server { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn keys_route_to_the_master_of_their_slot() {
+        let m = map(3);
+        // "foo" is slot 12182 and "bar" slot 5061 in Redis Cluster.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(route(&m, 0, b"foo").unwrap(), (3, "127.0.0.1:7003".into()));
+        assert_eq!(route(&m, 0, b"bar").unwrap(), (1, "127.0.0.1:7001".into()));
+        // Hash tags route by the tag.
+        assert_eq!(route(&m, 0, b"{foo}:x").unwrap().0, 3);
+        // Tablet edges.
+        for (first, last, master) in [(0, 5460, 1), (5461, 10922, 2), (10923, 16383, 3)] {
+            for k in [key_in(first, first + 20, 0), key_in(last - 20, last, 1)] {
+                assert_eq!(route(&m, 0, &k).unwrap().0, master);
+            }
+        }
+        // Another table's own tablets.
+        assert_eq!(route(&m, 5, b"bar").unwrap(), (2, "127.0.0.1:7002".into()));
+        // A table the map does not have.
+        let e = route(&m, 6, b"bar").unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::NoSuchTable), "{e}");
+        assert!(retryable(&e, false));
+        // A master the map does not list: stale, retry after a refresh.
+        let mut broken = map(4);
+        broken.servers.retain(|s| s.id != 3);
+        let e = route(&broken, 0, b"foo").unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::WrongServer), "{e}");
+    }
+
+    #[test]
+    fn multi_get_splits_by_server_and_reassembles_in_order() {
+        let m = map(1);
+        let keys: Vec<Vec<u8>> = (0..30)
+            .map(|n| match n % 3 {
+                0 => key_in(10923, 16383, n),
+                1 => key_in(0, 5460, n),
+                _ => key_in(5461, 10922, n),
+            })
+            .collect();
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let all: Vec<usize> = (0..refs.len()).collect();
+        let groups = split_by_server(&m, 0, &refs, &all).unwrap();
+        let servers: Vec<ServerId> = groups.iter().map(|g| g.0).collect();
+        assert_eq!(servers, vec![1, 2, 3]);
+        assert_eq!(groups[0].1, "127.0.0.1:7001");
+        assert_eq!(
+            groups[0].2,
+            (0..30).filter(|i| i % 3 == 1).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            groups[1].2,
+            (0..30).filter(|i| i % 3 == 2).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            groups[2].2,
+            (0..30).filter(|i| i % 3 == 0).collect::<Vec<_>>()
+        );
+        // Each group's reply (the value is the key itself) lands at its keys' positions, whatever
+        // order the groups finish in.
+        let mut results: Vec<Option<Option<Object>>> = vec![None; refs.len()];
+        for (_, _, indices) in groups.iter().rev() {
+            let objects = indices
+                .iter()
+                .map(|&i| {
+                    (i != 4).then(|| Object {
+                        value: Bytes::copy_from_slice(refs[i]),
+                        version: i as u64 + 1,
+                        expire_at_ms: 0,
+                    })
+                })
+                .collect();
+            place(&mut results, indices, objects).unwrap();
+        }
+        for (i, r) in results.iter().enumerate() {
+            let r = r.as_ref().expect("answered");
+            if i == 4 {
+                assert!(r.is_none());
+            } else {
+                let o = r.as_ref().unwrap();
+                assert_eq!((&o.value[..], o.version), (refs[i], i as u64 + 1));
+            }
+        }
+        // A short reply is a protocol error, not a misplaced value.
+        assert!(matches!(
+            place(&mut results, &[0, 1], vec![None]),
+            Err(Error::Protocol(_))
+        ));
+        // A retry splits only the keys still pending.
+        let groups = split_by_server(&m, 0, &refs, &[3, 5, 6]).unwrap();
+        assert_eq!(
+            groups
+                .iter()
+                .map(|g| (g.0, g.2.clone()))
+                .collect::<Vec<_>>(),
+            vec![(2, vec![5]), (3, vec![3, 6])]
+        );
+        // One key of an unknown table fails the split.
+        assert!(split_by_server(&m, 7, &refs, &all).is_err());
+    }
+
+    #[test]
+    fn multi_put_must_stay_on_one_tablet() {
+        let m = map(1);
+        let tagged: Vec<&[u8]> = vec![b"{user:1}:name", b"{user:1}:age", b"{user:1}"];
+        single_tablet(&m, 0, tagged.iter().copied()).unwrap();
+        // Different slots of one tablet are fine.
+        let a = key_in(0, 100, 0);
+        let b = key_in(5000, 5460, 1);
+        single_tablet(&m, 0, [a.as_slice(), b.as_slice()].into_iter()).unwrap();
+        // Two tablets (here also two servers) are refused before sending.
+        let c = key_in(5461, 6000, 2);
+        let e = single_tablet(&m, 0, [a.as_slice(), c.as_slice()].into_iter()).unwrap_err();
+        assert!(matches!(e, Error::CrossTablet(_)), "{e}");
+        assert!(!retryable(&e, false));
+        // Two tablets on the same server are refused too.
+        let mut same_server = map(2);
+        same_server.tablets[1].master = 1;
+        let e =
+            single_tablet(&same_server, 0, [a.as_slice(), c.as_slice()].into_iter()).unwrap_err();
+        assert!(matches!(e, Error::CrossTablet(_)), "{e}");
+        // One table's single tablet holds every key.
+        single_tablet(&m, 5, [a.as_slice(), c.as_slice()].into_iter()).unwrap();
+    }
+
+    #[test]
+    fn refresh_keeps_the_higher_version() {
+        let cache = MapCache::new(map(5));
+        assert!(!cache.offer(map(4)), "an older map is ignored");
+        assert!(!cache.offer(map(5)), "the same version is ignored");
+        assert_eq!(cache.get().version, 5);
+        let mut newer = map(6);
+        newer.tablets[0].master = 2;
+        assert!(cache.offer(newer));
+        assert_eq!(cache.get().version, 6);
+        assert_eq!(route(&cache.get(), 0, b"bar").unwrap().0, 2);
+        assert!(!cache.offer(map(3)));
+        assert_eq!(route(&cache.get(), 0, b"bar").unwrap().0, 2);
+    }
+
+    #[test]
+    fn listings_walk_every_master_once() {
+        let m = map(1);
+        let masters = masters_of(&m, 0).unwrap();
+        assert_eq!(
+            masters,
+            vec![
+                (1, "127.0.0.1:7001".to_string()),
+                (2, "127.0.0.1:7002".to_string()),
+                (3, "127.0.0.1:7003".to_string()),
+            ]
+        );
+        assert_eq!(
+            masters_of(&m, 5).unwrap(),
+            vec![(2, "127.0.0.1:7002".into())]
+        );
+        let e = masters_of(&m, 8).unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::NoSuchTable));
+        // Candidates for a refresh: the seed first, then every server once.
+        let mut m = map(1);
+        m.servers[0].state = ServerState::Dead;
+        assert_eq!(
+            refresh_candidates("127.0.0.1:7002", &m),
+            vec!["127.0.0.1:7002", "127.0.0.1:7003", "127.0.0.1:7001"]
+        );
+    }
+
+    #[test]
+    fn only_refusals_and_unsent_requests_retry_writes() {
+        let refused = |status| Error::Server {
+            status,
+            message: String::new(),
+        };
+        assert!(retryable(&refused(Status::WrongServer), false));
+        assert!(retryable(&refused(Status::NoSuchTable), false));
+        assert!(!retryable(&refused(Status::Internal), true));
+        let not_sent = Error::Connect {
+            addr: "x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(retryable(&not_sent, false));
+        let lost = Error::ConnectionLost("reset".into());
+        assert!(retryable(&lost, true));
+        assert!(!retryable(&lost, false), "a write may have been applied");
+        assert!(!retryable(&Error::Timeout(Duration::from_secs(1)), true));
+        assert!(!retryable(
+            &Error::ConditionFailed {
+                current_version: None
+            },
+            false
+        ));
+    }
+
+    #[tokio::test]
+    async fn join_all_keeps_the_order_given() {
+        let futures = (0..5u64)
+            .map(|i| async move {
+                tokio::time::sleep(Duration::from_millis(50 - i * 10)).await;
+                i
+            })
+            .collect();
+        assert_eq!(join_all(futures).await, vec![0, 1, 2, 3, 4]);
+    }
+}

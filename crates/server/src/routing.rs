@@ -33,13 +33,14 @@ use tokio::net::TcpStream;
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
+/// A peer's client, connected once by whichever routing connection needs it first.
+type PeerCell = Arc<tokio::sync::OnceCell<Client>>;
+
 /// Connections from this server to the others, for forwarding. One pooled, multiplexed client
 /// per server, shared by every routing connection.
 #[derive(Default)]
 pub struct Peers {
-    clients: parking_lot::Mutex<
-        HashMap<(ServerId, std::net::SocketAddr), Arc<tokio::sync::OnceCell<Client>>>,
-    >,
+    clients: parking_lot::Mutex<HashMap<(ServerId, std::net::SocketAddr), PeerCell>>,
 }
 
 impl Peers {
@@ -88,7 +89,10 @@ enum Part {
     /// One array of the parts' replies (EXEC).
     Array(Vec<Part>),
     /// INFO: this server's text with the keyspace line summed over every server's.
-    Info { text: String, others: Vec<Part> },
+    Info {
+        text: String,
+        others: Vec<Part>,
+    },
     /// A SCAN reply from server number `index` of `servers`: the cursor is rewritten.
     Scan {
         part: Box<Part>,
@@ -148,7 +152,7 @@ impl Router<'_> {
     }
 
     /// Where `args` go: here, or to the server that masters `slot`.
-    fn to_owner(&mut self, round: &mut Round, owner: ServerId, args: &[&[u8]]) -> Part {
+    fn send_to(&mut self, round: &mut Round, owner: ServerId, args: &[&[u8]]) -> Part {
         let me = self.node.cluster().map_or(0, |m| m.view().me);
         if owner == 0 {
             Part::Ready(error_reply(
@@ -201,21 +205,21 @@ impl Router<'_> {
             "dbsize" => {
                 let parts = servers
                     .iter()
-                    .map(|&s| self.to_owner(round, s, args))
+                    .map(|&s| self.send_to(round, s, args))
                     .collect();
                 return Part::Sum(parts);
             }
             "keys" => {
                 let parts = servers
                     .iter()
-                    .map(|&s| self.to_owner(round, s, args))
+                    .map(|&s| self.send_to(round, s, args))
                     .collect();
                 return Part::Concat(parts);
             }
             "flushall" | "flushdb" => {
                 let parts = servers
                     .iter()
-                    .map(|&s| self.to_owner(round, s, args))
+                    .map(|&s| self.send_to(round, s, args))
                     .collect();
                 return Part::AllOk(parts);
             }
@@ -228,7 +232,7 @@ impl Router<'_> {
                     servers
                         .iter()
                         .filter(|&&s| s != me)
-                        .map(|&s| self.to_owner(round, s, &info_keyspace))
+                        .map(|&s| self.send_to(round, s, &info_keyspace))
                         .collect()
                 } else {
                     Vec::new()
@@ -252,7 +256,7 @@ impl Router<'_> {
                 let inner = (cursor >> 8).to_string();
                 let mut forwarded: Vec<&[u8]> = args.to_vec();
                 forwarded[1] = inner.as_bytes();
-                let part = self.to_owner(round, server, &forwarded);
+                let part = self.send_to(round, server, &forwarded);
                 return Part::Scan {
                     part: Box::new(part),
                     index,
@@ -267,7 +271,7 @@ impl Router<'_> {
         let step = spec.step.max(1) as usize;
         let first_arg = spec.first_key as usize;
         // A key without its values (MSET a 1 b): the command's own check answers it.
-        if spec.last_key < 0 && (args.len() - first_arg) % step != 0 {
+        if spec.last_key < 0 && !(args.len() - first_arg).is_multiple_of(step) {
             return self.local(args);
         }
         let keys: Vec<&[u8]> = command_keys(spec, args).collect();
@@ -277,7 +281,7 @@ impl Router<'_> {
         let owner = view.owner(key_slot(first));
         if keys.iter().all(|k| view.owner(key_slot(k)) == owner) {
             drop(view);
-            return self.to_owner(round, owner, args);
+            return self.send_to(round, owner, args);
         }
         // Keys on several servers: split the command by server.
         let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
@@ -301,7 +305,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let sub = split(positions);
-                        let part = self.to_owner(round, owner, &sub);
+                        let part = self.send_to(round, owner, &sub);
                         (part, positions.iter().map(|p| p - first_arg).collect())
                     })
                     .collect();
@@ -315,7 +319,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let sub = split(positions);
-                        self.to_owner(round, owner, &sub)
+                        self.send_to(round, owner, &sub)
                     })
                     .collect(),
             ),
@@ -324,7 +328,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let sub = split(positions);
-                        self.to_owner(round, owner, &sub)
+                        self.send_to(round, owner, &sub)
                     })
                     .collect(),
             ),
@@ -691,7 +695,11 @@ fn keyspace_of(b: &[u8]) -> (u64, u64, u64) {
             .unwrap_or(0)
     };
     let expires = field("expires");
-    (field("keys"), expires, field("avg_ttl").saturating_mul(expires))
+    (
+        field("keys"),
+        expires,
+        field("avg_ttl").saturating_mul(expires),
+    )
 }
 
 fn parse_integer(b: &[u8]) -> Option<i64> {

@@ -226,7 +226,7 @@ async fn answer(shared: &Shared, request: Request) -> Response {
         Request::Raft { rpc, body } => shared.raft_rpc(rpc, body).await,
         Request::Status => Response::Status(shared.status()),
         other => {
-            if let Err(not_leader) = shared.check_leader() {
+            if let Some(not_leader) = shared.not_leader() {
                 return not_leader;
             }
             shared.leader_request(other).await
@@ -255,17 +255,17 @@ impl Shared {
             .map(|n| n.addr.clone())
     }
 
-    /// Ok when this member leads; else the NotLeader answer.
-    fn check_leader(&self) -> Result<(), Response> {
+    /// None when this member leads; else the NotLeader answer.
+    fn not_leader(&self) -> Option<Response> {
         let m = self.metrics();
         if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
-            return Ok(());
+            return None;
         }
         let leader = m
             .current_leader
             .filter(|l| *l != self.id)
             .and_then(|l| Self::address_of(&m, l));
-        Err(Response::NotLeader { leader })
+        Some(Response::NotLeader { leader })
     }
 
     async fn raft_rpc(&self, rpc: RaftRpc, body: serde_json::Value) -> Response {

@@ -264,3 +264,35 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path, coordinators):
 
     assert get_map([c.address]) == before
     assert c.alive()
+
+
+def test_heartbeats_carry_newer_maps_and_guard_server_ids(tmp_path, coordinators):
+    c = Coordinator(1, free_port(), tmp_path / "c1")
+    coordinators.append(c)
+    first = register([c.address])
+    sid, version, cluster_id = first["id"], first["map"]["version"], first["map"]["cluster_id"]
+
+    def heartbeat(server, epoch, map_version):
+        return exchange(c.address, {"Heartbeat": {"id": server, "epoch": epoch, "map_version": map_version}})
+
+    assert heartbeat(sid, 1, version) == {"Heartbeat": {"map": None}}
+    newer = heartbeat(sid, 1, version - 1)["Heartbeat"]["map"]
+    assert newer["version"] == version
+    assert heartbeat(99, 1, 0) == {"Refused": {"UnknownServer": 99}}
+
+    # A live process (heartbeat within 300 ms) owns its id: a second one may not take it over.
+    previous = {"cluster_id": cluster_id, "server_id": sid}
+    heartbeat(sid, 1, version)
+    refused = exchange(c.address, {"Register": {
+        "previous": previous,
+        "addresses": {"resp": "127.0.0.1:7100", "routing": None, "native": "127.0.0.1:7101", "admin": None},
+        "memory_bytes": 1,
+    }})
+    assert refused == {"Refused": {"DuplicateServer": {"id": sid, "address": "127.0.0.1:7000"}}}
+    # Once its heartbeats stop, a restarted process takes the id with a new epoch, fencing the old.
+    time.sleep(0.5)
+    again = register([c.address], port=7100, previous=previous)
+    assert (again["id"], again["epoch"]) == (sid, 2)
+    fenced = heartbeat(sid, 1, 0)
+    assert "Fenced" in fenced and "another process" in fenced["Fenced"]["reason"]
+    assert heartbeat(sid, 2, again["map"]["version"]) == {"Heartbeat": {"map": None}}

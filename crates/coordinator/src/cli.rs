@@ -77,6 +77,7 @@ impl CoordinatorArgs {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(format!("./ramlog-data/coordinator-{}", self.id))),
             initial_servers: self.initial_servers.max(1),
+            snapshot_every: crate::service::SNAPSHOT_EVERY,
         })
     }
 }

@@ -5,6 +5,9 @@
 //! and replies onto [`Request::Raft`] and [`Response::Raft`]. Hides: the JSON encoding and how
 //! transport failures become openraft's `RPCError`s.
 
+// openraft's traits return its error types, which are large; boxing them is not an option.
+#![allow(clippy::result_large_err)]
+
 use crate::TypeConfig;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,

@@ -42,7 +42,13 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     /// Servers that must register before the default table is placed.
     pub initial_servers: u32,
+    /// A snapshot is taken after this many log entries, and as many are kept behind it for
+    /// followers that lag; one further behind is sent the snapshot.
+    pub snapshot_every: u64,
 }
+
+/// The default of [`CoordinatorConfig::snapshot_every`].
+pub const SNAPSHOT_EVERY: u64 = 500;
 
 /// A running coordinator member.
 pub struct Coordinator {
@@ -88,9 +94,9 @@ impl Coordinator {
             election_timeout_min: 150,
             election_timeout_max: 300,
             install_snapshot_timeout: 5000,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(500),
-            max_in_snapshot_log_to_keep: 500,
-            purge_batch_size: 64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+            max_in_snapshot_log_to_keep: config.snapshot_every,
+            purge_batch_size: config.snapshot_every.clamp(1, 64),
             ..Config::default()
         }
         .validate()
@@ -226,7 +232,7 @@ async fn answer(shared: &Shared, request: Request) -> Response {
         Request::Raft { rpc, body } => shared.raft_rpc(rpc, body).await,
         Request::Status => Response::Status(shared.status()),
         other => {
-            if let Err(not_leader) = shared.check_leader() {
+            if let Some(not_leader) = shared.not_leader() {
                 return not_leader;
             }
             shared.leader_request(other).await
@@ -255,17 +261,17 @@ impl Shared {
             .map(|n| n.addr.clone())
     }
 
-    /// Ok when this member leads; else the NotLeader answer.
-    fn check_leader(&self) -> Result<(), Response> {
+    /// None when this member leads; else the NotLeader answer.
+    fn not_leader(&self) -> Option<Response> {
         let m = self.metrics();
         if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
-            return Ok(());
+            return None;
         }
         let leader = m
             .current_leader
             .filter(|l| *l != self.id)
             .and_then(|l| Self::address_of(&m, l));
-        Err(Response::NotLeader { leader })
+        Some(Response::NotLeader { leader })
     }
 
     async fn raft_rpc(&self, rpc: RaftRpc, body: serde_json::Value) -> Response {

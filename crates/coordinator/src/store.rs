@@ -11,6 +11,9 @@
 //! in-memory copy of the log, and how the state machine is restored from the snapshot at start
 //! (openraft then re-applies the committed entries after it).
 
+// openraft's traits return its error types, which are large; boxing them is not an option.
+#![allow(clippy::result_large_err)]
+
 use crate::files::{read_records, replace_file, AppendFile};
 use crate::{Applied, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
@@ -469,5 +472,138 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Some(s) => to_snapshot(s).map(Some),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, RaftLogReader};
+    use ramlog_cluster::Command;
+
+    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Normal(Command::DropTable {
+                name: format!("t{index}"),
+            }),
+        }
+    }
+
+    /// Appends through the file layer directly (openraft's flush callback cannot be built
+    /// outside openraft), exactly as `append` does.
+    fn append(store: &LogStore, entries: Vec<Entry<TypeConfig>>) {
+        let mut inner = store.lock();
+        let records: Vec<LogRecord> = entries.iter().cloned().map(LogRecord::Entry).collect();
+        inner.append_records(&records).unwrap();
+        for e in entries {
+            inner.entries.insert(e.log_id.index, e);
+        }
+    }
+
+    async fn indexes(store: &mut LogStore) -> Vec<u64> {
+        store
+            .try_get_log_entries(0..)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn entries_vote_and_committed_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        append(&store, (1..=5).map(|i| entry(1, i)).collect());
+        store.save_vote(&Vote::new(3, 2)).await.unwrap();
+        store.save_committed(Some(log_id(1, 4))).await.unwrap();
+        store.truncate(log_id(1, 4)).await.unwrap();
+        append(&store, vec![entry(2, 4)]);
+        store.purge(log_id(1, 1)).await.unwrap();
+        drop(store);
+
+        let mut again = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&mut again).await, vec![2, 3, 4]);
+        let four = again.try_get_log_entries(4..5).await.unwrap();
+        assert_eq!(four[0].log_id, log_id(2, 4));
+        assert_eq!(again.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
+        assert_eq!(again.read_committed().await.unwrap(), Some(log_id(1, 4)));
+        let state = again.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
+        assert_eq!(state.last_log_id, Some(log_id(2, 4)));
+    }
+
+    #[tokio::test]
+    async fn a_torn_last_record_is_dropped_and_appending_continues() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        append(&store, (1..=3).map(|i| entry(1, i)).collect());
+        drop(store);
+        let path = dir.path().join(LOG_FILE);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 5).unwrap();
+        drop(f);
+
+        let mut again = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&mut again).await, vec![1, 2]);
+        append(&again, vec![entry(1, 3)]);
+        drop(again);
+        let mut third = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&mut third).await, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        append(&store, (1..=3).map(|i| entry(1, i)).collect());
+        drop(store);
+        let path = dir.path().join(LOG_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[12] ^= 0x55;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = LogStore::open(dir.path()).err().unwrap();
+        assert!(e.contains("raft-log") && e.contains("checksum"), "{e}");
+
+        std::fs::write(dir.path().join(META_FILE), b"garbage!garbage!").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let e = LogStore::open(dir.path()).err().unwrap();
+        assert!(e.contains("raft-meta"), "{e}");
+
+        std::fs::write(dir.path().join(SNAPSHOT_FILE), b"\x05\0\0\0\0\0\0\0hello").unwrap();
+        let e = StateMachine::open(dir.path()).err().unwrap();
+        assert!(e.contains("snapshot"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_state_machine_restores_from_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        let init = Entry {
+            log_id: log_id(1, 1),
+            payload: EntryPayload::Normal(Command::Init {
+                cluster_id: 7,
+                initial_servers: 1,
+            }),
+        };
+        let applied = sm.apply(vec![init]).await.unwrap();
+        assert_eq!(applied[0].map.cluster_id, 7);
+        let mut builder = sm.get_snapshot_builder().await;
+        let snapshot = builder.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 1)));
+        drop(sm);
+
+        let mut again = StateMachine::open(dir.path()).unwrap();
+        let (applied, _) = again.applied_state().await.unwrap();
+        assert_eq!(applied, Some(log_id(1, 1)));
+        assert!(again.shared().read().unwrap().state.initialized);
+        let current = again.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.snapshot_id, snapshot.meta.snapshot_id);
     }
 }

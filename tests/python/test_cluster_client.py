@@ -2,128 +2,20 @@
 CLI is given, its cluster map routes every key to the key's master."""
 
 import subprocess
-import threading
-import time
-
 import pytest
 
-from conftest import free_port, ramlog_bin
+from conftest import Cluster, ramlog_bin
 
-STARTUP_TIMEOUT = 15.0
 CLI_TIMEOUT = 30
-
-
-def read_line(proc, timeout):
-    """The first stdout line of `proc`, or '' if none arrives within `timeout` seconds."""
-    line = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return line[0] if line else ""
-
-
-class NativeCluster:
-    """A coordinator and 3 servers, each a child process; every wait is bounded and every process is
-    stopped by its pid in `stop()`."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.procs = []
-        self.servers = []
-
-    def start(self):
-        self.coordinator_port = free_port()
-        coordinator = f"127.0.0.1:{self.coordinator_port}"
-        self._spawn(
-            "coordinator",
-            [
-                "coordinator", "--id", "1", "--listen", coordinator,
-                "--members", f"1={coordinator}",
-                "--data-dir", str(tmp_path / "coordinator"),
-                "--initial-servers", "3",
-            ],
-            "ramlog coordinator ready",
-        )
-        for i in range(3):
-            ports = {name: free_port() for name in ("resp", "routing", "native")}
-            self._spawn(
-                f"server-{i}",
-                [
-                    "server", "--coordinator", coordinator,
-                    "--resp-port", str(ports["resp"]),
-                    "--routing-port", str(ports["routing"]),
-                    "--native-port", str(ports["native"]),
-                    "--admin-port", "0",
-                    "--data-dir", str(tmp_path / f"server-{i}"),
-                    "--memory", "256MiB",
-                ],
-                "ready",
-            )
-            self.servers.append(ports)
-
-    def _spawn(self, name, args, ready):
-        stderr = open(self.tmp_path / f"{name}.stderr", "w")
-        proc = subprocess.Popen([ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=stderr, text=True)
-        stderr.close()
-        self.procs.append((name, proc))
-        line = read_line(proc, STARTUP_TIMEOUT)
-        if ready not in line:
-            raise RuntimeError(f"{name} did not start: {line!r}; stderr: {self.stderr(name)!r}")
-
-    def stderr(self, name):
-        try:
-            return (self.tmp_path / f"{name}.stderr").read_text()[-4000:]
-        except OSError:
-            return ""
-
-    def cluster_info(self, resp_port):
-        try:
-            out = subprocess.run(
-                ["redis-cli", "-p", str(resp_port), "CLUSTER", "INFO"],
-                capture_output=True, text=True, timeout=5,
-            )
-        except subprocess.TimeoutExpired:
-            return ""
-        return out.stdout
-
-    def wait_ok(self, timeout=STARTUP_TIMEOUT):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if all("cluster_state:ok" in self.cluster_info(s["resp"]) for s in self.servers):
-                return
-            time.sleep(0.1)
-        infos = [self.cluster_info(s["resp"]) for s in self.servers]
-        logs = {name: self.stderr(name) for name, _ in self.procs}
-        pytest.fail(f"the cluster is not ok after {timeout} s: {infos!r}; stderr: {logs!r}")
-
-    def dead(self):
-        return [name for name, proc in self.procs if proc.poll() is not None]
-
-    def stop(self):
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            if proc.stdout:
-                proc.stdout.close()
 
 
 @pytest.fixture
 def native_cluster(tmp_path):
-    cluster = NativeCluster(tmp_path)
-    try:
-        cluster.start()
-        cluster.wait_ok()
-        yield cluster
-        assert not cluster.dead(), f"cluster processes died during the test: {cluster.dead()}"
-    finally:
-        # Also the processes started before a later one failed to start.
-        cluster.stop()
+    cluster = Cluster(tmp_path)
+    yield cluster
+    alive = cluster.alive()
+    cluster.stop()
+    assert alive, "a cluster process died during the test"
 
 
 def ramlog(*args, port, check=True):
@@ -144,7 +36,7 @@ def dbsize(resp_port):
 
 
 def test_cli_verbs_route_through_any_server(native_cluster):
-    natives = [s["native"] for s in native_cluster.servers]
+    natives = [s.native for s in native_cluster.servers]
     keys = [f"k{i}" for i in range(200)]
 
     # Every write goes through server 0's native port.
@@ -153,7 +45,7 @@ def test_cli_verbs_route_through_any_server(native_cluster):
         assert out.stdout.startswith("OK version "), out.stdout
 
     # Each key was stored on its master: every server holds some, none holds them all.
-    sizes = [dbsize(s["resp"]) for s in native_cluster.servers]
+    sizes = [dbsize(s.resp) for s in native_cluster.servers]
     assert sum(sizes) == len(keys), sizes
     assert all(0 < n < len(keys) for n in sizes), sizes
 
@@ -183,4 +75,4 @@ def test_cli_verbs_route_through_any_server(native_cluster):
         assert ramlog("scan", "--match", "k*", port=port).stdout == ""
     gone = ramlog("get", keys[5], port=natives[0], check=False)
     assert gone.returncode == 1
-    assert [dbsize(s["resp"]) for s in native_cluster.servers] == [0, 0, 0]
+    assert [dbsize(s.resp) for s in native_cluster.servers] == [0, 0, 0]

@@ -618,7 +618,11 @@ pub(crate) fn redis_benchmark_with(
 
 /// Parses `--csv` output: a header with `test,rps,...,p50_latency_ms,...,p99_latency_ms,...`, then rows.
 pub(crate) fn parse_csv(text: &str) -> anyhow::Result<(BenchResult, BenchResult)> {
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    // `--cluster` prints the masters it found before the CSV.
+    let mut lines = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .skip_while(|l| !l.starts_with("\"test\""));
     let header: Vec<String> = lines
         .next()
         .context("empty output")?

@@ -36,6 +36,10 @@ pub struct ClusterView {
     resp_addresses: Vec<String>,
     /// The map as JSON (the native protocol's CLUSTER_MAP reply).
     pub map_json: bytes::Bytes,
+    /// Contiguous runs of slots of the default table with one master: (first, last, master).
+    runs: Vec<(u16, u16, ServerId)>,
+    /// Servers that master slots of the default table, by id.
+    masters: Vec<ServerId>,
 }
 
 /// Where a slot of the default table is served.
@@ -57,6 +61,20 @@ impl ClusterView {
             .map(|s| s.addresses.resp.to_string())
             .collect();
         let map_json = map.to_json().into();
+        let mut runs: Vec<(u16, u16, ServerId)> = Vec::new();
+        for slot in 0..SLOT_COUNT {
+            let owner = owners[slot as usize];
+            if owner == 0 {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.2 == owner && run.1 + 1 == slot => run.1 = slot,
+                _ => runs.push((slot, slot, owner)),
+            }
+        }
+        let mut masters: Vec<ServerId> = runs.iter().map(|r| r.2).collect();
+        masters.sort_unstable();
+        masters.dedup();
         ClusterView {
             map,
             me,
@@ -64,6 +82,8 @@ impl ClusterView {
             owners,
             resp_addresses,
             map_json,
+            runs,
+            masters,
         }
     }
 
@@ -105,19 +125,13 @@ impl ClusterView {
     }
 
     /// Contiguous runs of slots of the default table with the same master: (first, last, master).
-    pub fn slot_runs(&self) -> Vec<(u16, u16, ServerId)> {
-        let mut runs: Vec<(u16, u16, ServerId)> = Vec::new();
-        for slot in 0..SLOT_COUNT {
-            let owner = self.owners[slot as usize];
-            if owner == 0 {
-                continue;
-            }
-            match runs.last_mut() {
-                Some(run) if run.2 == owner && run.1 + 1 == slot => run.1 = slot,
-                _ => runs.push((slot, slot, owner)),
-            }
-        }
-        runs
+    pub fn slot_runs(&self) -> &[(u16, u16, ServerId)] {
+        &self.runs
+    }
+
+    /// Servers that master slots of the default table, by id.
+    pub fn masters(&self) -> &[ServerId] {
+        &self.masters
     }
 }
 

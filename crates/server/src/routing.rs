@@ -195,12 +195,7 @@ impl Router<'_> {
             return self.local(args);
         }
         let view = member.view();
-        let servers: Vec<ServerId> = {
-            let mut s: Vec<ServerId> = view.slot_runs().iter().map(|r| r.2).collect();
-            s.sort_unstable();
-            s.dedup();
-            s
-        };
+        let servers = view.masters();
         match spec.name {
             "dbsize" => {
                 let parts = servers

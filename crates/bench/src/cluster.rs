@@ -31,7 +31,7 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     let (requests_p1, requests_p16, repeats) = if quick {
         (30_000, 100_000, 1)
     } else {
-        (300_000, 1_000_000, 3)
+        (300_000, 1_000_000, 5)
     };
     let work = std::env::temp_dir().join(format!("ramlog-bench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;

@@ -196,28 +196,16 @@ impl Router<'_> {
         }
         let view = member.view();
         let servers = view.masters();
+        let mut to_every_master = |router: &mut Self| -> Vec<Part> {
+            servers
+                .iter()
+                .map(|&s| router.send_to(round, s, args))
+                .collect()
+        };
         match spec.name {
-            "dbsize" => {
-                let parts = servers
-                    .iter()
-                    .map(|&s| self.send_to(round, s, args))
-                    .collect();
-                return Part::Sum(parts);
-            }
-            "keys" => {
-                let parts = servers
-                    .iter()
-                    .map(|&s| self.send_to(round, s, args))
-                    .collect();
-                return Part::Concat(parts);
-            }
-            "flushall" | "flushdb" => {
-                let parts = servers
-                    .iter()
-                    .map(|&s| self.send_to(round, s, args))
-                    .collect();
-                return Part::AllOk(parts);
-            }
+            "dbsize" => return Part::Sum(to_every_master(self)),
+            "keys" => return Part::Concat(to_every_master(self)),
+            "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),
             "info" => {
                 let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
                 let text = self.node.snapshot().info(section.as_deref());

@@ -120,12 +120,18 @@ impl Server {
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
         if let Some(listener) = routing_listener {
-            tasks.spawn(accept_routing(listener, node.clone(), shutdown.subscribe()));
+            tasks.spawn(accept_resp(
+                listener,
+                node.clone(),
+                shutdown.subscribe(),
+                true,
+            ));
         }
         tasks.spawn(accept_resp(
             resp_listener,
             node.clone(),
             shutdown.subscribe(),
+            false,
         ));
         if let Some(listener) = native_listener {
             let native_config = Arc::new(NativeConfig::from_server(&node.config));
@@ -205,10 +211,12 @@ async fn refuse(mut stream: TcpStream, message: &'static [u8]) {
         tokio::time::timeout(std::time::Duration::from_secs(1), stream.write_all(message)).await;
 }
 
+/// Accepts RESP connections: the RESP port's, or the routing port's (`routing`).
 async fn accept_resp(
     listener: TcpListener,
     shared: Arc<Node>,
     mut shutdown: watch::Receiver<bool>,
+    routing: bool,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -234,43 +242,12 @@ async fn accept_resp(
         let conn_shared = shared.clone();
         connections.spawn(async move {
             let _guard = guard;
-            let ending = resp_conn::serve_resp(stream, conn_shared, id).await;
-            tracing::debug!(client = id, ?ending, "connection closed");
-        });
-    }
-    connections.shutdown().await;
-}
-
-async fn accept_routing(
-    listener: TcpListener,
-    shared: Arc<Node>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut connections = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => break,
-        };
-        while connections.try_join_next().is_some() {}
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Some(guard) = admit(&shared) else {
-            tokio::spawn(refuse(stream, b"-ERR max number of clients reached\r\n"));
-            continue;
-        };
-        let id = shared.next_client_id();
-        let conn_shared = shared.clone();
-        connections.spawn(async move {
-            let _guard = guard;
-            let ending = crate::routing::serve_routing(stream, conn_shared, id).await;
-            tracing::debug!(client = id, ?ending, "routing connection closed");
+            let ending = if routing {
+                crate::routing::serve_routing(stream, conn_shared, id).await
+            } else {
+                resp_conn::serve_resp(stream, conn_shared, id).await
+            };
+            tracing::debug!(client = id, routing, ?ending, "connection closed");
         });
     }
     connections.shutdown().await;

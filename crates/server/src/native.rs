@@ -614,13 +614,22 @@ impl Session<'_> {
         session.protocol = protocol;
         session.routed = true;
         session.forwarded = true;
+        // Every reply into one buffer, handed out as slices of it: one allocation per batch.
         let mut out = Vec::new();
-        commands
+        let ends: Vec<usize> = commands
             .iter()
             .map(|args| {
-                out.clear();
                 crate::commands::execute(self.node, &mut session, args, &mut out);
-                bytes::Bytes::copy_from_slice(&out)
+                out.len()
+            })
+            .collect();
+        let all = bytes::Bytes::from(out);
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let reply = all.slice(start..end);
+                start = end;
+                reply
             })
             .collect()
     }

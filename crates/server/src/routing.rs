@@ -68,8 +68,12 @@ impl Peers {
 /// A reply being assembled.
 enum Part {
     Ready(Vec<u8>),
-    /// The reply of a write run here: replaced by `-MISCONF` if its acknowledgement point fails.
-    Write(Vec<u8>),
+    /// A reply of a command run here, at this range of the round's local buffer; `write`: the
+    /// reply of a write, replaced by `-MISCONF` if its acknowledgement point fails.
+    Local {
+        range: std::ops::Range<usize>,
+        write: bool,
+    },
     /// The `index`-th command sent to server `peer` in this round.
     Remote {
         peer: ServerId,
@@ -101,27 +105,63 @@ enum Part {
     },
 }
 
-/// One read's worth of requests: the replies being assembled and the commands to forward.
+/// Commands for one server, their arguments copied once into one buffer.
+#[derive(Default)]
+struct Outgoing {
+    data: Vec<u8>,
+    /// Each argument's range in `data`.
+    args: Vec<(usize, usize)>,
+    /// Where each command's arguments end in `args`.
+    ends: Vec<usize>,
+}
+
+impl Outgoing {
+    fn push(&mut self, args: &[&[u8]]) -> usize {
+        for a in args {
+            let start = self.data.len();
+            self.data.extend_from_slice(a);
+            self.args.push((start, self.data.len()));
+        }
+        self.ends.push(self.args.len());
+        self.ends.len() - 1
+    }
+
+    fn commands(&self) -> Vec<Vec<&[u8]>> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let command = self.args[start..end]
+                    .iter()
+                    .map(|&(a, b)| &self.data[a..b])
+                    .collect();
+                start = end;
+                command
+            })
+            .collect()
+    }
+}
+
+/// One read's worth of requests: the replies being assembled, the replies of commands run here,
+/// and the commands to forward.
 struct Round {
     parts: Vec<Part>,
-    outgoing: BTreeMap<ServerId, Vec<Vec<Vec<u8>>>>,
+    local: Vec<u8>,
+    outgoing: BTreeMap<ServerId, Outgoing>,
 }
 
 impl Round {
     fn new() -> Round {
         Round {
             parts: Vec::new(),
+            local: Vec::new(),
             outgoing: BTreeMap::new(),
         }
     }
 
-    fn forward(&mut self, peer: ServerId, args: Vec<Vec<u8>>) -> Part {
-        let list = self.outgoing.entry(peer).or_default();
-        list.push(args);
-        Part::Remote {
-            peer,
-            index: list.len() - 1,
-        }
+    fn forward(&mut self, peer: ServerId, args: &[&[u8]]) -> Part {
+        let index = self.outgoing.entry(peer).or_default().push(args);
+        Part::Remote { peer, index }
     }
 }
 
@@ -139,16 +179,19 @@ fn error_reply(protocol: u8, message: &str) -> Vec<u8> {
 }
 
 impl Router<'_> {
-    /// Runs a command here, as the RESP port would.
-    fn local(&mut self, args: &[&[u8]]) -> Part {
-        let mut out = Vec::new();
-        execute(self.node, &mut self.session, args, &mut out);
-        if self.session.write_replies.is_empty() {
-            return Part::Ready(out);
+    /// Runs a command here, as the RESP port would; its reply goes to the round's local buffer.
+    fn local(&mut self, round: &mut Round, args: &[&[u8]]) -> Part {
+        let start = round.local.len();
+        execute(self.node, &mut self.session, args, &mut round.local);
+        let write = !self.session.write_replies.is_empty();
+        if write {
+            self.session.write_replies.clear();
+            self.local_writes = true;
         }
-        self.session.write_replies.clear();
-        self.local_writes = true;
-        Part::Write(out)
+        Part::Local {
+            range: start..round.local.len(),
+            write,
+        }
     }
 
     /// Where `args` go: here, or to the server that masters `slot`.
@@ -160,25 +203,25 @@ impl Router<'_> {
                 "CLUSTERDOWN Hash slot not served",
             ))
         } else if owner == me {
-            self.local(args)
+            self.local(round, args)
         } else {
-            round.forward(owner, args.iter().map(|a| a.to_vec()).collect())
+            round.forward(owner, args)
         }
     }
 
     /// Routes one request into a reply part.
     fn route(&mut self, round: &mut Round, args: &[&[u8]]) -> Part {
         let Some(member) = self.node.cluster().cloned() else {
-            return self.local(args);
+            return self.local(round, args);
         };
         let spec = lookup(args[0]);
         let in_multi = self.session.multi.is_some();
         let Some(spec) = spec else {
-            return self.local(args);
+            return self.local(round, args);
         };
         // Errors, authentication, transactions being queued, connection commands: here.
         if !self.session.authenticated || !crate::commands::arity_ok(spec.arity, args.len()) {
-            return self.local(args);
+            return self.local(round, args);
         }
         if spec.name == "exec" && in_multi && !self.session.multi_failed {
             let queued = self.session.multi.take().unwrap_or_default();
@@ -192,7 +235,7 @@ impl Router<'_> {
             return Part::Array(parts);
         }
         if in_multi {
-            return self.local(args);
+            return self.local(round, args);
         }
         let view = member.view();
         let servers = view.masters();
@@ -227,12 +270,12 @@ impl Router<'_> {
                     .ok()
                     .and_then(|c| c.parse::<u64>().ok())
                 else {
-                    return self.local(args);
+                    return self.local(round, args);
                 };
                 let index = cursor & 0xff;
                 let Some(&server) = servers.get(index as usize) else {
                     if servers.is_empty() {
-                        return self.local(args);
+                        return self.local(round, args);
                     }
                     return Part::Ready(error_reply(self.session.protocol, "ERR invalid cursor"));
                 };
@@ -249,17 +292,17 @@ impl Router<'_> {
             _ => {}
         }
         if spec.first_key <= 0 {
-            return self.local(args);
+            return self.local(round, args);
         }
         let step = spec.step.max(1) as usize;
         let first_arg = spec.first_key as usize;
         // A key without its values (MSET a 1 b): the command's own check answers it.
         if spec.last_key < 0 && !(args.len() - first_arg).is_multiple_of(step) {
-            return self.local(args);
+            return self.local(round, args);
         }
         let keys: Vec<&[u8]> = command_keys(spec, args).collect();
         let Some(first) = keys.first() else {
-            return self.local(args);
+            return self.local(round, args);
         };
         let owner = view.owner(key_slot(first));
         if keys.iter().all(|k| view.owner(key_slot(k)) == owner) {
@@ -440,11 +483,16 @@ async fn write_out(
 async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     let protocol = router.session.protocol;
     let node = router.node;
+    let Round {
+        parts,
+        local,
+        outgoing,
+    } = round;
     let mut replies: HashMap<ServerId, Result<Vec<Bytes>, String>> = HashMap::new();
-    if !round.outgoing.is_empty() {
+    if !outgoing.is_empty() {
         let member = node.cluster().cloned();
         let mut calls = tokio::task::JoinSet::new();
-        for (peer, commands) in round.outgoing {
+        for (peer, commands) in outgoing {
             let node = node.clone();
             let member = member.clone();
             calls.spawn(async move {
@@ -457,20 +505,17 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
                         .map(|s| s.addresses.native)
                         .ok_or_else(|| format!("server {peer} is not in the map"))?;
                     let client = member.peers().client(&node, peer, addr).await?;
-                    let borrowed: Vec<Vec<&[u8]>> = commands
-                        .iter()
-                        .map(|c| c.iter().map(|a| a.as_slice()).collect())
-                        .collect();
+                    let borrowed = commands.commands();
+                    let count = borrowed.len();
                     let request = Request::RespBatch {
                         protocol,
                         commands: borrowed,
                     };
                     match client.request(&request).await {
-                        Ok(Response::RespBatch(r)) if r.len() == commands.len() => Ok(r),
+                        Ok(Response::RespBatch(r)) if r.len() == count => Ok(r),
                         Ok(Response::RespBatch(r)) => Err(format!(
-                            "server {peer} answered {} of {} commands",
+                            "server {peer} answered {} of {count} commands",
                             r.len(),
-                            commands.len()
                         )),
                         Ok(other) => Err(format!("server {peer} answered {other:?}")),
                         Err(e) => Err(format!("server {peer} at {addr}: {e}")),
@@ -497,16 +542,18 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     }
     let ctx = Assemble {
         protocol,
+        local: &local,
         replies: &replies,
         ack_error: ack_error.as_deref(),
     };
-    for part in &round.parts {
+    for part in &parts {
         ctx.write(part, out);
     }
 }
 
 struct Assemble<'a> {
     protocol: u8,
+    local: &'a [u8],
     replies: &'a HashMap<ServerId, Result<Vec<Bytes>, String>>,
     ack_error: Option<&'a str>,
 }
@@ -521,11 +568,11 @@ impl Assemble<'_> {
     fn write(&self, part: &Part, out: &mut Vec<u8>) {
         match part {
             Part::Ready(bytes) => out.extend_from_slice(bytes),
-            Part::Write(bytes) => match self.ack_error {
-                Some(e) => {
+            Part::Local { range, write } => match (self.ack_error, write) {
+                (Some(e), true) => {
                     ReplyEncoder::new(out, self.protocol).error(&crate::commands::misconf(e))
                 }
-                None => out.extend_from_slice(bytes),
+                _ => out.extend_from_slice(&self.local[range.clone()]),
             },
             Part::Remote { peer, index } => match self.replies.get(peer) {
                 Some(Ok(r)) => out.extend_from_slice(&r[*index]),

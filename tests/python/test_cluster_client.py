@@ -76,3 +76,33 @@ def test_cli_verbs_route_through_any_server(native_cluster):
     gone = ramlog("get", keys[5], port=natives[0], check=False)
     assert gone.returncode == 1
     assert [dbsize(s.resp) for s in native_cluster.servers] == [0, 0, 0]
+
+
+def test_table_created_with_a_schema_reaches_every_server(native_cluster):
+    c = native_cluster
+    out = subprocess.run(
+        [ramlog_bin(), "table", "create", "people", "--mode", "durable", "--schema", "age:i64,name:string",
+         "--coordinator", c.coordinator_addr],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT,
+    )
+    assert out.returncode == 0, out.stderr
+    table_id = int(out.stdout.split("id=")[1].split()[0])
+    # Each server applies the map (with the schema) within a heartbeat or two.
+    from conftest import wait_until
+
+    def schema_everywhere():
+        for s in c.servers:
+            got = subprocess.run(
+                [ramlog_bin(), "schema", "get", str(table_id), "-p", str(s.native)],
+                capture_output=True, text=True, timeout=CLI_TIMEOUT,
+            )
+            if got.stdout.strip() != "age:i64,name:string":
+                return False
+        return True
+
+    assert wait_until(schema_everywhere, timeout=10), "the schema did not reach every server"
+    bad = subprocess.run(
+        [ramlog_bin(), "table", "create", "broken", "--schema", "age:decimal", "--coordinator", c.coordinator_addr],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT,
+    )
+    assert bad.returncode != 0 and "unknown type" in bad.stderr, bad.stderr

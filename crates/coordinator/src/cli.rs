@@ -163,6 +163,10 @@ pub enum TableCommand {
         /// Backups per tablet (default: 2 with 3 servers, 3 from 4).
         #[arg(long)]
         replicas: Option<u32>,
+        /// Typed fields for filtered scans: `NAME:TYPE,...` with types i32, i64, f64, bool,
+        /// string, bytes.
+        #[arg(long)]
+        schema: Option<String>,
     },
     /// List the tables, one per line.
     List,
@@ -206,12 +210,18 @@ fn table(args: &TableArgs) -> anyhow::Result<()> {
                 name,
                 mode,
                 replicas,
+                schema,
             } => {
+                let schema = schema
+                    .as_deref()
+                    .map(ramlog_client::cli::parse_schema)
+                    .transpose()?
+                    .map(|s| s.to_bytes());
                 let request = Request::CreateTable {
                     name: name.clone(),
                     mode: *mode,
                     replicas: *replicas,
-                    schema: None,
+                    schema,
                 };
                 let info = match client.call(&request).await? {
                     Response::TableCreated(info) => info,

@@ -45,22 +45,10 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64
     let depth_max = config.pipeline_depth_max;
     let mut buffers = BufferGauge::new(&shared.metrics);
     loop {
-        if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
-            inbuf.reserve(READ_CHUNK_BYTES.max(inbuf.len()));
+        if let Err(ending) = read_more(&mut stream, &mut inbuf, idle, &shared.metrics).await {
+            return ending;
         }
         buffers.update(inbuf.capacity() + out.capacity());
-        let read = match idle {
-            Some(limit) => match tokio::time::timeout(limit, stream.read_buf(&mut inbuf)).await {
-                Ok(r) => r,
-                Err(_) => return Ending::IdleTimeout,
-            },
-            None => stream.read_buf(&mut inbuf).await,
-        };
-        match read {
-            Ok(0) => return Ending::ClientClosed,
-            Ok(n) => Metrics::add(&shared.metrics.bytes_in, n as u64),
-            Err(_) => return Ending::IoError,
-        }
         let mut pos = 0;
         let mut batch = 0;
         let mut fatal = None;
@@ -115,6 +103,34 @@ pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64
             out = Vec::with_capacity(READ_CHUNK_BYTES);
         }
         buffers.update(inbuf.capacity() + out.capacity());
+    }
+}
+
+/// Reads more request bytes into `inbuf` (growing it when nearly full) within the idle timeout;
+/// the end of the connection, an idle timeout or an error is the `Ending`.
+pub(crate) async fn read_more(
+    stream: &mut TcpStream,
+    inbuf: &mut Vec<u8>,
+    idle: Option<Duration>,
+    metrics: &Metrics,
+) -> Result<(), Ending> {
+    if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
+        inbuf.reserve(READ_CHUNK_BYTES.max(inbuf.len()));
+    }
+    let read = match idle {
+        Some(limit) => match tokio::time::timeout(limit, stream.read_buf(inbuf)).await {
+            Ok(r) => r,
+            Err(_) => return Err(Ending::IdleTimeout),
+        },
+        None => stream.read_buf(inbuf).await,
+    };
+    match read {
+        Ok(0) => Err(Ending::ClientClosed),
+        Ok(n) => {
+            Metrics::add(&metrics.bytes_in, n as u64);
+            Ok(())
+        }
+        Err(_) => Err(Ending::IoError),
     }
 }
 

@@ -19,7 +19,7 @@
 use crate::commands::{command_keys, execute, lookup, Session};
 use crate::metrics::{BufferGauge, Metrics};
 use crate::node::Node;
-use crate::resp_conn::{request_limits, Ending};
+use crate::resp_conn::{read_more, request_limits, Ending};
 use bytes::Bytes;
 use ramlog_client::{Client, ClientConfig, Request, Response};
 use ramlog_cluster::ServerId;
@@ -28,7 +28,7 @@ use ramlog_proto::resp::{ReplyDecoder, ReplyEncoder, RequestDecoder};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -387,22 +387,10 @@ pub async fn serve_routing(mut stream: TcpStream, node: Arc<Node>, client_id: u6
     let depth_max = config.pipeline_depth_max;
     let mut buffers = BufferGauge::new(&node.metrics);
     loop {
-        if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
-            inbuf.reserve(READ_CHUNK_BYTES.max(inbuf.len()));
+        if let Err(ending) = read_more(&mut stream, &mut inbuf, idle, &node.metrics).await {
+            return ending;
         }
         buffers.update(inbuf.capacity() + out.capacity());
-        let read = match idle {
-            Some(limit) => match tokio::time::timeout(limit, stream.read_buf(&mut inbuf)).await {
-                Ok(r) => r,
-                Err(_) => return Ending::IdleTimeout,
-            },
-            None => stream.read_buf(&mut inbuf).await,
-        };
-        match read {
-            Ok(0) => return Ending::ClientClosed,
-            Ok(n) => Metrics::add(&node.metrics.bytes_in, n as u64),
-            Err(_) => return Ending::IoError,
-        }
         let mut pos = 0;
         let mut fatal = None;
         loop {

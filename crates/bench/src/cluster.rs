@@ -12,7 +12,8 @@
 
 use crate::report::{Report, Row, Target};
 use crate::resp::{
-    command, free_port, median_by, redis_benchmark_with, wait_for_ping, which, BenchResult, Peer,
+    command, free_port, latency_rows, median_by, redis_benchmark_with, wait_for_ping, which,
+    BenchResult, Peer,
 };
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
@@ -213,30 +214,12 @@ fn run_all(
         }
         for (o, op) in ["set", "get"].iter().enumerate() {
             let (redis_runs, cluster_runs, routing_runs) = (&runs[0][o], &runs[1][o], &runs[2][o]);
-            let name = |what: &str| format!("{op}_p{pipeline}_{what}");
-            report.push(
-                Row::versus(
-                    name("rps"),
-                    median_by(cluster_runs, |x| x.rps),
-                    "req/s",
-                    median_by(redis_runs, |x| x.rps),
-                )
-                .with_target(Target::at_least(1.0)),
-            );
-            report.push(Row::versus(
-                name("p50"),
-                median_by(cluster_runs, |x| x.p50_ms),
-                "ms",
-                median_by(redis_runs, |x| x.p50_ms),
-            ));
-            report.push(
-                Row::versus(
-                    name("p99"),
-                    median_by(cluster_runs, |x| x.p99_ms),
-                    "ms",
-                    median_by(redis_runs, |x| x.p99_ms),
-                )
-                .with_target(Target::at_most(1.2)),
+            latency_rows(
+                report,
+                &format!("{op}_p{pipeline}"),
+                cluster_runs,
+                redis_runs,
+                1.2,
             );
             report.push(
                 Row::versus(

@@ -661,6 +661,41 @@ pub(crate) fn median_by(results: &[BenchResult], f: impl Fn(&BenchResult) -> f64
     crate::util::median(&values)
 }
 
+/// The rows `<name>_rps` (target ≥ 1.0×), `_p50` and `_p99` (target ≤ `p99_max`×) of `ours`
+/// against `theirs`, as medians of the runs.
+pub(crate) fn latency_rows(
+    report: &mut Report,
+    name: &str,
+    ours: &[BenchResult],
+    theirs: &[BenchResult],
+    p99_max: f64,
+) {
+    report.push(
+        Row::versus(
+            format!("{name}_rps"),
+            median_by(ours, |x| x.rps),
+            "req/s",
+            median_by(theirs, |x| x.rps),
+        )
+        .with_target(Target::at_least(1.0)),
+    );
+    report.push(Row::versus(
+        format!("{name}_p50"),
+        median_by(ours, |x| x.p50_ms),
+        "ms",
+        median_by(theirs, |x| x.p50_ms),
+    ));
+    report.push(
+        Row::versus(
+            format!("{name}_p99"),
+            median_by(ours, |x| x.p99_ms),
+            "ms",
+            median_by(theirs, |x| x.p99_ms),
+        )
+        .with_target(Target::at_most(p99_max)),
+    );
+}
+
 fn throughput_rows(
     sizes: &Sizes,
     redis: &Peer,
@@ -679,32 +714,8 @@ fn throughput_rows(
             }
         }
         for (o, op) in ["set", "get"].iter().enumerate() {
-            let (r, m) = (&runs[0][o], &runs[1][o]);
-            let name = |what: &str| format!("{prefix}{op}_p{pipeline}_{what}");
-            report.push(
-                Row::versus(
-                    name("rps"),
-                    median_by(m, |x| x.rps),
-                    "req/s",
-                    median_by(r, |x| x.rps),
-                )
-                .with_target(Target::at_least(1.0)),
-            );
-            report.push(Row::versus(
-                name("p50"),
-                median_by(m, |x| x.p50_ms),
-                "ms",
-                median_by(r, |x| x.p50_ms),
-            ));
-            report.push(
-                Row::versus(
-                    name("p99"),
-                    median_by(m, |x| x.p99_ms),
-                    "ms",
-                    median_by(r, |x| x.p99_ms),
-                )
-                .with_target(Target::at_most(1.0)),
-            );
+            let name = format!("{prefix}{op}_p{pipeline}");
+            latency_rows(report, &name, &runs[1][o], &runs[0][o], 1.0);
         }
     }
     Ok(())

@@ -154,6 +154,10 @@ pub struct Config {
     /// keeps in memory no longer grows with the keys it has logged. (Secondary-log buffers keep
     /// their entries: they are bounded store-wide by `secondary_buffers_max_bytes`.)
     pub idle_after: Duration,
+    /// Test knob: while this file exists, the store does not sync (nothing becomes
+    /// [`crate::Stage::Durable`]; writes still reach the files). Lets a test hold a backup's disk
+    /// sync back. None in every real configuration.
+    pub sync_hold_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -195,6 +199,7 @@ impl Default for Config {
             secondary_buffers_max_bytes: 64 << 20,
             reorg_segment_buffers: 4,
             idle_after: Duration::from_secs(1),
+            sync_hold_file: None,
         }
     }
 }

@@ -37,6 +37,13 @@ pub enum Request {
         map_version: u64,
     },
     GetMap,
+    /// A server reports a peer that does not answer as it should (a backup that leaves writes
+    /// unacknowledged). The coordinator records it; the failure handling decides.
+    Suspect {
+        reporter: ServerId,
+        suspect: ServerId,
+        reason: String,
+    },
     CreateTable {
         name: String,
         mode: ReplicationMode,
@@ -74,6 +81,8 @@ pub enum Response {
         map: Option<ClusterMap>,
     },
     Map(ClusterMap),
+    /// A report was recorded.
+    Noted,
     TableCreated(TableInfo),
     TableDropped(TableId),
     Status(CoordinatorStatus),

@@ -63,6 +63,8 @@ struct Shared {
     raft: Raft<TypeConfig>,
     machine: Arc<RwLock<Machine>>,
     heartbeats: Mutex<HashMap<ServerId, Instant>>,
+    /// The last suspicion reported against each server: (reporter, reason, when).
+    suspicions: Mutex<HashMap<ServerId, (ServerId, String, Instant)>>,
     initial_servers: u32,
 }
 
@@ -109,6 +111,7 @@ impl Coordinator {
             raft: raft.clone(),
             machine,
             heartbeats: Mutex::new(HashMap::new()),
+            suspicions: Mutex::new(HashMap::new()),
             initial_servers: config.initial_servers,
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -328,6 +331,19 @@ impl Shared {
 
     async fn leader_request(&self, request: Request) -> Response {
         match request {
+            Request::Suspect {
+                reporter,
+                suspect,
+                reason,
+            } => {
+                // Recorded and logged; declaring a server dead is the failure handling's.
+                tracing::warn!(reporter, suspect, %reason, "a server reports a suspect peer");
+                self.suspicions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(suspect, (reporter, reason, Instant::now()));
+                Response::Noted
+            }
             Request::GetMap => match self.raft.ensure_linearizable().await {
                 Ok(_) => Response::Map(self.map()),
                 Err(RaftError::APIError(e)) => match e {

@@ -6,4 +6,5 @@
 //! so each format can be fuzzed alone (see `fuzz/`).
 
 pub mod native;
+pub mod repl;
 pub mod resp;

@@ -80,10 +80,16 @@ pub mod opcode {
     /// keys, executed in order; the reply carries each command's RESP reply.
     pub const RESP_BATCH: u8 = 0x30;
 
-    /// True for opcodes the protocol reserves for later versions (0x31..=0x3F for server-to-server
+    /// Server to server: replication (see [`crate::repl`]). Only `REPL_HELLO` is a request a
+    /// native connection answers; it turns the connection into a replication stream.
+    pub const REPL_HELLO: u8 = crate::repl::REPL_HELLO;
+    pub const REPL_BATCH: u8 = crate::repl::REPL_BATCH;
+    pub const REPL_ACK: u8 = crate::repl::REPL_ACK;
+
+    /// True for opcodes the protocol reserves for later versions (0x34..=0x3F for server-to-server
     /// traffic).
     pub fn is_reserved(op: u8) -> bool {
-        matches!(op, 0x31..=0x3F)
+        matches!(op, 0x34..=0x3F)
     }
 
     /// A readable name, for messages and logs.
@@ -110,6 +116,9 @@ pub mod opcode {
             GET_SCHEMA => "GET_SCHEMA",
             CLUSTER_MAP => "CLUSTER_MAP",
             RESP_BATCH => "RESP_BATCH",
+            REPL_HELLO => "REPL_HELLO",
+            REPL_BATCH => "REPL_BATCH",
+            REPL_ACK => "REPL_ACK",
             _ => "UNKNOWN",
         }
     }
@@ -175,6 +184,10 @@ pub enum Status {
     /// refused until it can again, reads go on. Also answers a write that was applied in memory
     /// but whose promised durability could not be reached; such a write is not acknowledged.
     WritesRefused,
+    /// Replication: the sender's epoch for this tablet is older than one the backup has seen
+    /// (its master was replaced), or the sender is not who the backup serves. Nothing of the
+    /// frame is appended.
+    Fenced,
     /// Anything else that went wrong inside the server.
     Internal,
     /// A status this version does not know (a newer server).
@@ -206,6 +219,7 @@ impl Status {
             Status::NoAuth => 0x15,
             Status::AuthFailed => 0x16,
             Status::WritesRefused => 0x17,
+            Status::Fenced => 0x18,
             Status::Internal => 0x1F,
             Status::Unknown(code) => code,
         }
@@ -236,6 +250,7 @@ impl Status {
             0x15 => Status::NoAuth,
             0x16 => Status::AuthFailed,
             0x17 => Status::WritesRefused,
+            0x18 => Status::Fenced,
             0x1F => Status::Internal,
             other => Status::Unknown(other),
         }

@@ -17,7 +17,7 @@ use ramlog_cluster::state::PreviousIdentity;
 use ramlog_cluster::{ClusterMap, CommandError, ServerAddresses, ServerId, DEFAULT_TABLE};
 use ramlog_common::{key_slot, TableId, SLOT_COUNT};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -184,8 +184,8 @@ fn save_identity(data_dir: &Path, identity: Identity) -> Result<(), String> {
 pub struct Member {
     view: ArcSwap<ClusterView>,
     client: CoordinatorClient,
-    /// Tablets created in the engine: (table, first slot).
-    created: parking_lot::Mutex<HashSet<(TableId, u16)>>,
+    /// Tablets created in the engine: (table, first slot) to the engine's tablet.
+    created: parking_lot::Mutex<HashMap<(TableId, u16), ramlog_logmem::TabletId>>,
     /// Connections to the other servers (the routing port forwards over them).
     peers: crate::routing::Peers,
 }
@@ -276,7 +276,7 @@ impl Member {
         let member = Arc::new(Member {
             view: ArcSwap::from_pointee(ClusterView::new(ClusterMap::default(), id, epoch)),
             client,
-            created: parking_lot::Mutex::new(HashSet::new()),
+            created: parking_lot::Mutex::new(HashMap::new()),
             peers: crate::routing::Peers::default(),
         });
         member.apply(node, map);
@@ -307,7 +307,7 @@ impl Member {
         {
             let mut created = self.created.lock();
             for t in map.tablets.iter().filter(|t| t.master == me) {
-                if created.contains(&(t.table, t.first_slot)) {
+                if created.contains_key(&(t.table, t.first_slot)) {
                     continue;
                 }
                 let made = if t.table == DEFAULT_TABLE {
@@ -317,8 +317,8 @@ impl Member {
                         .create_tablet(t.table, t.first_slot, t.last_slot)
                 };
                 match made {
-                    Ok(_) => {
-                        created.insert((t.table, t.first_slot));
+                    Ok(tablet) => {
+                        created.insert((t.table, t.first_slot), tablet);
                     }
                     Err(e) => tracing::error!(
                         table = t.table,
@@ -341,6 +341,11 @@ impl Member {
             if schema.is_some() {
                 node.engine().set_schema(table.id, schema);
             }
+        }
+        // Writes to a tablet go to its backups from before the front ends route to it.
+        if let Some(duty) = node.cluster_duty() {
+            duty.replication
+                .apply(&map, me, epoch, &self.created.lock());
         }
         tracing::info!(version = map.version, "serving map");
         self.view.store(Arc::new(ClusterView::new(map, me, epoch)));
@@ -395,6 +400,23 @@ impl Member {
                             tracing::warn!(error = %e, "heartbeat failed; serving the map held");
                             failing_since = Some(std::time::Instant::now());
                         }
+                    }
+                }
+                // Backups that do not acknowledge: the coordinator decides what to do.
+                let suspects = node
+                    .cluster_duty()
+                    .map(|d| d.replication.suspects())
+                    .unwrap_or_default();
+                for (suspect, reason) in suspects {
+                    tracing::warn!(backup = suspect, %reason, "reporting a backup to the coordinator");
+                    let me = member.view().me;
+                    let report = Request::Suspect {
+                        reporter: me,
+                        suspect,
+                        reason,
+                    };
+                    if let Err(e) = member.client.call(&report).await {
+                        tracing::warn!(error = %e, "could not report a suspect backup");
                     }
                 }
             }

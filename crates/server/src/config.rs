@@ -169,6 +169,13 @@ pub struct ServerConfig {
     pub routing_port: u16,
     /// How often a cluster server heartbeats the coordinator.
     pub heartbeat_interval_ms: u64,
+    /// Replication: bytes of a backup's stream that may be not yet durable on it before the
+    /// replies to further writes to it wait (in every mode); bounds what each stream holds.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub replication_in_flight_bytes: u64,
+    /// Replication: a backup that leaves a write unacknowledged this long is reported to the
+    /// coordinator as suspect.
+    pub backup_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -203,6 +210,8 @@ impl Default for ServerConfig {
             coordinator: None,
             routing_port: 0,
             heartbeat_interval_ms: 100,
+            replication_in_flight_bytes: 16 << 20,
+            backup_timeout_ms: 1000,
         }
     }
 }
@@ -325,6 +334,9 @@ impl ServerConfig {
                 "request_size_max_bytes",
                 "must be at least request_arg_size_max_bytes",
             );
+        }
+        if self.replication_in_flight_bytes < 1 << 20 {
+            return invalid("replication_in_flight_bytes", "must be at least 1MiB");
         }
         if self.request_args_max < 3 {
             return invalid("request_args_max", "must be at least 3");

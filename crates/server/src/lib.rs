@@ -5,11 +5,13 @@
 //! which only decode and encode: the RESP command set with Redis 7 semantics ([`commands`]) and
 //! its connections ([`resp_conn`]), the native protocol ([`native`]); configuration
 //! ([`config`]), the keyspace of table 0 split into tablets ([`keyspace`]), persistence
-//! ([`persistence`]), metrics ([`metrics`]), the admin HTTP endpoint ([`admin`]), and the
+//! ([`persistence`]), replication to backups and the backup duty of a cluster server
+//! ([`replication`], [`backup_service`]), metrics ([`metrics`]), the admin HTTP endpoint ([`admin`]), and the
 //! `ramlog server` / `ramlog up` entry points ([`cli`]). Hides: sockets, tasks and buffers; the
 //! engine is called from connection tasks through the node, with no lock of the server's own.
 
 pub mod admin;
+pub mod backup_service;
 pub mod cli;
 pub mod cluster;
 pub mod commands;
@@ -19,6 +21,7 @@ pub mod metrics;
 pub mod native;
 pub mod node;
 pub mod persistence;
+pub mod replication;
 pub mod resp_conn;
 pub mod routing;
 pub mod server;

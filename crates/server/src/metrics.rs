@@ -88,7 +88,7 @@ impl Histogram {
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
-    fn read(&self) -> HistogramSnapshot {
+    pub fn read(&self) -> HistogramSnapshot {
         HistogramSnapshot {
             buckets: self
                 .buckets

@@ -152,6 +152,8 @@ struct Session<'a> {
     /// request id, opcode): in `durable` mode they go out only after [`Node::acknowledge`], and are
     /// replaced by WRITES_REFUSED errors if it fails.
     write_replies: Vec<(usize, usize, u64, u8)>,
+    /// What this connection's writes wait for from the backups (cluster servers).
+    repl_needs: crate::replication::Needs,
     /// Scratch space reused across SCAN_KEYS requests.
     scan_keys: Vec<Vec<u8>>,
     /// Open snapshots and paged scans.
@@ -295,9 +297,9 @@ async fn send_replies(
     output: &mut BytesMut,
     timeout: Duration,
 ) -> Result<(), Closed> {
-    if !session.write_replies.is_empty() {
-        if session.node.acknowledgement_waits() {
-            if let Err(e) = session.node.acknowledge().await {
+    if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
+        if session.node.acknowledgement_waits(&session.repl_needs) {
+            if let Err(e) = session.node.acknowledge(&mut session.repl_needs).await {
                 withdraw_write_replies(output, &session.write_replies, &e);
                 crate::metrics::Metrics::add(
                     &session.node.metrics.writes_refused,
@@ -332,6 +334,66 @@ fn withdraw_write_replies(
     }
     rebuilt.extend_from_slice(&output[at..]);
     *output = rebuilt;
+}
+
+/// Turns a native connection into a replication stream from a master (see
+/// [`crate::backup_service`]) once its `REPL_HELLO` is accepted; answers an error and closes
+/// otherwise.
+async fn serve_replication(
+    mut stream: TcpStream,
+    node: Arc<Node>,
+    authenticated: bool,
+    request_id: u64,
+    body: &[u8],
+    leftover: Vec<u8>,
+    config: &NativeConfig,
+) -> Result<(), Closed> {
+    let checked = (|| {
+        if !authenticated {
+            return Err((Status::NoAuth, "AUTH first".to_string()));
+        }
+        let hello = ramlog_proto::repl::Hello::decode(body).map_err(|e| (e.status, e.message))?;
+        let duty = node.cluster_duty().ok_or((
+            Status::Unsupported,
+            "this server is not in a cluster; it takes no replication".to_string(),
+        ))?;
+        duty.backup.check_hello(&node, &hello)?;
+        Ok((hello, duty.backup.clone()))
+    })();
+    let mut out = BytesMut::new();
+    let (hello, backup) = match checked {
+        Ok(v) => v,
+        Err((status, message)) => {
+            encode_error(
+                &mut out,
+                request_id,
+                opcode::REPL_HELLO,
+                status,
+                0,
+                &message,
+            );
+            let _ = write_with_timeout(&mut stream, &out, config.write_timeout).await;
+            return Err(Closed::Reason("replication hello refused"));
+        }
+    };
+    let mut ok = Vec::new();
+    ramlog_proto::repl::encode_frame(
+        &mut ok,
+        request_id,
+        opcode::REPL_HELLO,
+        Status::Ok.to_u8(),
+        &[],
+    );
+    write_with_timeout(&mut stream, &ok, config.write_timeout).await?;
+    let socket = stream.into_std()?;
+    socket.set_nonblocking(false)?;
+    tracing::info!(
+        master = hello.master,
+        epoch = hello.master_epoch,
+        "replication stream opened"
+    );
+    let _ = tokio::task::spawn_blocking(move || backup.serve(node, socket, leftover, hello)).await;
+    Ok(())
 }
 
 /// Whether a request of this opcode changes data (and so waits for the acknowledgement point).
@@ -372,6 +434,7 @@ async fn serve(
         config,
         authenticated: !node.password_required(),
         write_replies: Vec::new(),
+        repl_needs: Default::default(),
         scan_keys: Vec::new(),
         scans: scan::ScanSession::new(node.engine().clone(), config.scan),
         new_jobs: Vec::new(),
@@ -449,6 +512,25 @@ async fn serve(
                         input.reserve(frame_bytes - input.len());
                         break;
                     }
+                    if header.opcode == opcode::REPL_HELLO {
+                        // A master opening a replication stream: the connection becomes one.
+                        let body = input[HEADER_LEN..frame_bytes].to_vec();
+                        input.advance(frame_bytes);
+                        send_replies(&mut stream, &mut session, &mut output, config.write_timeout)
+                            .await?;
+                        let authenticated = session.authenticated;
+                        drop(session);
+                        return serve_replication(
+                            stream,
+                            node_arc.clone(),
+                            authenticated,
+                            header.request_id,
+                            &body,
+                            input.to_vec(),
+                            config,
+                        )
+                        .await;
+                    }
                     answered += 1;
                     if answered > config.max_in_flight.max(1) {
                         let message = format!(
@@ -476,6 +558,7 @@ async fn serve(
                             body,
                             &mut output,
                         );
+                        crate::replication::take_needs(&mut session.repl_needs);
                         // A request that became a job is reported when the job is done.
                         let queued = session.new_jobs.len() > jobs_before;
                         if !queued {
@@ -623,6 +706,7 @@ impl Session<'_> {
                 out.len()
             })
             .collect();
+        self.repl_needs.absorb(&mut session.repl_needs);
         let all = bytes::Bytes::from(out);
         let mut start = 0;
         ends.into_iter()

@@ -74,6 +74,8 @@ pub struct Node {
     addresses: Addresses,
     node_id: String,
     persistence: Option<Arc<Persistence>>,
+    /// Replication and backup duty (cluster servers only).
+    cluster_duty: Option<ClusterDuty>,
     next_client_id: AtomicU64,
     shutdown_requested: tokio::sync::Notify,
     /// Anonymous resident memory before the engine and the store existed (the runtime, the
@@ -82,6 +84,13 @@ pub struct Node {
     /// Set once a cluster server joined (see [`crate::cluster`]); unset for a standalone server.
     cluster: std::sync::OnceLock<Arc<crate::cluster::Member>>,
     stopping: std::sync::atomic::AtomicBool,
+}
+
+/// What a cluster server does for durability instead of logging to its own disk: it streams its
+/// tablets' writes to their backups, and keeps other masters' tablets in its backup store.
+pub struct ClusterDuty {
+    pub replication: Arc<crate::replication::Replication>,
+    pub backup: Arc<crate::backup_service::BackupService>,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -107,10 +116,23 @@ impl Node {
             PersistenceMode::Off => None,
             _ => Some(Persistence::open(&config)?),
         };
+        // A cluster server streams its tablets' writes to their backups, and is a backup itself.
+        let cluster_duty = if clustered {
+            Some(ClusterDuty {
+                replication: crate::replication::Replication::new(&config),
+                backup: crate::backup_service::BackupService::open(&config)?,
+            })
+        } else {
+            None
+        };
+        let write_observer: Option<Arc<dyn ramlog_logmem::WriteObserver>> =
+            match (&persistence, &cluster_duty) {
+                (Some(p), _) => Some(p.clone()),
+                (None, Some(d)) => Some(d.replication.clone()),
+                (None, None) => None,
+            };
         let engine = Engine::new(EngineConfig {
-            write_observer: persistence
-                .clone()
-                .map(|p| p as Arc<dyn ramlog_logmem::WriteObserver>),
+            write_observer,
             memory_bytes: config.memory_bytes,
             key_size_max_bytes: config.key_size_max_bytes as usize,
             value_size_max_bytes: config.value_size_max_bytes as usize,
@@ -163,6 +185,7 @@ impl Node {
             config,
             keyspace,
             persistence,
+            cluster_duty,
             addresses,
             process_base_bytes,
         ))
@@ -182,6 +205,7 @@ impl Node {
             config,
             keyspace,
             None,
+            None,
             Addresses::none(),
             process_base_bytes,
         ))
@@ -191,6 +215,7 @@ impl Node {
         config: ServerConfig,
         keyspace: Keyspace,
         persistence: Option<Arc<Persistence>>,
+        cluster_duty: Option<ClusterDuty>,
         addresses: Addresses,
         process_base_bytes: u64,
     ) -> Arc<Node> {
@@ -215,6 +240,7 @@ impl Node {
             addresses,
             node_id,
             persistence,
+            cluster_duty,
             next_client_id: AtomicU64::new(1),
             shutdown_requested: tokio::sync::Notify::new(),
             process_base_bytes,
@@ -231,12 +257,27 @@ impl Node {
     /// Memory held for data outside the engine's log and index: the backup store's buffers and
     /// per-key state, and client connections' buffers. The engine counts it against the budget.
     fn external_memory_bytes(&self) -> u64 {
-        let backup = self
-            .persistence
+        let backup = self.backup_store_memory().map_or(0, |m| m.total());
+        let streams = self
+            .cluster_duty
             .as_ref()
-            .and_then(|p| p.memory())
-            .map_or(0, |m| m.total());
-        backup + self.metrics.connection_buffer_bytes.load(Ordering::Relaxed)
+            .map_or(0, |d| d.replication.memory_bytes());
+        backup + streams + self.metrics.connection_buffer_bytes.load(Ordering::Relaxed)
+    }
+
+    /// What the backup store holds in memory: this server's own log store (standalone
+    /// persistence) or the store of its backup duty (cluster).
+    fn backup_store_memory(&self) -> Option<ramlog_backup::MemoryUsage> {
+        match (&self.persistence, &self.cluster_duty) {
+            (Some(p), _) => p.memory(),
+            (None, Some(d)) => Some(d.backup.store().memory()),
+            (None, None) => None,
+        }
+    }
+
+    /// Replication and backup duty; None for a standalone server.
+    pub fn cluster_duty(&self) -> Option<&ClusterDuty> {
+        self.cluster_duty.as_ref()
     }
 
     /// Charges the memory held outside the engine to its budget (see [`start_memory_charger`]).
@@ -254,7 +295,10 @@ impl Node {
             ("log", stats.log_resident_bytes),
             ("index", stats.index_bytes),
         ];
-        if let Some(backup) = self.persistence.as_ref().and_then(|p| p.memory()) {
+        if let Some(d) = &self.cluster_duty {
+            parts.push(("replication_buffers", d.replication.memory_bytes()));
+        }
+        if let Some(backup) = self.backup_store_memory() {
             parts.extend([
                 ("backup_write_buffer", backup.write_buffer),
                 ("backup_flush_arenas", backup.flush_arenas),
@@ -318,6 +362,11 @@ impl Node {
         self.engine().shutdown();
         if let Some(p) = self.persistence.clone() {
             let _ = tokio::task::spawn_blocking(move || p.flush()).await;
+        }
+        if let Some(d) = &self.cluster_duty {
+            d.replication.stop();
+            let backup = d.backup.clone();
+            let _ = tokio::task::spawn_blocking(move || backup.flush()).await;
         }
     }
 
@@ -395,19 +444,24 @@ impl Node {
         }
     }
 
-    /// Whether replies to writes must wait in [`Node::acknowledge`] (`durable` persistence).
-    #[inline]
-    pub fn acknowledgement_waits(&self) -> bool {
-        self.persistence
-            .as_ref()
-            .is_some_and(|p| p.mode() == PersistenceMode::Durable)
-    }
-
-    /// Waits until every write applied so far has reached the point where this server's
-    /// durability promise lets it be acknowledged: at once for `async` and no persistence,
-    /// fdatasync for `durable`. An error means that point cannot be reached: the writes were
-    /// applied in memory, but their replies must not claim success.
-    pub async fn acknowledge(&self) -> Result<(), NodeError> {
+    /// Waits until every write applied so far (`needs`: those of the calling connection, for
+    /// replication) has reached the point where its table's promise lets it be acknowledged:
+    /// fdatasync for standalone `durable` persistence; for a cluster server, the table's
+    /// replication mode (see [`crate::replication`]). At once otherwise. An error means that
+    /// point cannot be reached: the writes were applied in memory, but their replies must not
+    /// claim success.
+    pub async fn acknowledge(
+        &self,
+        needs: &mut crate::replication::Needs,
+    ) -> Result<(), NodeError> {
+        if let Some(d) = &self.cluster_duty {
+            if !needs.is_empty() {
+                d.replication
+                    .wait(needs)
+                    .await
+                    .map_err(|reason| NodeError::WritesRefused { reason })?;
+            }
+        }
         let Some(p) = &self.persistence else {
             return Ok(());
         };
@@ -419,6 +473,16 @@ impl Node {
             .await
             .unwrap_or_else(|e| Err(format!("the durability wait failed: {e}")));
         waited.map_err(|reason| NodeError::WritesRefused { reason })
+    }
+
+    /// Whether [`Node::acknowledge`] has anything to wait for.
+    #[inline]
+    pub fn acknowledgement_waits(&self, needs: &crate::replication::Needs) -> bool {
+        !needs.is_empty()
+            || self
+                .persistence
+                .as_ref()
+                .is_some_and(|p| p.mode() == PersistenceMode::Durable)
     }
 
     // ---- data operations --------------------------------------------------------------------

@@ -154,9 +154,9 @@ async fn flush(
     out: &mut Vec<u8>,
     write_timeout: Duration,
 ) -> Result<(), Ending> {
-    if !session.write_replies.is_empty() {
-        if node.acknowledgement_waits() {
-            if let Err(e) = node.acknowledge().await {
+    if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
+        if node.acknowledgement_waits(&session.repl_needs) {
+            if let Err(e) = node.acknowledge(&mut session.repl_needs).await {
                 withdraw_write_replies(out, &session.write_replies, &e, session.protocol);
                 Metrics::add(
                     &node.metrics.writes_refused,

@@ -520,10 +520,10 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
         }
     }
     let mut ack_error = None;
-    if router.local_writes {
+    if router.local_writes || !router.session.repl_needs.is_empty() {
         router.local_writes = false;
-        if node.acknowledgement_waits() {
-            if let Err(e) = node.acknowledge().await {
+        if node.acknowledgement_waits(&router.session.repl_needs) {
+            if let Err(e) = node.acknowledge(&mut router.session.repl_needs).await {
                 ack_error = Some(e.to_string());
             }
         }

@@ -47,6 +47,8 @@ pub struct Session {
     /// as byte ranges: they wait for [`Node::acknowledge`] and are replaced by `-MISCONF` errors if
     /// it fails (inside an EXEC reply too: an array element may be an error).
     pub write_replies: Vec<(usize, usize)>,
+    /// What this connection's writes wait for from the backups (cluster servers).
+    pub repl_needs: crate::replication::Needs,
     /// Commands queued since MULTI (None outside a transaction).
     pub multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued after MULTI was refused: EXEC will discard the transaction.
@@ -74,6 +76,7 @@ impl Session {
             lib_ver: None,
             closing: false,
             write_replies: Vec::new(),
+            repl_needs: Default::default(),
             multi: None,
             multi_failed: false,
             routed: false,
@@ -592,6 +595,8 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     if wrote && !failed {
         session.write_replies.push((before, out.len()));
     }
+    // Even a failed command may have written (a partial MSET across tablets cannot; EXEC can).
+    crate::replication::take_needs(&mut session.repl_needs);
     node.record(op, started.elapsed(), !failed);
 }
 

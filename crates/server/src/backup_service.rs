@@ -1,0 +1,545 @@
+//! The backup's side of replication: masters' streams land in this server's backup log store
+//! (`ramlog-backup`, in `<data_dir>/backup`), and the backup acknowledges each frame by stage.
+//!
+//! A native connection whose first request is `REPL_HELLO` is handed here
+//! ([`BackupService::serve`]); two threads then own it. The reader decodes each `REPL_BATCH`
+//! (checksum, every length and limit), checks each unit, appends it whole with one
+//! [`Backup::append`] and, after the frame, acknowledges what is now in the write buffer. The
+//! syncer acknowledges what is on disk: a frame flagged durable makes it wait for the store's
+//! fdatasync at once (one sync for everything appended before it: group commit); otherwise it
+//! reports what the store's own periodic sync (every `flush_interval`) made durable.
+//!
+//! Checks, each refusing the frame before anything of it is appended, with an error reply and the
+//! connection closed (the master reconnects and resends; nothing acknowledged is touched):
+//! - the cluster id of the hello must be this server's;
+//! - **fencing**: a unit's tablet epoch must not be older than the newest this backup has seen
+//!   for that tablet (`Fenced`), so a master that was replaced cannot write into the logs the new
+//!   owner's recovery will read. The newest epochs are what the store's tablet ids record, so
+//!   they survive a restart;
+//! - the unit's tablet must be one of the map's (an unknown one is `NoSuchTable`);
+//! - entries within the key and value limits (the decoder), and a store that works: a full disk
+//!   refuses with `WritesRefused`.
+//!
+//! A unit's tablet in the store is `(table, first slot, epoch)` packed in the store's u64 tablet
+//! id ([`store_tablet`]); replay groups by it. Resent units (after a reconnection) that this
+//! process already appended are skipped by their stream offset.
+
+use crate::node::Node;
+use parking_lot::{Condvar, Mutex};
+use ramlog_backup::{Backup, Entry, Stage, Ticket};
+use ramlog_proto::native::{parse_header, FrameError, Status, HEADER_LEN};
+use ramlog_proto::repl::{self, Ack, Hello, Limits};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bits of the store's tablet id: table (24) | first slot (16) | epoch (24).
+const EPOCH_BITS: u32 = 24;
+const SLOT_BITS: u32 = 16;
+const TABLE_BITS: u32 = 24;
+
+/// The store's tablet id of (table, first slot, epoch), or None if a part is out of range.
+pub fn store_tablet(table: u32, first_slot: u16, epoch: u64) -> Option<u64> {
+    if u64::from(table) >= 1 << TABLE_BITS || epoch >= 1 << EPOCH_BITS {
+        return None;
+    }
+    Some(
+        (u64::from(table) << (SLOT_BITS + EPOCH_BITS))
+            | (u64::from(first_slot) << EPOCH_BITS)
+            | epoch,
+    )
+}
+
+/// (table, first slot, epoch) of a store tablet id.
+pub fn split_store_tablet(id: u64) -> (u32, u16, u64) {
+    (
+        (id >> (SLOT_BITS + EPOCH_BITS)) as u32,
+        (id >> EPOCH_BITS) as u16,
+        id & ((1 << EPOCH_BITS) - 1),
+    )
+}
+
+/// Counters of the backup side.
+#[derive(Debug, Default)]
+pub struct BackupCounters {
+    pub connections: AtomicU64,
+    pub frames: AtomicU64,
+    pub units: AtomicU64,
+    pub entries: AtomicU64,
+    pub bytes: AtomicU64,
+    pub units_skipped: AtomicU64,
+    pub refused_fenced: AtomicU64,
+    pub refused_bad: AtomicU64,
+    pub refused_store: AtomicU64,
+    pub syncs_requested: AtomicU64,
+}
+
+/// What a backup remembers of one master's stream (master, its epoch) in this process.
+#[derive(Clone, Copy, Default)]
+struct StreamMark {
+    /// Stream offset up to which units are appended.
+    appended: u64,
+    /// The store ticket of the last of them.
+    ticket: u64,
+}
+
+pub struct BackupService {
+    store: Backup,
+    dir: PathBuf,
+    limits: Limits,
+    /// Newest epoch seen per (table, first slot).
+    epochs: Mutex<HashMap<(u32, u16), u64>>,
+    marks: Mutex<HashMap<(u64, u64), StreamMark>>,
+    pub counters: BackupCounters,
+}
+
+impl BackupService {
+    /// Opens (or creates) the store in `<data_dir>/backup`.
+    pub fn open(config: &crate::ServerConfig) -> Result<Arc<BackupService>, crate::ServerError> {
+        let dir = config.data_dir.join("backup");
+        let store_config = ramlog_backup::Config {
+            flush_interval: Duration::from_millis(config.flush_interval_ms),
+            value_max_bytes: config.value_size_max_bytes as usize,
+            sync_hold_file: std::env::var_os("RAMLOG_TEST_HOLD_SYNC").map(PathBuf::from),
+            ..ramlog_backup::Config::for_memory_budget(config.memory_bytes)
+        };
+        let open = || -> Result<Backup, String> {
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            Backup::open(&dir, store_config.clone()).map_err(|e| e.to_string())
+        };
+        let store = open().map_err(|e| {
+            crate::ServerError::Io(std::io::Error::other(format!(
+                "backup store in {}: {e}",
+                dir.display()
+            )))
+        })?;
+        let mut epochs = HashMap::new();
+        for id in store.tablets() {
+            let (table, first, epoch) = split_store_tablet(id);
+            let e = epochs.entry((table, first)).or_insert(0);
+            *e = (*e).max(epoch);
+        }
+        Ok(Arc::new(BackupService {
+            limits: Limits {
+                key_max: (config.key_size_max_bytes as usize).min(64 * 1024),
+                value_max: store.config().value_max_bytes,
+            },
+            store,
+            dir,
+            epochs: Mutex::new(epochs),
+            marks: Mutex::new(HashMap::new()),
+            counters: BackupCounters::default(),
+        }))
+    }
+
+    pub fn store(&self) -> &Backup {
+        &self.store
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// The newest epoch seen for each tablet (table, first slot).
+    pub fn epochs(&self) -> Vec<((u32, u16), u64)> {
+        let mut v: Vec<_> = self.epochs.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort();
+        v
+    }
+
+    /// Writes out and syncs what the store holds (at shutdown).
+    pub fn flush(&self) {
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "the backup store could not be flushed at shutdown");
+        }
+    }
+
+    /// Checks a replication hello against this server; an error is the refusal to send.
+    pub fn check_hello(&self, node: &Node, hello: &Hello) -> Result<(), (Status, String)> {
+        let Some(member) = node.cluster() else {
+            return Err((
+                Status::Unsupported,
+                "this server is not in a cluster; it takes no replication".into(),
+            ));
+        };
+        let view = member.view();
+        if view.map.cluster_id != 0 && hello.cluster_id != view.map.cluster_id {
+            return Err((
+                Status::Fenced,
+                format!(
+                    "the master is in cluster {:016x}, this backup in {:016x}",
+                    hello.cluster_id, view.map.cluster_id
+                ),
+            ));
+        }
+        if hello.master == view.me {
+            return Err((Status::BadRequest, "a server cannot back up itself".into()));
+        }
+        Ok(())
+    }
+
+    /// Serves one replication connection on this thread and one more (see the module comment),
+    /// until the master leaves or a frame is refused. `input` holds bytes already read after the
+    /// hello.
+    pub fn serve(
+        self: &Arc<Self>,
+        node: Arc<Node>,
+        socket: TcpStream,
+        input: Vec<u8>,
+        hello: Hello,
+    ) {
+        self.counters.connections.fetch_add(1, Ordering::Relaxed);
+        let writer = match socket.try_clone() {
+            Ok(w) => Arc::new(Mutex::new(w)),
+            Err(e) => {
+                tracing::warn!(error = %e, "replication connection");
+                return;
+            }
+        };
+        let mark = self
+            .marks
+            .lock()
+            .get(&(hello.master, hello.master_epoch))
+            .copied()
+            .unwrap_or_default();
+        let acks = Arc::new(Acks {
+            pending: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            buffered: AtomicU64::new(mark.appended),
+            durable: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        });
+        if mark.ticket > 0 {
+            // Units a previous connection of this stream appended: their durability is reported
+            // on this one.
+            acks.pending
+                .lock()
+                .push_back((Ticket(mark.ticket), mark.appended, true));
+        }
+        let syncer = {
+            let me = self.clone();
+            let acks = acks.clone();
+            let writer = writer.clone();
+            std::thread::Builder::new()
+                .name("repl-sync".into())
+                .spawn(move || me.sync_loop(&acks, &writer))
+        };
+        let result = self.read_loop(&node, socket, input, &hello, &acks, &writer);
+        if let Err((status, message)) = result {
+            tracing::warn!(master = hello.master, ?status, %message, "replication frame refused; closing");
+            let mut out = bytes::BytesMut::new();
+            ramlog_proto::native::encode_error(&mut out, 0, repl::REPL_BATCH, status, 0, &message);
+            let mut w = writer.lock();
+            let _ = w.write_all(&out);
+            let _ = w.shutdown(Shutdown::Both);
+        }
+        acks.done.store(true, Ordering::Release);
+        acks.wake.notify_all();
+        if let Ok(h) = syncer {
+            let _ = h.join();
+        }
+    }
+
+    fn read_loop(
+        &self,
+        node: &Node,
+        mut socket: TcpStream,
+        mut input: Vec<u8>,
+        hello: &Hello,
+        acks: &Acks,
+        writer: &Mutex<TcpStream>,
+    ) -> Result<(), (Status, String)> {
+        let mut chunk = vec![0u8; 256 * 1024];
+        let max_frame = node.config.request_size_max_bytes as usize + (1 << 20);
+        loop {
+            let mut at = 0;
+            loop {
+                let header = match parse_header(&input[at..], max_frame) {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(FrameError::TooShort { .. }) => {
+                        self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+                        return Err((Status::BadRequest, "frame shorter than its header".into()));
+                    }
+                    Err(e @ FrameError::TooLarge { .. }) => {
+                        self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+                        return Err((Status::FrameTooLarge, e.to_string()));
+                    }
+                };
+                if input.len() - at < header.frame_bytes() {
+                    break;
+                }
+                if header.opcode != repl::REPL_BATCH {
+                    self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+                    return Err((
+                        Status::BadRequest,
+                        format!(
+                            "a replication connection carries REPL_BATCH frames only, not opcode {:#04x}",
+                            header.opcode
+                        ),
+                    ));
+                }
+                let body = &input[at + HEADER_LEN..at + header.frame_bytes()];
+                at += header.frame_bytes();
+                self.take_batch(node, body, hello, acks)?;
+                let ack = Ack {
+                    buffered: acks.buffered.load(Ordering::Acquire),
+                    durable: acks.durable.load(Ordering::Acquire),
+                };
+                send_ack(writer, ack).map_err(|e| (Status::Internal, e.to_string()))?;
+            }
+            input.drain(..at);
+            match socket.read(&mut chunk) {
+                Ok(0) => return Ok(()),
+                Ok(n) => input.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Ok(()),
+            }
+        }
+    }
+
+    /// Checks and appends one batch; see the module comment.
+    fn take_batch(
+        &self,
+        node: &Node,
+        body: &[u8],
+        hello: &Hello,
+        acks: &Acks,
+    ) -> Result<(), (Status, String)> {
+        let refuse_bad = |e: ramlog_proto::native::DecodeError| {
+            self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+            (e.status, e.message)
+        };
+        let batch = repl::decode_batch(body).map_err(refuse_bad)?;
+        let key = (hello.master, hello.master_epoch);
+        let mut mark = self.marks.lock().get(&key).copied().unwrap_or_default();
+        if batch.start > mark.appended && mark.appended != 0 {
+            self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::BadRequest,
+                format!(
+                    "the batch starts at stream offset {} but this backup holds the stream only up to {}",
+                    batch.start, mark.appended
+                ),
+            ));
+        }
+        // Decode and check every unit before appending any.
+        let units = batch
+            .units(self.limits)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(refuse_bad)?;
+        let view = node.cluster().map(|m| m.view());
+        {
+            let mut epochs = self.epochs.lock();
+            for u in &units {
+                let h = &u.head;
+                if let Some(view) = &view {
+                    let known = view.map.tablets.iter().any(|t| {
+                        t.table == u64::from(h.table)
+                            && t.first_slot == h.first_slot
+                            && t.last_slot == h.last_slot
+                    });
+                    if !known {
+                        self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+                        return Err((
+                            Status::NoSuchTable,
+                            format!(
+                                "unknown tablet: table {} slots {}..={} is not in this backup's map (version {}; the master's is {})",
+                                h.table, h.first_slot, h.last_slot, view.map.version, hello.map_version
+                            ),
+                        ));
+                    }
+                }
+                let newest = epochs.get(&(h.table, h.first_slot)).copied().unwrap_or(0);
+                if h.epoch < newest {
+                    self.counters.refused_fenced.fetch_add(1, Ordering::Relaxed);
+                    return Err((
+                        Status::Fenced,
+                        format!(
+                            "stale epoch: table {} slot {} is at epoch {newest} here; the frame carries epoch {}",
+                            h.table, h.first_slot, h.epoch
+                        ),
+                    ));
+                }
+                if store_tablet(h.table, h.first_slot, h.epoch).is_none() {
+                    self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
+                    return Err((
+                        Status::BadRequest,
+                        format!("table {} or epoch {} out of range", h.table, h.epoch),
+                    ));
+                }
+            }
+            for u in &units {
+                let e = epochs.entry((u.head.table, u.head.first_slot)).or_insert(0);
+                *e = (*e).max(u.head.epoch);
+            }
+        }
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        let mut last_ticket = None;
+        for u in &units {
+            if u.end <= mark.appended {
+                self.counters.units_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let id =
+                store_tablet(u.head.table, u.head.first_slot, u.head.epoch).expect("checked above");
+            entries.clear();
+            entries.extend(u.entries.iter().map(|e| Entry {
+                key: e.key,
+                value: e.value,
+                version: e.version,
+                expiry: e.expiry,
+            }));
+            match self.store.append(id, &entries) {
+                Ok(t) => last_ticket = Some(t),
+                Err(e) => {
+                    self.counters.refused_store.fetch_add(1, Ordering::Relaxed);
+                    self.remember(key, mark);
+                    return Err((
+                        Status::WritesRefused,
+                        format!("the backup store cannot take the write: {e}"),
+                    ));
+                }
+            }
+            mark.appended = u.end;
+            self.counters.units.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .entries
+                .fetch_add(u.entries.len() as u64, Ordering::Relaxed);
+        }
+        mark.appended = mark.appended.max(batch.end());
+        if let Some(t) = last_ticket {
+            mark.ticket = t.0;
+        }
+        self.remember(key, mark);
+        self.counters.frames.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        acks.buffered.fetch_max(mark.appended, Ordering::AcqRel);
+        let durable = batch.flags & repl::FLAG_DURABLE != 0;
+        {
+            let mut p = acks.pending.lock();
+            match last_ticket {
+                Some(t) => p.push_back((t, mark.appended, durable)),
+                // Nothing new appended (all resent): durable as far as the store is.
+                None if mark.ticket > 0 => {
+                    p.push_back((Ticket(mark.ticket), mark.appended, durable))
+                }
+                None => {
+                    acks.durable.fetch_max(mark.appended, Ordering::AcqRel);
+                }
+            }
+        }
+        acks.wake.notify_one();
+        Ok(())
+    }
+
+    fn remember(&self, key: (u64, u64), mark: StreamMark) {
+        self.marks.lock().insert(key, mark);
+    }
+
+    /// Acknowledges durability (see the module comment) until the connection ends.
+    fn sync_loop(&self, acks: &Acks, writer: &Mutex<TcpStream>) {
+        loop {
+            let (target, want) = {
+                let mut p = acks.pending.lock();
+                while p.is_empty() && !acks.done.load(Ordering::Acquire) {
+                    acks.wake.wait_for(&mut p, Duration::from_millis(50));
+                }
+                if acks.done.load(Ordering::Acquire) {
+                    return;
+                }
+                let want = p.iter().any(|e| e.2);
+                (*p.back().expect("not empty"), want)
+            };
+            let durable_to = if want {
+                self.counters
+                    .syncs_requested
+                    .fetch_add(1, Ordering::Relaxed);
+                match self.store.wait(target.0, Stage::Durable) {
+                    Ok(()) => Some(target.1),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the backup store cannot sync");
+                        let _ = writer.lock().shutdown(Shutdown::Both);
+                        return;
+                    }
+                }
+            } else {
+                // The store syncs by itself within its flush interval: report how far it got.
+                let mut reached = None;
+                let p = acks.pending.lock();
+                for e in p.iter() {
+                    match self.store.poll(e.0) {
+                        Ok(Stage::Durable) => reached = Some(e.1),
+                        _ => break,
+                    }
+                }
+                drop(p);
+                if reached.is_none() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                reached
+            };
+            if let Some(end) = durable_to {
+                let mut p = acks.pending.lock();
+                while p.front().is_some_and(|e| e.1 <= end) {
+                    p.pop_front();
+                }
+                drop(p);
+                if acks.durable.fetch_max(end, Ordering::AcqRel) < end {
+                    let ack = Ack {
+                        buffered: acks.buffered.load(Ordering::Acquire).max(end),
+                        durable: end,
+                    };
+                    if send_ack(writer, ack).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What one replication connection has appended and still has to report durable.
+struct Acks {
+    /// (store ticket, stream offset it ends, a durable table asked for a sync).
+    pending: Mutex<VecDeque<(Ticket, u64, bool)>>,
+    wake: Condvar,
+    buffered: AtomicU64,
+    durable: AtomicU64,
+    done: AtomicBool,
+}
+
+fn send_ack(writer: &Mutex<TcpStream>, ack: Ack) -> std::io::Result<()> {
+    let mut frame = Vec::with_capacity(HEADER_LEN + repl::ACK_LEN);
+    repl::encode_frame(
+        &mut frame,
+        0,
+        repl::REPL_ACK,
+        Status::Ok.to_u8(),
+        &ack.encode(),
+    );
+    writer.lock().write_all(&frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_tablet_ids_pack_and_unpack() {
+        let id = store_tablet(7, 16383, 5).unwrap();
+        assert_eq!(split_store_tablet(id), (7, 16383, 5));
+        assert_eq!(
+            split_store_tablet(store_tablet(0, 0, 1).unwrap()),
+            (0, 0, 1)
+        );
+        assert!(store_tablet(1 << 24, 0, 1).is_none());
+        assert!(store_tablet(0, 0, 1 << 24).is_none());
+    }
+}

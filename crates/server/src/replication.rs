@@ -1,0 +1,924 @@
+//! The master's side of replication: each tablet's writes go to the tablet's backups, in version
+//! order, before their replies claim what the table's mode promises (DESIGN.md "Replication
+//! modes"; frames in `ramlog_proto::repl`, docs/protocol.md "Replication").
+//!
+//! The engine calls [`Replication::on_writes`] (its write observer) with each atomic unit of
+//! writes of a tablet, under the tablet's write lock, so units reach it in version order. The unit
+//! is encoded once and appended to the **stream** of every backup of the tablet: one stream per
+//! (this master, backup) pair, whatever tablets they share. A sender thread per stream carries its
+//! bytes in `REPL_BATCH` frames over one native-protocol connection; a reader thread takes the
+//! backup's `REPL_ACK`s (buffered, durable). The unit's end offset in each stream becomes a
+//! [`Need`] of the connection that made the write, collected through a thread-local (the write
+//! runs synchronously on the connection's thread) with [`take_needs`]; before the replies go out,
+//! the connection awaits [`Replication::wait`]:
+//! - `async`: nothing, unless more than `replication_in_flight_bytes` of the stream are not yet
+//!   durable on the backup: then the reply waits until the backup is back under the bound
+//!   (back-pressure that bounds the memory a stream holds);
+//! - `sync`: the backup holds the unit in its write buffer (and the same bound);
+//! - `durable`: the backup has fdatasynced it; frames with such units ask the backup to sync at
+//!   once, and one sync covers every unit it appended before (group commit).
+//!
+//! A stream keeps every byte until its backup acknowledges it durable, and resends from there
+//! after a reconnection; the backup skips what it already appended. A backup that leaves a unit
+//! unacknowledged longer than `backup_timeout_ms` is reported to the coordinator as suspect.
+//! Waits depend only on the streams a connection wrote to: a stopped backup delays the writes of
+//! its tablets and nothing else. Reads never wait.
+//!
+//! Memory: each stream holds its unacknowledged bytes (bounded as above, plus what the writes of
+//! one read batch of each connection add before they wait), and one frame buffer of up to
+//! [`FRAME_UNITS_MAX`] bytes; both are reported as `replication_buffers`.
+
+use crate::metrics::{Histogram, HistogramSnapshot};
+use arc_swap::ArcSwap;
+use parking_lot::{Condvar, Mutex};
+use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
+use ramlog_common::TableId;
+use ramlog_logmem::{LoggedWrite, TabletId, WriteObserver};
+use ramlog_proto::native::{
+    parse_header, ClientHello, Request, ServerHello, Status, HEADER_LEN, HELLO_FLAG_REFUSED,
+    SERVER_HELLO_LEN,
+};
+use ramlog_proto::repl::{self, Ack, Hello, ReplEntry, UnitHead};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Unit bytes one `REPL_BATCH` frame carries at most (a larger single unit goes alone).
+pub const FRAME_UNITS_MAX: usize = 1 << 20;
+/// Longest time a connect or handshake with a backup may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A frame write that makes no progress this long ends the connection (it is then re-made).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause between connection attempts to a backup that cannot be reached, doubling up to a second.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How often a waiting reply re-checks its stream (acks also wake it at once).
+const WAIT_RECHECK: Duration = Duration::from_millis(100);
+
+/// The modes, in the order of the per-mode figures.
+pub const MODES: [ReplicationMode; 3] = [
+    ReplicationMode::Async,
+    ReplicationMode::Sync,
+    ReplicationMode::Durable,
+];
+
+fn mode_index(mode: ReplicationMode) -> usize {
+    match mode {
+        ReplicationMode::Async => 0,
+        // A mirror table replicates as `sync` until mirrors exist.
+        ReplicationMode::Sync | ReplicationMode::Mirror => 1,
+        ReplicationMode::Durable => 2,
+    }
+}
+
+/// Who this master is, as its replication hellos say.
+#[derive(Clone, Copy, Debug, Default)]
+struct Identity {
+    cluster_id: u64,
+    me: ServerId,
+    epoch: u64,
+    map_version: u64,
+}
+
+/// Where one engine tablet's writes go.
+struct Route {
+    head: UnitHead,
+    mode: ReplicationMode,
+    streams: Vec<Arc<Stream>>,
+}
+
+/// One connection's wait for one stream: what the backup must have acknowledged before the
+/// replies to the writes behind it may go out.
+#[derive(Debug)]
+pub struct Need {
+    stream: Arc<Stream>,
+    /// Stream offset the backup must hold in its write buffer.
+    buffered: u64,
+    /// Stream offset the backup must have on disk.
+    durable: u64,
+    mode: usize,
+    /// When the first write behind this need was applied.
+    since: Instant,
+}
+
+/// The waits a connection collected from its writes since its last replies went out.
+#[derive(Default, Debug)]
+pub struct Needs {
+    items: Vec<Need>,
+}
+
+impl Needs {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn add(&mut self, stream: &Arc<Stream>, mode: usize, buffered: u64, durable: u64) {
+        for n in self.items.iter_mut() {
+            if Arc::ptr_eq(&n.stream, stream) && n.mode == mode {
+                n.buffered = n.buffered.max(buffered);
+                n.durable = n.durable.max(durable);
+                return;
+            }
+        }
+        self.items.push(Need {
+            stream: stream.clone(),
+            buffered,
+            durable,
+            mode,
+            since: Instant::now(),
+        });
+    }
+
+    /// Moves every need of `other` into this one.
+    pub fn absorb(&mut self, other: &mut Needs) {
+        for n in other.items.drain(..) {
+            let since = n.since;
+            self.add(&n.stream, n.mode, n.buffered, n.durable);
+            if let Some(m) = self
+                .items
+                .iter_mut()
+                .find(|m| Arc::ptr_eq(&m.stream, &n.stream) && m.mode == n.mode)
+            {
+                m.since = m.since.min(since);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Needs of the writes applied on this thread since the connection running them last took
+    /// them (see the module comment).
+    static PENDING: RefCell<Needs> = RefCell::new(Needs::default());
+}
+
+/// Moves the needs of the writes this thread applied since the last call into `into`. Call it
+/// right after running requests, before any `.await`: a task may move to another thread there.
+pub fn take_needs(into: &mut Needs) {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if !p.is_empty() {
+            into.absorb(&mut p);
+        }
+    });
+}
+
+/// The bytes of one stream not yet durable on its backup, with where its units end.
+#[derive(Debug)]
+struct StreamState {
+    /// Stream bytes from offset `base` to `end`.
+    buf: Vec<u8>,
+    base: u64,
+    end: u64,
+    /// Offset up to which the current connection has sent.
+    sent: u64,
+    /// Units not yet durable on the backup: (end offset, entries, when appended).
+    units: VecDeque<(u64, u32, Instant)>,
+    /// The current connection, to be shut down when the stream is retired.
+    socket: Option<TcpStream>,
+}
+
+/// One (master, backup) replication stream; see the module comment.
+#[derive(Debug)]
+pub struct Stream {
+    pub backup: ServerId,
+    /// The backup's native address (`host:port`), from the newest map.
+    address: Mutex<String>,
+    state: Mutex<StreamState>,
+    /// Wakes the sender when bytes are appended.
+    wake: Condvar,
+    end: AtomicU64,
+    acked_buffered: AtomicU64,
+    acked_durable: AtomicU64,
+    /// The end of the last unit of a `durable` table.
+    durable_wanted: AtomicU64,
+    /// Wakes replies waiting on this stream.
+    acked: tokio::sync::Notify,
+    connected: AtomicBool,
+    /// No tablet uses this stream any more: its sender stops.
+    retired: AtomicBool,
+    last_error: Mutex<String>,
+    /// When the backup was last reported suspect.
+    reported: Mutex<Option<Instant>>,
+    pub connects: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub units_appended: AtomicU64,
+    pub entries_appended: AtomicU64,
+}
+
+/// Figures of one stream for `/metrics`, `INFO replication` and `ramlog status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StreamFigures {
+    pub backup: ServerId,
+    pub address: String,
+    pub connected: bool,
+    /// Bytes appended and not yet durable on the backup.
+    pub bytes_in_flight: u64,
+    pub entries_in_flight: u64,
+    /// Bytes appended and not yet in the backup's write buffer.
+    pub bytes_unbuffered: u64,
+    /// Age of the oldest unit the backup has not yet made durable (0 = none).
+    pub lag_ms: u64,
+    pub offset: u64,
+    pub acked_buffered: u64,
+    pub acked_durable: u64,
+    pub connects: u64,
+    pub frames_sent: u64,
+    pub bytes_sent: u64,
+    pub units: u64,
+    pub entries: u64,
+    pub last_error: String,
+}
+
+impl Stream {
+    fn new(backup: ServerId, address: String) -> Stream {
+        Stream {
+            backup,
+            address: Mutex::new(address),
+            state: Mutex::new(StreamState {
+                buf: Vec::new(),
+                base: 0,
+                end: 0,
+                sent: 0,
+                units: VecDeque::new(),
+                socket: None,
+            }),
+            wake: Condvar::new(),
+            end: AtomicU64::new(0),
+            acked_buffered: AtomicU64::new(0),
+            acked_durable: AtomicU64::new(0),
+            durable_wanted: AtomicU64::new(0),
+            acked: tokio::sync::Notify::new(),
+            connected: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
+            last_error: Mutex::new(String::new()),
+            reported: Mutex::new(None),
+            connects: AtomicU64::new(0),
+            frames_sent: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            units_appended: AtomicU64::new(0),
+            entries_appended: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends one encoded unit; returns the stream offset where it ends.
+    fn push(&self, unit: &[u8], entries: u32, durable: bool) -> u64 {
+        let mut s = self.state.lock();
+        s.buf.extend_from_slice(unit);
+        s.end += unit.len() as u64;
+        let end = s.end;
+        s.units.push_back((end, entries, Instant::now()));
+        self.end.store(end, Ordering::Release);
+        if durable {
+            self.durable_wanted.fetch_max(end, Ordering::AcqRel);
+        }
+        drop(s);
+        self.units_appended.fetch_add(1, Ordering::Relaxed);
+        self.entries_appended
+            .fetch_add(u64::from(entries), Ordering::Relaxed);
+        self.wake.notify_one();
+        end
+    }
+
+    fn satisfied(&self, need: &Need) -> bool {
+        self.acked_buffered.load(Ordering::Acquire) >= need.buffered
+            && self.acked_durable.load(Ordering::Acquire) >= need.durable
+    }
+
+    /// Takes a backup's acknowledgement: frees what is durable and wakes the waiting replies.
+    fn on_ack(&self, ack: Ack) {
+        let end = self.end.load(Ordering::Acquire);
+        // An acknowledgement beyond what was sent is a broken backup: ignore that part.
+        self.acked_buffered
+            .fetch_max(ack.buffered.min(end), Ordering::AcqRel);
+        let durable = ack.durable.min(end);
+        if self.acked_durable.fetch_max(durable, Ordering::AcqRel) < durable {
+            let mut s = self.state.lock();
+            while s.units.front().is_some_and(|u| u.0 <= durable) {
+                s.units.pop_front();
+            }
+            let free = (durable.saturating_sub(s.base) as usize).min(s.buf.len());
+            // Drop freed bytes in large steps, so that the copy of what is left stays cheap.
+            if free == s.buf.len() || free >= (64 << 10).max(s.buf.len() / 2) {
+                s.buf.drain(..free);
+                s.base += free as u64;
+                if s.buf.capacity() > (4 << 20) && s.buf.len() < s.buf.capacity() / 4 {
+                    let keep = s.buf.len() * 2;
+                    s.buf.shrink_to(keep);
+                }
+            }
+        }
+        self.acked.notify_waiters();
+    }
+
+    /// How long the oldest unit not yet durable on the backup has waited.
+    fn lag(&self) -> Duration {
+        self.state
+            .lock()
+            .units
+            .front()
+            .map_or(Duration::ZERO, |u| u.2.elapsed())
+    }
+
+    /// How long the oldest unit not yet in the backup's write buffer has waited.
+    fn unbuffered_age(&self) -> Duration {
+        let buffered = self.acked_buffered.load(Ordering::Acquire);
+        self.state
+            .lock()
+            .units
+            .iter()
+            .find(|u| u.0 > buffered)
+            .map_or(Duration::ZERO, |u| u.2.elapsed())
+    }
+
+    fn figures(&self) -> StreamFigures {
+        let s = self.state.lock();
+        let durable = self.acked_durable.load(Ordering::Acquire);
+        let buffered = self.acked_buffered.load(Ordering::Acquire);
+        StreamFigures {
+            backup: self.backup,
+            address: self.address.lock().clone(),
+            connected: self.connected.load(Ordering::Relaxed),
+            bytes_in_flight: s.end - durable.min(s.end),
+            entries_in_flight: s
+                .units
+                .iter()
+                .filter(|u| u.0 > durable)
+                .map(|u| u64::from(u.1))
+                .sum(),
+            bytes_unbuffered: s.end - buffered.min(s.end),
+            lag_ms: s
+                .units
+                .front()
+                .map_or(0, |u| u.2.elapsed().as_millis() as u64),
+            offset: s.end,
+            acked_buffered: buffered,
+            acked_durable: durable,
+            connects: self.connects.load(Ordering::Relaxed),
+            frames_sent: self.frames_sent.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            units: self.units_appended.load(Ordering::Relaxed),
+            entries: self.entries_appended.load(Ordering::Relaxed),
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+
+    fn buffer_bytes(&self) -> u64 {
+        self.state.lock().buf.capacity() as u64
+    }
+
+    fn fail(&self, what: String) {
+        tracing::warn!(backup = self.backup, error = %what, "replication connection");
+        *self.last_error.lock() = what;
+    }
+}
+
+/// Per-mode acknowledgement figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModeFigures {
+    pub mode: &'static str,
+    pub acknowledged: u64,
+    pub latency: HistogramSnapshot,
+}
+
+/// The master side of replication of one server; see the module comment.
+pub struct Replication {
+    identity: ArcSwap<Identity>,
+    routes: ArcSwap<Vec<Option<Arc<Route>>>>,
+    streams: Mutex<HashMap<ServerId, Arc<Stream>>>,
+    in_flight_max: u64,
+    backup_timeout: Duration,
+    password: Option<String>,
+    stopping: AtomicBool,
+    latency: [Histogram; 3],
+    acknowledged: [AtomicU64; 3],
+}
+
+impl Replication {
+    pub fn new(config: &crate::ServerConfig) -> Arc<Replication> {
+        Arc::new(Replication {
+            identity: ArcSwap::from_pointee(Identity::default()),
+            routes: ArcSwap::from_pointee(Vec::new()),
+            streams: Mutex::new(HashMap::new()),
+            in_flight_max: config.replication_in_flight_bytes.max(1 << 16),
+            backup_timeout: Duration::from_millis(config.backup_timeout_ms.max(1)),
+            password: config.password.clone(),
+            stopping: AtomicBool::new(false),
+            latency: Default::default(),
+            acknowledged: Default::default(),
+        })
+    }
+
+    /// Points every tablet this server masters at its backups in `map` (`tablets`: engine tablet
+    /// of each (table, first slot) created here). Starts streams to new backups and retires
+    /// streams no tablet uses any more. Call before the map is published to the front ends.
+    pub fn apply(
+        self: &Arc<Self>,
+        map: &ClusterMap,
+        me: ServerId,
+        epoch: u64,
+        tablets: &HashMap<(TableId, u16), TabletId>,
+    ) {
+        self.identity.store(Arc::new(Identity {
+            cluster_id: map.cluster_id,
+            me,
+            epoch,
+            map_version: map.version,
+        }));
+        let mut streams = self.streams.lock();
+        let mut used = std::collections::HashSet::new();
+        let mut routes: Vec<Option<Arc<Route>>> = Vec::new();
+        for t in map.tablets.iter().filter(|t| t.master == me) {
+            let Some(&engine_tablet) = tablets.get(&(t.table, t.first_slot)) else {
+                continue;
+            };
+            let Ok(table) = u32::try_from(t.table) else {
+                tracing::error!(
+                    table = t.table,
+                    "table id out of the replication range; not replicated"
+                );
+                continue;
+            };
+            let mode = map
+                .tables
+                .iter()
+                .find(|x| x.id == t.table)
+                .map_or(ReplicationMode::Sync, |x| x.mode);
+            let mut route_streams = Vec::new();
+            for &b in &t.backups {
+                let Some(server) = map.server(b) else {
+                    continue;
+                };
+                let address = server.addresses.native.to_string();
+                let stream = streams
+                    .entry(b)
+                    .or_insert_with(|| {
+                        let s = Arc::new(Stream::new(b, address.clone()));
+                        self.start_sender(s.clone());
+                        s
+                    })
+                    .clone();
+                *stream.address.lock() = address;
+                used.insert(b);
+                route_streams.push(stream);
+            }
+            let i = engine_tablet as usize;
+            if routes.len() <= i {
+                routes.resize(i + 1, None);
+            }
+            routes[i] = Some(Arc::new(Route {
+                head: UnitHead {
+                    table,
+                    first_slot: t.first_slot,
+                    last_slot: t.last_slot,
+                    epoch: t.epoch,
+                    count: 0,
+                },
+                mode,
+                streams: route_streams,
+            }));
+        }
+        self.routes.store(Arc::new(routes));
+        streams.retain(|id, s| {
+            let keep = used.contains(id);
+            if !keep {
+                s.retired.store(true, Ordering::Release);
+                s.wake.notify_all();
+                if let Some(sock) = s.state.lock().socket.take() {
+                    let _ = sock.shutdown(Shutdown::Both);
+                }
+                s.acked.notify_waiters();
+            }
+            keep
+        });
+    }
+
+    /// Stops every stream (the server is stopping): waiting replies fail.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for s in self.streams.lock().values() {
+            s.retired.store(true, Ordering::Release);
+            s.wake.notify_all();
+            if let Some(sock) = s.state.lock().socket.take() {
+                let _ = sock.shutdown(Shutdown::Both);
+            }
+            s.acked.notify_waiters();
+        }
+    }
+
+    /// Waits until every need is met (see the module comment). An error means the promise
+    /// cannot be kept (the server is stopping, or the backup is no longer the tablet's): the
+    /// replies must not claim the writes.
+    pub async fn wait(&self, needs: &mut Needs) -> Result<(), String> {
+        for need in needs.items.drain(..) {
+            let stream = &need.stream;
+            loop {
+                let notified = stream.acked.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if stream.satisfied(&need) {
+                    break;
+                }
+                if self.stopping.load(Ordering::Acquire) {
+                    return Err(
+                        "the server is stopping; the write's backups did not acknowledge it".into(),
+                    );
+                }
+                if stream.retired.load(Ordering::Acquire) {
+                    return Err(format!(
+                        "server {} is no longer a backup of the written tablet; the write was not acknowledged by it",
+                        stream.backup
+                    ));
+                }
+                let _ = tokio::time::timeout(WAIT_RECHECK, notified).await;
+            }
+            self.latency[need.mode].record(need.since.elapsed());
+            self.acknowledged[need.mode].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Backups that left a unit unacknowledged longer than `backup_timeout_ms` and were not
+    /// reported in the last timeout: (backup, what is wrong). Each is marked reported.
+    pub fn suspects(&self) -> Vec<(ServerId, String)> {
+        let mut out = Vec::new();
+        for s in self.streams.lock().values() {
+            let waited = s.unbuffered_age();
+            if waited < self.backup_timeout {
+                continue;
+            }
+            let mut reported = s.reported.lock();
+            if reported.is_some_and(|t| t.elapsed() < self.backup_timeout) {
+                continue;
+            }
+            *reported = Some(Instant::now());
+            let error = s.last_error.lock().clone();
+            out.push((
+                s.backup,
+                format!(
+                    "a replicated write waits {} ms for its backup's acknowledgement{}",
+                    waited.as_millis(),
+                    if error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({error})")
+                    }
+                ),
+            ));
+        }
+        out
+    }
+
+    pub fn streams(&self) -> Vec<StreamFigures> {
+        let mut v: Vec<StreamFigures> = self.streams.lock().values().map(|s| s.figures()).collect();
+        v.sort_by_key(|f| f.backup);
+        v
+    }
+
+    pub fn modes(&self) -> Vec<ModeFigures> {
+        MODES
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ModeFigures {
+                mode: m.as_str(),
+                acknowledged: self.acknowledged[i].load(Ordering::Relaxed),
+                latency: self.latency[i].read(),
+            })
+            .collect()
+    }
+
+    /// Bytes the streams hold (their buffers), for the memory breakdown.
+    pub fn memory_bytes(&self) -> u64 {
+        self.streams
+            .lock()
+            .values()
+            .map(|s| s.buffer_bytes() + FRAME_UNITS_MAX as u64)
+            .sum()
+    }
+
+    /// The most lag of any stream (for INFO).
+    pub fn max_lag(&self) -> Duration {
+        self.streams
+            .lock()
+            .values()
+            .map(|s| s.lag())
+            .max()
+            .unwrap_or_default()
+    }
+
+    fn start_sender(self: &Arc<Self>, stream: Arc<Stream>) {
+        let me = Arc::downgrade(self);
+        let name = format!("repl-to-{}", stream.backup);
+        let spawned = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || sender_loop(me, stream));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a replication sender thread");
+        }
+    }
+
+    fn hello(&self) -> Hello {
+        let id = self.identity.load();
+        Hello {
+            cluster_id: id.cluster_id,
+            master: id.me,
+            master_epoch: id.epoch,
+            map_version: id.map_version,
+        }
+    }
+}
+
+impl WriteObserver for Replication {
+    fn on_writes(&self, tablet: TabletId, records: &[LoggedWrite<'_>]) {
+        let routes = self.routes.load();
+        let Some(Some(route)) = routes.get(tablet as usize) else {
+            return;
+        };
+        if route.streams.is_empty() {
+            return;
+        }
+        let entries: Vec<ReplEntry<'_>> = records
+            .iter()
+            .map(|r| ReplEntry {
+                key: r.key,
+                value: r.value,
+                version: r.version,
+                expiry: r.expire_at_ms,
+            })
+            .collect();
+        thread_local! {
+            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        }
+        let mode = mode_index(route.mode);
+        let durable = route.mode == ReplicationMode::Durable;
+        SCRATCH.with(|scratch| {
+            let mut unit = scratch.borrow_mut();
+            unit.clear();
+            repl::encode_unit(&mut unit, &route.head, &entries);
+            PENDING.with(|p| {
+                let mut p = p.borrow_mut();
+                for stream in &route.streams {
+                    let end = stream.push(&unit, entries.len() as u32, durable);
+                    let bound = end.saturating_sub(self.in_flight_max);
+                    let (buffered, durable_at) = match route.mode {
+                        ReplicationMode::Async => (0, bound),
+                        ReplicationMode::Sync | ReplicationMode::Mirror => (end, bound),
+                        ReplicationMode::Durable => (end, end),
+                    };
+                    p.add(stream, mode, buffered, durable_at);
+                }
+            });
+            if unit.capacity() > FRAME_UNITS_MAX {
+                *unit = Vec::new();
+            }
+        });
+    }
+}
+
+/// Connects to the stream's backup and sends its bytes until the stream is retired, reconnecting
+/// (and resending what the backup has not made durable) after any failure.
+fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
+    let mut retry = RETRY_FIRST;
+    let mut frame = Vec::with_capacity(FRAME_UNITS_MAX + 64);
+    loop {
+        if stream.retired.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(hello) = replication
+            .upgrade()
+            .map(|r| (r.hello(), r.password.clone()))
+        else {
+            return;
+        };
+        let address = stream.address.lock().clone();
+        let socket = match connect(&address, &hello.0, hello.1.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                stream.fail(format!("{address}: {e}"));
+                std::thread::sleep(retry);
+                retry = (retry * 2).min(RETRY_MAX);
+                continue;
+            }
+        };
+        retry = RETRY_FIRST;
+        stream.connects.fetch_add(1, Ordering::Relaxed);
+        let reader = match socket.try_clone() {
+            Ok(r) => r,
+            Err(e) => {
+                stream.fail(format!("{address}: {e}"));
+                continue;
+            }
+        };
+        {
+            let mut s = stream.state.lock();
+            // Resend everything the backup has not made durable: it skips what it appended.
+            s.sent = stream.acked_durable.load(Ordering::Acquire).max(s.base);
+            s.socket = socket.try_clone().ok();
+        }
+        stream.connected.store(true, Ordering::Release);
+        let alive = Arc::new(AtomicBool::new(true));
+        let reading = {
+            let stream = stream.clone();
+            let alive = alive.clone();
+            std::thread::Builder::new()
+                .name(format!("repl-ack-{}", stream.backup))
+                .spawn(move || ack_loop(reader, &stream, &alive))
+        };
+        let mut socket = socket;
+        let result = send_loop(&mut socket, &stream, &alive, &mut frame);
+        stream.connected.store(false, Ordering::Release);
+        alive.store(false, Ordering::Release);
+        let _ = socket.shutdown(Shutdown::Both);
+        stream.state.lock().socket = None;
+        if let Ok(handle) = reading {
+            let _ = handle.join();
+        }
+        if let Err(e) = result {
+            if !stream.retired.load(Ordering::Acquire) {
+                stream.fail(format!("{address}: {e}"));
+                std::thread::sleep(RETRY_FIRST);
+            }
+        }
+        if frame.capacity() > 2 * FRAME_UNITS_MAX {
+            frame = Vec::with_capacity(FRAME_UNITS_MAX + 64);
+        }
+    }
+}
+
+/// Sends the stream's bytes in frames until the connection fails or the stream is retired.
+fn send_loop(
+    socket: &mut TcpStream,
+    stream: &Stream,
+    alive: &AtomicBool,
+    frame: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    loop {
+        frame.clear();
+        let (start, end) = {
+            let mut s = stream.state.lock();
+            while s.sent >= s.end {
+                if stream.retired.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                if !alive.load(Ordering::Acquire) {
+                    return Err(std::io::Error::other("the backup closed the connection"));
+                }
+                stream.wake.wait_for(&mut s, Duration::from_millis(100));
+            }
+            // Whole units from `sent`, up to FRAME_UNITS_MAX bytes (at least one unit).
+            let from = (s.sent - s.base) as usize;
+            let mut to = from;
+            while to < s.buf.len() {
+                let Some(len) = repl::unit_len_at(&s.buf, to) else {
+                    break;
+                };
+                if to > from && to + len - from > FRAME_UNITS_MAX {
+                    break;
+                }
+                to += len;
+            }
+            let start = s.sent;
+            let end = s.base + to as u64;
+            let flags = if stream.durable_wanted.load(Ordering::Acquire) > start {
+                repl::FLAG_DURABLE
+            } else {
+                0
+            };
+            repl::encode_batch_frame(frame, start, flags, &s.buf[from..to]);
+            s.sent = end;
+            (start, end)
+        };
+        socket.write_all(frame)?;
+        stream.frames_sent.fetch_add(1, Ordering::Relaxed);
+        stream.bytes_sent.fetch_add(end - start, Ordering::Relaxed);
+        if !alive.load(Ordering::Acquire) {
+            return Err(std::io::Error::other("the backup closed the connection"));
+        }
+    }
+}
+
+/// Reads the backup's acknowledgements until the connection ends; an error frame (fenced, a
+/// refused frame, a failed store) is logged and ends it.
+fn ack_loop(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        match socket.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        let mut at = 0;
+        loop {
+            let header = match parse_header(&buf[at..], 1 << 20) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(e) => {
+                    stream.fail(format!("bad frame from the backup: {e}"));
+                    alive.store(false, Ordering::Release);
+                    let _ = socket.shutdown(Shutdown::Both);
+                    return;
+                }
+            };
+            if buf.len() - at < header.frame_bytes() {
+                break;
+            }
+            let body = &buf[at + HEADER_LEN..at + header.frame_bytes()];
+            at += header.frame_bytes();
+            let status = Status::from_u8(header.flags_or_status);
+            if header.opcode == repl::REPL_ACK && status == Status::Ok {
+                match Ack::decode(body) {
+                    Ok(ack) => stream.on_ack(ack),
+                    Err(e) => {
+                        stream.fail(format!("bad acknowledgement: {e}"));
+                        alive.store(false, Ordering::Release);
+                        let _ = socket.shutdown(Shutdown::Both);
+                        return;
+                    }
+                }
+            } else {
+                stream.fail(format!(
+                    "the backup refused the stream: {status:?}: {}",
+                    error_message(body)
+                ));
+                alive.store(false, Ordering::Release);
+                let _ = socket.shutdown(Shutdown::Both);
+                stream.wake.notify_all();
+                return;
+            }
+        }
+        buf.drain(..at);
+    }
+    alive.store(false, Ordering::Release);
+    stream.wake.notify_all();
+}
+
+/// The message of a native error reply body (detail u64, then a length-prefixed string).
+pub fn error_message(body: &[u8]) -> String {
+    body.get(12..)
+        .map(|m| String::from_utf8_lossy(m).into_owned())
+        .unwrap_or_default()
+}
+
+/// Opens a replication connection: native hello, AUTH when a password is set, REPL_HELLO.
+fn connect(address: &str, hello: &Hello, password: Option<&str>) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let addr = address
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    let mut socket = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+    socket.set_nodelay(true)?;
+    socket.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    socket.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    socket.write_all(
+        &ClientHello {
+            version_max: ramlog_proto::native::PROTOCOL_VERSION,
+            flags: 0,
+        }
+        .encode(),
+    )?;
+    let mut sh = [0u8; SERVER_HELLO_LEN];
+    socket.read_exact(&mut sh)?;
+    let server_hello = ServerHello::decode(&sh).map_err(|e| std::io::Error::other(e.message))?;
+    if server_hello.flags & HELLO_FLAG_REFUSED != 0 || server_hello.version == 0 {
+        return Err(std::io::Error::other("the backup refused the connection"));
+    }
+    let mut out = bytes::BytesMut::new();
+    if let Some(password) = password {
+        Request::Auth {
+            password: password.as_bytes(),
+        }
+        .encode(1, &mut out);
+        socket.write_all(&out)?;
+        read_reply(&mut socket, "AUTH")?;
+    }
+    let mut frame = Vec::new();
+    repl::encode_frame(&mut frame, 2, repl::REPL_HELLO, 0, &hello.encode());
+    socket.write_all(&frame)?;
+    read_reply(&mut socket, "REPL_HELLO")?;
+    socket.set_read_timeout(None)?;
+    Ok(socket)
+}
+
+/// Reads one reply frame; an error status becomes an error with its message.
+fn read_reply(socket: &mut TcpStream, what: &str) -> std::io::Result<()> {
+    let mut head = [0u8; HEADER_LEN];
+    socket.read_exact(&mut head)?;
+    let header = parse_header(&head, 1 << 20)
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .ok_or_else(|| std::io::Error::other("short reply"))?;
+    let mut body = vec![0u8; header.body_len];
+    socket.read_exact(&mut body)?;
+    let status = Status::from_u8(header.flags_or_status);
+    if status != Status::Ok {
+        return Err(std::io::Error::other(format!(
+            "{what} refused: {status:?}: {}",
+            error_message(&body)
+        )));
+    }
+    Ok(())
+}

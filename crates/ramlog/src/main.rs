@@ -39,6 +39,8 @@ enum Command {
     Table(ramlog_coordinator::cli::TableArgs),
     /// Inspect the cluster through the coordinator.
     Cluster(ramlog_coordinator::cli::ClusterArgs),
+    /// Read a stopped server's backup store (`ramlog backup dump --data-dir DIR`).
+    Backup(ramlog_server::backup_service::BackupArgs),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
     Bench(BenchArgs),
 }
@@ -89,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         Command::Coordinator(args) => ramlog_coordinator::cli::run_coordinator(&args),
         Command::Table(args) => ramlog_coordinator::cli::run_table(&args),
         Command::Cluster(args) => ramlog_coordinator::cli::run_cluster(&args),
+        Command::Backup(args) => ramlog_server::backup_service::run(&args),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {
                 for value in Suite::value_variants() {

@@ -67,6 +67,204 @@ pub const LATENCY_BUCKETS_US: [u64; 21] = [
     262144, 524288, 1048576,
 ];
 
+/// The replication part of `/metrics`: per backup stream, per mode, and the backup side.
+fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFigures) {
+    let per_stream: [(
+        &str,
+        &str,
+        &str,
+        fn(&crate::replication::StreamFigures) -> String,
+    ); 8] = [
+        (
+            "ramlog_replication_connected",
+            "1 while the replication connection to this backup is up.",
+            "gauge",
+            |f| u8::from(f.connected).to_string(),
+        ),
+        (
+            "ramlog_replication_bytes_in_flight",
+            "Stream bytes not yet durable on this backup (what the master holds for it).",
+            "gauge",
+            |f| f.bytes_in_flight.to_string(),
+        ),
+        (
+            "ramlog_replication_entries_in_flight",
+            "Writes not yet durable on this backup.",
+            "gauge",
+            |f| f.entries_in_flight.to_string(),
+        ),
+        (
+            "ramlog_replication_bytes_unbuffered",
+            "Stream bytes not yet in this backup's write buffer.",
+            "gauge",
+            |f| f.bytes_unbuffered.to_string(),
+        ),
+        (
+            "ramlog_replication_lag_seconds",
+            "Age of the oldest write not yet durable on this backup.",
+            "gauge",
+            |f| (f.lag_ms as f64 / 1e3).to_string(),
+        ),
+        (
+            "ramlog_replication_stream_bytes_total",
+            "Bytes of writes streamed to this backup.",
+            "counter",
+            |f| f.offset.to_string(),
+        ),
+        (
+            "ramlog_replication_entries_total",
+            "Writes streamed to this backup.",
+            "counter",
+            |f| f.entries.to_string(),
+        ),
+        (
+            "ramlog_replication_connects_total",
+            "Replication connections made to this backup.",
+            "counter",
+            |f| f.connects.to_string(),
+        ),
+    ];
+    for (name, help, kind, value) in per_stream {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for f in &r.streams {
+            let _ = writeln!(s, "{name}{{backup=\"{}\"}} {}", f.backup, value(f));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "# HELP ramlog_replication_ack_seconds Time a write's reply waited for its backups, by table mode.\n# TYPE ramlog_replication_ack_seconds histogram"
+    );
+    for m in &r.modes {
+        let mut cumulative = 0;
+        for (i, c) in m.latency.buckets.iter().enumerate() {
+            cumulative += c;
+            let le = match LATENCY_BUCKETS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "ramlog_replication_ack_seconds_bucket{{mode=\"{}\",le=\"{le}\"}} {cumulative}",
+                m.mode
+            );
+        }
+        let _ = writeln!(
+            s,
+            "ramlog_replication_ack_seconds_sum{{mode=\"{}\"}} {}",
+            m.mode,
+            m.latency.sum_ns as f64 / 1e9
+        );
+        let _ = writeln!(
+            s,
+            "ramlog_replication_ack_seconds_count{{mode=\"{}\"}} {}",
+            m.mode, m.latency.count
+        );
+    }
+    let b = &r.backup;
+    for (name, help, value) in [
+        (
+            "ramlog_backup_frames_total",
+            "Replication frames this server took as a backup.",
+            b.frames,
+        ),
+        (
+            "ramlog_backup_units_total",
+            "Write units appended to this server's backup store.",
+            b.units,
+        ),
+        (
+            "ramlog_backup_entries_total",
+            "Writes appended to this server's backup store.",
+            b.entries,
+        ),
+        (
+            "ramlog_backup_bytes_total",
+            "Replication frame bytes taken.",
+            b.bytes,
+        ),
+        (
+            "ramlog_backup_units_skipped_total",
+            "Resent units this backup already held.",
+            b.units_skipped,
+        ),
+        (
+            "ramlog_backup_refused_fenced_total",
+            "Frames refused for a stale epoch.",
+            b.refused_fenced,
+        ),
+        (
+            "ramlog_backup_refused_bad_total",
+            "Frames refused as malformed or for an unknown tablet.",
+            b.refused_bad,
+        ),
+        (
+            "ramlog_backup_refused_store_total",
+            "Frames refused because the backup store failed (full disk, I/O error).",
+            b.refused_store,
+        ),
+        (
+            "ramlog_backup_syncs_requested_total",
+            "Syncs durable tables asked for.",
+            b.syncs_requested,
+        ),
+    ] {
+        let _ = writeln!(
+            s,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "# HELP ramlog_backup_tablets Tablets in this server's backup store.\n# TYPE ramlog_backup_tablets gauge\nramlog_backup_tablets {}",
+        b.tablets
+    );
+}
+
+/// `INFO replication`: Redis's fields, then one line per backup stream and per mode.
+fn replication_info(s: &mut String, r: Option<&crate::replication::ReplicationFigures>) {
+    let connected = r.map_or(0, |r| r.streams.iter().filter(|f| f.connected).count());
+    let _ = write!(
+        s,
+        "# Replication\r\nrole:master\r\nconnected_slaves:{connected}\r\n"
+    );
+    if let Some(r) = r {
+        for (i, f) in r.streams.iter().enumerate() {
+            let _ = write!(
+                s,
+                "ramlog_backup{i}:id={},addr={},connected={},bytes_in_flight={},entries_in_flight={},bytes_unbuffered={},lag_ms={},offset={},acked_buffered={},acked_durable={},connects={}\r\n",
+                f.backup,
+                f.address,
+                u8::from(f.connected),
+                f.bytes_in_flight,
+                f.entries_in_flight,
+                f.bytes_unbuffered,
+                f.lag_ms,
+                f.offset,
+                f.acked_buffered,
+                f.acked_durable,
+                f.connects
+            );
+        }
+        for m in &r.modes {
+            let _ = write!(
+                s,
+                "ramlog_ack_{}:acknowledged={},p50_usec_le={},p99_usec_le={}\r\n",
+                m.mode,
+                m.acknowledged,
+                m.latency.quantile_us(0.5),
+                m.latency.quantile_us(0.99)
+            );
+        }
+        let b = &r.backup;
+        let _ = write!(
+            s,
+            "ramlog_backup_side:tablets={},frames={},units={},entries={},units_skipped={},refused_fenced={},refused_bad={},refused_store={}\r\n",
+            b.tablets, b.frames, b.units, b.entries, b.units_skipped, b.refused_fenced, b.refused_bad, b.refused_store
+        );
+    }
+    s.push_str("\r\n");
+}
+
 /// A fixed-bucket latency histogram updated with relaxed atomics.
 #[derive(Debug, Default)]
 pub struct Histogram {
@@ -280,6 +478,9 @@ pub struct Snapshot {
     pub bytes_out: u64,
     pub keyspace_hits: u64,
     pub keyspace_misses: u64,
+    /// Replication and backup duty (cluster servers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replication: Option<crate::replication::ReplicationFigures>,
 }
 
 impl Snapshot {
@@ -316,6 +517,7 @@ impl Snapshot {
             bytes_out: load(&metrics.bytes_out),
             keyspace_hits: load(&metrics.keyspace_hits),
             keyspace_misses: load(&metrics.keyspace_misses),
+            replication: None,
         }
     }
 
@@ -538,6 +740,9 @@ impl Snapshot {
                 h.count
             );
         }
+        if let Some(r) = &self.replication {
+            replication_prometheus(&mut s, r);
+        }
         s
     }
 
@@ -601,6 +806,9 @@ impl Snapshot {
                 self.process.persistence_failures,
                 self.process.persistence_rewrites,
             );
+        }
+        if wants("replication") {
+            replication_info(&mut s, self.replication.as_ref());
         }
         if wants("stats") {
             let _ = write!(

@@ -619,7 +619,16 @@ impl Node {
             persistence_rewrites: persistence.as_ref().map_or(0, |f| f.rewrites),
         };
         let memory = self.memory_breakdown(&stats);
-        Snapshot::take(&self.metrics, process, figures, memory)
+        let mut snapshot = Snapshot::take(&self.metrics, process, figures, memory);
+        snapshot.replication =
+            self.cluster_duty
+                .as_ref()
+                .map(|d| crate::replication::ReplicationFigures {
+                    streams: d.replication.streams(),
+                    modes: d.replication.modes(),
+                    backup: d.backup.figures(),
+                });
+        snapshot
     }
 
     /// The `/status` JSON (also the native STATS reply).

@@ -385,6 +385,35 @@ pub struct ModeFigures {
     pub latency: HistogramSnapshot,
 }
 
+/// Counters of the backup side (see [`crate::backup_service`]).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct BackupSideFigures {
+    pub connections: u64,
+    pub frames: u64,
+    pub units: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub units_skipped: u64,
+    pub refused_fenced: u64,
+    pub refused_bad: u64,
+    pub refused_store: u64,
+    pub syncs_requested: u64,
+    /// Tablets (one per table, first slot and epoch) in the backup store.
+    pub tablets: u64,
+}
+
+/// Everything replication reports, for `/metrics`, `/status`, `INFO replication` and `ramlog
+/// status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReplicationFigures {
+    /// This server as a master: one entry per backup it streams to.
+    pub streams: Vec<StreamFigures>,
+    /// Acknowledgement latency per table mode (the time a reply waited for its backups).
+    pub modes: Vec<ModeFigures>,
+    /// This server as a backup.
+    pub backup: BackupSideFigures,
+}
+
 /// The master side of replication of one server; see the module comment.
 pub struct Replication {
     identity: ArcSwap<Identity>,

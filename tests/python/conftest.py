@@ -150,7 +150,7 @@ class Cluster:
     Every process is stopped by its pid in `stop()`; every wait is bounded.
     """
 
-    def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None):
+    def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None):
         self.tmp_path = tmp_path
         self.coord_port = free_port()
         self.coordinator_addr = f"127.0.0.1:{self.coord_port}"
@@ -166,25 +166,31 @@ class Cluster:
         )
         self.servers = []
         for i in range(servers):
-            self.add_server(extra_args)
+            self.add_server(extra_args, env=env)
         self.wait_ok()
 
-    def _spawn(self, args, name):
+    def _spawn(self, args, name, env=None):
+        # Logs go to a file: a pipe nobody reads would stop a process that logs enough.
+        log = open(self.tmp_path / f"{name.replace(' ', '-')}.log", "a")
         proc = subprocess.Popen(
-            [ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True,
+            env=None if env is None else {**os.environ, **env},
         )
+        log.close()
         line = proc.stdout.readline()
         if "ready" not in line:
             proc.kill()
-            out, err = proc.communicate(timeout=5)
+            out, _ = proc.communicate(timeout=5)
+            err = (self.tmp_path / f"{name.replace(' ', '-')}.log").read_text()[-4000:]
             raise RuntimeError(f"{name} did not start: {line!r} {out!r} {err!r}")
         self.procs.append(proc)
         return proc
 
-    def add_server(self, extra_args=()):
+    def add_server(self, extra_args=(), env=None):
         i = len(self.servers)
         s = type("ClusterServer", (), {})()
         s.resp, s.routing, s.native, s.admin = free_port(), free_port(), free_port(), free_port()
+        s.data_dir = self.tmp_path / f"server-{i}"
         s.proc = self._spawn(
             [
                 "server", "--coordinator", self.coordinator_addr,
@@ -194,6 +200,7 @@ class Cluster:
                 *extra_args,
             ],
             f"server {i}",
+            env=env(i) if callable(env) else env,
         )
         self.servers.append(s)
         return s

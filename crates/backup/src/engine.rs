@@ -1158,11 +1158,6 @@ fn come_to_rest(
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
 ) -> Result<()> {
-    if let Some(hold) = &sh.cfg.sync_hold_file {
-        while hold.exists() {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
     let tablets: Vec<Arc<Tablet>> = sh.tablets.read().values().cloned().collect();
     for t in &tablets {
         spill_versions(sh, t, dirty_versions)?;
@@ -1422,6 +1417,11 @@ fn sync_all(
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
 ) -> Result<()> {
+    if let Some(hold) = &sh.cfg.sync_hold_file {
+        while hold.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
     let tablets: Vec<Arc<Tablet>> = dirty.drain().map(|(_, t)| t).collect();
     let versions: Vec<Arc<Tablet>> = dirty_versions.drain().map(|(_, t)| t).collect();
     let vguards: Vec<_> = versions.iter().map(|t| (t.verlog.lock(), t)).collect();

@@ -53,6 +53,10 @@ pub enum Request {
     DropTable {
         name: String,
     },
+    SetTableMode {
+        name: String,
+        mode: ReplicationMode,
+    },
     /// The coordinator members, the leader, and the map.
     Status,
     /// Raft traffic between coordinator members: the body is openraft's request as JSON.
@@ -85,6 +89,7 @@ pub enum Response {
     Noted,
     TableCreated(TableInfo),
     TableDropped(TableId),
+    TableAltered(TableInfo),
     Status(CoordinatorStatus),
     Raft(serde_json::Value),
     /// This member is not the leader; `leader` is the leader's client address if known.

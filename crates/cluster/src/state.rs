@@ -42,6 +42,11 @@ pub enum Command {
     DropTable {
         name: String,
     },
+    /// Changes a table's replication mode; writes after the servers see the new map keep it.
+    SetTableMode {
+        name: String,
+        mode: ReplicationMode,
+    },
 }
 
 /// What a restarted server remembers of its membership.
@@ -57,6 +62,7 @@ pub enum CommandOutcome {
     Registered { id: ServerId, epoch: u64 },
     TableCreated(TableInfo),
     TableDropped(TableId),
+    TableAltered(TableInfo),
 }
 
 /// Why a command changed nothing. Every variant is the caller's error, stated so that a person
@@ -158,6 +164,13 @@ impl ClusterState {
                 self.map.tables.retain(|t| t.id != id);
                 self.map.tablets.retain(|t| t.table != id);
                 CommandOutcome::TableDropped(id)
+            }
+            Command::SetTableMode { name, mode } => {
+                let Some(table) = self.map.tables.iter_mut().find(|t| t.name == *name) else {
+                    return Err(CommandError::NoSuchTable(name.clone()));
+                };
+                table.mode = *mode;
+                CommandOutcome::TableAltered(table.clone())
             }
         };
         self.map.version += 1;

@@ -172,6 +172,13 @@ pub enum TableCommand {
     List,
     /// Drop a table and its tablets.
     Drop { name: String },
+    /// Change a table's replication mode (async, sync, durable or mirror); `default` is the table
+    /// RESP clients use.
+    SetMode {
+        name: String,
+        #[arg(value_parser = parse_mode)]
+        mode: ReplicationMode,
+    },
 }
 
 fn parse_mode(s: &str) -> Result<ReplicationMode, String> {
@@ -255,6 +262,18 @@ fn table(args: &TableArgs) -> anyhow::Result<()> {
                 let request = Request::DropTable { name: name.clone() };
                 match client.call(&request).await? {
                     Response::TableDropped(id) => println!("dropped table {name} id={id}"),
+                    other => return Err(unexpected(&other).into()),
+                }
+            }
+            TableCommand::SetMode { name, mode } => {
+                let request = Request::SetTableMode {
+                    name: name.clone(),
+                    mode: *mode,
+                };
+                match client.call(&request).await? {
+                    Response::TableAltered(t) => {
+                        println!("table {} id={} mode={}", t.name, t.id, t.mode)
+                    }
                     other => return Err(unexpected(&other).into()),
                 }
             }
@@ -381,6 +400,7 @@ fn status_json(
                         "master": tb.master,
                         "mirror": tb.mirror,
                         "backups": tb.backups,
+                        "epoch": tb.epoch,
                     })
                 })
                 .collect();

@@ -426,6 +426,13 @@ impl Shared {
                 Ok((other, _)) => unexpected_outcome(&other),
                 Err(answer) => answer,
             },
+            Request::SetTableMode { name, mode } => {
+                match self.propose(Command::SetTableMode { name, mode }).await {
+                    Ok((CommandOutcome::TableAltered(info), _)) => Response::TableAltered(info),
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
             Request::Status | Request::Raft { .. } => {
                 Response::Error("internal: this request is not a leader request".into())
             }

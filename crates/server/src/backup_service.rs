@@ -94,6 +94,9 @@ pub struct BackupService {
     /// Newest epoch seen per (table, first slot).
     epochs: Mutex<HashMap<(u32, u16), u64>>,
     marks: Mutex<HashMap<(u64, u64), StreamMark>>,
+    /// The open replication connections, to be closed at shutdown.
+    sockets: Mutex<Vec<(u64, TcpStream)>>,
+    next_socket: AtomicU64,
     pub counters: BackupCounters,
 }
 
@@ -132,6 +135,8 @@ impl BackupService {
             dir,
             epochs: Mutex::new(epochs),
             marks: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(Vec::new()),
+            next_socket: AtomicU64::new(0),
             counters: BackupCounters::default(),
         }))
     }
@@ -166,6 +171,13 @@ impl BackupService {
             refused_store: load(&c.refused_store),
             syncs_requested: load(&c.syncs_requested),
             tablets: self.store.tablets().len() as u64,
+        }
+    }
+
+    /// Closes every replication connection (at shutdown): masters reconnect to whoever serves.
+    pub fn close_connections(&self) {
+        for (_, s) in self.sockets.lock().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
         }
     }
 
@@ -246,7 +258,12 @@ impl BackupService {
                 .name("repl-sync".into())
                 .spawn(move || me.sync_loop(&acks, &writer))
         };
+        let token = self.next_socket.fetch_add(1, Ordering::Relaxed);
+        if let Ok(s) = socket.try_clone() {
+            self.sockets.lock().push((token, s));
+        }
         let result = self.read_loop(&node, socket, input, &hello, &acks, &writer);
+        self.sockets.lock().retain(|(t, _)| *t != token);
         if let Err((status, message)) = result {
             tracing::warn!(master = hello.master, ?status, %message, "replication frame refused; closing");
             let mut out = bytes::BytesMut::new();

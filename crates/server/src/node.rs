@@ -365,6 +365,7 @@ impl Node {
         }
         if let Some(d) = &self.cluster_duty {
             d.replication.stop();
+            d.backup.close_connections();
             let backup = d.backup.clone();
             let _ = tokio::task::spawn_blocking(move || backup.flush()).await;
         }

@@ -371,9 +371,14 @@ impl Stream {
         self.state.lock().buf.capacity() as u64
     }
 
+    /// Records why the connection failed; logged when the reason changes (a backup that stays
+    /// unreachable is retried quietly).
     fn fail(&self, what: String) {
-        tracing::warn!(backup = self.backup, error = %what, "replication connection");
-        *self.last_error.lock() = what;
+        let mut last = self.last_error.lock();
+        if *last != what {
+            tracing::warn!(backup = self.backup, error = %what, "replication connection");
+            *last = what;
+        }
     }
 }
 

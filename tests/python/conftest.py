@@ -152,6 +152,7 @@ class Cluster:
 
     def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None):
         self.tmp_path = tmp_path
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.coord_port = free_port()
         self.coordinator_addr = f"127.0.0.1:{self.coord_port}"
         self.procs = []

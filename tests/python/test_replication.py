@@ -203,6 +203,11 @@ def test_acknowledgement_points_by_mode(tmp_path):
             os.kill(b.proc.pid, signal.SIGCONT)
         t.join(10)
         assert "done" in res, res
+        # The master reported the backup that kept it waiting past backup_timeout_ms (1 s).
+        assert wait_until(
+            lambda: "a server reports a suspect peer" in (tmp_path / "coordinator.log").read_text(),
+            timeout=10,
+        ), (tmp_path / "coordinator.log").read_text()[-2000:]
 
         # async: answered at once even with the backup stopped.
         set_mode(c, "async")
@@ -235,6 +240,45 @@ def test_acknowledgement_points_by_mode(tmp_path):
         assert c.alive()
     finally:
         c.stop()
+
+
+def test_durable_writes_survive_kill_9_of_every_server(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        set_mode(c, "durable")
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+        expected = {}
+        for i in range(600):
+            assert rc.set(f"d:{i}", f"v{i}")
+            expected[f"d:{i}"] = f"v{i}"
+        for i in range(0, 600, 3):
+            assert rc.delete(f"d:{i}") == 1
+            expected.pop(f"d:{i}")
+        # Many clients' writes at once: they share the backups' syncs.
+        pipe = rc.pipeline()
+        for i in range(600, 1600):
+            pipe.set(f"d:{i}", f"p{i}")
+            expected[f"d:{i}"] = f"p{i}"
+        assert all(pipe.execute())
+        st = status(c)
+        syncs = sum(
+            redis.Redis(port=s.resp).info("replication")["ramlog_backup_side"]["frames"] for s in c.servers
+        )
+        assert syncs > 0
+        for s in c.servers:
+            s.proc.kill()  # kill -9: nothing flushed at exit
+        for s in c.servers:
+            s.proc.wait(timeout=10)
+    finally:
+        c.stop()
+    dumps = {s["id"]: dump(c.servers[server_index(c, st, s["id"])].data_dir) for s in st["servers"]}
+    for key, value in expected.items():
+        t = tablet_of(st, 0, key_slot(key.encode()))
+        for b in t["backups"]:
+            assert dumps[b].get(key, (None,))[0] == value, (key, b, dumps[b].get(key))
+    for i in range(0, 600, 3):
+        for d in dumps.values():
+            assert f"d:{i}" not in d
 
 
 def test_multi_put_is_replicated_whole_through_a_master_crash(tmp_path):

@@ -1,19 +1,24 @@
-//! `ramlog bench cluster`: a 3-server ramlog cluster against a Redis Cluster of 3 masters, side by
-//! side in one run on this machine.
+//! `ramlog bench cluster`: 3-server ramlog clusters against Redis Clusters of the same shape, side
+//! by side in one run on this machine. All load is `redis-benchmark --cluster -c 50 -d 100 -r
+//! 1000000 -t set,get` at pipeline 1 and 16 against each cluster's first server, targets
+//! alternating, medians of the repeats.
 //!
-//! Starts a ramlog coordinator and 3 `ramlog server --coordinator` processes (the defaults of
-//! `ramlog up`), and 3 `redis-server --cluster-enabled yes` joined with `redis-cli --cluster
-//! create` (no replicas, no persistence: ramlog cluster servers keep no log of their own, their
-//! backups will). Then, alternating targets, `redis-benchmark --cluster -c 50 -d 100 -r 1000000
-//! -t set,get` at pipeline 1 and 16 against each cluster's first server, and plain
-//! `redis-benchmark` (no `--cluster`) against ramlog's routing port of server 0. Rows: ramlog's
-//! cluster port against Redis Cluster (req/s, p50, p99), and the routing port against ramlog's
-//! cluster port.
+//! 1. **Without replication**: ramlog with no backups (`--default-replicas 0`) against 3 Redis
+//!    masters with no replicas and no persistence; and plain `redis-benchmark` (no `--cluster`)
+//!    against ramlog's routing port of server 0 against its cluster port.
+//! 2. **Replication** (`ramlog up`'s defaults: 2 backups per tablet): ramlog in each mode
+//!    (`async`, `sync`, `durable`, switched with `ramlog table set-mode`) against a Redis Cluster
+//!    of 3 masters + 3 replicas (asynchronous replication, the closest Redis offers); ramlog
+//!    `durable` against the same Redis Cluster with `appendonly yes, appendfsync always`; and the
+//!    cost of R = 0, 1, 2 backups in each mode (SET, req/s against R = 0).
+//! 3. **Backup RAM per replicated key**, at rest after the load: what the backup stores of the
+//!    R = 2 cluster hold for keys (version buffers, caches, notes, tablet metadata), divided by the
+//!    keys they back up; the fixed buffers are reported beside it.
 
 use crate::report::{Report, Row, Target};
 use crate::resp::{
-    command, free_port, latency_rows, median_by, redis_benchmark_with, wait_for_ping, which,
-    BenchResult, Peer,
+    command, free_port, info_text, latency_rows, median_by, redis_benchmark_with, wait_for_ping,
+    which, BenchResult, Peer,
 };
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
@@ -32,7 +37,7 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     let (requests_p1, requests_p16, repeats) = if quick {
         (30_000, 100_000, 1)
     } else {
-        (300_000, 1_000_000, 5)
+        (300_000, 1_000_000, 3)
     };
     let work = std::env::temp_dir().join(format!("ramlog-bench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
@@ -63,9 +68,10 @@ fn wait_cluster_ok(port: u16) -> anyhow::Result<()> {
     }
 }
 
-fn redis_cluster(work: &Path) -> anyhow::Result<Vec<Peer>> {
+/// A Redis Cluster of 3 masters, each with `replicas` replicas.
+fn redis_cluster(work: &Path, replicas: usize) -> anyhow::Result<Vec<Peer>> {
     let mut peers = Vec::new();
-    for _ in 0..SERVERS {
+    for _ in 0..SERVERS * (1 + replicas) {
         let port = free_port()?;
         let dir = work.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir)?;
@@ -98,7 +104,7 @@ fn redis_cluster(work: &Path) -> anyhow::Result<Vec<Peer>> {
         .arg("--cluster")
         .arg("create")
         .args(peers.iter().map(|p| format!("127.0.0.1:{}", p.port)))
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
         .output()
         .context("running redis-cli --cluster create")?;
     if !out.status.success() {
@@ -110,7 +116,62 @@ fn redis_cluster(work: &Path) -> anyhow::Result<Vec<Peer>> {
     for p in &peers {
         wait_cluster_ok(p.port)?;
     }
+    if replicas > 0 {
+        // Every replica has finished its first sync before any load.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for p in &peers {
+            loop {
+                let info = info_text(p.port, "replication")?;
+                let synced = info.contains("role:master")
+                    || info.contains("master_link_status:up")
+                        && info.contains("master_sync_in_progress:0");
+                if synced {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("Redis replica on port {} did not sync", p.port);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
     Ok(peers)
+}
+
+/// Turns every Redis node's AOF on with `appendfsync always` (or back off), waiting for the
+/// initial rewrite to end.
+fn redis_fsync_always(peers: &[Peer], on: bool) -> anyhow::Result<()> {
+    for p in peers {
+        let fsync = command(
+            p.port,
+            if on {
+                "CONFIG SET appendfsync always"
+            } else {
+                "CONFIG SET appendfsync everysec"
+            },
+        )?;
+        let aof = command(
+            p.port,
+            if on {
+                "CONFIG SET appendonly yes"
+            } else {
+                "CONFIG SET appendonly no"
+            },
+        )?;
+        if fsync != "+OK" || aof != "+OK" {
+            bail!("CONFIG SET on Redis port {}: {fsync} {aof}", p.port);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for p in peers {
+        while info_text(p.port, "persistence")?.contains("aof_rewrite_in_progress:1") {
+            if Instant::now() > deadline {
+                bail!("the AOF rewrite on Redis port {} did not end", p.port);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
 }
 
 /// Starts a child and waits for its `ready` line.
@@ -133,58 +194,129 @@ fn ramlog_process(args: &[String], name: &'static str, port: u16) -> anyhow::Res
     Ok(peer)
 }
 
-/// The ramlog cluster: the coordinator first, then the servers; (processes, cluster ports,
-/// routing port of server 0).
-fn ramlog_cluster(work: &Path) -> anyhow::Result<(Vec<Peer>, Vec<u16>, u16)> {
-    let coord_port = free_port()?;
-    let coord = format!("127.0.0.1:{coord_port}");
-    let mut peers = vec![ramlog_process(
-        &[
+/// A running ramlog cluster.
+struct Ramlog {
+    /// The coordinator first, then the servers; held so that dropping the cluster stops them.
+    _processes: Vec<Peer>,
+    coordinator: String,
+    /// Cluster RESP ports of the servers.
+    ports: Vec<u16>,
+    /// Routing port of server 0.
+    routing: u16,
+}
+
+impl Ramlog {
+    /// The coordinator first, then the servers; `replicas` backups per tablet of the default
+    /// table (None: `ramlog up`'s default, 2 with 3 servers).
+    fn start(work: &Path, name: &str, replicas: Option<u32>) -> anyhow::Result<Ramlog> {
+        let work = work.join(name);
+        let coord_port = free_port()?;
+        let coordinator = format!("127.0.0.1:{coord_port}");
+        let mut args: Vec<String> = vec![
             "coordinator".into(),
             "--listen".into(),
-            coord.clone(),
+            coordinator.clone(),
             "--members".into(),
-            format!("1={coord}"),
+            format!("1={coordinator}"),
             "--initial-servers".into(),
             SERVERS.to_string(),
             "--data-dir".into(),
             work.join("coordinator").display().to_string(),
-        ],
-        "coordinator",
-        coord_port,
-    )?];
-    let mut ports = Vec::new();
-    let mut routing0 = 0;
-    for i in 0..SERVERS {
-        let (resp, routing) = (free_port()?, free_port()?);
-        if i == 0 {
-            routing0 = routing;
+        ];
+        if let Some(r) = replicas {
+            args.extend(["--default-replicas".into(), r.to_string()]);
         }
-        peers.push(ramlog_process(
-            &[
-                "server".into(),
-                "--coordinator".into(),
-                coord.clone(),
-                "--resp-port".into(),
-                resp.to_string(),
-                "--routing-port".into(),
-                routing.to_string(),
-                "--native-port".into(),
-                free_port()?.to_string(),
-                "--admin-port".into(),
-                "0".into(),
-                "--data-dir".into(),
-                work.join(format!("server-{i}")).display().to_string(),
-            ],
-            "server",
-            resp,
-        )?);
-        ports.push(resp);
+        let mut peers = vec![ramlog_process(&args, "coordinator", coord_port)?];
+        let mut ports = Vec::new();
+        let mut routing0 = 0;
+        for i in 0..SERVERS {
+            let (resp, routing) = (free_port()?, free_port()?);
+            if i == 0 {
+                routing0 = routing;
+            }
+            peers.push(ramlog_process(
+                &[
+                    "server".into(),
+                    "--coordinator".into(),
+                    coordinator.clone(),
+                    "--resp-port".into(),
+                    resp.to_string(),
+                    "--routing-port".into(),
+                    routing.to_string(),
+                    "--native-port".into(),
+                    free_port()?.to_string(),
+                    "--admin-port".into(),
+                    "0".into(),
+                    "--data-dir".into(),
+                    work.join(format!("server-{i}")).display().to_string(),
+                ],
+                "server",
+                resp,
+            )?);
+            ports.push(resp);
+        }
+        for &p in &ports {
+            wait_cluster_ok(p)?;
+        }
+        Ok(Ramlog {
+            _processes: peers,
+            coordinator,
+            ports,
+            routing: routing0,
+        })
     }
-    for &p in &ports {
-        wait_cluster_ok(p)?;
+
+    /// Switches the default table to `mode` and waits until every server applied the new map.
+    fn set_mode(&self, mode: &str) -> anyhow::Result<()> {
+        let before = self.map_epochs()?;
+        let exe = std::env::current_exe().context("locating the ramlog binary")?;
+        let out = Command::new(exe)
+            .args([
+                "table",
+                "set-mode",
+                "default",
+                mode,
+                "--coordinator",
+                &self.coordinator,
+            ])
+            .output()
+            .context("running ramlog table set-mode")?;
+        if !out.status.success() {
+            bail!(
+                "ramlog table set-mode: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let target = before.iter().copied().max().unwrap_or(0) + 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.map_epochs()?.iter().any(|&e| e < target) {
+            if Instant::now() > deadline {
+                bail!("the servers did not apply the map that sets mode {mode}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
     }
-    Ok((peers, ports, routing0))
+
+    /// The map version each server serves (CLUSTER INFO's `cluster_current_epoch`).
+    fn map_epochs(&self) -> anyhow::Result<Vec<u64>> {
+        self.ports
+            .iter()
+            .map(|&p| {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", p))?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                use std::io::{Read, Write};
+                s.write_all(b"CLUSTER INFO\r\n")?;
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf)?;
+                String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cluster_current_epoch:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .context("no cluster_current_epoch in CLUSTER INFO")
+            })
+            .collect()
+    }
 }
 
 fn run_all(
@@ -194,47 +326,194 @@ fn run_all(
     repeats: usize,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let redis = redis_cluster(work)?;
-    let (ramlog, ramlog_ports, routing) = ramlog_cluster(work)?;
     let cluster = ["--cluster"];
-    for (pipeline, requests) in [(1u32, requests_p1), (16u32, requests_p16)] {
-        // [target][op]: Redis Cluster, ramlog cluster port, ramlog routing port.
-        let mut runs: [[Vec<BenchResult>; 2]; 3] = Default::default();
-        for _ in 0..repeats {
-            let targets: [(u16, &[&str]); 3] = [
-                (redis[0].port, &cluster),
-                (ramlog_ports[0], &cluster),
-                (routing, &[]),
-            ];
-            for (t, (port, extra)) in targets.iter().enumerate() {
-                let (set, get) = redis_benchmark_with(*port, requests, pipeline, extra)?;
-                runs[t][0].push(set);
-                runs[t][1].push(get);
+    // 1. Without replication, each side.
+    {
+        let redis = redis_cluster(work, 0)?;
+        let ramlog = Ramlog::start(work, "r0-plain", Some(0))?;
+        for (pipeline, requests) in [(1u32, requests_p1), (16u32, requests_p16)] {
+            // [target][op]: Redis Cluster, ramlog cluster port, ramlog routing port.
+            let mut runs: [[Vec<BenchResult>; 2]; 3] = Default::default();
+            for _ in 0..repeats {
+                let targets: [(u16, &[&str]); 3] = [
+                    (redis[0].port, &cluster),
+                    (ramlog.ports[0], &cluster),
+                    (ramlog.routing, &[]),
+                ];
+                for (t, (port, extra)) in targets.iter().enumerate() {
+                    let (set, get) = redis_benchmark_with(*port, requests, pipeline, extra)?;
+                    runs[t][0].push(set);
+                    runs[t][1].push(get);
+                }
+            }
+            for (o, op) in ["set", "get"].iter().enumerate() {
+                let (redis_runs, cluster_runs, routing_runs) =
+                    (&runs[0][o], &runs[1][o], &runs[2][o]);
+                latency_rows(
+                    report,
+                    &format!("{op}_p{pipeline}"),
+                    cluster_runs,
+                    redis_runs,
+                    1.2,
+                );
+                report.push(
+                    Row::versus(
+                        format!("routing_{op}_p{pipeline}_rps"),
+                        median_by(routing_runs, |x| x.rps),
+                        "req/s",
+                        median_by(cluster_runs, |x| x.rps),
+                    )
+                    .with_target(Target::at_least(0.6)),
+                );
             }
         }
-        for (o, op) in ["set", "get"].iter().enumerate() {
-            let (redis_runs, cluster_runs, routing_runs) = (&runs[0][o], &runs[1][o], &runs[2][o]);
-            latency_rows(
-                report,
-                &format!("{op}_p{pipeline}"),
-                cluster_runs,
-                redis_runs,
-                1.2,
-            );
-            report.push(
-                Row::versus(
-                    format!("routing_{op}_p{pipeline}_rps"),
-                    median_by(routing_runs, |x| x.rps),
+        check_keys(&ramlog)?;
+    }
+
+    // 2. Replication: R = 2 (the default) in each mode against Redis Cluster with replicas, and
+    // the cost of R = 0, 1, 2.
+    let redis = redis_cluster(work, 1)?;
+    let r2 = Ramlog::start(work, "r2", None)?;
+    let r1 = Ramlog::start(work, "r1", Some(1))?;
+    let r0 = Ramlog::start(work, "r0", Some(0))?;
+    const MODES: [&str; 3] = ["async", "sync", "durable"];
+    for (pipeline, requests) in [(1u32, requests_p1), (16u32, requests_p16)] {
+        let mut redis_runs: [Vec<BenchResult>; 2] = Default::default();
+        // [R][mode][op]
+        let mut ours: [[[Vec<BenchResult>; 2]; 3]; 3] = Default::default();
+        for _ in 0..repeats {
+            let (set, get) = redis_benchmark_with(redis[0].port, requests, pipeline, &cluster)?;
+            redis_runs[0].push(set);
+            redis_runs[1].push(get);
+            for (m, mode) in MODES.iter().enumerate() {
+                for (r, c) in [&r0, &r1, &r2].iter().enumerate() {
+                    c.set_mode(mode)?;
+                    let (set, get) =
+                        redis_benchmark_with(c.ports[0], requests, pipeline, &cluster)?;
+                    ours[r][m][0].push(set);
+                    ours[r][m][1].push(get);
+                }
+            }
+        }
+        for (m, mode) in MODES.iter().enumerate() {
+            for (o, op) in ["set", "get"].iter().enumerate() {
+                let target = match (*mode, *op) {
+                    ("sync", "set") | ("durable", "set") => None,
+                    _ => Some(1.0),
+                };
+                let row = Row::versus(
+                    format!("repl_{mode}_{op}_p{pipeline}_rps"),
+                    median_by(&ours[2][m][o], |x| x.rps),
                     "req/s",
-                    median_by(cluster_runs, |x| x.rps),
-                )
-                .with_target(Target::at_least(0.6)),
-            );
+                    median_by(&redis_runs[o], |x| x.rps),
+                );
+                report.push(match (*mode, *op, target) {
+                    ("sync", "set", _) => row.with_target(Target::at_least(0.8)),
+                    (_, _, Some(t)) => row.with_target(Target::at_least(t)),
+                    _ => row,
+                });
+                report.push(Row::versus(
+                    format!("repl_{mode}_{op}_p{pipeline}_p99"),
+                    median_by(&ours[2][m][o], |x| x.p99_ms),
+                    "ms",
+                    median_by(&redis_runs[o], |x| x.p99_ms),
+                ));
+            }
+            // The cost of backups: SET at R = 1 and 2 against R = 0, in this mode.
+            let r0_set = median_by(&ours[0][m][0], |x| x.rps);
+            report.push(Row::plain(
+                format!("r0_{mode}_set_p{pipeline}_rps"),
+                r0_set,
+                "req/s",
+            ));
+            for r in 1..=2 {
+                report.push(Row::versus(
+                    format!("r{r}_{mode}_set_p{pipeline}_rps"),
+                    median_by(&ours[r][m][0], |x| x.rps),
+                    "req/s",
+                    r0_set,
+                ));
+            }
         }
     }
-    // Every key redis-benchmark wrote is on its master: DBSIZE of the servers adds up through the
-    // routing port (a check that the load reached all three).
-    let total = command(routing, "DBSIZE")?;
+    drop(r0);
+    drop(r1);
+
+    // durable against Redis Cluster (with replicas) with appendfsync always.
+    redis_fsync_always(&redis, true)?;
+    r2.set_mode("durable")?;
+    for (pipeline, requests) in [(1u32, requests_p1), (16u32, requests_p16)] {
+        let (mut theirs, mut mine) = (Vec::new(), Vec::new());
+        for _ in 0..repeats {
+            theirs.push(redis_benchmark_with(redis[0].port, requests, pipeline, &cluster)?.0);
+            mine.push(redis_benchmark_with(r2.ports[0], requests, pipeline, &cluster)?.0);
+        }
+        let row = Row::versus(
+            format!("durable_vs_fsync_always_set_p{pipeline}_rps"),
+            median_by(&mine, |x| x.rps),
+            "req/s",
+            median_by(&theirs, |x| x.rps),
+        );
+        report.push(if pipeline == 16 {
+            row.with_target(Target::at_least(1.5))
+        } else {
+            row
+        });
+        report.push(Row::versus(
+            format!("durable_vs_fsync_always_set_p{pipeline}_p99"),
+            median_by(&mine, |x| x.p99_ms),
+            "ms",
+            median_by(&theirs, |x| x.p99_ms),
+        ));
+    }
+    drop(redis);
+
+    // 3. Backup RAM per replicated key, at rest (the stores come to rest 1 s after the last
+    // append; wait for it).
+    let keys = check_keys(&r2)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let (mut per_key_parts, mut fixed_parts) = (0.0, 0.0);
+    for &port in &r2.ports {
+        let info = info_text(port, "memory")?;
+        for line in info.lines() {
+            let Some((name, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let Some(part) = name.strip_prefix("ramlog_memory_backup_") else {
+                continue;
+            };
+            let bytes: f64 = value.trim().parse().unwrap_or(0.0);
+            match part {
+                "write_buffer" | "flush_arenas" | "reorg_buffers" | "secondary_buffers" => {
+                    fixed_parts += bytes
+                }
+                _ => per_key_parts += bytes,
+            }
+        }
+    }
+    let replicated = (keys * 2) as f64;
+    report.push(
+        Row::plain(
+            "backup_ram_per_replicated_key",
+            per_key_parts / replicated,
+            "B/key",
+        )
+        .with_target(Target::at_most(16.0)),
+    );
+    report.push(Row::plain(
+        "backup_fixed_buffers_per_server",
+        fixed_parts / SERVERS as f64,
+        "bytes",
+    ));
+    report.push(Row::plain("replicated_keys", replicated, "keys"));
+    drop(r2);
+    Ok(())
+}
+
+/// Checks that the load reached every server of `c` and returns its keys (DBSIZE summed through
+/// the routing port).
+fn check_keys(c: &Ramlog) -> anyhow::Result<u64> {
+    let total = command(c.routing, "DBSIZE")?;
     let keys: u64 = total
         .trim_start_matches(':')
         .parse()
@@ -242,14 +521,10 @@ fn run_all(
     if keys == 0 {
         bail!("the ramlog cluster holds no keys after the benchmark");
     }
-    for &port in &ramlog_ports {
-        let own = command(port, "DBSIZE")?;
-        if own == ":0" {
+    for &port in &c.ports {
+        if command(port, "DBSIZE")? == ":0" {
             bail!("ramlog server on port {port} received no keys");
         }
     }
-    report.push(Row::plain("ramlog_keys_after", keys as f64, "keys"));
-    drop(ramlog);
-    drop(redis);
-    Ok(())
+    Ok(keys)
 }

@@ -271,7 +271,16 @@ pub(crate) fn command(port: u16, line: &str) -> anyhow::Result<String> {
 }
 
 /// One numeric field of an INFO section.
-fn info_field(port: u16, section: &str, field: &str) -> anyhow::Result<f64> {
+pub(crate) fn info_field(port: u16, section: &str, field: &str) -> anyhow::Result<f64> {
+    let body = info_text(port, section)?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no {field} in INFO {section}"))
+}
+
+/// The text of an INFO section.
+pub(crate) fn info_text(port: u16, section: &str) -> anyhow::Result<String> {
     let mut s = connect(port)?;
     s.write_all(format!("INFO {section}\r\n").as_bytes())?;
     let mut reader = BufReader::new(s);
@@ -284,11 +293,7 @@ fn info_field(port: u16, section: &str, field: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("INFO reply {header:?}"))?;
     let mut body = vec![0u8; len + 2];
     reader.read_exact(&mut body)?;
-    let body = String::from_utf8_lossy(&body);
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no {field} in INFO {section}"))
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 fn flush(port: u16) -> anyhow::Result<()> {

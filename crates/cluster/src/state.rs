@@ -24,6 +24,12 @@ pub enum Command {
     Init {
         cluster_id: u64,
         initial_servers: u32,
+        /// The default table's replication mode (None: `sync`).
+        #[serde(default)]
+        default_mode: Option<ReplicationMode>,
+        /// The default table's backups per tablet (None: the default for the cluster's size).
+        #[serde(default)]
+        default_replicas: Option<u32>,
     },
     /// A server joins: a new id, or an earlier id again (a restart) with the cluster id it was
     /// given. Either way it gets a new epoch.
@@ -102,6 +108,10 @@ pub struct ClusterState {
     pub map: ClusterMap,
     pub initialized: bool,
     pub initial_servers: u32,
+    #[serde(default)]
+    pub default_mode: Option<ReplicationMode>,
+    #[serde(default)]
+    pub default_replicas: Option<u32>,
     pub next_server_id: ServerId,
     pub next_table_id: TableId,
 }
@@ -121,6 +131,8 @@ impl ClusterState {
             Command::Init {
                 cluster_id,
                 initial_servers,
+                default_mode,
+                default_replicas,
             } => {
                 if self.initialized {
                     // A second Init (a new leader that had not seen the first) changes nothing.
@@ -128,6 +140,8 @@ impl ClusterState {
                 }
                 self.initialized = true;
                 self.initial_servers = (*initial_servers).max(1);
+                self.default_mode = *default_mode;
+                self.default_replicas = *default_replicas;
                 self.map.cluster_id = *cluster_id;
                 self.next_server_id = 1;
                 self.next_table_id = 1;
@@ -217,11 +231,13 @@ impl ClusterState {
         };
         let up = self.map.up_servers().count() as u32;
         if self.map.table(DEFAULT_TABLE).is_none() && up >= self.initial_servers {
+            // More replicas than the live servers allow are cut to what they allow.
+            let replicas = self.default_replicas.map(|r| r.min(up.saturating_sub(1)));
             self.place(
                 DEFAULT_TABLE,
                 DEFAULT_TABLE_NAME,
-                ReplicationMode::Sync,
-                None,
+                self.default_mode.unwrap_or_default(),
+                replicas,
                 None,
             )?;
         }
@@ -330,6 +346,8 @@ mod tests {
         s.apply(&Command::Init {
             cluster_id: 0xabc,
             initial_servers: initial,
+            default_mode: None,
+            default_replicas: None,
         })
         .unwrap();
         s
@@ -436,6 +454,51 @@ mod tests {
             Err(CommandError::NoSuchTable("x".into()))
         );
         assert_eq!(s, before);
+    }
+
+    #[test]
+    fn table_modes_change_and_the_default_table_takes_the_configured_ones() {
+        let mut s = init(3);
+        for port in 1..=3 {
+            register(&mut s, port);
+        }
+        assert_eq!(
+            s.map.table(DEFAULT_TABLE).unwrap().mode,
+            ReplicationMode::Sync
+        );
+        let version = s.map.version;
+        let out = s
+            .apply(&Command::SetTableMode {
+                name: "default".into(),
+                mode: ReplicationMode::Durable,
+            })
+            .unwrap();
+        assert!(
+            matches!(out, CommandOutcome::TableAltered(t) if t.mode == ReplicationMode::Durable)
+        );
+        assert_eq!(s.map.version, version + 1);
+        assert!(s
+            .apply(&Command::SetTableMode {
+                name: "nope".into(),
+                mode: ReplicationMode::Async,
+            })
+            .is_err());
+
+        let mut s = ClusterState::default();
+        s.apply(&Command::Init {
+            cluster_id: 1,
+            initial_servers: 3,
+            default_mode: Some(ReplicationMode::Async),
+            default_replicas: Some(5),
+        })
+        .unwrap();
+        for port in 1..=3 {
+            register(&mut s, port);
+        }
+        let table = s.map.table(DEFAULT_TABLE).unwrap();
+        assert_eq!(table.mode, ReplicationMode::Async);
+        // More replicas than the servers allow are cut to what they allow.
+        assert_eq!(table.replicas, 2);
     }
 
     #[test]

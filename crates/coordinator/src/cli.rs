@@ -36,6 +36,14 @@ pub struct CoordinatorArgs {
     /// Servers that must register before the default table is placed.
     #[arg(long, default_value_t = 1)]
     pub initial_servers: u32,
+    /// Replication mode of the default table (the one RESP clients use) when the cluster is
+    /// created: async, sync (default), durable or mirror. `ramlog table set-mode` changes it later.
+    #[arg(long, value_parser = parse_mode)]
+    pub default_mode: Option<ReplicationMode>,
+    /// Backups per tablet of the default table when the cluster is created (default: 2 with 3
+    /// servers, 3 from 4).
+    #[arg(long)]
+    pub default_replicas: Option<u32>,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -77,6 +85,8 @@ impl CoordinatorArgs {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(format!("./ramlog-data/coordinator-{}", self.id))),
             initial_servers: self.initial_servers.max(1),
+            default_mode: self.default_mode,
+            default_replicas: self.default_replicas,
             snapshot_every: crate::service::SNAPSHOT_EVERY,
         })
     }

@@ -42,6 +42,9 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     /// Servers that must register before the default table is placed.
     pub initial_servers: u32,
+    /// The default table's mode and backups per tablet, fixed when the cluster is created.
+    pub default_mode: Option<ramlog_cluster::ReplicationMode>,
+    pub default_replicas: Option<u32>,
     /// A snapshot is taken after this many log entries, and as many are kept behind it for
     /// followers that lag; one further behind is sent the snapshot.
     pub snapshot_every: u64,
@@ -66,6 +69,8 @@ struct Shared {
     /// The last suspicion reported against each server: (reporter, reason, when).
     suspicions: Mutex<HashMap<ServerId, (ServerId, String, Instant)>>,
     initial_servers: u32,
+    default_mode: Option<ramlog_cluster::ReplicationMode>,
+    default_replicas: Option<u32>,
 }
 
 impl Coordinator {
@@ -113,6 +118,8 @@ impl Coordinator {
             heartbeats: Mutex::new(HashMap::new()),
             suspicions: Mutex::new(HashMap::new()),
             initial_servers: config.initial_servers,
+            default_mode: config.default_mode,
+            default_replicas: config.default_replicas,
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(accept_loop(
@@ -210,6 +217,8 @@ async fn init_when_leader(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
             let command = Command::Init {
                 cluster_id: rand::random::<u64>(),
                 initial_servers: shared.initial_servers,
+                default_mode: shared.default_mode,
+                default_replicas: shared.default_replicas,
             };
             match shared.propose(command).await {
                 Ok(_) => tracing::info!("initialized the cluster state"),

@@ -590,6 +590,8 @@ mod tests {
             payload: EntryPayload::Normal(Command::Init {
                 cluster_id: 7,
                 initial_servers: 1,
+                default_mode: None,
+                default_replicas: None,
             }),
         };
         let applied = sm.apply(vec![init]).await.unwrap();

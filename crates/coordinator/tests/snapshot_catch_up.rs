@@ -21,6 +21,8 @@ fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorCo
         members: members.clone(),
         data_dir: dir.join(format!("c{id}")),
         initial_servers: 1,
+        default_mode: None,
+        default_replicas: None,
         snapshot_every: 4,
     }
 }

@@ -664,6 +664,134 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    use ramlog_proto::repl::{encode_batch_body, encode_unit, ReplEntry, UnitHead};
+
+    fn service(dir: &std::path::Path) -> (Arc<BackupService>, Arc<Node>) {
+        let config = crate::ServerConfig {
+            data_dir: dir.to_path_buf(),
+            memory_bytes: 64 << 20,
+            ..crate::ServerConfig::default()
+        };
+        let backup = BackupService::open(&config).unwrap();
+        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
+            memory_bytes: 64 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        let node = Node::with_engine(engine, 1, config).unwrap();
+        (backup, node)
+    }
+
+    fn acks() -> Acks {
+        Acks {
+            pending: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            buffered: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    /// A batch of one unit of `key = value` at `version` for tablet (0, 0..=99) at `epoch`,
+    /// starting at stream offset `start`; returns the body and its end offset.
+    fn batch(start: u64, epoch: u64, key: &[u8], value: &[u8], version: u64) -> (Vec<u8>, u64) {
+        let mut units = Vec::new();
+        let head = UnitHead {
+            table: 0,
+            first_slot: 0,
+            last_slot: 99,
+            epoch,
+            count: 0,
+        };
+        let n = encode_unit(
+            &mut units,
+            &head,
+            &[ReplEntry {
+                key,
+                value: Some(value),
+                version,
+                expiry: 0,
+            }],
+        );
+        let mut body = Vec::new();
+        encode_batch_body(&mut body, start, 0, &units);
+        (body, start + n as u64)
+    }
+
+    fn hello(epoch: u64) -> Hello {
+        Hello {
+            cluster_id: 1,
+            master: 7,
+            master_epoch: epoch,
+            map_version: 1,
+        }
+    }
+
+    #[test]
+    fn older_epochs_are_fenced_and_resent_units_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (backup, node) = service(dir.path());
+        let a = acks();
+        let (b1, end1) = batch(0, 3, b"k", b"epoch3", 10);
+        backup.take_batch(&node, &b1, &hello(1), &a).unwrap();
+        assert_eq!(a.buffered.load(Ordering::Relaxed), end1);
+        // The same units again (a reconnection resends from the last durable offset): skipped.
+        backup.take_batch(&node, &b1, &hello(1), &a).unwrap();
+        assert_eq!(backup.counters.units_skipped.load(Ordering::Relaxed), 1);
+        // A frame from an older epoch of the tablet is refused, and nothing of it is appended.
+        let (b2, _) = batch(end1, 2, b"k", b"zombie", 11);
+        let (status, message) = backup.take_batch(&node, &b2, &hello(1), &a).unwrap_err();
+        assert_eq!(status, Status::Fenced, "{message}");
+        assert!(message.contains("stale epoch"), "{message}");
+        // Another master process (a new master epoch) with the same old tablet epoch: fenced too.
+        let (b3, _) = batch(0, 2, b"k", b"zombie", 12);
+        assert_eq!(
+            backup.take_batch(&node, &b3, &hello(2), &a).unwrap_err().0,
+            Status::Fenced
+        );
+        // A newer epoch is taken, and raises the fence.
+        let (b4, _) = batch(0, 4, b"k", b"epoch4", 13);
+        backup.take_batch(&node, &b4, &hello(3), &a).unwrap();
+        let (b5, _) = batch(end1, 3, b"j", b"late", 14);
+        assert_eq!(
+            backup.take_batch(&node, &b5, &hello(1), &a).unwrap_err().0,
+            Status::Fenced
+        );
+        // A corrupt frame and a gap in the stream are refused.
+        let mut bad = b4.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(
+            backup.take_batch(&node, &bad, &hello(3), &a).unwrap_err().0,
+            Status::BadRequest
+        );
+        let (gap, _) = batch(end1 * 10, 4, b"g", b"gap", 15);
+        assert_eq!(
+            backup.take_batch(&node, &gap, &hello(3), &a).unwrap_err().0,
+            Status::BadRequest
+        );
+        assert_eq!(backup.epochs(), vec![((0, 0), 4)]);
+        // What replays: each epoch's log, nothing refused.
+        let mut seen = Vec::new();
+        backup
+            .store()
+            .replay_all(|e| seen.push((split_store_tablet(e.tablet).2, e.value.to_vec())))
+            .unwrap();
+        seen.sort();
+        assert_eq!(seen, vec![(3, b"epoch3".to_vec()), (4, b"epoch4".to_vec())]);
+        drop(backup);
+        // The fence survives a restart: the newest epoch is what the store's tablets record.
+        let (again, node) = service(dir.path());
+        assert_eq!(again.epochs(), vec![((0, 0), 4)]);
+        let (b6, _) = batch(0, 3, b"k", b"after-restart", 20);
+        assert_eq!(
+            again
+                .take_batch(&node, &b6, &hello(9), &acks())
+                .unwrap_err()
+                .0,
+            Status::Fenced
+        );
+    }
+
     #[test]
     fn store_tablet_ids_pack_and_unpack() {
         let id = store_tablet(7, 16383, 5).unwrap();

@@ -31,6 +31,12 @@ pub struct UpFlags {
     /// First coordinator member's port (member j listens on this + j - 1; 0 = free ports).
     #[arg(long, default_value_t = 9380)]
     pub coordinator_port: u16,
+    /// Replication mode of the default table: async, sync (default) or durable.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Backups per tablet of the default table (default: 2 with 3 servers, 3 from 4).
+    #[arg(long)]
+    pub replicas: Option<u32>,
 }
 
 /// Default base ports of `ramlog up`: the routing port of server 0 is 6380, so that
@@ -164,6 +170,18 @@ pub fn run_up(flags: &UpFlags) -> anyhow::Result<()> {
                 .args(["--listen", &addr.to_string()])
                 .args(["--members", &member_list])
                 .args(["--initial-servers", &flags.servers.to_string()])
+                .args(
+                    flags
+                        .mode
+                        .iter()
+                        .flat_map(|m| ["--default-mode", m.as_str()]),
+                )
+                .args(
+                    flags
+                        .replicas
+                        .iter()
+                        .flat_map(|r| ["--default-replicas".to_string(), r.to_string()]),
+                )
                 .arg("--data-dir")
                 .arg(data_dir.join(format!("coordinator-{j}")));
             let (p, _) = spawn(&format!("coordinator {j}"), c, Duration::from_secs(30))?;

@@ -795,7 +795,7 @@ mod tests {
             node.write_refusal().is_none(),
             "no persistence, nothing refused"
         );
-        assert!(!node.acknowledgement_waits());
+        assert!(!node.acknowledgement_waits(&Default::default()));
     }
 
     #[test]

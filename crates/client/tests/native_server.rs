@@ -434,7 +434,7 @@ async fn malformed_frames_get_typed_errors_and_the_connection_lives() {
             Status::BadRequest,
         ), // key length past the end
         (frame(2, 0x7E, 0, &[]), Status::UnknownOpcode),
-        (frame(3, 0x31, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH now)
+        (frame(3, 0x34, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH, 0x31..=0x33 replication)
         (frame(4, opcode::SCAN_KEYS, 0x08, &[]), Status::Unsupported), // FILTER flag is reserved
         (
             frame(5, opcode::MULTI_GET, 0, &[0xFF, 0xFF, 0xFF, 0x7F]),

@@ -69,12 +69,13 @@ pub const LATENCY_BUCKETS_US: [u64; 21] = [
 
 /// The replication part of `/metrics`: per backup stream, per mode, and the backup side.
 fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFigures) {
-    let per_stream: [(
-        &str,
-        &str,
-        &str,
+    type StreamGauge = (
+        &'static str,
+        &'static str,
+        &'static str,
         fn(&crate::replication::StreamFigures) -> String,
-    ); 8] = [
+    );
+    let per_stream: [StreamGauge; 8] = [
         (
             "ramlog_replication_connected",
             "1 while the replication connection to this backup is up.",

@@ -14,7 +14,9 @@ import time
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from conftest import Cluster, ramlog_bin, wait_until
 
@@ -388,7 +390,7 @@ def open_stream(port, cluster_id, master, epoch, map_version):
     hello = b""
     while len(hello) < 24:
         hello += s.recv(24 - len(hello))
-    s.sendall(frame(0x31, struct.pack("<QQQQ", cluster_id, master, epoch, map_version), request_id=1))
+    s.sendall(frame(0x31, struct.pack("<QQQQQ", cluster_id, master, epoch, map_version, 7), request_id=1))
     reply = read_frame(s)
     assert reply is not None and reply[1] == 0, reply
     return s
@@ -458,7 +460,7 @@ def test_backups_fence_stale_epochs_and_refuse_bad_frames(tmp_path):
         s = socket.create_connection(("127.0.0.1", backup.native), timeout=10)
         s.sendall(b"RLOG" + struct.pack("<HH", 1, 0))
         s.recv(24)
-        s.sendall(frame(0x31, struct.pack("<QQQQ", cluster_id ^ 1, master_id, 1, 1), request_id=1))
+        s.sendall(frame(0x31, struct.pack("<QQQQQ", cluster_id ^ 1, master_id, 1, 1, 7), request_id=1))
         reply = read_frame(s)
         assert reply is not None and reply[1] == 0x18, reply
         s.close()
@@ -468,3 +470,68 @@ def test_backups_fence_stale_epochs_and_refuse_bad_frames(tmp_path):
     d = dump(backup.data_dir)
     assert d[key][0] == "new-owner", d.get(key)
     assert "torn" not in d and "x" not in d
+
+
+def test_a_backup_whose_disk_fills_refuses_and_keeps_what_it_acknowledged(tmp_path):
+    """One server's data directory lies on a small tmpfs (mounted here, as root; a failed mount
+    fails the test). Its backup store fits at start (the 256 MiB primary log is preallocated);
+    a ballast file then leaves little room, and the 8 MiB secondary-log segments of the tablets
+    it backs up cannot be allocated: the store fails. The table is `durable`, so every reply
+    claims a synced copy on every backup: writes to those tablets are then not acknowledged, the
+    backup reports the refusals, and every write acknowledged before replays intact from it (and
+    from the other backup). (Under `sync` a backup's buffered copy can be lost with its store; the
+    master keeps those bytes until the backup says they are durable.)"""
+    from test_disk_full import free_bytes, tmpfs
+
+    full_dir = tmp_path / "server-2"
+    with tmpfs(full_dir, 640):
+        c = Cluster(tmp_path)
+        acked = {}
+        try:
+            set_mode(c, "durable")
+            st = status(c)
+            full = c.servers[2]
+            assert full.data_dir == full_dir
+            full_id = next(s["id"] for s in st["servers"] if int(s["addresses"]["resp"].rsplit(":", 1)[1]) == full.resp)
+            ballast = full_dir / "ballast"
+            with open(ballast, "wb") as f:
+                f.write(b"\0" * max(0, free_bytes(full_dir) - (20 << 20)))
+            keys = [
+                f"df:{i}" for i in range(200_000)
+                if full_id in tablet_of(st, 0, key_slot(f"df:{i}".encode()))["backups"]
+            ]
+            clients = {}
+            failed_key = None
+            deadline = time.monotonic() + 60
+            value = "x" * 1000
+            for key in keys:
+                master = c.servers[server_index(c, st, tablet_of(st, 0, key_slot(key.encode()))["master"])]
+                r = clients.setdefault(master.resp, redis.Redis(port=master.resp, socket_timeout=3, retry=Retry(NoBackoff(), 0)))
+                try:
+                    assert r.set(key, f"{key}={value}")
+                except redis.exceptions.TimeoutError:
+                    failed_key = key
+                    break
+                acked[key] = f"{key}={value}"
+                assert time.monotonic() < deadline, "the backup's disk never filled"
+            assert failed_key is not None, "every write was acknowledged: the disk never filled"
+            assert wait_until(
+                lambda: redis.Redis(port=full.resp, socket_timeout=10).info("replication")["ramlog_backup_side"]["refused_store"] >= 1,
+                timeout=10,
+            ), redis.Redis(port=full.resp).info("replication")
+            log = (tmp_path / "server-2.log").read_text()
+            assert "disk full while writing" in log, log[-3000:]
+            assert c.alive()
+        finally:
+            c.stop()
+        ballast.unlink()
+        d = dump(full_dir)
+        assert failed_key not in d or d[failed_key][0] == f"{failed_key}={value}"
+        missing = [k for k, v in acked.items() if d.get(k, (None,))[0] != v]
+        assert not missing, f"{len(missing)} acknowledged writes missing on the full backup: {missing[:5]}"
+    others = {}
+    for k, v in acked.items():
+        other = next(b for b in tablet_of(st, 0, key_slot(k.encode()))["backups"] if b != full_id)
+        if other not in others:
+            others[other] = dump(c.servers[server_index(c, st, other)].data_dir)
+        assert others[other].get(k, (None,))[0] == v, (k, other)

@@ -13,7 +13,7 @@
 //! whole or not at all. Layouts (all integers little-endian):
 //!
 //! ```text
-//! REPL_HELLO body   cluster_id u64 | master u64 | master_epoch u64 | map_version u64
+//! REPL_HELLO body   cluster_id u64 | master u64 | master_epoch u64 | map_version u64 | stream u64
 //! REPL_BATCH body   crc32c u32 (of everything after it) | start u64 | flags u8 | units...
 //! unit              len u32 (bytes after this field) | table u32 | first_slot u16 | last_slot u16
 //!                   | epoch u64 | count u32 | entries...
@@ -34,7 +34,7 @@ pub const REPL_ACK: u8 = 0x33;
 /// Batch flag: some unit belongs to a `durable` table, so the backup syncs at once.
 pub const FLAG_DURABLE: u8 = 0x01;
 
-pub const HELLO_LEN: usize = 32;
+pub const HELLO_LEN: usize = 40;
 pub const ACK_LEN: usize = 16;
 /// Bytes before the first unit of a batch body.
 pub const BATCH_HEAD_LEN: usize = 13;
@@ -53,6 +53,8 @@ pub struct Hello {
     pub master: u64,
     pub master_epoch: u64,
     pub map_version: u64,
+    /// Names the stream within the master process: offsets count from 0 for each new one.
+    pub stream: u64,
 }
 
 impl Hello {
@@ -62,6 +64,7 @@ impl Hello {
         b[8..16].copy_from_slice(&self.master.to_le_bytes());
         b[16..24].copy_from_slice(&self.master_epoch.to_le_bytes());
         b[24..32].copy_from_slice(&self.map_version.to_le_bytes());
+        b[32..40].copy_from_slice(&self.stream.to_le_bytes());
         b
     }
 
@@ -77,6 +80,7 @@ impl Hello {
             master: u64_at(body, 8),
             master_epoch: u64_at(body, 16),
             map_version: u64_at(body, 24),
+            stream: u64_at(body, 32),
         })
     }
 }
@@ -560,6 +564,7 @@ mod tests {
             master: 2,
             master_epoch: 3,
             map_version: 4,
+            stream: 5,
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         let a = Ack {

@@ -78,7 +78,8 @@ pub struct BackupCounters {
     pub syncs_requested: AtomicU64,
 }
 
-/// What a backup remembers of one master's stream (master, its epoch) in this process.
+/// What a backup remembers of one master's stream (master, its epoch, stream nonce) in this
+/// process.
 #[derive(Clone, Copy, Default)]
 struct StreamMark {
     /// Stream offset up to which units are appended.
@@ -93,7 +94,7 @@ pub struct BackupService {
     limits: Limits,
     /// Newest epoch seen per (table, first slot).
     epochs: Mutex<HashMap<(u32, u16), u64>>,
-    marks: Mutex<HashMap<(u64, u64), StreamMark>>,
+    marks: Mutex<HashMap<(u64, u64, u64), StreamMark>>,
     /// The open replication connections, to be closed at shutdown.
     sockets: Mutex<Vec<(u64, TcpStream)>>,
     next_socket: AtomicU64,
@@ -209,6 +210,13 @@ impl BackupService {
         if hello.master == view.me {
             return Err((Status::BadRequest, "a server cannot back up itself".into()));
         }
+        if let Some(reason) = self.store.failure() {
+            self.counters.refused_store.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                Status::WritesRefused,
+                format!("the backup store cannot take writes: {reason}"),
+            ));
+        }
         Ok(())
     }
 
@@ -233,7 +241,7 @@ impl BackupService {
         let mark = self
             .marks
             .lock()
-            .get(&(hello.master, hello.master_epoch))
+            .get(&(hello.master, hello.master_epoch, hello.stream))
             .copied()
             .unwrap_or_default();
         let acks = Arc::new(Acks {
@@ -350,7 +358,7 @@ impl BackupService {
             (e.status, e.message)
         };
         let batch = repl::decode_batch(body).map_err(refuse_bad)?;
-        let key = (hello.master, hello.master_epoch);
+        let key = (hello.master, hello.master_epoch, hello.stream);
         let mut mark = self.marks.lock().get(&key).copied().unwrap_or_default();
         if batch.start > mark.appended && mark.appended != 0 {
             self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
@@ -474,7 +482,7 @@ impl BackupService {
         Ok(())
     }
 
-    fn remember(&self, key: (u64, u64), mark: StreamMark) {
+    fn remember(&self, key: (u64, u64, u64), mark: StreamMark) {
         self.marks.lock().insert(key, mark);
     }
 
@@ -499,8 +507,22 @@ impl BackupService {
                 match self.store.wait(target.0, Stage::Durable) {
                     Ok(()) => Some(target.1),
                     Err(e) => {
+                        // Nothing more becomes durable here: say why and close; the master keeps
+                        // every byte not acknowledged durable.
                         tracing::error!(error = %e, "the backup store cannot sync");
-                        let _ = writer.lock().shutdown(Shutdown::Both);
+                        self.counters.refused_store.fetch_add(1, Ordering::Relaxed);
+                        let mut out = bytes::BytesMut::new();
+                        ramlog_proto::native::encode_error(
+                            &mut out,
+                            0,
+                            repl::REPL_BATCH,
+                            Status::WritesRefused,
+                            0,
+                            &format!("the backup store cannot sync: {e}"),
+                        );
+                        let mut w = writer.lock();
+                        let _ = w.write_all(&out);
+                        let _ = w.shutdown(Shutdown::Both);
                         return;
                     }
                 }
@@ -724,6 +746,7 @@ mod tests {
             master: 7,
             master_epoch: epoch,
             map_version: 1,
+            stream: 1,
         }
     }
 

@@ -185,6 +185,9 @@ struct StreamState {
 #[derive(Debug)]
 pub struct Stream {
     pub backup: ServerId,
+    /// Random: tells the backup this stream from an earlier one to the same backup, whose offsets
+    /// it may still remember.
+    nonce: u64,
     /// The backup's native address (`host:port`), from the newest map.
     address: Mutex<String>,
     state: Mutex<StreamState>,
@@ -238,6 +241,7 @@ impl Stream {
     fn new(backup: ServerId, address: String) -> Stream {
         Stream {
             backup,
+            nonce: stream_nonce(),
             address: Mutex::new(address),
             state: Mutex::new(StreamState {
                 buf: Vec::new(),
@@ -327,12 +331,9 @@ impl Stream {
     /// How long the oldest unit not yet in the backup's write buffer has waited.
     fn unbuffered_age(&self) -> Duration {
         let buffered = self.acked_buffered.load(Ordering::Acquire);
-        self.state
-            .lock()
-            .units
-            .iter()
-            .find(|u| u.0 > buffered)
-            .map_or(Duration::ZERO, |u| u.2.elapsed())
+        let s = self.state.lock();
+        let first = s.units.partition_point(|u| u.0 <= buffered);
+        s.units.get(first).map_or(Duration::ZERO, |u| u.2.elapsed())
     }
 
     fn figures(&self) -> StreamFigures {
@@ -655,13 +656,14 @@ impl Replication {
         }
     }
 
-    fn hello(&self) -> Hello {
+    fn hello(&self, stream: u64) -> Hello {
         let id = self.identity.load();
         Hello {
             cluster_id: id.cluster_id,
             master: id.me,
             master_epoch: id.epoch,
             map_version: id.map_version,
+            stream,
         }
     }
 }
@@ -713,6 +715,16 @@ impl WriteObserver for Replication {
     }
 }
 
+/// A number no other stream of this process uses (time, pid and a counter, mixed).
+fn stream_nonce() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = t ^ (u64::from(std::process::id()) << 32) ^ NEXT.fetch_add(1, Ordering::Relaxed);
+    mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// Connects to the stream's backup and sends its bytes until the stream is retired, reconnecting
 /// (and resending what the backup has not made durable) after any failure.
 fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
@@ -724,7 +736,7 @@ fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
         }
         let Some(hello) = replication
             .upgrade()
-            .map(|r| (r.hello(), r.password.clone()))
+            .map(|r| (r.hello(stream.nonce), r.password.clone()))
         else {
             return;
         };
@@ -738,7 +750,7 @@ fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
                 continue;
             }
         };
-        retry = RETRY_FIRST;
+        let connected_at = Instant::now();
         stream.connects.fetch_add(1, Ordering::Relaxed);
         let reader = match socket.try_clone() {
             Ok(r) => r,
@@ -774,7 +786,13 @@ fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
         if let Err(e) = result {
             if !stream.retired.load(Ordering::Acquire) {
                 stream.fail(format!("{address}: {e}"));
-                std::thread::sleep(RETRY_FIRST);
+                // A backup that keeps closing at once (a failed store, a fence) is retried less
+                // and less often; one that served a while is retried at once.
+                if connected_at.elapsed() > RETRY_MAX {
+                    retry = RETRY_FIRST;
+                }
+                std::thread::sleep(retry);
+                retry = (retry * 2).min(RETRY_MAX);
             }
         }
         if frame.capacity() > 2 * FRAME_UNITS_MAX {

@@ -535,3 +535,57 @@ def test_a_backup_whose_disk_fills_refuses_and_keeps_what_it_acknowledged(tmp_pa
         if other not in others:
             others[other] = dump(c.servers[server_index(c, st, other)].data_dir)
         assert others[other].get(k, (None,))[0] == v, (k, other)
+
+
+def test_a_stopped_backup_bounds_what_async_writes_hold_in_flight(tmp_path):
+    """Back-pressure: with `replication_in_flight_bytes = 1MiB`, async writes to the tablets of a
+    stopped backup are answered at once until about 1 MiB is in flight to it, then wait; once the
+    backup runs again they are answered, and the in-flight bytes drain."""
+    config = tmp_path / "server.toml"
+    config.write_text('replication_in_flight_bytes = "1MiB"\n')
+    c = Cluster(tmp_path, extra_args=("--config", str(config)))
+    try:
+        set_mode(c, "async")
+        st = status(c)
+        b_id = st["servers"][-1]["id"]
+        b = c.servers[server_index(c, st, b_id)]
+        master_id = next(s["id"] for s in st["servers"] if s["id"] != b_id)
+        master = c.servers[server_index(c, st, master_id)]
+        keys = [
+            f"bp:{i}" for i in range(100_000)
+            if (lambda t: t["master"] == master_id and b_id in t["backups"])(tablet_of(st, 0, key_slot(f"bp:{i}".encode())))
+        ][:400]
+        value = "v" * 10_000
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+            r = redis.Redis(port=master.resp, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+            answered = 0
+            blocked = None
+            for key in keys:
+                try:
+                    r.set(key, value)
+                    answered += 1
+                except redis.exceptions.TimeoutError:
+                    blocked = key
+                    break
+            assert blocked is not None, "async writes never waited for a stopped backup"
+            # About 1 MiB of 10 KB values went out before the bound held them (socket buffers
+            # take some of it off the stream's books first).
+            assert 50 <= answered <= 300, answered
+            info = redis.Redis(port=master.resp, socket_timeout=5).info("replication")
+            line = next(v for k, v in info.items() if k.startswith("ramlog_backup") and v.get("id") == b_id)
+            assert line["bytes_in_flight"] <= 4 << 20, line
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        r = redis.Redis(port=master.resp, socket_timeout=10)
+        assert r.set("bp:after", "x")
+        assert wait_until(
+            lambda: next(
+                v for k, v in redis.Redis(port=master.resp).info("replication").items()
+                if k.startswith("ramlog_backup") and v.get("id") == b_id
+            )["bytes_in_flight"] == 0,
+            timeout=15,
+        )
+        assert c.alive()
+    finally:
+        c.stop()

@@ -79,6 +79,18 @@ enum Suite {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let service = matches!(
+        cli.command,
+        Command::Up(_) | Command::Server(_) | Command::Coordinator(_) | Command::Bench(_)
+    );
+    if !service {
+        // A command whose output goes to a pipe that closes (`ramlog backup dump | head`) ends
+        // quietly, as other command-line tools do, instead of failing on the write.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Up(flags) => ramlog_server::up::run_up(&flags),
         Command::Server(flags) => ramlog_server::cli::run_server(&flags),

@@ -67,6 +67,28 @@ pub const LATENCY_BUCKETS_US: [u64; 21] = [
     262144, 524288, 1048576,
 ];
 
+/// The `_bucket`, `_sum` and `_count` lines of one labelled latency histogram (seconds).
+fn histogram_lines(s: &mut String, metric: &str, label: &str, value: &str, h: &HistogramSnapshot) {
+    let mut cumulative = 0;
+    for (i, c) in h.buckets.iter().enumerate() {
+        cumulative += c;
+        let le = match LATENCY_BUCKETS_US.get(i) {
+            Some(us) => format!("{}", *us as f64 / 1e6),
+            None => "+Inf".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "{metric}_bucket{{{label}=\"{value}\",le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "{metric}_sum{{{label}=\"{value}\"}} {}",
+        h.sum_ns as f64 / 1e9
+    );
+    let _ = writeln!(s, "{metric}_count{{{label}=\"{value}\"}} {}", h.count);
+}
+
 /// The replication part of `/metrics`: per backup stream, per mode, and the backup side.
 fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFigures) {
     type StreamGauge = (
@@ -136,29 +158,12 @@ fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFig
         "# HELP ramlog_replication_ack_seconds Time a write's reply waited for its backups, by table mode.\n# TYPE ramlog_replication_ack_seconds histogram"
     );
     for m in &r.modes {
-        let mut cumulative = 0;
-        for (i, c) in m.latency.buckets.iter().enumerate() {
-            cumulative += c;
-            let le = match LATENCY_BUCKETS_US.get(i) {
-                Some(us) => format!("{}", *us as f64 / 1e6),
-                None => "+Inf".to_string(),
-            };
-            let _ = writeln!(
-                s,
-                "ramlog_replication_ack_seconds_bucket{{mode=\"{}\",le=\"{le}\"}} {cumulative}",
-                m.mode
-            );
-        }
-        let _ = writeln!(
+        histogram_lines(
             s,
-            "ramlog_replication_ack_seconds_sum{{mode=\"{}\"}} {}",
+            "ramlog_replication_ack_seconds",
+            "mode",
             m.mode,
-            m.latency.sum_ns as f64 / 1e9
-        );
-        let _ = writeln!(
-            s,
-            "ramlog_replication_ack_seconds_count{{mode=\"{}\"}} {}",
-            m.mode, m.latency.count
+            &m.latency,
         );
     }
     let b = &r.backup;
@@ -721,25 +726,7 @@ impl Snapshot {
             "# HELP ramlog_command_duration_seconds Command execution time on the server, by operation.\n# TYPE ramlog_command_duration_seconds histogram"
         );
         for (name, _, h) in &self.ops {
-            let mut cumulative = 0;
-            for (i, c) in h.buckets.iter().enumerate() {
-                cumulative += c;
-                let le = match LATENCY_BUCKETS_US.get(i) {
-                    Some(us) => format!("{}", *us as f64 / 1e6),
-                    None => "+Inf".to_string(),
-                };
-                let _ = writeln!(s, "ramlog_command_duration_seconds_bucket{{op=\"{name}\",le=\"{le}\"}} {cumulative}");
-            }
-            let _ = writeln!(
-                s,
-                "ramlog_command_duration_seconds_sum{{op=\"{name}\"}} {}",
-                h.sum_ns as f64 / 1e9
-            );
-            let _ = writeln!(
-                s,
-                "ramlog_command_duration_seconds_count{{op=\"{name}\"}} {}",
-                h.count
-            );
+            histogram_lines(&mut s, "ramlog_command_duration_seconds", "op", name, h);
         }
         if let Some(r) = &self.replication {
             replication_prometheus(&mut s, r);

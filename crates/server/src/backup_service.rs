@@ -298,6 +298,7 @@ impl BackupService {
     ) -> Result<(), (Status, String)> {
         let mut chunk = vec![0u8; 256 * 1024];
         let max_frame = node.config.request_size_max_bytes as usize + (1 << 20);
+        let mut taken = false;
         loop {
             let mut at = 0;
             loop {
@@ -329,6 +330,10 @@ impl BackupService {
                 let body = &input[at + HEADER_LEN..at + header.frame_bytes()];
                 at += header.frame_bytes();
                 self.take_batch(node, body, hello, acks)?;
+                taken = true;
+            }
+            // One acknowledgement for every frame this read brought.
+            if std::mem::take(&mut taken) {
                 let ack = Ack {
                     buffered: acks.buffered.load(Ordering::Acquire),
                     durable: acks.durable.load(Ordering::Acquire),

@@ -293,7 +293,8 @@ impl Stream {
             && self.acked_durable.load(Ordering::Acquire) >= need.durable
     }
 
-    /// Takes a backup's acknowledgement: frees what is durable and wakes the waiting replies.
+    /// Takes a backup's acknowledgement: frees what is durable. The caller wakes the waiting
+    /// replies once for every acknowledgement it read together.
     fn on_ack(&self, ack: Ack) {
         let end = self.end.load(Ordering::Acquire);
         // An acknowledgement beyond what was sent is a broken backup: ignore that part.
@@ -316,7 +317,6 @@ impl Stream {
                 }
             }
         }
-        self.acked.notify_waiters();
     }
 
     /// How long the oldest unit not yet durable on the backup has waited.
@@ -855,7 +855,13 @@ fn send_loop(
 
 /// Reads the backup's acknowledgements until the connection ends; an error frame (fenced, a
 /// refused frame, a failed store) is logged and ends it.
-fn ack_loop(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
+fn ack_loop(socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
+    read_acks(socket, stream, alive);
+    // Replies waiting on this stream see the acknowledgements read last, and the closed connection.
+    stream.acked.notify_waiters();
+}
+
+fn read_acks(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -864,6 +870,7 @@ fn ack_loop(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
         let mut at = 0;
+        let mut acked = false;
         loop {
             let header = match parse_header(&buf[at..], 1 << 20) {
                 Ok(Some(h)) => h,
@@ -883,7 +890,10 @@ fn ack_loop(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
             let status = Status::from_u8(header.flags_or_status);
             if header.opcode == repl::REPL_ACK && status == Status::Ok {
                 match Ack::decode(body) {
-                    Ok(ack) => stream.on_ack(ack),
+                    Ok(ack) => {
+                        stream.on_ack(ack);
+                        acked = true;
+                    }
                     Err(e) => {
                         stream.fail(format!("bad acknowledgement: {e}"));
                         alive.store(false, Ordering::Release);
@@ -903,6 +913,9 @@ fn ack_loop(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
             }
         }
         buf.drain(..at);
+        if acked {
+            stream.acked.notify_waiters();
+        }
     }
     alive.store(false, Ordering::Release);
     stream.wake.notify_all();

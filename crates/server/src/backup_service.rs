@@ -97,6 +97,8 @@ pub struct BackupService {
     marks: Mutex<HashMap<(u64, u64, u64), StreamMark>>,
     /// The open replication connections, to be closed at shutdown.
     sockets: Mutex<Vec<(u64, TcpStream)>>,
+    /// Bytes the connections' read buffers hold (counted against the memory budget).
+    buffer_bytes: AtomicU64,
     next_socket: AtomicU64,
     pub counters: BackupCounters,
 }
@@ -137,6 +139,7 @@ impl BackupService {
             epochs: Mutex::new(epochs),
             marks: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Vec::new()),
+            buffer_bytes: AtomicU64::new(0),
             next_socket: AtomicU64::new(0),
             counters: BackupCounters::default(),
         }))
@@ -173,6 +176,11 @@ impl BackupService {
             syncs_requested: load(&c.syncs_requested),
             tablets: self.store.tablets().len() as u64,
         }
+    }
+
+    /// Bytes the replication connections' read buffers hold now.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.buffer_bytes.load(Ordering::Relaxed)
     }
 
     /// Closes every replication connection (at shutdown): masters reconnect to whoever serves.
@@ -298,8 +306,14 @@ impl BackupService {
     ) -> Result<(), (Status, String)> {
         let mut chunk = vec![0u8; 256 * 1024];
         let max_frame = node.config.request_size_max_bytes as usize + (1 << 20);
+        // What the buffers hold is counted while the connection lives (see `buffer_bytes`).
+        let mut held = Held {
+            counter: &self.buffer_bytes,
+            bytes: 0,
+        };
         let mut taken = false;
         loop {
+            held.set((chunk.len() + input.capacity()) as u64);
             let mut at = 0;
             loop {
                 let header = match parse_header(&input[at..], max_frame) {
@@ -341,6 +355,9 @@ impl BackupService {
                 send_ack(writer, ack).map_err(|e| (Status::Internal, e.to_string()))?;
             }
             input.drain(..at);
+            if input.capacity() > 4 * chunk.len() && input.len() < chunk.len() {
+                input.shrink_to(chunk.len());
+            }
             match socket.read(&mut chunk) {
                 Ok(0) => return Ok(()),
                 Ok(n) => input.extend_from_slice(&chunk[..n]),
@@ -564,6 +581,31 @@ impl BackupService {
                 }
             }
         }
+    }
+}
+
+/// Bytes one connection's buffers hold, kept in a shared counter and taken out of it on drop.
+struct Held<'a> {
+    counter: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl Held<'_> {
+    fn set(&mut self, bytes: u64) {
+        if bytes > self.bytes {
+            self.counter
+                .fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            self.counter
+                .fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 

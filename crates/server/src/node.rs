@@ -258,10 +258,9 @@ impl Node {
     /// per-key state, and client connections' buffers. The engine counts it against the budget.
     fn external_memory_bytes(&self) -> u64 {
         let backup = self.backup_store_memory().map_or(0, |m| m.total());
-        let streams = self
-            .cluster_duty
-            .as_ref()
-            .map_or(0, |d| d.replication.memory_bytes());
+        let streams = self.cluster_duty.as_ref().map_or(0, |d| {
+            d.replication.memory_bytes() + d.backup.buffer_bytes()
+        });
         backup + streams + self.metrics.connection_buffer_bytes.load(Ordering::Relaxed)
     }
 
@@ -296,7 +295,10 @@ impl Node {
             ("index", stats.index_bytes),
         ];
         if let Some(d) = &self.cluster_duty {
-            parts.push(("replication_buffers", d.replication.memory_bytes()));
+            parts.push((
+                "replication_buffers",
+                d.replication.memory_bytes() + d.backup.buffer_bytes(),
+            ));
         }
         if let Some(backup) = self.backup_store_memory() {
             parts.extend([

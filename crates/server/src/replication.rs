@@ -26,7 +26,8 @@
 //!
 //! Memory: each stream holds its unacknowledged bytes (bounded as above, plus what the writes of
 //! one read batch of each connection add before they wait), and one frame buffer of up to
-//! [`FRAME_UNITS_MAX`] bytes; both are reported as `replication_buffers`.
+//! [`FRAME_UNITS_MAX`] bytes; both are reported as `replication_buffers` (with the backup side's
+//! read buffers) and counted against the memory budget.
 
 use crate::metrics::{Histogram, HistogramSnapshot};
 use arc_swap::ArcSwap;

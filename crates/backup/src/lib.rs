@@ -513,6 +513,25 @@ impl Backup {
         }
     }
 
+    /// Replays several tablets as one (a tablet whose log continues in others): the newest
+    /// version of each key over all of them wins, deletes included, and `f` sees each live key
+    /// once. Tablets this store does not hold are skipped.
+    pub fn replay_merged(
+        &self,
+        tablets: &[u64],
+        mut f: impl FnMut(ReplayEntry<'_>),
+    ) -> Result<ReplayReport> {
+        self.flush_for_replay()?;
+        let ts: Vec<_> = tablets
+            .iter()
+            .filter_map(|&id| self.sh.tablet(id))
+            .collect();
+        if ts.is_empty() {
+            return Ok(ReplayReport::default());
+        }
+        replay::replay_merged(&self.sh, &ts, &mut f)
+    }
+
     /// Replays every tablet, in tablet order.
     pub fn replay_all(&self, mut f: impl FnMut(ReplayEntry<'_>)) -> Result<ReplayReport> {
         self.flush_for_replay()?;

@@ -173,36 +173,57 @@ pub fn replay_tablet(
     t: &Arc<Tablet>,
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
-    let _guard = t.reorg_lock.lock();
-    let (segments, slb, vbuf) = {
-        let st = t.state.lock();
-        let segs: Vec<(usize, u64)> = st
-            .segments
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.used > 0)
-            .map(|(i, s)| (i, s.used))
-            .collect();
-        let mut vbuf = st.vbuf.clone();
-        // Records being spilled: in neither the buffer nor (perhaps) the log read below.
-        if let Some(sp) = &st.vbuf_spilling {
-            vbuf.extend_from_slice(sp);
+    replay_merged(sh, std::slice::from_ref(t), f)
+}
+
+/// Replays several tablets as one: the newest version of each key over all of them wins, a
+/// delete in one hides older data in another, and `f` sees each live key once (with the id of
+/// the tablet whose entry won). For a tablet whose log continues in another (a new epoch).
+pub fn replay_merged(
+    sh: &Shared,
+    ts: &[Arc<Tablet>],
+    f: &mut dyn FnMut(ReplayEntry<'_>),
+) -> Result<ReplayReport> {
+    let _guards: Vec<_> = ts.iter().map(|t| t.reorg_lock.lock()).collect();
+    // Segments of every tablet: (tablet index, segment, used bytes); each tablet's SLB follows
+    // them as one more source.
+    let mut segments: Vec<(usize, usize, u64)> = Vec::new();
+    let mut slbs: Vec<Vec<u8>> = Vec::new();
+    let mut vbuf = Vec::new();
+    let mut ver_files = Vec::new();
+    let mut ver_len = 0u64;
+    for (ti, t) in ts.iter().enumerate() {
+        {
+            let st = t.state.lock();
+            segments.extend(
+                st.segments
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.used > 0)
+                    .map(|(i, s)| (ti, i, s.used)),
+            );
+            vbuf.extend_from_slice(&st.vbuf);
+            // Records being spilled: in neither the buffer nor (perhaps) the log read below.
+            if let Some(sp) = &st.vbuf_spilling {
+                vbuf.extend_from_slice(sp);
+            }
+            slbs.push(st.slb.clone());
         }
-        (segs, st.slb.clone(), vbuf)
-    };
-    let (ver_file, ver_len) = {
         let vl = t.verlog.lock();
-        (
+        ver_files.push((
             vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?,
             vl.len,
-        )
-    };
+            ti,
+        ));
+        ver_len += vl.len;
+    }
     let threads = sh.cfg.replay_threads.max(1);
     let trace = tracing::enabled!(tracing::Level::DEBUG);
     let t0 = std::time::Instant::now();
     let next = AtomicUsize::new(0);
     let slb_index = segments.len();
-    let used_total: u64 = segments.iter().map(|s| s.1).sum::<u64>() + slb.len() as u64;
+    let used_total: u64 = segments.iter().map(|s| s.2).sum::<u64>()
+        + slbs.iter().map(|s| s.len() as u64).sum::<u64>();
     // Sized for small entries (a 16 B key and nothing else); the map grows if there are more.
     let expect_keys =
         (used_total / format::entry_bytes(16, 0, 1 << 20, 0) as u64).max(1024) as usize;
@@ -230,9 +251,10 @@ pub fn replay_tablet(
                     let mut batch = Batcher::new(shards);
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(seg, used)) = segments.get(k) else {
+                        let Some(&(ti, seg, used)) = segments.get(k) else {
                             break;
                         };
+                        let t = &ts[ti];
                         let mut buf = AlignedBuf::new(used as usize);
                         let n = io::read_exact_at(
                             &t.file,
@@ -252,32 +274,36 @@ pub fn replay_tablet(
             .collect();
         // This thread: the version log, the version buffer and the SLB.
         let mut batch = Batcher::new(&shards);
-        let mut ver_bytes = vec![0u8; ver_len as usize];
-        let n = io::read_exact_at(&ver_file, &mut ver_bytes, 0)
-            .map_err(|e| Error::io(&t.ver_path, e))?;
-        ver_bytes.truncate(n);
         // Version records are only bucketed here; they are checked against the data once the
         // segments are merged (phase 1b), one shard at a time.
         let mut vparts: Vec<Vec<(u128, u64, bool)>> = (0..SHARDS).map(|_| Vec::new()).collect();
-        let walk = format::walk_version_log(&ver_bytes, |_, recs| {
-            for r in format::version_records(recs) {
-                vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
-            }
-        });
+        let (mut damaged, mut recovered) = (0u64, 0u64);
+        for (file, len, ti) in &ver_files {
+            let mut ver_bytes = vec![0u8; *len as usize];
+            let n = io::read_exact_at(file, &mut ver_bytes, 0)
+                .map_err(|e| Error::io(&ts[*ti].ver_path, e))?;
+            ver_bytes.truncate(n);
+            let walk = format::walk_version_log(&ver_bytes, |_, recs| {
+                for r in format::version_records(recs) {
+                    vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
+                }
+            });
+            damaged += walk.damaged_bytes + walk.tail_bytes;
+            recovered += walk.recovered_blocks;
+        }
         for r in &vbuf {
             vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
         }
         let mut slb_out = WorkerOut::default();
-        let stats = format::walk_entries(&slb, |off, e| {
-            slb_out.data_entries += 1;
-            batch.push(
-                format::key_hash(e.key),
-                e.version,
-                ((slb_index as u64) << 32) | off as u64,
-            );
-        });
-        slb_out.corrupt += stats.corrupt_entries;
-        slb_out.unreadable += stats.unreadable_bytes;
+        for (i, slb) in slbs.iter().enumerate() {
+            let source = ((slb_index + i) as u64) << 32;
+            let stats = format::walk_entries(slb, |off, e| {
+                slb_out.data_entries += 1;
+                batch.push(format::key_hash(e.key), e.version, source | off as u64);
+            });
+            slb_out.corrupt += stats.corrupt_entries;
+            slb_out.unreadable += stats.unreadable_bytes;
+        }
         batch.finish();
         let mut outs = vec![slb_out];
         for h in handles {
@@ -286,19 +312,12 @@ pub fn replay_tablet(
                 .map_err(|_| Error::Corrupt("replay worker panicked".into()))??;
             outs.push(o);
         }
-        Ok((
-            outs,
-            (walk.damaged_bytes + walk.tail_bytes, walk.recovered_blocks),
-            vparts,
-        ))
+        Ok((outs, (damaged, recovered), vparts))
     })?;
     let (outs, (version_damage, recovered_blocks), vparts) = results;
+    let id = ts.first().map_or(0, |t| t.id);
     if trace {
-        tracing::debug!(
-            "replay {:#x}: phase 1 (read+merge) {:?}",
-            t.id,
-            t0.elapsed()
-        );
+        tracing::debug!("replay {:#x}: phase 1 (read+merge) {:?}", id, t0.elapsed());
     }
     // Phase 1b: version records, shard by shard (the shard's map stays in cache). Most put records
     // just confirm the data entry already merged; only deletes and puts without newer data merge.
@@ -322,7 +341,7 @@ pub fn replay_tablet(
         }
     });
     drop(vparts);
-    let mut sources: Vec<&[u8]> = vec![&[]; segments.len() + 1];
+    let mut sources: Vec<&[u8]> = vec![&[]; segments.len() + slbs.len()];
     let mut data_entries = 0u64;
     for o in &outs {
         for (k, b) in &o.buffers {
@@ -336,7 +355,15 @@ pub fn replay_tablet(
     report.damaged_version_bytes = version_damage;
     report.recovered_version_blocks = recovered_blocks;
     report.segments_read = segments.len() as u64;
-    sources[slb_index] = &slb;
+    for (i, slb) in slbs.iter().enumerate() {
+        sources[slb_index + i] = slb;
+    }
+    // The tablet each source belongs to.
+    let tablet_of: Vec<u64> = segments
+        .iter()
+        .map(|s| ts[s.0].id)
+        .chain(ts.iter().map(|t| t.id))
+        .collect();
 
     // Phase 2: yield the winners.
     for shard in shards {
@@ -347,7 +374,8 @@ pub fn replay_tablet(
                 LOC_DELETE => report.deleted_keys += 1,
                 LOC_KNOWN_PUT => report.lost_keys += 1,
                 _ => {
-                    let src = sources[(loc >> 32) as usize];
+                    let source = (loc >> 32) as usize;
+                    let src = sources[source];
                     let off = (loc & 0xFFFF_FFFF) as usize;
                     // Verified in phase 1; the bytes have not changed since.
                     let Some(e) = entry_at(&src[off..]) else {
@@ -356,7 +384,7 @@ pub fn replay_tablet(
                     };
                     report.live_keys += 1;
                     f(ReplayEntry {
-                        tablet: t.id,
+                        tablet: tablet_of[source],
                         key: e.0,
                         value: e.1,
                         version: e.2,
@@ -368,7 +396,7 @@ pub fn replay_tablet(
     }
     report.stale_entries = data_entries.saturating_sub(report.live_keys);
     if trace {
-        tracing::debug!("replay {:#x}: phase 2 (yield) {:?}", t.id, t0.elapsed());
+        tracing::debug!("replay {:#x}: phase 2 (yield) {:?}", id, t0.elapsed());
     }
     Ok(report)
 }

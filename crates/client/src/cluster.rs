@@ -699,6 +699,10 @@ mod tests {
             mirror: None,
             backups: vec![],
             epoch: 1,
+            recovering: false,
+            restorer: None,
+            pending: vec![],
+            fresh: vec![],
         }
     }
 

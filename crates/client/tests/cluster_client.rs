@@ -102,6 +102,10 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             mirror: None,
             backups: vec![],
             epoch: 1,
+            recovering: false,
+            restorer: None,
+            pending: vec![],
+            fresh: vec![],
         })
         .collect();
     ClusterMap {

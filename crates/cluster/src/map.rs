@@ -121,11 +121,32 @@ pub struct TabletInfo {
     pub backups: Vec<ServerId>,
     /// Grows whenever the tablet's master changes; replication frames carry it.
     pub epoch: u64,
+    /// True from the declaration of the master's death until a backup has restored the tablet
+    /// and become its master; `master` keeps naming the dead master meanwhile.
+    #[serde(default)]
+    pub recovering: bool,
+    /// While recovering: the backup that replays its own logs of the tablet and then becomes
+    /// its master; None while no live backup that holds the tablet is up.
+    #[serde(default)]
+    pub restorer: Option<ServerId>,
+    /// Backups that have not received the master's full copy of the tablet at this epoch (after
+    /// a recovery or a replacement); the master copies to them in the background.
+    #[serde(default)]
+    pub pending: Vec<ServerId>,
+    /// The subset of `pending` that held nothing of the tablet before (replacements): they
+    /// cannot restore it until their copy is complete.
+    #[serde(default)]
+    pub fresh: Vec<ServerId>,
 }
 
 impl TabletInfo {
     pub fn slots(&self) -> std::ops::RangeInclusive<u16> {
         self.first_slot..=self.last_slot
+    }
+
+    /// Backups that can restore the tablet: every backup but the fresh ones.
+    pub fn can_restore(&self, server: ServerId) -> bool {
+        self.backups.contains(&server) && !self.fresh.contains(&server)
     }
 }
 
@@ -237,6 +258,10 @@ mod tests {
             mirror: None,
             backups: vec![],
             epoch: 1,
+            recovering: false,
+            restorer: None,
+            pending: vec![],
+            fresh: vec![],
         }
     }
 

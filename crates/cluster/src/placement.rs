@@ -146,6 +146,10 @@ pub fn place_table(
                 mirror: None,
                 backups,
                 epoch: 1,
+                recovering: false,
+                restorer: None,
+                pending: vec![],
+                fresh: vec![],
             }
         })
         .collect()

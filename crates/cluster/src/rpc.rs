@@ -57,6 +57,24 @@ pub enum Request {
         name: String,
         mode: ReplicationMode,
     },
+    /// The restorer of a recovering tablet holds it in memory and can master it.
+    Recovered {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        /// Objects replayed and how long the replay took, for the coordinator's log.
+        objects: u64,
+        millis: u64,
+    },
+    /// A master finished copying a tablet to a backup at `epoch`.
+    CopyDone {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        backup: ServerId,
+    },
     /// The coordinator members, the leader, and the map.
     Status,
     /// Raft traffic between coordinator members: the body is openraft's request as JSON.
@@ -81,8 +99,12 @@ pub enum Response {
         map: ClusterMap,
     },
     /// `map` is set when the coordinator's map is newer than the one the server named.
+    /// `lease_ms`: for how long after sending this heartbeat the server may serve without
+    /// another answer (shorter than the time after which the coordinator declares it dead).
     Heartbeat {
         map: Option<ClusterMap>,
+        #[serde(default)]
+        lease_ms: u64,
     },
     Map(ClusterMap),
     /// A report was recorded.
@@ -298,6 +320,47 @@ impl CoordinatorClient {
                 }
             }
         }
+    }
+
+    /// True when no coordinator member can lead now: each one either refuses connections (no
+    /// process listens there) or answers that it knows no leader. False when any member cannot
+    /// be reached at all (it may be on the other side of a partition) or names a leader.
+    pub async fn leaderless(&self) -> bool {
+        const WITHIN: Duration = Duration::from_millis(100);
+        if self.addresses.is_empty() {
+            return false;
+        }
+        for address in &self.addresses {
+            let ask = async {
+                let mut s = match TcpStream::connect(address).await {
+                    Ok(s) => s,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+                    Err(_) => return false,
+                };
+                if write_frame(&mut s, &Request::Status).await.is_err() {
+                    return false;
+                }
+                let status = match read_frame::<_, Response>(&mut s).await {
+                    Ok(Some(Response::Status(status))) => status,
+                    _ => return false,
+                };
+                let Some(leader) = status.leader else {
+                    return true;
+                };
+                // The leader it names is gone (nothing listens there): as good as none.
+                let Some(at) = status.members.iter().find(|m| m.id == leader) else {
+                    return false;
+                };
+                matches!(
+                    TcpStream::connect(&at.address).await,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+                )
+            };
+            if !tokio::time::timeout(WITHIN, ask).await.unwrap_or(false) {
+                return false;
+            }
+        }
+        true
     }
 
     pub async fn map(&self) -> Result<ClusterMap, RpcError> {

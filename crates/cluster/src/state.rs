@@ -11,6 +11,7 @@ use crate::map::{
 use crate::placement::place_table;
 use ramlog_common::TableId;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// Longest table name.
 pub const TABLE_NAME_MAX: usize = 64;
@@ -53,6 +54,29 @@ pub enum Command {
         name: String,
         mode: ReplicationMode,
     },
+    /// The leader found the server's incarnation `epoch` dead (missed heartbeats and a failed
+    /// probe, or a failed probe after a peer's report). Its epoch grows (a returning process is
+    /// fenced), its tablets start recovering on their first live backup, and it is replaced in
+    /// the backup sets of tablets whose master lives.
+    DeclareDead {
+        server: ServerId,
+        epoch: u64,
+        reason: String,
+    },
+    /// The restorer of a recovering tablet holds it in memory: it becomes the master.
+    TabletRecovered {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    },
+    /// The master finished copying the tablet (at `epoch`) to `backup`.
+    CopyDone {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        backup: ServerId,
+    },
 }
 
 /// What a restarted server remembers of its membership.
@@ -65,10 +89,17 @@ pub struct PreviousIdentity {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandOutcome {
     Initialized,
-    Registered { id: ServerId, epoch: u64 },
+    Registered {
+        id: ServerId,
+        epoch: u64,
+    },
     TableCreated(TableInfo),
     TableDropped(TableId),
     TableAltered(TableInfo),
+    /// A failure or recovery step was applied (or was stale and changed nothing: `applied` false).
+    Noted {
+        applied: bool,
+    },
 }
 
 /// Why a command changed nothing. Every variant is the caller's error, stated so that a person
@@ -186,6 +217,71 @@ impl ClusterState {
                 table.mode = *mode;
                 CommandOutcome::TableAltered(table.clone())
             }
+            Command::DeclareDead { server, epoch, .. } => {
+                let current = self.map.server(*server).map(|s| (s.epoch, s.state));
+                match current {
+                    Some((e, state)) if e == *epoch && state != ServerState::Dead => {
+                        self.declare_dead(*server);
+                        self.repair();
+                    }
+                    // An older incarnation, or one declared already: nothing changes.
+                    _ => return Ok(CommandOutcome::Noted { applied: false }),
+                }
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::TabletRecovered {
+                table,
+                first_slot,
+                epoch,
+                server,
+            } => {
+                let up = self
+                    .map
+                    .server(*server)
+                    .is_some_and(|s| s.state == ServerState::Up);
+                let Some(t) = self
+                    .map
+                    .tablets
+                    .iter_mut()
+                    .find(|t| t.table == *table && t.first_slot == *first_slot)
+                else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if !up || !t.recovering || t.epoch != *epoch || t.restorer != Some(*server) {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                t.master = *server;
+                t.recovering = false;
+                t.restorer = None;
+                t.backups.retain(|b| b != server);
+                // Every remaining backup receives the new master's copy at this epoch; until
+                // then it restores from its older logs and what it received since.
+                t.pending = t.backups.clone();
+                t.fresh.retain(|b| b != server);
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::CopyDone {
+                table,
+                first_slot,
+                epoch,
+                backup,
+            } => {
+                let Some(t) = self
+                    .map
+                    .tablets
+                    .iter_mut()
+                    .find(|t| t.table == *table && t.first_slot == *first_slot)
+                else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if t.epoch != *epoch || t.recovering || !t.pending.contains(backup) {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                t.pending.retain(|b| b != backup);
+                t.fresh.retain(|b| b != backup);
+                CommandOutcome::Noted { applied: true }
+            }
         };
         self.map.version += 1;
         Ok(outcome)
@@ -206,6 +302,14 @@ impl ClusterState {
                 })
             }
             Some(p) => {
+                let Some(state) = self.map.server(p.server_id).map(|s| s.state) else {
+                    return Err(CommandError::UnknownServer(p.server_id));
+                };
+                if state != ServerState::Dead {
+                    // The earlier process is gone (this one replaces it): what it mastered is
+                    // recovered by its backups, and it leaves the backup sets of live tablets.
+                    self.declare_dead(p.server_id);
+                }
                 let Some(server) = self.map.servers.iter_mut().find(|s| s.id == p.server_id) else {
                     return Err(CommandError::UnknownServer(p.server_id));
                 };
@@ -229,6 +333,7 @@ impl ClusterState {
                 (id, 1)
             }
         };
+        self.repair();
         let up = self.map.up_servers().count() as u32;
         if self.map.table(DEFAULT_TABLE).is_none() && up >= self.initial_servers {
             // More replicas than the live servers allow are cut to what they allow.
@@ -242,6 +347,91 @@ impl ClusterState {
             )?;
         }
         Ok(CommandOutcome::Registered { id, epoch })
+    }
+
+    /// Marks `server` dead and fences its incarnation; its tablets start recovering.
+    fn declare_dead(&mut self, server: ServerId) {
+        if let Some(s) = self.map.servers.iter_mut().find(|s| s.id == server) {
+            s.state = ServerState::Dead;
+            s.epoch += 1;
+        }
+        for t in &mut self.map.tablets {
+            if t.master == server && !t.recovering {
+                t.recovering = true;
+                t.restorer = None;
+                // Backups refuse the dead master's epoch from the moment they see this map.
+                t.epoch += 1;
+            }
+        }
+    }
+
+    /// Brings every tablet to the shape the live servers allow, after any change of membership:
+    /// - a recovering tablet's restorer is its first backup that is up and can restore it (none
+    ///   while no such backup is up: the tablet waits, keeping its backup set, whose logs a
+    ///   restarted server brings back);
+    /// - a tablet with a live master drops its dead backups and gets replacements (fresh and
+    ///   pending: the master copies the tablet to them) up to the table's replicas, taken from
+    ///   the seeded server permutation after the server they replace (the copyset order).
+    fn repair(&mut self) {
+        let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+        let all: Vec<ServerId> = self.map.servers.iter().map(|s| s.id).collect();
+        let order = crate::placement::permutation(&all, self.map.cluster_id);
+        let is_up = |id: ServerId| up.contains(&id);
+        let replicas: HashMap<TableId, u32> =
+            self.map.tables.iter().map(|t| (t.id, t.replicas)).collect();
+        // Backup roles per server, to spread replacements.
+        let mut load: HashMap<ServerId, usize> = HashMap::new();
+        for t in &self.map.tablets {
+            for b in &t.backups {
+                *load.entry(*b).or_default() += 1;
+            }
+        }
+        for t in &mut self.map.tablets {
+            if t.recovering {
+                if t.restorer.is_none_or(|r| !is_up(r)) {
+                    t.restorer = t
+                        .backups
+                        .iter()
+                        .copied()
+                        .find(|&b| is_up(b) && !t.fresh.contains(&b));
+                }
+                continue;
+            }
+            if !is_up(t.master) {
+                continue;
+            }
+            let dead: Vec<ServerId> = t.backups.iter().copied().filter(|&b| !is_up(b)).collect();
+            let want = replicas.get(&t.table).copied().unwrap_or(0) as usize;
+            let mut after = dead.first().copied().unwrap_or(t.master);
+            t.backups.retain(|b| is_up(*b));
+            t.pending.retain(|b| is_up(*b));
+            t.fresh.retain(|b| is_up(*b));
+            for d in &dead {
+                if let Some(n) = load.get_mut(d) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            while t.backups.len() < want {
+                let at = order.iter().position(|&s| s == after).unwrap_or(0);
+                let n = order.len();
+                let candidates: Vec<ServerId> = (1..=n)
+                    .map(|k| order[(at + k) % n])
+                    .filter(|&s| is_up(s) && s != t.master && !t.backups.contains(&s))
+                    .collect();
+                // The least loaded of the candidates, the earliest in the order on a tie.
+                let Some(&pick) = candidates
+                    .iter()
+                    .min_by_key(|s| load.get(s).copied().unwrap_or(0))
+                else {
+                    break;
+                };
+                t.backups.push(pick);
+                t.pending.push(pick);
+                t.fresh.push(pick);
+                *load.entry(pick).or_default() += 1;
+                after = pick;
+            }
+        }
     }
 
     /// Adds the table and its tablets over the live servers.

@@ -44,6 +44,12 @@ pub struct CoordinatorArgs {
     /// servers, 3 from 4).
     #[arg(long)]
     pub default_replicas: Option<u32>,
+    /// A server whose heartbeats stop for this long, and which then fails a probe, is declared
+    /// dead and its tablets are recovered by their backups. Servers stop serving after 3/4 of it
+    /// without an answer from the coordinator (their lease), so that a master cut off from the
+    /// coordinator stops before its tablets move.
+    #[arg(long, default_value_t = crate::service::DEAD_AFTER_MS)]
+    pub dead_after_ms: u64,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -88,6 +94,7 @@ impl CoordinatorArgs {
             default_mode: self.default_mode,
             default_replicas: self.default_replicas,
             snapshot_every: crate::service::SNAPSHOT_EVERY,
+            dead_after: Duration::from_millis(self.dead_after_ms.max(50)),
         })
     }
 }
@@ -411,6 +418,10 @@ fn status_json(
                         "mirror": tb.mirror,
                         "backups": tb.backups,
                         "epoch": tb.epoch,
+                        "recovering": tb.recovering,
+                        "restorer": tb.restorer,
+                        "pending": tb.pending,
+                        "fresh": tb.fresh,
                     })
                 })
                 .collect();
@@ -431,6 +442,8 @@ fn status_json(
         "term": status.term,
         "members": status.members,
         "map_version": map.version,
+        "recovering_tablets": map.tablets.iter().filter(|t| t.recovering).count(),
+        "pending_copies": map.tablets.iter().map(|t| t.pending.len()).sum::<usize>(),
         "servers": servers,
         "tables": tables,
     })
@@ -491,6 +504,14 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
             mem
         );
     }
+    let recovering = map.tablets.iter().filter(|t| t.recovering).count();
+    let copies: usize = map.tablets.iter().map(|t| t.pending.len()).sum();
+    if recovering > 0 || copies > 0 {
+        let _ = writeln!(
+            s,
+            "failures: {recovering} tablets recovering, {copies} copies to backups pending (server progress: ramlog status --admin HOST:PORT)"
+        );
+    }
     let _ = writeln!(s, "tables:");
     for t in &map.tables {
         let count = map.tablets_of(t.id).count();
@@ -505,14 +526,27 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
                 .mirror
                 .map(|m| format!(" mirror={m}"))
                 .unwrap_or_default();
+            let state = if tb.recovering {
+                match tb.restorer {
+                    Some(r) => format!(" RECOVERING on server {r}"),
+                    None => " RECOVERING: waiting for a live backup".to_string(),
+                }
+            } else if tb.pending.is_empty() {
+                String::new()
+            } else {
+                let p: Vec<String> = tb.pending.iter().map(|b| b.to_string()).collect();
+                format!(" copying to [{}]", p.join(","))
+            };
             let _ = writeln!(
                 s,
-                "    {}-{} master={}{} backups=[{}]",
+                "    {}-{} master={}{} backups=[{}] epoch={}{}",
                 tb.first_slot,
                 tb.last_slot,
                 tb.master,
                 mirror,
-                backups.join(",")
+                backups.join(","),
+                tb.epoch,
+                state
             );
         }
     }

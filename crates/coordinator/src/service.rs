@@ -30,6 +30,14 @@ use tokio::task::{JoinHandle, JoinSet};
 pub const LIVE_HEARTBEAT: Duration = Duration::from_millis(300);
 /// How long a proposal may wait to commit before the caller hears an error.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default of [`CoordinatorConfig::dead_after`], in milliseconds.
+pub const DEAD_AFTER_MS: u64 = 400;
+/// How long a probe of a silent server may take before it counts as failed.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
+/// How often the leader looks for silent servers.
+const MONITOR_EVERY: Duration = Duration::from_millis(20);
+/// A peer's report counts for this long.
+const SUSPICION_FRESH: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -48,6 +56,8 @@ pub struct CoordinatorConfig {
     /// A snapshot is taken after this many log entries, and as many are kept behind it for
     /// followers that lag; one further behind is sent the snapshot.
     pub snapshot_every: u64,
+    /// Silence after which a server that also fails a probe is declared dead.
+    pub dead_after: Duration,
 }
 
 /// The default of [`CoordinatorConfig::snapshot_every`].
@@ -71,6 +81,10 @@ struct Shared {
     initial_servers: u32,
     default_mode: Option<ramlog_cluster::ReplicationMode>,
     default_replicas: Option<u32>,
+    dead_after: Duration,
+    /// When this member last became leader (None while it is not): heartbeats it did not see
+    /// count from then, so a new leader never declares a server dead on its predecessor's watch.
+    leader_since: Mutex<Option<Instant>>,
 }
 
 impl Coordinator {
@@ -120,6 +134,8 @@ impl Coordinator {
             initial_servers: config.initial_servers,
             default_mode: config.default_mode,
             default_replicas: config.default_replicas,
+            dead_after: config.dead_after,
+            leader_since: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(accept_loop(
@@ -127,7 +143,11 @@ impl Coordinator {
             listener,
             stop_rx.clone(),
         ))];
-        tasks.push(tokio::spawn(init_when_leader(shared.clone(), stop_rx)));
+        tasks.push(tokio::spawn(init_when_leader(
+            shared.clone(),
+            stop_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(monitor(shared.clone(), stop_rx)));
 
         let lowest = config.members.keys().next().copied();
         if lowest == Some(config.id) && !raft.is_initialized().await? {
@@ -239,6 +259,89 @@ async fn init_when_leader(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
     }
 }
 
+/// On the leader: declares dead every server that has been silent for `dead_after` (or that a
+/// peer reported, once its lease has run out) and fails a probe.
+async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(MONITOR_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = ticker.tick() => {}
+        }
+        if shared.not_leader().is_some() {
+            *shared
+                .leader_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+            continue;
+        }
+        let since = *shared
+            .leader_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+        let candidates = shared.silent_servers(since);
+        if candidates.is_empty() {
+            continue;
+        }
+        let mut probes = JoinSet::new();
+        for (id, epoch, address, reason) in candidates {
+            probes.spawn(async move { (id, epoch, reason, probe(address).await) });
+        }
+        while let Some(Ok((id, epoch, reason, answered))) = probes.join_next().await {
+            if let Err(e) = answered {
+                // Still silent after the probe?
+                if !shared.silent_servers(since).iter().any(|c| c.0 == id) {
+                    continue;
+                }
+                let reason = format!("{reason}; probe: {e}");
+                tracing::warn!(server = id, epoch, %reason, "declaring a server dead");
+                match shared
+                    .propose(Command::DeclareDead {
+                        server: id,
+                        epoch,
+                        reason,
+                    })
+                    .await
+                {
+                    Ok(_) => shared.log_recovery_plan(id),
+                    Err(e) => tracing::warn!(server = id, answer = ?e, "declaring failed"),
+                }
+            } else {
+                tracing::warn!(
+                    server = id,
+                    %reason,
+                    "a silent server answers its probe: not declared dead (it stops serving when its lease runs out)"
+                );
+            }
+        }
+    }
+}
+
+/// Connects to a server's RESP port and expects an answer to PING within [`PROBE_TIMEOUT`].
+async fn probe(address: SocketAddr) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = TcpStream::connect(address).await?;
+        s.write_all(b"PING\r\n").await?;
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::Error::other("closed without an answer"));
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, exchange).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{address}: {e}")),
+        Err(_) => Err(format!(
+            "{address}: no answer within {} ms",
+            PROBE_TIMEOUT.as_millis()
+        )),
+    }
+}
+
 async fn answer(shared: &Shared, request: Request) -> Response {
     match request {
         Request::Raft { rpc, body } => shared.raft_rpc(rpc, body).await,
@@ -271,6 +374,68 @@ impl Shared {
             .membership()
             .get_node(&id)
             .map(|n| n.addr.clone())
+    }
+
+    /// Up servers silent for `dead_after` (counted from `since` at the earliest), or reported by a
+    /// peer and silent for longer than their lease: (id, epoch, resp address, why).
+    fn silent_servers(&self, since: Instant) -> Vec<(ServerId, u64, SocketAddr, String)> {
+        let map = self.map();
+        let heartbeats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        let suspicions = self.suspicions.lock().unwrap_or_else(|p| p.into_inner());
+        let lease = self.lease();
+        map.servers
+            .iter()
+            .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+            .filter_map(|s| {
+                let last = heartbeats.get(&s.id).map_or(since, |t| (*t).max(since));
+                let silent = last.elapsed();
+                let reason = if silent >= self.dead_after {
+                    format!("no heartbeat for {} ms", silent.as_millis())
+                } else {
+                    let (reporter, why, when) = suspicions.get(&s.id)?;
+                    if when.elapsed() > SUSPICION_FRESH || silent < lease + MONITOR_EVERY * 2 {
+                        return None;
+                    }
+                    format!(
+                        "server {reporter} reports: {why}; no heartbeat for {} ms",
+                        silent.as_millis()
+                    )
+                };
+                Some((s.id, s.epoch, s.addresses.resp, reason))
+            })
+            .collect()
+    }
+
+    /// How long a server may serve after sending a heartbeat that was answered.
+    fn lease(&self) -> Duration {
+        self.dead_after * 3 / 4
+    }
+
+    /// Logs, after a declaration, which tablets recover where.
+    fn log_recovery_plan(&self, dead: ServerId) {
+        let map = self.map();
+        let mut by_restorer: BTreeMap<Option<ServerId>, usize> = BTreeMap::new();
+        for t in map
+            .tablets
+            .iter()
+            .filter(|t| t.recovering && t.master == dead)
+        {
+            *by_restorer.entry(t.restorer).or_default() += 1;
+        }
+        for (restorer, tablets) in by_restorer {
+            match restorer {
+                Some(r) => tracing::warn!(dead, restorer = r, tablets, "tablets recovering"),
+                None => tracing::error!(
+                    dead,
+                    tablets,
+                    "tablets wait for a backup: none of their backups is up"
+                ),
+            }
+        }
+        let replaced = map.tablets.iter().filter(|t| !t.fresh.is_empty()).count();
+        if replaced > 0 {
+            tracing::warn!(tablets = replaced, "tablets copy to replacement backups");
+        }
     }
 
     /// None when this member leads; else the NotLeader answer.
@@ -442,6 +607,77 @@ impl Shared {
                     Err(answer) => answer,
                 }
             }
+            Request::Recovered {
+                server,
+                table,
+                first_slot,
+                epoch,
+                objects,
+                millis,
+            } => {
+                let command = Command::TabletRecovered {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { applied }, map)) => {
+                        let left = map.tablets.iter().filter(|t| t.recovering).count();
+                        tracing::info!(
+                            server,
+                            table,
+                            first_slot,
+                            epoch,
+                            objects,
+                            millis,
+                            applied,
+                            recovering_left = left,
+                            "tablet recovered"
+                        );
+                        if applied {
+                            Response::Noted
+                        } else {
+                            Response::Error(format!(
+                                "tablet {table}:{first_slot} at epoch {epoch} is not being restored by server {server}"
+                            ))
+                        }
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::CopyDone {
+                server,
+                table,
+                first_slot,
+                epoch,
+                backup,
+            } => {
+                let command = Command::CopyDone {
+                    table,
+                    first_slot,
+                    epoch,
+                    backup,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { applied }, map)) => {
+                        let left: usize = map.tablets.iter().map(|t| t.pending.len()).sum();
+                        tracing::info!(
+                            master = server,
+                            table,
+                            first_slot,
+                            backup,
+                            applied,
+                            copies_left = left,
+                            "tablet copied to a backup"
+                        );
+                        Response::Noted
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
             Request::Status | Request::Raft { .. } => {
                 Response::Error("internal: this request is not a leader request".into())
             }
@@ -469,7 +705,10 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, Instant::now());
-        Response::Heartbeat { map }
+        Response::Heartbeat {
+            map,
+            lease_ms: self.lease().as_millis() as u64,
+        }
     }
 
     fn status(&self) -> CoordinatorStatus {

@@ -24,6 +24,7 @@ fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorCo
         default_mode: None,
         default_replicas: None,
         snapshot_every: 4,
+        dead_after: std::time::Duration::from_millis(400),
     }
 }
 

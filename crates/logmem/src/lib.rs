@@ -285,6 +285,19 @@ impl Engine {
         self.inner.multi_put(tablet, items)
     }
 
+    /// Moves the clock to at least `version`: every later write takes a higher version (a
+    /// server that takes over a tablet continues above whatever its previous master gave out).
+    pub fn advance_clock(&self, version: Version) {
+        self.inner
+            .clock
+            .fetch_max(version, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The version the last write took.
+    pub fn clock(&self) -> Version {
+        self.inner.clock.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Installs a replayed record with its original version (restart, recovery). Keeps whichever
     /// version of the key is newer; `value` None removes an older object. The observer is not told.
     pub fn restore(

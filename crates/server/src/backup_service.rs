@@ -100,6 +100,11 @@ pub struct BackupService {
     /// Bytes the connections' read buffers hold (counted against the memory budget).
     buffer_bytes: AtomicU64,
     next_socket: AtomicU64,
+    /// The highest version of any entry any master sent here (a restorer's clock goes above it).
+    max_version: AtomicU64,
+    /// Store tablets being dropped (by the map's garbage collection), so that a drop is not
+    /// started twice.
+    dropping: Mutex<std::collections::HashSet<u64>>,
     pub counters: BackupCounters,
 }
 
@@ -141,6 +146,8 @@ impl BackupService {
             sockets: Mutex::new(Vec::new()),
             buffer_bytes: AtomicU64::new(0),
             next_socket: AtomicU64::new(0),
+            max_version: AtomicU64::new(0),
+            dropping: Mutex::new(std::collections::HashSet::new()),
             counters: BackupCounters::default(),
         }))
     }
@@ -151,6 +158,96 @@ impl BackupService {
 
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
+    }
+
+    /// The highest version any master sent here since this process started.
+    pub fn max_version_seen(&self) -> u64 {
+        self.max_version.load(Ordering::Acquire)
+    }
+
+    /// Replays, as one, every log this store holds of tablet (table, first slot) from epochs
+    /// before `epoch` (the restore of a tablet whose master died at `epoch - 1` or earlier).
+    pub fn replay_for_restore(
+        &self,
+        table: u64,
+        first_slot: u16,
+        epoch: u64,
+        f: impl FnMut(ramlog_backup::ReplayEntry<'_>),
+    ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
+        let ids: Vec<u64> = self
+            .store
+            .tablets()
+            .into_iter()
+            .filter(|&id| {
+                let (t, s, e) = split_store_tablet(id);
+                u64::from(t) == table && s == first_slot && e < epoch
+            })
+            .collect();
+        self.store.replay_merged(&ids, f)
+    }
+
+    /// Takes a new map: raises the fence of every tablet to its epoch in the map (a master of
+    /// an older epoch is refused from now on, before the tablet's restorer reads its logs), and
+    /// drops, in the background, the logs the map no longer needs:
+    /// - of tablets this server is no longer a backup of (a restarted server's stale logs, a
+    ///   tablet it now masters, a dropped table), unless the tablet is recovering and lists it;
+    /// - older epochs of tablets whose copy at the current epoch this server holds completely.
+    pub fn apply_map(self: &Arc<Self>, map: &ramlog_cluster::ClusterMap, me: u64) {
+        {
+            let mut epochs = self.epochs.lock();
+            for t in &map.tablets {
+                let Ok(table) = u32::try_from(t.table) else {
+                    continue;
+                };
+                let e = epochs.entry((table, t.first_slot)).or_insert(0);
+                *e = (*e).max(t.epoch);
+            }
+        }
+        // Only a map whose servers include this one says anything about its logs.
+        if map.server(me).is_none() {
+            return;
+        }
+        let mut drop = Vec::new();
+        for id in self.store.tablets() {
+            let (table, first_slot, epoch) = split_store_tablet(id);
+            let tablet = map
+                .tablets
+                .iter()
+                .find(|t| t.table == u64::from(table) && t.first_slot == first_slot);
+            let needed = match tablet {
+                None => false,
+                Some(t) if t.recovering => t.backups.contains(&me),
+                Some(t) => t.backups.contains(&me) && (epoch >= t.epoch || t.pending.contains(&me)),
+            };
+            if !needed {
+                drop.push(id);
+            }
+        }
+        drop.retain(|id| self.dropping.lock().insert(*id));
+        if drop.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("backup-gc".into())
+            .spawn(move || {
+                for id in drop {
+                    let (table, first_slot, epoch) = split_store_tablet(id);
+                    match me.store.drop_tablet(id) {
+                        Ok(()) => tracing::info!(
+                            table,
+                            first_slot,
+                            epoch,
+                            "dropped backup logs the map no longer needs"
+                        ),
+                        Err(e) => tracing::warn!(table, first_slot, epoch, error = %e, "cannot drop backup logs"),
+                    }
+                    me.dropping.lock().remove(&id);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the backup log collector");
+        }
     }
 
     /// The newest epoch seen for each tablet (table, first slot).
@@ -452,6 +549,9 @@ impl BackupService {
             }
             let id =
                 store_tablet(u.head.table, u.head.first_slot, u.head.epoch).expect("checked above");
+            if let Some(v) = u.entries.iter().map(|e| e.version).max() {
+                self.max_version.fetch_max(v, Ordering::AcqRel);
+            }
             entries.clear();
             entries.extend(u.entries.iter().map(|e| Entry {
                 key: e.key,

@@ -40,6 +40,8 @@ pub struct ClusterView {
     runs: Vec<(u16, u16, ServerId)>,
     /// Servers that master slots of the default table, by id.
     masters: Vec<ServerId>,
+    /// Slots of the default table whose tablet is being recovered (no master serves them).
+    recovering: Vec<bool>,
 }
 
 /// Where a slot of the default table is served.
@@ -50,11 +52,27 @@ pub enum Route {
     Moved(String),
     /// No server masters it (the map has no tablet there yet).
     Down,
+    /// Its master died and a backup is restoring it: retry shortly.
+    Recovering,
 }
 
 impl ClusterView {
     pub fn new(map: ClusterMap, me: ServerId, epoch: u64) -> ClusterView {
-        let owners = map.slot_owners(DEFAULT_TABLE);
+        // A recovering tablet is listed under its restorer (where clients should go next), or
+        // its dead master while it has none; its slots answer TRYAGAIN everywhere meanwhile.
+        let mut owners = vec![0; SLOT_COUNT as usize];
+        let mut recovering = vec![false; SLOT_COUNT as usize];
+        for t in map.tablets_of(DEFAULT_TABLE) {
+            let owner = if t.recovering {
+                t.restorer.unwrap_or(t.master)
+            } else {
+                t.master
+            };
+            for slot in t.slots() {
+                owners[slot as usize] = owner;
+                recovering[slot as usize] = t.recovering;
+            }
+        }
         let resp_addresses = map
             .servers
             .iter()
@@ -84,6 +102,7 @@ impl ClusterView {
             map_json,
             runs,
             masters,
+            recovering,
         }
     }
 
@@ -94,6 +113,9 @@ impl ClusterView {
     }
 
     pub fn route(&self, slot: u16) -> Route {
+        if self.recovering[slot as usize] {
+            return Route::Recovering;
+        }
         match self.owner(slot) {
             0 => Route::Down,
             id if id == self.me => Route::Here,
@@ -111,6 +133,7 @@ impl ClusterView {
         }
         match self.map.tablet_of(table, key) {
             None => Route::Down,
+            Some(t) if t.recovering => Route::Recovering,
             Some(t) if t.master == self.me => Route::Here,
             Some(t) => match self.map.server(t.master) {
                 Some(s) => Route::Moved(s.addresses.resp.to_string()),
@@ -188,7 +211,18 @@ pub struct Member {
     created: parking_lot::Mutex<HashMap<(TableId, u16), ramlog_logmem::TabletId>>,
     /// Connections to the other servers (the routing port forwards over them).
     peers: crate::routing::Peers,
+    /// Heartbeats go over their own client, with a deadline shorter than the lease.
+    heartbeat_client: CoordinatorClient,
+    /// Until when this server may serve (nanoseconds after `clock_base`): renewed by each
+    /// answered heartbeat, from the moment it was sent.
+    lease_until: std::sync::atomic::AtomicU64,
+    clock_base: std::time::Instant,
+    /// Restores and copies this server runs for the cluster.
+    pub jobs: Arc<crate::recovery::Jobs>,
 }
+
+/// The lease a server assumes until the coordinator's first answer names one.
+const LEASE_DEFAULT: Duration = Duration::from_millis(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
@@ -273,18 +307,83 @@ impl Member {
             map_version = map.version,
             "joined the cluster"
         );
+        let heartbeat_every = Duration::from_millis(config.heartbeat_interval_ms.max(10));
         let member = Arc::new(Member {
             view: ArcSwap::from_pointee(ClusterView::new(ClusterMap::default(), id, epoch)),
+            heartbeat_client: CoordinatorClient::new(
+                client.addresses().to_vec(),
+                (heartbeat_every * 2).min(LEASE_DEFAULT),
+            ),
             client,
             created: parking_lot::Mutex::new(HashMap::new()),
             peers: crate::routing::Peers::default(),
+            lease_until: std::sync::atomic::AtomicU64::new(0),
+            clock_base: std::time::Instant::now(),
+            jobs: Arc::new(crate::recovery::Jobs::default()),
         });
+        member.renew_lease(member.clock_base, LEASE_DEFAULT);
         member.apply(node, map);
         Ok(member)
     }
 
     pub fn view(&self) -> arc_swap::Guard<Arc<ClusterView>> {
         self.view.load()
+    }
+
+    /// Extends the lease to `lease` after `sent` (never shortens it).
+    fn renew_lease(&self, sent: std::time::Instant, lease: Duration) {
+        let until = (sent.saturating_duration_since(self.clock_base) + lease).as_nanos() as u64;
+        self.lease_until
+            .fetch_max(until, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// None while the lease holds; else how long ago it ran out. A server whose lease ran out
+    /// serves nothing (the coordinator may have declared it dead and moved its tablets).
+    #[inline]
+    pub fn lease_expired(&self) -> Option<Duration> {
+        let now = self.clock_base.elapsed().as_nanos() as u64;
+        let until = self.lease_until.load(std::sync::atomic::Ordering::Acquire);
+        (now >= until).then(|| Duration::from_nanos(now - until))
+    }
+
+    /// The error a front end answers while the lease has run out.
+    pub fn lease_refusal(&self) -> Option<String> {
+        self.lease_expired().map(|late| {
+            format!(
+                "CLUSTERDOWN this server has had no answer from the coordinator for {} ms past its lease; it serves again once it has",
+                late.as_millis()
+            )
+        })
+    }
+
+    /// The engine tablet of (table, first slot) of `t`, created now if it is not yet.
+    pub fn engine_tablet(
+        &self,
+        node: &Node,
+        t: &ramlog_cluster::TabletInfo,
+    ) -> Result<ramlog_logmem::TabletId, String> {
+        let mut created = self.created.lock();
+        if let Some(&id) = created.get(&(t.table, t.first_slot)) {
+            return Ok(id);
+        }
+        let made = if t.table == DEFAULT_TABLE {
+            node.keyspace.add_tablet(t.first_slot, t.last_slot)
+        } else {
+            node.engine()
+                .create_tablet(t.table, t.first_slot, t.last_slot)
+        };
+        let id = made.map_err(|e| e.to_string())?;
+        created.insert((t.table, t.first_slot), id);
+        Ok(id)
+    }
+
+    /// The engine tablet of (table, first slot), if created here.
+    pub fn created_tablet(
+        &self,
+        table: TableId,
+        first_slot: u16,
+    ) -> Option<ramlog_logmem::TabletId> {
+        self.created.lock().get(&(table, first_slot)).copied()
     }
 
     pub fn peers(&self) -> &crate::routing::Peers {
@@ -297,7 +396,7 @@ impl Member {
 
     /// Serves `map` if it is newer than the one held: creates the tablets it makes this server
     /// master of and sets table schemas, then publishes the view.
-    pub fn apply(&self, node: &Node, map: ClusterMap) {
+    pub fn apply(self: &Arc<Self>, node: &Arc<Node>, map: ClusterMap) {
         let current = self.view.load();
         if map.version <= current.map.version && current.map.version != 0 {
             return;
@@ -306,7 +405,12 @@ impl Member {
         let epoch = map.server(me).map_or(current.epoch, |s| s.epoch);
         {
             let mut created = self.created.lock();
-            for t in map.tablets.iter().filter(|t| t.master == me) {
+            // A recovering tablet is created by its restore, on the restorer.
+            for t in map
+                .tablets
+                .iter()
+                .filter(|t| t.master == me && !t.recovering)
+            {
                 if created.contains_key(&(t.table, t.first_slot)) {
                     continue;
                 }
@@ -348,7 +452,14 @@ impl Member {
                 .apply(&map, me, epoch, &self.created.lock());
         }
         tracing::info!(version = map.version, "serving map");
-        self.view.store(Arc::new(ClusterView::new(map, me, epoch)));
+        let view = Arc::new(ClusterView::new(map, me, epoch));
+        self.view.store(view.clone());
+        // Backups fence old epochs and let go of logs the map no longer needs; restores and
+        // copies this map asks of this server start.
+        if let Some(duty) = node.cluster_duty() {
+            duty.backup.apply_map(&view.map, me);
+        }
+        crate::recovery::start_jobs(node, self, &view.map);
     }
 
     /// Heartbeats until the node stops. A newer map in an answer is applied; a fenced answer
@@ -377,8 +488,15 @@ impl Member {
                     map_version: view.map.version,
                 };
                 drop(view);
-                match member.client.call(&request).await {
-                    Ok(Response::Heartbeat { map }) => {
+                let sent = std::time::Instant::now();
+                match member.heartbeat_client.call(&request).await {
+                    Ok(Response::Heartbeat { map, lease_ms }) => {
+                        let lease = if lease_ms == 0 {
+                            LEASE_DEFAULT
+                        } else {
+                            Duration::from_millis(lease_ms)
+                        };
+                        member.renew_lease(sent, lease);
                         if let Some(since) = failing_since.take() {
                             tracing::warn!(
                                 after_ms = since.elapsed().as_millis() as u64,
@@ -396,8 +514,15 @@ impl Member {
                         return;
                     }
                     Err(e) => {
+                        // No coordinator member can declare anything while none runs or none
+                        // leads (a new leader waits a full detection time before it declares):
+                        // the lease may be extended then. A coordinator that is merely
+                        // unreachable (a partition) extends nothing.
+                        if member.heartbeat_client.leaderless().await {
+                            member.renew_lease(sent, LEASE_DEFAULT);
+                        }
                         if failing_since.is_none() {
-                            tracing::warn!(error = %e, "heartbeat failed; serving the map held");
+                            tracing::warn!(error = %e, "heartbeat failed; serving the map held while the lease lasts");
                             failing_since = Some(std::time::Instant::now());
                         }
                     }

@@ -176,6 +176,10 @@ pub struct ServerConfig {
     /// Replication: a backup that leaves a write unacknowledged this long is reported to the
     /// coordinator as suspect.
     pub backup_timeout_ms: u64,
+    /// Re-protection: bytes per second the copy of one tablet to one backup may send (after a
+    /// recovery or a backup's replacement), so that copies leave room for the clients' traffic.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub recovery_copy_bytes_per_sec: u64,
 }
 
 impl Default for ServerConfig {
@@ -211,7 +215,8 @@ impl Default for ServerConfig {
             routing_port: 0,
             heartbeat_interval_ms: 100,
             replication_in_flight_bytes: 16 << 20,
-            backup_timeout_ms: 1000,
+            backup_timeout_ms: 200,
+            recovery_copy_bytes_per_sec: 128 << 20,
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod native;
 pub mod node;
 pub mod persistence;
+pub mod recovery;
 pub mod replication;
 pub mod resp_conn;
 pub mod routing;

@@ -720,8 +720,21 @@ impl Session<'_> {
 
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
         if let Some(member) = self.node.cluster() {
+            if let Some(refusal) = member.lease_refusal() {
+                return Err(Failure(Status::WrongServer, 0, refusal));
+            }
             match member.view().route_key(table, key) {
                 crate::cluster::Route::Here => {}
+                crate::cluster::Route::Recovering => {
+                    return Err(Failure(
+                        Status::WrongServer,
+                        0,
+                        format!(
+                            "slot {} of table {table} is being recovered after its master failed; retry",
+                            key_slot(key)
+                        ),
+                    ))
+                }
                 crate::cluster::Route::Moved(addr) => {
                     return Err(Failure(
                         Status::WrongServer,

@@ -630,6 +630,11 @@ impl Node {
                     streams: d.replication.streams(),
                     modes: d.replication.modes(),
                     backup: d.backup.figures(),
+                    recovery: self.cluster().map(|m| m.jobs.figures()).unwrap_or_default(),
+                    lease_expired_ms: self
+                        .cluster()
+                        .and_then(|m| m.lease_expired())
+                        .map_or(0, |d| d.as_millis() as u64),
                 });
         snapshot
     }

@@ -59,6 +59,10 @@ const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How often a waiting reply re-checks its stream (acks also wake it at once).
 const WAIT_RECHECK: Duration = Duration::from_millis(100);
+/// A copy's frames: up to this many bytes of units each.
+const COPY_FRAME_BYTES: usize = 1 << 20;
+/// How long a copy waits for one acknowledgement.
+const COPY_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The modes, in the order of the per-mode figures.
 pub const MODES: [ReplicationMode; 3] = [
@@ -419,6 +423,10 @@ pub struct ReplicationFigures {
     pub modes: Vec<ModeFigures>,
     /// This server as a backup.
     pub backup: BackupSideFigures,
+    /// Restores and copies after failures (running, and finished in the last minute).
+    pub recovery: Vec<crate::recovery::JobFigures>,
+    /// Milliseconds past its lease without an answer from the coordinator (0: the lease holds).
+    pub lease_expired_ms: u64,
 }
 
 /// The master side of replication of one server; see the module comment.
@@ -655,6 +663,101 @@ impl Replication {
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a replication sender thread");
         }
+    }
+
+    /// Copies every live object of engine tablet `tablet` to the backup at `address`, as units
+    /// of `head` (the tablet at its current epoch), over a connection of its own, at most `rate`
+    /// bytes per second, and returns once the backup has all of it on disk. `objects` and
+    /// `bytes` count what was sent; `keep_going` is asked between frames (false: stop).
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_tablet(
+        &self,
+        engine: &ramlog_logmem::Engine,
+        tablet: TabletId,
+        head: UnitHead,
+        address: &str,
+        rate: u64,
+        objects: &AtomicU64,
+        bytes: &AtomicU64,
+        keep_going: impl Fn() -> bool,
+    ) -> Result<u64, String> {
+        const SCAN_KEYS: usize = 512;
+        let hello = self.hello(stream_nonce());
+        let fail = |e: std::io::Error| format!("copy to {address}: {e}");
+        let mut socket = connect(address, &hello, self.password.as_deref()).map_err(fail)?;
+        socket
+            .set_read_timeout(Some(COPY_ACK_TIMEOUT))
+            .map_err(fail)?;
+        let started = Instant::now();
+        let mut acks = AckReader::default();
+        let (mut offset, mut copied, mut sent) = (0u64, 0u64, 0u64);
+        let (mut units, mut frame, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        let mut batch: Vec<(Vec<u8>, Vec<u8>, u64, u64)> = Vec::with_capacity(SCAN_KEYS);
+        let mut cursor = 0u64;
+        loop {
+            if !keep_going() || self.stopping.load(Ordering::Acquire) {
+                return Err("stopped: the map no longer asks for this copy".into());
+            }
+            keys.clear();
+            cursor = engine
+                .scan_keys(tablet, cursor, SCAN_KEYS, &mut keys)
+                .map_err(|e| format!("reading the tablet: {e}"))?;
+            batch.clear();
+            for key in keys.drain(..) {
+                let found = engine
+                    .read_with(tablet, &key, |value, version, expiry| {
+                        (value.to_vec(), version, expiry)
+                    })
+                    .map_err(|e| format!("reading the tablet: {e}"))?;
+                if let Some((value, version, expiry)) = found {
+                    batch.push((key, value, version, expiry));
+                }
+            }
+            if !batch.is_empty() {
+                let entries: Vec<ReplEntry<'_>> = batch
+                    .iter()
+                    .map(|(key, value, version, expiry)| ReplEntry {
+                        key,
+                        value: Some(value),
+                        version: *version,
+                        expiry: *expiry,
+                    })
+                    .collect();
+                repl::encode_unit(&mut units, &head, &entries);
+                copied += entries.len() as u64;
+                objects.fetch_add(entries.len() as u64, Ordering::Relaxed);
+            }
+            let last = cursor == 0;
+            if units.len() >= COPY_FRAME_BYTES || (last && (!units.is_empty() || offset > 0)) {
+                frame.clear();
+                let flags = if last { repl::FLAG_DURABLE } else { 0 };
+                repl::encode_batch_frame(&mut frame, offset, flags, &units);
+                socket.write_all(&frame).map_err(fail)?;
+                offset += units.len() as u64;
+                sent += units.len() as u64;
+                bytes.fetch_add(units.len() as u64, Ordering::Relaxed);
+                units.clear();
+                // One frame in flight: the copy never runs ahead of what the backup took.
+                while acks.buffered < offset {
+                    acks.read(&mut socket).map_err(fail)?;
+                }
+                // Rate limit: no faster than `rate` bytes per second on average.
+                if rate > 0 {
+                    let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        while acks.durable < offset {
+            acks.read(&mut socket).map_err(fail)?;
+        }
+        let _ = socket.shutdown(Shutdown::Both);
+        Ok(copied)
     }
 
     fn hello(&self, stream: u64) -> Hello {
@@ -920,6 +1023,47 @@ fn read_acks(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
     }
     alive.store(false, Ordering::Release);
     stream.wake.notify_all();
+}
+
+/// Acknowledgements read from a copy's connection.
+#[derive(Default)]
+struct AckReader {
+    buf: Vec<u8>,
+    buffered: u64,
+    durable: u64,
+}
+
+impl AckReader {
+    /// Reads at least one frame; an error frame from the backup becomes an error.
+    fn read(&mut self, socket: &mut TcpStream) -> std::io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(header) = parse_header(&self.buf, 1 << 20)
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+            {
+                if self.buf.len() >= header.frame_bytes() {
+                    let body = self.buf[HEADER_LEN..header.frame_bytes()].to_vec();
+                    self.buf.drain(..header.frame_bytes());
+                    let status = Status::from_u8(header.flags_or_status);
+                    if header.opcode != repl::REPL_ACK || status != Status::Ok {
+                        return Err(std::io::Error::other(format!(
+                            "the backup refused the copy: {status:?}: {}",
+                            error_message(&body)
+                        )));
+                    }
+                    let ack = Ack::decode(&body).map_err(|e| std::io::Error::other(e.message))?;
+                    self.buffered = self.buffered.max(ack.buffered);
+                    self.durable = self.durable.max(ack.durable);
+                    return Ok(());
+                }
+            }
+            let n = socket.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::Error::other("the backup closed the connection"));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
 }
 
 /// The message of a native error reply body (detail u64, then a length-prefixed string).

@@ -628,6 +628,11 @@ fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]], forwarded: bool) -> R
     };
     if forwarded {
         let view = member.view();
+        if spec.first_key > 0 {
+            if let Some(refusal) = member.lease_refusal() {
+                return Err(refusal);
+            }
+        }
         for key in command_keys(spec, args) {
             let slot = key_slot(key);
             if view.route(slot) != crate::cluster::Route::Here {
@@ -647,10 +652,16 @@ fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]], forwarded: bool) -> R
     if keys.any(|k| key_slot(k) != slot) {
         return Err("CROSSSLOT Keys in request don't hash to the same slot".into());
     }
+    if let Some(refusal) = member.lease_refusal() {
+        return Err(refusal);
+    }
     match member.view().route(slot) {
         crate::cluster::Route::Here => Ok(()),
         crate::cluster::Route::Moved(addr) => Err(format!("MOVED {slot} {addr}")),
         crate::cluster::Route::Down => Err("CLUSTERDOWN Hash slot not served".into()),
+        crate::cluster::Route::Recovering => Err(format!(
+            "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
+        )),
     }
 }
 

@@ -1,0 +1,396 @@
+//! Failure handling on a server: the work the map asks of it after a failure.
+//!
+//! - **Restore** (this server is a recovering tablet's restorer): replay this server's own
+//!   backup logs of the tablet (every epoch it holds, merged: the newest version of each key
+//!   wins, deletes included) into a new engine tablet, move the engine clock well above every
+//!   version the dead master can have handed out, and tell the coordinator, which makes this
+//!   server the tablet's master. Nothing crosses the network (digest 003 §5).
+//! - **Copy** (this server masters a tablet with pending backups): send every live object of
+//!   the tablet, at the tablet's epoch, to each pending backup over a connection of its own,
+//!   rate-limited, while live writes keep flowing over the regular stream; when the backup has
+//!   it all on disk, tell the coordinator. Versions order the copy against the live writes.
+//!
+//! Each job runs on a thread of its own, once per (tablet, epoch[, backup]); a failed job is
+//! logged and retried when a later map still asks for it. [`Jobs::figures`] shows where each
+//! one is (`/status`, `ramlog status`).
+
+use crate::cluster::Member;
+use crate::node::Node;
+use parking_lot::Mutex;
+use ramlog_cluster::rpc::{Request, Response};
+use ramlog_cluster::{ClusterMap, ServerId, TabletInfo};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The restorer moves its clock this far above the highest version it has seen from any master,
+/// so that versions it gives out are above every version the dead master handed out (those
+/// that reached other backups and not this one are at most a stream's worth of writes ahead).
+pub const VERSION_GAP: u64 = 1 << 32;
+
+/// How long a finished job stays listed.
+const KEEP_FINISHED: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Restore,
+    Copy(ServerId),
+}
+
+type Key = (u64, u16, u64, Kind);
+
+/// One job's progress.
+#[derive(Debug)]
+struct Job {
+    last_slot: u16,
+    started: Instant,
+    objects: AtomicU64,
+    bytes: AtomicU64,
+    done: AtomicBool,
+    finished: Mutex<Option<Instant>>,
+    error: Mutex<String>,
+}
+
+/// What `/status` shows of one job.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobFigures {
+    /// "restore" or "copy".
+    pub kind: &'static str,
+    pub table: u64,
+    pub first_slot: u16,
+    pub last_slot: u16,
+    pub epoch: u64,
+    /// The backup a copy goes to.
+    pub backup: Option<ServerId>,
+    pub objects: u64,
+    pub bytes: u64,
+    pub millis: u64,
+    pub done: bool,
+    pub error: String,
+}
+
+/// The restores and copies of one server.
+#[derive(Default)]
+pub struct Jobs {
+    jobs: Mutex<BTreeMap<Key, Arc<Job>>>,
+}
+
+impl Jobs {
+    /// Registers a job unless it runs or finished; None if it should not start.
+    fn begin(&self, key: Key, last_slot: u16) -> Option<Arc<Job>> {
+        let mut jobs = self.jobs.lock();
+        jobs.retain(|_, j| {
+            j.finished
+                .lock()
+                .is_none_or(|t| t.elapsed() < KEEP_FINISHED)
+        });
+        if let Some(j) = jobs.get(&key) {
+            // Running, or done: nothing to do. Failed: start again.
+            if j.finished.lock().is_none() || j.done.load(Ordering::Acquire) {
+                return None;
+            }
+        }
+        let job = Arc::new(Job {
+            last_slot,
+            started: Instant::now(),
+            objects: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+            finished: Mutex::new(None),
+            error: Mutex::new(String::new()),
+        });
+        jobs.insert(key, job.clone());
+        Some(job)
+    }
+
+    pub fn figures(&self) -> Vec<JobFigures> {
+        self.jobs
+            .lock()
+            .iter()
+            .map(|(&(table, first_slot, epoch, kind), j)| JobFigures {
+                kind: match kind {
+                    Kind::Restore => "restore",
+                    Kind::Copy(_) => "copy",
+                },
+                table,
+                first_slot,
+                last_slot: j.last_slot,
+                epoch,
+                backup: match kind {
+                    Kind::Copy(b) => Some(b),
+                    Kind::Restore => None,
+                },
+                objects: j.objects.load(Ordering::Relaxed),
+                bytes: j.bytes.load(Ordering::Relaxed),
+                millis: j
+                    .finished
+                    .lock()
+                    .map_or(j.started.elapsed(), |t| t.duration_since(j.started))
+                    .as_millis() as u64,
+                done: j.done.load(Ordering::Acquire),
+                error: j.error.lock().clone(),
+            })
+            .collect()
+    }
+
+    /// Jobs not finished yet.
+    pub fn running(&self) -> usize {
+        self.jobs
+            .lock()
+            .values()
+            .filter(|j| j.finished.lock().is_none())
+            .count()
+    }
+}
+
+impl Job {
+    fn finish(&self, result: &Result<(), String>) {
+        match result {
+            Ok(()) => self.done.store(true, Ordering::Release),
+            Err(e) => *self.error.lock() = e.clone(),
+        }
+        *self.finished.lock() = Some(Instant::now());
+    }
+}
+
+/// Starts the restores and copies `map` asks of this server that are not running.
+pub fn start_jobs(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap) {
+    let me = member.view().me;
+    for t in &map.tablets {
+        if t.recovering && t.restorer == Some(me) {
+            let key = (t.table, t.first_slot, t.epoch, Kind::Restore);
+            if let Some(job) = member.jobs.begin(key, t.last_slot) {
+                spawn(format!("restore-{}-{}", t.table, t.first_slot), {
+                    let (node, member, t) = (node.clone(), member.clone(), t.clone());
+                    move || {
+                        let result = restore(&node, &member, &t, &job);
+                        job.finish(&result);
+                    }
+                });
+            }
+        }
+        if !t.recovering && t.master == me {
+            for &backup in &t.pending {
+                let key = (t.table, t.first_slot, t.epoch, Kind::Copy(backup));
+                let Some(address) = map.server(backup).map(|s| s.addresses.native.to_string())
+                else {
+                    continue;
+                };
+                if let Some(job) = member.jobs.begin(key, t.last_slot) {
+                    spawn(format!("copy-{}-{}-to-{backup}", t.table, t.first_slot), {
+                        let (node, member, t) = (node.clone(), member.clone(), t.clone());
+                        move || {
+                            let result = copy(&node, &member, &t, backup, &address, &job);
+                            job.finish(&result);
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new().name(name).spawn(f) {
+        tracing::error!(error = %e, "cannot start a recovery thread");
+    }
+}
+
+/// True while the newest map still asks this server to restore `t` at its epoch.
+fn still_restoring(member: &Member, t: &TabletInfo) -> bool {
+    let view = member.view();
+    view.map.tablets.iter().any(|x| {
+        x.table == t.table
+            && x.first_slot == t.first_slot
+            && x.epoch == t.epoch
+            && x.recovering
+            && x.restorer == Some(view.me)
+    })
+}
+
+fn restore(
+    node: &Arc<Node>,
+    member: &Arc<Member>,
+    t: &TabletInfo,
+    job: &Job,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let duty = node
+        .cluster_duty()
+        .ok_or("this server has no backup store")?;
+    tracing::warn!(
+        table = t.table,
+        first_slot = t.first_slot,
+        last_slot = t.last_slot,
+        epoch = t.epoch,
+        dead_master = t.master,
+        "restoring a tablet from this server's backup logs"
+    );
+    if let Some(ms) = std::env::var("RAMLOG_TEST_RESTORE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // Test knob: a slow restore, so that a test can kill the restorer during it.
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let tablet = member.engine_tablet(node, t)?;
+    let engine = node.engine();
+    let mut first_error = None;
+    let report = duty
+        .backup
+        .replay_for_restore(t.table, t.first_slot, t.epoch, |e| {
+            job.objects.fetch_add(1, Ordering::Relaxed);
+            job.bytes
+                .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
+            if let Err(err) = engine.restore(tablet, e.key, Some(e.value), e.version, e.expiry) {
+                first_error.get_or_insert(err);
+            }
+        })
+        .map_err(|e| format!("replaying the backup logs: {e}"))?;
+    if let Some(e) = first_error {
+        return Err(format!("restoring into memory: {e}"));
+    }
+    if !report.is_clean() {
+        tracing::error!(
+            table = t.table,
+            first_slot = t.first_slot,
+            ?report,
+            "the backup logs of the tablet are damaged: some keys may be missing or older"
+        );
+    }
+    let floor = report
+        .max_version
+        .max(duty.backup.max_version_seen())
+        .saturating_add(VERSION_GAP);
+    engine.advance_clock(floor);
+    let objects = job.objects.load(Ordering::Relaxed);
+    let millis = started.elapsed().as_millis() as u64;
+    tracing::warn!(
+        table = t.table,
+        first_slot = t.first_slot,
+        objects,
+        millis,
+        "tablet restored; asking the coordinator to make this server its master"
+    );
+    let me = member.view().me;
+    report_until_done(member, || {
+        if !still_restoring(member, t) {
+            return None;
+        }
+        Some(Request::Recovered {
+            server: me,
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            objects,
+            millis,
+        })
+    })
+}
+
+/// Sends the request `make` builds until the coordinator takes it or `make` says it is moot.
+fn report_until_done(
+    member: &Arc<Member>,
+    make: impl Fn() -> Option<Request>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let handle = tokio::runtime::Handle::try_current().ok();
+    loop {
+        let Some(request) = make() else {
+            return Err("the map no longer asks for it".into());
+        };
+        let call = member.coordinator().call(&request);
+        let answer = match &handle {
+            Some(h) => h.block_on(call),
+            None => futures_block_on(call),
+        };
+        match answer {
+            Ok(Response::Noted) => return Ok(()),
+            Ok(other) => return Err(format!("unexpected answer {other:?}")),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("the coordinator did not take the report: {e}"))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reporting to the coordinator failed; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Runs a future to completion on a small runtime of its own (job threads are not tokio's).
+fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime builds")
+        .block_on(f)
+}
+
+fn copy(
+    node: &Arc<Node>,
+    member: &Arc<Member>,
+    t: &TabletInfo,
+    backup: ServerId,
+    address: &str,
+    job: &Job,
+) -> Result<(), String> {
+    let duty = node
+        .cluster_duty()
+        .ok_or("this server has no replication")?;
+    let tablet = member
+        .created_tablet(t.table, t.first_slot)
+        .ok_or("the tablet is not in memory here")?;
+    let table = u32::try_from(t.table).map_err(|_| "table id out of range".to_string())?;
+    let head = ramlog_proto::repl::UnitHead {
+        table,
+        first_slot: t.first_slot,
+        last_slot: t.last_slot,
+        epoch: t.epoch,
+        count: 0,
+    };
+    let rate = node.config.recovery_copy_bytes_per_sec;
+    let started = Instant::now();
+    let copied = duty.replication.copy_tablet(
+        node.engine(),
+        tablet,
+        head,
+        address,
+        rate,
+        &job.objects,
+        &job.bytes,
+        || still_master(member, t, backup),
+    )?;
+    tracing::info!(
+        table = t.table,
+        first_slot = t.first_slot,
+        backup,
+        objects = copied,
+        millis = started.elapsed().as_millis() as u64,
+        "tablet copied to a backup"
+    );
+    let me = member.view().me;
+    report_until_done(member, || {
+        still_master(member, t, backup).then_some(Request::CopyDone {
+            server: me,
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            backup,
+        })
+    })
+}
+
+/// True while the newest map has this server master `t` at its epoch with `backup` pending.
+fn still_master(member: &Member, t: &TabletInfo, backup: ServerId) -> bool {
+    let view = member.view();
+    view.map.tablets.iter().any(|x| {
+        x.table == t.table
+            && x.first_slot == t.first_slot
+            && x.epoch == t.epoch
+            && !x.recovering
+            && x.master == view.me
+            && x.pending.contains(&backup)
+    })
+}

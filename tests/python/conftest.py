@@ -150,25 +150,35 @@ class Cluster:
     Every process is stopped by its pid in `stop()`; every wait is bounded.
     """
 
-    def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None):
+    def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None,
+                 coordinator_args=()):
         self.tmp_path = tmp_path
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.coord_port = free_port()
         self.coordinator_addr = f"127.0.0.1:{self.coord_port}"
         self.procs = []
-        self.coordinator = self._spawn(
-            [
-                "coordinator", "--id", "1", "--listen", self.coordinator_addr,
-                "--members", f"1={self.coordinator_addr}",
-                "--data-dir", str(tmp_path / "coordinator-1"),
-                "--initial-servers", str(initial_servers or servers),
-            ],
-            "coordinator",
-        )
+        self.coordinator_cmd = [
+            "coordinator", "--id", "1", "--listen", self.coordinator_addr,
+            "--members", f"1={self.coordinator_addr}",
+            "--data-dir", str(tmp_path / "coordinator-1"),
+            "--initial-servers", str(initial_servers or servers),
+            *coordinator_args,
+        ]
+        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator")
         self.servers = []
         for i in range(servers):
             self.add_server(extra_args, env=env)
         self.wait_ok()
+
+    def restart_coordinator(self):
+        """Starts the coordinator again on its port and data directory (after it was killed)."""
+        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator")
+
+    def restart_server(self, i, env=None):
+        """Starts server `i` again with its data directory (it rejoins under its id), on its ports."""
+        s = self.servers[i]
+        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env)
+        return s
 
     def _spawn(self, args, name, env=None):
         # Logs go to a file: a pipe nobody reads would stop a process that logs enough.
@@ -192,17 +202,14 @@ class Cluster:
         s = type("ClusterServer", (), {})()
         s.resp, s.routing, s.native, s.admin = free_port(), free_port(), free_port(), free_port()
         s.data_dir = self.tmp_path / f"server-{i}"
-        s.proc = self._spawn(
-            [
-                "server", "--coordinator", self.coordinator_addr,
-                "--resp-port", str(s.resp), "--routing-port", str(s.routing),
-                "--native-port", str(s.native), "--admin-port", str(s.admin),
-                "--data-dir", str(self.tmp_path / f"server-{i}"), "--memory", "256MiB",
-                *extra_args,
-            ],
-            f"server {i}",
-            env=env(i) if callable(env) else env,
-        )
+        s.cmd = [
+            "server", "--coordinator", self.coordinator_addr,
+            "--resp-port", str(s.resp), "--routing-port", str(s.routing),
+            "--native-port", str(s.native), "--admin-port", str(s.admin),
+            "--data-dir", str(self.tmp_path / f"server-{i}"), "--memory", "256MiB",
+            *extra_args,
+        ]
+        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env)
         self.servers.append(s)
         return s
 

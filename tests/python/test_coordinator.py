@@ -24,8 +24,9 @@ from conftest import free_port, ramlog_bin
 class Coordinator:
     """A running `ramlog coordinator` member."""
 
-    def __init__(self, member_id, port, data_dir, members=None):
+    def __init__(self, member_id, port, data_dir, members=None, extra=()):
         self.id = member_id
+        self.extra = list(extra)
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.data_dir = data_dir
@@ -42,6 +43,7 @@ class Coordinator:
         ]
         if self.members:
             args += ["--members", self.members]
+        args += self.extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = read_line(self.proc, timeout=15)
         if not re.fullmatch(rf"ramlog coordinator ready id={self.id} listen={self.address} pid={self.proc.pid}\n", line):
@@ -193,7 +195,9 @@ def test_three_members_survive_the_leaders_kill_9(tmp_path, coordinators):
     ports = [free_port() for _ in range(3)]
     members = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports))
     for i, p in enumerate(ports):
-        coordinators.append(Coordinator(i + 1, p, tmp_path / f"c{i + 1}", members))
+        # The registered "server" is this test speaking the protocol: not declared dead here.
+        coordinators.append(Coordinator(i + 1, p, tmp_path / f"c{i + 1}", members,
+                                         extra=["--dead-after-ms", "60000"]))
     addresses = [c.address for c in coordinators]
     everyone = ",".join(addresses)
 
@@ -267,7 +271,9 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path, coordinators):
 
 
 def test_heartbeats_carry_newer_maps_and_guard_server_ids(tmp_path, coordinators):
-    c = Coordinator(1, free_port(), tmp_path / "c1")
+    # The registered "servers" here are this test speaking the protocol, not processes: they are
+    # not declared dead while the test looks at ids and epochs.
+    c = Coordinator(1, free_port(), tmp_path / "c1", extra=["--dead-after-ms", "60000"])
     coordinators.append(c)
     first = register([c.address])
     sid, version, cluster_id = first["id"], first["map"]["version"], first["map"]["cluster_id"]
@@ -275,7 +281,7 @@ def test_heartbeats_carry_newer_maps_and_guard_server_ids(tmp_path, coordinators
     def heartbeat(server, epoch, map_version):
         return exchange(c.address, {"Heartbeat": {"id": server, "epoch": epoch, "map_version": map_version}})
 
-    assert heartbeat(sid, 1, version) == {"Heartbeat": {"map": None}}
+    assert heartbeat(sid, 1, version) == {"Heartbeat": {"map": None, "lease_ms": 45000}}
     newer = heartbeat(sid, 1, version - 1)["Heartbeat"]["map"]
     assert newer["version"] == version
     assert heartbeat(99, 1, 0) == {"Refused": {"UnknownServer": 99}}
@@ -295,4 +301,4 @@ def test_heartbeats_carry_newer_maps_and_guard_server_ids(tmp_path, coordinators
     assert (again["id"], again["epoch"]) == (sid, 2)
     fenced = heartbeat(sid, 1, 0)
     assert "Fenced" in fenced and "another process" in fenced["Fenced"]["reason"]
-    assert heartbeat(sid, 2, again["map"]["version"]) == {"Heartbeat": {"map": None}}
+    assert heartbeat(sid, 2, again["map"]["version"]) == {"Heartbeat": {"map": None, "lease_ms": 45000}}

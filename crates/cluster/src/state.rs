@@ -256,7 +256,19 @@ impl ClusterState {
                 t.backups.retain(|b| b != server);
                 // Every remaining backup receives the new master's copy at this epoch; until
                 // then it restores from its older logs and what it received since.
-                t.pending = t.backups.clone();
+                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                let t = self
+                    .map
+                    .tablets
+                    .iter_mut()
+                    .find(|t| t.table == *table && t.first_slot == *first_slot)
+                    .expect("found above");
+                t.pending = t
+                    .backups
+                    .iter()
+                    .copied()
+                    .filter(|b| up.contains(b))
+                    .collect();
                 t.fresh.retain(|b| b != server);
                 self.repair();
                 CommandOutcome::Noted { applied: true }
@@ -280,6 +292,7 @@ impl ClusterState {
                 }
                 t.pending.retain(|b| b != backup);
                 t.fresh.retain(|b| b != backup);
+                self.repair();
                 CommandOutcome::Noted { applied: true }
             }
         };
@@ -305,15 +318,33 @@ impl ClusterState {
                 let Some(state) = self.map.server(p.server_id).map(|s| s.state) else {
                     return Err(CommandError::UnknownServer(p.server_id));
                 };
+                // The earlier process is gone (this one replaces it): what it mastered is
+                // recovered by its backups, it leaves the backup sets of live tablets, and its
+                // epoch is fenced. A declaration already did all that; the new process takes the
+                // epoch the declaration fenced the old one with.
                 if state != ServerState::Dead {
-                    // The earlier process is gone (this one replaces it): what it mastered is
-                    // recovered by its backups, and it leaves the backup sets of live tablets.
                     self.declare_dead(p.server_id);
                 }
                 let Some(server) = self.map.servers.iter_mut().find(|s| s.id == p.server_id) else {
                     return Err(CommandError::UnknownServer(p.server_id));
                 };
-                server.epoch += 1;
+                let id = server.id;
+                // Tablets with a live master that still list it went on without it: it gets
+                // their copy again (its logs stay: a tablet whose master is not really alive
+                // may need them, as in a whole-cluster restart).
+                let live: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                for t in &mut self.map.tablets {
+                    if !t.recovering
+                        && live.contains(&t.master)
+                        && t.backups.contains(&id)
+                        && !t.pending.contains(&id)
+                    {
+                        t.pending.push(id);
+                    }
+                }
+                let Some(server) = self.map.servers.iter_mut().find(|s| s.id == p.server_id) else {
+                    return Err(CommandError::UnknownServer(p.server_id));
+                };
                 server.addresses = addresses;
                 server.state = ServerState::Up;
                 server.memory_bytes = memory_bytes;
@@ -400,18 +431,26 @@ impl ClusterState {
             if !is_up(t.master) {
                 continue;
             }
+            // A dead backup stays listed (its logs on disk may be all that is left if the
+            // master turns out to be dead too, as in a whole-cluster restart) until the tablet
+            // is fully protected again (see `CopyDone`); one that never held the tablet goes.
             let dead: Vec<ServerId> = t.backups.iter().copied().filter(|&b| !is_up(b)).collect();
             let want = replicas.get(&t.table).copied().unwrap_or(0) as usize;
             let mut after = dead.first().copied().unwrap_or(t.master);
-            t.backups.retain(|b| is_up(*b));
+            let gone: Vec<ServerId> = dead
+                .iter()
+                .copied()
+                .filter(|b| t.fresh.contains(b))
+                .collect();
+            t.backups.retain(|b| !gone.contains(b));
             t.pending.retain(|b| is_up(*b));
             t.fresh.retain(|b| is_up(*b));
-            for d in &dead {
+            for d in &gone {
                 if let Some(n) = load.get_mut(d) {
                     *n = n.saturating_sub(1);
                 }
             }
-            while t.backups.len() < want {
+            while t.backups.iter().filter(|&&b| is_up(b)).count() < want {
                 let at = order.iter().position(|&s| s == after).unwrap_or(0);
                 let n = order.len();
                 let candidates: Vec<ServerId> = (1..=n)
@@ -430,6 +469,11 @@ impl ClusterState {
                 t.fresh.push(pick);
                 *load.entry(pick).or_default() += 1;
                 after = pick;
+            }
+            // Fully protected again (every live backup copied, as many as the table wants):
+            // the dead ones' logs are no longer needed.
+            if t.pending.is_empty() && t.backups.iter().filter(|&&b| is_up(b)).count() >= want {
+                t.backups.retain(|b| is_up(*b));
             }
         }
     }
@@ -706,5 +750,134 @@ mod tests {
         s.apply(&Command::DropTable { name: "t".into() }).unwrap();
         assert_eq!(s.map.tablets_of(1).count(), 0);
         assert!(s.map.table_by_name("t").is_none());
+    }
+
+    #[test]
+    fn a_dead_master_is_restored_by_its_first_live_backup_and_replaced_backups_are_copied() {
+        let mut s = init(4);
+        for port in [100, 200, 300, 400, 500] {
+            register(&mut s, port);
+        }
+        let before = s.map.tablets.clone();
+        let dead = 1;
+        let epoch = s.map.server(dead).unwrap().epoch;
+        let out = s
+            .apply(&Command::DeclareDead {
+                server: dead,
+                epoch,
+                reason: "test".into(),
+            })
+            .unwrap();
+        assert_eq!(out, CommandOutcome::Noted { applied: true });
+        assert_eq!(s.map.server(dead).unwrap().state, ServerState::Dead);
+        assert_eq!(s.map.server(dead).unwrap().epoch, epoch + 1);
+        // Declaring the same incarnation again changes nothing.
+        let again = s.apply(&Command::DeclareDead {
+            server: dead,
+            epoch,
+            reason: "again".into(),
+        });
+        assert_eq!(again, Ok(CommandOutcome::Noted { applied: false }));
+        for (t, old) in s.map.tablets.iter().zip(&before) {
+            if old.master == dead {
+                assert!(t.recovering && t.epoch == old.epoch + 1, "{t:?}");
+                assert_eq!(t.restorer, old.backups.iter().copied().find(|&b| b != dead));
+            } else {
+                assert!(!t.recovering && t.epoch == old.epoch);
+                // The dead backup gets a fresh replacement that the master copies to; it stays
+                // listed until the copy is done.
+                let live = t.backups.iter().filter(|&&b| b != dead).count();
+                assert_eq!(live, old.backups.len());
+                if old.backups.contains(&dead) {
+                    assert!(t.backups.contains(&dead));
+                    assert_eq!(t.fresh.len(), 1);
+                    assert_eq!(t.pending, t.fresh);
+                }
+            }
+        }
+        // The restorer reports; a stale report (wrong epoch or server) changes nothing.
+        let t = s.map.tablets.iter().find(|t| t.recovering).unwrap().clone();
+        let restorer = t.restorer.unwrap();
+        let stale = s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch - 1,
+            server: restorer,
+        });
+        assert_eq!(stale, Ok(CommandOutcome::Noted { applied: false }));
+        s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            server: restorer,
+        })
+        .unwrap();
+        let now = s.map.tablet_at(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(
+            (now.master, now.recovering, now.restorer),
+            (restorer, false, None)
+        );
+        assert!(!now.backups.contains(&restorer) && !now.backups.contains(&dead));
+        assert_eq!(now.backups.len(), 3);
+        assert_eq!(
+            now.pending.len(),
+            3,
+            "every live backup gets the new master's copy"
+        );
+        for b in now.pending.clone() {
+            s.apply(&Command::CopyDone {
+                table: t.table,
+                first_slot: t.first_slot,
+                epoch: now.epoch,
+                backup: b,
+            })
+            .unwrap();
+        }
+        let done = s.map.tablet_at(t.table, t.first_slot).unwrap();
+        assert!(done.pending.is_empty() && done.fresh.is_empty());
+        assert_eq!(done.backups.len(), 3);
+    }
+
+    #[test]
+    fn tablets_without_a_live_backup_wait_and_a_restarted_backup_restores_them() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        for id in [1, 2, 3] {
+            let epoch = s.map.server(id).unwrap().epoch;
+            s.apply(&Command::DeclareDead {
+                server: id,
+                epoch,
+                reason: "all down".into(),
+            })
+            .unwrap();
+        }
+        assert!(s
+            .map
+            .tablets
+            .iter()
+            .all(|t| t.recovering && t.restorer.is_none()));
+        // Backup sets are kept while nobody can restore: their logs come back with the servers.
+        assert!(s.map.tablets.iter().all(|t| t.backups.len() == 2));
+        let again = s
+            .apply(&Command::Register {
+                previous: Some(PreviousIdentity {
+                    cluster_id: 0xabc,
+                    server_id: 2,
+                }),
+                addresses: addrs(200),
+                memory_bytes: 1,
+            })
+            .unwrap();
+        assert!(matches!(again, CommandOutcome::Registered { id: 2, .. }));
+        for t in &s.map.tablets {
+            if t.master == 2 {
+                assert_eq!(t.restorer, None, "nobody else is up");
+            } else {
+                let first_up = t.backups.iter().copied().find(|&b| b == 2);
+                assert_eq!(t.restorer, first_up);
+            }
+        }
     }
 }

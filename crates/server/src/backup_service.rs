@@ -105,6 +105,8 @@ pub struct BackupService {
     /// Store tablets being dropped (by the map's garbage collection), so that a drop is not
     /// started twice.
     dropping: Mutex<std::collections::HashSet<u64>>,
+    /// Set once the first map of this process was applied (see [`BackupService::apply_map`]).
+    first_map: AtomicBool,
     pub counters: BackupCounters,
 }
 
@@ -148,6 +150,7 @@ impl BackupService {
             next_socket: AtomicU64::new(0),
             max_version: AtomicU64::new(0),
             dropping: Mutex::new(std::collections::HashSet::new()),
+            first_map: AtomicBool::new(false),
             counters: BackupCounters::default(),
         }))
     }
@@ -206,6 +209,33 @@ impl BackupService {
         // Only a map whose servers include this one says anything about its logs.
         if map.server(me).is_none() {
             return;
+        }
+        if !self.first_map.swap(true, Ordering::AcqRel) {
+            // This process joined as a replacement (fresh) backup of these tablets: whatever an
+            // earlier process left of them is stale (it was replaced while it was gone). They go
+            // now, before any master can reach this server (it takes replication only once its
+            // first map is applied), so that the copy starts from nothing.
+            for id in self.store.tablets() {
+                let (table, first_slot, epoch) = split_store_tablet(id);
+                let fresh = map.tablets.iter().any(|t| {
+                    t.table == u64::from(table)
+                        && t.first_slot == first_slot
+                        && t.fresh.contains(&me)
+                });
+                if fresh {
+                    match self.store.drop_tablet(id) {
+                        Ok(()) => tracing::info!(
+                            table,
+                            first_slot,
+                            epoch,
+                            "dropped stale backup logs of a tablet this server now backs up afresh"
+                        ),
+                        Err(e) => {
+                            tracing::error!(table, first_slot, epoch, error = %e, "cannot drop stale backup logs")
+                        }
+                    }
+                }
+            }
         }
         let mut drop = Vec::new();
         for id in self.store.tablets() {

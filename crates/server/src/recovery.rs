@@ -35,7 +35,8 @@ const KEEP_FINISHED: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Restore,
-    Copy(ServerId),
+    /// To a backup, in one of its incarnations (a backup that restarted needs a new copy).
+    Copy(ServerId, u64),
 }
 
 type Key = (u64, u16, u64, Kind);
@@ -111,14 +112,14 @@ impl Jobs {
             .map(|(&(table, first_slot, epoch, kind), j)| JobFigures {
                 kind: match kind {
                     Kind::Restore => "restore",
-                    Kind::Copy(_) => "copy",
+                    Kind::Copy(..) => "copy",
                 },
                 table,
                 first_slot,
                 last_slot: j.last_slot,
                 epoch,
                 backup: match kind {
-                    Kind::Copy(b) => Some(b),
+                    Kind::Copy(b, _) => Some(b),
                     Kind::Restore => None,
                 },
                 objects: j.objects.load(Ordering::Relaxed),
@@ -172,11 +173,16 @@ pub fn start_jobs(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap) {
         }
         if !t.recovering && t.master == me {
             for &backup in &t.pending {
-                let key = (t.table, t.first_slot, t.epoch, Kind::Copy(backup));
-                let Some(address) = map.server(backup).map(|s| s.addresses.native.to_string())
-                else {
+                let Some(server) = map.server(backup) else {
                     continue;
                 };
+                let address = server.addresses.native.to_string();
+                let key = (
+                    t.table,
+                    t.first_slot,
+                    t.epoch,
+                    Kind::Copy(backup, server.epoch),
+                );
                 if let Some(job) = member.jobs.begin(key, t.last_slot) {
                     spawn(format!("copy-{}-{}-to-{backup}", t.table, t.first_slot), {
                         let (node, member, t) = (node.clone(), member.clone(), t.clone());
@@ -290,21 +296,26 @@ fn restore(
 }
 
 /// Sends the request `make` builds until the coordinator takes it or `make` says it is moot.
+/// Job threads are not the runtime's: each attempt runs on a small runtime of its own with a
+/// connection of its own (a connection belongs to the runtime that opened it).
 fn report_until_done(
     member: &Arc<Member>,
     make: impl Fn() -> Option<Request>,
 ) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let handle = tokio::runtime::Handle::try_current().ok();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime to report: {e}"))?;
     loop {
         let Some(request) = make() else {
             return Err("the map no longer asks for it".into());
         };
-        let call = member.coordinator().call(&request);
-        let answer = match &handle {
-            Some(h) => h.block_on(call),
-            None => futures_block_on(call),
-        };
+        let client = ramlog_cluster::rpc::CoordinatorClient::new(
+            member.coordinator().addresses().to_vec(),
+            Duration::from_secs(3),
+        );
+        let answer = runtime.block_on(async { client.call(&request).await });
         match answer {
             Ok(Response::Noted) => return Ok(()),
             Ok(other) => return Err(format!("unexpected answer {other:?}")),
@@ -317,15 +328,6 @@ fn report_until_done(
             }
         }
     }
-}
-
-/// Runs a future to completion on a small runtime of its own (job threads are not tokio's).
-fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime builds")
-        .block_on(f)
 }
 
 fn copy(

@@ -494,7 +494,11 @@ impl Replication {
                 .map_or(ReplicationMode::Sync, |x| x.mode);
             let mut route_streams = Vec::new();
             for &b in &t.backups {
-                let Some(server) = map.server(b) else {
+                // A dead backup stays listed for its logs; nothing streams to it.
+                let Some(server) = map
+                    .server(b)
+                    .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+                else {
                     continue;
                 };
                 let address = server.addresses.native.to_string();
@@ -573,10 +577,11 @@ impl Replication {
                     );
                 }
                 if stream.retired.load(Ordering::Acquire) {
-                    return Err(format!(
-                        "server {} is no longer a backup of the written tablet; the write was not acknowledged by it",
-                        stream.backup
-                    ));
+                    // A map took the backup out of the tablet's backup set (it was declared
+                    // dead): this master still serves the tablet (a master that was itself
+                    // declared dead is fenced, gets no map, and stops), the remaining backups'
+                    // needs stand on their own, and the replacement receives the tablet by copy.
+                    break;
                 }
                 let _ = tokio::time::timeout(WAIT_RECHECK, notified).await;
             }

@@ -24,7 +24,8 @@ fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorCo
         default_mode: None,
         default_replicas: None,
         snapshot_every: 4,
-        dead_after: std::time::Duration::from_millis(400),
+        // The registered "server" is this test, not a process: it is not declared dead here.
+        dead_after: std::time::Duration::from_secs(600),
     }
 }
 

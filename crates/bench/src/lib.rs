@@ -8,6 +8,7 @@ pub mod backup;
 pub mod cluster;
 pub mod engine;
 pub mod native;
+pub mod recovery;
 pub mod report;
 pub mod resp;
 pub mod scan;

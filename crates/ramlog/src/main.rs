@@ -75,6 +75,8 @@ enum Suite {
     Scan,
     /// A 3-server cluster against a Redis Cluster of 3 masters (redis-benchmark --cluster), and the routing port.
     Cluster,
+    /// A master killed -9 under load: detection, recovery, re-protection, client gap and lost writes, against a Redis Cluster failover.
+    Recovery,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -120,6 +122,7 @@ fn main() -> anyhow::Result<()> {
                 Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
                 Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
                 Suite::Cluster => ramlog_bench::cluster::run(args.quick, args.json.as_deref()),
+                Suite::Recovery => ramlog_bench::recovery::run(args.quick, args.json.as_deref()),
             }
         }
     }

@@ -75,6 +75,44 @@ pub struct JobFigures {
 #[derive(Default)]
 pub struct Jobs {
     jobs: Mutex<BTreeMap<Key, Arc<Job>>>,
+    /// Restores running at once: one per core, so that the server's own threads (heartbeats,
+    /// probes, clients) keep a share of the machine and it is not taken for dead while it
+    /// restores (many tablets at once would crowd them out).
+    restoring: Gate,
+    /// Copies running at once: one (they are background work).
+    copying: Gate,
+}
+
+/// A counting semaphore for job threads.
+#[derive(Default)]
+struct Gate {
+    running: Mutex<usize>,
+    freed: parking_lot::Condvar,
+}
+
+impl Gate {
+    fn enter(&self, limit: usize) -> GateGuard<'_> {
+        let mut running = self.running.lock();
+        while *running >= limit.max(1) {
+            self.freed.wait(&mut running);
+        }
+        *running += 1;
+        GateGuard(self)
+    }
+}
+
+struct GateGuard<'a>(&'a Gate);
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.running.lock() -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// Cores of this machine.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Jobs {
@@ -240,6 +278,10 @@ fn restore(
         // Test knob: a slow restore, so that a test can kill the restorer during it.
         std::thread::sleep(Duration::from_millis(ms));
     }
+    let _turn = member.jobs.restoring.enter(cores());
+    if !still_restoring(member, t) {
+        return Err("the map no longer asks for this restore".into());
+    }
     let tablet = member.engine_tablet(node, t)?;
     let engine = node.engine();
     let mut first_error = None;
@@ -353,6 +395,7 @@ fn copy(
         count: 0,
     };
     let rate = node.config.recovery_copy_bytes_per_sec;
+    let _turn = member.jobs.copying.enter(1);
     let started = Instant::now();
     let copied = duty.replication.copy_tablet(
         node.engine(),

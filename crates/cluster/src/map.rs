@@ -197,6 +197,13 @@ impl ClusterMap {
         within.get(i).filter(|t| t.first_slot <= slot)
     }
 
+    /// The tablet of `table` that starts at `first_slot`, to change it.
+    pub fn tablet_mut(&mut self, table: TableId, first_slot: u16) -> Option<&mut TabletInfo> {
+        self.tablets
+            .iter_mut()
+            .find(|t| t.table == table && t.first_slot == first_slot)
+    }
+
     /// The tablet of `table` holding `key`.
     pub fn tablet_of(&self, table: TableId, key: &[u8]) -> Option<&TabletInfo> {
         self.tablet_at(table, key_slot(key))

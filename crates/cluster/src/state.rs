@@ -235,34 +235,23 @@ impl ClusterState {
                 epoch,
                 server,
             } => {
-                let up = self
-                    .map
-                    .server(*server)
-                    .is_some_and(|s| s.state == ServerState::Up);
-                let Some(t) = self
-                    .map
-                    .tablets
-                    .iter_mut()
-                    .find(|t| t.table == *table && t.first_slot == *first_slot)
-                else {
+                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
                     return Ok(CommandOutcome::Noted { applied: false });
                 };
-                if !up || !t.recovering || t.epoch != *epoch || t.restorer != Some(*server) {
+                if !up.contains(server)
+                    || !t.recovering
+                    || t.epoch != *epoch
+                    || t.restorer != Some(*server)
+                {
                     return Ok(CommandOutcome::Noted { applied: false });
                 }
                 t.master = *server;
                 t.recovering = false;
                 t.restorer = None;
                 t.backups.retain(|b| b != server);
-                // Every remaining backup receives the new master's copy at this epoch; until
-                // then it restores from its older logs and what it received since.
-                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
-                let t = self
-                    .map
-                    .tablets
-                    .iter_mut()
-                    .find(|t| t.table == *table && t.first_slot == *first_slot)
-                    .expect("found above");
+                // Every remaining live backup receives the new master's copy at this epoch;
+                // until then it restores from its older logs and what it received since.
                 t.pending = t
                     .backups
                     .iter()
@@ -279,12 +268,7 @@ impl ClusterState {
                 epoch,
                 backup,
             } => {
-                let Some(t) = self
-                    .map
-                    .tablets
-                    .iter_mut()
-                    .find(|t| t.table == *table && t.first_slot == *first_slot)
-                else {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
                     return Ok(CommandOutcome::Noted { applied: false });
                 };
                 if t.epoch != *epoch || t.recovering || !t.pending.contains(backup) {

@@ -1371,35 +1371,8 @@ pub fn redis_failover(
     let limit =
         Duration::from_secs(30).max(Duration::from_millis(node_timeout_ms.saturating_mul(20)));
     let deadline = killed_at + limit;
-    while load
-        .last_ack(in_victim, Some(&victim_addr))
-        .is_none_or(|t| t <= killed_at)
-    {
-        if Instant::now() > deadline {
-            let result = load.stop();
-            bail!(
-                "the slots of {victim_addr} took no write within {limit:?} of its kill (errors {:?})",
-                result.errors
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    let result = load.stop();
-
-    let back = result
-        .first_ack(in_victim, killed_at, Some(&victim_addr))
-        .context("no acknowledged write to the failed-over slots")?;
-    let from = killed_at
-        .checked_sub(Duration::from_secs(1))
-        .unwrap_or(result.started)
-        .max(result.started);
-    let survivors: Vec<String> = seeds
-        .iter()
-        .filter(|s| **s != victim_addr)
-        .cloned()
-        .collect();
-    let verify = result.verify(&survivors)?;
+    let (result, back, from, verify) =
+        settle_after_kill(load, in_victim, &victim_addr, killed_at, deadline, &seeds)?;
     Ok(RedisFailover {
         failover: back - killed_at,
         longest_gap: result.longest_gap(in_victim, from, result.stopped),
@@ -1411,6 +1384,50 @@ pub fn redis_failover(
         ahead: verify.ahead,
         errors: result.errors,
     })
+}
+
+/// After a kill: waits (until `deadline`) for the victim's slots to take a write acknowledged
+/// by another server, lets the load run 2 s more, stops it, and reads every key back through the
+/// survivors. Returns the load's result, the first write back, where the gap windows start (1 s
+/// before the kill) and the verification.
+fn settle_after_kill(
+    load: Load,
+    in_victim: impl Fn(u16) -> bool + Copy,
+    victim_addr: &str,
+    killed_at: Instant,
+    deadline: Instant,
+    seeds: &[String],
+) -> anyhow::Result<(LoadResult, Instant, Instant, Verify)> {
+    while load
+        .last_ack(in_victim, Some(victim_addr))
+        .is_none_or(|t| t <= killed_at)
+    {
+        if Instant::now() > deadline {
+            let result = load.stop();
+            bail!(
+                "the slots of {victim_addr} took no write within {:?} of its kill (errors {:?})",
+                deadline - killed_at,
+                result.errors
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let result = load.stop();
+    let back = result
+        .first_ack(in_victim, killed_at, Some(victim_addr))
+        .context("no acknowledged write to the victim's slots after the kill")?;
+    let from = killed_at
+        .checked_sub(Duration::from_secs(1))
+        .unwrap_or(result.started)
+        .max(result.started);
+    let survivors: Vec<String> = seeds
+        .iter()
+        .filter(|s| **s != victim_addr)
+        .cloned()
+        .collect();
+    let verify = result.verify(&survivors)?;
+    Ok((result, back, from, verify))
 }
 
 /// Runs [`redis_failover`] once (node timeout 500 ms, 100 B values, 10 000 keys under load;
@@ -2459,35 +2476,8 @@ pub fn ramlog_failover(
     drop(poller);
 
     // The victim's slots take writes from another server, then 2 s more of load.
-    while load
-        .last_ack(in_victim, Some(&victim_addr))
-        .is_none_or(|t| t <= killed_at)
-    {
-        if Instant::now() > deadline {
-            let result = load.stop();
-            bail!(
-                "the slots of {victim_addr} took no write within {WAIT_LIMIT:?} of its kill (errors {:?})",
-                result.errors
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    let result = load.stop();
-
-    let back = result
-        .first_ack(in_victim, killed_at, Some(&victim_addr))
-        .context("no acknowledged write to the recovered slots")?;
-    let from = killed_at
-        .checked_sub(Duration::from_secs(1))
-        .unwrap_or(result.started)
-        .max(result.started);
-    let survivors: Vec<String> = seeds
-        .iter()
-        .filter(|s| **s != victim_addr)
-        .cloned()
-        .collect();
-    let verify = result.verify(&survivors)?;
+    let (result, back, from, verify) =
+        settle_after_kill(load, in_victim, &victim_addr, killed_at, deadline, &seeds)?;
 
     // A sample of the preloaded keys, read back with their values.
     let mut rng_state = 0x9E37_79B9_7F4A_7C15u64 ^ pre.scanned;
@@ -2506,6 +2496,11 @@ pub fn ramlog_failover(
     let names: Vec<Vec<u8>> = picked
         .iter()
         .map(|i| format!("p:{i}").into_bytes())
+        .collect();
+    let survivors: Vec<String> = seeds
+        .iter()
+        .filter(|s| **s != victim_addr)
+        .cloned()
         .collect();
     let values = read_keys(&survivors, &names)?;
     let (mut sample_missing, mut sample_wrong) = (0, 0);

@@ -151,11 +151,15 @@ class Cluster:
     """
 
     def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None,
-                 coordinator_args=()):
+                 coordinator_args=(), net=None):
+        """`net`, when given, places each process on a host of its own (see `test_partition.py`):
+        `net.coordinator` and `net.server(i)` are hosts with an `ip` and an `exec` prefix."""
         self.tmp_path = tmp_path
         tmp_path.mkdir(parents=True, exist_ok=True)
+        self.net = net
         self.coord_port = free_port()
-        self.coordinator_addr = f"127.0.0.1:{self.coord_port}"
+        self.coordinator_host = net.coordinator if net else None
+        self.coordinator_addr = f"{net.coordinator.ip if net else '127.0.0.1'}:{self.coord_port}"
         self.procs = []
         self.coordinator_cmd = [
             "coordinator", "--id", "1", "--listen", self.coordinator_addr,
@@ -164,7 +168,7 @@ class Cluster:
             "--initial-servers", str(initial_servers or servers),
             *coordinator_args,
         ]
-        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator")
+        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator", host=self.coordinator_host)
         self.servers = []
         for i in range(servers):
             self.add_server(extra_args, env=env)
@@ -172,19 +176,19 @@ class Cluster:
 
     def restart_coordinator(self):
         """Starts the coordinator again on its port and data directory (after it was killed)."""
-        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator")
+        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator", host=self.coordinator_host)
 
     def restart_server(self, i, env=None):
         """Starts server `i` again with its data directory (it rejoins under its id), on its ports."""
         s = self.servers[i]
-        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env)
+        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env, host=s.host)
         return s
 
-    def _spawn(self, args, name, env=None):
+    def _spawn(self, args, name, env=None, host=None):
         # Logs go to a file: a pipe nobody reads would stop a process that logs enough.
         log = open(self.tmp_path / f"{name.replace(' ', '-')}.log", "a")
         proc = subprocess.Popen(
-            [ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True,
+            [*(host.exec if host else ()), ramlog_bin(), *args], stdout=subprocess.PIPE, stderr=log, text=True,
             env=None if env is None else {**os.environ, **env},
         )
         log.close()
@@ -201,20 +205,24 @@ class Cluster:
         i = len(self.servers)
         s = type("ClusterServer", (), {})()
         s.resp, s.routing, s.native, s.admin = free_port(), free_port(), free_port(), free_port()
+        s.host = self.net.server(i) if self.net else None
+        s.ip = s.host.ip if s.host else "127.0.0.1"
         s.data_dir = self.tmp_path / f"server-{i}"
         s.cmd = [
             "server", "--coordinator", self.coordinator_addr,
             "--resp-port", str(s.resp), "--routing-port", str(s.routing),
             "--native-port", str(s.native), "--admin-port", str(s.admin),
             "--data-dir", str(self.tmp_path / f"server-{i}"), "--memory", "256MiB",
+            *(("--bind", s.ip) if s.host else ()),
             *extra_args,
         ]
-        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env)
+        s.proc = self._spawn(s.cmd, f"server {i}", env=env(i) if callable(env) else env, host=s.host)
         self.servers.append(s)
         return s
 
     def cluster_info(self, port):
-        out = subprocess.run(["redis-cli", "-p", str(port), "CLUSTER", "INFO"], capture_output=True, text=True, timeout=10)
+        ip = next((s.ip for s in self.servers if s.resp == port), "127.0.0.1")
+        out = subprocess.run(["redis-cli", "-h", ip, "-p", str(port), "CLUSTER", "INFO"], capture_output=True, text=True, timeout=10)
         return out.stdout
 
     def wait_ok(self, timeout=20.0):

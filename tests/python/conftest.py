@@ -151,32 +151,49 @@ class Cluster:
     """
 
     def __init__(self, tmp_path: Path, servers=3, extra_args=(), initial_servers=None, env=None,
-                 coordinator_args=(), net=None):
+                 coordinator_args=(), net=None, coordinators=1):
         """`net`, when given, places each process on a host of its own (see `test_partition.py`):
-        `net.coordinator` and `net.server(i)` are hosts with an `ip` and an `exec` prefix."""
+        `net.coordinator` and `net.server(i)` are hosts with an `ip` and an `exec` prefix.
+        `coordinators` members form the coordinator group (on loopback)."""
         self.tmp_path = tmp_path
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.net = net
-        self.coord_port = free_port()
+        assert net is None or coordinators == 1
         self.coordinator_host = net.coordinator if net else None
-        self.coordinator_addr = f"{net.coordinator.ip if net else '127.0.0.1'}:{self.coord_port}"
+        host = net.coordinator.ip if net else "127.0.0.1"
+        self.coord_ports = [free_port() for _ in range(coordinators)]
+        self.coord_port = self.coord_ports[0]
+        self.coordinator_addrs = [f"{host}:{p}" for p in self.coord_ports]
+        self.coordinator_addr = ",".join(self.coordinator_addrs)
+        members = ",".join(f"{m + 1}={a}" for m, a in enumerate(self.coordinator_addrs))
         self.procs = []
-        self.coordinator_cmd = [
-            "coordinator", "--id", "1", "--listen", self.coordinator_addr,
-            "--members", f"1={self.coordinator_addr}",
-            "--data-dir", str(tmp_path / "coordinator-1"),
-            "--initial-servers", str(initial_servers or servers),
-            *coordinator_args,
+        self.coordinator_cmds = [
+            [
+                "coordinator", "--id", str(m + 1), "--listen", self.coordinator_addrs[m],
+                "--members", members,
+                "--data-dir", str(tmp_path / f"coordinator-{m + 1}"),
+                "--initial-servers", str(initial_servers or servers),
+                *coordinator_args,
+            ]
+            for m in range(coordinators)
         ]
-        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator", host=self.coordinator_host)
+        self.coordinator_cmd = self.coordinator_cmds[0]
+        self.coordinators = [
+            self._spawn(cmd, f"coordinator {m + 1}", host=self.coordinator_host)
+            for m, cmd in enumerate(self.coordinator_cmds)
+        ]
+        self.coordinator = self.coordinators[0]
         self.servers = []
         for i in range(servers):
             self.add_server(extra_args, env=env)
         self.wait_ok()
 
-    def restart_coordinator(self):
-        """Starts the coordinator again on its port and data directory (after it was killed)."""
-        self.coordinator = self._spawn(self.coordinator_cmd, "coordinator", host=self.coordinator_host)
+    def restart_coordinator(self, m=0):
+        """Starts coordinator member `m` again on its port and data directory (after it was killed)."""
+        self.coordinators[m] = self._spawn(self.coordinator_cmds[m], f"coordinator {m + 1}",
+                                           host=self.coordinator_host)
+        if m == 0:
+            self.coordinator = self.coordinators[0]
 
     def restart_server(self, i, env=None):
         """Starts server `i` again with its data directory (it rejoins under its id), on its ports."""

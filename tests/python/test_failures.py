@@ -57,6 +57,7 @@ class Keys:
         self.violations = []
         self.acked = 0
         self.failed = 0
+        self.errors = []
 
     def acked_write(self, key, value):
         with self.lock:
@@ -104,7 +105,8 @@ def writer(c: Cluster, keys: Keys, alive, t: int, stop: threading.Event):
                     raise
                 keys.acked_write(key, value)
             keys.read(key, rc.get(key), time.time())
-        except Exception:
+        except Exception as e:
+            keys.errors.append((time.time(), f"{type(e).__name__}: {e}"))
             time.sleep(0.02)
             try:
                 rc = cluster_client(c, alive)
@@ -332,4 +334,107 @@ def test_whole_cluster_killed_and_restarted_keeps_every_durable_write(tmp_path):
         missing = [k for k in expected if got[k] != expected[k]]
         assert not missing, [(k, expected[k], got[k]) for k in missing[:10]]
     finally:
+        c.stop()
+
+
+def leader_of(c: Cluster) -> int:
+    return status(c)["leader"]
+
+
+def plain_load(c: Cluster, keys: Keys, stop: threading.Event):
+    """SET and GET through a routing port with a client that never retries: any refusal (such as
+    `-CLUSTERDOWN` from a server whose lease ran out) is an error here."""
+    r = redis.Redis(host="127.0.0.1", port=c.servers[0].routing, socket_timeout=3)
+    n = 0
+    while not stop.is_set():
+        n += 1
+        key = f"plain{n % 500}"
+        try:
+            r.set(key, str(n))
+            if r.get(key) != str(n).encode():
+                keys.errors.append((time.time(), f"plain: {key} lost {n}"))
+        except Exception as e:
+            keys.errors.append((time.time(), f"plain {type(e).__name__}: {e}"))
+            time.sleep(0.01)
+
+
+def start_writers(c: Cluster, keys: Keys, stop: threading.Event, n=3):
+    threads = [threading.Thread(target=writer, args=(c, keys, lambda i: True, t, stop), daemon=True)
+               for t in range(n)]
+    threads.append(threading.Thread(target=plain_load, args=(c, keys, stop), daemon=True))
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: keys.acked > 200, timeout=20)
+    return threads
+
+
+def test_the_coordinator_leaders_loss_is_invisible_to_clients(tmp_path):
+    """Three coordinator members; kill -9 the leader under a RedisCluster load: no request fails,
+    no server is declared dead, a new leader takes map changes, the old member rejoins."""
+    c = Cluster(tmp_path, servers=3, coordinators=3)
+    keys = Keys()
+    stop = threading.Event()
+    threads = []
+    try:
+        threads = start_writers(c, keys, stop)
+        old = leader_of(c)
+        c.coordinators[old - 1].send_signal(signal.SIGKILL)
+        c.coordinators[old - 1].wait(timeout=5)
+        killed = time.time()
+        assert wait_until(lambda: leader_of(c) not in (None, old), timeout=15, interval=0.1)
+        elected = time.time() - killed
+        # Well past dead-after (400 ms) several times over, under load.
+        acked = keys.acked
+        time.sleep(3)
+        assert keys.acked > acked + 100
+        assert not keys.errors, (elected, keys.errors[:5])
+        st = status(c)
+        assert [s["state"] for s in st["servers"]] == ["up"] * 3, st["servers"]
+        # The new leader takes map changes; the killed member comes back as a follower.
+        ramlog("table", "set-mode", "default", "durable", "--coordinator", c.coordinator_addr)
+        c.restart_coordinator(old - 1)
+        time.sleep(1)
+        assert not keys.errors, keys.errors[:5]
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        check_all(c, keys, lambda i: True)
+    finally:
+        stop.set()
+        c.stop()
+
+
+def test_with_its_only_coordinator_down_the_cluster_keeps_serving(tmp_path):
+    """One coordinator member, kill -9 under load: the servers keep serving every request; a map
+    change fails with a clear error until the coordinator is back; then it works, and nobody was
+    declared dead for the coordinator's absence."""
+    c = Cluster(tmp_path, servers=3)
+    keys = Keys()
+    stop = threading.Event()
+    threads = []
+    try:
+        threads = start_writers(c, keys, stop)
+        c.coordinator.send_signal(signal.SIGKILL)
+        c.coordinator.wait(timeout=5)
+        acked = keys.acked
+        time.sleep(3)
+        assert keys.acked > acked + 100
+        assert not keys.errors, keys.errors[:5]
+        out = subprocess.run(
+            [ramlog_bin(), "table", "set-mode", "default", "durable", "--coordinator", c.coordinator_addr],
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and "coordinator" in out.stderr, (out.stdout, out.stderr)
+        assert not keys.errors, keys.errors[:5]
+        c.restart_coordinator()
+        ramlog("table", "set-mode", "default", "durable", "--coordinator", c.coordinator_addr)
+        time.sleep(1.5)
+        st = status(c)
+        assert [s["state"] for s in st["servers"]] == ["up"] * 3, st["servers"]
+        assert not keys.errors, keys.errors[:5]
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        check_all(c, keys, lambda i: True)
+    finally:
+        stop.set()
         c.stop()

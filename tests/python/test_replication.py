@@ -208,9 +208,9 @@ def test_acknowledgement_points_by_mode(tmp_path):
         assert "done" in res, res
         # The master reported the backup that kept it waiting past backup_timeout_ms (1 s).
         assert wait_until(
-            lambda: "a server reports a suspect peer" in (tmp_path / "coordinator.log").read_text(),
+            lambda: "a server reports a suspect peer" in (tmp_path / "coordinator-1.log").read_text(),
             timeout=10,
-        ), (tmp_path / "coordinator.log").read_text()[-2000:]
+        ), (tmp_path / "coordinator-1.log").read_text()[-2000:]
 
         # async: answered at once even with the backup stopped.
         set_mode(c, "async")

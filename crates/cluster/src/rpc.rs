@@ -226,6 +226,9 @@ pub fn parse_addresses(list: &str) -> Vec<String> {
 pub struct CoordinatorClient {
     addresses: Vec<String>,
     timeout: Duration,
+    /// Give up once as many members as there are refused a connection or knew no leader,
+    /// instead of retrying until the timeout.
+    single_round: bool,
     conn: Mutex<Option<(String, TcpStream)>>,
 }
 
@@ -235,8 +238,17 @@ impl CoordinatorClient {
         CoordinatorClient {
             addresses,
             timeout,
+            single_round: false,
             conn: Mutex::new(None),
         }
+    }
+
+    /// A client whose calls fail as soon as every member has refused a connection (no process
+    /// listens on it) or answered that it knows no leader: for heartbeats, which the next tick retries anyway and whose failure
+    /// must be known early.
+    pub fn failing_fast(mut self) -> CoordinatorClient {
+        self.single_round = true;
+        self
     }
 
     pub fn addresses(&self) -> &[String] {
@@ -251,6 +263,7 @@ impl CoordinatorClient {
         let mut next = 0usize;
         let mut hint: Option<String> = None;
         let mut last = String::from("no address given");
+        let mut refused = 0usize;
         loop {
             if tokio::time::Instant::now() >= deadline || self.addresses.is_empty() {
                 return Err(RpcError::Unreachable {
@@ -271,6 +284,15 @@ impl CoordinatorClient {
                     }
                     Ok(Err(e)) => {
                         last = format!("{address}: {e}");
+                        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                            refused += 1;
+                            if self.single_round && refused >= self.addresses.len() {
+                                return Err(RpcError::Unreachable {
+                                    addresses: self.addresses.join(","),
+                                    last,
+                                });
+                            }
+                        }
                         if next.is_multiple_of(self.addresses.len()) {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
@@ -298,7 +320,17 @@ impl CoordinatorClient {
                         last = format!("{address} is not the leader");
                         match leader {
                             Some(l) if l != address => hint = Some(l),
-                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                            _ => {
+                                // Knows no leader: as good as a refusal for a single round.
+                                refused += 1;
+                                if self.single_round && refused >= self.addresses.len() {
+                                    return Err(RpcError::Unreachable {
+                                        addresses: self.addresses.join(","),
+                                        last,
+                                    });
+                                }
+                                tokio::time::sleep(Duration::from_millis(50)).await
+                            }
                         }
                     }
                     Response::Refused(e) => return Err(RpcError::Refused(e)),

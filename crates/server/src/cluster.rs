@@ -313,7 +313,8 @@ impl Member {
             heartbeat_client: CoordinatorClient::new(
                 client.addresses().to_vec(),
                 (heartbeat_every * 2).min(LEASE_DEFAULT),
-            ),
+            )
+            .failing_fast(),
             client,
             created: parking_lot::Mutex::new(HashMap::new()),
             peers: crate::routing::Peers::default(),
@@ -335,6 +336,17 @@ impl Member {
         let until = (sent.saturating_duration_since(self.clock_base) + lease).as_nanos() as u64;
         self.lease_until
             .fetch_max(until, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// No coordinator member can declare anything while none runs or none leads (a new leader
+    /// waits a full detection time, longer than a lease, before it declares): found so, the
+    /// lease is extended from when the check began. A coordinator that is merely unreachable
+    /// (a partition) extends nothing.
+    async fn extend_lease_if_leaderless(&self) {
+        let checked = std::time::Instant::now();
+        if self.heartbeat_client.leaderless().await {
+            self.renew_lease(checked, LEASE_DEFAULT);
+        }
     }
 
     /// None while the lease holds; else how long ago it ran out. A server whose lease ran out
@@ -488,6 +500,12 @@ impl Member {
                     map_version: view.map.version,
                 };
                 drop(view);
+                // While the coordinator does not answer, the lease is extended ahead of the call
+                // (which takes up to its timeout to fail), so that it does not run out between
+                // two failed heartbeats.
+                if failing_since.is_some() {
+                    member.extend_lease_if_leaderless().await;
+                }
                 let sent = std::time::Instant::now();
                 match member.heartbeat_client.call(&request).await {
                     Ok(Response::Heartbeat { map, lease_ms }) => {
@@ -514,13 +532,7 @@ impl Member {
                         return;
                     }
                     Err(e) => {
-                        // No coordinator member can declare anything while none runs or none
-                        // leads (a new leader waits a full detection time before it declares):
-                        // the lease may be extended then. A coordinator that is merely
-                        // unreachable (a partition) extends nothing.
-                        if member.heartbeat_client.leaderless().await {
-                            member.renew_lease(sent, LEASE_DEFAULT);
-                        }
+                        member.extend_lease_if_leaderless().await;
                         if failing_since.is_none() {
                             tracing::warn!(error = %e, "heartbeat failed; serving the map held while the lease lasts");
                             failing_since = Some(std::time::Instant::now());

@@ -438,3 +438,34 @@ def test_with_its_only_coordinator_down_the_cluster_keeps_serving(tmp_path):
     finally:
         stop.set()
         c.stop()
+
+
+def test_a_peer_that_fails_a_clients_request_is_reported_and_declared_sooner(tmp_path):
+    """With a long dead-after (6 s, lease 4.5 s), a killed server whose keys a client asks for
+    through another server's routing port is reported by that server; the coordinator probes it
+    once its lease has run out and declares it well before the silence alone would."""
+    c = Cluster(tmp_path, servers=3, coordinator_args=("--dead-after-ms", "6000"))
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=5)
+        victim = server_id_of(c, status(c), 0)
+        own = [k for k in (f"s{n}" for n in range(200)) if rc.get_node_from_key(k).port == c.servers[0].resp]
+        assert own
+        c.servers[0].proc.send_signal(signal.SIGKILL)
+        c.servers[0].proc.wait(timeout=5)
+        killed = time.time()
+        r = redis.Redis(host="127.0.0.1", port=c.servers[1].routing, socket_timeout=5)
+
+        def declared():
+            try:
+                r.get(own[0])
+            except redis.exceptions.RedisError:
+                pass
+            return next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead"
+
+        assert wait_until(declared, timeout=10, interval=0.1)
+        took = time.time() - killed
+        log = (tmp_path / "coordinator-1.log").read_text()
+        assert "a client's request could not reach it" in log, log[-2000:]
+        assert took < 5.7, took
+    finally:
+        c.stop()

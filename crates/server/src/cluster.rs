@@ -219,7 +219,16 @@ pub struct Member {
     clock_base: std::time::Instant,
     /// Restores and copies this server runs for the cluster.
     pub jobs: Arc<crate::recovery::Jobs>,
+    /// Peers this server failed to reach on a client's behalf (the routing port forwarding to
+    /// them), with what went wrong; reported to the coordinator with the next heartbeat.
+    unreachable_peers: parking_lot::Mutex<HashMap<ServerId, String>>,
+    /// When each peer was last reported, so that one is reported at most every
+    /// [`SUSPECT_REPORT_EVERY`].
+    reported_peers: parking_lot::Mutex<HashMap<ServerId, std::time::Instant>>,
 }
+
+/// How often one peer is reported suspect at most (the coordinator holds a report for 2 s).
+const SUSPECT_REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// The lease a server assumes until the coordinator's first answer names one.
 const LEASE_DEFAULT: Duration = Duration::from_millis(300);
@@ -321,6 +330,8 @@ impl Member {
             lease_until: std::sync::atomic::AtomicU64::new(0),
             clock_base: std::time::Instant::now(),
             jobs: Arc::new(crate::recovery::Jobs::default()),
+            unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
+            reported_peers: parking_lot::Mutex::new(HashMap::new()),
         });
         member.renew_lease(member.clock_base, LEASE_DEFAULT);
         member.apply(node, map);
@@ -336,6 +347,54 @@ impl Member {
         let until = (sent.saturating_duration_since(self.clock_base) + lease).as_nanos() as u64;
         self.lease_until
             .fetch_max(until, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Notes that `peer` could not be reached for a client's request; the next heartbeat
+    /// reports it to the coordinator (which probes it and declares it dead if it is).
+    pub fn peer_unreachable(&self, peer: ServerId, reason: String) {
+        if peer == self.view().me {
+            return;
+        }
+        self.unreachable_peers.lock().entry(peer).or_insert(reason);
+    }
+
+    fn take_unreachable_peers(&self) -> Vec<(ServerId, String)> {
+        let now = std::time::Instant::now();
+        let mut reported = self.reported_peers.lock();
+        self.unreachable_peers
+            .lock()
+            .drain()
+            .filter(|(peer, _)| {
+                let fresh = reported
+                    .get(peer)
+                    .is_none_or(|at| now.duration_since(*at) >= SUSPECT_REPORT_EVERY);
+                if fresh {
+                    reported.insert(*peer, now);
+                }
+                fresh
+            })
+            .map(|(peer, reason)| {
+                (
+                    peer,
+                    format!("a client's request could not reach it: {reason}"),
+                )
+            })
+            .collect()
+    }
+
+    async fn report_suspects(&self, suspects: Vec<(ServerId, String)>) {
+        let me = self.view().me;
+        for (suspect, reason) in suspects {
+            tracing::warn!(peer = suspect, %reason, "reporting a suspect peer to the coordinator");
+            let report = Request::Suspect {
+                reporter: me,
+                suspect,
+                reason,
+            };
+            if let Err(e) = self.client.call(&report).await {
+                tracing::warn!(error = %e, "could not report a suspect peer");
+            }
+        }
     }
 
     /// No coordinator member can declare anything while none runs or none leads (a new leader
@@ -539,22 +598,17 @@ impl Member {
                         }
                     }
                 }
-                // Backups that do not acknowledge: the coordinator decides what to do.
-                let suspects = node
+                // Backups that do not acknowledge, and peers a client's request could not reach:
+                // the coordinator decides what to do. Reported off this loop, whose pace keeps
+                // the lease.
+                let mut suspects = node
                     .cluster_duty()
                     .map(|d| d.replication.suspects())
                     .unwrap_or_default();
-                for (suspect, reason) in suspects {
-                    tracing::warn!(backup = suspect, %reason, "reporting a backup to the coordinator");
-                    let me = member.view().me;
-                    let report = Request::Suspect {
-                        reporter: me,
-                        suspect,
-                        reason,
-                    };
-                    if let Err(e) = member.client.call(&report).await {
-                        tracing::warn!(error = %e, "could not report a suspect backup");
-                    }
+                suspects.extend(member.take_unreachable_peers());
+                if !suspects.is_empty() {
+                    let member = member.clone();
+                    tokio::spawn(async move { member.report_suspects(suspects).await });
                 }
             }
         });

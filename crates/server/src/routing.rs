@@ -492,7 +492,13 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
                         .server(peer)
                         .map(|s| s.addresses.native)
                         .ok_or_else(|| format!("server {peer} is not in the map"))?;
-                    let client = member.peers().client(&node, peer, addr).await?;
+                    let client = match member.peers().client(&node, peer, addr).await {
+                        Ok(client) => client,
+                        Err(e) => {
+                            member.peer_unreachable(peer, e.clone());
+                            return Err(e);
+                        }
+                    };
                     let borrowed = commands.commands();
                     let count = borrowed.len();
                     let request = Request::RespBatch {
@@ -506,7 +512,11 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
                             r.len(),
                         )),
                         Ok(other) => Err(format!("server {peer} answered {other:?}")),
-                        Err(e) => Err(format!("server {peer} at {addr}: {e}")),
+                        Err(e) => {
+                            let e = format!("server {peer} at {addr}: {e}");
+                            member.peer_unreachable(peer, e.clone());
+                            Err(e)
+                        }
                     }
                 }
                 .await;

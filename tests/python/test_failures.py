@@ -12,6 +12,7 @@ import time
 
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from conftest import Cluster, ramlog_bin, wait_until
 
@@ -467,5 +468,66 @@ def test_a_peer_that_fails_a_clients_request_is_reported_and_declared_sooner(tmp
         log = (tmp_path / "coordinator-1.log").read_text()
         assert "a client's request could not reach it" in log, log[-2000:]
         assert took < 5.7, took
+    finally:
+        c.stop()
+
+
+def test_a_restarted_backup_is_not_the_restorer_before_its_copy(tmp_path):
+    """A backup is killed and declared dead; keys are deleted and rewritten meanwhile; it
+    restarts and, while its copies are still running (slowed), the master of tablets it is the
+    first backup of is killed: the other backup restores them, so nothing deleted comes back and
+    nothing written while the first was away is lost."""
+    config = tmp_path / "slow-copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 65536\n")
+    c = Cluster(tmp_path, servers=3, extra_args=("--config", str(config)))
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=5)
+        st = status(c)
+        a_id = server_id_of(c, st, 2)
+        m_id = server_id_of(c, st, 0)
+        # Keys mastered by server 0 in tablets whose first backup is server 2.
+        table = next(t for t in st["tables"] if t["name"] == "default")
+        def watched(k):
+            t = next(t for t in table["tablets"] if t["first_slot"] <= key_slot(k.encode()) <= t["last_slot"])
+            return t["master"] == m_id and t["backups"][0] == a_id
+        keys = [k for k in (f"b{n}" for n in range(20000)) if watched(k)][:400]
+        assert len(keys) >= 100, len(keys)
+        filler = b"x" * 2000
+        for k in keys:
+            rc.set(k, b"first")
+        for n in range(2000):  # enough that copying at 64 KiB/s takes a while
+            rc.set(f"fill{n}", filler)
+        c.servers[2].proc.send_signal(signal.SIGKILL)
+        c.servers[2].proc.wait(timeout=5)
+        assert wait_until(
+            lambda: next(s for s in status(c)["servers"] if s["id"] == a_id)["state"] == "dead",
+            timeout=10, interval=0.05)
+        expected = {}
+        for n, k in enumerate(keys):
+            if n % 2:
+                rc.delete(k)
+                expected[k] = None
+            else:
+                rc.set(k, b"while-away")
+                expected[k] = b"while-away"
+        c.restart_server(2)
+
+        def copying():
+            st = status(c)
+            back = next(s for s in st["servers"] if s["id"] == a_id)["state"] == "up"
+            return back and any(a_id in t.get("pending", []) for tb in st["tables"] for t in tb["tablets"])
+        assert wait_until(copying, timeout=20, interval=0.05), json.dumps(status(c))[:2000]
+        c.servers[0].proc.send_signal(signal.SIGKILL)
+        c.servers[0].proc.wait(timeout=5)
+        assert wait_until(
+            lambda: next(s for s in status(c)["servers"] if s["id"] == m_id)["state"] == "dead",
+            timeout=10, interval=0.05)
+        wait_settled(c, copies=False, timeout=30)
+        restorers = {t["master"] for tb in status(c)["tables"] for t in tb["tablets"]}
+        assert m_id not in restorers
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=5)
+        got = {k: rc.get(k) for k in keys}
+        wrong = [(k, expected[k], got[k]) for k in keys if got[k] != expected[k]]
+        assert not wrong, (len(wrong), wrong[:10])
     finally:
         c.stop()

@@ -133,8 +133,10 @@ pub struct TabletInfo {
     /// a recovery or a replacement); the master copies to them in the background.
     #[serde(default)]
     pub pending: Vec<ServerId>,
-    /// The subset of `pending` that held nothing of the tablet before (replacements): they
-    /// cannot restore it until their copy is complete.
+    /// The subset of `pending` whose logs of the tablet do not count: replacements (they held
+    /// nothing of it) and restarted backups that a live master went on without (their logs
+    /// miss writes and deletes; they drop them). They cannot restore it until their copy is
+    /// complete.
     #[serde(default)]
     pub fresh: Vec<ServerId>,
 }

@@ -38,6 +38,11 @@ pub enum Command {
         previous: Option<PreviousIdentity>,
         addresses: ServerAddresses,
         memory_bytes: u64,
+        /// The servers the proposing leader heard from well after the previous process of
+        /// this id went silent: a tablet they master went on taking writes without it, so
+        /// its logs of that tablet are stale.
+        #[serde(default)]
+        live: Vec<ServerId>,
     },
     CreateTable {
         name: String,
@@ -182,7 +187,8 @@ impl ClusterState {
                 previous,
                 addresses,
                 memory_bytes,
-            } => self.register(previous.as_ref(), *addresses, *memory_bytes)?,
+                live,
+            } => self.register(previous.as_ref(), *addresses, *memory_bytes, live)?,
             Command::CreateTable {
                 name,
                 mode,
@@ -289,6 +295,7 @@ impl ClusterState {
         previous: Option<&PreviousIdentity>,
         addresses: ServerAddresses,
         memory_bytes: u64,
+        live: &[ServerId],
     ) -> Result<CommandOutcome, CommandError> {
         let cluster_id = self.map.cluster_id;
         let (id, epoch) = match previous {
@@ -313,17 +320,21 @@ impl ClusterState {
                     return Err(CommandError::UnknownServer(p.server_id));
                 };
                 let id = server.id;
-                // Tablets with a live master that still list it went on without it: it gets
-                // their copy again (its logs stay: a tablet whose master is not really alive
-                // may need them, as in a whole-cluster restart).
-                let live: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                // Tablets with a master that is up and still list it get their copy again.
+                // Where the master was heard from after this server went silent, it went on
+                // without it: its logs miss writes and deletes, so it drops them and cannot
+                // restore the tablet until its copy is complete (fresh). Otherwise (the master
+                // may have died with it, as in a whole-cluster restart) its logs stay and count.
+                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
                 for t in &mut self.map.tablets {
-                    if !t.recovering
-                        && live.contains(&t.master)
-                        && t.backups.contains(&id)
-                        && !t.pending.contains(&id)
-                    {
+                    if t.recovering || !up.contains(&t.master) || !t.backups.contains(&id) {
+                        continue;
+                    }
+                    if !t.pending.contains(&id) {
                         t.pending.push(id);
+                    }
+                    if live.contains(&t.master) && !t.fresh.contains(&id) {
+                        t.fresh.push(id);
                     }
                 }
                 let Some(server) = self.map.servers.iter_mut().find(|s| s.id == p.server_id) else {
@@ -404,11 +415,15 @@ impl ClusterState {
         for t in &mut self.map.tablets {
             if t.recovering {
                 if t.restorer.is_none_or(|r| !is_up(r)) {
+                    // A backup with the whole stream first; one still waiting for its copy (its
+                    // logs may lack what its memory held when it restarted) only if none is up.
+                    let eligible = |b: &ServerId| is_up(*b) && !t.fresh.contains(b);
                     t.restorer = t
                         .backups
                         .iter()
                         .copied()
-                        .find(|&b| is_up(b) && !t.fresh.contains(&b));
+                        .find(|b| eligible(b) && !t.pending.contains(b))
+                        .or_else(|| t.backups.iter().copied().find(eligible));
                 }
                 continue;
             }
@@ -543,6 +558,7 @@ mod tests {
                 previous: None,
                 addresses: addrs(port),
                 memory_bytes: 1 << 30,
+                live: vec![],
             })
             .unwrap()
         {
@@ -557,7 +573,8 @@ mod tests {
             s.apply(&Command::Register {
                 previous: None,
                 addresses: addrs(1),
-                memory_bytes: 0
+                memory_bytes: 0,
+                live: vec![],
             }),
             Err(CommandError::NotInitialized)
         );
@@ -616,6 +633,7 @@ mod tests {
                 }),
                 addresses: addrs(500),
                 memory_bytes: 1,
+                live: vec![],
             })
             .unwrap();
         assert_eq!(
@@ -640,6 +658,7 @@ mod tests {
             }),
             addresses: addrs(1),
             memory_bytes: 0,
+            live: vec![],
         });
         assert!(matches!(wrong, Err(CommandError::WrongCluster { .. })));
         let unknown = s.apply(&Command::Register {
@@ -649,6 +668,7 @@ mod tests {
             }),
             addresses: addrs(1),
             memory_bytes: 0,
+            live: vec![],
         });
         assert_eq!(unknown, Err(CommandError::UnknownServer(9)));
         for (name, replicas) in [("", None), ("a b", None), ("default", None), ("t", Some(1))] {
@@ -852,6 +872,7 @@ mod tests {
                 }),
                 addresses: addrs(200),
                 memory_bytes: 1,
+                live: vec![],
             })
             .unwrap();
         assert!(matches!(again, CommandOutcome::Registered { id: 2, .. }));
@@ -863,5 +884,93 @@ mod tests {
                 assert_eq!(t.restorer, first_up);
             }
         }
+    }
+
+    fn rejoin(s: &mut ClusterState, id: ServerId, live: Vec<ServerId>) {
+        let port = s.map.server(id).unwrap().addresses.resp.port();
+        let again = s
+            .apply(&Command::Register {
+                previous: Some(PreviousIdentity {
+                    cluster_id: 0xabc,
+                    server_id: id,
+                }),
+                addresses: addrs(port),
+                memory_bytes: 1,
+                live,
+            })
+            .unwrap();
+        assert!(matches!(again, CommandOutcome::Registered { id: i, .. } if i == id));
+    }
+
+    #[test]
+    fn a_restarted_backup_that_a_live_master_went_on_without_cannot_restore_until_copied() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        // Server 3 restarts while 1 and 2 were heard from: their tablets that list it went on
+        // without it, so its logs do not count.
+        rejoin(&mut s, 3, vec![1, 2]);
+        let listing: Vec<crate::TabletInfo> = s
+            .map
+            .tablets
+            .iter()
+            .filter(|t| t.backups.contains(&3))
+            .cloned()
+            .collect();
+        assert!(!listing.is_empty());
+        for t in &listing {
+            assert!(t.pending.contains(&3) && t.fresh.contains(&3), "{t:?}");
+        }
+        // Its master dies before the copy: the other backup restores, never server 3.
+        let victim = listing[0].master;
+        let epoch = s.map.server(victim).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: victim,
+            epoch,
+            reason: "killed".into(),
+        })
+        .unwrap();
+        for t in s.map.tablets.iter().filter(|t| t.recovering) {
+            assert!(t.restorer.is_some() && t.restorer != Some(3), "{t:?}");
+        }
+
+        // Restarted while nobody was heard from after it (all died together): its logs count,
+        // but one that streamed all along is preferred.
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        rejoin(&mut s, 3, vec![]);
+        for t in s.map.tablets.iter().filter(|t| t.backups.contains(&3)) {
+            assert!(t.pending.contains(&3) && !t.fresh.contains(&3), "{t:?}");
+        }
+        let t = s
+            .map
+            .tablets
+            .iter()
+            .find(|t| t.backups.first() == Some(&3))
+            .cloned()
+            .expect("a tablet whose first backup is server 3");
+        let epoch = s.map.server(t.master).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: t.master,
+            epoch,
+            reason: "killed".into(),
+        })
+        .unwrap();
+        let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(now.restorer, Some(t.backups[1]), "{now:?}");
+        // With the other backup dead too, the restarted one is all that is left.
+        let other = t.backups[1];
+        let epoch = s.map.server(other).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: other,
+            epoch,
+            reason: "killed".into(),
+        })
+        .unwrap();
+        let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(now.restorer, Some(3), "{now:?}");
     }
 }

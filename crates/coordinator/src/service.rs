@@ -28,6 +28,12 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// A heartbeat younger than this means a live process owns the server id.
 pub const LIVE_HEARTBEAT: Duration = Duration::from_millis(300);
+
+/// How much later than a restarted server's last heartbeat another server must have been heard
+/// from to count as having gone on without it: more than one heartbeat interval, so that
+/// servers that died together (a whole-cluster crash) never do.
+const HEARD_AFTER: Duration = Duration::from_millis(150);
+
 /// How long a proposal may wait to commit before the caller hears an error.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default of [`CoordinatorConfig::dead_after`], in milliseconds.
@@ -376,6 +382,23 @@ impl Shared {
             .map(|n| n.addr.clone())
     }
 
+    /// The servers heard from within the detection time and well after `server` was last heard
+    /// from (more than [`HEARD_AFTER`] later): they kept going without it. None if `server`
+    /// was never heard from by this leader (it may have restarted since).
+    fn heard_after(&self, server: ServerId) -> Vec<ServerId> {
+        let heartbeats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(&silent_since) = heartbeats.get(&server) else {
+            return Vec::new();
+        };
+        heartbeats
+            .iter()
+            .filter(|(&id, &t)| {
+                id != server && t.elapsed() < self.dead_after && t > silent_since + HEARD_AFTER
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Up servers silent for `dead_after` (counted from `since` at the earliest), or reported by a
     /// peer and silent for longer than their lease: (id, epoch, resp address, why).
     fn silent_servers(&self, since: Instant) -> Vec<(ServerId, u64, SocketAddr, String)> {
@@ -564,10 +587,15 @@ impl Shared {
                         });
                     }
                 }
+                let live = previous
+                    .as_ref()
+                    .map(|p| self.heard_after(p.server_id))
+                    .unwrap_or_default();
                 let command = Command::Register {
                     previous,
                     addresses,
                     memory_bytes,
+                    live,
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Registered { id, epoch }, map)) => {

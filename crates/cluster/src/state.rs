@@ -202,6 +202,7 @@ impl ClusterState {
                 let id = self.next_table_id;
                 let table = self.place(id, name, *mode, *replicas, schema.clone())?;
                 self.next_table_id += 1;
+                self.repair();
                 CommandOutcome::TableCreated(table)
             }
             Command::DropTable { name } => {
@@ -221,7 +222,10 @@ impl ClusterState {
                     return Err(CommandError::NoSuchTable(name.clone()));
                 };
                 table.mode = *mode;
-                CommandOutcome::TableAltered(table.clone())
+                let table = table.clone();
+                // Mirrors come and go with the mode.
+                self.repair();
+                CommandOutcome::TableAltered(table)
             }
             Command::DeclareDead { server, epoch, .. } => {
                 let current = self.map.server(*server).map(|s| (s.epoch, s.state));
@@ -371,6 +375,7 @@ impl ClusterState {
                 replicas,
                 None,
             )?;
+            self.repair();
         }
         Ok(CommandOutcome::Registered { id, epoch })
     }
@@ -405,6 +410,13 @@ impl ClusterState {
         let is_up = |id: ServerId| up.contains(&id);
         let replicas: HashMap<TableId, u32> =
             self.map.tables.iter().map(|t| (t.id, t.replicas)).collect();
+        let mirrored: Vec<TableId> = self
+            .map
+            .tables
+            .iter()
+            .filter(|t| t.mode == ReplicationMode::Mirror)
+            .map(|t| t.id)
+            .collect();
         // Backup roles per server, to spread replacements.
         let mut load: HashMap<ServerId, usize> = HashMap::new();
         for t in &self.map.tablets {
@@ -417,12 +429,17 @@ impl ClusterState {
                 if t.restorer.is_none_or(|r| !is_up(r)) {
                     // A backup with the whole stream first; one still waiting for its copy (its
                     // logs may lack what its memory held when it restarted) only if none is up.
+                    // A mirror with the whole stream first of all: it holds the tablet in memory.
                     let eligible = |b: &ServerId| is_up(*b) && !t.fresh.contains(b);
                     t.restorer = t
-                        .backups
-                        .iter()
-                        .copied()
-                        .find(|b| eligible(b) && !t.pending.contains(b))
+                        .mirror
+                        .filter(|m| t.backups.contains(m) && eligible(m) && !t.pending.contains(m))
+                        .or_else(|| {
+                            t.backups
+                                .iter()
+                                .copied()
+                                .find(|b| eligible(b) && !t.pending.contains(b))
+                        })
                         .or_else(|| t.backups.iter().copied().find(eligible));
                 }
                 continue;
@@ -474,6 +491,31 @@ impl ClusterState {
             if t.pending.is_empty() && t.backups.iter().filter(|&&b| is_up(b)).count() >= want {
                 t.backups.retain(|b| is_up(*b));
             }
+        }
+        // A mirrored tablet's mirror is one of its live backups: the one it had while that one
+        // stays (a mirror's memory takes a while to build), else the first with the whole
+        // stream, else the first (it builds once its copy is complete). A recovering tablet
+        // keeps the mirror it had until its restorer takes over.
+        for t in &mut self.map.tablets {
+            if !mirrored.contains(&t.table) {
+                t.mirror = None;
+                continue;
+            }
+            if t.recovering {
+                continue;
+            }
+            let complete = |b: ServerId| is_up(b) && !t.pending.contains(&b);
+            if t.mirror
+                .is_some_and(|m| t.backups.contains(&m) && complete(m))
+            {
+                continue;
+            }
+            t.mirror = t
+                .backups
+                .iter()
+                .copied()
+                .find(|&b| complete(b))
+                .or_else(|| t.backups.iter().copied().find(|&b| is_up(b)));
         }
     }
 
@@ -972,5 +1014,54 @@ mod tests {
         .unwrap();
         let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
         assert_eq!(now.restorer, Some(3), "{now:?}");
+    }
+
+    #[test]
+    fn a_mirrored_tablets_mirror_is_its_first_live_backup_and_takes_over() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        assert!(s.map.tablets.iter().all(|t| t.mirror.is_none()));
+        s.apply(&Command::SetTableMode {
+            name: DEFAULT_TABLE_NAME.into(),
+            mode: ReplicationMode::Mirror,
+        })
+        .unwrap();
+        for t in &s.map.tablets {
+            assert_eq!(t.mirror, t.backups.first().copied(), "{t:?}");
+            assert_ne!(t.mirror, Some(t.master));
+        }
+        let t = s.map.tablets[0].clone();
+        let mirror = t.mirror.unwrap();
+        let epoch = s.map.server(t.master).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: t.master,
+            epoch,
+            reason: "killed".into(),
+        })
+        .unwrap();
+        let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
+        assert!(now.recovering);
+        assert_eq!((now.restorer, now.mirror), (Some(mirror), Some(mirror)));
+        s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: now.epoch,
+            server: mirror,
+        })
+        .unwrap();
+        let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(now.master, mirror);
+        // The next live backup mirrors now (it builds once its copy is complete).
+        let next = now.mirror.expect("a new mirror");
+        assert!(next != mirror && now.pending.contains(&next), "{now:?}");
+        // Back to sync: no mirrors.
+        s.apply(&Command::SetTableMode {
+            name: DEFAULT_TABLE_NAME.into(),
+            mode: ReplicationMode::Sync,
+        })
+        .unwrap();
+        assert!(s.map.tablets.iter().all(|t| t.mirror.is_none()));
     }
 }

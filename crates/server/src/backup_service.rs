@@ -579,6 +579,20 @@ impl BackupService {
             }
             let id =
                 store_tablet(u.head.table, u.head.first_slot, u.head.epoch).expect("checked above");
+            // A mirror applies the unit to its memory before logging it (a refusal is resent
+            // whole, and applying twice keeps the same version).
+            if let Some(member) = node.cluster() {
+                if let Err(e) = member.mirrors.apply_unit(
+                    node,
+                    u64::from(u.head.table),
+                    u.head.first_slot,
+                    &u.entries,
+                ) {
+                    self.counters.refused_store.fetch_add(1, Ordering::Relaxed);
+                    self.remember(key, mark);
+                    return Err((Status::WritesRefused, e));
+                }
+            }
             if let Some(v) = u.entries.iter().map(|e| e.version).max() {
                 self.max_version.fetch_max(v, Ordering::AcqRel);
             }

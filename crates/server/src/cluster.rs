@@ -219,6 +219,8 @@ pub struct Member {
     clock_base: std::time::Instant,
     /// Restores and copies this server runs for the cluster.
     pub jobs: Arc<crate::recovery::Jobs>,
+    /// Tablets this server mirrors (table mode `mirror`).
+    pub mirrors: crate::mirror::Mirrors,
     /// Peers this server failed to reach on a client's behalf (the routing port forwarding to
     /// them), with what went wrong; reported to the coordinator with the next heartbeat.
     unreachable_peers: parking_lot::Mutex<HashMap<ServerId, String>>,
@@ -330,6 +332,7 @@ impl Member {
             lease_until: std::sync::atomic::AtomicU64::new(0),
             clock_base: std::time::Instant::now(),
             jobs: Arc::new(crate::recovery::Jobs::default()),
+            mirrors: crate::mirror::Mirrors::default(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
         });
@@ -530,6 +533,7 @@ impl Member {
         if let Some(duty) = node.cluster_duty() {
             duty.backup.apply_map(&view.map, me);
         }
+        crate::mirror::apply(node, self, &view.map, me);
         crate::recovery::start_jobs(node, self, &view.map);
     }
 

@@ -18,6 +18,7 @@ pub mod commands;
 pub mod config;
 pub mod keyspace;
 pub mod metrics;
+pub mod mirror;
 pub mod native;
 pub mod node;
 pub mod persistence;

@@ -271,6 +271,18 @@ fn restore(
         dead_master = t.master,
         "restoring a tablet from this server's backup logs"
     );
+    if let Some(mirror) = member.mirrors.get(t.table, t.first_slot) {
+        // This server mirrors the tablet: its memory holds it already.
+        match mirror.wait_ready(Duration::from_secs(60)) {
+            Ok(()) => return promote_mirror(node, member, t, &mirror, started),
+            Err(e) => tracing::error!(
+                table = t.table,
+                first_slot = t.first_slot,
+                error = %e,
+                "the mirror's memory is not usable; restoring from the logs instead"
+            ),
+        }
+    }
     if let Some(ms) = std::env::var("RAMLOG_TEST_RESTORE_DELAY_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -320,6 +332,57 @@ fn restore(
         objects,
         millis,
         "tablet restored; asking the coordinator to make this server its master"
+    );
+    let me = member.view().me;
+    report_until_done(member, || {
+        if !still_restoring(member, t) {
+            return None;
+        }
+        Some(Request::Recovered {
+            server: me,
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            objects,
+            millis,
+        })
+    })
+}
+
+/// The restore of a tablet this server mirrors: no replay, only the clock moved above every
+/// version the dead master can have handed out, and the report.
+fn promote_mirror(
+    node: &Arc<Node>,
+    member: &Arc<Member>,
+    t: &TabletInfo,
+    mirror: &crate::mirror::MirrorTablet,
+    started: Instant,
+) -> Result<(), String> {
+    let duty = node
+        .cluster_duty()
+        .ok_or("this server has no backup store")?;
+    if !still_restoring(member, t) {
+        return Err("the map no longer asks for this restore".into());
+    }
+    let engine = node.engine();
+    let floor = duty
+        .backup
+        .max_version_seen()
+        .max(engine.clock())
+        .saturating_add(VERSION_GAP);
+    engine.advance_clock(floor);
+    let objects = engine
+        .tablets()
+        .iter()
+        .find(|i| i.id == mirror.engine_tablet)
+        .map_or(0, |i| i.objects);
+    let millis = started.elapsed().as_millis() as u64;
+    tracing::warn!(
+        table = t.table,
+        first_slot = t.first_slot,
+        objects,
+        millis,
+        "mirror taking over the tablet; asking the coordinator to make this server its master"
     );
     let me = member.view().me;
     report_until_done(member, || {

@@ -1,0 +1,285 @@
+//! Mirrors (table mode `mirror`, Mojim's in-memory mirror): besides logging a tablet's stream
+//! like any backup, the tablet's mirror applies every write to a copy of the tablet in its own
+//! memory before it acknowledges the write. When the master dies, the mirror is the tablet's
+//! restorer (it is its first backup with the whole stream), and its restore is instant: the
+//! tablet is already in memory, so it only moves its clock and asks to become the master.
+//!
+//! A mirror starts when the map names this server the mirror of a tablet whose copy it holds
+//! (it is not pending): it creates the engine tablet, applies every unit that arrives from then
+//! on, and builds what came before from its own backup logs (the same merged replay a restore
+//! runs). While it builds, a live delete could be undone by an older logged put replayed after
+//! it; deletes seen live are therefore remembered until the build ends, and older replayed
+//! records of those keys are skipped. Both paths install with the original versions and keep the
+//! newer of two (`Engine::restore`), so their order does not matter otherwise.
+//!
+//! The mirror's tablet counts against `--memory` like any tablet. The master waits for the
+//! mirror's acknowledgement as `sync` waits for every backup's, so a mirrored table keeps
+//! `sync`'s promise and gains a fail-over without replay.
+
+use crate::node::Node;
+use parking_lot::{Condvar, Mutex};
+use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
+use ramlog_common::TableId;
+use ramlog_logmem::TabletId;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a mirror's memory stands.
+enum Phase {
+    /// Emptying the engine tablet of what an earlier role of this process left in it; units
+    /// that arrive meanwhile are only logged (the build replays them).
+    Clearing,
+    /// Replaying the logs; deletes applied live meanwhile, by key, with their versions.
+    Building {
+        deletes: HashMap<Vec<u8>, u64>,
+    },
+    Ready,
+    Failed(String),
+}
+
+/// One tablet this server mirrors.
+pub struct MirrorTablet {
+    pub engine_tablet: TabletId,
+    phase: Mutex<Phase>,
+    settled: Condvar,
+    started: Instant,
+}
+
+impl MirrorTablet {
+    /// Waits until the build ends (at most `limit`): Ok once the memory holds the whole tablet.
+    pub fn wait_ready(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut phase = self.phase.lock();
+        loop {
+            match &*phase {
+                Phase::Ready => return Ok(()),
+                Phase::Failed(e) => return Err(e.clone()),
+                Phase::Clearing | Phase::Building { .. } => {
+                    if self.settled.wait_until(&mut phase, deadline).timed_out() {
+                        return Err("the mirror's memory is still being built".into());
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        matches!(*self.phase.lock(), Phase::Ready)
+    }
+}
+
+/// The tablets this server mirrors, by (table, first slot).
+#[derive(Default)]
+pub struct Mirrors {
+    tablets: Mutex<HashMap<(TableId, u16), Arc<MirrorTablet>>>,
+}
+
+impl Mirrors {
+    pub fn get(&self, table: TableId, first_slot: u16) -> Option<Arc<MirrorTablet>> {
+        self.tablets.lock().get(&(table, first_slot)).cloned()
+    }
+
+    /// Stops mirroring (table, first slot): its restore took the tablet over, or the map moved
+    /// the mirror elsewhere.
+    pub fn remove(&self, table: TableId, first_slot: u16) -> Option<Arc<MirrorTablet>> {
+        self.tablets.lock().remove(&(table, first_slot))
+    }
+
+    /// (table, first slot, ready) of every mirrored tablet.
+    pub fn list(&self) -> Vec<(TableId, u16, bool)> {
+        let mut v: Vec<_> = self
+            .tablets
+            .lock()
+            .iter()
+            .map(|(k, m)| (k.0, k.1, m.is_ready()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Applies one replicated unit to the mirrored tablet, if (table, first slot) is mirrored
+    /// here; an error refuses the unit (before it is logged, so that a resend applies it).
+    pub fn apply_unit(
+        &self,
+        node: &Node,
+        table: TableId,
+        first_slot: u16,
+        entries: &[ramlog_proto::repl::ReplEntry<'_>],
+    ) -> Result<(), String> {
+        let Some(mirror) = self.get(table, first_slot) else {
+            return Ok(());
+        };
+        let engine = node.engine();
+        let mut phase = mirror.phase.lock();
+        if matches!(*phase, Phase::Clearing) {
+            return Ok(());
+        }
+        for e in entries {
+            engine
+                .restore(mirror.engine_tablet, e.key, e.value, e.version, e.expiry)
+                .map_err(|err| format!("the mirror cannot apply the write: {err}"))?;
+            if e.value.is_none() {
+                if let Phase::Building { deletes } = &mut *phase {
+                    let v = deletes.entry(e.key.to_vec()).or_insert(0);
+                    *v = (*v).max(e.version);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether the map makes `me` the mirror of `t` with the whole stream in its logs.
+fn mirrors_here(map: &ClusterMap, t: &ramlog_cluster::TabletInfo, me: ServerId) -> bool {
+    let mirrored = map
+        .table(t.table)
+        .is_some_and(|table| table.mode == ReplicationMode::Mirror);
+    mirrored && t.mirror == Some(me) && !t.recovering && t.master != me && !t.pending.contains(&me)
+}
+
+/// Starts the mirrors `map` asks of this server and stops those it no longer does.
+pub fn apply(
+    node: &Arc<Node>,
+    member: &Arc<crate::cluster::Member>,
+    map: &ClusterMap,
+    me: ServerId,
+) {
+    let mirrors = &member.mirrors;
+    // Stopped: a mirror promoted to master keeps its tablet (the restore took it over); one
+    // the map moved elsewhere keeps its memory until the server restarts (the engine cannot
+    // drop a tablet), and is no longer written to.
+    let wanted: Vec<(TableId, u16)> = map
+        .tablets
+        .iter()
+        .filter(|t| mirrors_here(map, t, me) || (t.recovering && t.restorer == Some(me)))
+        .map(|t| (t.table, t.first_slot))
+        .collect();
+    for (table, first_slot, _) in mirrors.list() {
+        if !wanted.contains(&(table, first_slot)) {
+            mirrors.remove(table, first_slot);
+            tracing::info!(table, first_slot, "no longer the mirror of this tablet");
+        }
+    }
+    for t in map.tablets.iter().filter(|t| mirrors_here(map, t, me)) {
+        if mirrors.get(t.table, t.first_slot).is_some() {
+            continue;
+        }
+        // Memory of this tablet from an earlier role may hold what was deleted since: emptied
+        // first.
+        let held_before = member.created_tablet(t.table, t.first_slot).is_some();
+        let engine_tablet = match member.engine_tablet(node, t) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::error!(table = t.table, first_slot = t.first_slot, error = %e, "cannot create the mirror's tablet");
+                continue;
+            }
+        };
+        let mirror = Arc::new(MirrorTablet {
+            engine_tablet,
+            phase: Mutex::new(if held_before {
+                Phase::Clearing
+            } else {
+                Phase::Building {
+                    deletes: HashMap::new(),
+                }
+            }),
+            settled: Condvar::new(),
+            started: Instant::now(),
+        });
+        mirrors
+            .tablets
+            .lock()
+            .insert((t.table, t.first_slot), mirror.clone());
+        let node = node.clone();
+        let (table, first_slot, epoch) = (t.table, t.first_slot, t.epoch);
+        let spawned = std::thread::Builder::new()
+            .name(format!("mirror-{table}-{first_slot}"))
+            .spawn(move || build(&node, &mirror, table, first_slot, epoch));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a mirror build");
+        }
+    }
+}
+
+/// Deletes every object of `tablet` (a delete leaves no entry in the index, so the versions the
+/// build installs afterwards are taken whatever they are).
+fn clear(engine: &ramlog_logmem::Engine, tablet: TabletId) -> Result<(), String> {
+    let mut cursor = 0u64;
+    let mut keys = Vec::new();
+    loop {
+        keys.clear();
+        cursor = engine
+            .scan_keys(tablet, cursor, 512, &mut keys)
+            .map_err(|e| format!("reading the tablet to empty it: {e}"))?;
+        for key in &keys {
+            engine
+                .delete(tablet, key, ramlog_logmem::Condition::None)
+                .map_err(|e| format!("emptying the tablet: {e}"))?;
+        }
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Builds the mirror's memory from this server's backup logs of the tablet (every epoch up to
+/// `epoch`), skipping records older than a delete applied live meanwhile.
+fn build(node: &Node, mirror: &MirrorTablet, table: TableId, first_slot: u16, epoch: u64) {
+    let result = (|| {
+        let duty = node
+            .cluster_duty()
+            .ok_or("this server has no backup store")?;
+        let engine = node.engine();
+        if matches!(*mirror.phase.lock(), Phase::Clearing) {
+            clear(engine, mirror.engine_tablet)?;
+            *mirror.phase.lock() = Phase::Building {
+                deletes: HashMap::new(),
+            };
+        }
+        let mut first_error = None;
+        let mut objects = 0u64;
+        duty.backup
+            .replay_for_restore(table, first_slot, epoch + 1, |e| {
+                let phase = mirror.phase.lock();
+                if let Phase::Building { deletes } = &*phase {
+                    if deletes.get(e.key).is_some_and(|&v| v >= e.version) {
+                        return;
+                    }
+                }
+                objects += 1;
+                if let Err(err) = engine.restore(
+                    mirror.engine_tablet,
+                    e.key,
+                    Some(e.value),
+                    e.version,
+                    e.expiry,
+                ) {
+                    first_error.get_or_insert(err);
+                }
+            })
+            .map_err(|e| format!("replaying the backup logs: {e}"))?;
+        match first_error {
+            Some(e) => Err(format!("building the mirror in memory: {e}")),
+            None => Ok(objects),
+        }
+    })();
+    let mut phase = mirror.phase.lock();
+    match result {
+        Ok(objects) => {
+            tracing::warn!(
+                table,
+                first_slot,
+                objects,
+                millis = mirror.started.elapsed().as_millis() as u64,
+                "mirror in memory"
+            );
+            *phase = Phase::Ready;
+        }
+        Err(e) => {
+            tracing::error!(table, first_slot, error = %e, "the mirror could not be built");
+            *phase = Phase::Failed(e);
+        }
+    }
+    mirror.settled.notify_all();
+}

@@ -80,3 +80,52 @@ def test_mirrors_take_over_a_killed_master_under_load_twenty_times(tmp_path):
     finally:
         stop.set()
         c.stop()
+
+
+def test_readonly_connections_read_from_the_mirror(tmp_path):
+    """CLUSTER SLOTS lists each mirrored range's mirror as its replica; a READONLY connection
+    reads the range's keys there (every acknowledged write is in the mirror's memory), while a
+    connection without READONLY is sent to the master; writes always are; RedisCluster with
+    replica reads gets every value."""
+    import redis
+    from redis.cluster import RedisCluster
+    c = Cluster(tmp_path, servers=3)
+    try:
+        set_mirror(c)
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=5)
+        for n in range(300):
+            rc.set(f"m{n}", f"v{n}")
+        slots = redis.Redis(port=c.servers[0].resp).execute_command("CLUSTER", "SLOTS")
+        assert slots and all(len(r) == 4 for r in slots), slots[:3]
+        assert all(r[2][1] != r[3][1] for r in slots)
+        by_port = {s.resp: s for s in c.servers}
+        read_on_mirror = 0
+        for n in range(300):
+            key = f"m{n}"
+            slot = rc.keyslot(key)
+            r = next(r for r in slots if r[0] <= slot <= r[1])
+            mirror_port = r[3][1]
+            plain = redis.Redis(port=mirror_port, socket_timeout=5)
+            try:
+                plain.get(key)
+                raise AssertionError("a connection without READONLY was served by the mirror")
+            except redis.exceptions.MovedError:
+                pass
+            ro = redis.Redis(port=mirror_port, socket_timeout=5)
+            ro.execute_command("READONLY")
+            assert ro.get(key) == f"v{n}".encode()
+            read_on_mirror += 1
+            try:
+                ro.set(key, "x")
+                raise AssertionError("the mirror took a write")
+            except redis.exceptions.MovedError:
+                pass
+            assert mirror_port in by_port
+        assert read_on_mirror == 300
+        replica_reads = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=5,
+                                     read_from_replicas=True)
+        for n in range(300):
+            rc.set(f"m{n}", f"w{n}")
+            assert replica_reads.get(f"m{n}") == f"w{n}".encode()
+    finally:
+        c.stop()

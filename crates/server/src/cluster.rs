@@ -38,6 +38,8 @@ pub struct ClusterView {
     pub map_json: bytes::Bytes,
     /// Contiguous runs of slots of the default table with one master: (first, last, master).
     runs: Vec<(u16, u16, ServerId)>,
+    /// The mirror of each slot's tablet of the default table (0 = none).
+    mirrors: Vec<ServerId>,
     /// Servers that master slots of the default table, by id.
     masters: Vec<ServerId>,
     /// Slots of the default table whose tablet is being recovered (no master serves them).
@@ -62,7 +64,13 @@ impl ClusterView {
         // its dead master while it has none; its slots answer TRYAGAIN everywhere meanwhile.
         let mut owners = vec![0; SLOT_COUNT as usize];
         let mut recovering = vec![false; SLOT_COUNT as usize];
+        let mut mirrors = vec![0; SLOT_COUNT as usize];
         for t in map.tablets_of(DEFAULT_TABLE) {
+            if let Some(m) = t.mirror.filter(|_| !t.recovering) {
+                for slot in t.slots() {
+                    mirrors[slot as usize] = m;
+                }
+            }
             let owner = if t.recovering {
                 t.restorer.unwrap_or(t.master)
             } else {
@@ -101,9 +109,25 @@ impl ClusterView {
             resp_addresses,
             map_json,
             runs,
+            mirrors,
             masters,
             recovering,
         }
+    }
+
+    /// The mirror of `slot`'s tablet of the default table (0 = none).
+    #[inline]
+    pub fn mirror_of(&self, slot: u16) -> ServerId {
+        self.mirrors[slot as usize]
+    }
+
+    /// `host:port` of server `id`'s cluster RESP port.
+    pub fn resp_address(&self, id: ServerId) -> Option<&str> {
+        self.map
+            .servers
+            .binary_search_by_key(&id, |s| s.id)
+            .ok()
+            .map(|i| self.resp_addresses[i].as_str())
     }
 
     /// The master of `slot` of the default table (0 = none).

@@ -220,8 +220,10 @@ struct NodeDesc {
     id: String,
     host: String,
     port: u16,
-    /// Slot ranges of the default table it masters.
+    /// Slot ranges of the default table it masters, each with its mirror's (host, port, id)
+    /// if the range has one.
     ranges: Vec<(u16, u16)>,
+    replicas: Vec<Option<(String, u16, String)>>,
     myself: bool,
     epoch: u64,
     failed: bool,
@@ -233,23 +235,46 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
     let node = ctx.node;
     if let (Some(member), false) = (node.cluster(), ctx.session.routed) {
         let view = member.view();
-        let runs = view.slot_runs();
+        // Runs of one master split where the mirror changes.
+        let mut runs: Vec<(u16, u16, ramlog_cluster::ServerId, ramlog_cluster::ServerId)> =
+            Vec::new();
+        for &(first, last, owner) in view.slot_runs() {
+            for slot in first..=last {
+                let mirror = view.mirror_of(slot);
+                match runs.last_mut() {
+                    Some(r) if r.2 == owner && r.3 == mirror && r.1 + 1 == slot => r.1 = slot,
+                    _ => runs.push((slot, slot, owner, mirror)),
+                }
+            }
+        }
+        let replica = |id: ramlog_cluster::ServerId| {
+            view.map
+                .server(id)
+                .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+                .map(|s| {
+                    (
+                        s.addresses.resp.ip().to_string(),
+                        s.addresses.resp.port(),
+                        s.name.clone(),
+                    )
+                })
+        };
         let nodes = view
             .map
             .servers
             .iter()
-            .map(|s| NodeDesc {
-                id: s.name.clone(),
-                host: s.addresses.resp.ip().to_string(),
-                port: s.addresses.resp.port(),
-                ranges: runs
-                    .iter()
-                    .filter(|r| r.2 == s.id)
-                    .map(|r| (r.0, r.1))
-                    .collect(),
-                myself: s.id == view.me,
-                epoch: s.epoch,
-                failed: s.state == ramlog_cluster::ServerState::Dead,
+            .map(|s| {
+                let mine: Vec<_> = runs.iter().filter(|r| r.2 == s.id).collect();
+                NodeDesc {
+                    id: s.name.clone(),
+                    host: s.addresses.resp.ip().to_string(),
+                    port: s.addresses.resp.port(),
+                    ranges: mine.iter().map(|r| (r.0, r.1)).collect(),
+                    replicas: mine.iter().map(|r| replica(r.3)).collect(),
+                    myself: s.id == view.me,
+                    epoch: s.epoch,
+                    failed: s.state == ramlog_cluster::ServerState::Dead,
+                }
             })
             .collect();
         return (nodes, view.map.version);
@@ -270,6 +295,7 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
         host: node.config.bind.to_string(),
         port,
         ranges: vec![(0, SLOT_COUNT - 1)],
+        replicas: vec![None],
         myself: true,
         epoch: 1,
         failed: false,
@@ -372,20 +398,32 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let id = me.map_or_else(|| ctx.node.node_id().to_string(), |n| n.id.clone());
         ctx.enc.bulk(id.as_bytes());
     } else if eq_ignore_case(sub, "slots") {
-        let mut ranges: Vec<(u16, u16, &NodeDesc)> = nodes
+        let mut ranges: Vec<(u16, u16, &NodeDesc, &Option<(String, u16, String)>)> = nodes
             .iter()
-            .flat_map(|n| n.ranges.iter().map(move |r| (r.0, r.1, n)))
+            .flat_map(|n| {
+                n.ranges
+                    .iter()
+                    .zip(&n.replicas)
+                    .map(move |(r, m)| (r.0, r.1, n, m))
+            })
             .collect();
         ranges.sort_by_key(|r| r.0);
         ctx.enc.array(ranges.len());
-        for (first, last, n) in ranges {
-            ctx.enc.array(3);
+        for (first, last, n, mirror) in ranges {
+            // A mirrored range lists its mirror as the replica (READONLY reads go there).
+            ctx.enc.array(3 + usize::from(mirror.is_some()));
             ctx.enc.integer(i64::from(first));
             ctx.enc.integer(i64::from(last));
             ctx.enc.array(3);
             ctx.enc.bulk(n.host.as_bytes());
             ctx.enc.integer(i64::from(n.port));
             ctx.enc.bulk(n.id.as_bytes());
+            if let Some((host, port, id)) = mirror {
+                ctx.enc.array(3);
+                ctx.enc.bulk(host.as_bytes());
+                ctx.enc.integer(i64::from(*port));
+                ctx.enc.bulk(id.as_bytes());
+            }
         }
     } else if eq_ignore_case(sub, "shards") {
         let shards: Vec<&NodeDesc> = nodes.iter().filter(|n| !n.ranges.is_empty()).collect();

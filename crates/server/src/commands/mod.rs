@@ -578,7 +578,13 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                     && spec.first_key > 0
                     && node.cluster().is_some() =>
             {
-                match cluster_check(node, spec, args, ctx.session.forwarded) {
+                match cluster_check(
+                    node,
+                    spec,
+                    args,
+                    ctx.session.forwarded,
+                    ctx.session.readonly,
+                ) {
                     Ok(()) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
                     Err(e) => {
                         if in_multi {
@@ -622,7 +628,13 @@ pub fn command_keys<'a, 'b>(
 
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
 /// in one slot that this server masters. `forwarded`: keys may span slots, each served here.
-fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]], forwarded: bool) -> Result<(), String> {
+fn cluster_check(
+    node: &Node,
+    spec: &Spec,
+    args: &[&[u8]],
+    forwarded: bool,
+    readonly: bool,
+) -> Result<(), String> {
     let Some(member) = node.cluster() else {
         return Ok(());
     };
@@ -655,8 +667,23 @@ fn cluster_check(node: &Node, spec: &Spec, args: &[&[u8]], forwarded: bool) -> R
     if let Some(refusal) = member.lease_refusal() {
         return Err(refusal);
     }
-    match member.view().route(slot) {
+    let view = member.view();
+    match view.route(slot) {
         crate::cluster::Route::Here => Ok(()),
+        // A READONLY connection reads from this server where it mirrors the slot and its
+        // memory is complete (it applied every acknowledged write).
+        crate::cluster::Route::Moved(_)
+            if readonly
+                && spec.flags.contains(&"readonly")
+                && view.mirror_of(slot) == view.me
+                && view
+                    .map
+                    .tablet_at(ramlog_cluster::DEFAULT_TABLE, slot)
+                    .and_then(|t| member.mirrors.get(t.table, t.first_slot))
+                    .is_some_and(|m| m.is_ready()) =>
+        {
+            Ok(())
+        }
         crate::cluster::Route::Moved(addr) => Err(format!("MOVED {slot} {addr}")),
         crate::cluster::Route::Down => Err("CLUSTERDOWN Hash slot not served".into()),
         crate::cluster::Route::Recovering => Err(format!(

@@ -215,6 +215,9 @@ pub(super) fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
+/// A range's replica (its mirror): host, port, node id.
+type Replica = (String, u16, String);
+
 /// One server as CLUSTER SLOTS/SHARDS/NODES describe it.
 struct NodeDesc {
     id: String,
@@ -223,7 +226,7 @@ struct NodeDesc {
     /// Slot ranges of the default table it masters, each with its mirror's (host, port, id)
     /// if the range has one.
     ranges: Vec<(u16, u16)>,
-    replicas: Vec<Option<(String, u16, String)>>,
+    replicas: Vec<Option<Replica>>,
     myself: bool,
     epoch: u64,
     failed: bool,
@@ -398,7 +401,7 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let id = me.map_or_else(|| ctx.node.node_id().to_string(), |n| n.id.clone());
         ctx.enc.bulk(id.as_bytes());
     } else if eq_ignore_case(sub, "slots") {
-        let mut ranges: Vec<(u16, u16, &NodeDesc, &Option<(String, u16, String)>)> = nodes
+        let mut ranges: Vec<(u16, u16, &NodeDesc, &Option<Replica>)> = nodes
             .iter()
             .flat_map(|n| {
                 n.ranges

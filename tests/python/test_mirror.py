@@ -7,6 +7,7 @@ import random
 import signal
 import threading
 import time
+import urllib.request
 
 from conftest import Cluster, wait_until
 from test_failures import Keys, check_all, ramlog, server_id_of, status, wait_settled, writer
@@ -16,16 +17,30 @@ def logs(c: Cluster, i: int) -> str:
     return (c.tmp_path / f"server-{i}.log").read_text()
 
 
+def server_status(c: Cluster, i: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.servers[i].admin}/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
 def mirrors_ready(c: Cluster, alive=lambda i: True) -> bool:
-    """Every tablet's mirror is named, copied, and says its memory is built."""
+    """Every tablet has a mirror with the whole stream whose memory is built (its /status)."""
     st = status(c)
     table = next(t for t in st["tables"] if t["name"] == "default")
     if st["recovering_tablets"] or st["pending_copies"]:
         return False
     if any(t["mirror"] is None for t in table["tablets"]):
         return False
-    built = sum(logs(c, i).count("mirror in memory") for i in range(len(c.servers)))
-    return built >= len(table["tablets"])
+    ready = set()
+    for i in range(len(c.servers)):
+        if not alive(i) or c.servers[i].proc.poll() is not None:
+            continue
+        sid = server_id_of(c, st, i)
+        try:
+            mirrors = server_status(c, i)["metrics"]["replication"]["mirrors"]
+        except (OSError, KeyError, ValueError):
+            return False
+        ready |= {(sid, m["first_slot"]) for m in mirrors if m["state"] == "ready"}
+    return all((t["mirror"], t["first_slot"]) in ready for t in table["tablets"])
 
 
 def set_mirror(c: Cluster):

@@ -69,6 +69,17 @@ impl MirrorTablet {
     }
 }
 
+/// One mirrored tablet in `/status` (`metrics.replication.mirrors`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MirrorFigures {
+    pub table: TableId,
+    pub first_slot: u16,
+    /// "clearing", "building", "ready" or "failed: ...".
+    pub state: String,
+    /// Since the mirror started.
+    pub millis: u64,
+}
+
 /// The tablets this server mirrors, by (table, first slot).
 #[derive(Default)]
 pub struct Mirrors {
@@ -84,6 +95,28 @@ impl Mirrors {
     /// the mirror elsewhere.
     pub fn remove(&self, table: TableId, first_slot: u16) -> Option<Arc<MirrorTablet>> {
         self.tablets.lock().remove(&(table, first_slot))
+    }
+
+    /// Where each mirrored tablet stands, for `/status`.
+    pub fn figures(&self) -> Vec<MirrorFigures> {
+        let mut v: Vec<MirrorFigures> = self
+            .tablets
+            .lock()
+            .iter()
+            .map(|(&(table, first_slot), m)| MirrorFigures {
+                table,
+                first_slot,
+                state: match &*m.phase.lock() {
+                    Phase::Clearing => "clearing".into(),
+                    Phase::Building { .. } => "building".into(),
+                    Phase::Ready => "ready".into(),
+                    Phase::Failed(e) => format!("failed: {e}"),
+                },
+                millis: m.started.elapsed().as_millis() as u64,
+            })
+            .collect();
+        v.sort_by_key(|f| (f.table, f.first_slot));
+        v
     }
 
     /// (table, first slot, ready) of every mirrored tablet.

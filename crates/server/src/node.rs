@@ -635,6 +635,10 @@ impl Node {
                         .cluster()
                         .and_then(|m| m.lease_expired())
                         .map_or(0, |d| d.as_millis() as u64),
+                    mirrors: self
+                        .cluster()
+                        .map(|m| m.mirrors.figures())
+                        .unwrap_or_default(),
                 });
         snapshot
     }

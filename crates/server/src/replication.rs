@@ -427,6 +427,8 @@ pub struct ReplicationFigures {
     pub recovery: Vec<crate::recovery::JobFigures>,
     /// Milliseconds past its lease without an answer from the coordinator (0: the lease holds).
     pub lease_expired_ms: u64,
+    /// Tablets this server mirrors (table mode `mirror`).
+    pub mirrors: Vec<crate::mirror::MirrorFigures>,
 }
 
 /// The master side of replication of one server; see the module comment.

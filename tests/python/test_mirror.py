@@ -5,11 +5,14 @@ Real processes on loopback; each test starts its own cluster and stops every pro
 import json
 import random
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
 
-from conftest import Cluster, wait_until
+from redis.crc import key_slot
+
+from conftest import Cluster, ramlog_bin, wait_until
 from test_failures import Keys, check_all, ramlog, server_id_of, status, wait_settled, writer
 
 
@@ -142,5 +145,176 @@ def test_readonly_connections_read_from_the_mirror(tmp_path):
         for n in range(300):
             rc.set(f"m{n}", f"w{n}")
             assert replica_reads.get(f"m{n}") == f"w{n}".encode()
+    finally:
+        c.stop()
+
+
+def start_load(c, keys, alive, n=3):
+    stop = threading.Event()
+    threads = [threading.Thread(target=writer, args=(c, keys, alive, t, stop), daemon=True)
+               for t in range(n)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: keys.acked > 200, timeout=20)
+    return stop, threads
+
+
+def test_the_mirror_dies_and_the_master_goes_on_with_a_new_one(tmp_path):
+    """kill -9 a server under load: the tablets it mirrored get their other live backup as
+    mirror, which builds its memory; nothing acknowledged is lost; restarted, it mirrors again
+    once copied."""
+    c = Cluster(tmp_path, servers=3)
+    down = set()
+    alive = lambda i: i not in down  # noqa: E731
+    keys = Keys()
+    stop, threads = None, []
+    try:
+        set_mirror(c)
+        stop, threads = start_load(c, keys, alive)
+        st = status(c)
+        victim = server_id_of(c, st, 2)
+        mirrored = [t["first_slot"] for t in st["tables"][0]["tablets"] if t["mirror"] == victim]
+        assert mirrored
+        c.servers[2].proc.send_signal(signal.SIGKILL)
+        c.servers[2].proc.wait(timeout=5)
+        down.add(2)
+        assert wait_until(
+            lambda: next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead",
+            timeout=10, interval=0.02)
+        wait_settled(c, copies=False, timeout=30)
+        assert wait_until(lambda: all(
+            t["mirror"] not in (None, victim) for t in status(c)["tables"][0]["tablets"]), timeout=10)
+        ready = lambda: all(  # noqa: E731
+            (t["mirror"], t["first_slot"]) in {
+                (server_id_of(c, status(c), i), m["first_slot"])
+                for i in (0, 1)
+                for m in server_status(c, i)["metrics"]["replication"]["mirrors"] if m["state"] == "ready"}
+            for t in status(c)["tables"][0]["tablets"] if not t["pending"])
+        assert wait_until(ready, timeout=30, interval=0.2)
+        acked = keys.acked
+        assert wait_until(lambda: keys.acked > acked + 100, timeout=20)
+        c.restart_server(2)
+        down.discard(2)
+        assert wait_until(lambda: mirrors_ready(c), timeout=60, interval=0.2)
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        check_all(c, keys, alive)
+    finally:
+        if stop:
+            stop.set()
+        c.stop()
+
+
+def test_master_and_mirror_both_die_and_the_backups_restore(tmp_path):
+    """4 servers, R = 2: kill -9 a tablet's master and its mirror together under load; the
+    remaining backup restores the tablet from its logs (the failure path), with every
+    acknowledged write."""
+    c = Cluster(tmp_path, servers=4)
+    down = set()
+    alive = lambda i: i not in down  # noqa: E731
+    keys = Keys()
+    stop, threads = None, []
+    try:
+        set_mirror(c)
+        stop, threads = start_load(c, keys, alive)
+        st = status(c)
+        t = st["tables"][0]["tablets"][0]
+        idx = {server_id_of(c, st, i): i for i in range(4)}
+        pair = [idx[t["master"]], idx[t["mirror"]]]
+        replayed_before = sum(logs(c, i).count("restoring a tablet from this server's backup logs")
+                              for i in range(4) if i not in pair)
+        for i in pair:
+            c.servers[i].proc.send_signal(signal.SIGKILL)
+        for i in pair:
+            c.servers[i].proc.wait(timeout=5)
+            down.add(i)
+        dead = {s for s in idx if idx[s] in pair}
+        assert wait_until(
+            lambda: all(s["state"] == "dead" for s in status(c)["servers"] if s["id"] in dead),
+            timeout=10, interval=0.02)
+        wait_settled(c, copies=False, timeout=30)
+        replayed = sum(logs(c, i).count("restoring a tablet from this server's backup logs")
+                       for i in range(4) if i not in pair) - replayed_before
+        assert replayed >= 1
+        acked = keys.acked
+        assert wait_until(lambda: keys.acked > acked + 100, timeout=20)
+        stop.set()
+        for th in threads:
+            th.join(timeout=10)
+        check_all(c, keys, alive)
+    finally:
+        if stop:
+            stop.set()
+        c.stop()
+
+
+def native_master(c: Cluster, st: dict, table_id: int, key: str) -> int:
+    table = next(t for t in st["tables"] if t["id"] == table_id)
+    slot = key_slot(key.encode())
+    t = next(t for t in table["tablets"] if t["first_slot"] <= slot <= t["last_slot"])
+    server = next(s for s in st["servers"] if s["id"] == t["master"])
+    return int(server["addresses"]["native"].rsplit(":", 1)[1])
+
+
+def native(*args):
+    out = subprocess.run([ramlog_bin(), *args], capture_output=True, text=True, timeout=30)
+    return out.returncode, out.stdout.strip(), out.stderr.strip()
+
+
+def test_a_mirrored_and_a_durable_table_keep_their_own_promises(tmp_path):
+    """The default table mirrored, table `ledger` durable, on the same servers: a killed master's
+    mirrored tablets are taken over by their mirrors and its durable ones restored from logs,
+    with everything in both; then the whole cluster is killed and restarted and every durable
+    write is back."""
+    from redis.cluster import RedisCluster
+    c = Cluster(tmp_path, servers=3)
+    try:
+        set_mirror(c)
+        ramlog("table", "create", "ledger", "--mode", "durable", "--coordinator", c.coordinator_addr)
+        st = status(c)
+        ledger = next(t["id"] for t in st["tables"] if t["name"] == "ledger")
+        time.sleep(0.5)
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=5)
+        for n in range(300):
+            rc.set(f"mir{n}", f"m{n}")
+        for n in range(60):
+            key = f"led{n}"
+            rc_, out, err = native("set", "-p", str(native_master(c, st, ledger, key)),
+                                   "--table", str(ledger), key, f"l{n}")
+            assert rc_ == 0, err
+
+        def check_ledger(st):
+            for n in range(60):
+                key = f"led{n}"
+                rc_, out, err = native("get", "-p", str(native_master(c, st, ledger, key)),
+                                       "--table", str(ledger), key)
+                assert rc_ == 0 and out == f"l{n}", (key, out, err)
+
+        victim = server_id_of(c, st, 0)
+        c.servers[0].proc.send_signal(signal.SIGKILL)
+        c.servers[0].proc.wait(timeout=5)
+        assert wait_until(
+            lambda: next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead",
+            timeout=10, interval=0.02)
+        wait_settled(c, copies=False, timeout=30)
+        took_over = sum(logs(c, i).count("mirror taking over") for i in (1, 2))
+        replayed = sum(logs(c, i).count("restoring a tablet from this server's backup logs") for i in (1, 2))
+        assert took_over >= 1 and replayed >= 1, (took_over, replayed)
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=5)
+        assert all(rc.get(f"mir{n}") == f"m{n}".encode() for n in range(300))
+        check_ledger(status(c))
+
+        c.restart_server(0)
+        assert wait_until(lambda: mirrors_ready(c), timeout=60, interval=0.2)
+        for p in [c.coordinator] + [s.proc for s in c.servers]:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=5)
+        c.restart_coordinator()
+        for i in range(3):
+            c.restart_server(i)
+        wait_settled(c, copies=False, timeout=60)
+        c.wait_ok(timeout=30)
+        check_ledger(status(c))
     finally:
         c.stop()

@@ -140,6 +140,11 @@ def test_readonly_connections_read_from_the_mirror(tmp_path):
                 pass
             assert mirror_port in by_port
         assert read_on_mirror == 300
+        # DBSIZE and SCAN count what a server masters, not what it mirrors.
+        sizes = [redis.Redis(port=s.resp).dbsize() for s in c.servers]
+        assert sum(sizes) == 300, sizes
+        scanned = [k for s in c.servers for k in redis.Redis(port=s.resp).scan_iter(count=1000)]
+        assert len(scanned) == 300 and len(set(scanned)) == 300, len(scanned)
         replica_reads = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=5,
                                      read_from_replicas=True)
         for n in range(300):

@@ -44,15 +44,17 @@
 //!
 //! [`run`] runs, per repeat and alternating, ramlog 4 servers with 100 B values, Redis with
 //! 100 B, ramlog 4 servers with 1 KiB values, Redis with 1 KiB, ramlog 3 servers with 100 B (the
-//! recovery time with 2 survivors instead of 3) and ramlog 4 servers with 100 B in `durable` mode
-//! (preloaded in `sync`); the rows are medians (losses: the largest). A ramlog run that fails
+//! recovery time with 2 survivors instead of 3), ramlog 4 servers with 100 B in `durable` mode
+//! (preloaded in `sync`) and in `mirror` mode (preloaded in `sync`, then the kill waits until
+//! every mirror has built its memory; each of the victim's tablets is taken over by its mirror,
+//! with a `gap_after_detection` row for the mirror's target); the rows are medians (losses: the largest). A ramlog run that fails
 //! (detection, recovery or re-protection not within 120 s, a read-back that fails) is counted in
 //! a `<case>_failed_runs` row and its logs are kept under
 //! `$TMPDIR/ramlog-bench-recovery-<pid>-failed/`.
 //!
 //! Environment: `RAMLOG_BENCH_RECOVERY_MIB` (the victim's data, default 64 quick, 1024 full),
 //! `RAMLOG_BENCH_RECOVERY_REPEATS` (default 1 quick, 3 full), `RAMLOG_BENCH_RECOVERY_CASES`
-//! (a comma-separated subset of `r4_100B,r4_1KiB,r3_100B,r4_100B_durable`).
+//! (a comma-separated subset of `r4_100B,r4_1KiB,r3_100B,r4_100B_durable,r4_100B_mirror`).
 
 use crate::report::{Report, Row, Target};
 use crate::resp::{free_port, which};
@@ -2359,6 +2361,28 @@ pub fn ramlog_failover(
     // The preload is written in `sync` (`durable` fsyncs every batch on the backups: minutes for
     // a GiB); the mode under test holds from the load on.
     cluster.set_mode(mode)?;
+    if mode == "mirror" {
+        // Each tablet's mirror builds its memory from its logs (the preload) before the kill.
+        let mirrored = st.tablets.len();
+        let built = std::time::Instant::now();
+        wait_until(
+            "the mirrors did not build their memory",
+            Duration::from_secs(600),
+            || {
+                let mut n = 0;
+                for i in 0..servers {
+                    let log = std::fs::read_to_string(work.join(format!("server-{i}.log")))
+                        .unwrap_or_default();
+                    n += log.matches("mirror in memory").count();
+                }
+                Ok(n >= mirrored)
+            },
+        )?;
+        eprintln!(
+            "  {label}: {mirrored} mirrors in memory {:.1} s after the mode change",
+            built.elapsed().as_secs_f64()
+        );
+    }
 
     let seeds: Vec<String> = cluster.servers.iter().map(|s| s.resp.clone()).collect();
     let load = Load::start(&seeds, THREADS, LOAD_KEYS.div_ceil(THREADS), value_size)?;
@@ -2638,7 +2662,7 @@ struct Case {
     mode: &'static str,
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 5] = [
     Case {
         name: "r4_100B",
         servers: 4,
@@ -2662,6 +2686,12 @@ const CASES: [Case; 4] = [
         servers: 4,
         value_size: 100,
         mode: "durable",
+    },
+    Case {
+        name: "r4_100B_mirror",
+        servers: 4,
+        value_size: 100,
+        mode: "mirror",
     },
 ];
 
@@ -2935,6 +2965,11 @@ fn run_all(
         .position(|c| c.name == "r4_100B")
         .filter(|&c| !ours[c].is_empty())
         .map(|c| med(ours[c].iter().map(|r| ms(r.recovery)).collect()));
+    let r4_failover = cases
+        .iter()
+        .position(|c| c.name == "r4_100B")
+        .filter(|&c| !ours[c].is_empty())
+        .map(|c| med(ours[c].iter().map(|r| ms(r.failover)).collect()));
     for ((case, runs), failed) in cases.iter().zip(&ours).zip(&failures) {
         let p = case.name;
         if *failed > 0 {
@@ -2970,6 +3005,21 @@ fn run_all(
         let gap = med(runs.iter().map(|r| ms(r.longest_gap)).collect());
         let others = med(runs.iter().map(|r| ms(r.others_gap)).collect());
         let worst_tablet = med(runs.iter().map(|r| ms(r.worst_tablet_gap)).collect());
+        if case.mode == "mirror" {
+            // The mirror's promise: clients wait for detection and hardly more.
+            report.push(
+                Row::plain(format!("{p}_gap_after_detection"), gap - detection, "ms")
+                    .with_target(Target::at_most(100.0)),
+            );
+            if let Some(r4) = r4_failover {
+                report.push(Row::versus(
+                    format!("{p}_failover_vs_backup_recovery"),
+                    failover,
+                    "ms",
+                    r4,
+                ));
+            }
+        }
         match redis {
             Some((r_failover, r_gap, r_others, _)) => {
                 report.push(Row::versus(

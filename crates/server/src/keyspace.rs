@@ -22,6 +22,9 @@ pub struct Keyspace {
     slot_to_tablet: Box<[AtomicU32]>,
     /// Bits of a SCAN cursor that hold the tablet index.
     tablet_bits: u32,
+    /// Tablets this server holds but does not master (mirrors, of any table): SCAN, KEYS and
+    /// DBSIZE leave them out, as they describe the keys a node masters.
+    hidden: parking_lot::RwLock<std::collections::HashSet<TabletId>>,
 }
 
 /// A slot this server holds no tablet for.
@@ -61,6 +64,7 @@ impl Keyspace {
             tablets: parking_lot::RwLock::new(Arc::new(Vec::new())),
             slot_to_tablet: (0..SLOT_COUNT).map(|_| AtomicU32::new(NO_TABLET)).collect(),
             tablet_bits,
+            hidden: parking_lot::RwLock::new(std::collections::HashSet::new()),
         }
     }
 
@@ -87,6 +91,30 @@ impl Keyspace {
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Hides `tablet` from SCAN, KEYS and DBSIZE (a mirror's copy) or shows it again.
+    pub fn set_hidden(&self, tablet: TabletId, hidden: bool) {
+        let mut set = self.hidden.write();
+        if hidden {
+            set.insert(tablet);
+        } else {
+            set.remove(&tablet);
+        }
+    }
+
+    /// Objects in the hidden tablets.
+    pub fn hidden_objects(&self) -> u64 {
+        let hidden = self.hidden.read();
+        if hidden.is_empty() {
+            return 0;
+        }
+        self.engine
+            .tablets()
+            .iter()
+            .filter(|t| hidden.contains(&t.id))
+            .map(|t| t.objects)
+            .sum()
     }
 
     pub fn tablets(&self) -> Arc<Vec<TabletId>> {
@@ -119,9 +147,12 @@ impl Keyspace {
         let mut batch = Vec::new();
         loop {
             batch.clear();
-            let next = self
-                .engine
-                .scan_keys(tablets[index], inner, count.max(1), &mut batch)?;
+            let next = if self.hidden.read().contains(&tablets[index]) {
+                0
+            } else {
+                self.engine
+                    .scan_keys(tablets[index], inner, count.max(1), &mut batch)?
+            };
             visited += batch.len().max(1);
             for key in batch.drain(..) {
                 if pattern.is_none_or(|p| glob_match(p, &key)) {

@@ -208,6 +208,7 @@ pub fn apply(
                 continue;
             }
         };
+        node.keyspace.set_hidden(engine_tablet, true);
         let mirror = Arc::new(MirrorTablet {
             engine_tablet,
             phase: Mutex::new(if held_before {

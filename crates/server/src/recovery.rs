@@ -295,6 +295,9 @@ fn restore(
         return Err("the map no longer asks for this restore".into());
     }
     let tablet = member.engine_tablet(node, t)?;
+    // A mirror's tablet whose memory could not be used is restored in place; it is this
+    // server's own from now on.
+    node.keyspace.set_hidden(tablet, false);
     let engine = node.engine();
     let mut first_error = None;
     let report = duty
@@ -371,6 +374,7 @@ fn promote_mirror(
         .max(engine.clock())
         .saturating_add(VERSION_GAP);
     engine.advance_clock(floor);
+    node.keyspace.set_hidden(mirror.engine_tablet, false);
     let objects = engine
         .tablets()
         .iter()

@@ -114,7 +114,11 @@ pub(super) fn cmd_keys(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_dbsize(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
-    let n = ctx.node.engine().object_count();
+    let n = ctx
+        .node
+        .engine()
+        .object_count()
+        .saturating_sub(ctx.node.keyspace.hidden_objects());
     ctx.enc.integer(n as i64);
 }
 

@@ -7,7 +7,7 @@
 //!    masters with no replicas and no persistence; and plain `redis-benchmark` (no `--cluster`)
 //!    against ramlog's routing port of server 0 against its cluster port.
 //! 2. **Replication** (`ramlog up`'s defaults: 2 backups per tablet): ramlog in each mode
-//!    (`async`, `sync`, `durable`, switched with `ramlog table set-mode`) against a Redis Cluster
+//!    (`async`, `sync`, `durable`, `mirror`, switched with `ramlog table set-mode`) against a Redis Cluster
 //!    of 3 masters + 3 replicas (asynchronous replication, the closest Redis offers); ramlog
 //!    `durable` against the same Redis Cluster with `appendonly yes, appendfsync always`; and the
 //!    cost of R = 0, 1, 2 backups in each mode (SET, req/s against R = 0).
@@ -376,11 +376,11 @@ fn run_all(
     let r2 = Ramlog::start(work, "r2", None)?;
     let r1 = Ramlog::start(work, "r1", Some(1))?;
     let r0 = Ramlog::start(work, "r0", Some(0))?;
-    const MODES: [&str; 3] = ["async", "sync", "durable"];
+    const MODES: [&str; 4] = ["async", "sync", "durable", "mirror"];
     for (pipeline, requests) in [(1u32, requests_p1), (16u32, requests_p16)] {
         let mut redis_runs: [Vec<BenchResult>; 2] = Default::default();
         // [R][mode][op]
-        let mut ours: [[[Vec<BenchResult>; 2]; 3]; 3] = Default::default();
+        let mut ours: [[[Vec<BenchResult>; 2]; 4]; 3] = Default::default();
         for _ in 0..repeats {
             let (set, get) = redis_benchmark_with(redis[0].port, requests, pipeline, &cluster)?;
             redis_runs[0].push(set);
@@ -398,7 +398,7 @@ fn run_all(
         for (m, mode) in MODES.iter().enumerate() {
             for (o, op) in ["set", "get"].iter().enumerate() {
                 let target = match (*mode, *op) {
-                    ("sync", "set") | ("durable", "set") => None,
+                    ("sync", "set") | ("durable", "set") | ("mirror", "set") => None,
                     _ => Some(1.0),
                 };
                 let row = Row::versus(
@@ -408,7 +408,9 @@ fn run_all(
                     median_by(&redis_runs[o], |x| x.rps),
                 );
                 report.push(match (*mode, *op, target) {
-                    ("sync", "set", _) => row.with_target(Target::at_least(0.8)),
+                    ("sync", "set", _) | ("mirror", "set", _) => {
+                        row.with_target(Target::at_least(0.8))
+                    }
                     (_, _, Some(t)) => row.with_target(Target::at_least(t)),
                     _ => row,
                 });
@@ -417,6 +419,15 @@ fn run_all(
                     median_by(&ours[2][m][o], |x| x.p99_ms),
                     "ms",
                     median_by(&redis_runs[o], |x| x.p99_ms),
+                ));
+            }
+            if *mode == "mirror" {
+                // What the mirror's in-memory apply costs over `sync` (same R = 2).
+                report.push(Row::versus(
+                    format!("repl_mirror_set_vs_sync_p{pipeline}_rps"),
+                    median_by(&ours[2][m][0], |x| x.rps),
+                    "req/s",
+                    median_by(&ours[2][1][0], |x| x.rps),
                 ));
             }
             // The cost of backups: SET at R = 1 and 2 against R = 0, in this mode.

@@ -150,6 +150,20 @@ def test_readonly_connections_read_from_the_mirror(tmp_path):
         for n in range(300):
             rc.set(f"m{n}", f"w{n}")
             assert replica_reads.get(f"m{n}") == f"w{n}".encode()
+        # FLUSHALL on one server empties what it masters (and so its mirrors' copies), not the
+        # tablets it mirrors for others.
+        first = c.servers[0].resp
+        redis.Redis(port=first).flushall()
+        for n in range(300):
+            key = f"m{n}"
+            slot = rc.keyslot(key)
+            r = next(r for r in slots if r[0] <= slot <= r[1])
+            expected = None if r[2][1] == first else f"w{n}".encode()
+            assert rc.get(key) == expected, key
+            if r[3][1] == first:
+                ro = redis.Redis(port=first)
+                ro.execute_command("READONLY")
+                assert ro.get(key) == expected, key
     finally:
         c.stop()
 

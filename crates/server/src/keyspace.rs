@@ -103,6 +103,10 @@ impl Keyspace {
         }
     }
 
+    pub fn is_hidden(&self, tablet: TabletId) -> bool {
+        self.hidden.read().contains(&tablet)
+    }
+
     /// Objects in the hidden tablets.
     pub fn hidden_objects(&self) -> u64 {
         let hidden = self.hidden.read();

@@ -311,7 +311,10 @@ fn keys_in_slot(ctx: &mut Ctx<'_>, slot: u16, limit: usize) -> Result<Vec<Vec<u8
     let node = ctx.node;
     let mut found = Vec::new();
     let Some(tablet) = node.engine().tablets().into_iter().find(|t| {
-        t.table == crate::keyspace::RESP_TABLE && t.first_slot <= slot && slot <= t.last_slot
+        t.table == crate::keyspace::RESP_TABLE
+            && t.first_slot <= slot
+            && slot <= t.last_slot
+            && !node.keyspace.is_hidden(t.id)
     }) else {
         return Ok(found);
     };

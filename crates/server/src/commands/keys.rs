@@ -282,6 +282,10 @@ pub(super) fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let mut keys = Vec::new();
     for &tablet in node.keyspace.tablets().iter() {
+        // A mirror's copy follows its master; only the master's tablets are flushed here.
+        if node.keyspace.is_hidden(tablet) {
+            continue;
+        }
         let mut cursor = 0;
         loop {
             keys.clear();

@@ -13,7 +13,8 @@ import urllib.request
 from redis.crc import key_slot
 
 from conftest import Cluster, ramlog_bin, wait_until
-from test_failures import Keys, check_all, ramlog, server_id_of, status, wait_settled, writer
+from test_failures import (Keys, check_all, ramlog, server_id_of, status, wait_declared_dead,
+                           wait_settled, writer)
 
 
 def logs(c: Cluster, i: int) -> str:
@@ -78,9 +79,7 @@ def test_mirrors_take_over_a_killed_master_under_load_twenty_times(tmp_path):
             c.servers[victim].proc.send_signal(signal.SIGKILL)
             c.servers[victim].proc.wait(timeout=5)
             down.add(victim)
-            assert wait_until(
-                lambda: next(s for s in status(c)["servers"] if s["id"] == vid)["state"] == "dead",
-                timeout=10, interval=0.02)
+            wait_declared_dead(c, vid)
             wait_settled(c, copies=False, timeout=30)
             after = sum(logs(c, i).count("mirror taking over") for i in range(3) if i != victim)
             taken_over += after - before
@@ -197,9 +196,7 @@ def test_the_mirror_dies_and_the_master_goes_on_with_a_new_one(tmp_path):
         c.servers[2].proc.send_signal(signal.SIGKILL)
         c.servers[2].proc.wait(timeout=5)
         down.add(2)
-        assert wait_until(
-            lambda: next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead",
-            timeout=10, interval=0.02)
+        wait_declared_dead(c, victim)
         wait_settled(c, copies=False, timeout=30)
         assert wait_until(lambda: all(
             t["mirror"] not in (None, victim) for t in status(c)["tables"][0]["tablets"]), timeout=10)
@@ -313,9 +310,7 @@ def test_a_mirrored_and_a_durable_table_keep_their_own_promises(tmp_path):
         victim = server_id_of(c, st, 0)
         c.servers[0].proc.send_signal(signal.SIGKILL)
         c.servers[0].proc.wait(timeout=5)
-        assert wait_until(
-            lambda: next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead",
-            timeout=10, interval=0.02)
+        wait_declared_dead(c, victim)
         wait_settled(c, copies=False, timeout=30)
         took_over = sum(logs(c, i).count("mirror taking over") for i in (1, 2))
         replayed = sum(logs(c, i).count("restoring a tablet from this server's backup logs") for i in (1, 2))

@@ -19,7 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from conftest import Cluster
-from test_failures import Keys, ramlog, server_id_of, status, wait_settled
+from test_failures import Keys, ramlog, server_id_of, status, wait_declared_dead, wait_settled
 from conftest import wait_until
 
 
@@ -157,9 +157,7 @@ def test_a_partitioned_master_acknowledges_nothing_after_its_lease(tmp_path, net
 
         net.cut(net.server(0), [net.coordinator] + net.servers[1:])
         cut_done = time.time()
-        assert wait_until(
-            lambda: next(s for s in status(c)["servers"] if s["id"] == victim)["state"] == "dead",
-            timeout=10, interval=0.02)
+        wait_declared_dead(c, victim)
         declared_seen = time.time()
         wait_settled(c, copies=False, timeout=30)
         time.sleep(0.5)

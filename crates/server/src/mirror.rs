@@ -22,6 +22,7 @@ use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
 use ramlog_common::TableId;
 use ramlog_logmem::TabletId;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,8 @@ pub struct MirrorFigures {
 #[derive(Default)]
 pub struct Mirrors {
     tablets: Mutex<HashMap<(TableId, u16), Arc<MirrorTablet>>>,
+    /// How many: a backup that mirrors nothing skips the lookup per replicated unit.
+    count: std::sync::atomic::AtomicUsize,
 }
 
 impl Mirrors {
@@ -94,7 +97,16 @@ impl Mirrors {
     /// Stops mirroring (table, first slot): its restore took the tablet over, or the map moved
     /// the mirror elsewhere.
     pub fn remove(&self, table: TableId, first_slot: u16) -> Option<Arc<MirrorTablet>> {
-        self.tablets.lock().remove(&(table, first_slot))
+        let mut tablets = self.tablets.lock();
+        let removed = tablets.remove(&(table, first_slot));
+        self.count.store(tablets.len(), Ordering::Release);
+        removed
+    }
+
+    fn insert(&self, table: TableId, first_slot: u16, mirror: Arc<MirrorTablet>) {
+        let mut tablets = self.tablets.lock();
+        tablets.insert((table, first_slot), mirror);
+        self.count.store(tablets.len(), Ordering::Release);
     }
 
     /// Where each mirrored tablet stands, for `/status`.
@@ -140,6 +152,9 @@ impl Mirrors {
         first_slot: u16,
         entries: &[ramlog_proto::repl::ReplEntry<'_>],
     ) -> Result<(), String> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         let Some(mirror) = self.get(table, first_slot) else {
             return Ok(());
         };
@@ -221,10 +236,7 @@ pub fn apply(
             settled: Condvar::new(),
             started: Instant::now(),
         });
-        mirrors
-            .tablets
-            .lock()
-            .insert((t.table, t.first_slot), mirror.clone());
+        mirrors.insert(t.table, t.first_slot, mirror.clone());
         let node = node.clone();
         let (table, first_slot, epoch) = (t.table, t.first_slot, t.epoch);
         let spawned = std::thread::Builder::new()

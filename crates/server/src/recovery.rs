@@ -336,20 +336,7 @@ fn restore(
         millis,
         "tablet restored; asking the coordinator to make this server its master"
     );
-    let me = member.view().me;
-    report_until_done(member, || {
-        if !still_restoring(member, t) {
-            return None;
-        }
-        Some(Request::Recovered {
-            server: me,
-            table: t.table,
-            first_slot: t.first_slot,
-            epoch: t.epoch,
-            objects,
-            millis,
-        })
-    })
+    report_recovered(member, t, objects, millis)
 }
 
 /// The restore of a tablet this server mirrors: no replay, only the clock moved above every
@@ -388,6 +375,17 @@ fn promote_mirror(
         millis,
         "mirror taking over the tablet; asking the coordinator to make this server its master"
     );
+    report_recovered(member, t, objects, millis)
+}
+
+/// Tells the coordinator that this server holds the recovering tablet `t` now (until it takes
+/// the report or the map no longer asks for this restore).
+fn report_recovered(
+    member: &Arc<Member>,
+    t: &TabletInfo,
+    objects: u64,
+    millis: u64,
+) -> Result<(), String> {
     let me = member.view().me;
     report_until_done(member, || {
         if !still_restoring(member, t) {

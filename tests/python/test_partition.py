@@ -8,9 +8,6 @@ its own namespace, like a client on the same network. A partition is a blackhole
 sides, so the master's packets to the coordinator and its backups go nowhere (the connection
 errors are not `refused`: to the master the coordinator is unreachable, not gone)."""
 
-import os
-import random
-import subprocess
 import threading
 import time
 
@@ -19,74 +16,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from conftest import Cluster
+from netns import Net
 from test_failures import Keys, ramlog, server_id_of, status, wait_declared_dead, wait_settled
 from conftest import wait_until
-
-
-def ip(*args):
-    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
-    assert out.returncode == 0, (args, out.stderr)
-
-
-class Host:
-    def __init__(self, ns, address):
-        self.ns = ns
-        self.ip = address
-        self.exec = ("ip", "netns", "exec", ns)
-
-
-class Net:
-    """A coordinator host and `servers` server hosts on one bridge, 10.231.N.0/24."""
-
-    def __init__(self, servers):
-        tag = f"{os.getpid() % 100000}{random.randrange(100)}"
-        self.subnet = f"10.231.{random.randrange(256)}"
-        self.hub = f"rl{tag}h"
-        self.namespaces = []
-        self.root_link = f"rl{tag}r"
-        self._add_ns(self.hub)
-        ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.hub, "link", "set", "br0", "up")
-        ip("link", "add", self.root_link, "type", "veth", "peer", "name", "p0", "netns", self.hub)
-        ip("-n", self.hub, "link", "set", "p0", "master", "br0", "up")
-        ip("addr", "add", f"{self.subnet}.1/24", "dev", self.root_link)
-        ip("link", "set", self.root_link, "up")
-        self.coordinator = self._host(f"rl{tag}c", 2, 1)
-        self.servers = [self._host(f"rl{tag}s{i}", 10 + i, 2 + i) for i in range(servers)]
-        self.routes = []
-
-    def _add_ns(self, ns):
-        ip("netns", "add", ns)
-        self.namespaces.append(ns)
-        ip("-n", ns, "link", "set", "lo", "up")
-
-    def _host(self, ns, last, port):
-        self._add_ns(ns)
-        ip("-n", self.hub, "link", "add", f"p{port}", "type", "veth", "peer", "name", "e0", "netns", ns)
-        ip("-n", self.hub, "link", "set", f"p{port}", "master", "br0", "up")
-        ip("-n", ns, "addr", "add", f"{self.subnet}.{last}/24", "dev", "e0")
-        ip("-n", ns, "link", "set", "e0", "up")
-        return Host(ns, f"{self.subnet}.{last}")
-
-    def server(self, i):
-        return self.servers[i]
-
-    def cut(self, host, others):
-        """Drops every packet between `host` and each of `others`, both ways."""
-        for other in others:
-            for a, b in ((host, other), (other, host)):
-                ip("-n", a.ns, "route", "add", "blackhole", f"{b.ip}/32")
-                self.routes.append((a, b))
-
-    def heal(self):
-        for a, b in self.routes:
-            ip("-n", a.ns, "route", "del", "blackhole", f"{b.ip}/32")
-        self.routes = []
-
-    def close(self):
-        for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-        subprocess.run(["ip", "link", "del", self.root_link], capture_output=True, timeout=10)
 
 
 @pytest.fixture

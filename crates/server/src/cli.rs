@@ -200,7 +200,11 @@ pub fn run_server(flags: &ServerFlags) -> anyhow::Result<()> {
             _ = stop => {}
             _ = server.shutdown_requested() => {}
         }
+        let failure = server.node().failure();
         server.shutdown().await;
-        anyhow::Ok(())
+        match failure {
+            Some(reason) => Err(anyhow::anyhow!("the server stopped: {reason}")),
+            None => anyhow::Ok(()),
+        }
     })
 }

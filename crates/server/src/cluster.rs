@@ -580,6 +580,14 @@ impl Member {
                 if node.stopping() {
                     return;
                 }
+                // A backup store that failed (full disk, I/O error) refuses every append, so
+                // the masters it backs up could acknowledge no write: the server stops, and the
+                // cluster replaces it as after a crash (fail-stop).
+                if let Some(reason) = node.cluster_duty().and_then(|d| d.backup.store().failure()) {
+                    tracing::error!(%reason, "the backup store failed: stopping so that the cluster replaces this server; free space (or fix the disk) and start it again");
+                    node.fail_stop(format!("the backup store failed: {reason}"));
+                    return;
+                }
                 let view = member.view();
                 let request = Request::Heartbeat {
                     id: view.me,

@@ -78,6 +78,9 @@ pub struct Node {
     cluster_duty: Option<ClusterDuty>,
     next_client_id: AtomicU64,
     shutdown_requested: tokio::sync::Notify,
+    /// Why the server stops on its own after a failure it cannot serve through (the process then
+    /// exits with an error).
+    failure: parking_lot::Mutex<Option<String>>,
     /// Anonymous resident memory before the engine and the store existed (the runtime, the
     /// configuration); with the resident code and libraries, the `process` part.
     process_base_bytes: u64,
@@ -243,6 +246,7 @@ impl Node {
             cluster_duty,
             next_client_id: AtomicU64::new(1),
             shutdown_requested: tokio::sync::Notify::new(),
+            failure: parking_lot::Mutex::new(None),
             process_base_bytes,
             cluster: std::sync::OnceLock::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -351,6 +355,18 @@ impl Node {
     /// Asks the process running this server to stop (the SHUTDOWN command).
     pub fn request_shutdown(&self) {
         self.shutdown_requested.notify_one();
+    }
+
+    /// Stops the server because of `reason` (fail-stop): the process exits with an error naming
+    /// it, and the cluster treats the server as crashed.
+    pub fn fail_stop(&self, reason: String) {
+        self.failure.lock().get_or_insert(reason);
+        self.request_shutdown();
+    }
+
+    /// The reason given to [`Node::fail_stop`], if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
     }
 
     /// Ends when a client asked the server to stop.

@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""Fault injection with recorded histories: starts a real cluster on this machine (coordinator
+members and servers, each in a network namespace of its own), drives a recorded client load
+(`chaos-client run`), injects faults from a seed, heals, reads every key (`chaos-client final`)
+and checks the history against the table mode's promise (`chaos-client check`).
+
+Faults, one at a time, each followed by a wait until the cluster has healed and re-protected its
+tablets (the promises are those of one failure at a time):
+  kill_server, kill_coordinator   kill -9, then a restart after a while (same data directory)
+  pause_server                    SIGSTOP, then SIGCONT (a slow server, not a dead one)
+  partition_from_coordinators     a server cut off from every coordinator member
+  partition_from_servers          a server cut off from the other servers
+  isolate_server                  a server cut off from everyone but the clients
+  isolate_coordinator             a coordinator member cut off from everyone
+  disk_full                       a server's data directory (a tmpfs of its own) filled
+  clock_jump                      a server's wall clock stepped (libfaketime; the monotonic clock,
+                                  which the leases use, is left alone: a pause is its jump)
+A server that stops after being fenced (it learns it was replaced) is started again.
+
+Run i of a session with seed S uses seed S+i and mode MODES[i % len(MODES)]; the report prints
+the command that replays any run alone with its fault schedule."""
+
+import argparse
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from netns import Net  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+KINDS = [
+    "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
+    "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump",
+]
+MODES = ["sync", "durable", "mirror", "async"]
+
+
+def log(msg):
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def schedule(seed, seconds, servers, coordinators, kinds):
+    """The faults of one run, from its seed: (start offset, kind, target, duration or offset)."""
+    rng = random.Random(seed)
+    t = 3.0
+    out = []
+    while t < seconds - 5:
+        kind = rng.choice(kinds)
+        f = {"at": round(t, 2), "kind": kind}
+        if kind in ("kill_coordinator", "isolate_coordinator"):
+            f["target"] = rng.randrange(coordinators)
+        else:
+            f["target"] = rng.randrange(servers)
+        if kind == "pause_server":
+            f["seconds"] = round(rng.choice([0.1, 0.3, 1.0, 2.0]) * rng.uniform(0.8, 1.2), 2)
+        elif kind == "clock_jump":
+            f["offset"] = rng.choice([-3600, -600, -30, -3, 3, 30, 600, 3600])
+            f["seconds"] = round(rng.uniform(1, 3), 2)
+        elif kind == "disk_full":
+            f["seconds"] = round(rng.uniform(4.0, 8.0), 2)
+        else:
+            f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
+        out.append(f)
+        t += f["seconds"] + rng.uniform(2, 4)
+    return out
+
+
+class Proc:
+    """One ramlog process; `start()` waits (bounded) for its `ready` line."""
+
+    def __init__(self, name, args, logfile, prefix=(), env=None):
+        self.name, self.args, self.logfile, self.prefix, self.env = name, args, logfile, prefix, env
+        self.p = None
+        self.stopped = False
+
+    def start(self, binary, timeout=20.0):
+        logf = open(self.logfile, "a")
+        self.p = subprocess.Popen([*self.prefix, binary, *self.args], stdout=subprocess.PIPE, stderr=logf,
+                                  env=None if self.env is None else {**os.environ, **self.env})
+        logf.close()
+        self.stopped = False
+        deadline = time.time() + timeout
+        line = b""
+        while time.time() < deadline and self.p.poll() is None:
+            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
+            if r:
+                line = self.p.stdout.readline()
+                break
+        if b"ready" not in line:
+            self.kill()
+            self.stopped = True
+            raise RuntimeError(f"{self.name} did not start: {line!r}; see {self.logfile}")
+
+    def alive(self):
+        return self.p is not None and self.p.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            os.kill(self.p.pid, sig)
+
+    def kill(self):
+        if self.p is None:
+            return
+        if self.alive():
+            os.kill(self.p.pid, signal.SIGCONT)
+            self.p.kill()
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Run:
+    def __init__(self, args, index, mode, seed, out):
+        self.args, self.index, self.mode, self.seed, self.out = args, index, mode, seed, out
+        self.binary = args.bin
+        self.net = None
+        self.coords, self.servers, self.mounts = [], [], []
+        self.events = []  # what was done, when
+        self.disk_errors = 0  # out-of-space errors the servers logged while a disk was full
+        self.problems = []  # crashes and heal failures: violations besides the checker's
+        self.t0 = time.time()
+
+    # ---- cluster ---------------------------------------------------------------------------
+
+    def up(self):
+        a = self.args
+        self.net = Net(a.servers, coordinators=a.coordinators)
+        cports = [free_port() for _ in range(a.coordinators)]
+        self.coord_addrs = [f"{h.ip}:{p}" for h, p in zip(self.net.coordinators, cports)]
+        members = ",".join(f"{m + 1}={addr}" for m, addr in enumerate(self.coord_addrs))
+        for m, host in enumerate(self.net.coordinators):
+            args = ["coordinator", "--id", str(m + 1), "--listen", self.coord_addrs[m], "--members", members,
+                    "--data-dir", str(self.out / f"coordinator-{m + 1}"), "--initial-servers", str(a.servers),
+                    "--default-mode", self.mode]
+            self.coords.append(Proc(f"coordinator {m + 1}", args, self.out / f"coordinator-{m + 1}.log",
+                                    prefix=host.exec))
+        for c in self.coords:
+            c.start(self.binary)
+        for i, host in enumerate(self.net.servers):
+            data = self.out / f"server-{i}"
+            data.mkdir()
+            self._mount(data)
+            clock = self.out / f"clock-{i}"
+            clock.write_text("+0\n")
+            env = {"LD_PRELOAD": FAKETIME, "FAKETIME_TIMESTAMP_FILE": str(clock), "FAKETIME_CACHE_DURATION": "1",
+                   "DONT_FAKE_MONOTONIC": "1"}
+            s = Proc(f"server {i}", ["server", "--coordinator", ",".join(self.coord_addrs), "--bind", host.ip,
+                                     "--resp-port", str(free_port()), "--routing-port", str(free_port()),
+                                     "--native-port", str(free_port()), "--admin-port", str(free_port()),
+                                     "--data-dir", str(data), "--memory", a.memory],
+                     self.out / f"server-{i}.log", prefix=host.exec, env=env)
+            s.host, s.data, s.clock = host, data, clock
+            s.resp = int(s.args[s.args.index("--resp-port") + 1])
+            self.servers.append(s)
+            s.start(self.binary)
+        if not self.wait_settled(60):
+            raise RuntimeError("the cluster did not come up: " + json.dumps(self.status())[:2000])
+
+    def _mount(self, path):
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.args.disk_mb}m", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"cannot mount a tmpfs at {path} (needs root): {r.stderr.strip()}")
+        self.mounts.append(path)
+
+    def down(self):
+        for p in self.servers + self.coords:
+            p.kill()
+        for m in self.mounts:
+            if subprocess.run(["umount", str(m)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(m)], capture_output=True)
+        self.mounts = []
+        if self.net is not None:
+            self.net.close()
+            self.net = None
+
+    def status(self):
+        try:
+            r = subprocess.run([self.binary, "cluster", "status", "--json", "--coordinator", ",".join(self.coord_addrs)],
+                               capture_output=True, text=True, timeout=10)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+        except (subprocess.TimeoutExpired, json.JSONDecodeError):
+            return None
+
+    def wait_settled(self, timeout):
+        """Until every server is up, no tablet recovers and no copy is pending."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self.restart_exited()
+            st = self.status()
+            if st and st.get("recovering_tablets") == 0 and st.get("pending_copies") == 0 and \
+                    sum(1 for s in st["servers"] if s["state"] == "up") == len(self.servers) and \
+                    all(s.alive() for s in self.servers):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def restart_exited(self):
+        for s in self.servers + self.coords:
+            if s.p is not None and not s.alive() and not s.stopped:
+                code = s.p.returncode
+                self.note(f"{s.name} exited with {code}; starting it again")
+                if code not in (0, -signal.SIGKILL):
+                    self.problems.append(f"{s.name} exited with status {code} (see {s.logfile})")
+                try:
+                    s.start(self.binary)
+                except RuntimeError as e:
+                    self.note(str(e))
+
+    @staticmethod
+    def tail(p):
+        lines = Path(p.logfile).read_text(errors="replace").strip().splitlines()
+        return lines[-1][-300:] if lines else ""
+
+    def note(self, what):
+        self.events.append((round(time.time() - self.t0, 2), what))
+        log(f"run {self.index}: {what}")
+
+    # ---- faults ----------------------------------------------------------------------------
+
+    def inject(self, f):
+        kind, i, secs = f["kind"], f["target"], f.get("seconds", 0)
+        net = self.net
+        if kind == "kill_server":
+            s = self.servers[i]
+            s.stopped = True
+            s.kill()
+            self.note(f"kill -9 server {i}")
+            time.sleep(secs)
+            s.start(self.binary)
+            self.note(f"server {i} restarted")
+        elif kind == "kill_coordinator":
+            c = self.coords[i]
+            c.stopped = True
+            c.kill()
+            self.note(f"kill -9 coordinator {i + 1}")
+            time.sleep(secs)
+            c.start(self.binary)
+            self.note(f"coordinator {i + 1} restarted")
+        elif kind == "pause_server":
+            s = self.servers[i]
+            s.signal(signal.SIGSTOP)
+            self.note(f"SIGSTOP server {i} for {secs} s")
+            time.sleep(secs)
+            s.signal(signal.SIGCONT)
+            self.note(f"SIGCONT server {i}")
+        elif kind in ("partition_from_coordinators", "partition_from_servers", "isolate_server"):
+            host = net.servers[i]
+            others = {
+                "partition_from_coordinators": net.coordinators,
+                "partition_from_servers": [h for h in net.servers if h is not host],
+                "isolate_server": net.coordinators + [h for h in net.servers if h is not host],
+            }[kind]
+            net.cut(host, others)
+            self.note(f"{kind} server {i} for {secs} s")
+            time.sleep(secs)
+            net.heal()
+            self.note("healed")
+        elif kind == "isolate_coordinator":
+            host = net.coordinators[i]
+            net.cut(host, [h for h in net.coordinators if h is not host] + net.servers)
+            self.note(f"isolate coordinator {i + 1} for {secs} s")
+            time.sleep(secs)
+            net.heal()
+            self.note("healed")
+        elif kind == "disk_full":
+            # The stores preallocate their logs, so a disk that fills under a running server
+            # changes nothing until a store needs new space: when a backup takes new tablets.
+            # The server is therefore restarted while its disk is full (it rejoins as a fresh
+            # backup and is sent copies), then the disk is freed.
+            s = self.servers[i]
+            ballast = s.data / "ballast"
+            st = os.statvfs(s.data)
+            free = st.f_bavail * st.f_frsize
+            with open(ballast, "wb") as fh:
+                try:
+                    os.posix_fallocate(fh.fileno(), 0, max(free - 4096, 4096))
+                except OSError:
+                    pass
+            logged = Path(s.logfile).stat().st_size
+            self.note(f"disk of server {i} full ({free >> 20} MiB filled) for {secs} s")
+            time.sleep(secs / 3)
+            s.stopped = True
+            s.kill()
+            try:
+                s.start(self.binary)
+                self.note(f"server {i} restarted with its disk full")
+            except RuntimeError:
+                self.note(f"server {i} refused to start with its disk full: {self.tail(s)}")
+            time.sleep(secs * 2 / 3)
+            ballast.unlink()
+            with open(s.logfile, "rb") as fh:
+                fh.seek(logged)
+                errors = sum(1 for line in fh if b"disk full" in line or b"No space left" in line)
+            self.disk_errors += errors
+            self.note(f"disk of server {i} freed; it logged {errors} out-of-space errors meanwhile")
+            if not s.alive():
+                s.start(self.binary)
+                self.note(f"server {i} started")
+        elif kind == "clock_jump":
+            s = self.servers[i]
+            s.clock.write_text(f"{f['offset']:+d}\n")
+            self.note(f"wall clock of server {i} stepped {f['offset']:+d} s for {secs} s")
+            time.sleep(secs)
+            s.clock.write_text("+0\n")
+            self.note(f"wall clock of server {i} back")
+
+    # ---- one run ---------------------------------------------------------------------------
+
+    def go(self):
+        a = self.args
+        faults = schedule(self.seed, a.run_seconds, a.servers, a.coordinators, a.faults)
+        (self.out / "faults.json").write_text(json.dumps(faults, indent=1))
+        self.up()
+        nodes = ",".join(f"{s.host.ip}:{s.resp}" for s in self.servers)
+        client = ROOT / "target" / "chaos-client"
+        history = self.out / "history.jsonl"
+        load = subprocess.Popen([str(client), "run", "--nodes", nodes, "--seed", str(self.seed),
+                                 "--duration", f"{a.run_seconds}s", "--out", str(history)],
+                                stdout=open(self.out / "client.log", "w"), stderr=subprocess.STDOUT)
+        self.t0 = time.time()
+        injected = []
+        unsettled = 0
+        try:
+            for f in faults:
+                while time.time() - self.t0 < f["at"]:
+                    time.sleep(0.05)
+                if time.time() - self.t0 + f.get("seconds", 0) > a.run_seconds - 2:
+                    break
+                self.inject(f)
+                injected.append(f)
+                if not self.wait_settled(60):
+                    unsettled += 1
+                    self.problems.append(f"not healed within 60 s after {f}: " + json.dumps(self.status())[:1500])
+        finally:
+            self.net.heal()
+            for s in self.servers:
+                s.signal(signal.SIGCONT)
+                s.clock.write_text("+0\n")
+                (s.data / "ballast").unlink(missing_ok=True)
+        try:
+            load.wait(timeout=a.run_seconds + 60)
+        except subprocess.TimeoutExpired:
+            load.kill()
+            self.problems.append("the client load did not end")
+        if not self.wait_settled(60):
+            self.problems.append("the cluster did not heal after the run: " + json.dumps(self.status())[:1500])
+        final = subprocess.run([str(client), "final", "--nodes", nodes, "--history", str(history), "--limit", "60s"],
+                               capture_output=True, text=True, timeout=300)
+        if final.returncode != 0:
+            self.problems.append("keys unreadable after healing: " + final.stdout[-2000:] + final.stderr[-2000:])
+        self.down()
+        for p in self.servers + self.coords:
+            text = Path(p.logfile).read_text(errors="replace")
+            if "panicked" in text:
+                self.problems.append(f"{p.name} panicked (see {p.logfile})")
+        check = subprocess.run([str(client), "check", "--mode", self.mode, "--history", str(history),
+                                "--report", str(self.out)], capture_output=True, text=True, timeout=1800)
+        (self.out / "report.txt").write_text(check.stdout + check.stderr)
+        if check.returncode not in (0, 1):
+            self.problems.append(f"the checker failed: {check.stderr[-2000:]}")
+        report = json.loads((self.out / "report.json").read_text()) if (self.out / "report.json").exists() else {}
+        counts = {}
+        for f in injected:
+            counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        return {
+            "run": self.index, "mode": self.mode, "seed": self.seed, "faults": counts, "injected": injected,
+            "operations": sum(report.get("operations", {}).values()), "keys": report.get("keys", 0),
+            "keys_linearizable": report.get("keys_linearizable", 0),
+            "keys_undecided": len(report.get("keys_undecided") or []),
+            "violations": len(report.get("violations") or []), "problems": self.problems,
+            "disk_errors_logged": self.disk_errors,
+            "async_losses": report.get("async_losses") or {}, "events": self.events,
+            "report": str(self.out / "report.txt"), "checker_head": check.stdout[:3000],
+        }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=None, help="session seed (default: random, printed)")
+    ap.add_argument("--minutes", type=float, default=3.0, help="runs start while this much time is left")
+    ap.add_argument("--runs", type=int, default=0, help="stop after this many runs (0: as many as fit)")
+    ap.add_argument("--run-seconds", type=int, default=40, help="load and faults per run")
+    ap.add_argument("--modes", default=",".join(MODES), help="table modes, one per run in turn")
+    ap.add_argument("--faults", default=",".join(KINDS), help="fault kinds to draw from")
+    ap.add_argument("--servers", type=int, default=4)
+    ap.add_argument("--coordinators", type=int, default=3)
+    ap.add_argument("--memory", default="256MiB", help="each server's --memory")
+    ap.add_argument("--disk-mb", type=int, default=2048, help="size of each server's tmpfs data directory")
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "ramlog"))
+    ap.add_argument("--out", default=str(ROOT / "target" / "chaos"))
+    args = ap.parse_args()
+    args.faults = [k for k in args.faults.split(",") if k]
+    bad = [k for k in args.faults if k not in KINDS]
+    modes = [m for m in args.modes.split(",") if m]
+    if bad or not args.faults or not modes or any(m not in MODES for m in modes):
+        ap.error(f"faults from {KINDS}, modes from {MODES}")
+    if os.geteuid() != 0:
+        sys.exit("chaos: needs root (network namespaces, tmpfs mounts)")
+    for need in (args.bin, FAKETIME, ROOT / "target" / "chaos-client"):
+        if not Path(need).exists():
+            sys.exit(f"chaos: {need} is missing (scripts/chaos builds the client; apt-get install faketime)")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    out = Path(args.out) / f"session-{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"session seed {seed}; reports in {out}")
+    results = []
+    started = time.time()
+    i = 0
+    while True:
+        if args.runs and i >= args.runs:
+            break
+        if not args.runs and i > 0 and time.time() - started + args.run_seconds + 30 > args.minutes * 60:
+            break
+        mode = modes[i % len(modes)]
+        run_dir = out / f"run-{i}-{mode}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir()
+        run = Run(args, i, mode, seed + i, run_dir)
+        try:
+            r = run.go()
+        except Exception as e:  # a run that could not be carried out is a failure, not a pass
+            r = {"run": i, "mode": mode, "seed": seed + i, "faults": {}, "operations": 0, "violations": 0,
+                 "problems": [f"the run failed: {type(e).__name__}: {e}"], "events": run.events}
+        finally:
+            run.down()
+        r["replay"] = (f"scripts/chaos --seed {seed + i} --runs 1 --modes {mode} --run-seconds {args.run_seconds} "
+                       f"--faults {','.join(args.faults)}")
+        results.append(r)
+        log(f"run {i} ({mode}, seed {seed + i}): {r['operations']} operations, faults {r['faults']}, "
+            f"{r['violations']} violations, {len(r['problems'])} problems")
+        if r["violations"] or r["problems"]:
+            log(r.get("checker_head", "")[:3000])
+            for p in r["problems"]:
+                log("PROBLEM " + p[:2000])
+            log("replay: " + r["replay"])
+        i += 1
+    summary = {
+        "seed": seed, "runs": len(results),
+        "operations": sum(r["operations"] for r in results),
+        "faults": sum(sum(r["faults"].values()) for r in results),
+        "violations": sum(r["violations"] for r in results),
+        "problems": sum(len(r["problems"]) for r in results),
+        "results": results,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"session {seed}: {summary['runs']} runs, {summary['faults']} faults, {summary['operations']} operations "
+        f"checked, {summary['violations']} violations, {summary['problems']} problems; {out / 'summary.json'}")
+    sys.exit(1 if summary["violations"] or summary["problems"] or not results else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -77,6 +77,21 @@ def dump(data_dir) -> dict:
     return keys
 
 
+def timed_get(port, key, timeout=30.0):
+    """Runs GET in a thread; returns (thread, result dict with 'value' or 'error')."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = redis.Redis(port=port, socket_timeout=timeout).get(key)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            result["error"] = repr(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, result
+
+
 def timed_set(port, key, value, timeout=30.0):
     """Runs SET in a thread; returns (thread, result dict with 'done' time or 'error')."""
     result = {}
@@ -201,11 +216,27 @@ def test_acknowledgement_points_by_mode(tmp_path):
             )
             assert out.returncode == 0, out.stderr
             assert time.monotonic() - t0 < 1.5, "a write to a tablet the stopped server does not back up waited"
-            assert redis.Redis(port=master.resp, socket_timeout=5).get(key) == b"sync-1"
+            t0 = time.monotonic()
+            out = subprocess.run(
+                [ramlog_bin(), "get", "-p", str(other_master.native), "--table", str(iso["id"]), other_key],
+                capture_output=True, text=True, timeout=20,
+            )
+            assert out.returncode == 0 and "free" in out.stdout, (out.stdout, out.stderr)
+            assert time.monotonic() - t0 < 1.5, "a read of a tablet the stopped server does not back up waited"
+            # A read of the key waits too: its answer must not show a write that the stopped
+            # backup does not hold (the master could die with it: a dirty read).
+            reader = redis.Redis(port=master.resp, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+            with pytest.raises(redis.exceptions.TimeoutError):
+                reader.get(key)
+            t2, got = timed_get(master.resp, key)
+            t2.join(1.0)
+            assert t2.is_alive() and not got, f"a read showed a write its backup does not hold: {got}"
         finally:
             os.kill(b.proc.pid, signal.SIGCONT)
         t.join(10)
         assert "done" in res, res
+        t2.join(10)
+        assert got.get("value") == b"sync-1", got
         # The master reported the backup that kept it waiting past backup_timeout_ms (1 s).
         assert wait_until(
             lambda: "a server reports a suspect peer" in (tmp_path / "coordinator-1.log").read_text(),
@@ -480,10 +511,12 @@ def test_a_backup_whose_disk_fills_refuses_and_keeps_what_it_acknowledged(tmp_pa
     fails the test). Its backup store fits at start (the 256 MiB primary log is preallocated);
     a ballast file then leaves little room, and the 8 MiB secondary-log segments of the tablets
     it backs up cannot be allocated: the store fails. The table is `durable`, so every reply
-    claims a synced copy on every backup: writes to those tablets are then not acknowledged, the
-    backup reports the refusals, and every write acknowledged before replays intact from it (and
-    from the other backup). (Under `sync` a backup's buffered copy can be lost with its store; the
-    master keeps those bytes until the backup says they are durable.)"""
+    claims a synced copy on every backup: writes to those tablets are then not acknowledged. The
+    server whose store failed stops with an error naming the failure (fail-stop), is declared dead
+    and replaced: writes to those tablets are acknowledged again. Every write acknowledged before
+    replays intact from the failed store (and every acknowledged write from the other backup).
+    (Under `sync` a backup's buffered copy can be lost with its store; the master keeps those
+    bytes until the backup says they are durable.)"""
     from test_disk_full import free_bytes, tmpfs
 
     full_dir = tmp_path / "server-2"
@@ -507,31 +540,50 @@ def test_a_backup_whose_disk_fills_refuses_and_keeps_what_it_acknowledged(tmp_pa
             failed_key = None
             deadline = time.monotonic() + 60
             value = "x" * 1000
+            # Writes until one is not acknowledged or the full server stops (whichever shows first).
             for key in keys:
+                if full.proc.poll() is not None:
+                    break
                 master = c.servers[server_index(c, st, tablet_of(st, 0, key_slot(key.encode()))["master"])]
                 r = clients.setdefault(master.resp, redis.Redis(port=master.resp, socket_timeout=3, retry=Retry(NoBackoff(), 0)))
                 try:
                     assert r.set(key, f"{key}={value}")
-                except redis.exceptions.TimeoutError:
+                except redis.exceptions.RedisError:
                     failed_key = key
                     break
                 acked[key] = f"{key}={value}"
                 assert time.monotonic() < deadline, "the backup's disk never filled"
-            assert failed_key is not None, "every write was acknowledged: the disk never filled"
-            assert wait_until(
-                lambda: redis.Redis(port=full.resp, socket_timeout=10).info("replication")["ramlog_backup_side"]["refused_store"] >= 1,
-                timeout=10,
-            ), redis.Redis(port=full.resp).info("replication")
+            assert full.proc.wait(timeout=10) != 0, "the server whose store failed did not stop with an error"
+            failed_key = failed_key or next(k for k in keys if k not in acked)
             log = (tmp_path / "server-2.log").read_text()
-            assert "disk full while writing" in log, log[-3000:]
-            assert c.alive()
+            assert "disk full while writing" in log and "the backup store failed: stopping" in log, log[-3000:]
+            acked_before = dict(acked)
+
+            def write_again():
+                try:
+                    return clients_for(failed_key).set(failed_key, f"{failed_key}={value}")
+                except redis.exceptions.RedisError:
+                    return False
+
+            def clients_for(key):
+                m = c.servers[server_index(c, status(c), tablet_of(status(c), 0, key_slot(key.encode()))["master"])]
+                return redis.Redis(port=m.resp, socket_timeout=3, retry=Retry(NoBackoff(), 0))
+
+            assert wait_until(write_again, timeout=30), "writes were not acknowledged again after the server stopped"
+            acked[failed_key] = f"{failed_key}={value}"
+            assert all(p.poll() is None for s in c.servers if s is not full for p in [s.proc])
         finally:
             c.stop()
         ballast.unlink()
         d = dump(full_dir)
         assert failed_key not in d or d[failed_key][0] == f"{failed_key}={value}"
-        missing = [k for k, v in acked.items() if d.get(k, (None,))[0] != v]
-        assert not missing, f"{len(missing)} acknowledged writes missing on the full backup: {missing[:5]}"
+        # Writes acknowledged after the full server left the backup set (it was declared dead
+        # while it stopped) are not on it; every earlier one is: the failed store kept what it
+        # took, so what it lacks is a tail of the writes, in the order they were acknowledged.
+        present = [d.get(k, (None,))[0] == v for k, v in acked_before.items()]
+        last = max((i for i, p in enumerate(present) if p), default=-1)
+        missing = [k for (k, _), p in list(zip(acked_before.items(), present))[:last + 1] if not p]
+        assert last >= 0 and not missing, f"{len(missing)} acknowledged writes missing on the full backup: {missing[:5]}"
     others = {}
     for k, v in acked.items():
         other = next(b for b in tablet_of(st, 0, key_slot(k.encode()))["backups"] if b != full_id)

@@ -28,6 +28,10 @@ pub enum Request {
         previous: Option<PreviousIdentity>,
         addresses: ServerAddresses,
         memory_bytes: u64,
+        /// A random number the server process drew when it started: a retried registration
+        /// of the same process is answered with what the first one got.
+        #[serde(default)]
+        incarnation: u64,
     },
     /// Sent by every server every heartbeat interval; the answer carries the map when the
     /// coordinator's is newer than `map_version`.

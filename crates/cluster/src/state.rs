@@ -11,7 +11,7 @@ use crate::map::{
 use crate::placement::place_table;
 use ramlog_common::TableId;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Longest table name.
 pub const TABLE_NAME_MAX: usize = 64;
@@ -43,6 +43,9 @@ pub enum Command {
         /// its logs of that tablet are stale.
         #[serde(default)]
         live: Vec<ServerId>,
+        /// The registering process's incarnation (0: none given).
+        #[serde(default)]
+        incarnation: u64,
     },
     CreateTable {
         name: String,
@@ -150,6 +153,12 @@ pub struct ClusterState {
     pub default_replicas: Option<u32>,
     pub next_server_id: ServerId,
     pub next_table_id: TableId,
+    /// The incarnation (a random number each server process draws when it starts) that
+    /// registered each server's current epoch: a `Register` retried by the same process (its
+    /// first attempt's answer was lost, or the attempt was committed late) gets the same id and
+    /// epoch back instead of fencing the process that sent it.
+    #[serde(default)]
+    pub incarnations: BTreeMap<ServerId, u64>,
 }
 
 /// Backups per tablet when a table does not say: 2 in a 3-server cluster, 3 from 4 servers.
@@ -188,7 +197,14 @@ impl ClusterState {
                 addresses,
                 memory_bytes,
                 live,
-            } => self.register(previous.as_ref(), *addresses, *memory_bytes, live)?,
+                incarnation,
+            } => self.register(
+                previous.as_ref(),
+                *addresses,
+                *memory_bytes,
+                live,
+                *incarnation,
+            )?,
             Command::CreateTable {
                 name,
                 mode,
@@ -294,14 +310,36 @@ impl ClusterState {
         Ok(outcome)
     }
 
+    /// The id and epoch that this incarnation registered already, if the server is still up
+    /// under them (a retried `Register`).
+    pub fn registered_incarnation(
+        &self,
+        previous: Option<&PreviousIdentity>,
+        incarnation: u64,
+    ) -> Option<(ServerId, u64)> {
+        if incarnation == 0 {
+            return None;
+        }
+        let (&id, _) = self.incarnations.iter().find(|(_, &i)| i == incarnation)?;
+        if previous.is_some_and(|p| p.server_id != id || p.cluster_id != self.map.cluster_id) {
+            return None;
+        }
+        let server = self.map.server(id)?;
+        (server.state == ServerState::Up).then_some((id, server.epoch))
+    }
+
     fn register(
         &mut self,
         previous: Option<&PreviousIdentity>,
         addresses: ServerAddresses,
         memory_bytes: u64,
         live: &[ServerId],
+        incarnation: u64,
     ) -> Result<CommandOutcome, CommandError> {
         let cluster_id = self.map.cluster_id;
+        if let Some((id, epoch)) = self.registered_incarnation(previous, incarnation) {
+            return Ok(CommandOutcome::Registered { id, epoch });
+        }
         let (id, epoch) = match previous {
             Some(p) if p.cluster_id != cluster_id => {
                 return Err(CommandError::WrongCluster {
@@ -363,6 +401,11 @@ impl ClusterState {
                 (id, 1)
             }
         };
+        if incarnation != 0 {
+            self.incarnations.insert(id, incarnation);
+        } else {
+            self.incarnations.remove(&id);
+        }
         self.repair();
         let up = self.map.up_servers().count() as u32;
         if self.map.table(DEFAULT_TABLE).is_none() && up >= self.initial_servers {
@@ -601,6 +644,7 @@ mod tests {
                 addresses: addrs(port),
                 memory_bytes: 1 << 30,
                 live: vec![],
+                incarnation: 0,
             })
             .unwrap()
         {
@@ -617,6 +661,7 @@ mod tests {
                 addresses: addrs(1),
                 memory_bytes: 0,
                 live: vec![],
+                incarnation: 0,
             }),
             Err(CommandError::NotInitialized)
         );
@@ -676,6 +721,7 @@ mod tests {
                 addresses: addrs(500),
                 memory_bytes: 1,
                 live: vec![],
+                incarnation: 0,
             })
             .unwrap();
         assert_eq!(
@@ -686,6 +732,55 @@ mod tests {
             }
         );
         assert_eq!(s.map.server(id).unwrap().addresses.resp.port(), 500);
+    }
+
+    #[test]
+    fn a_retried_registration_gets_the_same_id_and_epoch() {
+        let mut s = init(1);
+        let reg = |s: &mut ClusterState, previous: Option<ServerId>, incarnation| {
+            s.apply(&Command::Register {
+                previous: previous.map(|server_id| PreviousIdentity {
+                    cluster_id: 0xabc,
+                    server_id,
+                }),
+                addresses: addrs(100),
+                memory_bytes: 1,
+                live: vec![],
+                incarnation,
+            })
+            .unwrap()
+        };
+        // A new server's registration, repeated: one id.
+        let first = reg(&mut s, None, 7);
+        assert_eq!(reg(&mut s, None, 7), first);
+        assert_eq!(s.map.servers.len(), 1);
+        let CommandOutcome::Registered { id, epoch } = first else {
+            panic!("{first:?}")
+        };
+        // A restart (a new incarnation) bumps the epoch; its repeat does not.
+        let restarted = reg(&mut s, Some(id), 8);
+        assert_eq!(
+            restarted,
+            CommandOutcome::Registered {
+                id,
+                epoch: epoch + 1
+            }
+        );
+        assert_eq!(reg(&mut s, Some(id), 8), restarted);
+        // Once declared dead, the same incarnation registers anew (a new epoch).
+        s.apply(&Command::DeclareDead {
+            server: id,
+            epoch: epoch + 1,
+            reason: "test".into(),
+        })
+        .unwrap();
+        let CommandOutcome::Registered { epoch: after, .. } = reg(&mut s, Some(id), 8) else {
+            panic!()
+        };
+        assert!(after > epoch + 1);
+        // Without an incarnation every registration is a new one.
+        let a = reg(&mut s, Some(id), 0);
+        assert_ne!(reg(&mut s, Some(id), 0), a);
     }
 
     #[test]
@@ -701,6 +796,7 @@ mod tests {
             addresses: addrs(1),
             memory_bytes: 0,
             live: vec![],
+            incarnation: 0,
         });
         assert!(matches!(wrong, Err(CommandError::WrongCluster { .. })));
         let unknown = s.apply(&Command::Register {
@@ -711,6 +807,7 @@ mod tests {
             addresses: addrs(1),
             memory_bytes: 0,
             live: vec![],
+            incarnation: 0,
         });
         assert_eq!(unknown, Err(CommandError::UnknownServer(9)));
         for (name, replicas) in [("", None), ("a b", None), ("default", None), ("t", Some(1))] {
@@ -915,6 +1012,7 @@ mod tests {
                 addresses: addrs(200),
                 memory_bytes: 1,
                 live: vec![],
+                incarnation: 0,
             })
             .unwrap();
         assert!(matches!(again, CommandOutcome::Registered { id: 2, .. }));
@@ -939,6 +1037,7 @@ mod tests {
                 addresses: addrs(port),
                 memory_bytes: 1,
                 live,
+                incarnation: 0,
             })
             .unwrap();
         assert!(matches!(again, CommandOutcome::Registered { id: i, .. } if i == id));

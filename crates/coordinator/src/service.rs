@@ -562,8 +562,14 @@ impl Shared {
                 previous,
                 addresses,
                 memory_bytes,
+                incarnation,
             } => {
-                if let Some(p) = previous {
+                let retried = self.machine_read(|m| {
+                    m.state
+                        .registered_incarnation(previous.as_ref(), incarnation)
+                        .is_some()
+                });
+                if let (Some(p), false) = (&previous, retried) {
                     // Only a server of this cluster can be a duplicate; another cluster's id is
                     // refused by the state machine with WrongCluster.
                     let live = self.machine_read(|m| {
@@ -596,6 +602,7 @@ impl Shared {
                     addresses,
                     memory_bytes,
                     live,
+                    incarnation,
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Registered { id, epoch }, map)) => {

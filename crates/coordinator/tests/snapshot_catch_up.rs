@@ -52,6 +52,7 @@ async fn a_lagging_member_catches_up_from_a_snapshot() {
             admin: None,
         },
         memory_bytes: 1 << 30,
+        incarnation: 0,
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

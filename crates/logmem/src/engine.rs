@@ -1,8 +1,8 @@
 //! The engine: tablets (one log and one hash index each) over a shared seglet pool.
 //!
 //! Write path (per tablet, under the tablet's write lock): look the key up, check the condition,
-//! take a version from the engine clock, append the entry to the tablet's head segment, swing the
-//! index reference, count the old entry's bytes dead, tell the write observer. Readers take no lock:
+//! take a version from the engine clock, append the entry to the tablet's head segment, tell the
+//! write observer, swing the index reference, count the old entry's bytes dead. Readers take no lock:
 //! they pin an epoch, follow the index reference and copy the value out.
 
 use crate::config::EngineConfig;
@@ -1167,6 +1167,20 @@ impl Inner {
                     unreachable!("append retries on a new segment")
                 }
             };
+            // The observer (replication) takes the write before readers can see it: a reader that
+            // finds it can then wait for whatever the observer holds of it.
+            if let Some(obs) = &self.config.write_observer {
+                let value = (kind == KIND_OBJECT).then_some(&value[..]);
+                obs.on_writes(
+                    tablet_id,
+                    &[LoggedWrite {
+                        version,
+                        key,
+                        value,
+                        expire_at_ms,
+                    }],
+                );
+            }
             self.counters.new_bytes.add(total as i64);
             if kind == KIND_OBJECT {
                 self.mark_live(segment, total);
@@ -1180,18 +1194,6 @@ impl Inner {
                     .fetch_add(total as u64, Ordering::Relaxed);
                 let c = current.expect("deletes only reach here for a visible key");
                 self.supersede(tablet, hash, key, c, None, version);
-            }
-            if let Some(obs) = &self.config.write_observer {
-                let value = (kind == KIND_OBJECT).then_some(&value[..]);
-                obs.on_writes(
-                    tablet_id,
-                    &[LoggedWrite {
-                        version,
-                        key,
-                        value,
-                        expire_at_ms,
-                    }],
-                );
             }
             return Ok(WriteResult {
                 version: Some(version),
@@ -1384,6 +1386,19 @@ impl Inner {
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
             };
+            // As in `write`: the observer first, then the index.
+            if let Some(obs) = &self.config.write_observer {
+                let records: Vec<LoggedWrite<'_>> = items
+                    .iter()
+                    .map(|(k, v)| LoggedWrite {
+                        version,
+                        key: k,
+                        value: Some(v),
+                        expire_at_ms: 0,
+                    })
+                    .collect();
+                obs.on_writes(tablet_id, &records);
+            }
             self.counters.new_bytes.add(bytes.len() as i64);
             let start_seglet = loc_seglet(start);
             let start_offset = loc_offset(start);
@@ -1397,18 +1412,6 @@ impl Inner {
                 // A key given twice finds its first copy here: the early result no longer holds.
                 let current = self.find_locked(tablet, hash, k, early);
                 self.point_index_at(tablet, hash, k, current, loc, version, 0);
-            }
-            if let Some(obs) = &self.config.write_observer {
-                let records: Vec<LoggedWrite<'_>> = items
-                    .iter()
-                    .map(|(k, v)| LoggedWrite {
-                        version,
-                        key: k,
-                        value: Some(v),
-                        expire_at_ms: 0,
-                    })
-                    .collect();
-                obs.on_writes(tablet_id, &records);
             }
             return Ok(version);
         }

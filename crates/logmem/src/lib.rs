@@ -48,7 +48,9 @@ use std::thread::JoinHandle;
 pub type TabletId = u32;
 
 /// Receives every tablet's writes in version order, one call per atomic unit (a multi-put is one
-/// call with all its records). Called under the tablet's write lock: it must not block for long.
+/// call with all its records). Called under the tablet's write lock, before the writes become
+/// visible to readers (a reader that sees a write can rely on the observer having it): it must not
+/// block for long.
 pub trait WriteObserver: Send + Sync {
     fn on_writes(&self, tablet: TabletId, records: &[LoggedWrite<'_>]);
 }

@@ -297,6 +297,9 @@ impl Member {
             previous,
             addresses,
             memory_bytes: config.memory_bytes,
+            // Retries below resend this: the coordinator answers a repeat of a registration it
+            // committed with the same id and epoch.
+            incarnation: incarnation(),
         };
         let deadline = tokio::time::Instant::now() + JOIN_TIMEOUT;
         let (id, epoch, map) = loop {
@@ -649,4 +652,15 @@ impl Member {
             }
         });
     }
+}
+
+/// A random number for this process's registrations (time, pid and the address of a local,
+/// mixed); never 0.
+fn incarnation() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let local = 0u8;
+    let mixed = t ^ (u64::from(std::process::id()) << 40) ^ (std::ptr::addr_of!(local) as u64);
+    mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }

@@ -559,12 +559,13 @@ async fn serve(
                             &mut output,
                         );
                         crate::replication::take_needs(&mut session.repl_needs);
+                        let read_waits = crate::replication::take_read_waits();
                         // A request that became a job is reported when the job is done.
                         let queued = session.new_jobs.len() > jobs_before;
                         if !queued {
                             let ok = output.get(reply_at + 13) == Some(&Status::Ok.to_u8());
                             node.record(native_op(header.opcode), started.elapsed(), ok);
-                            if ok && is_write(header.opcode) {
+                            if ok && (is_write(header.opcode) || read_waits) {
                                 session.write_replies.push((
                                     reply_at,
                                     output.len(),

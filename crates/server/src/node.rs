@@ -507,7 +507,18 @@ impl Node {
     // ---- data operations --------------------------------------------------------------------
 
     pub fn get(&self, tablet: TabletId, key: &[u8]) -> Result<Option<Object>, NodeError> {
-        Ok(self.engine().get(tablet, key)?)
+        let found = self.engine().get(tablet, key)?;
+        self.read_barrier(tablet);
+        Ok(found)
+    }
+
+    /// After a read of `tablet`: its reply waits until what the read may have seen is
+    /// replicated as the tablet's mode promises (see [`crate::replication`]).
+    #[inline]
+    fn read_barrier(&self, tablet: TabletId) {
+        if let Some(d) = &self.cluster_duty {
+            d.replication.read_barrier(tablet);
+        }
     }
 
     /// Runs `f` on the key's value, version and expiry in place (no copy), if present.
@@ -517,7 +528,9 @@ impl Node {
         key: &[u8],
         f: impl FnOnce(&[u8], u64, u64) -> R,
     ) -> Result<Option<R>, NodeError> {
-        Ok(self.engine().read_with(tablet, key, f)?)
+        let found = self.engine().read_with(tablet, key, f)?;
+        self.read_barrier(tablet);
+        Ok(found)
     }
 
     pub fn put(

@@ -21,8 +21,16 @@
 //! A stream keeps every byte until its backup acknowledges it durable, and resends from there
 //! after a reconnection; the backup skips what it already appended. A backup that leaves a unit
 //! unacknowledged longer than `backup_timeout_ms` is reported to the coordinator as suspect.
-//! Waits depend only on the streams a connection wrote to: a stopped backup delays the writes of
-//! its tablets and nothing else. Reads never wait.
+//! Waits depend only on the streams a connection used: a stopped backup delays the writes of its
+//! tablets and nothing else.
+//!
+//! Reads: a write is visible on the master as soon as it is applied, before its backups hold it;
+//! a reply showing it could then be contradicted if the master died and the write was lost with it
+//! (a dirty read). So a read of a `sync`, `mirror` or `durable` tablet ([`Replication::read_barrier`])
+//! makes its reply wait, as a write's would, until every unit appended so far to the tablet's
+//! streams is acknowledged as the mode requires; when nothing is in flight (the common case) it
+//! does not wait at all. The engine hands a write to the observer before readers can see it, so
+//! a read that sees a write finds it appended. `async` reads never wait.
 //!
 //! Memory: each stream holds its unacknowledged bytes (bounded as above, plus what the writes of
 //! one read batch of each connection add before they wait), and one frame buffer of up to
@@ -155,6 +163,18 @@ impl Needs {
 }
 
 thread_local! {
+    /// Whether a read on this thread since the last [`take_read_waits`] must wait (see the
+    /// module comment).
+    static READ_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a read since the last call made the connection's replies wait (its reply must then be
+/// withdrawn, like a write's, if the wait fails).
+pub fn take_read_waits() -> bool {
+    READ_WAITS.with(|c| c.replace(false))
+}
+
+thread_local! {
     /// Needs of the writes applied on this thread since the connection running them last took
     /// them (see the module comment).
     static PENDING: RefCell<Needs> = RefCell::new(Needs::default());
@@ -165,7 +185,11 @@ thread_local! {
 pub fn take_needs(into: &mut Needs) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
-        if !p.is_empty() {
+        if cfg!(feature = "broken-ack-before-backups") {
+            // A deliberately broken build (tests/python/test_chaos.py): replies go out before
+            // the backups answer, so that the fault-injection checker can be shown to catch it.
+            p.items.clear();
+        } else if !p.is_empty() {
             into.absorb(&mut p);
         }
     });
@@ -442,6 +466,35 @@ pub struct Replication {
     stopping: AtomicBool,
     latency: [Histogram; 3],
     acknowledged: [AtomicU64; 3],
+}
+
+impl Replication {
+    /// A read of `tablet` just ran on this thread: its connection's replies wait until every unit
+    /// appended so far to the tablet's streams is acknowledged as the tablet's mode requires
+    /// (nothing in `async`, or when nothing is in flight).
+    pub fn read_barrier(&self, tablet: TabletId) {
+        let routes = self.routes.load();
+        let Some(Some(route)) = routes.get(tablet as usize) else {
+            return;
+        };
+        let durable = match route.mode {
+            ReplicationMode::Async => return,
+            ReplicationMode::Sync | ReplicationMode::Mirror => false,
+            ReplicationMode::Durable => true,
+        };
+        let mode = mode_index(route.mode);
+        for stream in &route.streams {
+            let end = stream.end.load(Ordering::Acquire);
+            let need_durable = if durable { end } else { 0 };
+            if stream.acked_buffered.load(Ordering::Acquire) >= end
+                && stream.acked_durable.load(Ordering::Acquire) >= need_durable
+            {
+                continue;
+            }
+            PENDING.with(|p| p.borrow_mut().add(stream, mode, end, need_durable));
+            READ_WAITS.with(|c| c.set(true));
+        }
+    }
 }
 
 impl Replication {

@@ -598,7 +598,9 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         }
     }
     let failed = out.get(before) == Some(&b'-');
-    if wrote && !failed {
+    // A read that waits for replication is withdrawn like a write if the wait fails.
+    let read_waits = crate::replication::take_read_waits();
+    if (wrote || read_waits) && !failed {
         session.write_replies.push((before, out.len()));
     }
     // Even a failed command may have written (a partial MSET across tablets cannot; EXEC can).

@@ -132,6 +132,7 @@ class Run:
         self.binary = args.bin
         self.net = None
         self.coords, self.servers, self.mounts = [], [], []
+        self.load = None
         self.events = []  # what was done, when
         self.disk_errors = 0  # out-of-space errors the servers logged while a disk was full
         self.problems = []  # crashes and heal failures: violations besides the checker's
@@ -181,6 +182,8 @@ class Run:
         self.mounts.append(path)
 
     def down(self):
+        if self.load is not None and self.load.poll() is None:
+            self.load.kill()
         for p in self.servers + self.coords:
             p.kill()
         for m in self.mounts:
@@ -332,7 +335,7 @@ class Run:
         nodes = ",".join(f"{s.host.ip}:{s.resp}" for s in self.servers)
         client = ROOT / "target" / "chaos-client"
         history = self.out / "history.jsonl"
-        load = subprocess.Popen([str(client), "run", "--nodes", nodes, "--seed", str(self.seed),
+        self.load = load = subprocess.Popen([str(client), "run", "--nodes", nodes, "--seed", str(self.seed),
                                  "--duration", f"{a.run_seconds}s", "--out", str(history)],
                                 stdout=open(self.out / "client.log", "w"), stderr=subprocess.STDOUT)
         self.t0 = time.time()
@@ -417,6 +420,9 @@ def main():
     for need in (args.bin, FAKETIME, ROOT / "target" / "chaos-client"):
         if not Path(need).exists():
             sys.exit(f"chaos: {need} is missing (scripts/chaos builds the client; apt-get install faketime)")
+    # A stop (SIGTERM, Ctrl-C) unwinds: each run's `finally` stops its processes, unmounts its
+    # disks and deletes its namespaces.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     out = Path(args.out) / f"session-{seed}"
     out.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,3 +178,36 @@ func hasViolation(r Result, key, what string) bool {
 }
 
 func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
+
+// FuzzReadReply: the reply reader never panics and never accepts a reply it did not consume whole.
+func FuzzReadReply(f *testing.F) {
+	for _, s := range []string{"+OK\r\n", "-MOVED 1 a:1\r\n", ":12\r\n", "$3\r\nabc\r\n", "$-1\r\n", "*2\r\n$1\r\na\r\n:1\r\n", "*-1\r\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r := bufioReader(s)
+		if _, err := readReply(r, 0); err == nil && r.Buffered() > len(s) {
+			t.Fatal("read past the input")
+		}
+	})
+}
+
+// FuzzHistoryLine: the history reader rejects what is not an operation and keeps what is.
+func FuzzHistoryLine(f *testing.F) {
+	f.Add(`{"p":1,"f":"set","k":"r0:1","v":"a","res":"ok","out":"OK","t0":1,"t1":2}`)
+	f.Add(`{"k":""}`)
+	f.Fuzz(func(t *testing.T, line string) {
+		path := filepath.Join(t.TempDir(), "h.jsonl")
+		if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ops, err := readHistory(path)
+		if err == nil {
+			for _, o := range ops {
+				if o.K == "" || (o.Res != "ok" && o.Res != "fail" && o.Res != "info") {
+					t.Fatalf("accepted %+v", o)
+				}
+			}
+		}
+	})
+}

@@ -429,6 +429,14 @@ impl Shared {
             .collect()
     }
 
+    /// Records that server `id` was heard from now (a heartbeat or a registration).
+    fn note_heard(&self, id: ServerId) {
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Instant::now());
+    }
+
     /// How long a server may serve after sending a heartbeat that was answered.
     fn lease(&self) -> Duration {
         self.dead_after * 3 / 4
@@ -597,6 +605,11 @@ impl Shared {
                     .as_ref()
                     .map(|p| self.heard_after(p.server_id))
                     .unwrap_or_default();
+                // The registering process counts as heard from now: the detector must not take the
+                // silence of the process it replaces (or of a new id) for its own.
+                if let Some(p) = &previous {
+                    self.note_heard(p.server_id);
+                }
                 let command = Command::Register {
                     previous,
                     addresses,
@@ -606,6 +619,7 @@ impl Shared {
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Registered { id, epoch }, map)) => {
+                        self.note_heard(id);
                         Response::Registered { id, epoch, map }
                     }
                     Ok((other, _)) => unexpected_outcome(&other),
@@ -736,10 +750,7 @@ impl Shared {
                 ),
             };
         }
-        self.heartbeats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Instant::now());
+        self.note_heard(id);
         Response::Heartbeat {
             map,
             lease_ms: self.lease().as_millis() as u64,

@@ -268,7 +268,7 @@ def test_two_servers_killed_one_after_the_other_with_two_backups(tmp_path):
 def test_a_paused_master_that_was_replaced_never_answers_again(tmp_path):
     """SIGSTOP a master until it is declared dead and its tablets are restored elsewhere, write
     new values there, then SIGCONT it: it answers no request for its old keys with data (its
-    lease ran out), and stops once the coordinator fences it."""
+    lease ran out), and stops once the coordinator fences it. Started again, it rejoins and stays."""
     c = Cluster(tmp_path, servers=3)
     paused = None
     try:
@@ -313,6 +313,15 @@ def test_a_paused_master_that_was_replaced_never_answers_again(tmp_path):
         paused.wait(timeout=10)
         paused = None
         assert all(rc.get(k) == b"new" for k in own)
+        # Started again at once, it rejoins and stays: the coordinator counts the registration
+        # as a heartbeat, not the old process's silence against it (it used to be declared dead
+        # again within a second, and stopped).
+        again = c.restart_server(0).proc
+        assert wait_until(lambda: next(s for s in status(c)["servers"] if s["id"] == zombie_id)["state"] == "up",
+                          timeout=10)
+        time.sleep(3)
+        assert again.poll() is None, (tmp_path / "server-0.log").read_text()[-2000:]
+        assert next(s for s in status(c)["servers"] if s["id"] == zombie_id)["state"] == "up"
     finally:
         if paused is not None and paused.poll() is None:
             paused.send_signal(signal.SIGCONT)

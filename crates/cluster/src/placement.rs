@@ -32,11 +32,12 @@ pub fn slot_ranges(count: u32) -> Vec<(u16, u16)> {
         .collect()
 }
 
-/// splitmix64: a small, well-mixed PRNG whose sequence is fixed by its seed.
-struct SplitMix(u64);
+/// splitmix64: a small, well-mixed PRNG whose sequence is fixed by its seed (also the source of
+/// the deterministic simulation's schedules).
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -44,8 +45,8 @@ impl SplitMix {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
     }
 }
 

@@ -29,22 +29,8 @@ use std::net::SocketAddr;
 
 const CLUSTER: u64 = 0x5eed;
 
-/// splitmix64: the schedule's only source of choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+/// The schedule's only source of choices (splitmix64).
+use ramlog_cluster::placement::SplitMix as Rng;
 
 type Tablet = (ramlog_common::TableId, u16);
 
@@ -628,7 +614,7 @@ fn thousands_of_seeded_schedules_keep_every_acknowledged_write() {
 fn the_same_seed_gives_the_same_schedule() {
     let trace = |seed| {
         let mut rng = Rng(seed);
-        (0..100).map(|_| rng.next()).collect::<Vec<_>>()
+        (0..100).map(|_| rng.next_u64()).collect::<Vec<_>>()
     };
     assert_eq!(trace(42), trace(42));
     assert_ne!(trace(42), trace(43));

@@ -241,22 +241,14 @@ class Run:
     def inject(self, f):
         kind, i, secs = f["kind"], f["target"], f.get("seconds", 0)
         net = self.net
-        if kind == "kill_server":
-            s = self.servers[i]
-            s.stopped = True
-            s.kill()
-            self.note(f"kill -9 server {i}")
+        if kind in ("kill_server", "kill_coordinator"):
+            p = self.servers[i] if kind == "kill_server" else self.coords[i]
+            p.stopped = True
+            p.kill()
+            self.note(f"kill -9 {p.name}")
             time.sleep(secs)
-            s.start(self.binary)
-            self.note(f"server {i} restarted")
-        elif kind == "kill_coordinator":
-            c = self.coords[i]
-            c.stopped = True
-            c.kill()
-            self.note(f"kill -9 coordinator {i + 1}")
-            time.sleep(secs)
-            c.start(self.binary)
-            self.note(f"coordinator {i + 1} restarted")
+            p.start(self.binary)
+            self.note(f"{p.name} restarted")
         elif kind == "pause_server":
             s = self.servers[i]
             s.signal(signal.SIGSTOP)

@@ -22,7 +22,7 @@ pub const ENTRY_HEADER_MIN_BYTES: usize = 9;
 /// expiry (u64) 10 each.
 pub const ENTRY_HEADER_MAX_BYTES: usize = 1 + 4 + 3 + 5 + 10 + 10;
 /// Largest key the backup accepts (DESIGN.md: keys up to 64 KiB).
-pub const KEY_MAX_BYTES: usize = 64 * 1024;
+pub const KEY_MAX_BYTES: usize = ramlog_common::KEY_SIZE_FORMAT_MAX_BYTES;
 
 /// Block header size; the body follows at this offset.
 pub const BLOCK_HEADER_BYTES: usize = 48;

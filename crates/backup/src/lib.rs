@@ -400,23 +400,26 @@ impl Backup {
     /// buffer; blocks while it is full.
     pub fn append(&self, tablet: u64, entries: &[Entry<'_>]) -> Result<Ticket> {
         let limit = self.sh.cfg.entry_max_bytes();
+        // The one definition of a valid entry (`ramlog_common::limits`), as the backup's
+        // replication decoder checks it.
+        let limits = ramlog_common::EntryLimits::for_backup(self.sh.cfg.value_max_bytes);
         for e in entries {
-            if e.key.len() > format::KEY_MAX_BYTES {
-                return Err(Error::KeyTooLarge {
-                    bytes: e.key.len(),
-                    limit: format::KEY_MAX_BYTES,
-                });
+            let value_len = e.value.map_or(0, |v| v.len());
+            match limits.check(e.key.len(), value_len) {
+                Ok(()) => {}
+                Err(ramlog_common::LimitError::KeyTooLarge { len, max }) => {
+                    return Err(Error::KeyTooLarge {
+                        bytes: len,
+                        limit: max,
+                    })
+                }
+                Err(ramlog_common::LimitError::ValueTooLarge { .. }) => {
+                    let bytes = format::entry_bytes(e.key.len(), value_len, e.version, e.expiry);
+                    return Err(Error::EntryTooLarge { bytes, limit });
+                }
             }
-            let len = format::entry_bytes(
-                e.key.len(),
-                e.value.map_or(0, |v| v.len()),
-                e.version,
-                e.expiry,
-            );
-            if len > limit
-                || e.value
-                    .is_some_and(|v| v.len() > self.sh.cfg.value_max_bytes)
-            {
+            let len = format::entry_bytes(e.key.len(), value_len, e.version, e.expiry);
+            if len > limit {
                 return Err(Error::EntryTooLarge { bytes: len, limit });
             }
         }

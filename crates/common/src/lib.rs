@@ -1,18 +1,20 @@
 //! Types and small pure functions shared by every ramlog crate.
 //!
 //! Owns: the key → slot rule (Redis Cluster's CRC16/XMODEM with `{hash tags}`),
-//! human-readable byte sizes (`2GiB`), Redis's integer syntax and glob patterns, and the
+//! what a valid entry is (key and value limits), human-readable byte sizes (`2GiB`), Redis's integer syntax and glob patterns, and the
 //! identifiers that cross crate boundaries (table ids, versions). Nothing here does I/O or
 //! allocates per call.
 
 pub mod glob;
 pub mod int;
+pub mod limits;
 pub mod size;
 pub mod slot;
 pub mod varint;
 
 pub use glob::{glob_match, glob_match_nocase};
 pub use int::parse_redis_i64;
+pub use limits::{EntryLimits, LimitError, KEY_SIZE_FORMAT_MAX_BYTES};
 pub use size::{parse_size_bytes, SizeParseError};
 pub use slot::{key_slot, SLOT_COUNT};
 

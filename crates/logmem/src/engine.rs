@@ -956,20 +956,17 @@ impl Inner {
         }
     }
 
+    /// The entry limits of this engine (`ramlog_common::limits`: the one definition that the
+    /// node's admission and the backups' decoders share).
+    pub fn entry_limits(&self) -> ramlog_common::EntryLimits {
+        ramlog_common::EntryLimits {
+            key_max_bytes: self.config.key_size_max_bytes,
+            value_max_bytes: self.config.value_size_max_bytes,
+        }
+    }
+
     fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
-        if key.len() > self.config.key_size_max_bytes {
-            return Err(EngineError::KeyTooLarge {
-                len: key.len(),
-                max: self.config.key_size_max_bytes,
-            });
-        }
-        if value.len() > self.config.value_size_max_bytes {
-            return Err(EngineError::ValueTooLarge {
-                len: value.len(),
-                max: self.config.value_size_max_bytes,
-            });
-        }
-        Ok(())
+        Ok(self.entry_limits().check(key.len(), value.len())?)
     }
 
     /// Points a key's index reference at a newly appended object: replaces the current reference
@@ -1253,12 +1250,7 @@ impl Inner {
         key: &[u8],
         condition: Condition,
     ) -> Result<Option<Version>, EngineError> {
-        if key.len() > self.config.key_size_max_bytes {
-            return Err(EngineError::KeyTooLarge {
-                len: key.len(),
-                max: self.config.key_size_max_bytes,
-            });
-        }
+        self.check_sizes(key, &[])?;
         let mut failed = false;
         let result = self.write_one(tablet, key, |current| {
             let ok = match condition {

@@ -49,7 +49,7 @@ pub const VALID_TO_FAR: u32 = u32::MAX;
 /// Longest possible header: 1 + 10 + 3 + 4 + 8 + 4.
 pub const HEADER_BYTES_MAX: usize = 30;
 /// Largest key the format can carry.
-pub const KEY_BYTES_FORMAT_MAX: usize = 64 * 1024;
+pub const KEY_BYTES_FORMAT_MAX: usize = ramlog_common::KEY_SIZE_FORMAT_MAX_BYTES;
 /// Largest value the format can carry (a 4-byte varint).
 pub const VALUE_BYTES_FORMAT_MAX: usize = (1 << 28) - 1;
 

@@ -33,3 +33,16 @@ pub enum EngineError {
         reason: String,
     },
 }
+
+impl From<ramlog_common::LimitError> for EngineError {
+    fn from(e: ramlog_common::LimitError) -> Self {
+        match e {
+            ramlog_common::LimitError::KeyTooLarge { len, max } => {
+                EngineError::KeyTooLarge { len, max }
+            }
+            ramlog_common::LimitError::ValueTooLarge { len, max } => {
+                EngineError::ValueTooLarge { len, max }
+            }
+        }
+    }
+}

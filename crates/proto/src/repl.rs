@@ -195,12 +195,9 @@ pub fn encode_batch_body(out: &mut Vec<u8>, start: u64, flags: u8, units: &[u8])
     out[at..at + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// What the backup checks each entry against.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub key_max: usize,
-    pub value_max: usize,
-}
+/// What the backup checks each entry against: the one definition of a valid entry
+/// (`ramlog_common::limits`), which the master's engine and admission check with too.
+pub use ramlog_common::EntryLimits as Limits;
 
 /// A decoded REPL_BATCH body: where it starts in the stream and its units, not yet decoded.
 #[derive(Clone, Copy, Debug)]
@@ -329,22 +326,13 @@ impl<'a> Units<'a> {
             let value_len = u32_at(body, 5) as usize;
             let version = u64_at(body, 9);
             let expiry = u64_at(body, 17);
-            if key_len == 0 || key_len > self.limits.key_max {
+            if let Err(e) = self.limits.check(key_len, value_len) {
                 return Err(DecodeError {
-                    status: Status::KeyTooLarge,
-                    message: format!(
-                        "entry key of {key_len} bytes (limit {})",
-                        self.limits.key_max
-                    ),
-                });
-            }
-            if value_len > self.limits.value_max {
-                return Err(DecodeError {
-                    status: Status::ValueTooLarge,
-                    message: format!(
-                        "entry value of {value_len} bytes (limit {})",
-                        self.limits.value_max
-                    ),
+                    status: match e {
+                        ramlog_common::LimitError::KeyTooLarge { .. } => Status::KeyTooLarge,
+                        ramlog_common::LimitError::ValueTooLarge { .. } => Status::ValueTooLarge,
+                    },
+                    message: format!("entry {e}"),
                 });
             }
             let need = ENTRY_HEAD_LEN + key_len + value_len;
@@ -453,8 +441,8 @@ mod tests {
     use super::*;
 
     const LIMITS: Limits = Limits {
-        key_max: 1024,
-        value_max: 4096,
+        key_max_bytes: 1024,
+        value_max_bytes: 4096,
     };
 
     fn head(table: u32) -> UnitHead {
@@ -534,15 +522,15 @@ mod tests {
             );
         }
         let small = Limits {
-            key_max: 1,
-            value_max: 4096,
+            key_max_bytes: 1,
+            value_max_bytes: 4096,
         };
         let batch = decode_batch(&body).unwrap();
         let err = batch.units(small).next().unwrap().unwrap_err();
         assert_eq!(err.status, Status::KeyTooLarge);
         let tiny = Limits {
-            key_max: 1024,
-            value_max: 2,
+            key_max_bytes: 1024,
+            value_max_bytes: 2,
         };
         let err = batch.units(tiny).nth(1).unwrap().unwrap_err();
         assert_eq!(err.status, Status::ValueTooLarge);

@@ -137,10 +137,7 @@ impl BackupService {
             *e = (*e).max(epoch);
         }
         Ok(Arc::new(BackupService {
-            limits: Limits {
-                key_max: (config.key_size_max_bytes as usize).min(64 * 1024),
-                value_max: store.config().value_max_bytes,
-            },
+            limits: Limits::for_backup(store.config().value_max_bytes),
             store,
             dir,
             epochs: Mutex::new(epochs),

@@ -7,8 +7,8 @@ use libfuzzer_sys::fuzz_target;
 use ramlog_proto::repl::{check_batch_roundtrip, encode_batch_body, Ack, Hello, Limits};
 
 const LIMITS: Limits = Limits {
-    key_max: 64 * 1024,
-    value_max: 1 << 20,
+    key_max_bytes: 64 * 1024,
+    value_max_bytes: 1 << 20,
 };
 
 fuzz_target!(|data: &[u8]| {

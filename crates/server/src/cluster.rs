@@ -412,21 +412,6 @@ impl Member {
             .collect()
     }
 
-    async fn report_suspects(&self, suspects: Vec<(ServerId, String)>) {
-        let me = self.view().me;
-        for (suspect, reason) in suspects {
-            tracing::warn!(peer = suspect, %reason, "reporting a suspect peer to the coordinator");
-            let report = Request::Suspect {
-                reporter: me,
-                suspect,
-                reason,
-            };
-            if let Err(e) = self.client.call(&report).await {
-                tracing::warn!(error = %e, "could not report a suspect peer");
-            }
-        }
-    }
-
     /// No coordinator member can declare anything while none runs or none leads (a new leader
     /// waits a full detection time, longer than a lease, before it declares): found so, the
     /// lease is extended from when the check began. A coordinator that is merely unreachable
@@ -566,14 +551,52 @@ impl Member {
 
     /// Heartbeats until the node stops. A newer map in an answer is applied; a fenced answer
     /// (another process registered with this id) stops the server.
+    ///
+    /// The heartbeats, the lease they renew and the suspect reports run on a thread of their
+    /// own with a runtime of its own (`keepalive`), never on the runtime that serves clients:
+    /// a server whose workers are all busy (writes at a full memory waiting for the cleaner, a
+    /// long pipeline) still heartbeats on time and is not taken for dead.
     pub fn start_heartbeats(self: &Arc<Self>, node: &Arc<Node>) {
         let member = self.clone();
-        let node = Arc::downgrade(node);
+        let node_weak = Arc::downgrade(node);
+        let spawned = std::thread::Builder::new()
+            .name("keepalive".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the heartbeat runtime");
+                        if let Some(node) = node_weak.upgrade() {
+                            node.fail_stop(format!("cannot start the heartbeat runtime: {e}"));
+                        }
+                        return;
+                    }
+                };
+                runtime.block_on(member.heartbeat_loop(node_weak));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the heartbeat thread");
+            node.fail_stop(format!("cannot start the heartbeat thread: {e}"));
+        }
+    }
+
+    /// The body of the `keepalive` thread (see [`Member::start_heartbeats`]).
+    async fn heartbeat_loop(self: Arc<Self>, node: std::sync::Weak<Node>) {
+        let member = self;
         let interval = Duration::from_millis(
             node.upgrade()
                 .map_or(100, |n| n.config.heartbeat_interval_ms.max(10)),
         );
-        tokio::spawn(async move {
+        // Suspect reports go over a client of this thread's own (a connection belongs to the
+        // runtime that opened it).
+        let reporter = Arc::new(CoordinatorClient::new(
+            member.client.addresses().to_vec(),
+            Duration::from_secs(3),
+        ));
+        {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing_since: Option<std::time::Instant> = None;
@@ -646,11 +669,30 @@ impl Member {
                     .unwrap_or_default();
                 suspects.extend(member.take_unreachable_peers());
                 if !suspects.is_empty() {
-                    let member = member.clone();
-                    tokio::spawn(async move { member.report_suspects(suspects).await });
+                    let me = member.view().me;
+                    let reporter = reporter.clone();
+                    tokio::spawn(async move { report_suspects(&reporter, me, suspects).await });
                 }
             }
-        });
+        }
+    }
+}
+
+async fn report_suspects(
+    client: &CoordinatorClient,
+    me: ServerId,
+    suspects: Vec<(ServerId, String)>,
+) {
+    for (suspect, reason) in suspects {
+        tracing::warn!(peer = suspect, %reason, "reporting a suspect peer to the coordinator");
+        let report = Request::Suspect {
+            reporter: me,
+            suspect,
+            reason,
+        };
+        if let Err(e) = client.call(&report).await {
+            tracing::warn!(error = %e, "could not report a suspect peer");
+        }
     }
 }
 

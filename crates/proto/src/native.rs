@@ -85,11 +85,12 @@ pub mod opcode {
     pub const REPL_HELLO: u8 = crate::repl::REPL_HELLO;
     pub const REPL_BATCH: u8 = crate::repl::REPL_BATCH;
     pub const REPL_ACK: u8 = crate::repl::REPL_ACK;
+    pub const REPL_REFUSED: u8 = crate::repl::REPL_REFUSED;
 
-    /// True for opcodes the protocol reserves for later versions (0x34..=0x3F for server-to-server
+    /// True for opcodes the protocol reserves for later versions (0x35..=0x3F for server-to-server
     /// traffic).
     pub fn is_reserved(op: u8) -> bool {
-        matches!(op, 0x34..=0x3F)
+        matches!(op, 0x35..=0x3F)
     }
 
     /// A readable name, for messages and logs.
@@ -119,6 +120,7 @@ pub mod opcode {
             REPL_HELLO => "REPL_HELLO",
             REPL_BATCH => "REPL_BATCH",
             REPL_ACK => "REPL_ACK",
+            REPL_REFUSED => "REPL_REFUSED",
             _ => "UNKNOWN",
         }
     }

@@ -157,7 +157,7 @@ fn malformed_bodies_are_typed_errors() {
     assert_eq!(e.status, Status::UnknownOpcode);
     // Reserved opcodes and flags.
     assert_eq!(
-        Request::decode(0x34, 0, &[]).unwrap_err().status,
+        Request::decode(0x35, 0, &[]).unwrap_err().status,
         Status::Unsupported
     );
     assert_eq!(

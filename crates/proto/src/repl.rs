@@ -20,9 +20,17 @@
 //! entry             kind u8 (0 put, 1 delete) | key_len u32 | value_len u32 | version u64
 //!                   | expiry u64 | key | value
 //! REPL_ACK body     buffered u64 | durable u64   (stream offsets: everything before is held)
+//! REPL_REFUSED body start u64 | end u64 | message (UTF-8, the rest)   status byte: why
 //! ```
 //! The decoder checks every length against what is left and against the caller's limits before
 //! it trusts it; it never panics on any input (fuzz target `repl_frame`).
+//!
+//! **Refusals.** A unit whose bounds are sound but whose content the backup refuses (an entry
+//! over the limits of `ramlog_common::limits`, a malformed entry inside a well-framed unit) is
+//! refused alone: the backup answers `REPL_REFUSED` with the unit's stream range, skips it, and
+//! goes on with the rest of the stream ([`UnitError::Refused`]). Only what cannot be tied to one
+//! unit (a checksum mismatch, a unit length that overruns its batch) ends the connection
+//! ([`UnitError::Frame`]); the master then reconnects and resends.
 
 use crate::native::{DecodeError, Status};
 
@@ -30,6 +38,8 @@ use crate::native::{DecodeError, Status};
 pub const REPL_HELLO: u8 = 0x31;
 pub const REPL_BATCH: u8 = 0x32;
 pub const REPL_ACK: u8 = 0x33;
+/// Backup to master: one unit is refused for its content (the rest of the stream goes on).
+pub const REPL_REFUSED: u8 = 0x34;
 
 /// Batch flag: some unit belongs to a `durable` table, so the backup syncs at once.
 pub const FLAG_DURABLE: u8 = 0x01;
@@ -42,6 +52,10 @@ pub const BATCH_HEAD_LEN: usize = 13;
 pub const UNIT_HEAD_LEN: usize = 20;
 /// Bytes of an entry before its key.
 pub const ENTRY_HEAD_LEN: usize = 25;
+/// Bytes of a REPL_REFUSED body before its message.
+pub const REFUSED_HEAD_LEN: usize = 16;
+/// Longest message a REPL_REFUSED carries.
+pub const REFUSED_MESSAGE_MAX: usize = 1024;
 
 const KIND_PUT: u8 = 0;
 const KIND_DELETE: u8 = 1;
@@ -195,6 +209,73 @@ pub fn encode_batch_body(out: &mut Vec<u8>, start: u64, flags: u8, units: &[u8])
     out[at..at + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// A backup's refusal of one unit: its stream range and why (the frame's status byte).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub start: u64,
+    pub end: u64,
+    pub status: Status,
+    pub message: String,
+}
+
+impl Refused {
+    /// Appends the whole REPL_REFUSED frame (a response: request id 0, the status byte).
+    pub fn encode_frame(&self, out: &mut Vec<u8>) {
+        let message = self.message.as_bytes();
+        let message = &message[..message.len().min(REFUSED_MESSAGE_MAX)];
+        let mut body = Vec::with_capacity(REFUSED_HEAD_LEN + message.len());
+        body.extend_from_slice(&self.start.to_le_bytes());
+        body.extend_from_slice(&self.end.to_le_bytes());
+        body.extend_from_slice(message);
+        encode_frame(out, 0, REPL_REFUSED, self.status.to_u8(), &body);
+    }
+
+    /// Decodes a REPL_REFUSED body with the status byte of its frame.
+    pub fn decode(status: Status, body: &[u8]) -> Result<Refused, DecodeError> {
+        if body.len() < REFUSED_HEAD_LEN || body.len() > REFUSED_HEAD_LEN + REFUSED_MESSAGE_MAX {
+            return Err(bad(format!(
+                "REPL_REFUSED body of {} bytes (its head is {REFUSED_HEAD_LEN}, its message at most {REFUSED_MESSAGE_MAX})",
+                body.len()
+            )));
+        }
+        let refused = Refused {
+            start: u64_at(body, 0),
+            end: u64_at(body, 8),
+            status,
+            message: String::from_utf8_lossy(&body[REFUSED_HEAD_LEN..]).into_owned(),
+        };
+        if refused.end <= refused.start {
+            return Err(bad("REPL_REFUSED names an empty stream range"));
+        }
+        if status == Status::Ok {
+            return Err(bad("REPL_REFUSED with status OK"));
+        }
+        Ok(refused)
+    }
+}
+
+/// Why a unit of a batch could not be taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnitError {
+    /// Its bounds cannot be trusted (a length that overruns the batch): nothing after it can be
+    /// decoded, and the connection must start over.
+    Frame(DecodeError),
+    /// The unit from `start` to `end` is refused for its content; the units after it decode on.
+    Refused {
+        start: u64,
+        end: u64,
+        error: DecodeError,
+    },
+}
+
+impl UnitError {
+    pub fn decode_error(&self) -> &DecodeError {
+        match self {
+            UnitError::Frame(e) | UnitError::Refused { error: e, .. } => e,
+        }
+    }
+}
+
 /// What the backup checks each entry against: the one definition of a valid entry
 /// (`ramlog_common::limits`), which the master's engine and admission check with too.
 pub use ramlog_common::EntryLimits as Limits;
@@ -248,7 +329,17 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Iterator over a batch's units; stops at the first malformed one (an `Err`).
+/// Decodes units from `bytes`, the stream's bytes from offset `start` (as a batch's units).
+pub fn decode_units(bytes: &[u8], start: u64, limits: Limits) -> Units<'_> {
+    Units {
+        rest: bytes,
+        offset: start,
+        limits,
+    }
+}
+
+/// Iterator over a batch's units: a unit refused for its content is an `Err` and the ones after
+/// it follow; a unit whose bounds are broken is the last item.
 pub struct Units<'a> {
     rest: &'a [u8],
     offset: u64,
@@ -259,37 +350,51 @@ pub struct Units<'a> {
 #[derive(Clone, Debug)]
 pub struct Unit<'a> {
     pub head: UnitHead,
+    /// Stream offsets where the unit starts (its length field) and ends.
+    pub start: u64,
     pub end: u64,
     pub entries: Vec<ReplEntry<'a>>,
 }
 
 impl<'a> Iterator for Units<'a> {
-    type Item = Result<Unit<'a>, DecodeError>;
+    type Item = Result<Unit<'a>, UnitError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
             return None;
         }
-        let result = self.decode_one();
-        if result.is_err() {
+        let Some(total) = unit_len_at(self.rest, 0) else {
             self.rest = &[];
+            return Some(Err(UnitError::Frame(bad("truncated unit length"))));
+        };
+        if total > self.rest.len() {
+            let error = bad(format!(
+                "unit of {total} bytes overruns the batch ({} left)",
+                self.rest.len()
+            ));
+            self.rest = &[];
+            return Some(Err(UnitError::Frame(error)));
         }
-        Some(result)
+        if total < 4 + UNIT_HEAD_LEN {
+            self.rest = &[];
+            return Some(Err(UnitError::Frame(bad("unit shorter than its head"))));
+        }
+        // The unit's bounds are sound from here: whatever is wrong inside is its own.
+        let start = self.offset;
+        let result = self.decode_one(total);
+        self.rest = &self.rest[total..];
+        self.offset += total as u64;
+        Some(result.map_err(|error| UnitError::Refused {
+            start,
+            end: self.offset,
+            error,
+        }))
     }
 }
 
 impl<'a> Units<'a> {
-    fn decode_one(&mut self) -> Result<Unit<'a>, DecodeError> {
-        let total = unit_len_at(self.rest, 0).ok_or_else(|| bad("truncated unit length"))?;
-        if total > self.rest.len() {
-            return Err(bad(format!(
-                "unit of {total} bytes overruns the batch ({} left)",
-                self.rest.len()
-            )));
-        }
-        if total < 4 + UNIT_HEAD_LEN {
-            return Err(bad("unit shorter than its head"));
-        }
+    /// Decodes the unit of `total` bytes (length field included) at the front of `rest`.
+    fn decode_one(&self, total: usize) -> Result<Unit<'a>, DecodeError> {
         let unit = &self.rest[4..total];
         let head = UnitHead {
             table: u32_at(unit, 0),
@@ -364,11 +469,10 @@ impl<'a> Units<'a> {
                 body.len()
             )));
         }
-        self.rest = &self.rest[total..];
-        self.offset += total as u64;
         Ok(Unit {
             head,
-            end: self.offset,
+            start: self.offset,
+            end: self.offset + total as u64,
             entries,
         })
     }
@@ -408,10 +512,26 @@ pub fn check_batch_roundtrip(body: &[u8], limits: Limits) -> Result<usize, Decod
     let batch = decode_batch(body)?;
     let mut units = Vec::new();
     let mut count = 0;
+    let mut first_error = None;
+    let mut refused = 0u64;
     for unit in batch.units(limits) {
-        let unit = unit?;
-        encode_unit(&mut units, &unit.head, &unit.entries);
-        count += 1;
+        match unit {
+            Ok(unit) => {
+                encode_unit(&mut units, &unit.head, &unit.entries);
+                count += 1;
+            }
+            Err(UnitError::Refused { start, end, error }) => {
+                // A refused unit's range lies inside the batch, after the units before it.
+                assert!(batch.start <= start && start < end && end <= batch.end());
+                refused += end - start;
+                first_error.get_or_insert(error);
+            }
+            Err(UnitError::Frame(e)) => return Err(e),
+        }
+    }
+    if let Some(e) = first_error {
+        assert!(refused > 0);
+        return Err(e);
     }
     let mut again = Vec::new();
     encode_batch_body(&mut again, batch.start, batch.flags, &units);
@@ -527,13 +647,25 @@ mod tests {
         };
         let batch = decode_batch(&body).unwrap();
         let err = batch.units(small).next().unwrap().unwrap_err();
-        assert_eq!(err.status, Status::KeyTooLarge);
+        assert_eq!(err.decode_error().status, Status::KeyTooLarge);
+        // A unit refused for its content is refused alone: the next one still decodes.
+        assert!(matches!(err, UnitError::Refused { start: 1000, .. }));
+        assert!(batch.units(small).nth(1).unwrap().is_err());
         let tiny = Limits {
             key_max_bytes: 1024,
             value_max_bytes: 2,
         };
-        let err = batch.units(tiny).nth(1).unwrap().unwrap_err();
-        assert_eq!(err.status, Status::ValueTooLarge);
+        let mut units = batch.units(tiny);
+        let first = units.next().unwrap().expect("the first unit's value fits");
+        let err = units.next().unwrap().unwrap_err();
+        assert_eq!(err.decode_error().status, Status::ValueTooLarge);
+        match err {
+            UnitError::Refused { start, end, .. } => {
+                assert_eq!(start, first.end);
+                assert!(end > start);
+            }
+            other => panic!("a content refusal is tied to its unit, not {other:?}"),
+        }
         assert!(Hello::decode(&[0u8; 5]).is_err());
         assert!(Ack::decode(
             &Ack {
@@ -543,6 +675,45 @@ mod tests {
             .encode()
         )
         .is_err());
+    }
+
+    #[test]
+    fn refusals_round_trip_and_bad_ones_are_errors() {
+        let r = Refused {
+            start: 10,
+            end: 42,
+            status: Status::KeyTooLarge,
+            message: "entry key of 9 bytes is over the limit".into(),
+        };
+        let mut frame = Vec::new();
+        r.encode_frame(&mut frame);
+        let header = crate::native::parse_header(&frame, 1 << 20)
+            .unwrap()
+            .unwrap();
+        assert_eq!(header.opcode, REPL_REFUSED);
+        let status = Status::from_u8(header.flags_or_status);
+        let back = Refused::decode(status, &frame[crate::native::HEADER_LEN..]).unwrap();
+        assert_eq!(back, r);
+        assert!(Refused::decode(Status::Ok, &frame[crate::native::HEADER_LEN..]).is_err());
+        assert!(Refused::decode(status, &[0u8; 8]).is_err());
+        let mut empty = [0u8; REFUSED_HEAD_LEN];
+        empty[..8].copy_from_slice(&5u64.to_le_bytes());
+        empty[8..].copy_from_slice(&5u64.to_le_bytes());
+        assert!(Refused::decode(status, &empty).is_err());
+    }
+
+    #[test]
+    fn a_broken_unit_length_ends_the_batch() {
+        let (body, _) = sample();
+        let mut broken = body.clone();
+        // The first unit claims more bytes than the batch holds.
+        broken[BATCH_HEAD_LEN..BATCH_HEAD_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let crc = crc32c::crc32c(&broken[4..]);
+        broken[..4].copy_from_slice(&crc.to_le_bytes());
+        let batch = decode_batch(&broken).unwrap();
+        let items: Vec<_> = batch.units(LIMITS).collect();
+        assert_eq!(items.len(), 1);
+        assert!(matches!(items[0], Err(UnitError::Frame(_))));
     }
 
     #[test]

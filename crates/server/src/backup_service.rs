@@ -9,6 +9,14 @@
 //! fdatasync at once (one sync for everything appended before it: group commit); otherwise it
 //! reports what the store's own periodic sync (every `flush_interval`) made durable.
 //!
+//! A unit refused for its **content** (an entry over the limits that `ramlog_common::limits`
+//! defines for every layer, a malformed entry inside a well-framed unit) is refused alone: the
+//! backup answers `REPL_REFUSED` with the unit's stream range before any acknowledgement that
+//! covers it, skips it, and takes the rest of the stream (the master fails that write and
+//! re-sends the key's current state; see [`crate::replication`]). A refused unit that is resent
+//! after a reconnection is refused again from memory. Refusals are counted (`refused_content`)
+//! and logged once per master and reason.
+//!
 //! Checks, each refusing the frame before anything of it is appended, with an error reply and the
 //! connection closed (the master reconnects and resends; nothing acknowledged is touched):
 //! - the cluster id of the hello must be this server's;
@@ -17,8 +25,8 @@
 //!   owner's recovery will read. The newest epochs are what the store's tablet ids record, so
 //!   they survive a restart;
 //! - the unit's tablet must be one of the map's (an unknown one is `NoSuchTable`);
-//! - entries within the key and value limits (the decoder), and a store that works: a full disk
-//!   refuses with `WritesRefused`.
+//! - a batch whose checksum or unit bounds are broken (it cannot be tied to one unit), and a
+//!   store that works: a full disk refuses with `WritesRefused`.
 //!
 //! A unit's tablet in the store is `(table, first slot, epoch)` packed in the store's u64 tablet
 //! id ([`store_tablet`]); replay groups by it. Resent units (after a reconnection) that this
@@ -28,7 +36,7 @@ use crate::node::Node;
 use parking_lot::{Condvar, Mutex};
 use ramlog_backup::{Backup, Entry, Stage, Ticket};
 use ramlog_proto::native::{parse_header, FrameError, Status, HEADER_LEN};
-use ramlog_proto::repl::{self, Ack, Hello, Limits};
+use ramlog_proto::repl::{self, Ack, Hello, Limits, Refused, UnitError};
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -75,6 +83,8 @@ pub struct BackupCounters {
     pub refused_fenced: AtomicU64,
     pub refused_bad: AtomicU64,
     pub refused_store: AtomicU64,
+    /// Units refused for their content (the stream went on without them).
+    pub refused_content: AtomicU64,
     pub syncs_requested: AtomicU64,
 }
 
@@ -95,6 +105,18 @@ pub struct BackupService {
     /// Newest epoch seen per (table, first slot).
     epochs: Mutex<HashMap<(u32, u16), u64>>,
     marks: Mutex<HashMap<(u64, u64, u64), StreamMark>>,
+    /// Units refused for their content, per stream (the newest [`REFUSALS_KEPT`]), so that a
+    /// resent one is refused again without being decoded.
+    refusals: Mutex<HashMap<(u64, u64, u64), VecDeque<Refused>>>,
+    /// (master, reason) pairs already logged.
+    refusals_logged: Mutex<std::collections::HashSet<(u64, String)>>,
+    /// Test-only fault switch (`RAMLOG_TEST_REFUSE_VALUE`): a unit with an entry whose value is
+    /// exactly these bytes is refused for its content, as if the decoder disagreed with the
+    /// master about it: once per key (a transient fault, which the master's re-send of the key
+    /// gets past), or every time with the prefix `always:` (a backup that cannot hold it).
+    refuse_value: Option<(Vec<u8>, bool)>,
+    /// Keys the fault switch refused once already.
+    refused_once: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// The open replication connections, to be closed at shutdown.
     sockets: Mutex<Vec<(u64, TcpStream)>>,
     /// Bytes the connections' read buffers hold (counted against the memory budget).
@@ -142,6 +164,16 @@ impl BackupService {
             dir,
             epochs: Mutex::new(epochs),
             marks: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
+            refusals_logged: Mutex::new(std::collections::HashSet::new()),
+            refuse_value: std::env::var_os("RAMLOG_TEST_REFUSE_VALUE").map(|v| {
+                let v = v.into_encoded_bytes();
+                match v.strip_prefix(b"always:") {
+                    Some(rest) => (rest.to_vec(), true),
+                    None => (v, false),
+                }
+            }),
+            refused_once: Mutex::new(std::collections::HashSet::new()),
             sockets: Mutex::new(Vec::new()),
             buffer_bytes: AtomicU64::new(0),
             next_socket: AtomicU64::new(0),
@@ -297,6 +329,7 @@ impl BackupService {
             refused_fenced: load(&c.refused_fenced),
             refused_bad: load(&c.refused_bad),
             refused_store: load(&c.refused_store),
+            refused_content: load(&c.refused_content),
             syncs_requested: load(&c.syncs_requested),
             tablets: self.store.tablets().len() as u64,
         }
@@ -467,7 +500,9 @@ impl BackupService {
                 }
                 let body = &input[at + HEADER_LEN..at + header.frame_bytes()];
                 at += header.frame_bytes();
-                self.take_batch(node, body, hello, acks)?;
+                self.take_batch(node, body, hello, acks, &mut |frames| {
+                    writer.lock().write_all(frames)
+                })?;
                 taken = true;
             }
             // One acknowledgement for every frame this read brought.
@@ -498,6 +533,7 @@ impl BackupService {
         body: &[u8],
         hello: &Hello,
         acks: &Acks,
+        send: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<(), (Status, String)> {
         let refuse_bad = |e: ramlog_proto::native::DecodeError| {
             self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
@@ -516,11 +552,28 @@ impl BackupService {
                 ),
             ));
         }
-        // Decode and check every unit before appending any.
-        let units = batch
-            .units(self.limits)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(refuse_bad)?;
+        // Decode and check every unit before appending any. A unit refused for its content is
+        // set aside (answered below); one whose bounds are broken refuses the whole frame.
+        let mut units = Vec::new();
+        let mut refused: Vec<Refused> = Vec::new();
+        for unit in batch.units(self.limits) {
+            match unit {
+                Ok(u) if self.test_refuses(&u) => refused.push(Refused {
+                    start: u.start,
+                    end: u.end,
+                    status: Status::BadRequest,
+                    message: "refused by the test fault switch RAMLOG_TEST_REFUSE_VALUE".into(),
+                }),
+                Ok(u) => units.push(u),
+                Err(UnitError::Refused { start, end, error }) => refused.push(Refused {
+                    start,
+                    end,
+                    status: error.status,
+                    message: error.message,
+                }),
+                Err(UnitError::Frame(e)) => return Err(refuse_bad(e)),
+            }
+        }
         let view = node.cluster().map(|m| m.view());
         {
             let mut epochs = self.epochs.lock();
@@ -566,6 +619,12 @@ impl BackupService {
                 let e = epochs.entry((u.head.table, u.head.first_slot)).or_insert(0);
                 *e = (*e).max(u.head.epoch);
             }
+        }
+        // Refusals go out before any acknowledgement that covers them (this thread sends the
+        // frame's acknowledgement after this returns; the syncer only acknowledges what the
+        // pending list below names).
+        if !refused.is_empty() {
+            self.refuse_units(key, hello.master, &refused, mark.appended, send)?;
         }
         let mut entries: Vec<Entry<'_>> = Vec::new();
         let mut last_ticket = None;
@@ -649,6 +708,69 @@ impl BackupService {
         self.marks.lock().insert(key, mark);
     }
 
+    /// Whether the test fault switch refuses this unit.
+    fn test_refuses(&self, unit: &repl::Unit<'_>) -> bool {
+        let Some((marker, always)) = &self.refuse_value else {
+            return false;
+        };
+        unit.entries.iter().any(|e| {
+            e.value.is_some_and(|v| v == marker.as_slice())
+                && (*always || self.refused_once.lock().insert(e.key.to_vec()))
+        })
+    }
+
+    /// Answers `REPL_REFUSED` for each unit refused for its content (see the module comment):
+    /// new ones are counted, remembered and logged once per master and reason; resent ones
+    /// (ending at or before `appended`) are answered again only if this process refused them.
+    fn refuse_units(
+        &self,
+        stream: (u64, u64, u64),
+        master: u64,
+        refused: &[Refused],
+        appended: u64,
+        send: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<(), (Status, String)> {
+        let mut out = Vec::new();
+        {
+            let mut all = self.refusals.lock();
+            let kept = all.entry(stream).or_default();
+            for r in refused {
+                if r.end <= appended {
+                    if kept.iter().any(|k| k.start == r.start && k.end == r.end) {
+                        r.encode_frame(&mut out);
+                    }
+                    continue;
+                }
+                self.counters
+                    .refused_content
+                    .fetch_add(1, Ordering::Relaxed);
+                if self
+                    .refusals_logged
+                    .lock()
+                    .insert((master, r.message.clone()))
+                {
+                    tracing::warn!(
+                        master,
+                        status = ?r.status,
+                        message = %r.message,
+                        start = r.start,
+                        end = r.end,
+                        "refused a replicated unit for its content; the stream goes on without it (logged once per master and reason)"
+                    );
+                }
+                if kept.len() >= REFUSALS_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(r.clone());
+                r.encode_frame(&mut out);
+            }
+        }
+        if !out.is_empty() {
+            send(&out).map_err(|e| (Status::Internal, e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Acknowledges durability (see the module comment) until the connection ends.
     fn sync_loop(&self, acks: &Acks, writer: &Mutex<TcpStream>) {
         loop {
@@ -724,6 +846,9 @@ impl BackupService {
         }
     }
 }
+
+/// Refused units remembered per stream.
+const REFUSALS_KEPT: usize = 256;
 
 /// Bytes one connection's buffers hold, kept in a shared counter and taken out of it on drop.
 struct Held<'a> {
@@ -939,45 +1064,143 @@ mod tests {
     }
 
     #[test]
+    fn a_unit_refused_for_its_content_is_refused_alone_and_again_when_resent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (backup, node) = service(dir.path());
+        let a = acks();
+        let head = UnitHead {
+            table: 0,
+            first_slot: 0,
+            last_slot: 99,
+            epoch: 1,
+            count: 0,
+        };
+        let too_large = vec![7u8; backup.limits.value_max_bytes + 1];
+        let mut units = Vec::new();
+        let mut ends = Vec::new();
+        for (i, (key, value)) in [
+            (&b""[..], &b"empty key"[..]),
+            (b"big", &too_large),
+            (b"k3", b"v3"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            encode_unit(
+                &mut units,
+                &head,
+                &[ReplEntry {
+                    key,
+                    value: Some(value),
+                    version: 10 + i as u64,
+                    expiry: 0,
+                }],
+            );
+            ends.push(units.len() as u64);
+        }
+        let mut body = Vec::new();
+        encode_batch_body(&mut body, 0, 0, &units);
+        let mut sent = Vec::new();
+        backup
+            .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+                sent.extend_from_slice(f);
+                Ok(())
+            })
+            .unwrap();
+        // The frame is taken whole but for the refused unit, which is answered alone.
+        assert_eq!(a.buffered.load(Ordering::Relaxed), ends[2]);
+        assert_eq!(backup.counters.units.load(Ordering::Relaxed), 2);
+        assert_eq!(backup.counters.refused_content.load(Ordering::Relaxed), 1);
+        let header = ramlog_proto::native::parse_header(&sent, 1 << 20)
+            .unwrap()
+            .unwrap();
+        assert_eq!(header.opcode, repl::REPL_REFUSED);
+        assert_eq!(header.frame_bytes(), sent.len());
+        let refused =
+            Refused::decode(Status::from_u8(header.flags_or_status), &sent[HEADER_LEN..]).unwrap();
+        assert_eq!((refused.start, refused.end), (ends[0], ends[1]));
+        assert_eq!(refused.status, Status::ValueTooLarge);
+        // Resent after a reconnection: nothing appended again, the refusal answered again.
+        let mut again = Vec::new();
+        backup
+            .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+                again.extend_from_slice(f);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(again, sent);
+        assert_eq!(backup.counters.units.load(Ordering::Relaxed), 2);
+        assert_eq!(backup.counters.refused_content.load(Ordering::Relaxed), 1);
+        // The empty key and k3 are in the store; the refused value is not.
+        let mut seen = Vec::new();
+        backup
+            .store()
+            .replay_all(|e| seen.push(e.key.to_vec()))
+            .unwrap();
+        seen.sort();
+        assert_eq!(seen, vec![b"".to_vec(), b"k3".to_vec()]);
+    }
+
+    #[test]
     fn older_epochs_are_fenced_and_resent_units_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let (backup, node) = service(dir.path());
         let a = acks();
         let (b1, end1) = batch(0, 3, b"k", b"epoch3", 10);
-        backup.take_batch(&node, &b1, &hello(1), &a).unwrap();
+        backup
+            .take_batch(&node, &b1, &hello(1), &a, &mut |_| Ok(()))
+            .unwrap();
         assert_eq!(a.buffered.load(Ordering::Relaxed), end1);
         // The same units again (a reconnection resends from the last durable offset): skipped.
-        backup.take_batch(&node, &b1, &hello(1), &a).unwrap();
+        backup
+            .take_batch(&node, &b1, &hello(1), &a, &mut |_| Ok(()))
+            .unwrap();
         assert_eq!(backup.counters.units_skipped.load(Ordering::Relaxed), 1);
         // A frame from an older epoch of the tablet is refused, and nothing of it is appended.
         let (b2, _) = batch(end1, 2, b"k", b"zombie", 11);
-        let (status, message) = backup.take_batch(&node, &b2, &hello(1), &a).unwrap_err();
+        let (status, message) = backup
+            .take_batch(&node, &b2, &hello(1), &a, &mut |_| Ok(()))
+            .unwrap_err();
         assert_eq!(status, Status::Fenced, "{message}");
         assert!(message.contains("stale epoch"), "{message}");
         // Another master process (a new master epoch) with the same old tablet epoch: fenced too.
         let (b3, _) = batch(0, 2, b"k", b"zombie", 12);
         assert_eq!(
-            backup.take_batch(&node, &b3, &hello(2), &a).unwrap_err().0,
+            backup
+                .take_batch(&node, &b3, &hello(2), &a, &mut |_| Ok(()))
+                .unwrap_err()
+                .0,
             Status::Fenced
         );
         // A newer epoch is taken, and raises the fence.
         let (b4, _) = batch(0, 4, b"k", b"epoch4", 13);
-        backup.take_batch(&node, &b4, &hello(3), &a).unwrap();
+        backup
+            .take_batch(&node, &b4, &hello(3), &a, &mut |_| Ok(()))
+            .unwrap();
         let (b5, _) = batch(end1, 3, b"j", b"late", 14);
         assert_eq!(
-            backup.take_batch(&node, &b5, &hello(1), &a).unwrap_err().0,
+            backup
+                .take_batch(&node, &b5, &hello(1), &a, &mut |_| Ok(()))
+                .unwrap_err()
+                .0,
             Status::Fenced
         );
         // A corrupt frame and a gap in the stream are refused.
         let mut bad = b4.clone();
         *bad.last_mut().unwrap() ^= 1;
         assert_eq!(
-            backup.take_batch(&node, &bad, &hello(3), &a).unwrap_err().0,
+            backup
+                .take_batch(&node, &bad, &hello(3), &a, &mut |_| Ok(()))
+                .unwrap_err()
+                .0,
             Status::BadRequest
         );
         let (gap, _) = batch(end1 * 10, 4, b"g", b"gap", 15);
         assert_eq!(
-            backup.take_batch(&node, &gap, &hello(3), &a).unwrap_err().0,
+            backup
+                .take_batch(&node, &gap, &hello(3), &a, &mut |_| Ok(()))
+                .unwrap_err()
+                .0,
             Status::BadRequest
         );
         assert_eq!(backup.epochs(), vec![((0, 0), 4)]);
@@ -996,7 +1219,7 @@ mod tests {
         let (b6, _) = batch(0, 3, b"k", b"after-restart", 20);
         assert_eq!(
             again
-                .take_batch(&node, &b6, &hello(9), &acks())
+                .take_batch(&node, &b6, &hello(9), &acks(), &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::Fenced

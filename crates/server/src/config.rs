@@ -176,6 +176,10 @@ pub struct ServerConfig {
     /// Replication: a backup that leaves a write unacknowledged this long is reported to the
     /// coordinator as suspect.
     pub backup_timeout_ms: u64,
+    /// Replication: the longest a reply waits for its backups' acknowledgement. Past it the
+    /// write (or a read that waited on writes in flight) fails with an error saying its outcome
+    /// is unknown, as for any write in doubt.
+    pub replication_ack_timeout_ms: u64,
     /// Re-protection: bytes per second the copy of one tablet to one backup may send (after a
     /// recovery or a backup's replacement), so that copies leave room for the clients' traffic.
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
@@ -216,6 +220,7 @@ impl Default for ServerConfig {
             heartbeat_interval_ms: 100,
             replication_in_flight_bytes: 16 << 20,
             backup_timeout_ms: 200,
+            replication_ack_timeout_ms: 5000,
             recovery_copy_bytes_per_sec: 128 << 20,
         }
     }
@@ -339,6 +344,9 @@ impl ServerConfig {
                 "request_size_max_bytes",
                 "must be at least request_arg_size_max_bytes",
             );
+        }
+        if self.replication_ack_timeout_ms == 0 {
+            return invalid("replication_ack_timeout_ms", "must be at least 1");
         }
         if self.replication_in_flight_bytes < 1 << 20 {
             return invalid("replication_in_flight_bytes", "must be at least 1MiB");

@@ -209,6 +209,11 @@ fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFig
             b.refused_store,
         ),
         (
+            "ramlog_backup_refused_content_total",
+            "Units refused for their content; the stream went on without them (the master failed those writes).",
+            b.refused_content,
+        ),
+        (
             "ramlog_backup_syncs_requested_total",
             "Syncs durable tables asked for.",
             b.syncs_requested,
@@ -264,8 +269,8 @@ fn replication_info(s: &mut String, r: Option<&crate::replication::ReplicationFi
         let b = &r.backup;
         let _ = write!(
             s,
-            "ramlog_backup_side:tablets={},frames={},units={},entries={},units_skipped={},refused_fenced={},refused_bad={},refused_store={}\r\n",
-            b.tablets, b.frames, b.units, b.entries, b.units_skipped, b.refused_fenced, b.refused_bad, b.refused_store
+            "ramlog_backup_side:tablets={},frames={},units={},entries={},units_skipped={},refused_fenced={},refused_bad={},refused_store={},refused_content={}\r\n",
+            b.tablets, b.frames, b.units, b.entries, b.units_skipped, b.refused_fenced, b.refused_bad, b.refused_store, b.refused_content
         );
     }
     s.push_str("\r\n");

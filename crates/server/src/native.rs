@@ -151,7 +151,7 @@ struct Session<'a> {
     /// Replies to writes in the output buffer not yet written to the socket, as (start, end,
     /// request id, opcode): in `durable` mode they go out only after [`Node::acknowledge`], and are
     /// replaced by WRITES_REFUSED errors if it fails.
-    write_replies: Vec<(usize, usize, u64, u8)>,
+    write_replies: Vec<(crate::replication::HeldReply, u64, u8)>,
     /// What this connection's writes wait for from the backups (cluster servers).
     repl_needs: crate::replication::Needs,
     /// Scratch space reused across SCAN_KEYS requests.
@@ -299,12 +299,24 @@ async fn send_replies(
 ) -> Result<(), Closed> {
     if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
         if session.node.acknowledgement_waits(&session.repl_needs) {
-            if let Err(e) = session.node.acknowledge(&mut session.repl_needs).await {
-                withdraw_write_replies(output, &session.write_replies, &e);
-                crate::metrics::Metrics::add(
-                    &session.node.metrics.writes_refused,
-                    session.write_replies.len() as u64,
-                );
+            let failures: Vec<Option<String>> =
+                match session.node.acknowledge(&mut session.repl_needs).await {
+                    Err(e) => {
+                        vec![Some(format!("not acknowledged: {e}")); session.write_replies.len()]
+                    }
+                    Ok(refused) if refused.is_empty() => Vec::new(),
+                    Ok(refused) => {
+                        let held: Vec<_> = session.write_replies.iter().map(|w| w.0).collect();
+                        crate::replication::refused_replies(&held, &refused)
+                            .into_iter()
+                            .map(|r| r.map(str::to_string))
+                            .collect()
+                    }
+                };
+            let failed = failures.iter().filter(|f| f.is_some()).count();
+            if failed > 0 {
+                withdraw_write_replies(output, &session.write_replies, &failures);
+                crate::metrics::Metrics::add(&session.node.metrics.writes_refused, failed as u64);
             }
         }
         session.write_replies.clear();
@@ -316,20 +328,21 @@ async fn send_replies(
     Ok(())
 }
 
-/// Rebuilds `output` with each write reply in `ranges` (in order, not overlapping) replaced by an
-/// error frame for the same request.
+/// Rebuilds `output` with each held write reply whose failure is given (in order, not
+/// overlapping) replaced by an error frame for the same request.
 fn withdraw_write_replies(
     output: &mut BytesMut,
-    ranges: &[(usize, usize, u64, u8)],
-    e: &NodeError,
+    replies: &[(crate::replication::HeldReply, u64, u8)],
+    failures: &[Option<String>],
 ) {
-    let message = format!("not acknowledged: {e}");
     let mut rebuilt = BytesMut::with_capacity(output.len());
     let mut at = 0;
-    for &(start, end, id, op) in ranges {
+    for (&(held, id, op), failure) in replies.iter().zip(failures) {
+        let Some(message) = failure else { continue };
+        let (start, end) = (held.start, held.end);
         debug_assert!(at <= start && start <= end && end <= output.len());
         rebuilt.extend_from_slice(&output[at..start]);
-        encode_error(&mut rebuilt, id, op, Status::WritesRefused, 0, &message);
+        encode_error(&mut rebuilt, id, op, Status::WritesRefused, 0, message);
         at = end;
     }
     rebuilt.extend_from_slice(&output[at..]);
@@ -558,6 +571,7 @@ async fn serve(
                             body,
                             &mut output,
                         );
+                        let units_from = session.repl_needs.units_len();
                         crate::replication::take_needs(&mut session.repl_needs);
                         let read_waits = crate::replication::take_read_waits();
                         // A request that became a job is reported when the job is done.
@@ -567,8 +581,12 @@ async fn serve(
                             node.record(native_op(header.opcode), started.elapsed(), ok);
                             if ok && (is_write(header.opcode) || read_waits) {
                                 session.write_replies.push((
-                                    reply_at,
-                                    output.len(),
+                                    crate::replication::HeldReply {
+                                        start: reply_at,
+                                        end: output.len(),
+                                        units_from,
+                                        units_to: session.repl_needs.units_len(),
+                                    },
                                     header.request_id,
                                     header.opcode,
                                 ));

@@ -235,6 +235,9 @@ impl Node {
                 a
             )
         };
+        if let Some(d) = &cluster_duty {
+            d.replication.set_engine(keyspace.engine());
+        }
         let node = Arc::new(Node {
             config,
             keyspace,
@@ -466,32 +469,36 @@ impl Node {
     /// Waits until every write applied so far (`needs`: those of the calling connection, for
     /// replication) has reached the point where its table's promise lets it be acknowledged:
     /// fdatasync for standalone `durable` persistence; for a cluster server, the table's
-    /// replication mode (see [`crate::replication`]). At once otherwise. An error means that
-    /// point cannot be reached: the writes were applied in memory, but their replies must not
-    /// claim success.
+    /// replication mode (see [`crate::replication`]), at most `replication_ack_timeout_ms`.
+    /// At once otherwise. An error means that point cannot be reached: the writes were applied
+    /// in memory, but their replies must not claim success. Ok lists the writes a backup refused
+    /// (by their unit index in `needs`): those replies must fail, the others stand.
     pub async fn acknowledge(
         &self,
         needs: &mut crate::replication::Needs,
-    ) -> Result<(), NodeError> {
+    ) -> Result<Vec<crate::replication::RefusedWrite>, NodeError> {
+        let mut refused = Vec::new();
         if let Some(d) = &self.cluster_duty {
             if !needs.is_empty() {
-                d.replication
+                refused = d
+                    .replication
                     .wait(needs)
                     .await
                     .map_err(|reason| NodeError::WritesRefused { reason })?;
             }
         }
         let Some(p) = &self.persistence else {
-            return Ok(());
+            return Ok(refused);
         };
         if p.mode() != PersistenceMode::Durable {
-            return Ok(());
+            return Ok(refused);
         }
         let p = p.clone();
         let waited = tokio::task::spawn_blocking(move || p.wait_durable_blocking())
             .await
             .unwrap_or_else(|e| Err(format!("the durability wait failed: {e}")));
-        waited.map_err(|reason| NodeError::WritesRefused { reason })
+        waited.map_err(|reason| NodeError::WritesRefused { reason })?;
+        Ok(refused)
     }
 
     /// Whether [`Node::acknowledge`] has anything to wait for.

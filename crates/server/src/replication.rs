@@ -32,6 +32,26 @@
 //! does not wait at all. The engine hands a write to the observer before readers can see it, so
 //! a read that sees a write finds it appended. `async` reads never wait.
 //!
+//! **Refused units.** Admission on the master and the backup's decoder check entries with one
+//! definition (`ramlog_common::limits`), so a backup refuses no unit the master admitted unless
+//! something is broken (a fault, a corrupt unit; tests use a fault switch). When one is refused
+//! anyway (`REPL_REFUSED`), the stream goes on and:
+//! - the write whose unit it was fails: its reply becomes an error saying that a backup refused
+//!   it and that its outcome is unknown (the master applied it; see below);
+//! - the master re-sends the current state of the unit's keys to that backup as a new unit (the
+//!   **repair**), and that stream's acknowledgements stay below the refused unit until the repair
+//!   is acknowledged: no later write on the stream, and no read that may have seen the refused
+//!   write, is acknowledged before every backup holds what the master shows;
+//! - a repair that is refused too means the backup cannot hold what the master serves: it is
+//!   reported to the coordinator as failing (every `backup_timeout_ms`), which replaces it as
+//!   after a crash; meanwhile waits end at `replication_ack_timeout_ms` (below).
+//!
+//! Undoing the write instead would need a before-image of every write in flight on the master,
+//! paid by every write, for a case that client input cannot cause.
+//!
+//! **Bounded waits.** No reply waits longer than `replication_ack_timeout_ms` for its backups;
+//! past it, the writes (and reads) behind it fail with an error saying their outcome is unknown.
+//!
 //! Memory: each stream holds its unacknowledged bytes (bounded as above, plus what the writes of
 //! one read batch of each connection add before they wait), and one frame buffer of up to
 //! [`FRAME_UNITS_MAX`] bytes; both are reported as `replication_buffers` (with the backup side's
@@ -47,7 +67,7 @@ use ramlog_proto::native::{
     parse_header, ClientHello, Request, ServerHello, Status, HEADER_LEN, HELLO_FLAG_REFUSED,
     SERVER_HELLO_LEN,
 };
-use ramlog_proto::repl::{self, Ack, Hello, ReplEntry, UnitHead};
+use ramlog_proto::repl::{self, Ack, Hello, Refused, ReplEntry, UnitHead};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -118,15 +138,66 @@ pub struct Need {
     since: Instant,
 }
 
-/// The waits a connection collected from its writes since its last replies went out.
+/// One unit a connection's write appended to one stream (for `sync`, `durable` and `mirror`
+/// tables): how a refusal of that unit finds the reply it must fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UnitMark {
+    /// The stream (its address: a stream outlives the needs that name it).
+    stream: usize,
+    end: u64,
+}
+
+/// The waits a connection collected from its writes since its last replies went out, and the
+/// units behind them in order (see [`Needs::units_len`]).
 #[derive(Default, Debug)]
 pub struct Needs {
     items: Vec<Need>,
+    units: Vec<UnitMark>,
+}
+
+/// A unit of the connection's writes that a backup refused: the index of its mark (counted as
+/// [`Needs::units_len`] counts) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedWrite {
+    pub unit: usize,
+    pub reason: String,
+}
+
+/// A reply held until the writes (or the reads) behind it are acknowledged: where it lies in its
+/// connection's output, and the units its request appended (see [`Needs::units_len`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldReply {
+    pub start: usize,
+    pub end: usize,
+    pub units_from: usize,
+    pub units_to: usize,
+}
+
+/// For each held reply, in order: None if it stands, or why it must fail (a backup refused one
+/// of its units).
+pub fn refused_replies<'a>(
+    held: &[HeldReply],
+    refused: &'a [RefusedWrite],
+) -> Vec<Option<&'a str>> {
+    held.iter()
+        .map(|h| {
+            refused
+                .iter()
+                .find(|r| (h.units_from..h.units_to).contains(&r.unit))
+                .map(|r| r.reason.as_str())
+        })
+        .collect()
 }
 
 impl Needs {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// Units recorded so far: a front end notes this before and after each request, and a
+    /// [`RefusedWrite`] whose `unit` falls in between belongs to that request's reply.
+    pub fn units_len(&self) -> usize {
+        self.units.len()
     }
 
     fn add(&mut self, stream: &Arc<Stream>, mode: usize, buffered: u64, durable: u64) {
@@ -148,6 +219,7 @@ impl Needs {
 
     /// Moves every need of `other` into this one.
     pub fn absorb(&mut self, other: &mut Needs) {
+        self.units.append(&mut other.units);
         for n in other.items.drain(..) {
             let since = n.since;
             self.add(&n.stream, n.mode, n.buffered, n.durable);
@@ -189,6 +261,7 @@ pub fn take_needs(into: &mut Needs) {
             // A deliberately broken build (tests/python/test_chaos.py): replies go out before
             // the backups answer, so that the fault-injection checker can be shown to catch it.
             p.items.clear();
+            p.units.clear();
         } else if !p.is_empty() {
             into.absorb(&mut p);
         }
@@ -235,12 +308,39 @@ pub struct Stream {
     last_error: Mutex<String>,
     /// When the backup was last reported suspect.
     reported: Mutex<Option<Instant>>,
+    /// Units the backup refused, and the hold on acknowledgements while a repair is in flight.
+    refusals: Mutex<Refusals>,
+    /// Units the backup refused (counter).
+    pub refused: AtomicU64,
     pub connects: AtomicU64,
     pub frames_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub units_appended: AtomicU64,
     pub entries_appended: AtomicU64,
 }
+
+/// Units refused on one stream, newest last (at most [`REFUSALS_KEPT`]).
+#[derive(Debug, Default)]
+struct Refusals {
+    list: VecDeque<Refusal>,
+    /// While a repair is unacknowledged: acknowledgements count only up to `at` (where the first
+    /// refused unit starts) until the backup holds everything up to `until` (the repair's end).
+    hold: Option<(u64, u64)>,
+    /// The backup refused a repair: it cannot hold what this master serves (reported).
+    failing: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Refusal {
+    start: u64,
+    end: u64,
+    reason: String,
+    /// The refused unit was itself a repair.
+    repair: bool,
+}
+
+/// Refusals remembered per stream: far more than can be in flight at once.
+const REFUSALS_KEPT: usize = 1024;
 
 /// Figures of one stream for `/metrics`, `INFO replication` and `ramlog status`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -263,6 +363,8 @@ pub struct StreamFigures {
     pub bytes_sent: u64,
     pub units: u64,
     pub entries: u64,
+    /// Units the backup refused for their content.
+    pub refused: u64,
     pub last_error: String,
 }
 
@@ -290,6 +392,8 @@ impl Stream {
             retired: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
             reported: Mutex::new(None),
+            refusals: Mutex::new(Refusals::default()),
+            refused: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
@@ -327,9 +431,22 @@ impl Stream {
     fn on_ack(&self, ack: Ack) {
         let end = self.end.load(Ordering::Acquire);
         // An acknowledgement beyond what was sent is a broken backup: ignore that part.
-        self.acked_buffered
-            .fetch_max(ack.buffered.min(end), Ordering::AcqRel);
-        let durable = ack.durable.min(end);
+        let (mut buffered, mut durable) = (ack.buffered.min(end), ack.durable.min(end));
+        {
+            let mut r = self.refusals.lock();
+            if let Some((at, until)) = r.hold {
+                // A refused repair does not release the hold: the backup lacks what this master
+                // serves until the failure path replaces it (waits end at the ack timeout).
+                if buffered >= until && r.failing.is_none() {
+                    r.hold = None;
+                } else {
+                    // A repair is in flight: nothing past the refused unit counts yet.
+                    buffered = buffered.min(at);
+                    durable = durable.min(at);
+                }
+            }
+        }
+        self.acked_buffered.fetch_max(buffered, Ordering::AcqRel);
         if self.acked_durable.fetch_max(durable, Ordering::AcqRel) < durable {
             let mut s = self.state.lock();
             while s.units.front().is_some_and(|u| u.0 <= durable) {
@@ -393,6 +510,7 @@ impl Stream {
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             units: self.units_appended.load(Ordering::Relaxed),
             entries: self.entries_appended.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
             last_error: self.last_error.lock().clone(),
         }
     }
@@ -432,6 +550,8 @@ pub struct BackupSideFigures {
     pub refused_fenced: u64,
     pub refused_bad: u64,
     pub refused_store: u64,
+    /// Units refused for their content (see [`crate::backup_service`]).
+    pub refused_content: u64,
     pub syncs_requested: u64,
     /// Tablets (one per table, first slot and epoch) in the backup store.
     pub tablets: u64,
@@ -466,6 +586,14 @@ pub struct Replication {
     stopping: AtomicBool,
     latency: [Histogram; 3],
     acknowledged: [AtomicU64; 3],
+    /// The longest a reply waits for its backups (`replication_ack_timeout_ms`).
+    ack_timeout: Duration,
+    /// Replies that waited past `ack_timeout` (their outcome is unknown to their clients).
+    pub ack_timeouts: AtomicU64,
+    /// Writes failed because a backup refused their unit.
+    pub writes_refused_by_backup: AtomicU64,
+    /// The engine the repairs read the keys' current state from (set once it exists).
+    engine: std::sync::OnceLock<std::sync::Weak<ramlog_logmem::Engine>>,
 }
 
 impl Replication {
@@ -509,7 +637,17 @@ impl Replication {
             stopping: AtomicBool::new(false),
             latency: Default::default(),
             acknowledged: Default::default(),
+            ack_timeout: Duration::from_millis(config.replication_ack_timeout_ms.max(1)),
+            ack_timeouts: AtomicU64::new(0),
+            writes_refused_by_backup: AtomicU64::new(0),
+            engine: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Names the engine whose writes this replicates (repairs read the current state of refused
+    /// keys from it).
+    pub fn set_engine(&self, engine: &Arc<ramlog_logmem::Engine>) {
+        let _ = self.engine.set(Arc::downgrade(engine));
     }
 
     /// Points every tablet this server masters at its backups in `map` (`tablets`: engine tablet
@@ -613,12 +751,17 @@ impl Replication {
         }
     }
 
-    /// Waits until every need is met (see the module comment). An error means the promise
-    /// cannot be kept (the server is stopping, or the backup is no longer the tablet's): the
-    /// replies must not claim the writes.
-    pub async fn wait(&self, needs: &mut Needs) -> Result<(), String> {
+    /// Waits until every need is met (see the module comment), at most
+    /// `replication_ack_timeout_ms` after the first write behind them. An error means the
+    /// promise cannot be kept (the server is stopping, or no acknowledgement came in time): the
+    /// replies must not claim the writes. Ok names the units of `needs` that a backup refused:
+    /// the replies of those writes must fail, the others stand.
+    pub async fn wait(&self, needs: &mut Needs) -> Result<Vec<RefusedWrite>, String> {
+        let units = std::mem::take(&mut needs.units);
+        let mut refused_streams: Vec<Arc<Stream>> = Vec::new();
         for need in needs.items.drain(..) {
             let stream = &need.stream;
+            let deadline = need.since + self.ack_timeout;
             loop {
                 let notified = stream.acked.notified();
                 tokio::pin!(notified);
@@ -631,6 +774,17 @@ impl Replication {
                         "the server is stopping; the write's backups did not acknowledge it".into(),
                     );
                 }
+                let now = Instant::now();
+                if now >= deadline {
+                    self.ack_timeouts.fetch_add(1, Ordering::Relaxed);
+                    let error = stream.last_error.lock().clone();
+                    return Err(format!(
+                        "backup {} did not acknowledge within replication_ack_timeout_ms ({} ms){}; the write's outcome is unknown",
+                        stream.backup,
+                        self.ack_timeout.as_millis(),
+                        if error.is_empty() { String::new() } else { format!(" ({error})") }
+                    ));
+                }
                 if stream.retired.load(Ordering::Acquire) {
                     // A map took the backup out of the tablet's backup set (it was declared
                     // dead): this master still serves the tablet (a master that was itself
@@ -638,12 +792,171 @@ impl Replication {
                     // needs stand on their own, and the replacement receives the tablet by copy.
                     break;
                 }
-                let _ = tokio::time::timeout(WAIT_RECHECK, notified).await;
+                let _ = tokio::time::timeout(WAIT_RECHECK.min(deadline - now), notified).await;
             }
             self.latency[need.mode].record(need.since.elapsed());
             self.acknowledged[need.mode].fetch_add(1, Ordering::Relaxed);
+            if stream.refused.load(Ordering::Acquire) > 0 {
+                refused_streams.push(need.stream.clone());
+            }
         }
-        Ok(())
+        let mut refused = Vec::new();
+        for stream in &refused_streams {
+            let r = stream.refusals.lock();
+            let at = Arc::as_ptr(stream) as usize;
+            for (i, mark) in units.iter().enumerate().filter(|(_, m)| m.stream == at) {
+                if let Some(x) = r.list.iter().find(|x| x.end == mark.end && !x.repair) {
+                    refused.push(RefusedWrite {
+                        unit: i,
+                        reason: x.reason.clone(),
+                    });
+                }
+            }
+        }
+        self.writes_refused_by_backup
+            .fetch_add(refused.len() as u64, Ordering::Relaxed);
+        Ok(refused)
+    }
+
+    /// A backup refused a unit of `stream` (see the module comment): remembers it for the
+    /// replies waiting on it, and sends the repair (or, if the unit was a repair, marks the
+    /// backup failing).
+    fn on_refused(&self, stream: &Stream, refused: Refused) {
+        let reason = format!(
+            "backup {} refused the write ({:?}: {}); the master applied it, so its outcome is unknown",
+            stream.backup, refused.status, refused.message
+        );
+        let mut r = stream.refusals.lock();
+        if r.list
+            .iter()
+            .any(|x| x.start == refused.start && x.end == refused.end)
+        {
+            // Answered again after a reconnection: handled already.
+            return;
+        }
+        let repair = r
+            .hold
+            .is_some_and(|(_, until)| refused.end == until && refused.start < until);
+        stream.refused.fetch_add(1, Ordering::AcqRel);
+        tracing::warn!(
+            backup = stream.backup,
+            start = refused.start,
+            end = refused.end,
+            status = ?refused.status,
+            message = %refused.message,
+            repair,
+            "a backup refused a replicated unit"
+        );
+        if r.list.len() >= REFUSALS_KEPT {
+            r.list.pop_front();
+        }
+        r.list.push_back(Refusal {
+            start: refused.start,
+            end: refused.end,
+            reason: reason.clone(),
+            repair,
+        });
+        if repair {
+            r.failing = Some(format!(
+                "refuses replicated writes, and a re-send of them too: {}",
+                refused.message
+            ));
+            return;
+        }
+        drop(r);
+        let at = refused.start;
+        match self.repair_unit(stream, refused.start, refused.end) {
+            Ok(Some((unit, entries))) => {
+                // Acknowledgements are read on this thread only (the caller's), so none counts
+                // between the push and the hold.
+                let until = stream.push(&unit, entries, false);
+                let mut r = stream.refusals.lock();
+                r.hold = Some(match r.hold {
+                    Some((a, u)) => (a.min(at), u.max(until)),
+                    None => (at, until),
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(backup = stream.backup, error = %e, "cannot repair a refused unit; the backup is reported as failing");
+                stream.refusals.lock().failing = Some(format!(
+                    "refused a replicated unit that could not be re-sent: {e}"
+                ));
+            }
+        }
+    }
+
+    /// The repair of the refused unit `start..end` of `stream`: one unit with the current state
+    /// of each of its keys, or None when newer writes cover every key.
+    fn repair_unit(
+        &self,
+        stream: &Stream,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<(Vec<u8>, u32)>, String> {
+        let bytes = {
+            let s = stream.state.lock();
+            if start < s.base || end > s.end {
+                return Err("the refused unit is no longer in the stream's buffer".into());
+            }
+            s.buf[(start - s.base) as usize..(end - s.base) as usize].to_vec()
+        };
+        let unit = repl::decode_units(&bytes, start, repl::Limits::for_backup(usize::MAX))
+            .next()
+            .ok_or("an empty unit")?
+            .map_err(|e| e.decode_error().message.clone())?;
+        let engine = self
+            .engine
+            .get()
+            .and_then(|w| w.upgrade())
+            .ok_or("the engine is gone")?;
+        let routes = self.routes.load();
+        let Some((tablet, route)) = routes.iter().enumerate().find_map(|(i, r)| {
+            r.as_ref()
+                .filter(|r| {
+                    r.head.table == unit.head.table && r.head.first_slot == unit.head.first_slot
+                })
+                .map(|r| (i as TabletId, r))
+        }) else {
+            // This server no longer masters the tablet: its new master's state is what counts.
+            return Ok(None);
+        };
+        // (key, value or None for a delete, version, expiry) of each key to re-send.
+        type Current = (Vec<u8>, Option<Vec<u8>>, u64, u64);
+        let mut current: Vec<Current> = Vec::new();
+        for e in &unit.entries {
+            let now = engine
+                .read_with(tablet, e.key, |value, version, expiry| {
+                    (value.to_vec(), version, expiry)
+                })
+                .map_err(|x| x.to_string())?;
+            match now {
+                // The refused write is the key's state: send it again.
+                Some((value, version, expiry)) if version == e.version => {
+                    current.push((e.key.to_vec(), Some(value), version, expiry))
+                }
+                // A newer write follows in the stream.
+                Some(_) => {}
+                // Gone (deleted, expired): absent at the refused version, so that no older value
+                // of the backup's can come back.
+                None => current.push((e.key.to_vec(), None, e.version, 0)),
+            }
+        }
+        if current.is_empty() {
+            return Ok(None);
+        }
+        let entries: Vec<ReplEntry<'_>> = current
+            .iter()
+            .map(|(key, value, version, expiry)| ReplEntry {
+                key,
+                value: value.as_deref(),
+                version: *version,
+                expiry: *expiry,
+            })
+            .collect();
+        let mut out = Vec::new();
+        repl::encode_unit(&mut out, &route.head, &entries);
+        Ok(Some((out, entries.len() as u32)))
     }
 
     /// Backups that left a unit unacknowledged longer than `backup_timeout_ms` and were not
@@ -651,8 +964,9 @@ impl Replication {
     pub fn suspects(&self) -> Vec<(ServerId, String)> {
         let mut out = Vec::new();
         for s in self.streams.lock().values() {
+            let failing = s.refusals.lock().failing.clone();
             let waited = s.unbuffered_age();
-            if waited < self.backup_timeout {
+            if waited < self.backup_timeout && failing.is_none() {
                 continue;
             }
             let mut reported = s.reported.lock();
@@ -660,6 +974,10 @@ impl Replication {
                 continue;
             }
             *reported = Some(Instant::now());
+            if let Some(failing) = failing {
+                out.push((s.backup, failing));
+                continue;
+            }
             let error = s.last_error.lock().clone();
             out.push((
                 s.backup,
@@ -870,6 +1188,12 @@ impl WriteObserver for Replication {
                         ReplicationMode::Durable => (end, end),
                     };
                     p.add(stream, mode, buffered, durable_at);
+                    if route.mode != ReplicationMode::Async {
+                        p.units.push(UnitMark {
+                            stream: Arc::as_ptr(stream) as usize,
+                            end,
+                        });
+                    }
                 }
             });
             if unit.capacity() > FRAME_UNITS_MAX {
@@ -934,9 +1258,10 @@ fn sender_loop(replication: std::sync::Weak<Replication>, stream: Arc<Stream>) {
         let reading = {
             let stream = stream.clone();
             let alive = alive.clone();
+            let replication = replication.clone();
             std::thread::Builder::new()
                 .name(format!("repl-ack-{}", stream.backup))
-                .spawn(move || ack_loop(reader, &stream, &alive))
+                .spawn(move || ack_loop(reader, &stream, &alive, &replication))
         };
         let mut socket = socket;
         let result = send_loop(&mut socket, &stream, &alive, &mut frame);
@@ -1017,15 +1342,25 @@ fn send_loop(
     }
 }
 
-/// Reads the backup's acknowledgements until the connection ends; an error frame (fenced, a
-/// refused frame, a failed store) is logged and ends it.
-fn ack_loop(socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
-    read_acks(socket, stream, alive);
+/// Reads the backup's acknowledgements and refusals of single units until the connection ends;
+/// an error frame (fenced, a refused frame, a failed store) is logged and ends it.
+fn ack_loop(
+    socket: TcpStream,
+    stream: &Stream,
+    alive: &AtomicBool,
+    replication: &std::sync::Weak<Replication>,
+) {
+    read_acks(socket, stream, alive, replication);
     // Replies waiting on this stream see the acknowledgements read last, and the closed connection.
     stream.acked.notify_waiters();
 }
 
-fn read_acks(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
+fn read_acks(
+    mut socket: TcpStream,
+    stream: &Stream,
+    alive: &AtomicBool,
+    replication: &std::sync::Weak<Replication>,
+) {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -1052,6 +1387,23 @@ fn read_acks(mut socket: TcpStream, stream: &Stream, alive: &AtomicBool) {
             let body = &buf[at + HEADER_LEN..at + header.frame_bytes()];
             at += header.frame_bytes();
             let status = Status::from_u8(header.flags_or_status);
+            if header.opcode == repl::REPL_REFUSED {
+                match Refused::decode(status, body) {
+                    Ok(refused) => {
+                        if let Some(r) = replication.upgrade() {
+                            r.on_refused(stream, refused);
+                        }
+                        // Waiting replies look at the refusal when their acknowledgement comes.
+                        continue;
+                    }
+                    Err(e) => {
+                        stream.fail(format!("bad refusal: {}", e.message));
+                        alive.store(false, Ordering::Release);
+                        let _ = socket.shutdown(Shutdown::Both);
+                        return;
+                    }
+                }
+            }
             if header.opcode == repl::REPL_ACK && status == Status::Ok {
                 match Ack::decode(body) {
                     Ok(ack) => {

@@ -156,12 +156,28 @@ async fn flush(
 ) -> Result<(), Ending> {
     if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
         if node.acknowledgement_waits(&session.repl_needs) {
-            if let Err(e) = node.acknowledge(&mut session.repl_needs).await {
-                withdraw_write_replies(out, &session.write_replies, &e, session.protocol);
-                Metrics::add(
-                    &node.metrics.writes_refused,
-                    session.write_replies.len() as u64,
-                );
+            let failures: Vec<Option<String>> =
+                match node.acknowledge(&mut session.repl_needs).await {
+                    Err(e) => {
+                        let reason = match &e {
+                            NodeError::WritesRefused { reason } => reason.clone(),
+                            other => other.to_string(),
+                        };
+                        let error = misconf(&reason);
+                        vec![Some(error); session.write_replies.len()]
+                    }
+                    Ok(refused) if refused.is_empty() => Vec::new(),
+                    Ok(refused) => {
+                        crate::replication::refused_replies(&session.write_replies, &refused)
+                            .into_iter()
+                            .map(|r| r.map(|reason| format!("ERR {}", one_line(reason))))
+                            .collect()
+                    }
+                };
+            let failed = failures.iter().filter(|f| f.is_some()).count();
+            if failed > 0 {
+                withdraw_write_replies(out, &session.write_replies, &failures, session.protocol);
+                Metrics::add(&node.metrics.writes_refused, failed as u64);
             }
         }
         session.write_replies.clear();
@@ -180,28 +196,28 @@ async fn flush(
     }
 }
 
-/// Rebuilds `out` with each range of `replies` (in order, not overlapping) replaced by the
-/// `-MISCONF` error for `e`.
+/// Rebuilds `out` with each held reply whose failure is given (in order, not overlapping)
+/// replaced by that error.
 fn withdraw_write_replies(
     out: &mut Vec<u8>,
-    replies: &[(usize, usize)],
-    e: &NodeError,
+    replies: &[crate::replication::HeldReply],
+    failures: &[Option<String>],
     protocol: u8,
 ) {
-    let reason = match e {
-        NodeError::WritesRefused { reason } => reason.clone(),
-        other => other.to_string(),
-    };
-    let mut error = Vec::new();
-    ReplyEncoder::new(&mut error, protocol).error(&misconf(&reason));
     let mut rebuilt = Vec::with_capacity(out.len());
     let mut at = 0;
-    for &(start, end) in replies {
-        debug_assert!(at <= start && start <= end && end <= out.len());
-        rebuilt.extend_from_slice(&out[at..start]);
-        rebuilt.extend_from_slice(&error);
-        at = end;
+    for (held, failure) in replies.iter().zip(failures) {
+        let Some(failure) = failure else { continue };
+        debug_assert!(at <= held.start && held.start <= held.end && held.end <= out.len());
+        rebuilt.extend_from_slice(&out[at..held.start]);
+        ReplyEncoder::new(&mut rebuilt, protocol).error(failure);
+        at = held.end;
     }
     rebuilt.extend_from_slice(&out[at..]);
     *out = rebuilt;
+}
+
+/// A message on one line (an error reply cannot hold a line break).
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
 }

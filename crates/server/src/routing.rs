@@ -476,7 +476,7 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
         local,
         outgoing,
     } = round;
-    let mut replies: HashMap<ServerId, Result<Vec<Bytes>, String>> = HashMap::new();
+    let mut replies: HashMap<ServerId, Result<Vec<Bytes>, Forward>> = HashMap::new();
     if !outgoing.is_empty() {
         let member = node.cluster().cloned();
         let mut calls = tokio::task::JoinSet::new();
@@ -485,18 +485,20 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
             let member = member.clone();
             calls.spawn(async move {
                 let result = async {
-                    let member = member.ok_or("not in a cluster")?;
+                    let member = member.ok_or(Forward::NotSent("not in a cluster".into()))?;
                     let addr = member
                         .view()
                         .map
                         .server(peer)
                         .map(|s| s.addresses.native)
-                        .ok_or_else(|| format!("server {peer} is not in the map"))?;
+                        .ok_or_else(|| {
+                            Forward::NotSent(format!("server {peer} is not in the map"))
+                        })?;
                     let client = match member.peers().client(&node, peer, addr).await {
                         Ok(client) => client,
                         Err(e) => {
                             member.peer_unreachable(peer, e.clone());
-                            return Err(e);
+                            return Err(Forward::NotSent(e));
                         }
                     };
                     let borrowed = commands.commands();
@@ -505,17 +507,22 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
                         protocol,
                         commands: borrowed,
                     };
+                    // From here the commands may have run on the peer: a failure leaves their
+                    // outcome unknown, and must not invite a retry (TRYAGAIN) that could apply
+                    // a write twice.
                     match client.request(&request).await {
                         Ok(Response::RespBatch(r)) if r.len() == count => Ok(r),
-                        Ok(Response::RespBatch(r)) => Err(format!(
+                        Ok(Response::RespBatch(r)) => Err(Forward::InDoubt(format!(
                             "server {peer} answered {} of {count} commands",
                             r.len(),
-                        )),
-                        Ok(other) => Err(format!("server {peer} answered {other:?}")),
+                        ))),
+                        Ok(other) => Err(Forward::InDoubt(format!(
+                            "server {peer} answered {other:?}"
+                        ))),
                         Err(e) => {
                             let e = format!("server {peer} at {addr}: {e}");
                             member.peer_unreachable(peer, e.clone());
-                            Err(e)
+                            Err(Forward::InDoubt(e))
                         }
                     }
                 }
@@ -533,8 +540,15 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     if router.local_writes || !router.session.repl_needs.is_empty() {
         router.local_writes = false;
         if node.acknowledgement_waits(&router.session.repl_needs) {
-            if let Err(e) = node.acknowledge(&mut router.session.repl_needs).await {
-                ack_error = Some(e.to_string());
+            match node.acknowledge(&mut router.session.repl_needs).await {
+                Err(e) => ack_error = Some(crate::commands::misconf(&e.to_string())),
+                // A backup refused one of this round's writes: the round's local writes are
+                // not told apart here, so each reports that it is in doubt.
+                Ok(refused) => {
+                    ack_error = refused
+                        .first()
+                        .map(|r| format!("ERR {}", r.reason.replace(['\r', '\n'], " ")))
+                }
             }
         }
     }
@@ -549,10 +563,18 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     }
 }
 
+/// Why a batch forwarded to a peer has no replies.
+enum Forward {
+    /// It never left this server (no connection, no address): nothing ran; retrying is safe.
+    NotSent(String),
+    /// It was sent: some of it may have run.
+    InDoubt(String),
+}
+
 struct Assemble<'a> {
     protocol: u8,
     local: &'a [u8],
-    replies: &'a HashMap<ServerId, Result<Vec<Bytes>, String>>,
+    replies: &'a HashMap<ServerId, Result<Vec<Bytes>, Forward>>,
     ack_error: Option<&'a str>,
 }
 
@@ -567,15 +589,19 @@ impl Assemble<'_> {
         match part {
             Part::Ready(bytes) => out.extend_from_slice(bytes),
             Part::Local { range, write } => match (self.ack_error, write) {
-                (Some(e), true) => {
-                    ReplyEncoder::new(out, self.protocol).error(&crate::commands::misconf(e))
-                }
+                (Some(e), true) => ReplyEncoder::new(out, self.protocol).error(e),
                 _ => out.extend_from_slice(&self.local[range.clone()]),
             },
             Part::Remote { peer, index } => match self.replies.get(peer) {
                 Some(Ok(r)) => out.extend_from_slice(&r[*index]),
-                Some(Err(e)) => ReplyEncoder::new(out, self.protocol)
+                Some(Err(Forward::NotSent(e))) => ReplyEncoder::new(out, self.protocol)
                     .error(&format!("TRYAGAIN routing failed: {e}")),
+                Some(Err(Forward::InDoubt(e))) => {
+                    ReplyEncoder::new(out, self.protocol).error(&format!(
+                    "ERR routing failed after the command was sent ({}); its outcome is unknown",
+                    e.replace(['\r', '\n'], " ")
+                ))
+                }
                 None => ReplyEncoder::new(out, self.protocol)
                     .error("TRYAGAIN routing failed: no answer"),
             },

@@ -44,9 +44,11 @@ pub struct Session {
     /// Set by QUIT: close once the reply is written.
     pub closing: bool,
     /// Replies to write commands in the connection's reply buffer that are not written out yet,
-    /// as byte ranges: they wait for [`Node::acknowledge`] and are replaced by `-MISCONF` errors if
-    /// it fails (inside an EXEC reply too: an array element may be an error).
-    pub write_replies: Vec<(usize, usize)>,
+    /// as byte ranges with the replication units of their writes: they wait for
+    /// [`Node::acknowledge`] and are replaced by `-MISCONF` errors if it fails, or by an error
+    /// of their own if a backup refused one of their writes (inside an EXEC reply too: an array
+    /// element may be an error).
+    pub write_replies: Vec<crate::replication::HeldReply>,
     /// What this connection's writes wait for from the backups (cluster servers).
     pub repl_needs: crate::replication::Needs,
     /// Commands queued since MULTI (None outside a transaction).
@@ -600,11 +602,17 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     let failed = out.get(before) == Some(&b'-');
     // A read that waits for replication is withdrawn like a write if the wait fails.
     let read_waits = crate::replication::take_read_waits();
-    if (wrote || read_waits) && !failed {
-        session.write_replies.push((before, out.len()));
-    }
     // Even a failed command may have written (a partial MSET across tablets cannot; EXEC can).
+    let units_from = session.repl_needs.units_len();
     crate::replication::take_needs(&mut session.repl_needs);
+    if (wrote || read_waits) && !failed {
+        session.write_replies.push(crate::replication::HeldReply {
+            start: before,
+            end: out.len(),
+            units_from,
+            units_to: session.repl_needs.units_len(),
+        });
+    }
     node.record(op, started.elapsed(), !failed);
 }
 

@@ -1063,6 +1063,161 @@ mod tests {
         }
     }
 
+    /// The master's side of the agreement test below: an engine whose writes are encoded as
+    /// replication units by the same code a master runs.
+    struct Capture {
+        head: UnitHead,
+        units: Mutex<Vec<(Vec<u8>, usize)>>,
+    }
+
+    impl ramlog_logmem::WriteObserver for Capture {
+        fn on_writes(
+            &self,
+            _: ramlog_logmem::TabletId,
+            records: &[ramlog_logmem::LoggedWrite<'_>],
+        ) {
+            let entries: Vec<ReplEntry<'_>> = records
+                .iter()
+                .map(|r| ReplEntry {
+                    key: r.key,
+                    value: r.value,
+                    version: r.version,
+                    expiry: r.expire_at_ms,
+                })
+                .collect();
+            let mut unit = Vec::new();
+            encode_unit(&mut unit, &self.head, &entries);
+            self.units.lock().push((unit, records.len()));
+        }
+    }
+
+    /// One write of the agreement test: a put (with an expiry), a delete, or a multi-put.
+    #[derive(Debug, Clone)]
+    enum Write {
+        Put(Vec<u8>, Vec<u8>, u64),
+        Delete(Vec<u8>),
+        Multi(Vec<(Vec<u8>, Vec<u8>)>),
+    }
+
+    fn length_near(limit: usize) -> impl proptest::strategy::Strategy<Value = usize> + Clone {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(0usize),
+            Just(1usize),
+            Just(limit - 1),
+            Just(limit),
+            Just(limit + 1),
+            0usize..512,
+        ]
+    }
+
+    fn bytes_of(len: usize, seed: u8) -> Vec<u8> {
+        // Every byte value appears once a key or value is 256 bytes or longer.
+        (0..len).map(|i| (i as u8).wrapping_add(seed)).collect()
+    }
+
+    fn write_strategy() -> impl proptest::strategy::Strategy<Value = Write> {
+        use proptest::prelude::*;
+        let key = || {
+            (
+                length_near(ramlog_common::KEY_SIZE_FORMAT_MAX_BYTES),
+                any::<u8>(),
+            )
+                .prop_map(|(n, s)| bytes_of(n, s))
+        };
+        let value = (
+            length_near(ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT),
+            any::<u8>(),
+        )
+            .prop_map(|(n, s)| bytes_of(n, s));
+        let expiry = prop_oneof![
+            Just(0u64),
+            Just(1u64),
+            Just(u64::MAX),
+            Just(i64::MAX as u64),
+            any::<u64>()
+        ];
+        prop_oneof![
+            (key(), value, expiry).prop_map(|(k, v, e)| Write::Put(k, v, e)),
+            key().prop_map(Write::Delete),
+            // Multi-puts up to and past what one unit may carry (the engine's segment).
+            (
+                1usize..10,
+                any::<u8>(),
+                length_near(ramlog_common::VALUE_SIZE_MAX_BYTES_DEFAULT)
+            )
+                .prop_map(|(n, s, len)| Write::Multi(
+                    (0..n)
+                        .map(|i| (bytes_of(i + 1, s), bytes_of(len, s.wrapping_add(i as u8))))
+                        .collect()
+                )),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Master and backup agree on what a valid entry is, at and around every limit: every
+        /// write the engine takes becomes units that the backup's decoder and store take whole
+        /// (none refused), and every write the engine refuses produces no unit at all.
+        #[test]
+        fn master_and_backup_agree_on_every_write_at_the_limits(writes in proptest::collection::vec(write_strategy(), 1..6)) {
+            let dir = tempfile::tempdir().unwrap();
+            let (backup, node) = service(dir.path());
+            let head = UnitHead { table: 0, first_slot: 0, last_slot: 99, epoch: 1, count: 0 };
+            let capture = Arc::new(Capture { head, units: Mutex::new(Vec::new()) });
+            let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
+                memory_bytes: 256 << 20,
+                write_observer: Some(capture.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+            let tablet = engine.create_tablet(0, 0, 99).unwrap();
+            let a = acks();
+            let mut offset = 0u64;
+            for w in &writes {
+                let before = capture.units.lock().len();
+                let taken = match w {
+                    Write::Put(k, v, e) => engine
+                        .put(tablet, k, v, &ramlog_logmem::PutOptions { expire_at_ms: *e, ..Default::default() })
+                        .is_ok(),
+                    Write::Delete(k) => engine.delete(tablet, k, ramlog_logmem::Condition::None).is_ok(),
+                    Write::Multi(items) => {
+                        let items: Vec<(&[u8], &[u8])> =
+                            items.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                        engine.multi_put(tablet, &items).is_ok()
+                    }
+                };
+                let units: Vec<(Vec<u8>, usize)> = capture.units.lock().drain(before..).collect();
+                if !taken {
+                    proptest::prop_assert!(units.is_empty(), "a refused write produced a unit: {:?}", w);
+                    continue;
+                }
+                for (unit, entries) in units {
+                    let mut body = Vec::new();
+                    encode_batch_body(&mut body, offset, 0, &unit);
+                    // The frame fits what the backup reads.
+                    proptest::prop_assert!(
+                        body.len() + HEADER_LEN <= node.config.request_size_max_bytes as usize + (1 << 20)
+                    );
+                    let mut refusals = Vec::new();
+                    let units_before = backup.counters.units.load(Ordering::Relaxed);
+                    backup
+                        .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+                            refusals.extend_from_slice(f);
+                            Ok(())
+                        })
+                        .map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{e:?}")))?;
+                    proptest::prop_assert!(refusals.is_empty(), "the backup refused a unit the master took");
+                    proptest::prop_assert_eq!(backup.counters.units.load(Ordering::Relaxed), units_before + 1);
+                    proptest::prop_assert!(entries >= 1);
+                    offset += unit.len() as u64;
+                }
+            }
+            proptest::prop_assert_eq!(backup.counters.refused_content.load(Ordering::Relaxed), 0);
+        }
+    }
+
     #[test]
     fn a_unit_refused_for_its_content_is_refused_alone_and_again_when_resent() {
         let dir = tempfile::tempdir().unwrap();

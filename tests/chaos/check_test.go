@@ -211,3 +211,31 @@ func FuzzHistoryLine(f *testing.F) {
 		}
 	})
 }
+
+func TestEdgeAliasesRoundTrip(t *testing.T) {
+	if realKey(emptyKey) != "" {
+		t.Fatal("the alias e is the empty key")
+	}
+	if k := realKey("e3:m"); len(k) != keyMaxBytes {
+		t.Fatalf("the longest key has %d bytes", len(k))
+	}
+	if k := realKey("e3:b"); !strings.Contains(k, "\x00") || !strings.Contains(k, everyByte) {
+		t.Fatal("a binary key holds NUL and every byte value")
+	}
+	if realKey("r1:2") != "r1:2" {
+		t.Fatal("other keys stand for themselves")
+	}
+	for _, v := range []string{"", "v1.2", "X4.5"} {
+		if got := aliasOf(realValue(v)); got != v {
+			t.Fatalf("aliasOf(realValue(%q)) = %q", v, got)
+		}
+	}
+	if got := aliasOf("X4.5\x00garbage"); !strings.HasPrefix(got, "corrupt:") {
+		t.Fatalf("a damaged binary value is reported, not %q", got)
+	}
+	o := Op{F: "get", K: "e2:b", Res: "ok", Out: realValue("X1.1")}
+	shrink(o.K, &o)
+	if o.Out != "X1.1" {
+		t.Fatalf("shrink gives %q", o.Out)
+	}
+}

@@ -48,8 +48,8 @@ func (o Op) String() string {
 // isWrite tells the operations that change state.
 func isWrite(f string) bool { return f == "set" || f == "del" || f == "incr" }
 
-// keyKind is 'r' (register), 'c' (counter), 's' (written once, maybe deleted) or 'b' (a register
-// of the bulk client).
+// keyKind is 'r' (register), 'c' (counter), 's' (written once, maybe deleted), 'b' (a register
+// of the bulk client) or 'e' (a register whose key or value is an edge case: see realKey).
 func keyKind(k string) byte { return k[0] }
 
 func readHistory(path string) ([]Op, error) {

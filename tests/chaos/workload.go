@@ -37,10 +37,75 @@ func bulkValue(id string, size int) string {
 	return id + strings.Repeat("x", size-len(id))
 }
 
-// shrink replaces a bulk value read back by its id ("corrupt:..." when the padding is wrong), so
-// that the history stays small.
+// Edge keys and values: the empty key, binary keys, the longest key, empty, binary and
+// the largest values, which every cluster path must carry as a standalone server does. The
+// history names each by a short alias; the wire carries what it stands for.
+const (
+	keyMaxBytes   = 64 * 1024
+	valueMaxBytes = 1 << 20
+	// emptyKey is the alias of the empty key (a register, like every 'e' key).
+	emptyKey = "e"
+)
+
+var everyByte = func() string {
+	b := make([]byte, 256)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return string(b)
+}()
+
+// realKey is the key an alias stands for: "e" the empty key, "e...:b" a binary key holding
+// every byte value, "e...:m" a key of the largest size; other keys stand for themselves.
+func realKey(alias string) string {
+	switch {
+	case alias == emptyKey:
+		return ""
+	case keyKind(alias) == 'e' && strings.HasSuffix(alias, ":b"):
+		return "\x00\xff\r\n" + alias + everyByte
+	case keyKind(alias) == 'e' && strings.HasSuffix(alias, ":m"):
+		return alias + strings.Repeat("m", keyMaxBytes-len(alias))
+	}
+	return alias
+}
+
+// realValue is the value an alias stands for: "X..." a binary value (the alias, a NUL, every
+// byte value); other values (the empty one among them) stand for themselves.
+func realValue(alias string) string {
+	if strings.HasPrefix(alias, "X") {
+		return alias + "\x00" + everyByte
+	}
+	return alias
+}
+
+// aliasOf is the alias of a value read back ("corrupt:..." when it is no value realValue makes).
+func aliasOf(value string) string {
+	nul := strings.IndexByte(value, 0)
+	if nul < 0 {
+		return value
+	}
+	if realValue(value[:nul]) == value {
+		return value[:nul]
+	}
+	n := len(value)
+	if n > 32 {
+		n = 32
+	}
+	return fmt.Sprintf("corrupt:%q", value[:n])
+}
+
+// shrink replaces a value read back by what the history calls it: a bulk value by its id
+// ("corrupt:..." when the padding is wrong), an edge value by its alias, so that the history
+// stays small.
 func shrink(key string, o *Op) {
-	if keyKind(key) != 'b' || o.Res != "ok" || o.Nil || o.F != "get" {
+	if o.Res != "ok" || o.Nil || o.F != "get" {
+		return
+	}
+	if keyKind(key) == 'e' {
+		o.Out = aliasOf(o.Out)
+		return
+	}
+	if keyKind(key) != 'b' {
 		return
 	}
 	dot := strings.IndexByte(o.Out, '.')
@@ -133,6 +198,35 @@ func (w Workload) Run() []Op {
 					o.F, o.K = "incr", fmt.Sprintf("c%d:%d", gen, rng.Intn(w.Counters))
 				case x < 88:
 					o.F, o.K = "get", fmt.Sprintf("c%d:%d", gen, rng.Intn(w.Counters))
+				case x < 91:
+					// An edge register: the empty key, a binary key or the longest key, with an
+					// empty, a binary or a plain value.
+					switch rng.Intn(4) {
+					case 0:
+						o.K = emptyKey
+					case 1:
+						o.K = fmt.Sprintf("e%d:b", gen)
+					case 2:
+						o.K = fmt.Sprintf("e%d:m", gen)
+					default:
+						o.K = fmt.Sprintf("e%d:%d", gen, rng.Intn(w.Registers))
+					}
+					switch y := rng.Intn(10); {
+					case y < 4:
+						o.F = "get"
+					case y < 9:
+						o.F = "set"
+						switch seq % 3 {
+						case 0:
+							o.V = ""
+						case 1:
+							o.V = fmt.Sprintf("X%d.%d", worker, seq)
+						default:
+							o.V = fmt.Sprintf("v%d.%d", worker, seq)
+						}
+					default:
+						o.F = "del"
+					}
 				case x < 97 || len(written) == 0:
 					o.F, o.K = "set", fmt.Sprintf("s%d:%d", worker, seq)
 					o.V = fmt.Sprintf("v%d.%d", worker, seq)
@@ -141,21 +235,23 @@ func (w Workload) Run() []Op {
 					o.F, o.K = "del", written[j]
 					written = append(written[:j], written[j+1:]...)
 				}
+				key := realKey(o.K)
 				var args []string
 				switch o.F {
 				case "get":
-					args = []string{"GET", o.K}
+					args = []string{"GET", key}
 				case "set":
-					args = []string{"SET", o.K, o.V}
+					args = []string{"SET", key, realValue(o.V)}
 				case "del":
-					args = []string{"DEL", o.K}
+					args = []string{"DEL", key}
 				case "incr":
-					args = []string{"INCR", o.K}
+					args = []string{"INCR", key}
 				}
 				o.T0 = time.Now().UnixNano()
-				out := c.Do(o.K, args...)
+				out := c.Do(key, args...)
 				o.T1 = time.Now().UnixNano()
 				classify(o.F, out, &o)
+				shrink(o.K, &o)
 				ops = append(ops, o)
 				if o.F == "set" && o.K[0] == 's' && o.Res != "fail" {
 					written = append(written, o.K)
@@ -190,8 +286,13 @@ func (w Workload) Run() []Op {
 			for n := 0; time.Now().Before(end); n++ {
 				<-tick.C
 				id := fmt.Sprintf("w%d.", n)
+				size := w.BulkBytes
+				if n%8 == 7 {
+					// Now and then a value of the largest size a server takes.
+					size = valueMaxBytes
+				}
 				o := Op{P: p, F: "set", K: fmt.Sprintf("b%d", n%w.BulkKeys), V: id, T0: time.Now().UnixNano()}
-				out := c.Do(o.K, "SET", o.K, bulkValue(id, w.BulkBytes))
+				out := c.Do(o.K, "SET", o.K, bulkValue(id, size))
 				o.T1 = time.Now().UnixNano()
 				classify(o.F, out, &o)
 				ops = append(ops, o)
@@ -237,7 +338,7 @@ func Final(seeds []string, history []Op, timeout, limit time.Duration) ([]Op, []
 		for {
 			p++
 			o := Op{P: p, F: "get", K: k, T0: time.Now().UnixNano()}
-			out := c.Do(k, "GET", k)
+			out := c.Do(realKey(k), "GET", realKey(k))
 			o.T1 = time.Now().UnixNano()
 			classify("get", out, &o)
 			shrink(k, &o)

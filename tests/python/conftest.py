@@ -98,9 +98,10 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["standalone", "routing"])
+@pytest.fixture(params=["standalone", "routing", "cluster"])
 def server_both_ways(request, tmp_path):
-    """A standalone server, then the routing port of a 3-server cluster (RESP tests run both ways)."""
+    """A standalone server, the routing port of a 3-server cluster, and that cluster's cluster
+    ports with Redis Cluster clients (RedisCluster, `redis-cli -c`): RESP tests run all three ways."""
     if request.param == "standalone":
         s = Server(tmp_path)
         yield s
@@ -108,8 +109,8 @@ def server_both_ways(request, tmp_path):
         s.stop()
     else:
         cluster = request.getfixturevalue("shared_cluster")
-        port = RoutingPort(cluster)
-        port.client().flushall()
+        port = RoutingPort(cluster) if request.param == "routing" else ClusterPort(cluster)
+        RoutingPort(cluster).client().flushall()
         yield port
         assert port.alive(), "a cluster process died during the test"
 
@@ -289,6 +290,24 @@ class RoutingPort:
 
     def stop(self):
         pass
+
+
+class ClusterPort(RoutingPort):
+    """A cluster's cluster ports as Redis Cluster clients see them: `client()` is a RedisCluster
+    (it follows -MOVED and splits multi-key commands by slot, as it does against Redis Cluster)
+    and `cli()` is `redis-cli -c`."""
+
+    def __init__(self, cluster: Cluster):
+        super().__init__(cluster)
+        self.port = cluster.servers[0].resp
+        self.is_cluster = True
+
+    def client(self, **kwargs):
+        from redis.cluster import RedisCluster
+        return RedisCluster(host="127.0.0.1", port=self.port, socket_timeout=10, **kwargs)
+
+    def cli(self, *args, stdin=None, extra=()):
+        return super().cli(*args, stdin=stdin, extra=("-c", *extra))
 
 
 @pytest.fixture(scope="module")

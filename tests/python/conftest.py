@@ -22,22 +22,29 @@ def ramlog_bin() -> str:
     return path
 
 
-_handed_out: set[int] = set()
+# Test files run side by side in pytest-xdist workers (scripts/test): each worker hands out ports
+# from a range of its own, below the kernel's ephemeral ports (32768 and up), so that two workers
+# never name the same port and no outgoing connection takes one between its probe and its use.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+_PORTS_PER_WORKER = 2400
+_PORT_FIRST = 20000 + (_WORKER % 5) * _PORTS_PER_WORKER
+_next_port = _PORT_FIRST
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, never one this test run handed out before.
-
-    The kernel may give back a port it just gave (the probe socket is closed at once), so two calls
-    in a row could name the same port; remembering the ports handed out rules that out.
-    """
-    while True:
+    """A loopback port nothing listens on, from this worker's range, in turn (a port comes back
+    only after the whole range was handed out: its test is long over)."""
+    global _next_port
+    for _ in range(_PORTS_PER_WORKER):
+        port = _next_port
+        _next_port = _PORT_FIRST + (_next_port + 1 - _PORT_FIRST) % _PORTS_PER_WORKER
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {_PORT_FIRST}..{_PORT_FIRST + _PORTS_PER_WORKER}")
 
 
 class Server:
@@ -179,15 +186,20 @@ class Cluster:
             for m in range(coordinators)
         ]
         self.coordinator_cmd = self.coordinator_cmds[0]
-        self.coordinators = [
-            self._spawn(cmd, f"coordinator {m + 1}", host=self.coordinator_host)
-            for m, cmd in enumerate(self.coordinator_cmds)
-        ]
-        self.coordinator = self.coordinators[0]
         self.servers = []
-        for i in range(servers):
-            self.add_server(extra_args, env=env)
-        self.wait_ok()
+        try:
+            self.coordinators = [
+                self._spawn(cmd, f"coordinator {m + 1}", host=self.coordinator_host)
+                for m, cmd in enumerate(self.coordinator_cmds)
+            ]
+            self.coordinator = self.coordinators[0]
+            for i in range(servers):
+                self.add_server(extra_args, env=env)
+            self.wait_ok()
+        except BaseException:
+            # Whatever started is stopped: a cluster that failed to start leaves no process behind.
+            self.stop()
+            raise
 
     def restart_coordinator(self, m=0):
         """Starts coordinator member `m` again on its port and data directory (after it was killed)."""

@@ -28,7 +28,11 @@ class Net:
 
     def __init__(self, servers, coordinators=1):
         tag = f"{os.getpid() % 100000}{random.randrange(100)}"
-        self.subnet = f"10.231.{random.randrange(256)}"
+        # A subnet no other Net of this machine uses (test files and the chaos runner may run side
+        # by side).
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
+        free = [n for n in range(256) if f"10.231.{n}." not in used]
+        self.subnet = f"10.231.{random.choice(free or [random.randrange(256)])}"
         self.hub = f"rl{tag}h"
         self.namespaces = []
         self.root_link = f"rl{tag}r"

@@ -1,34 +1,28 @@
-"""The fault-injection checker catches what it should: a deliberately broken build, which
-acknowledges replicated writes before their backups answer (`--features
-broken-ack-before-backups`), fails `scripts/chaos` with violations; the same schedule on the real
-build passes (that is `scripts/test`'s chaos run). `scripts/test` builds the broken binary as
-target/ramlog-broken (RAMLOG_BROKEN_BIN overrides it)."""
+"""The fault-injection checker catches what it should: servers that acknowledge replicated
+writes before their backups answer (the test-only switch `RAMLOG_TEST_BREAK_ACKS=
+replies-before-backups`) fail `scripts/chaos` with violations; the same schedule without it
+passes (that is `scripts/test`'s chaos run)."""
 
 import json
 import os
 import subprocess
 from pathlib import Path
 
+from conftest import ramlog_bin
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def broken_bin():
-    b = os.environ.get("RAMLOG_BROKEN_BIN", str(ROOT / "target" / "ramlog-broken"))
-    assert Path(b).exists(), (
-        f"{b} is missing: build it with `cargo build --release -p ramlog --features "
-        "broken-ack-before-backups` and copy target/release/ramlog there (scripts/test does)")
-    return b
-
-
-def test_a_build_that_acknowledges_before_its_backups_fails_the_checker(tmp_path):
+def test_servers_that_acknowledge_before_their_backups_fail_the_checker(tmp_path):
     """A master cut off from its backups and the coordinator (clients still reach it) keeps
-    acknowledging writes until its lease runs out; the broken build acknowledges them although no
+    acknowledging writes until its lease runs out; broken servers acknowledge them although no
     backup has them, so once its tablets are restored elsewhere they are gone: the checker must
     report lost acknowledged writes or non-linearizable keys, and the runner must exit 1."""
     out = subprocess.run(
         [str(ROOT / "scripts" / "chaos"), "--seed", "7", "--runs", "1", "--modes", "sync",
          "--faults", "isolate_server,kill_server", "--run-seconds", "25", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "RAMLOG_BIN": broken_bin()},
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "RAMLOG_BIN": ramlog_bin(), "RAMLOG_TEST_BREAK_ACKS": "replies-before-backups"},
     )
     summary = json.loads((tmp_path / "session-7" / "summary.json").read_text())
     run = summary["results"][0]

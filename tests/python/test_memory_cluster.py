@@ -61,11 +61,12 @@ def fill(port: int, t: int, stop: threading.Event, out: dict, lock: threading.Lo
 
 def test_a_cluster_at_its_memory_budget_refuses_writes_and_stays_up(tmp_path):
     c = Cluster(tmp_path, extra_args=["--memory", "96MiB"])
+    stop = threading.Event()
     try:
         out = {"ok": [], "oom": 0, "errors": [], "reads": 0, "read_errors": []}
         lock = threading.Lock()
-        stop = threading.Event()
-        threads = [threading.Thread(target=fill, args=(c.servers[t % 3].resp, t, stop, out, lock))
+        threads = [threading.Thread(target=fill, args=(c.servers[t % 3].resp, t, stop, out, lock),
+                                    daemon=True)
                    for t in range(3)]
         for t in threads:
             t.start()
@@ -109,4 +110,5 @@ def test_a_cluster_at_its_memory_budget_refuses_writes_and_stays_up(tmp_path):
         assert rc.get("after:199") == VALUE
         assert all(s["state"] == "up" for s in status(c)["servers"])
     finally:
+        stop.set()
         c.stop()

@@ -257,15 +257,28 @@ thread_local! {
 pub fn take_needs(into: &mut Needs) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
-        if cfg!(feature = "broken-ack-before-backups") {
-            // A deliberately broken build (tests/python/test_chaos.py): replies go out before
-            // the backups answer, so that the fault-injection checker can be shown to catch it.
+        if p.is_empty() {
+            return;
+        }
+        if acks_broken() {
             p.items.clear();
             p.units.clear();
-        } else if !p.is_empty() {
+        } else {
             into.absorb(&mut p);
         }
     });
+}
+
+/// The value of `RAMLOG_TEST_BREAK_ACKS` that breaks acknowledgements on purpose.
+pub const BREAK_ACKS: &str = "replies-before-backups";
+
+/// Test-only, never for use: with `RAMLOG_TEST_BREAK_ACKS=replies-before-backups` in its
+/// environment a server replies before its backups answer, breaking every mode's promise, so that
+/// the fault-injection checker can be shown to catch it (tests/python/test_chaos.py). Read once;
+/// the server logs an error at start when it is set.
+pub fn acks_broken() -> bool {
+    static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *BROKEN.get_or_init(|| std::env::var("RAMLOG_TEST_BREAK_ACKS").is_ok_and(|v| v == BREAK_ACKS))
 }
 
 /// The bytes of one stream not yet durable on its backup, with where its units end.

@@ -95,6 +95,12 @@ impl Server {
         };
 
         let coordinator = config.coordinator.clone();
+        if coordinator.is_some() && crate::replication::acks_broken() {
+            tracing::error!(
+                "RAMLOG_TEST_BREAK_ACKS={}: this server acknowledges writes before its backups hold them (a test of the fault-injection checker); never run it with data you keep",
+                crate::replication::BREAK_ACKS
+            );
+        }
         let node = Node::open(config, addresses).await?;
         if let Some(coordinator) = coordinator {
             let native = addresses.native.ok_or(ServerError::Config(

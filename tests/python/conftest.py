@@ -309,6 +309,15 @@ class ClusterPort(RoutingPort):
     def cli(self, *args, stdin=None, extra=()):
         return super().cli(*args, stdin=stdin, extra=("-c", *extra))
 
+    def master_port(self, key) -> int:
+        """The RESP port of the master of `key`'s slot, as a Redis Cluster client finds it (the
+        other servers answer -MOVED): for raw connections and per-node commands."""
+        c = self.client()
+        try:
+            return c.get_node_from_key(key).port
+        finally:
+            c.close()
+
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory):

@@ -98,7 +98,7 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["standalone", "routing"])
+@pytest.fixture(params=["standalone", "routing", "cluster"])
 def server_both_ways(request, tmp_path):
     """A standalone server, the routing port of a 3-server cluster, and that cluster's cluster
     ports with Redis Cluster clients (RedisCluster, `redis-cli -c`): RESP tests run all three ways."""

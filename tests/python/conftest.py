@@ -105,7 +105,7 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["standalone", "routing"])
+@pytest.fixture(params=["standalone", "routing", "cluster"])
 def server_both_ways(request, tmp_path):
     """A standalone server, the routing port of a 3-server cluster, and that cluster's cluster
     ports with Redis Cluster clients (RedisCluster, `redis-cli -c`): RESP tests run all three ways."""
@@ -320,6 +320,15 @@ class ClusterPort(RoutingPort):
 
     def cli(self, *args, stdin=None, extra=()):
         return super().cli(*args, stdin=stdin, extra=("-c", *extra))
+
+    def master_port(self, key) -> int:
+        """The RESP port of the master of `key`'s slot, as a Redis Cluster client finds it (the
+        other servers answer -MOVED): for raw connections and per-node commands."""
+        c = self.client()
+        try:
+            return c.get_node_from_key(key).port
+        finally:
+            c.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,96 @@
 """Every supported command against Redis 7's documented replies, through redis-py (RESP2 and RESP3)."""
 
+import socket
 import time
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 
 @pytest.fixture
 def server(server_both_ways):
-    """Each test runs against a standalone server and against the routing port of a cluster."""
+    """Each test runs against a standalone server, the routing port of a cluster and that cluster's
+    cluster ports (through RedisCluster and `redis-cli -c`)."""
     return server_both_ways
+
+
+CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
+
+
+def clustered(c):
+    """A RedisCluster client, or the cluster ports it was made for."""
+    return isinstance(c, RedisCluster) or getattr(c, "is_cluster", False)
+
+
+def tagged(c, *names):
+    """The key names; on the cluster ports with a shared {hash tag}, as Redis Cluster wants the keys
+    of one multi-key command, transaction or per-node check in one slot (the routing port takes
+    them as they are and splits them by server)."""
+    return [f"{{t}}{n}" if clustered(c) else n for n in names]
+
+
+def anywhere(r):
+    """The keyword arguments RedisCluster needs for a keyless command: a node to send it to (a node,
+    not RedisCluster.RANDOM, which redis-py honours only for the commands it knows as keyless)."""
+    return {"target_nodes": r.get_random_node()} if clustered(r) else {}
+
+
+def at(r, key):
+    """Sends a per-node command (INFO, DBSIZE, FLUSHDB) to the master of `key` on the cluster ports."""
+    return {"target_nodes": r.get_node_from_key(key)} if clustered(r) else {}
+
+
+def everywhere(r):
+    """Sends a per-node command to every master on the cluster ports (RedisCluster sums DBSIZE and
+    merges KEYS)."""
+    return {"target_nodes": RedisCluster.PRIMARIES} if clustered(r) else {}
+
+
+def mset(r, mapping):
+    """MSET; on the cluster ports split by slot (RedisCluster's mset_nonatomic), so that the keys
+    spread over every server."""
+    return r.mset_nonatomic(mapping) if clustered(r) else r.mset(mapping)
+
+
+def scan_batches(r, **kwargs):
+    """SCAN cursor after cursor until the cursor is 0 again, yielding each batch; on the cluster
+    ports on each master in turn (SCAN is per node in Redis Cluster)."""
+    for node in r.get_primaries() if clustered(r) else [None]:
+        target = {} if node is None else {"target_nodes": node}
+        cursor = 0
+        rounds = 0
+        while True:
+            cursor, batch = r.scan(cursor=cursor, **target, **kwargs)
+            if node is not None:
+                cursor = cursor[node.name]
+            yield batch
+            rounds += 1
+            if cursor == 0:
+                break
+            assert rounds < 10_000
+
+
+def port_of(server, key):
+    """The RESP port for a raw connection that sends `key`: on the cluster ports its master's."""
+    return server.master_port(key) if clustered(server) else server.port
+
+
+def exchange(port, request, want_len):
+    """Sends raw RESP on a new connection and returns the first `want_len` bytes of the replies."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        data = b""
+        while len(data) < want_len:
+            chunk = s.recv(4096)
+            assert chunk, f"connection closed after {data!r}"
+            data += chunk
+    return data
 
 
 def test_ping_echo(r):
     assert r.ping() is True
-    assert r.echo("hello") == "hello"
+    assert r.echo("hello", **anywhere(r)) == "hello"
 
 
 def test_get_set_basic(r):
@@ -128,21 +204,29 @@ def test_setnx_setex_getset_getdel_append(r):
     assert r.get("s") == "hello world"
 
 
-def test_mget_mset(r):
-    assert r.mset({"a": "1", "b": "2", "{tag}c": "3"}) is True
-    assert r.mget("a", "b", "missing", "{tag}c") == ["1", "2", None, "3"]
+def test_mget_mset(server, r):
+    a, b, c, missing = tagged(r, "a", "b", "{tag}c", "missing")
+    assert r.mset({a: "1", b: "2", c: "3"}) is True
+    assert r.mget(a, b, missing, c) == ["1", "2", None, "3"]
     with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'mset' command$"):
-        r.execute_command("MSET", "a", "1", "b")
+        r.execute_command("MSET", a, "1", b)
     with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'mget' command$"):
-        r.execute_command("MGET")
+        r.execute_command("MGET", **anywhere(r))
+    if clustered(server):
+        assert server.cli("MSET", "a", "1", "b", "2") == CROSSSLOT
+        assert server.cli("MGET", "a", "b") == CROSSSLOT
 
 
-def test_del_exists(r):
-    r.mset({"a": "1", "b": "2"})
-    assert r.exists("a", "a", "b", "missing") == 3
-    assert r.delete("a", "b", "missing") == 2
-    assert r.exists("a", "b") == 0
+def test_del_exists(server, r):
+    a, b, missing = tagged(r, "a", "b", "missing")
+    r.mset({a: "1", b: "2"})
+    assert r.exists(a, a, b, missing) == 3
+    assert r.delete(a, b, missing) == 2
+    assert r.exists(a, b) == 0
     assert r.unlink("nothing") == 0
+    if clustered(server):
+        assert server.cli("EXISTS", "a", "b") == CROSSSLOT
+        assert server.cli("DEL", "a", "b") == CROSSSLOT
 
 
 def test_incr_family(r):
@@ -184,24 +268,17 @@ def test_strlen_type(r):
 
 def test_scan_returns_every_key(r):
     keys = {f"user:{i}" for i in range(500)} | {f"other:{i}" for i in range(100)}
-    r.mset({k: "v" for k in keys})
+    mset(r, {k: "v" for k in keys})
     seen = set()
-    cursor = 0
-    rounds = 0
-    while True:
-        cursor, batch = r.scan(cursor=cursor, count=37)
+    for batch in scan_batches(r, count=37):
         seen.update(batch)
-        rounds += 1
-        if cursor == 0:
-            break
-        assert rounds < 10_000
     assert seen == keys
     matched = set(r.scan_iter(match="user:1*", count=50))
     assert matched == {k for k in keys if k.startswith("user:1")}
     assert set(r.scan_iter(match="user:*", _type="STRING")) == {k for k in keys if k.startswith("user:")}
     assert list(r.scan_iter(_type="hash")) == []
-    assert r.dbsize() == 600
-    assert set(r.keys("other:*")) == {k for k in keys if k.startswith("other:")}
+    assert r.dbsize(**everywhere(r)) == 600
+    assert set(r.keys("other:*", **everywhere(r))) == {k for k in keys if k.startswith("other:")}
 
 
 def test_scan_guarantee_under_concurrent_writes(server):
@@ -209,19 +286,15 @@ def test_scan_guarantee_under_concurrent_writes(server):
     a = server.client(decode_responses=True)
     b = server.client(decode_responses=True)
     stable = {f"stable:{i}" for i in range(2000)}
-    a.mset({k: "v" for k in stable})
+    mset(a, {k: "v" for k in stable})
     seen = set()
-    cursor = 0
     i = 0
-    while True:
-        cursor, batch = a.scan(cursor=cursor, count=50)
+    for batch in scan_batches(a, count=50):
         seen.update(batch)
-        # Churn: create and delete other keys between steps.
-        b.mset({f"churn:{i}:{j}": "x" for j in range(20)})
+        # Churn: create and delete other keys between steps (RedisCluster splits DEL by slot).
+        mset(b, {f"churn:{i}:{j}": "x" for j in range(20)})
         b.delete(*[f"churn:{i - 1}:{j}" for j in range(20)])
         i += 1
-        if cursor == 0:
-            break
     assert stable <= seen
 
 
@@ -238,114 +311,136 @@ def test_scan_errors(r):
 
 def test_unknown_command_and_arity(r):
     with pytest.raises(redis.ResponseError) as e:
-        r.execute_command("FOO", "a", "b")
+        r.execute_command("FOO", "a", "b", **anywhere(r))
     assert str(e.value) == "unknown command 'FOO', with args beginning with: 'a' 'b' "
     with pytest.raises(redis.ResponseError, match="^wrong number of arguments for 'get' command$"):
-        r.execute_command("GET")
+        r.execute_command("GET", **anywhere(r))
     # The connection goes on.
     assert r.ping() is True
 
 
 def test_select_flush(r):
-    assert r.select(0) is True
-    with pytest.raises(redis.ResponseError, match="^DB index is out of range$"):
-        r.select(5)
-    r.mset({"a": "1", "b": "2"})
-    assert r.flushdb() is True
-    assert r.dbsize() == 0
-    r.set("c", "3")
-    assert r.flushall() is True
-    assert r.get("c") is None
+    assert r.select(0, **anywhere(r)) is True
+    # Redis Cluster has database 0 only.
+    refusal = "^SELECT is not allowed in cluster mode$" if clustered(r) else "^DB index is out of range$"
+    with pytest.raises(redis.ResponseError, match=refusal):
+        r.select(5, **anywhere(r))
+    a, b, c = tagged(r, "a", "b", "c")
+    r.mset({a: "1", b: "2"})
+    assert r.flushdb(**at(r, a)) is True
+    assert r.dbsize(**at(r, a)) == 0
+    r.set(c, "3")
+    assert r.flushall(**at(r, c)) is True
+    assert r.get(c) is None
 
 
 def test_hello_and_client(server):
     c = server.client(protocol=3)
     assert c.ping()
-    hello = c.execute_command("HELLO", "3")
+    hello = c.execute_command("HELLO", "3", **anywhere(c))
     hello = {k.decode() if isinstance(k, bytes) else k: v for k, v in hello.items()}
     assert hello["proto"] == 3
     assert hello["server"] in (b"redis", "redis")
-    assert hello["mode"] in (b"standalone", "standalone")
+    mode = "cluster" if clustered(server) else "standalone"
+    assert hello["mode"] in (mode.encode(), mode)
     c2 = server.client(protocol=2)
-    flat = c2.execute_command("HELLO", "2")
+    flat = c2.execute_command("HELLO", "2", **anywhere(c2))
     assert b"proto" in flat
     with pytest.raises(redis.ResponseError, match="^NOPROTO unsupported protocol version$"):
-        c2.execute_command("HELLO", "4")
+        c2.execute_command("HELLO", "4", **anywhere(c2))
     assert c2.client_setname("worker-1") is True
     assert c2.client_getname() in (b"worker-1", "worker-1")
     assert isinstance(c2.client_id(), int)
     with pytest.raises(redis.ResponseError, match="^Client names cannot contain spaces, newlines or special characters.$"):
         c2.client_setname("has space")
     with pytest.raises(redis.ResponseError, match="^unknown subcommand 'BOGUS'. Try CLIENT HELP.$"):
-        c2.execute_command("CLIENT", "BOGUS")
+        c2.execute_command("CLIENT", "BOGUS", **anywhere(c2))
 
 
-def test_info_config_command_cluster(r):
+def test_info_config_command_cluster(server, r):
     r.set("k", "v")
-    info = r.info()
+    info = r.info(**at(r, "k"))
     assert info["redis_version"].startswith("7")
     assert info["db0"]["keys"] >= 1
     assert "used_memory" in info and "connected_clients" in info
-    assert r.info("keyspace")["db0"]["keys"] >= 1
+    # A Redis Cluster node says so; the routing port answers as a standalone Redis.
+    assert info["redis_mode"] == ("cluster" if clustered(r) else "standalone")
+    assert info["cluster_enabled"] == int(clustered(r))
+    assert r.info("keyspace", **at(r, "k"))["db0"]["keys"] >= 1
     assert r.config_get("save") == {"save": ""}
     assert r.config_get("appendonly") == {"appendonly": "no"}
+    assert r.config_get("cluster-enabled") == {"cluster-enabled": "yes" if clustered(r) else "no"}
     assert "maxmemory" in r.config_get("max*")
     with pytest.raises(redis.ResponseError, match="^unknown subcommand 'BOGUS'. Try CONFIG HELP.$"):
-        r.execute_command("CONFIG", "BOGUS")
+        r.execute_command("CONFIG", "BOGUS", **anywhere(r))
     assert r.command_count() > 20
-    info = r.execute_command("COMMAND", "INFO", "get")
+    info = r.execute_command("COMMAND", "INFO", "get", **anywhere(r))
     assert info
     assert r.execute_command("CLUSTER", "KEYSLOT", "foo") == 12182
     assert r.execute_command("CLUSTER", "KEYSLOT", "{user1000}.following") == r.execute_command(
         "CLUSTER", "KEYSLOT", "{user1000}.followers"
     )
     slots = r.execute_command("CLUSTER", "SLOTS")
-    assert slots[0][0] == 0 and slots[0][1] == 16383
+    if clustered(r):
+        # Runs of slots, [first, last, [ip, port, id], ...], that cover 0-16383 once, each with
+        # its master, and every server masters some.
+        runs = sorted(slots)
+        assert runs[0][0] == 0 and runs[-1][1] == 16383
+        assert all(a[1] + 1 == b[0] for a, b in zip(runs, runs[1:]))
+        assert {run[2][1] for run in runs} == {s.resp for s in server.cluster.servers}
+    else:
+        assert slots[0][0] == 0 and slots[0][1] == 16383
 
 
 def test_info_keyspace_counts_keys_with_expiry(r):
     # Redis 7: "db0:keys=K,expires=E,avg_ttl=T", E the keys with a time to live, T their mean
     # remaining time in milliseconds.
-    r.set("plain", "v")
-    r.set("a", "v", ex=100)
-    r.set("b", "v", px=300_000)
-    r.set("c", "v", ex=1000)
-    db0 = r.info("keyspace")["db0"]
+    # On the cluster ports INFO is per node: the keys share a node.
+    plain, a, b, c = tagged(r, "plain", "a", "b", "c")
+    r.set(plain, "v")
+    r.set(a, "v", ex=100)
+    r.set(b, "v", px=300_000)
+    r.set(c, "v", ex=1000)
+    db0 = r.info("keyspace", **at(r, plain))["db0"]
     assert (db0["keys"], db0["expires"]) == (4, 3)
     # (100 s + 300 s + 1000 s) / 3 = 466.7 s, less what has passed (the sum is kept in seconds).
     assert 460_000 <= db0["avg_ttl"] <= 467_000, db0
-    r.persist("a")
-    r.set("b", "w")  # a plain SET drops the TTL
-    r.set("c", "w", keepttl=True)
-    r.delete("plain")
-    db0 = r.info("keyspace")["db0"]
+    r.persist(a)
+    r.set(b, "w")  # a plain SET drops the TTL
+    r.set(c, "w", keepttl=True)
+    r.delete(plain)
+    db0 = r.info("keyspace", **at(r, plain))["db0"]
     assert (db0["keys"], db0["expires"]) == (3, 1)
     assert 995_000 <= db0["avg_ttl"] <= 1_000_000, db0
-    r.expire("a", 10)
-    r.delete("c")
-    db0 = r.info("keyspace")["db0"]
+    r.expire(a, 10)
+    r.delete(c)
+    db0 = r.info("keyspace", **at(r, plain))["db0"]
     assert (db0["keys"], db0["expires"]) == (2, 1)
     assert 9_000 <= db0["avg_ttl"] <= 10_000, db0
     r.flushall()
-    assert "db0" not in r.info("keyspace")
+    assert "db0" not in r.info("keyspace", **at(r, plain))
 
 
 def test_expired_keys_leave_dbsize_without_being_read(r):
     # Redis's active expiry removes keys nobody reads; DBSIZE and INFO follow within moments.
+    # On the cluster ports DBSIZE and INFO are per node: the keys share a node.
+    keys = tagged(r, *(f"t{i}" for i in range(2000)), *(f"keep{i}" for i in range(10)))
+    expiring, kept = keys[:2000], keys[2000:]
+    node = at(r, kept[0])
     p = r.pipeline(transaction=False)
-    for i in range(2000):
-        p.set(f"t{i}", "x" * 100, px=200)
-    for i in range(10):
-        p.set(f"keep{i}", "y")
+    for k in expiring:
+        p.set(k, "x" * 100, px=200)
+    for k in kept:
+        p.set(k, "y")
     p.execute()
-    assert r.dbsize() == 2010
+    assert r.dbsize(**node) == 2010
     deadline = time.time() + 5
-    while r.dbsize() > 10 and time.time() < deadline:
+    while r.dbsize(**node) > 10 and time.time() < deadline:
         time.sleep(0.05)
-    assert r.dbsize() == 10
-    db0 = r.info("keyspace")["db0"]
+    assert r.dbsize(**node) == 10
+    db0 = r.info("keyspace", **node)["db0"]
     assert (db0["keys"], db0["expires"]) == (10, 0)
-    assert r.get("keep3") == "y" and r.get("t3") is None
+    assert r.get(kept[3]) == "y" and r.get(expiring[3]) is None
 
 
 def test_pipeline_and_transactionless_batch(r):
@@ -371,25 +466,36 @@ def test_large_value_and_limits(r):
 
 
 def test_redis_cli(server):
-    assert server.cli("PING") == "PONG"
-    assert server.cli("SET", "k", "v") == "OK"
-    assert server.cli("GET", "k") == "v"
-    assert server.cli("GET", "missing") == ""
-    assert server.cli("INCR", "k") == "ERR value is not an integer or out of range"
-    assert server.cli("FOO", "a") == "ERR unknown command 'FOO', with args beginning with: 'a' "
-    assert server.cli("MSET", "a", "1", "b", "2") == "OK"
-    assert server.cli("MGET", "a", "b", "c") == "1\n2"
-    assert server.cli("DBSIZE") == "3"
-    assert sorted(server.cli("--scan").split("\n")) == ["a", "b", "k"]
-    assert sorted(server.cli("--scan", "--pattern", "[ab]").split("\n")) == ["a", "b"]
-    assert server.cli("-3", "--no-raw", "HELLO", "3").startswith('1# "server" => "redis"')
+    # On the cluster ports the keys share a slot and redis-cli talks to its master (`-p` again
+    # overrides the first): MSET and MGET need one slot, and DBSIZE, --scan and --pipe are per node.
+    k, a, b, c, x, ab = tagged(server, "k", "a", "b", "c", "x", "[ab]")
+    port = port_of(server, k)
+
+    def cli(*args, stdin=None):
+        return server.cli(*args, stdin=stdin, extra=("-p", str(port)))
+
+    assert cli("PING") == "PONG"
+    assert cli("SET", k, "v") == "OK"
+    assert cli("GET", k) == "v"
+    assert cli("GET", "missing") == ""
+    assert cli("INCR", k) == "ERR value is not an integer or out of range"
+    assert cli("FOO", "a") == "ERR unknown command 'FOO', with args beginning with: 'a' "
+    if clustered(server):
+        assert cli("MSET", "a", "1", "b", "2") == CROSSSLOT
+    assert cli("MSET", a, "1", b, "2") == "OK"
+    assert cli("MGET", a, b, c) == "1\n2"
+    assert cli("DBSIZE") == "3"
+    assert sorted(cli("--scan").split("\n")) == [a, b, k]
+    assert sorted(cli("--scan", "--pattern", ab).split("\n")) == [a, b]
+    assert cli("-3", "--no-raw", "HELLO", "3").startswith('1# "server" => "redis"')
     # A batch through stdin, as redis-cli scripts do.
-    assert server.cli(stdin="SET x 1\nINCRBY x 41\nGET x\n") == "OK\n42\n42"
+    assert cli(stdin=f"SET {x} 1\nINCRBY {x} 41\nGET {x}\n") == "OK\n42\n42"
     # Pipe mode with raw protocol.
-    proto = "".join(f"*3\r\n$3\r\nSET\r\n${len(f'pk{i}')}\r\npk{i}\r\n$1\r\nv\r\n" for i in range(1000))
-    out = server.cli("--pipe", stdin=proto)
+    pks = tagged(server, *(f"pk{i}" for i in range(1000)))
+    proto = "".join(f"*3\r\n$3\r\nSET\r\n${len(pk)}\r\n{pk}\r\n$1\r\nv\r\n" for pk in pks)
+    out = cli("--pipe", stdin=proto)
     assert "errors: 0, replies: 1000" in out
-    assert server.cli("EXISTS", "pk0", "pk999") == "2"
+    assert cli("EXISTS", pks[0], pks[999]) == "2"
 
 
 def test_shutdown_command_stops_the_server(make_server):
@@ -400,22 +506,29 @@ def test_shutdown_command_stops_the_server(make_server):
     assert s.proc.returncode == 0
 
 
-def test_multi_exec_and_default_redis_py_pipeline(r):
-    p = r.pipeline()  # transaction=True: MULTI ... EXEC
-    p.set("a", "1").incr("a").get("a").mget("a", "missing")
-    assert p.execute() == [True, 2, "2", ["2", None]]
+def test_multi_exec_and_default_redis_py_pipeline(server, r):
+    # MULTI ... EXEC: redis-py's default; RedisCluster's needs transaction=True (and one slot).
+    p = r.pipeline(transaction=True)
+    a, missing = tagged(r, "a", "missing")
+    # MGET by name: RedisCluster's pipeline refuses its mget().
+    p.set(a, "1").incr(a).get(a).execute_command("MGET", a, missing)
+    # RedisCluster's transactions leave SET's +OK unparsed.
+    ok = "OK" if clustered(r) else True
+    assert p.execute() == [ok, 2, "2", ["2", None]]
     with pytest.raises(redis.ResponseError, match="^EXEC without MULTI$"):
-        r.execute_command("EXEC")
+        r.execute_command("EXEC", **anywhere(r))
     with pytest.raises(redis.ResponseError, match="^DISCARD without MULTI$"):
-        r.execute_command("DISCARD")
+        r.execute_command("DISCARD", **anywhere(r))
+    if clustered(r):
+        # Redis Cluster refuses a queued command whose keys span slots, and EXEC aborts.
+        want = b"+OK\r\n-" + CROSSSLOT.encode() + b"\r\n-EXECABORT Transaction discarded because of previous errors.\r\n"
+        assert exchange(server.port, b"MULTI\r\nMSET a 1 b 2\r\nEXEC\r\n", len(want)) == want
 
 
 def test_shutdown_inside_multi_is_refused_and_aborts_exec(server, r):
     # Redis 7's "MULTI with SHUTDOWN": the command is refused, EXEC aborts, the server lives on.
     r.delete("foo")
-    import socket
-
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s = socket.create_connection(("127.0.0.1", port_of(server, "foo")), timeout=5)
     s.sendall(b"MULTI\r\nSET foo bar\r\nSHUTDOWN\r\nEXEC\r\nGET foo\r\nPING\r\n")
     want = (
         b"+OK\r\n+QUEUED\r\n"
@@ -433,9 +546,7 @@ def test_shutdown_inside_multi_is_refused_and_aborts_exec(server, r):
 
 
 def test_multi_queueing_errors_abort_exec(server):
-    import socket
-
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s = socket.create_connection(("127.0.0.1", port_of(server, "k")), timeout=5)
     s.sendall(b"MULTI\r\nSET k v\r\nNOSUCH x\r\nGET\r\nEXEC\r\nGET k\r\nMULTI\r\nMULTI\r\nSET k w\r\nDISCARD\r\nGET k\r\n")
     want = (
         b"+OK\r\n+QUEUED\r\n"

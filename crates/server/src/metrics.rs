@@ -740,7 +740,10 @@ impl Snapshot {
     }
 
     /// Redis INFO text for the given section (`None`, `default`, `all` and `everything` give all).
-    pub fn info(&self, section: Option<&str>) -> String {
+    /// `cluster_node`: answered on a cluster server's RESP port, which is a Redis Cluster node
+    /// (`redis_mode:cluster`, `cluster_enabled:1`); a standalone server and the routing port
+    /// answer as a standalone Redis.
+    pub fn info(&self, section: Option<&str>, cluster_node: bool) -> String {
         let section = section.map(|s| s.to_ascii_lowercase());
         let wants = |name: &str| match section.as_deref() {
             None | Some("default") | Some("all") | Some("everything") => true,
@@ -750,8 +753,9 @@ impl Snapshot {
         if wants("server") {
             let _ = write!(
                 s,
-                "# Server\r\nredis_version:7.2.0\r\nramlog_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nnative_port:{}\r\nadmin_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\nramlog_tablets:{}\r\n\r\n",
+                "# Server\r\nredis_version:7.2.0\r\nramlog_version:{}\r\nredis_mode:{}\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nnative_port:{}\r\nadmin_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\nramlog_tablets:{}\r\n\r\n",
                 self.process.version,
+                if cluster_node { "cluster" } else { "standalone" },
                 std::env::consts::OS,
                 self.process.pid,
                 self.process.resp_port,
@@ -835,6 +839,13 @@ impl Snapshot {
             }
             s.push_str("\r\n");
         }
+        if wants("cluster") {
+            let _ = write!(
+                s,
+                "# Cluster\r\ncluster_enabled:{}\r\n\r\n",
+                u8::from(cluster_node)
+            );
+        }
         if wants("keyspace") {
             let _ = write!(s, "# Keyspace\r\n");
             if self.engine.objects > 0 {
@@ -917,14 +928,22 @@ mod tests {
         assert!(prom.contains("ramlog_memory_waits_total 7\n"));
         assert!(prom.contains("ramlog_memory_wait_seconds_total 0.25\n"));
         assert!(prom.contains("ramlog_memory_bytes_untouched 536870912\n"));
-        let info = s.info(None);
+        let info = s.info(None, false);
         assert!(info.contains("total_commands_processed:3\r\n"), "{info}");
+        assert!(
+            info.contains("redis_mode:standalone\r\n") && info.contains("cluster_enabled:0\r\n")
+        );
+        let node = s.info(None, true);
+        assert!(
+            node.contains("redis_mode:cluster\r\n")
+                && node.contains("# Cluster\r\ncluster_enabled:1\r\n")
+        );
         assert!(info.contains("total_connections_received:4\r\n"));
         assert!(info.contains("cmdstat_get:calls=2,"));
         assert!(info.contains("db0:keys=3,"));
         assert!(info.contains("ramlog_tablets:48\r\n"));
         assert!(prom.contains("ramlog_tablets 48\n"));
-        let only = s.info(Some("keyspace"));
+        let only = s.info(Some("keyspace"), false);
         assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("\"commands_total\":3"));

@@ -251,7 +251,7 @@ impl Router<'_> {
             "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),
             "info" => {
                 let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
-                let text = self.node.snapshot().info(section.as_deref());
+                let text = self.node.snapshot().info(section.as_deref(), false);
                 let me = view.me;
                 let others = if text.contains("# Keyspace") {
                     let info_keyspace: [&[u8]; 2] = [b"info", b"keyspace"];

@@ -37,12 +37,16 @@ pub(super) fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 
 pub(super) fn cmd_info(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
-    let text = ctx.node.snapshot().info(section.as_deref());
+    let text = ctx
+        .node
+        .snapshot()
+        .info(section.as_deref(), ctx.cluster_node());
     ctx.enc.verbatim("txt", text.as_bytes());
 }
 
-/// The parameters CONFIG GET knows, with their current values.
-pub(super) fn config_params(shared: &Node) -> Vec<(&'static str, String)> {
+/// The parameters CONFIG GET knows, with their current values (`cluster_node`: asked on a
+/// cluster server's RESP port, a Redis Cluster node).
+pub(super) fn config_params(shared: &Node, cluster_node: bool) -> Vec<(&'static str, String)> {
     use crate::config::PersistenceMode;
     let c = &shared.config;
     vec![
@@ -77,7 +81,10 @@ pub(super) fn config_params(shared: &Node) -> Vec<(&'static str, String)> {
             }
             .into(),
         ),
-        ("cluster-enabled", "no".into()),
+        (
+            "cluster-enabled",
+            if cluster_node { "yes" } else { "no" }.into(),
+        ),
         ("dir", c.data_dir.display().to_string()),
     ]
 }
@@ -90,7 +97,7 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 .enc
                 .error("ERR wrong number of arguments for 'config|get' command");
         }
-        let params = config_params(ctx.node);
+        let params = config_params(ctx.node, ctx.cluster_node());
         let matched: Vec<&(&str, String)> = params
             .iter()
             .filter(|(name, _)| {

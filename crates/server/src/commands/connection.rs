@@ -20,6 +20,8 @@ pub(super) fn cmd_select(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match parse_i64(args[1]) {
         None => ctx.enc.error(ERR_NOT_INTEGER),
         Some(0) => ctx.enc.ok(),
+        // Redis Cluster has database 0 only.
+        Some(_) if ctx.cluster_node() => ctx.enc.error("ERR SELECT is not allowed in cluster mode"),
         Some(_) => ctx.enc.error("ERR DB index is out of range"),
     }
 }
@@ -143,6 +145,11 @@ pub(super) fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     ctx.session.protocol = protocol;
     ctx.enc.set_protocol(protocol);
+    let mode: &[u8] = if ctx.cluster_node() {
+        b"cluster"
+    } else {
+        b"standalone"
+    };
     let enc = &mut ctx.enc;
     enc.map(7);
     enc.bulk(b"server");
@@ -154,7 +161,7 @@ pub(super) fn cmd_hello(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     enc.bulk(b"id");
     enc.integer(ctx.session.id as i64);
     enc.bulk(b"mode");
-    enc.bulk(b"standalone");
+    enc.bulk(mode);
     enc.bulk(b"role");
     enc.bulk(b"master");
     enc.bulk(b"modules");

@@ -94,6 +94,15 @@ struct Ctx<'a> {
     enc: ReplyEncoder<'a>,
 }
 
+impl Ctx<'_> {
+    /// The connection speaks to a Redis Cluster node: a cluster server's own RESP port (not its
+    /// routing port, nor commands a routing port forwarded here, which answer as a standalone
+    /// Redis).
+    fn cluster_node(&self) -> bool {
+        self.node.cluster().is_some() && !self.session.routed
+    }
+}
+
 type Handler = fn(&mut Ctx<'_>, &[&[u8]]);
 
 /// One supported command, as `COMMAND INFO` describes it.

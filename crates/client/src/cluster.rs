@@ -703,6 +703,8 @@ mod tests {
             restorer: None,
             pending: vec![],
             fresh: vec![],
+            waiting: None,
+            refused: vec![],
         }
     }
 

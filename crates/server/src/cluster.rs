@@ -619,6 +619,7 @@ impl Member {
                     id: view.me,
                     epoch: view.epoch,
                     map_version: view.map.version,
+                    memory: None,
                 };
                 drop(view);
                 // While the coordinator does not answer, the lease is extended ahead of the call

@@ -229,7 +229,8 @@ class Cluster:
             "server", "--coordinator", self.coordinator_addr,
             "--resp-port", str(s.resp), "--routing-port", str(s.routing),
             "--native-port", str(s.native), "--admin-port", str(s.admin),
-            "--data-dir", str(self.tmp_path / f"server-{i}"), "--memory", "256MiB",
+            "--data-dir", str(self.tmp_path / f"server-{i}"),
+            *(() if "--memory" in extra_args else ("--memory", "256MiB")),
             *(("--bind", s.ip) if s.host else ()),
             *extra_args,
         ]

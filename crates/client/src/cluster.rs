@@ -518,25 +518,34 @@ fn no_such_table(table: TableId, key: &[u8], map: &ClusterMap) -> Error {
     }
 }
 
-/// The tablet of `key` and its master's native address.
+/// The tablet of `key`, the server to ask for it (its master) and that server's native address.
 fn tablet_and_master<'m>(
     map: &'m ClusterMap,
     table: TableId,
     key: &[u8],
-) -> Result<(&'m TabletInfo, String), Error> {
+) -> Result<(&'m TabletInfo, ServerId, String), Error> {
     let tablet = map
         .tablet_of(table, key)
         .ok_or_else(|| no_such_table(table, key, map))?;
-    let server = map.server(tablet.master).ok_or_else(|| Error::Server {
+    // A tablet that waits for memory to be restored goes to its first live backup, which
+    // answers why (CLUSTER_DOWN) from its own map, or WRONG_SERVER once that map moved on; its
+    // dead master would not answer at all.
+    let is_up = |id: &ServerId| map.server(*id).is_some_and(|s| s.state == ServerState::Up);
+    let target = match &tablet.waiting {
+        Some(_) if tablet.recovering => tablet.backups.iter().copied().find(is_up),
+        _ => None,
+    }
+    .unwrap_or(tablet.master);
+    let server = map.server(target).ok_or_else(|| Error::Server {
         status: Status::WrongServer,
         message: format!(
             "the cluster map (version {}) names server {} as the master of slot {} of table {table} but does not list it",
             map.version,
-            tablet.master,
+            target,
             key_slot(key)
         ),
     })?;
-    Ok((tablet, server.addresses.native.to_string()))
+    Ok((tablet, target, server.addresses.native.to_string()))
 }
 
 /// The master of `(table, key_slot(key))` and its native address.
@@ -545,7 +554,7 @@ pub(crate) fn route(
     table: TableId,
     key: &[u8],
 ) -> Result<(ServerId, String), Error> {
-    tablet_and_master(map, table, key).map(|(t, addr)| (t.master, addr))
+    tablet_and_master(map, table, key).map(|(_, server, addr)| (server, addr))
 }
 
 /// `indices` of `keys` grouped by master: (server, its native address, indices in the order given),
@@ -600,9 +609,9 @@ pub(crate) fn single_tablet<'k>(
     let Some(first) = keys.next() else {
         return Ok(());
     };
-    let (tablet, _) = tablet_and_master(map, table, first)?;
+    let (tablet, _, _) = tablet_and_master(map, table, first)?;
     for key in keys {
-        let (other, _) = tablet_and_master(map, table, key)?;
+        let (other, _, _) = tablet_and_master(map, table, key)?;
         if (other.table, other.first_slot) != (tablet.table, tablet.first_slot) {
             return Err(Error::CrossTablet(
                 "MULTI_PUT keys live on more than one tablet; give them a common {hash tag}".into(),
@@ -703,6 +712,8 @@ mod tests {
             restorer: None,
             pending: vec![],
             fresh: vec![],
+            waiting: None,
+            refused: vec![],
         }
     }
 

@@ -106,6 +106,8 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             restorer: None,
             pending: vec![],
             fresh: vec![],
+            waiting: None,
+            refused: vec![],
         })
         .collect();
     ClusterMap {

@@ -139,6 +139,23 @@ pub struct TabletInfo {
     /// complete.
     #[serde(default)]
     pub fresh: Vec<ServerId>,
+    /// While recovering with no restorer although live backups hold it: why none restores it
+    /// (none has the memory room for it, see `state::restore_need_bytes`). Clients of its slots
+    /// get `-CLUSTERDOWN` with this text; the restore starts by itself once a backup has room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+    /// While recovering: backups whose restore of it ran out of memory, with the room each
+    /// reported then. `repair()` passes each over until it reports clearly more room.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refusal>,
+}
+
+/// A backup whose restore of a tablet ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub server: ServerId,
+    /// The room the server reported once it had freed what the failed restore held.
+    pub room_bytes: u64,
 }
 
 impl TabletInfo {
@@ -271,6 +288,8 @@ mod tests {
             restorer: None,
             pending: vec![],
             fresh: vec![],
+            waiting: None,
+            refused: vec![],
         }
     }
 

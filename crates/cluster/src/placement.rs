@@ -151,6 +151,8 @@ pub fn place_table(
                 restorer: None,
                 pending: vec![],
                 fresh: vec![],
+                waiting: None,
+                refused: vec![],
             }
         })
         .collect()

@@ -10,7 +10,7 @@
 //! follows it. The client tries every member it was given, within one deadline per call.
 
 use crate::map::{ClusterMap, ReplicationMode, ServerAddresses, ServerId, TableInfo};
-use crate::state::{CommandError, PreviousIdentity};
+use crate::state::{CommandError, PreviousIdentity, TabletBytes};
 use ramlog_common::TableId;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -39,6 +39,10 @@ pub enum Request {
         id: ServerId,
         epoch: u64,
         map_version: u64,
+        /// What the server could take for restores, and the size of the tablets it masters
+        /// (None from servers that do not report it).
+        #[serde(default)]
+        memory: Option<MemoryReport>,
     },
     GetMap,
     /// A server reports a peer that does not answer as it should (a backup that leaves writes
@@ -71,6 +75,16 @@ pub enum Request {
         objects: u64,
         millis: u64,
     },
+    /// The restorer of a recovering tablet ran out of memory restoring it, and freed what the
+    /// restore held; `room_bytes` is the room it has now.
+    RestoreFailed {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+        room_bytes: u64,
+    },
     /// A master finished copying a tablet to a backup at `epoch`.
     CopyDone {
         server: ServerId,
@@ -86,6 +100,18 @@ pub enum Request {
         rpc: RaftRpc,
         body: serde_json::Value,
     },
+}
+
+/// A server's memory as a heartbeat reports it: what the coordinator plans restores by
+/// (`state::Room`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Bytes the server could still take for a restore: the live bytes its log can add before
+    /// it reaches its utilisation limit, less a safety margin.
+    pub room_bytes: u64,
+    /// The tablets it masters (at most one entry per tablet of the map).
+    #[serde(default)]
+    pub tablets: Vec<TabletBytes>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,6 +472,46 @@ mod tests {
         ));
         drop(a);
         assert!(read_frame::<_, Request>(&mut b).await.unwrap().is_none());
+    }
+
+    #[test]
+    fn messages_of_peers_without_memory_reports_still_decode() {
+        let old = br#"{"Heartbeat":{"id":1,"epoch":2,"map_version":3}}"#;
+        let r: Request = decode_frame_body(old).unwrap();
+        assert!(
+            matches!(r, Request::Heartbeat { memory: None, .. }),
+            "{r:?}"
+        );
+        let old = br#"{"DeclareDead":{"server":1,"epoch":2,"reason":"killed"}}"#;
+        let c: crate::Command = serde_json::from_slice(old).unwrap();
+        assert!(
+            matches!(c, crate::Command::DeclareDead { room: None, .. }),
+            "{c:?}"
+        );
+        let old = br#"{"table":0,"first_slot":0,"last_slot":9,"master":1,"mirror":null,
+            "backups":[2],"epoch":3,"recovering":true,"restorer":null}"#;
+        let t: crate::TabletInfo = serde_json::from_slice(old).unwrap();
+        assert!(t.waiting.is_none() && t.refused.is_empty());
+        // And a report round-trips.
+        let report = Request::Heartbeat {
+            id: 1,
+            epoch: 2,
+            map_version: 3,
+            memory: Some(MemoryReport {
+                room_bytes: 7,
+                tablets: vec![TabletBytes {
+                    table: 0,
+                    first_slot: 1024,
+                    live_bytes: 99,
+                    objects: 3,
+                }],
+            }),
+        };
+        let bytes = serde_json::to_vec(&report).unwrap();
+        let back: Request = decode_frame_body(&bytes).unwrap();
+        assert!(
+            matches!(back, Request::Heartbeat { memory: Some(m), .. } if m.room_bytes == 7 && m.tablets[0].live_bytes == 99)
+        );
     }
 
     #[tokio::test]

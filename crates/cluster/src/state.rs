@@ -1,12 +1,20 @@
 //! The coordinator's replicated state machine. Every change to the map is a [`Command`] in the
 //! Raft log; [`ClusterState::apply`] is a pure function of the state and the command, so every
 //! coordinator member that applies the same log holds the same map. Anything that is not
-//! deterministic (the cluster id, the leader's view of heartbeats) is decided by the leader
-//! before it proposes, and travels in the command.
+//! deterministic (the cluster id, the leader's view of heartbeats, the memory room the servers
+//! report) is decided by the leader before it proposes, and travels in the command.
+//!
+//! Restore planning by memory: servers report with each heartbeat how many bytes they could
+//! still take for a restore, and the live bytes of each tablet they master. The leader puts what
+//! it last heard into `DeclareDead` and `Room` ([`Room`]); the state keeps the newest, and
+//! `repair()` gives a recovering tablet only to a backup whose room covers it
+//! ([`restore_need_bytes`]). A tablet no live backup has room for waits, with the reason in the
+//! map, until a `Room` command shows room; a restore that ran out of memory anyway comes back as
+//! `RestoreFailed`, and its server is passed over for the tablet until it reports more room.
 
 use crate::map::{
-    redis_node_name, ClusterMap, ReplicationMode, ServerAddresses, ServerId, ServerInfo,
-    ServerState, TableInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
+    redis_node_name, ClusterMap, Refusal, ReplicationMode, ServerAddresses, ServerId, ServerInfo,
+    ServerState, TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
 };
 use crate::placement::place_table;
 use ramlog_common::TableId;
@@ -17,6 +25,74 @@ use std::collections::{BTreeMap, HashMap};
 pub const TABLE_NAME_MAX: usize = 64;
 /// Most backups per tablet.
 pub const REPLICAS_MAX: u32 = 7;
+
+const MIB: u64 = 1 << 20;
+
+/// Memory a restore of a tablet with `live_bytes` takes on its restorer: its live bytes, a tenth
+/// more for the hash index and for segments the cleaner has not yet compacted while the replay
+/// appends, and 1 MiB for the tablet's head segment and first index buckets.
+pub fn restore_need_bytes(live_bytes: u64) -> u64 {
+    live_bytes
+        .saturating_add(live_bytes / 10)
+        .saturating_add(MIB)
+}
+
+/// The live bytes and objects of one tablet, as its master reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TabletBytes {
+    pub table: TableId,
+    pub first_slot: u16,
+    pub live_bytes: u64,
+    #[serde(default)]
+    pub objects: u64,
+}
+
+/// A snapshot of memory as the leader last heard it in heartbeats: what it plans restores by.
+/// Unknown figures (a server that never reported, a tablet whose master did not) plan as if
+/// memory did not matter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Room {
+    /// Bytes each server could still take for restores.
+    #[serde(default)]
+    pub servers: BTreeMap<ServerId, u64>,
+    /// Tablets' live bytes, by (table, first slot), ascending.
+    #[serde(default)]
+    pub tablets: Vec<TabletBytes>,
+}
+
+impl Room {
+    pub fn server(&self, id: ServerId) -> Option<u64> {
+        self.servers.get(&id).copied()
+    }
+
+    pub fn tablet(&self, table: TableId, first_slot: u16) -> Option<&TabletBytes> {
+        self.tablets
+            .binary_search_by_key(&(table, first_slot), |t| (t.table, t.first_slot))
+            .ok()
+            .map(|i| &self.tablets[i])
+    }
+
+    /// What a restore of `t` needs ([`restore_need_bytes`]), if its size is known.
+    pub fn need_of(&self, t: &TabletInfo) -> Option<u64> {
+        self.tablet(t.table, t.first_slot)
+            .map(|b| restore_need_bytes(b.live_bytes))
+    }
+
+    /// Takes a newer snapshot: its servers replace these; its tablets replace these where both
+    /// have a figure, and the figures it lacks are kept (a dead master reports nothing more).
+    fn absorb(&mut self, newer: &Room) {
+        self.servers = newer.servers.clone();
+        let mut tablets: BTreeMap<(TableId, u16), TabletBytes> = self
+            .tablets
+            .iter()
+            .map(|t| ((t.table, t.first_slot), *t))
+            .collect();
+        for t in &newer.tablets {
+            tablets.insert((t.table, t.first_slot), *t);
+        }
+        self.tablets = tablets.into_values().collect();
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -70,6 +146,27 @@ pub enum Command {
         server: ServerId,
         epoch: u64,
         reason: String,
+        /// The leader's memory snapshot, the dead master's tablets included: their restorers
+        /// are chosen among backups with room for them.
+        #[serde(default)]
+        room: Option<Room>,
+    },
+    /// A fresh memory snapshot from the leader, proposed when a tablet waiting for room would
+    /// now fit somewhere: restorers are chosen again for the tablets that wait.
+    Room {
+        room: Room,
+    },
+    /// The restorer of a recovering tablet ran out of memory restoring it (and freed what the
+    /// restore held). It is passed over for this tablet until it reports clearly more room than
+    /// `room_bytes`, what it has now; another backup with room restores it, or it waits.
+    RestoreFailed {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+        reason: String,
+        #[serde(default)]
+        room_bytes: Option<u64>,
     },
     /// The restorer of a recovering tablet holds it in memory: it becomes the master.
     TabletRecovered {
@@ -159,6 +256,9 @@ pub struct ClusterState {
     /// epoch back instead of fencing the process that sent it.
     #[serde(default)]
     pub incarnations: BTreeMap<ServerId, u64>,
+    /// The newest memory snapshot a command carried (see [`Room`]); restorers are chosen by it.
+    #[serde(default)]
+    pub room: Option<Room>,
 }
 
 /// Backups per tablet when a table does not say: 2 in a 3-server cluster, 3 from 4 servers.
@@ -243,16 +343,61 @@ impl ClusterState {
                 self.repair();
                 CommandOutcome::TableAltered(table)
             }
-            Command::DeclareDead { server, epoch, .. } => {
+            Command::DeclareDead {
+                server,
+                epoch,
+                room,
+                ..
+            } => {
                 let current = self.map.server(*server).map(|s| (s.epoch, s.state));
                 match current {
                     Some((e, state)) if e == *epoch && state != ServerState::Dead => {
                         self.declare_dead(*server);
+                        match room {
+                            Some(room) => self.absorb_room(room),
+                            // A leader that reports no memory: restores are planned as if
+                            // memory did not matter.
+                            None => self.room = None,
+                        }
                         self.repair();
                     }
                     // An older incarnation, or one declared already: nothing changes.
                     _ => return Ok(CommandOutcome::Noted { applied: false }),
                 }
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::Room { room } => {
+                self.absorb_room(room);
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::RestoreFailed {
+                table,
+                first_slot,
+                epoch,
+                server,
+                room_bytes,
+                ..
+            } => {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if !t.recovering || t.epoch != *epoch || t.restorer != Some(*server) {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                t.restorer = None;
+                t.refused.retain(|r| r.server != *server);
+                t.refused.push(Refusal {
+                    server: *server,
+                    room_bytes: room_bytes.unwrap_or(0),
+                });
+                if let Some(bytes) = room_bytes {
+                    self.room
+                        .get_or_insert_with(Room::default)
+                        .servers
+                        .insert(*server, *bytes);
+                }
+                self.repair();
                 CommandOutcome::Noted { applied: true }
             }
             Command::TabletRecovered {
@@ -272,9 +417,12 @@ impl ClusterState {
                 {
                     return Ok(CommandOutcome::Noted { applied: false });
                 }
+                let promoted_mirror = t.mirror == Some(*server);
                 t.master = *server;
                 t.recovering = false;
                 t.restorer = None;
+                t.waiting = None;
+                t.refused.clear();
                 t.backups.retain(|b| b != server);
                 // Every remaining live backup receives the new master's copy at this epoch;
                 // until then it restores from its older logs and what it received since.
@@ -285,6 +433,19 @@ impl ClusterState {
                     .filter(|b| up.contains(b))
                     .collect();
                 t.fresh.retain(|b| b != server);
+                // The tablet's memory is taken on its new master now; until a fresh snapshot
+                // says how much room is left there, the snapshot held counts it as gone.
+                if let Some(room) = &mut self.room {
+                    let t = self.map.tablet_at(*table, *first_slot);
+                    let need = t.and_then(|t| room.need_of(t));
+                    if let (Some(need), Some(left), false) =
+                        (need, room.servers.get_mut(server), promoted_mirror)
+                    {
+                        *left = left.saturating_sub(need);
+                    }
+                    room.tablets
+                        .retain(|b| (b.table, b.first_slot) != (*table, *first_slot));
+                }
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
@@ -433,16 +594,32 @@ impl ClusterState {
             if t.master == server && !t.recovering {
                 t.recovering = true;
                 t.restorer = None;
+                t.waiting = None;
+                t.refused.clear();
                 // Backups refuse the dead master's epoch from the moment they see this map.
                 t.epoch += 1;
             }
         }
     }
 
+    /// Keeps `room` as the newest snapshot, with only the tablet figures that restores need
+    /// (those of recovering tablets).
+    fn absorb_room(&mut self, room: &Room) {
+        let held = self.room.get_or_insert_with(Room::default);
+        held.absorb(room);
+        let tablets = &self.map;
+        held.tablets.retain(|b| {
+            tablets
+                .tablet_at(b.table, b.first_slot)
+                .is_some_and(|t| t.recovering && t.first_slot == b.first_slot)
+        });
+    }
+
     /// Brings every tablet to the shape the live servers allow, after any change of membership:
-    /// - a recovering tablet's restorer is its first backup that is up and can restore it (none
-    ///   while no such backup is up: the tablet waits, keeping its backup set, whose logs a
-    ///   restarted server brings back);
+    /// - a recovering tablet's restorer is its first backup that is up, can restore it and has
+    ///   room for it (none while no such backup is up: the tablet waits, keeping its backup
+    ///   set, whose logs a restarted server brings back; `waiting` says why when live backups
+    ///   lack the room);
     /// - a tablet with a live master drops its dead backups and gets replacements (fresh and
     ///   pending: the master copies the tablet to them) up to the table's replicas, taken from
     ///   the seeded server permutation after the server they replace (the copyset order).
@@ -467,26 +644,27 @@ impl ClusterState {
                 *load.entry(*b).or_default() += 1;
             }
         }
+        // Memory already promised to restores under way (their restorer stays); a mirror's
+        // promotion needs none: it holds the tablet in memory already.
+        let room = self.room.clone().unwrap_or_default();
+        let mut promised: HashMap<ServerId, u64> = HashMap::new();
+        for t in &self.map.tablets {
+            let Some(r) = t.restorer.filter(|&r| t.recovering && is_up(r)) else {
+                continue;
+            };
+            if t.mirror != Some(r) {
+                *promised.entry(r).or_default() += room.need_of(t).unwrap_or(0);
+            }
+        }
         for t in &mut self.map.tablets {
             if t.recovering {
                 if t.restorer.is_none_or(|r| !is_up(r)) {
-                    // A backup with the whole stream first; one still waiting for its copy (its
-                    // logs may lack what its memory held when it restarted) only if none is up.
-                    // A mirror with the whole stream first of all: it holds the tablet in memory.
-                    let eligible = |b: &ServerId| is_up(*b) && !t.fresh.contains(b);
-                    t.restorer = t
-                        .mirror
-                        .filter(|m| t.backups.contains(m) && eligible(m) && !t.pending.contains(m))
-                        .or_else(|| {
-                            t.backups
-                                .iter()
-                                .copied()
-                                .find(|b| eligible(b) && !t.pending.contains(b))
-                        })
-                        .or_else(|| t.backups.iter().copied().find(eligible));
+                    pick_restorer(t, &is_up, &room, &mut promised);
                 }
                 continue;
             }
+            t.waiting = None;
+            t.refused.clear();
             if !is_up(t.master) {
                 continue;
             }
@@ -598,6 +776,96 @@ impl ClusterState {
         self.map.tablets.sort_by_key(|t| (t.table, t.first_slot));
         Ok(table)
     }
+}
+
+/// Chooses the restorer of recovering tablet `t` (see [`ClusterState::repair`]), or records why
+/// none can restore it. Candidates, in order: the mirror with the whole stream (it holds the
+/// tablet in memory: no room needed), the live backups with the whole stream, then those still
+/// waiting for their copy (their logs may lack what their memory held when they restarted);
+/// never a fresh one. The first whose room, less what is `promised` to other restores, covers
+/// the tablet's need restores it. Unknown figures count as room, except on a backup whose
+/// restore of this tablet ran out of memory: that one needs a report of room both above the
+/// need and a quarter of the need (and 1 MiB) above what it had after the failure.
+fn pick_restorer(
+    t: &mut TabletInfo,
+    is_up: &impl Fn(ServerId) -> bool,
+    room: &Room,
+    promised: &mut HashMap<ServerId, u64>,
+) {
+    let eligible = |b: ServerId| is_up(b) && !t.fresh.contains(&b);
+    let mirror = t
+        .mirror
+        .filter(|&m| t.backups.contains(&m) && eligible(m) && !t.pending.contains(&m));
+    let mut candidates: Vec<ServerId> = mirror.into_iter().collect();
+    let streamed = t
+        .backups
+        .iter()
+        .copied()
+        .filter(|&b| eligible(b) && !t.pending.contains(&b));
+    let copying = t.backups.iter().copied().filter(|&b| eligible(b));
+    for b in streamed.chain(copying) {
+        if !candidates.contains(&b) {
+            candidates.push(b);
+        }
+    }
+    let need = room.need_of(t);
+    let refusal = |b: ServerId| t.refused.iter().find(|r| r.server == b).copied();
+    let required = |b: ServerId| -> Option<u64> {
+        match refusal(b) {
+            Some(r) => {
+                let need = need.unwrap_or(0);
+                Some(need.max(r.room_bytes.saturating_add(need / 4).saturating_add(MIB)))
+            }
+            None => need,
+        }
+    };
+    let left = |b: ServerId, promised: &HashMap<ServerId, u64>| {
+        room.server(b)
+            .map(|r| r.saturating_sub(promised.get(&b).copied().unwrap_or(0)))
+    };
+    let fits = |b: ServerId, promised: &HashMap<ServerId, u64>| {
+        if Some(b) == mirror {
+            return true;
+        }
+        match (required(b), left(b, promised)) {
+            (None, _) => true,
+            (Some(required), Some(left)) => left >= required,
+            (Some(_), None) => refusal(b).is_none(),
+        }
+    };
+    let pick = candidates.iter().copied().find(|&b| fits(b, promised));
+    t.restorer = pick;
+    t.waiting = None;
+    if let Some(b) = pick {
+        if Some(b) != mirror {
+            *promised.entry(b).or_default() += need.unwrap_or(0);
+        }
+        return;
+    }
+    if candidates.is_empty() {
+        // No live backup holds it: it waits for one to come back (not for memory).
+        return;
+    }
+    let mut reason = match need {
+        Some(need) => format!("no live backup has room: needs {} MiB", need.div_ceil(MIB)),
+        None => "no live backup has room".to_string(),
+    };
+    let most = candidates
+        .iter()
+        .filter(|&&b| refusal(b).is_none())
+        .filter_map(|&b| left(b, promised).map(|l| (l, b)))
+        .max_by_key(|&(l, b)| (l, std::cmp::Reverse(b)));
+    if let Some((l, b)) = most {
+        reason.push_str(&format!("; most room is {} MiB on server {b}", l / MIB));
+    }
+    for r in candidates.iter().filter_map(|&b| refusal(b)) {
+        reason.push_str(&format!(
+            "; the restore on server {} ran out of memory ({} MiB room after it)",
+            r.server,
+            r.room_bytes / MIB
+        ));
+    }
+    t.waiting = Some(reason);
 }
 
 fn check_table_name(name: &str) -> Result<(), CommandError> {
@@ -772,6 +1040,7 @@ mod tests {
             server: id,
             epoch: epoch + 1,
             reason: "test".into(),
+            room: None,
         })
         .unwrap();
         let CommandOutcome::Registered { epoch: after, .. } = reg(&mut s, Some(id), 8) else {
@@ -909,6 +1178,7 @@ mod tests {
                 server: dead,
                 epoch,
                 reason: "test".into(),
+                room: None,
             })
             .unwrap();
         assert_eq!(out, CommandOutcome::Noted { applied: true });
@@ -919,6 +1189,7 @@ mod tests {
             server: dead,
             epoch,
             reason: "again".into(),
+            room: None,
         });
         assert_eq!(again, Ok(CommandOutcome::Noted { applied: false }));
         for (t, old) in s.map.tablets.iter().zip(&before) {
@@ -993,6 +1264,7 @@ mod tests {
                 server: id,
                 epoch,
                 reason: "all down".into(),
+                room: None,
             })
             .unwrap();
         }
@@ -1070,6 +1342,7 @@ mod tests {
             server: victim,
             epoch,
             reason: "killed".into(),
+            room: None,
         })
         .unwrap();
         for t in s.map.tablets.iter().filter(|t| t.recovering) {
@@ -1098,6 +1371,7 @@ mod tests {
             server: t.master,
             epoch,
             reason: "killed".into(),
+            room: None,
         })
         .unwrap();
         let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
@@ -1109,10 +1383,313 @@ mod tests {
             server: other,
             epoch,
             reason: "killed".into(),
+            room: None,
         })
         .unwrap();
         let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();
         assert_eq!(now.restorer, Some(3), "{now:?}");
+    }
+
+    /// A snapshot in which every tablet of `master` holds `live` bytes and the servers have the
+    /// room given (in MiB).
+    fn room_for(
+        s: &ClusterState,
+        master: ServerId,
+        live: u64,
+        servers: &[(ServerId, u64)],
+    ) -> Room {
+        Room {
+            servers: servers.iter().map(|&(id, mib)| (id, mib * MIB)).collect(),
+            tablets: s
+                .map
+                .tablets
+                .iter()
+                .filter(|t| t.master == master)
+                .map(|t| TabletBytes {
+                    table: t.table,
+                    first_slot: t.first_slot,
+                    live_bytes: live,
+                    objects: live / 100,
+                })
+                .collect(),
+        }
+    }
+
+    fn declare_dead_with(s: &mut ClusterState, dead: ServerId, room: Room) {
+        let epoch = s.map.server(dead).unwrap().epoch;
+        let out = s
+            .apply(&Command::DeclareDead {
+                server: dead,
+                epoch,
+                reason: "killed".into(),
+                room: Some(room),
+            })
+            .unwrap();
+        assert_eq!(out, CommandOutcome::Noted { applied: true });
+    }
+
+    fn recovering(s: &ClusterState) -> Vec<TabletInfo> {
+        s.map
+            .tablets
+            .iter()
+            .filter(|t| t.recovering)
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn restorers_are_backups_with_room_for_the_tablet() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        // Tablets of 10 MiB need 12 MiB each: server 2 has room for two, server 3 for all.
+        let room = room_for(&s, 1, 10 * MIB, &[(2, 30), (3, 1000)]);
+        assert_eq!(restore_need_bytes(10 * MIB), 12 * MIB);
+        let before = s.map.tablets.clone();
+        declare_dead_with(&mut s, 1, room);
+        let tablets = recovering(&s);
+        assert_eq!(tablets.len(), 16);
+        let on_2: Vec<&TabletInfo> = tablets.iter().filter(|t| t.restorer == Some(2)).collect();
+        assert_eq!(on_2.len(), 2, "{tablets:?}");
+        for t in &tablets {
+            assert!(t.restorer.is_some() && t.waiting.is_none(), "{t:?}");
+            let old = before
+                .iter()
+                .find(|o| o.first_slot == t.first_slot)
+                .unwrap();
+            // The first backup in order that has room: the first two that list server 2 first
+            // go there, the rest to their other backup.
+            if t.restorer == Some(3) && old.backups[0] == 2 {
+                assert!(on_2.iter().all(|o| o.first_slot < t.first_slot), "{t:?}");
+            }
+        }
+        // The snapshot kept has the dead master's tablet figures (they are all restoring).
+        let held = s.room.clone().unwrap();
+        assert_eq!(held.tablets.len(), 16);
+        assert_eq!(held.server(2), Some(30 * MIB));
+        // Once one restore is done, its memory counts as taken on its restorer.
+        let t = on_2[0];
+        s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            server: 2,
+        })
+        .unwrap();
+        let held = s.room.clone().unwrap();
+        assert_eq!(held.server(2), Some(18 * MIB));
+        assert_eq!(
+            held.tablets.len(),
+            15,
+            "only recovering tablets' figures are kept"
+        );
+    }
+
+    #[test]
+    fn tablets_no_backup_has_room_for_wait_with_the_reason_and_resume_after_a_room_command() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let room = room_for(&s, 1, 10 * MIB, &[(2, 5), (3, 3)]);
+        declare_dead_with(&mut s, 1, room);
+        let tablets = recovering(&s);
+        assert_eq!(tablets.len(), 16);
+        for t in &tablets {
+            assert_eq!(t.restorer, None, "{t:?}");
+            assert_eq!(
+                t.waiting.as_deref(),
+                Some("no live backup has room: needs 12 MiB; most room is 5 MiB on server 2"),
+            );
+        }
+        // A Room command that changes nothing keeps them waiting.
+        let version = s.map.version;
+        s.apply(&Command::Room {
+            room: Room {
+                servers: [(2, 6 * MIB), (3, 3 * MIB)].into(),
+                tablets: vec![],
+            },
+        })
+        .unwrap();
+        assert_eq!(s.map.version, version + 1);
+        assert!(recovering(&s).iter().all(|t| t.restorer.is_none()));
+        assert!(recovering(&s)[0]
+            .waiting
+            .as_deref()
+            .unwrap()
+            .contains("6 MiB on server 2"));
+        // Server 3 freed 100 MiB: eight tablets fit there (96 MiB); the rest wait.
+        s.apply(&Command::Room {
+            room: Room {
+                servers: [(2, 6 * MIB), (3, 100 * MIB)].into(),
+                tablets: vec![],
+            },
+        })
+        .unwrap();
+        let tablets = recovering(&s);
+        let on_3 = tablets.iter().filter(|t| t.restorer == Some(3)).count();
+        assert_eq!(on_3, 8, "{tablets:?}");
+        for t in tablets.iter().filter(|t| t.restorer.is_none()) {
+            // What is promised to the eight restores under way is not room any more.
+            assert_eq!(
+                t.waiting.as_deref(),
+                Some("no live backup has room: needs 12 MiB; most room is 6 MiB on server 2"),
+            );
+        }
+        // Server 2 freed memory too: everything restores.
+        s.apply(&Command::Room {
+            room: Room {
+                servers: [(2, 200 * MIB), (3, 100 * MIB)].into(),
+                tablets: vec![],
+            },
+        })
+        .unwrap();
+        let tablets = recovering(&s);
+        assert!(tablets
+            .iter()
+            .all(|t| t.restorer.is_some() && t.waiting.is_none()));
+        assert_eq!(tablets.iter().filter(|t| t.restorer == Some(3)).count(), 8);
+    }
+
+    #[test]
+    fn unknown_sizes_and_unknown_room_plan_as_before() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        // Server 3 never reported; the tablets' sizes are known.
+        let before = s.map.tablets.clone();
+        let room = room_for(&s, 1, 10 * MIB, &[(2, 0)]);
+        declare_dead_with(&mut s, 1, room);
+        for t in recovering(&s) {
+            assert_eq!(t.restorer, Some(3), "{t:?}");
+        }
+        // Sizes unknown: the first live backup, as without any snapshot.
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        declare_dead_with(
+            &mut s,
+            1,
+            Room {
+                servers: [(2, 0), (3, 0)].into(),
+                tablets: vec![],
+            },
+        );
+        for t in recovering(&s) {
+            let old = before
+                .iter()
+                .find(|o| o.first_slot == t.first_slot)
+                .unwrap();
+            assert_eq!(t.restorer, Some(old.backups[0]), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn a_restore_that_ran_out_of_memory_goes_to_another_backup_or_waits_for_more_room() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let room = room_for(&s, 1, 10 * MIB, &[(2, 1000), (3, 1000)]);
+        declare_dead_with(&mut s, 1, room);
+        let t = recovering(&s)[0].clone();
+        let first = t.restorer.unwrap();
+        let other = if first == 2 { 3 } else { 2 };
+        let failed = |s: &mut ClusterState, server: ServerId, epoch: u64| {
+            s.apply(&Command::RestoreFailed {
+                table: t.table,
+                first_slot: t.first_slot,
+                epoch,
+                server,
+                reason: "restoring into memory: out of memory".into(),
+                room_bytes: Some(5 * MIB),
+            })
+            .unwrap()
+        };
+        // Stale reports change nothing: an older epoch, or a server that is not the restorer.
+        assert_eq!(
+            failed(&mut s, first, t.epoch - 1),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(
+            failed(&mut s, other, t.epoch),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(
+            failed(&mut s, first, t.epoch),
+            CommandOutcome::Noted { applied: true }
+        );
+        let now = s.map.tablet_at(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(now.restorer, Some(other), "{now:?}");
+        assert_eq!(
+            now.refused,
+            vec![Refusal {
+                server: first,
+                room_bytes: 5 * MIB
+            }]
+        );
+        // The other runs out too: the tablet waits, saying so.
+        failed(&mut s, other, t.epoch);
+        let now = s.map.tablet_at(t.table, t.first_slot).unwrap().clone();
+        assert_eq!(now.restorer, None);
+        let reason = now.waiting.clone().unwrap();
+        assert!(
+            reason.contains(&format!(
+                "the restore on server {first} ran out of memory (5 MiB room after it)"
+            )),
+            "{reason}"
+        );
+        // A little more room than after the failure is not enough: the need (12 MiB) is.
+        let room = |s: &mut ClusterState, first_mib: u64| {
+            s.apply(&Command::Room {
+                room: Room {
+                    servers: [(first, first_mib * MIB), (other, 0)].into(),
+                    tablets: vec![],
+                },
+            })
+            .unwrap();
+            s.map.tablet_at(t.table, t.first_slot).unwrap().clone()
+        };
+        // Server `first` has the other restores promised to it: give it room beyond them.
+        let promised: u64 = recovering(&s)
+            .iter()
+            .filter(|x| x.restorer == Some(first))
+            .count() as u64
+            * 12;
+        assert_eq!(room(&mut s, promised + 7).restorer, None);
+        assert_eq!(room(&mut s, promised + 12).restorer, Some(first));
+        // Recovered: the refusals go with the recovery state.
+        s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            server: first,
+        })
+        .unwrap();
+        let now = s.map.tablet_at(t.table, t.first_slot).unwrap().clone();
+        assert!(now.refused.is_empty() && now.waiting.is_none() && !now.recovering);
+    }
+
+    #[test]
+    fn a_mirror_takes_over_without_room() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        s.apply(&Command::SetTableMode {
+            name: DEFAULT_TABLE_NAME.into(),
+            mode: ReplicationMode::Mirror,
+        })
+        .unwrap();
+        let room = room_for(&s, 1, 10 * MIB, &[(2, 0), (3, 0)]);
+        declare_dead_with(&mut s, 1, room);
+        for t in recovering(&s) {
+            assert_eq!(t.restorer, t.mirror, "{t:?}");
+            assert!(t.restorer.is_some() && t.waiting.is_none());
+        }
     }
 
     #[test]
@@ -1138,6 +1715,7 @@ mod tests {
             server: t.master,
             epoch,
             reason: "killed".into(),
+            room: None,
         })
         .unwrap();
         let now = s.map.tablet_mut(t.table, t.first_slot).unwrap().clone();

@@ -260,6 +260,7 @@ impl Sim {
             server: id,
             epoch,
             reason: "simulated".into(),
+            room: None,
         });
         self.note(format!("declare {id} dead: {out:?}"));
     }

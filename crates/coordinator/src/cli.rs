@@ -422,6 +422,8 @@ fn status_json(
                         "restorer": tb.restorer,
                         "pending": tb.pending,
                         "fresh": tb.fresh,
+                        "waiting": tb.waiting,
+                        "refused": tb.refused,
                     })
                 })
                 .collect();
@@ -443,6 +445,7 @@ fn status_json(
         "members": status.members,
         "map_version": map.version,
         "recovering_tablets": map.tablets.iter().filter(|t| t.recovering).count(),
+        "tablets_waiting_for_room": map.tablets.iter().filter(|t| t.waiting.is_some()).count(),
         "pending_copies": map.tablets.iter().map(|t| t.pending.len()).sum::<usize>(),
         "servers": servers,
         "tables": tables,
@@ -512,6 +515,13 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
             "failures: {recovering} tablets recovering, {copies} copies to backups pending (server progress: ramlog status --admin HOST:PORT)"
         );
     }
+    let waiting = map.tablets.iter().filter(|t| t.waiting.is_some()).count();
+    if waiting > 0 {
+        let _ = writeln!(
+            s,
+            "memory: {waiting} tablets wait for a backup with room to restore them; their slots answer CLUSTERDOWN (free memory: delete keys, or add a server)"
+        );
+    }
     let _ = writeln!(s, "tables:");
     for t in &map.tables {
         let count = map.tablets_of(t.id).count();
@@ -527,9 +537,10 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
                 .map(|m| format!(" mirror={m}"))
                 .unwrap_or_default();
             let state = if tb.recovering {
-                match tb.restorer {
-                    Some(r) => format!(" RECOVERING on server {r}"),
-                    None => " RECOVERING: waiting for a live backup".to_string(),
+                match (tb.restorer, &tb.waiting) {
+                    (Some(r), _) => format!(" RECOVERING on server {r}"),
+                    (None, Some(why)) => format!(" RECOVERING: WAITING FOR MEMORY: {why}"),
+                    (None, None) => " RECOVERING: waiting for a live backup".to_string(),
                 }
             } else if tb.pending.is_empty() {
                 String::new()

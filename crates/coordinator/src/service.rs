@@ -3,8 +3,10 @@
 //! Owns: the accept loop and the connections (frames answered in order; a malformed or oversized
 //! frame closes its connection), the Raft node (its timing, the bootstrap of a new cluster by the
 //! member with the lowest id, and the `Init` command a new leader proposes while the state is
-//! uninitialized), the leader's in-memory record of server heartbeats, and the answers to every
-//! [`Request`]. Hides: openraft's errors (they become [`Response::NotLeader`] or
+//! uninitialized), the leader's in-memory record of server heartbeats and of the memory they
+//! report (soft state: what it puts into the commands that plan restores, as a [`Room`]
+//! snapshot, and what it watches to resume restores that wait for memory), and the answers to
+//! every [`Request`]. Hides: openraft's errors (they become [`Response::NotLeader`] or
 //! [`Response::Error`]) and how requests become commands.
 
 use crate::network::Network;
@@ -14,9 +16,13 @@ use anyhow::Context;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
 use ramlog_cluster::rpc::{
-    read_frame, write_frame, CoordinatorStatus, MemberInfo, RaftRpc, Request, Response,
+    read_frame, write_frame, CoordinatorStatus, MemberInfo, MemoryReport, RaftRpc, Request,
+    Response,
 };
-use ramlog_cluster::{ClusterMap, Command, CommandError, CommandOutcome, ServerId};
+use ramlog_cluster::{
+    ClusterMap, Command, CommandError, CommandOutcome, Room, ServerId, TabletBytes,
+};
+use ramlog_common::TableId;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +50,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 const MONITOR_EVERY: Duration = Duration::from_millis(20);
 /// A peer's report counts for this long.
 const SUSPICION_FRESH: Duration = Duration::from_secs(2);
+/// How often the leader checks whether a tablet that waits for memory would now fit.
+const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// A server's latest memory report and when it arrived.
+struct Report {
+    at: Instant,
+    memory: MemoryReport,
+}
 
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
@@ -84,6 +98,13 @@ struct Shared {
     heartbeats: Mutex<HashMap<ServerId, Instant>>,
     /// The last suspicion reported against each server: (reporter, reason, when).
     suspicions: Mutex<HashMap<ServerId, (ServerId, String, Instant)>>,
+    /// Each server's latest memory report (heartbeats).
+    reports: Mutex<HashMap<ServerId, Report>>,
+    /// When each server last became the master of a tablet it restored: a report sent before
+    /// may not count all the memory the tablet takes.
+    recovered_at: Mutex<HashMap<ServerId, Instant>>,
+    /// The tablets whose wait for memory was logged, with the epoch they wait at.
+    logged_waiting: Mutex<HashMap<(TableId, u16), u64>>,
     initial_servers: u32,
     default_mode: Option<ramlog_cluster::ReplicationMode>,
     default_replicas: Option<u32>,
@@ -137,6 +158,9 @@ impl Coordinator {
             machine,
             heartbeats: Mutex::new(HashMap::new()),
             suspicions: Mutex::new(HashMap::new()),
+            reports: Mutex::new(HashMap::new()),
+            recovered_at: Mutex::new(HashMap::new()),
+            logged_waiting: Mutex::new(HashMap::new()),
             initial_servers: config.initial_servers,
             default_mode: config.default_mode,
             default_replicas: config.default_replicas,
@@ -266,10 +290,12 @@ async fn init_when_leader(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) 
 }
 
 /// On the leader: declares dead every server that has been silent for `dead_after` (or that a
-/// peer reported, once its lease has run out) and fails a probe.
+/// peer reported, once its lease has run out) and fails a probe; resumes restores that wait for
+/// memory once the servers' reports show room for them.
 async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(MONITOR_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut room_checked = Instant::now();
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -287,6 +313,10 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(Instant::now);
+        if room_checked.elapsed() >= ROOM_CHECK_EVERY {
+            room_checked = Instant::now();
+            shared.resume_waiting().await;
+        }
         let candidates = shared.silent_servers(since);
         if candidates.is_empty() {
             continue;
@@ -308,6 +338,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                         server: id,
                         epoch,
                         reason,
+                        room: Some(shared.room_snapshot(Some(id))),
                     })
                     .await
                 {
@@ -453,19 +484,155 @@ impl Shared {
         {
             *by_restorer.entry(t.restorer).or_default() += 1;
         }
+        let waiting = map
+            .tablets
+            .iter()
+            .filter(|t| t.recovering && t.master == dead && t.waiting.is_some())
+            .count();
         for (restorer, tablets) in by_restorer {
             match restorer {
                 Some(r) => tracing::warn!(dead, restorer = r, tablets, "tablets recovering"),
-                None => tracing::error!(
+                None if tablets > waiting => tracing::error!(
                     dead,
-                    tablets,
+                    tablets = tablets - waiting,
                     "tablets wait for a backup: none of their backups is up"
                 ),
+                None => {}
             }
+        }
+        if waiting > 0 {
+            tracing::error!(
+                dead,
+                tablets = waiting,
+                "tablets wait for memory: no live backup has room to restore them (each is logged)"
+            );
         }
         let replaced = map.tablets.iter().filter(|t| !t.fresh.is_empty()).count();
         if replaced > 0 {
             tracing::warn!(tablets = replaced, "tablets copy to replacement backups");
+        }
+    }
+
+    /// The memory snapshot to plan restores by: every live server's latest reported room, and
+    /// the live bytes of each recovering tablet (as the state kept them from the master's death,
+    /// else as its master last reported) and of every tablet of `dead` (about to be declared).
+    /// A server's report sent before it last took over a restored tablet may not count that
+    /// tablet's memory: it counts as no more than what the state kept for it.
+    fn room_snapshot(&self, dead: Option<ServerId>) -> Room {
+        let (held, up, recovering) = self.machine_read(|m| {
+            let map = &m.state.map;
+            let up: Vec<ServerId> = map.up_servers().map(|s| s.id).collect();
+            let recovering: Vec<(TableId, u16, ServerId)> = map
+                .tablets
+                .iter()
+                .filter(|t| t.recovering)
+                .map(|t| (t.table, t.first_slot, t.master))
+                .collect();
+            (m.state.room.clone().unwrap_or_default(), up, recovering)
+        });
+        let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+        let recovered_at = self.recovered_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut room = Room::default();
+        for id in up {
+            let Some(report) = reports.get(&id) else {
+                continue;
+            };
+            let mut bytes = report.memory.room_bytes;
+            if recovered_at.get(&id).is_some_and(|at| report.at <= *at) {
+                bytes = bytes.min(held.server(id).unwrap_or(bytes));
+            }
+            room.servers.insert(id, bytes);
+        }
+        let reported = |master: ServerId, table: TableId, first_slot: u16| {
+            reports.get(&master).and_then(|r| {
+                r.memory
+                    .tablets
+                    .iter()
+                    .find(|b| (b.table, b.first_slot) == (table, first_slot))
+                    .copied()
+            })
+        };
+        let mut tablets: BTreeMap<(TableId, u16), TabletBytes> = BTreeMap::new();
+        if let Some(report) = dead.and_then(|d| reports.get(&d)) {
+            for b in &report.memory.tablets {
+                tablets.insert((b.table, b.first_slot), *b);
+            }
+        }
+        for (table, first_slot, master) in recovering {
+            let known = held
+                .tablet(table, first_slot)
+                .copied()
+                .or_else(|| reported(master, table, first_slot));
+            if let Some(b) = known {
+                tablets.insert((table, first_slot), b);
+            }
+        }
+        room.tablets = tablets.into_values().collect();
+        room
+    }
+
+    /// Proposes a fresh [`Room`] snapshot when it would give a restorer to a tablet that waits
+    /// for memory (the servers' reports show room: keys were deleted, a server joined).
+    async fn resume_waiting(&self) {
+        if !self.machine_read(|m| m.state.map.tablets.iter().any(|t| t.waiting.is_some())) {
+            return;
+        }
+        let command = Command::Room {
+            room: self.room_snapshot(None),
+        };
+        let resumed = self.machine_read(|m| {
+            let mut trial = m.state.clone();
+            if trial.apply(&command).is_err() {
+                return 0;
+            }
+            m.state
+                .map
+                .tablets
+                .iter()
+                .zip(&trial.map.tablets)
+                .filter(|(before, after)| before.waiting.is_some() && after.restorer.is_some())
+                .count()
+        });
+        if resumed == 0 {
+            return;
+        }
+        match self.propose(command).await {
+            Ok((_, map)) => {
+                let still = map.tablets.iter().filter(|t| t.waiting.is_some()).count();
+                tracing::warn!(
+                    tablets = resumed,
+                    still_waiting = still,
+                    "servers report room: restores that waited for memory start"
+                );
+            }
+            Err(e) => tracing::warn!(answer = ?e, "proposing a room snapshot failed"),
+        }
+    }
+
+    /// Logs one line for each tablet that starts waiting for memory, with what it misses.
+    fn log_waiting(&self, map: &ClusterMap) {
+        let mut logged = self
+            .logged_waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        logged.retain(|&(table, first_slot), epoch| {
+            map.tablet_at(table, first_slot)
+                .is_some_and(|t| t.waiting.is_some() && t.epoch == *epoch)
+        });
+        for t in map.tablets.iter().filter(|t| t.recovering) {
+            let Some(reason) = &t.waiting else {
+                continue;
+            };
+            if logged.insert((t.table, t.first_slot), t.epoch).is_none() {
+                tracing::error!(
+                    table = t.table,
+                    first_slot = t.first_slot,
+                    last_slot = t.last_slot,
+                    dead_master = t.master,
+                    %reason,
+                    "tablet waits for memory: clients get CLUSTERDOWN until a backup has room (delete keys, or add a server)"
+                );
+            }
         }
     }
 
@@ -525,6 +692,7 @@ impl Shared {
             Ok(Err(e)) => return Err(Response::Error(format!("Raft failed: {e}"))),
             Ok(Ok(r)) => r,
         };
+        self.log_waiting(&response.data.map);
         match response.data.result {
             Some(Ok(outcome)) => Ok((outcome, response.data.map)),
             Some(Err(e)) => Err(Response::Refused(e)),
@@ -565,7 +733,8 @@ impl Shared {
                 id,
                 epoch,
                 map_version,
-            } => self.heartbeat(id, epoch, map_version),
+                memory,
+            } => self.heartbeat(id, epoch, map_version, memory),
             Request::Register {
                 previous,
                 addresses,
@@ -672,6 +841,12 @@ impl Shared {
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Noted { applied }, map)) => {
+                        if applied {
+                            self.recovered_at
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(server, Instant::now());
+                        }
                         let left = map.tablets.iter().filter(|t| t.recovering).count();
                         tracing::info!(
                             server,
@@ -691,6 +866,57 @@ impl Shared {
                                 "tablet {table}:{first_slot} at epoch {epoch} is not being restored by server {server}"
                             ))
                         }
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::RestoreFailed {
+                server,
+                table,
+                first_slot,
+                epoch,
+                reason,
+                room_bytes,
+            } => {
+                tracing::warn!(
+                    server,
+                    table,
+                    first_slot,
+                    epoch,
+                    room_mib = room_bytes >> 20,
+                    %reason,
+                    "a restore ran out of memory; the server is passed over for the tablet until it reports more room"
+                );
+                // The room it reports now is its newest figure.
+                if let Some(report) = self
+                    .reports
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(&server)
+                {
+                    report.memory.room_bytes = room_bytes;
+                    report.at = Instant::now();
+                }
+                let command = Command::RestoreFailed {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                    reason,
+                    room_bytes: Some(room_bytes),
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { applied }, map)) => {
+                        let now = map.tablet_at(table, first_slot);
+                        tracing::info!(
+                            table,
+                            first_slot,
+                            applied,
+                            restorer = ?now.and_then(|t| t.restorer),
+                            "restore planned again"
+                        );
+                        Response::Noted
                     }
                     Ok((other, _)) => unexpected_outcome(&other),
                     Err(answer) => answer,
@@ -733,7 +959,13 @@ impl Shared {
         }
     }
 
-    fn heartbeat(&self, id: ServerId, epoch: u64, map_version: u64) -> Response {
+    fn heartbeat(
+        &self,
+        id: ServerId,
+        epoch: u64,
+        map_version: u64,
+        memory: Option<MemoryReport>,
+    ) -> Response {
         let (known, map) = self.machine_read(|m| {
             let known = m.state.map.server(id).map(|s| s.epoch);
             let newer = (m.state.map.version > map_version).then(|| m.state.map.clone());
@@ -751,6 +983,18 @@ impl Shared {
             };
         }
         self.note_heard(id);
+        if let Some(memory) = memory {
+            self.reports
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    id,
+                    Report {
+                        at: Instant::now(),
+                        memory,
+                    },
+                );
+        }
         Response::Heartbeat {
             map,
             lease_ms: self.lease().as_millis() as u64,

@@ -1499,6 +1499,82 @@ impl Inner {
         Ok(next)
     }
 
+    /// Removes every current object of `tablet` without writing tombstones, as a replayed delete
+    /// does (see `restore`): the tablet's log is in memory only, so nothing reads it after a
+    /// crash. The objects' bytes become garbage for the cleaner at once; versions an open
+    /// snapshot may read stay readable through it until it closes. Writers of the tablet may
+    /// run meanwhile (what they write after a key's removal stays). Returns how many objects
+    /// were removed.
+    pub fn clear_tablet(&self, tablet: TabletId) -> Result<u64, EngineError> {
+        /// Keys collected per index walk step (copied out, then removed one by one).
+        const KEYS_PER_STEP: usize = 256;
+        /// A removal compacts its bucket chain, which may move a reference behind the walk's
+        /// cursor: passes repeat until none is left, at most this many times.
+        const PASSES_MAX: usize = 8;
+        let t = self.tablet(tablet)?;
+        let mut removed = 0u64;
+        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(KEYS_PER_STEP);
+        for _ in 0..PASSES_MAX {
+            let mut cursor = 0;
+            loop {
+                keys.clear();
+                {
+                    let _guard = epoch::pin();
+                    cursor = t.index.scan(cursor, KEYS_PER_STEP, |loc| {
+                        if let Ok(key) = self.with_entry(loc, false, |e| e.key.to_vec()) {
+                            keys.push(key);
+                        }
+                    });
+                }
+                for key in &keys {
+                    let hash = hash_key(key);
+                    let _guard = epoch::pin();
+                    let _head = t.head.lock();
+                    if let Some(current) = self.find(t, hash, key) {
+                        let by = self.clock.load(Ordering::Relaxed) + 1;
+                        self.supersede(t, hash, key, current, None, by);
+                        removed += 1;
+                    }
+                }
+                if cursor == 0 {
+                    break;
+                }
+            }
+            if t.index.len() == 0 {
+                break;
+            }
+        }
+        self.wake_cleaner_if_needed();
+        Ok(removed)
+    }
+
+    /// Live bytes of each tablet (by tablet id): the live bytes of the segments its log holds,
+    /// headers and versions kept for snapshots included. One walk over the segment table.
+    pub fn live_bytes_by_tablet(&self) -> Vec<u64> {
+        let mut out = vec![0u64; self.tablet_count() as usize];
+        for (_, slot) in self.segments.iter() {
+            match slot.state() {
+                crate::segment::SegmentState::Free | crate::segment::SegmentState::Retired => {}
+                _ => {
+                    let tablet = slot.tablet.load(Ordering::Relaxed) as usize;
+                    let live = slot.live_bytes.load(Ordering::Relaxed).max(0) as u64;
+                    if let Some(sum) = out.get_mut(tablet) {
+                        *sum += live;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Live bytes the log can still take before it reaches its utilisation limit: what a load
+    /// (a restore) may add and leave the cleaner the garbage it needs. 0 when past it.
+    pub fn room_bytes(&self) -> u64 {
+        let limit = self.utilisation_limit() * self.log_capacity_bytes() as f64;
+        let live = self.live_bytes.sum().max(0) as u64;
+        (limit as u64).saturating_sub(live)
+    }
+
     pub fn tablet_infos(&self) -> Vec<TabletInfo> {
         (0..self.tablet_count())
             .filter_map(|id| {

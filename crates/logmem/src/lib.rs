@@ -314,6 +314,25 @@ impl Engine {
             .restore(tablet, key, value, version, expire_at_ms)
     }
 
+    /// Removes every object of `tablet` (no tombstones: this log is in memory only), so that
+    /// the memory they held comes back as the cleaner runs: for a tablet whose restore failed
+    /// half-way. The tablet stays, empty. Returns how many objects were removed.
+    pub fn clear_tablet(&self, tablet: TabletId) -> Result<u64, EngineError> {
+        self.inner.clear_tablet(tablet)
+    }
+
+    /// Live bytes of each tablet, indexed by [`TabletId`] (headers included).
+    pub fn live_bytes_by_tablet(&self) -> Vec<u64> {
+        self.inner.live_bytes_by_tablet()
+    }
+
+    /// Live bytes the log can still take before it reaches its utilisation limit
+    /// ([`EngineStats::utilisation_limit`] of the log capacity): what a restore may add without
+    /// driving writes into out-of-memory. 0 when past it.
+    pub fn room_bytes(&self) -> u64 {
+        self.inner.room_bytes()
+    }
+
     /// Cursor iteration over a tablet's keys with Redis SCAN's guarantee: every key present for the
     /// whole iteration is returned at least once. Start at 0; a returned cursor of 0 means done.
     pub fn scan_keys(

@@ -275,3 +275,55 @@ fn overwrites_recycle_garbage_before_touching_fresh_memory() {
         assert!(engine.get(t, &key(k)).unwrap().is_some(), "key {k} lost");
     }
 }
+
+/// A tablet filled until memory is out (a restore that ran out half-way), then cleared: its
+/// objects are gone, its live bytes and the room it took come back, and another tablet can take
+/// about as much as it held.
+#[test]
+fn a_cleared_tablet_gives_its_memory_back() {
+    let engine = small_segment_engine(512, Balancer::default()); // 32 MiB
+    let full = engine.create_tablet(0, 0, 8191).unwrap();
+    let other = engine.create_tablet(0, 8192, 16383).unwrap();
+    let room_empty = engine.room_bytes();
+    assert!(
+        room_empty > 16 << 20,
+        "an empty engine has room: {room_empty}"
+    );
+    let value = vec![7u8; 1000];
+    let key = |t: u32, n: u64| format!("t{t}:{n:08}").into_bytes();
+    let mut held = 0u64;
+    loop {
+        match engine.restore(full, &key(full, held), Some(&value), held + 1, 0) {
+            Ok(()) => held += 1,
+            Err(EngineError::OutOfMemory { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(held < 1_000_000, "the fill did not run out of memory");
+    }
+    assert_eq!(engine.room_bytes(), 0, "a full engine has no room");
+    let live = engine.live_bytes_by_tablet();
+    assert!(live[full as usize] >= held * 1000, "{live:?}");
+    assert_eq!(live[other as usize], 0);
+
+    assert_eq!(engine.clear_tablet(full).unwrap(), held);
+    assert_eq!(engine.object_count(), 0);
+    assert_eq!(engine.get(full, &key(full, 0)).unwrap(), None);
+    assert_eq!(engine.live_bytes_by_tablet()[full as usize], 0);
+    assert!(
+        engine.room_bytes() >= room_empty * 9 / 10,
+        "room {} after the clear, {room_empty} when empty",
+        engine.room_bytes()
+    );
+    // Clearing again finds nothing; the tablet stays usable.
+    assert_eq!(engine.clear_tablet(full).unwrap(), 0);
+    engine
+        .put(full, b"again", b"v", &PutOptions::default())
+        .unwrap();
+
+    // The memory is there for another tablet: at least 90% of what the cleared one held.
+    for n in 0..held * 9 / 10 {
+        engine
+            .put(other, &key(other, n), &value, &PutOptions::default())
+            .unwrap_or_else(|e| panic!("write {n} of {}: {e}", held * 9 / 10));
+    }
+}

@@ -190,6 +190,10 @@ pub enum Status {
     /// (its master was replaced), or the sender is not who the backup serves. Nothing of the
     /// frame is appended.
     Fenced,
+    /// No server can serve the key's slot now: its master failed and no live backup has the
+    /// memory to restore its tablet (the message says what is missing). Nothing was run; the
+    /// tablet comes back by itself once a backup has room.
+    ClusterDown,
     /// Anything else that went wrong inside the server.
     Internal,
     /// A status this version does not know (a newer server).
@@ -222,6 +226,7 @@ impl Status {
             Status::AuthFailed => 0x16,
             Status::WritesRefused => 0x17,
             Status::Fenced => 0x18,
+            Status::ClusterDown => 0x19,
             Status::Internal => 0x1F,
             Status::Unknown(code) => code,
         }
@@ -253,6 +258,7 @@ impl Status {
             0x16 => Status::AuthFailed,
             0x17 => Status::WritesRefused,
             0x18 => Status::Fenced,
+            0x19 => Status::ClusterDown,
             0x1F => Status::Internal,
             other => Status::Unknown(other),
         }

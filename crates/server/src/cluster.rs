@@ -7,14 +7,19 @@
 //! this server master of. Front ends ask [`ClusterView::route`] whether a slot is served here, and
 //! get what Redis Cluster answers otherwise (`-MOVED`, `-CLUSTERDOWN`).
 //!
+//! Each heartbeat also reports this server's memory: the room it has for restores and the live
+//! bytes of each tablet it masters ([`MemoryReport`]), by which the coordinator plans restores.
+//!
 //! Hides: the coordinator client, retries, the identity file, and which tablets were created.
 //! Memory: one map (a few hundred bytes per tablet) and a 16384-entry owner table per version held.
 
 use crate::node::Node;
 use arc_swap::ArcSwap;
-use ramlog_cluster::rpc::{CoordinatorClient, Request, Response, RpcError};
+use ramlog_cluster::rpc::{CoordinatorClient, MemoryReport, Request, Response, RpcError};
 use ramlog_cluster::state::PreviousIdentity;
-use ramlog_cluster::{ClusterMap, CommandError, ServerAddresses, ServerId, DEFAULT_TABLE};
+use ramlog_cluster::{
+    ClusterMap, CommandError, ServerAddresses, ServerId, ServerState, TabletBytes, DEFAULT_TABLE,
+};
 use ramlog_common::{key_slot, TableId, SLOT_COUNT};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -44,6 +49,8 @@ pub struct ClusterView {
     masters: Vec<ServerId>,
     /// Slots of the default table whose tablet is being recovered (no master serves them).
     recovering: Vec<bool>,
+    /// Recovering tablets of the default table that wait for memory: (first, last, why).
+    waiting: Vec<(u16, u16, String)>,
 }
 
 /// Where a slot of the default table is served.
@@ -56,23 +63,48 @@ pub enum Route {
     Down,
     /// Its master died and a backup is restoring it: retry shortly.
     Recovering,
+    /// Its master died and no live backup has the memory to restore it: why. It waits until
+    /// one has (the coordinator resumes it by itself).
+    Waiting(String),
+}
+
+impl Route {
+    /// The RESP error for a slot that waits for memory.
+    pub fn waiting_error(slot: u16, why: &str) -> String {
+        format!(
+            "CLUSTERDOWN slot {slot} is unavailable: its master failed and the tablet waits for memory to be restored ({why})"
+        )
+    }
 }
 
 impl ClusterView {
     pub fn new(map: ClusterMap, me: ServerId, epoch: u64) -> ClusterView {
-        // A recovering tablet is listed under its restorer (where clients should go next), or
-        // its dead master while it has none; its slots answer TRYAGAIN everywhere meanwhile.
+        // A recovering tablet is listed under its restorer (where clients should go next); one
+        // that waits for memory under its first live backup (which says why, and restores it
+        // once it has room); else under its dead master. Its slots answer TRYAGAIN everywhere
+        // meanwhile, CLUSTERDOWN while it waits for memory.
         let mut owners = vec![0; SLOT_COUNT as usize];
         let mut recovering = vec![false; SLOT_COUNT as usize];
         let mut mirrors = vec![0; SLOT_COUNT as usize];
+        let mut waiting = Vec::new();
+        let is_up = |id: &ServerId| map.server(*id).is_some_and(|s| s.state == ServerState::Up);
         for t in map.tablets_of(DEFAULT_TABLE) {
             if let Some(m) = t.mirror.filter(|_| !t.recovering) {
                 for slot in t.slots() {
                     mirrors[slot as usize] = m;
                 }
             }
+            if let Some(why) = t.waiting.as_ref().filter(|_| t.recovering) {
+                waiting.push((t.first_slot, t.last_slot, why.clone()));
+            }
             let owner = if t.recovering {
-                t.restorer.unwrap_or(t.master)
+                t.restorer
+                    .or_else(|| {
+                        t.waiting
+                            .as_ref()
+                            .and(t.backups.iter().copied().find(is_up))
+                    })
+                    .unwrap_or(t.master)
             } else {
                 t.master
             };
@@ -112,6 +144,7 @@ impl ClusterView {
             mirrors,
             masters,
             recovering,
+            waiting,
         }
     }
 
@@ -138,7 +171,10 @@ impl ClusterView {
 
     pub fn route(&self, slot: u16) -> Route {
         if self.recovering[slot as usize] {
-            return Route::Recovering;
+            return match self.waiting_reason(slot) {
+                Some(why) => Route::Waiting(why.to_string()),
+                None => Route::Recovering,
+            };
         }
         match self.owner(slot) {
             0 => Route::Down,
@@ -157,7 +193,10 @@ impl ClusterView {
         }
         match self.map.tablet_of(table, key) {
             None => Route::Down,
-            Some(t) if t.recovering => Route::Recovering,
+            Some(t) if t.recovering => match &t.waiting {
+                Some(why) => Route::Waiting(why.clone()),
+                None => Route::Recovering,
+            },
             Some(t) if t.master == self.me => Route::Here,
             Some(t) => match self.map.server(t.master) {
                 Some(s) => Route::Moved(s.addresses.resp.to_string()),
@@ -180,6 +219,45 @@ impl ClusterView {
     pub fn masters(&self) -> &[ServerId] {
         &self.masters
     }
+
+    /// Why `slot` of the default table has no server, if its tablet waits for memory.
+    #[inline]
+    pub fn waiting_reason(&self, slot: u16) -> Option<&str> {
+        if !self.recovering[slot as usize] {
+            return None;
+        }
+        self.waiting
+            .iter()
+            .find(|w| (w.0..=w.1).contains(&slot))
+            .map(|w| w.2.as_str())
+    }
+
+    /// Tablets of any table that wait for memory to be restored.
+    pub fn tablets_waiting_for_room(&self) -> usize {
+        self.map
+            .tablets
+            .iter()
+            .filter(|t| t.recovering && t.waiting.is_some())
+            .count()
+    }
+}
+
+/// What a server keeps back from the room it reports for restores: 1/32 of its budget, at
+/// least 2 MiB. The engine's figures move with every write between two heartbeats, and the
+/// backup store's memory (charged to the same budget) grows with the tablets it backs up.
+fn room_margin_bytes(budget_bytes: u64) -> u64 {
+    (budget_bytes / 32).max(2 << 20)
+}
+
+/// The bytes this server could take for a restore now: the live bytes its log can add before
+/// it reaches its utilisation limit (the budget less the index, buffers and backup store
+/// charged to it, the cleaner's reserve, the heads' unwritten tails and the garbage the cleaner
+/// needs), less [`room_margin_bytes`].
+pub fn restore_room_bytes(node: &Node) -> u64 {
+    let engine = node.engine();
+    engine
+        .room_bytes()
+        .saturating_sub(room_margin_bytes(engine.config().memory_bytes))
 }
 
 /// What a server remembers of its membership across restarts.
@@ -251,6 +329,9 @@ pub struct Member {
     /// When each peer was last reported, so that one is reported at most every
     /// [`SUSPECT_REPORT_EVERY`].
     reported_peers: parking_lot::Mutex<HashMap<ServerId, std::time::Instant>>,
+    /// The tablets of the last memory report: sent again while a map is being applied (the
+    /// heartbeat never waits for that).
+    last_tablets: parking_lot::Mutex<Vec<TabletBytes>>,
 }
 
 /// How often one peer is reported suspect at most (the coordinator holds a report for 2 s).
@@ -362,6 +443,7 @@ impl Member {
             mirrors: crate::mirror::Mirrors::default(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
+            last_tablets: parking_lot::Mutex::new(Vec::new()),
         });
         member.renew_lease(member.clock_base, LEASE_DEFAULT);
         member.apply(node, map);
@@ -549,6 +631,58 @@ impl Member {
         crate::recovery::start_jobs(node, self, &view.map);
     }
 
+    /// This server's memory for the coordinator: its room for restores and the live bytes and
+    /// objects of each tablet it masters (one walk over the engine's segments). Never blocks:
+    /// while a map is being applied, the tablets of the last report go again.
+    pub fn memory_report(&self, node: &Node) -> MemoryReport {
+        let room_bytes = restore_room_bytes(node);
+        let engine = node.engine();
+        let live = engine.live_bytes_by_tablet();
+        let objects: HashMap<ramlog_logmem::TabletId, u64> = engine
+            .tablets()
+            .into_iter()
+            .map(|t| (t.id, t.objects))
+            .collect();
+        // Test knob: tablets reported this many times smaller than they are, so that a test
+        // can make the coordinator plan restores that run out of memory.
+        static UNDERSTATE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let understate = *UNDERSTATE.get_or_init(|| {
+            std::env::var("RAMLOG_TEST_UNDERSTATE_TABLETS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(1)
+                .max(1)
+        });
+        let view = self.view();
+        let Some(created) = self.created.try_lock() else {
+            return MemoryReport {
+                room_bytes,
+                tablets: self.last_tablets.lock().clone(),
+            };
+        };
+        let tablets: Vec<TabletBytes> = view
+            .map
+            .tablets
+            .iter()
+            .filter(|t| t.master == view.me && !t.recovering)
+            .filter_map(|t| {
+                let id = *created.get(&(t.table, t.first_slot))?;
+                Some(TabletBytes {
+                    table: t.table,
+                    first_slot: t.first_slot,
+                    live_bytes: live.get(id as usize).copied().unwrap_or(0) / understate,
+                    objects: objects.get(&id).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        drop(created);
+        self.last_tablets.lock().clone_from(&tablets);
+        MemoryReport {
+            room_bytes,
+            tablets,
+        }
+    }
+
     /// Heartbeats until the node stops. A newer map in an answer is applied; a fenced answer
     /// (another process registered with this id) stops the server.
     ///
@@ -614,11 +748,13 @@ impl Member {
                     node.fail_stop(format!("the backup store failed: {reason}"));
                     return;
                 }
+                let memory = member.memory_report(&node);
                 let view = member.view();
                 let request = Request::Heartbeat {
                     id: view.me,
                     epoch: view.epoch,
                     map_version: view.map.version,
+                    memory: Some(memory),
                 };
                 drop(view);
                 // While the coordinator does not answer, the lease is extended ahead of the call

@@ -492,6 +492,54 @@ pub struct Snapshot {
     /// Replication and backup duty (cluster servers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replication: Option<crate::replication::ReplicationFigures>,
+    /// Membership figures (cluster servers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// What a cluster server knows of the cluster's recovery from the map it serves, and the room
+/// it reports for restores.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ClusterFigures {
+    pub map_version: u64,
+    /// Tablets (of the whole cluster) whose master died and that are not restored yet.
+    pub tablets_recovering: u64,
+    /// Of those, the ones no live backup has the memory to restore: their slots answer
+    /// CLUSTERDOWN until one has.
+    pub tablets_waiting_for_room: u64,
+    /// The bytes this server reports it could take for a restore.
+    pub restore_room_bytes: u64,
+}
+
+fn cluster_prometheus(s: &mut String, c: &ClusterFigures) {
+    let gauges = [
+        (
+            "ramlog_cluster_map_version",
+            "Version of the cluster map this server serves.",
+            c.map_version,
+        ),
+        (
+            "ramlog_tablets_recovering",
+            "Tablets of the cluster whose master died and that are not restored yet.",
+            c.tablets_recovering,
+        ),
+        (
+            "ramlog_tablets_waiting_for_room",
+            "Recovering tablets that no live backup has the memory to restore (their slots answer CLUSTERDOWN until one has).",
+            c.tablets_waiting_for_room,
+        ),
+        (
+            "ramlog_restore_room_bytes",
+            "Bytes this server reports to the coordinator that it could take for a restore.",
+            c.restore_room_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            s,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
 }
 
 impl Snapshot {
@@ -529,6 +577,7 @@ impl Snapshot {
             keyspace_hits: load(&metrics.keyspace_hits),
             keyspace_misses: load(&metrics.keyspace_misses),
             replication: None,
+            cluster: None,
         }
     }
 
@@ -735,6 +784,9 @@ impl Snapshot {
         }
         if let Some(r) = &self.replication {
             replication_prometheus(&mut s, r);
+        }
+        if let Some(c) = &self.cluster {
+            cluster_prometheus(&mut s, c);
         }
         s
     }
@@ -943,7 +995,25 @@ mod tests {
         assert!(info.contains("db0:keys=3,"));
         assert!(info.contains("ramlog_tablets:48\r\n"));
         assert!(prom.contains("ramlog_tablets 48\n"));
+<<<<<<< HEAD
         let only = s.info(Some("keyspace"), false);
+=======
+        let mut s = s;
+        s.cluster = Some(ClusterFigures {
+            map_version: 9,
+            tablets_recovering: 16,
+            tablets_waiting_for_room: 5,
+            restore_room_bytes: 1 << 20,
+        });
+        let prom = s.prometheus();
+        assert!(
+            prom.contains("ramlog_tablets_waiting_for_room 5\n"),
+            "{prom}"
+        );
+        assert!(prom.contains("ramlog_tablets_recovering 16\n"));
+        assert!(prom.contains("ramlog_restore_room_bytes 1048576\n"));
+        let only = s.info(Some("keyspace"));
+>>>>>>> room
         assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("\"commands_total\":3"));

@@ -754,6 +754,16 @@ impl Session<'_> {
                         ),
                     ))
                 }
+                crate::cluster::Route::Waiting(why) => {
+                    return Err(Failure(
+                        Status::ClusterDown,
+                        0,
+                        format!(
+                            "slot {} of table {table} is unavailable: its master failed and the tablet waits for memory to be restored ({why})",
+                            key_slot(key)
+                        ),
+                    ))
+                }
                 crate::cluster::Route::Moved(addr) => {
                     return Err(Failure(
                         Status::WrongServer,

@@ -676,6 +676,15 @@ impl Node {
                         .map(|m| m.mirrors.figures())
                         .unwrap_or_default(),
                 });
+        snapshot.cluster = self.cluster().map(|m| {
+            let view = m.view();
+            crate::metrics::ClusterFigures {
+                map_version: view.map.version,
+                tablets_recovering: view.map.tablets.iter().filter(|t| t.recovering).count() as u64,
+                tablets_waiting_for_room: view.tablets_waiting_for_room() as u64,
+                restore_room_bytes: crate::cluster::restore_room_bytes(self),
+            }
+        });
         snapshot
     }
 

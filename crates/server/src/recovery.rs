@@ -11,8 +11,11 @@
 //!   it all on disk, tell the coordinator. Versions order the copy against the live writes.
 //!
 //! Each job runs on a thread of its own, once per (tablet, epoch[, backup]); a failed job is
-//! logged and retried when a later map still asks for it. [`Jobs::figures`] shows where each
-//! one is (`/status`, `ramlog status`).
+//! logged and retried when a later map still asks for it. A restore that runs out of memory is
+//! not retried on its own: it empties the tablet it was filling (the memory comes back) and
+//! reports `RestoreFailed` with the room left, and the coordinator plans the tablet elsewhere
+//! or lets it wait until this server has room. [`Jobs::figures`] shows where each one is
+//! (`/status`, `ramlog status`).
 
 use crate::cluster::Member;
 use crate::node::Node;
@@ -303,6 +306,10 @@ fn restore(
     let report = duty
         .backup
         .replay_for_restore(t.table, t.first_slot, t.epoch, |e| {
+            // After a failure the rest of the replay only reads: the restore has failed.
+            if first_error.is_some() {
+                return;
+            }
             job.objects.fetch_add(1, Ordering::Relaxed);
             job.bytes
                 .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
@@ -312,7 +319,11 @@ fn restore(
         })
         .map_err(|e| format!("replaying the backup logs: {e}"))?;
     if let Some(e) = first_error {
-        return Err(format!("restoring into memory: {e}"));
+        let reason = format!("restoring into memory: {e}");
+        if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {
+            return out_of_memory(node, member, t, tablet, job, reason);
+        }
+        return Err(reason);
     }
     if !report.is_clean() {
         tracing::error!(
@@ -337,6 +348,47 @@ fn restore(
         "tablet restored; asking the coordinator to make this server its master"
     );
     report_recovered(member, t, objects, millis)
+}
+
+/// A restore that ran out of memory: empties the engine tablet it filled (its memory comes
+/// back as the cleaner runs; the tablet itself stays, for a later restore), then tells the
+/// coordinator, with the room this server has after that, so that it plans the tablet on a
+/// backup with room or lets it wait. Returns the failure.
+fn out_of_memory(
+    node: &Arc<Node>,
+    member: &Arc<Member>,
+    t: &TabletInfo,
+    tablet: ramlog_logmem::TabletId,
+    job: &Job,
+    reason: String,
+) -> Result<(), String> {
+    let removed = node
+        .engine()
+        .clear_tablet(tablet)
+        .map_err(|e| format!("{reason}; emptying the tablet failed: {e}"))?;
+    let room_bytes = crate::cluster::restore_room_bytes(node);
+    tracing::error!(
+        table = t.table,
+        first_slot = t.first_slot,
+        epoch = t.epoch,
+        restored = job.objects.load(Ordering::Relaxed),
+        removed,
+        room_mib = room_bytes >> 20,
+        %reason,
+        "the restore ran out of memory: emptied what it restored; telling the coordinator"
+    );
+    let me = member.view().me;
+    report_until_done(member, || {
+        still_restoring(member, t).then(|| Request::RestoreFailed {
+            server: me,
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            reason: reason.clone(),
+            room_bytes,
+        })
+    })?;
+    Err(reason)
 }
 
 /// The restore of a tablet this server mirrors: no replay, only the clock moved above every

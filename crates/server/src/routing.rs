@@ -304,6 +304,14 @@ impl Router<'_> {
         let Some(first) = keys.first() else {
             return self.local(round, args);
         };
+        // A slot whose tablet waits for memory has no server to go to: say why here.
+        let waiting = keys.iter().map(|k| key_slot(k)).find_map(|slot| {
+            view.waiting_reason(slot)
+                .map(|why| crate::cluster::Route::waiting_error(slot, why))
+        });
+        if let Some(error) = waiting {
+            return Part::Ready(error_reply(self.session.protocol, &error));
+        }
         let owner = view.owner(key_slot(first));
         if keys.iter().all(|k| view.owner(key_slot(k)) == owner) {
             drop(view);

@@ -513,7 +513,13 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             .map(|&(a, b)| usize::from(b - a) + 1)
             .sum();
         let enabled = u8::from(ctx.node.cluster().is_some() && !ctx.session.routed);
-        let ok = assigned == usize::from(SLOT_COUNT) && failed == 0;
+        // Tablets that wait for memory are listed under a live backup, but nobody serves them.
+        let waiting = ctx
+            .node
+            .cluster()
+            .filter(|_| !ctx.session.routed)
+            .is_some_and(|m| m.view().tablets_waiting_for_room() > 0);
+        let ok = assigned == usize::from(SLOT_COUNT) && failed == 0 && !waiting;
         let my_epoch = me.map_or(1, |n| n.epoch);
         let text = format!(
             "cluster_enabled:{enabled}\r\ncluster_state:{}\r\ncluster_slots_assigned:{assigned}\r\ncluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{failed}\r\ncluster_known_nodes:{}\r\ncluster_size:{}\r\ncluster_current_epoch:{version}\r\ncluster_my_epoch:{my_epoch}\r\n",

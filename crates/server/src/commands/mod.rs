@@ -666,11 +666,17 @@ fn cluster_check(
         }
         for key in command_keys(spec, args) {
             let slot = key_slot(key);
-            if view.route(slot) != crate::cluster::Route::Here {
-                return Err(format!(
+            match view.route(slot) {
+                crate::cluster::Route::Here => {}
+                crate::cluster::Route::Waiting(why) => {
+                    return Err(crate::cluster::Route::waiting_error(slot, &why))
+                }
+                _ => {
+                    return Err(format!(
                     "TRYAGAIN slot {slot} is not served by this server at map version {}; retry",
                     view.map.version
-                ));
+                ))
+                }
             }
         }
         return Ok(());
@@ -708,6 +714,9 @@ fn cluster_check(
         crate::cluster::Route::Recovering => Err(format!(
             "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
         )),
+        crate::cluster::Route::Waiting(why) => {
+            Err(crate::cluster::Route::waiting_error(slot, &why))
+        }
     }
 }
 

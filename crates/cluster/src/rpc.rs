@@ -51,6 +51,11 @@ pub enum Request {
         reporter: ServerId,
         suspect: ServerId,
         reason: String,
+        /// The reporter knows the suspect cannot do its part (a backup that refuses what its
+        /// master serves, even re-sent): the coordinator declares it dead without a probe, as a
+        /// crashed server, so that it is replaced.
+        #[serde(default)]
+        failing: bool,
     },
     CreateTable {
         name: String,

@@ -473,6 +473,48 @@ impl Shared {
         self.dead_after * 3 / 4
     }
 
+    /// A live server reports a live peer that cannot do its part (a backup that refuses what its
+    /// master serves, even re-sent): the peer is declared dead at its current epoch, without a
+    /// probe (it would answer one), and replaced as after a crash. A report from a server that is
+    /// not up, or about a server that is not up, changes nothing.
+    async fn declare_failing(
+        &self,
+        reporter: ServerId,
+        suspect: ServerId,
+        reason: String,
+    ) -> Response {
+        let map = self.map();
+        let up = |id: ServerId| {
+            map.server(id)
+                .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+                .map(|s| s.epoch)
+        };
+        let (Some(_), Some(epoch)) = (up(reporter), up(suspect)) else {
+            tracing::warn!(reporter, suspect, %reason, "a failing report about or from a server that is not up; ignored");
+            return Response::Noted;
+        };
+        if reporter == suspect {
+            return Response::Noted;
+        }
+        let reason = format!("server {reporter} reports that it fails: {reason}");
+        tracing::warn!(server = suspect, epoch, %reason, "declaring a server dead");
+        match self
+            .propose(Command::DeclareDead {
+                server: suspect,
+                epoch,
+                reason,
+                room: Some(self.room_snapshot(Some(suspect))),
+            })
+            .await
+        {
+            Ok(_) => {
+                self.log_recovery_plan(suspect);
+                Response::Noted
+            }
+            Err(answer) => answer,
+        }
+    }
+
     /// Logs, after a declaration, which tablets recover where.
     fn log_recovery_plan(&self, dead: ServerId) {
         let map = self.map();
@@ -708,7 +750,11 @@ impl Shared {
                 reporter,
                 suspect,
                 reason,
+                failing,
             } => {
+                if failing {
+                    return self.declare_failing(reporter, suspect, reason).await;
+                }
                 // Recorded and logged; declaring a server dead is the failure handling's.
                 tracing::warn!(reporter, suspect, %reason, "a server reports a suspect peer");
                 self.suspicions

@@ -470,7 +470,7 @@ impl Member {
         self.unreachable_peers.lock().entry(peer).or_insert(reason);
     }
 
-    fn take_unreachable_peers(&self) -> Vec<(ServerId, String)> {
+    fn take_unreachable_peers(&self) -> Vec<crate::replication::Suspect> {
         let now = std::time::Instant::now();
         let mut reported = self.reported_peers.lock();
         self.unreachable_peers
@@ -485,11 +485,10 @@ impl Member {
                 }
                 fresh
             })
-            .map(|(peer, reason)| {
-                (
-                    peer,
-                    format!("a client's request could not reach it: {reason}"),
-                )
+            .map(|(peer, reason)| crate::replication::Suspect {
+                server: peer,
+                reason: format!("a client's request could not reach it: {reason}"),
+                failing: false,
             })
             .collect()
     }
@@ -817,14 +816,15 @@ impl Member {
 async fn report_suspects(
     client: &CoordinatorClient,
     me: ServerId,
-    suspects: Vec<(ServerId, String)>,
+    suspects: Vec<crate::replication::Suspect>,
 ) {
-    for (suspect, reason) in suspects {
-        tracing::warn!(peer = suspect, %reason, "reporting a suspect peer to the coordinator");
+    for s in suspects {
+        tracing::warn!(peer = s.server, reason = %s.reason, failing = s.failing, "reporting a suspect peer to the coordinator");
         let report = Request::Suspect {
             reporter: me,
-            suspect,
-            reason,
+            suspect: s.server,
+            reason: s.reason,
+            failing: s.failing,
         };
         if let Err(e) = client.call(&report).await {
             tracing::warn!(error = %e, "could not report a suspect peer");

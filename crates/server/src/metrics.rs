@@ -995,9 +995,6 @@ mod tests {
         assert!(info.contains("db0:keys=3,"));
         assert!(info.contains("ramlog_tablets:48\r\n"));
         assert!(prom.contains("ramlog_tablets 48\n"));
-<<<<<<< HEAD
-        let only = s.info(Some("keyspace"), false);
-=======
         let mut s = s;
         s.cluster = Some(ClusterFigures {
             map_version: 9,
@@ -1012,8 +1009,7 @@ mod tests {
         );
         assert!(prom.contains("ramlog_tablets_recovering 16\n"));
         assert!(prom.contains("ramlog_restore_room_bytes 1048576\n"));
-        let only = s.info(Some("keyspace"));
->>>>>>> room
+        let only = s.info(Some("keyspace"), false);
         assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
         let json = serde_json::to_string(&s).unwrap();
         assert!(json.contains("\"commands_total\":3"));

@@ -543,6 +543,15 @@ impl Stream {
     }
 }
 
+/// A peer to report to the coordinator, and why; `failing`: it cannot do its part, so the
+/// coordinator replaces it without a probe (see `ramlog_cluster::rpc::Request::Suspect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspect {
+    pub server: ServerId,
+    pub reason: String,
+    pub failing: bool,
+}
+
 /// Per-mode acknowledgement figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModeFigures {
@@ -972,9 +981,9 @@ impl Replication {
         Ok(Some((out, entries.len() as u32)))
     }
 
-    /// Backups that left a unit unacknowledged longer than `backup_timeout_ms` and were not
-    /// reported in the last timeout: (backup, what is wrong). Each is marked reported.
-    pub fn suspects(&self) -> Vec<(ServerId, String)> {
+    /// Backups that left a unit unacknowledged longer than `backup_timeout_ms`, or refused a
+    /// repair (failing), and were not reported in the last timeout. Each is marked reported.
+    pub fn suspects(&self) -> Vec<Suspect> {
         let mut out = Vec::new();
         for s in self.streams.lock().values() {
             let failing = s.refusals.lock().failing.clone();
@@ -987,14 +996,18 @@ impl Replication {
                 continue;
             }
             *reported = Some(Instant::now());
-            if let Some(failing) = failing {
-                out.push((s.backup, failing));
+            if let Some(reason) = failing {
+                out.push(Suspect {
+                    server: s.backup,
+                    reason,
+                    failing: true,
+                });
                 continue;
             }
             let error = s.last_error.lock().clone();
-            out.push((
-                s.backup,
-                format!(
+            out.push(Suspect {
+                server: s.backup,
+                reason: format!(
                     "a replicated write waits {} ms for its backup's acknowledgement{}",
                     waited.as_millis(),
                     if error.is_empty() {
@@ -1003,7 +1016,8 @@ impl Replication {
                         format!(" ({error})")
                     }
                 ),
-            ));
+                failing: false,
+            });
         }
         out
     }

@@ -10,7 +10,7 @@
 
 use super::client::{call, encode, fetch_map, text, Conn, Nodes, Reply, BATCH, NO_NODE};
 use super::load::{settle_after_kill, Load, THREADS};
-use super::process::wait_until;
+use super::process::{wait_until, Proc};
 use super::progress::Progress;
 use super::PRELOAD_LIMIT;
 use crate::resp::{free_port, which};
@@ -19,7 +19,7 @@ use ramlog_common::key_slot;
 use std::collections::{BTreeMap, HashSet};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Redis Cluster shape of [`redis_failover`]: masters, each with one replica.
@@ -51,23 +51,15 @@ pub struct RedisFailover {
     pub errors: BTreeMap<String, u64>,
 }
 
-/// One redis-server; killed (SIGKILL, through its child handle) and reaped when dropped.
+/// One redis-server; killed -9 and reaped when dropped ([`Proc`]).
 struct RedisNode {
     port: u16,
-    child: Child,
+    proc: Proc,
 }
 
 impl RedisNode {
     fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisNode {
-    fn drop(&mut self) {
-        // std does not signal a child it has already reaped.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -114,7 +106,10 @@ fn redis_cluster(work: &Path, node_timeout_ms: u64) -> anyhow::Result<Vec<RedisN
             .stderr(Stdio::null())
             .spawn()
             .context("starting redis-server")?;
-        nodes.push(RedisNode { port, child });
+        nodes.push(RedisNode {
+            port,
+            proc: Proc(child),
+        });
     }
     for node in &nodes {
         let addr = node.addr();
@@ -295,11 +290,13 @@ pub fn redis_failover(
     }
     let killed_at = Instant::now();
     nodes[victim]
-        .child
+        .proc
+        .0
         .kill()
         .context("killing the Redis master")?;
     nodes[victim]
-        .child
+        .proc
+        .0
         .wait()
         .context("reaping the Redis master")?;
 

@@ -130,6 +130,20 @@ pub(super) fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
+/// A TCP connection to `addr` (`host:port`) without Nagle's delay, whose connect, reads and
+/// writes each time out after [`IO_TIMEOUT`].
+pub(super) fn connect(addr: &str) -> io::Result<TcpStream> {
+    let sock = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no address for {addr}")))?;
+    let s = TcpStream::connect_timeout(&sock, IO_TIMEOUT)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
 /// A connection to one node; every operation times out after [`IO_TIMEOUT`].
 pub(super) struct Conn {
     pub(super) reader: BufReader<TcpStream>,
@@ -137,15 +151,8 @@ pub(super) struct Conn {
 
 impl Conn {
     pub(super) fn open(addr: &str) -> io::Result<Conn> {
-        let sock = addr.to_socket_addrs()?.next().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, format!("no address for {addr}"))
-        })?;
-        let s = TcpStream::connect_timeout(&sock, IO_TIMEOUT)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        s.set_write_timeout(Some(IO_TIMEOUT))?;
         Ok(Conn {
-            reader: BufReader::with_capacity(64 << 10, s),
+            reader: BufReader::with_capacity(64 << 10, connect(addr)?),
         })
     }
 

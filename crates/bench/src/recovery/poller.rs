@@ -1,11 +1,11 @@
 //! The status poller: the coordinator's answers about the victim, every 15 ms, from another
 //! thread, from which the failover reads detection, recovery and re-protection.
 
-use super::client::{IO_TIMEOUT, MAX_BULK};
+use super::client::{connect, MAX_BULK};
 use super::ramlog::cluster_status;
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -24,15 +24,7 @@ struct StatusConn(TcpStream);
 
 impl StatusConn {
     fn open(addr: &str) -> anyhow::Result<StatusConn> {
-        let sock = addr
-            .to_socket_addrs()?
-            .next()
-            .with_context(|| format!("no address for {addr}"))?;
-        let s = TcpStream::connect_timeout(&sock, IO_TIMEOUT)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        s.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(StatusConn(s))
+        Ok(StatusConn(connect(addr)?))
     }
 
     /// (victim dead, tablets recovering, copies pending, recovering tablets without a restorer),

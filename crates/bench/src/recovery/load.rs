@@ -22,7 +22,8 @@
 //!   stored sequence number is below its highest acknowledged one (or that is absent although a
 //!   write to it was acknowledged) lost an acknowledged write.
 //!
-//! [`settle_after_kill`] is how both failovers end: the victim's slots take writes again, the load
+//! [`warm_up`] is how both failovers begin: 2 s of load that must reach the victim before it is
+//! killed. [`settle_after_kill`] is how both end: the victim's slots take writes again, the load
 //! runs 2 s more, and every key is read back ([`super::readback`]).
 
 use super::client::{
@@ -581,6 +582,25 @@ impl LoadResult {
         }
         Ok(out)
     }
+}
+
+/// Before a kill: lets the load run 2 s, and fails (stopping it) if no write to the victim's slots
+/// (`in_victim`) was acknowledged meanwhile, since a kill would then show nothing.
+pub(super) fn warm_up(
+    load: Load,
+    in_victim: impl Fn(u16) -> bool,
+    victim_addr: &str,
+) -> anyhow::Result<Load> {
+    std::thread::sleep(Duration::from_secs(2));
+    if load.last_ack(in_victim, None).is_none() {
+        let result = load.stop();
+        bail!(
+            "no write to the slots of {victim_addr} was acknowledged before the kill ({} acked, errors {:?})",
+            result.acked,
+            result.errors
+        );
+    }
+    Ok(load)
 }
 
 /// After a kill: waits (until `deadline`) for the victim's slots to take a write acknowledged

@@ -50,7 +50,6 @@ pub use readback::Verify;
 pub use redis::{redis_failover, redis_only, RedisFailover};
 
 use crate::report::Report;
-use crate::resp::which;
 use anyhow::{bail, Context};
 use load::{LOAD_KEYS, THREADS};
 use ramlog::REPLICAS;
@@ -122,11 +121,7 @@ fn env_u64(name: &str) -> Option<u64> {
 /// `RAMLOG_BENCH_RECOVERY_REPEATS` the repeats (1 quick, 3 full). Redis's preload is the same
 /// per master, at most [`REDIS_PRELOAD_CAP_MIB`] (its failover replays nothing).
 pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
-    for tool in ["redis-server", "redis-cli"] {
-        if which(tool).is_none() {
-            bail!("{tool} not found in PATH (install the redis-server and redis-tools packages; scripts/test does)");
-        }
-    }
+    redis::require_tools()?;
     let data_mib = env_u64("RAMLOG_BENCH_RECOVERY_MIB").unwrap_or(if quick { 64 } else { 1024 });
     let repeats = env_u64("RAMLOG_BENCH_RECOVERY_REPEATS")
         .unwrap_or(if quick { 1 } else { 3 })

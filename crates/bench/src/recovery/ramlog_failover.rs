@@ -13,7 +13,7 @@
 //! preloaded keys are read back.
 
 use super::client::{call, encode, Conn, Reply};
-use super::load::{settle_after_kill, Load, LOAD_KEYS, THREADS};
+use super::load::{settle_after_kill, warm_up, Load, LOAD_KEYS, THREADS};
 use super::poller::Poller;
 use super::process::wait_until;
 use super::progress::Progress;
@@ -344,15 +344,7 @@ pub fn ramlog_failover(
     let seeds: Vec<String> = cluster.servers.iter().map(|s| s.resp.clone()).collect();
     let load = Load::start(&seeds, THREADS, LOAD_KEYS.div_ceil(THREADS), value_size)?;
     let poller = Poller::start(cluster.coordinator.clone(), victim_id);
-    std::thread::sleep(Duration::from_secs(2));
-    if load.last_ack(in_victim, None).is_none() {
-        let result = load.stop();
-        bail!(
-            "no write to the slots of {victim_addr} was acknowledged before the kill ({} acked, errors {:?})",
-            result.acked,
-            result.errors
-        );
-    }
+    let load = warm_up(load, in_victim, &victim_addr)?;
     let killed_at = Instant::now();
     cluster.servers[victim]
         .proc

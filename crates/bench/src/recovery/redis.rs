@@ -9,7 +9,7 @@
 //! slots' gap shows.
 
 use super::client::{call, encode, fetch_map, text, Conn, Nodes, Reply, BATCH, NO_NODE};
-use super::load::{settle_after_kill, Load, THREADS};
+use super::load::{settle_after_kill, warm_up, Load, THREADS};
 use super::process::{wait_until, Proc};
 use super::progress::Progress;
 use super::PRELOAD_LIMIT;
@@ -61,6 +61,16 @@ impl RedisNode {
     fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+}
+
+/// Fails unless redis-server and redis-cli are in PATH.
+pub(super) fn require_tools() -> anyhow::Result<()> {
+    for tool in ["redis-server", "redis-cli"] {
+        if which(tool).is_none() {
+            bail!("{tool} not found in PATH (install the redis-server and redis-tools packages; scripts/test does)");
+        }
+    }
+    Ok(())
 }
 
 /// A free port whose cluster bus port (+10000) is free too, distinct from `taken`.
@@ -279,15 +289,7 @@ pub fn redis_failover(
     }
 
     let load = Load::start(&seeds, THREADS, keys.div_ceil(THREADS).max(1), value_size)?;
-    std::thread::sleep(Duration::from_secs(2));
-    if load.last_ack(in_victim, None).is_none() {
-        let result = load.stop();
-        bail!(
-            "no write to the slots of {victim_addr} was acknowledged before the kill ({} acked, errors {:?})",
-            result.acked,
-            result.errors
-        );
-    }
+    let load = warm_up(load, in_victim, &victim_addr)?;
     let killed_at = Instant::now();
     nodes[victim]
         .proc
@@ -322,11 +324,7 @@ pub fn redis_failover(
 /// Runs [`redis_failover`] once (node timeout 500 ms, 100 B values, 10 000 keys under load;
 /// 100 000 keys preloaded with `quick`, 1 000 000 without) and prints what it measured.
 pub fn redis_only(quick: bool) -> anyhow::Result<()> {
-    for tool in ["redis-server", "redis-cli"] {
-        if which(tool).is_none() {
-            bail!("{tool} not found in PATH (install the redis-server and redis-tools packages; scripts/test does)");
-        }
-    }
+    require_tools()?;
     const NODE_TIMEOUT_MS: u64 = 500;
     const VALUE: usize = 100;
     const KEYS: usize = 10_000;

@@ -115,11 +115,11 @@ fn env_u64(name: &str) -> Option<u64> {
 
 /// `ramlog bench recovery`: what a client sees when a master dies, ramlog against Redis Cluster.
 ///
-/// Per repeat, alternating: ramlog 4 servers 100 B values, Redis 100 B, ramlog 4 servers 1 KiB,
-/// Redis 1 KiB, ramlog 3 servers 100 B, ramlog 4 servers 100 B `durable`. The victim master holds
-/// 64 MiB (quick) or 1 GiB (full) of values; `RAMLOG_BENCH_RECOVERY_MIB` overrides that,
+/// Per repeat, alternating: the ramlog cases of `CASES` in order, each Redis run beside the
+/// first case of its value size (see the module comment). The victim master holds 64 MiB (quick)
+/// or 1 GiB (full) of values; `RAMLOG_BENCH_RECOVERY_MIB` overrides that,
 /// `RAMLOG_BENCH_RECOVERY_REPEATS` the repeats (1 quick, 3 full). Redis's preload is the same
-/// per master, at most [`REDIS_PRELOAD_CAP_MIB`] (its failover replays nothing).
+/// per master, at most `REDIS_PRELOAD_CAP_MIB` (its failover replays nothing).
 pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     redis::require_tools()?;
     let data_mib = env_u64("RAMLOG_BENCH_RECOVERY_MIB").unwrap_or(if quick { 64 } else { 1024 });

@@ -52,7 +52,7 @@ pub struct Config {
     /// the primary log + buffer. DXRAM ties it to the buffer size (128 KiB, 32 flash pages); here
     /// it is lower because the writes of one flush are issued `io_threads` at a time, and with
     /// several requests in flight 32 KiB writes already run at the disk's sequential bandwidth
-    /// (docs/benchmarks.md), so writing such a batch twice would only halve throughput.
+    /// (docs/benchmarks/history/backup.md), so writing such a batch twice would only halve throughput.
     pub direct_threshold_bytes: usize,
     /// Primary log size (a circular file).
     pub primary_log_bytes: u64,

@@ -79,7 +79,7 @@ impl std::fmt::Display for PersistenceMode {
 
 /// Tablets of table 0 in a new data directory (or with persistence off) when the configuration
 /// names no count. With two workers, 64 tablets make two writers meet on one tablet's lock a
-/// quarter as often as 16 did (docs/benchmarks.md).
+/// quarter as often as 16 did (docs/benchmarks/history/resp.md).
 pub const TABLETS_DEFAULT: u16 = 64;
 /// Most tablets table 0 may be split into.
 pub const TABLETS_MAX: u16 = 1024;

@@ -11,7 +11,7 @@ use common::{fake_server, start_server, TestServer};
 use ramlog_client::{Client, ClientConfig, ClusterClient, ClusterMap, Error, Request, Response};
 use ramlog_cluster::{ServerAddresses, ServerInfo, ServerState, TabletInfo};
 use ramlog_proto::native::{parse_header, ErrorReply, Status, HEADER_LEN};
-use ramlog_server::native::NativeConfig;
+use ramlog_server::front::native::NativeConfig;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use ramlog_client::{
     Client, ClientConfig, Condition, Error, Expiry, PutOptions, Request, Response,
 };
 use ramlog_proto::native::{opcode, ErrorReply, Status, HEADER_LEN};
-use ramlog_server::native::NativeConfig;
+use ramlog_server::front::native::NativeConfig;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -434,7 +434,7 @@ async fn malformed_frames_get_typed_errors_and_the_connection_lives() {
             Status::BadRequest,
         ), // key length past the end
         (frame(2, 0x7E, 0, &[]), Status::UnknownOpcode),
-        (frame(3, 0x34, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH, 0x31..=0x33 replication)
+        (frame(3, 0x35, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH, 0x31..=0x34 replication)
         (frame(4, opcode::SCAN_KEYS, 0x08, &[]), Status::Unsupported), // FILTER flag is reserved
         (
             frame(5, opcode::MULTI_GET, 0, &[0xFF, 0xFF, 0xFF, 0x7F]),
@@ -922,7 +922,7 @@ async fn a_refused_connection_gets_a_clear_error() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(ramlog_server::native::refuse_native_connection(
+            tokio::spawn(ramlog_server::front::native::refuse_native_connection(
                 stream,
                 "max number of clients reached",
             ));

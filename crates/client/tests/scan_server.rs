@@ -11,7 +11,7 @@ use ramlog_client::query::{
 use ramlog_client::{Client, ClientConfig, Error, Record, Request, Response, ScanResult};
 use ramlog_logmem::EngineConfig;
 use ramlog_proto::native::{opcode, Status};
-use ramlog_server::native::{NativeConfig, ScanLimits};
+use ramlog_server::front::native::{NativeConfig, ScanLimits};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::time::Duration;

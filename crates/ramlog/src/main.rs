@@ -40,7 +40,7 @@ enum Command {
     /// Inspect the cluster through the coordinator.
     Cluster(ramlog_coordinator::cli::ClusterArgs),
     /// Read a stopped server's backup store (`ramlog backup dump --data-dir DIR`).
-    Backup(ramlog_server::backup_service::BackupArgs),
+    Backup(ramlog_server::cluster::backup::BackupArgs),
     /// Run a benchmark suite; prints a table and optionally writes JSON.
     Bench(BenchArgs),
 }
@@ -105,7 +105,7 @@ fn main() -> anyhow::Result<()> {
         Command::Coordinator(args) => ramlog_coordinator::cli::run_coordinator(&args),
         Command::Table(args) => ramlog_coordinator::cli::run_table(&args),
         Command::Cluster(args) => ramlog_coordinator::cli::run_cluster(&args),
-        Command::Backup(args) => ramlog_server::backup_service::run(&args),
+        Command::Backup(args) => ramlog_server::cluster::backup::run(&args),
         Command::Bench(args) => {
             let Some(suite) = args.suite else {
                 for value in Suite::value_variants() {

@@ -2,7 +2,7 @@
 //! handling (`ramlog up`, which starts a cluster of such processes, is [`crate::up`]). The binary
 //! only forwards to [`run_server`] and [`crate::up::run_up`].
 
-use crate::config::{ConfigOverrides, CpuScheduling, PersistenceMode, ServerConfig};
+use crate::node::config::{ConfigOverrides, CpuScheduling, PersistenceMode, ServerConfig};
 use crate::server::Server;
 use anyhow::Context;
 use std::net::IpAddr;

@@ -6,12 +6,14 @@
 //! tasks of their own; the connection limit is one atomic counter shared by all listeners.
 //! [`Server::shutdown`] stops accepting, ends every connection and stops the engine.
 
-use crate::config::ServerConfig;
-use crate::metrics::Metrics;
-use crate::native::{refuse_native_connection, serve_native_connection, NativeConfig};
+use crate::cluster::Roles;
+use crate::front::native::{refuse_native_connection, serve_native_connection, NativeConfig};
+use crate::front::resp_conn;
+use crate::node::admin;
+use crate::node::config::ServerConfig;
+use crate::node::metrics::Metrics;
 pub use crate::node::Addresses;
 use crate::node::Node;
-use crate::{admin, resp_conn};
 use ramlog_logmem::EngineError;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -25,7 +27,7 @@ use tokio::task::JoinSet;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::node::config::ConfigError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         addr: SocketAddr,
@@ -35,11 +37,21 @@ pub enum ServerError {
     #[error("engine: {0}")]
     Engine(#[from] EngineError),
     #[error("persistence: {0}")]
-    Persistence(#[from] crate::persistence::PersistenceError),
+    Persistence(#[from] crate::node::persistence::PersistenceError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Join(#[from] crate::cluster::JoinError),
+}
+
+impl From<crate::node::OpenError> for ServerError {
+    fn from(e: crate::node::OpenError) -> Self {
+        match e {
+            crate::node::OpenError::Engine(e) => ServerError::Engine(e),
+            crate::node::OpenError::Persistence(e) => ServerError::Persistence(e),
+            crate::node::OpenError::Io(e) => ServerError::Io(e),
+        }
+    }
 }
 
 /// A running server.
@@ -95,22 +107,35 @@ impl Server {
         };
 
         let coordinator = config.coordinator.clone();
-        if coordinator.is_some() && crate::replication::acks_broken() {
+        if coordinator.is_some() && crate::cluster::replication::acks_broken() {
             tracing::error!(
                 "RAMLOG_TEST_BREAK_ACKS={}: this server acknowledges writes before its backups hold them (a test of the fault-injection checker); never run it with data you keep",
-                crate::replication::BREAK_ACKS
+                crate::cluster::replication::BREAK_ACKS
             );
         }
-        let node = Node::open(config, addresses).await?;
-        if let Some(coordinator) = coordinator {
+        // A cluster server streams its tablets' writes to their backups (replication is the
+        // engine's write observer) and is a backup itself; the roles exist before the node.
+        let roles = match &coordinator {
+            Some(_) => Some(Roles::open(&config)?),
+            None => None,
+        };
+        let observer = roles
+            .as_ref()
+            .map(|r| r.replication.clone() as Arc<dyn ramlog_logmem::WriteObserver>);
+        let node = Node::open(config, addresses, observer).await?;
+        if let Some(roles) = &roles {
+            roles.attach(&node);
+        }
+        if let (Some(coordinator), Some(roles)) = (coordinator, &roles) {
             let native = addresses.native.ok_or(ServerError::Config(
-                crate::config::ConfigError::Invalid {
+                crate::node::config::ConfigError::Invalid {
                     field: "native_port",
                     reason: "a cluster server needs its native port (servers talk over it)".into(),
                 },
             ))?;
             let member = crate::cluster::Member::join(
                 &node,
+                roles,
                 &coordinator,
                 ramlog_cluster::ServerAddresses {
                     resp: addresses.resp,
@@ -120,7 +145,7 @@ impl Server {
                 },
             )
             .await?;
-            node.set_cluster(member.clone());
+            roles.set_member(member.clone());
             member.start_heartbeats(&node);
         }
         let (shutdown, _) = watch::channel(false);
@@ -129,6 +154,7 @@ impl Server {
             tasks.spawn(accept_resp(
                 listener,
                 node.clone(),
+                roles.clone(),
                 shutdown.subscribe(),
                 true,
             ));
@@ -136,6 +162,7 @@ impl Server {
         tasks.spawn(accept_resp(
             resp_listener,
             node.clone(),
+            roles.clone(),
             shutdown.subscribe(),
             false,
         ));
@@ -144,6 +171,7 @@ impl Server {
             tasks.spawn(accept_native(
                 listener,
                 node.clone(),
+                roles.clone(),
                 native_config,
                 shutdown.subscribe(),
             ));
@@ -221,6 +249,7 @@ async fn refuse(mut stream: TcpStream, message: &'static [u8]) {
 async fn accept_resp(
     listener: TcpListener,
     shared: Arc<Node>,
+    cluster: Option<Arc<Roles>>,
     mut shutdown: watch::Receiver<bool>,
     routing: bool,
 ) {
@@ -246,12 +275,13 @@ async fn accept_resp(
         };
         let id = shared.next_client_id();
         let conn_shared = shared.clone();
+        let cluster = cluster.clone();
         connections.spawn(async move {
             let _guard = guard;
             let ending = if routing {
-                crate::routing::serve_routing(stream, conn_shared, id).await
+                crate::front::routing::serve_routing(stream, conn_shared, cluster, id).await
             } else {
-                resp_conn::serve_resp(stream, conn_shared, id).await
+                resp_conn::serve_resp(stream, conn_shared, cluster, id).await
             };
             tracing::debug!(client = id, routing, ?ending, "connection closed");
         });
@@ -262,6 +292,7 @@ async fn accept_resp(
 async fn accept_native(
     listener: TcpListener,
     shared: Arc<Node>,
+    cluster: Option<Arc<Roles>>,
     native_config: Arc<NativeConfig>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -288,10 +319,11 @@ async fn accept_native(
             continue;
         };
         let node = shared.clone();
+        let cluster = cluster.clone();
         let native_config = native_config.clone();
         connections.spawn(async move {
             let _guard = guard;
-            serve_native_connection(stream, node, native_config).await;
+            serve_native_connection(stream, node, cluster, native_config).await;
         });
     }
     connections.shutdown().await;

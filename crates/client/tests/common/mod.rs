@@ -11,7 +11,7 @@ use ramlog_proto::native::{
     parse_header, ClientHello, Request, Response, ServerHello, CLIENT_HELLO_LEN, HEADER_LEN,
     PROTOCOL_VERSION,
 };
-use ramlog_server::native::{serve_native_connection, NativeConfig};
+use ramlog_server::front::native::{serve_native_connection, NativeConfig};
 use ramlog_server::{Node, ServerConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,6 +66,7 @@ pub async fn start_server_full(
             tokio::spawn(serve_native_connection(
                 stream,
                 node2.clone(),
+                None,
                 config.clone(),
             ));
         }

@@ -309,10 +309,14 @@ fn save_identity(data_dir: &Path, identity: Identity) -> Result<(), String> {
 pub struct Member {
     view: ArcSwap<ClusterView>,
     client: CoordinatorClient,
+    /// The replication role: each map points the tablets this server masters at their backups.
+    pub replication: Arc<crate::cluster::replication::Replication>,
+    /// The backup duty: each map sets the epochs it fences and the logs it keeps.
+    pub backup: Arc<crate::cluster::backup::BackupService>,
     /// Tablets created in the engine: (table, first slot) to the engine's tablet.
     created: parking_lot::Mutex<HashMap<(TableId, u16), ramlog_logmem::TabletId>>,
     /// Connections to the other servers (the routing port forwards over them).
-    peers: crate::routing::Peers,
+    peers: crate::cluster::peers::Peers,
     /// Heartbeats go over their own client, with a deadline shorter than the lease.
     heartbeat_client: CoordinatorClient,
     /// Until when this server may serve (nanoseconds after `clock_base`): renewed by each
@@ -320,9 +324,9 @@ pub struct Member {
     lease_until: std::sync::atomic::AtomicU64,
     clock_base: std::time::Instant,
     /// Restores and copies this server runs for the cluster.
-    pub jobs: Arc<crate::recovery::Jobs>,
+    pub jobs: Arc<crate::cluster::recovery::Jobs>,
     /// Tablets this server mirrors (table mode `mirror`).
-    pub mirrors: crate::mirror::Mirrors,
+    pub mirrors: crate::cluster::mirror::Mirrors,
     /// Peers this server failed to reach on a client's behalf (the routing port forwarding to
     /// them), with what went wrong; reported to the coordinator with the next heartbeat.
     unreachable_peers: parking_lot::Mutex<HashMap<ServerId, String>>,
@@ -360,6 +364,7 @@ impl Member {
     /// starts the heartbeat task.
     pub async fn join(
         node: &Arc<Node>,
+        roles: &crate::cluster::Roles,
         coordinator: &str,
         addresses: ServerAddresses,
     ) -> Result<Arc<Member>, JoinError> {
@@ -429,6 +434,8 @@ impl Member {
         let heartbeat_every = Duration::from_millis(config.heartbeat_interval_ms.max(10));
         let member = Arc::new(Member {
             view: ArcSwap::from_pointee(ClusterView::new(ClusterMap::default(), id, epoch)),
+            replication: roles.replication.clone(),
+            backup: roles.backup.clone(),
             heartbeat_client: CoordinatorClient::new(
                 client.addresses().to_vec(),
                 (heartbeat_every * 2).min(LEASE_DEFAULT),
@@ -436,11 +443,11 @@ impl Member {
             .failing_fast(),
             client,
             created: parking_lot::Mutex::new(HashMap::new()),
-            peers: crate::routing::Peers::default(),
+            peers: crate::cluster::peers::Peers::default(),
             lease_until: std::sync::atomic::AtomicU64::new(0),
             clock_base: std::time::Instant::now(),
-            jobs: Arc::new(crate::recovery::Jobs::default()),
-            mirrors: crate::mirror::Mirrors::default(),
+            jobs: Arc::new(crate::cluster::recovery::Jobs::default()),
+            mirrors: crate::cluster::mirror::Mirrors::default(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
             last_tablets: parking_lot::Mutex::new(Vec::new()),
@@ -470,7 +477,7 @@ impl Member {
         self.unreachable_peers.lock().entry(peer).or_insert(reason);
     }
 
-    fn take_unreachable_peers(&self) -> Vec<crate::replication::Suspect> {
+    fn take_unreachable_peers(&self) -> Vec<crate::cluster::replication::Suspect> {
         let now = std::time::Instant::now();
         let mut reported = self.reported_peers.lock();
         self.unreachable_peers
@@ -485,7 +492,7 @@ impl Member {
                 }
                 fresh
             })
-            .map(|(peer, reason)| crate::replication::Suspect {
+            .map(|(peer, reason)| crate::cluster::replication::Suspect {
                 server: peer,
                 reason: format!("a client's request could not reach it: {reason}"),
                 failing: false,
@@ -553,7 +560,7 @@ impl Member {
         self.created.lock().get(&(table, first_slot)).copied()
     }
 
-    pub fn peers(&self) -> &crate::routing::Peers {
+    pub fn peers(&self) -> &crate::cluster::peers::Peers {
         &self.peers
     }
 
@@ -614,20 +621,16 @@ impl Member {
             }
         }
         // Writes to a tablet go to its backups from before the front ends route to it.
-        if let Some(duty) = node.cluster_duty() {
-            duty.replication
-                .apply(&map, me, epoch, &self.created.lock());
-        }
+        self.replication
+            .apply(&map, me, epoch, &self.created.lock());
         tracing::info!(version = map.version, "serving map");
         let view = Arc::new(ClusterView::new(map, me, epoch));
         self.view.store(view.clone());
         // Backups fence old epochs and let go of logs the map no longer needs; restores and
         // copies this map asks of this server start.
-        if let Some(duty) = node.cluster_duty() {
-            duty.backup.apply_map(&view.map, me);
-        }
-        crate::mirror::apply(node, self, &view.map, me);
-        crate::recovery::start_jobs(node, self, &view.map);
+        self.backup.apply_map(&view.map, me);
+        crate::cluster::mirror::apply(node, self, &view.map, me);
+        crate::cluster::recovery::start_jobs(node, self, &view.map);
     }
 
     /// This server's memory for the coordinator: its room for restores and the live bytes and
@@ -742,7 +745,7 @@ impl Member {
                 // A backup store that failed (full disk, I/O error) refuses every append, so
                 // the masters it backs up could acknowledge no write: the server stops, and the
                 // cluster replaces it as after a crash (fail-stop).
-                if let Some(reason) = node.cluster_duty().and_then(|d| d.backup.store().failure()) {
+                if let Some(reason) = member.backup.store().failure() {
                     tracing::error!(%reason, "the backup store failed: stopping so that the cluster replaces this server; free space (or fix the disk) and start it again");
                     node.fail_stop(format!("the backup store failed: {reason}"));
                     return;
@@ -798,10 +801,7 @@ impl Member {
                 // Backups that do not acknowledge, and peers a client's request could not reach:
                 // the coordinator decides what to do. Reported off this loop, whose pace keeps
                 // the lease.
-                let mut suspects = node
-                    .cluster_duty()
-                    .map(|d| d.replication.suspects())
-                    .unwrap_or_default();
+                let mut suspects = member.replication.suspects();
                 suspects.extend(member.take_unreachable_peers());
                 if !suspects.is_empty() {
                     let me = member.view().me;
@@ -816,7 +816,7 @@ impl Member {
 async fn report_suspects(
     client: &CoordinatorClient,
     me: ServerId,
-    suspects: Vec<crate::replication::Suspect>,
+    suspects: Vec<crate::cluster::replication::Suspect>,
 ) {
     for s in suspects {
         tracing::warn!(peer = s.server, reason = %s.reason, failing = s.failing, "reporting a suspect peer to the coordinator");

@@ -9,7 +9,12 @@ pub(super) fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let metrics = &ctx.node.metrics;
     let enc = &mut ctx.enc;
     // Encode straight from the log: no copy of the value into a temporary.
-    match node.read_with(node.tablet_of(key), key, |value, _, _| enc.bulk(value)) {
+    match node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |value, _, _| enc.bulk(value),
+    ) {
         Ok(Some(())) => {
             metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -100,7 +105,13 @@ pub(super) fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     let (key, value) = (args[1], args[2]);
     let node = ctx.node;
-    match node.put(node.tablet_of(key), key, value, &opts) {
+    match node.put(
+        node.tablet_of(key),
+        key,
+        value,
+        &opts,
+        &mut ctx.session.acks,
+    ) {
         Ok(outcome) => {
             if set.get {
                 ctx.enc
@@ -128,7 +139,13 @@ pub(super) fn set_with(
     opts: PutOptions,
 ) -> Result<bool, NodeError> {
     let node = ctx.node;
-    match node.put(node.tablet_of(key), key, value, &opts) {
+    match node.put(
+        node.tablet_of(key),
+        key,
+        value,
+        &opts,
+        &mut ctx.session.acks,
+    ) {
         Ok(_) => Ok(true),
         Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
         Err(e) => Err(e),
@@ -189,7 +206,13 @@ pub(super) fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return_old: true,
         ..Default::default()
     };
-    match node.put(node.tablet_of(args[1]), args[1], args[2], &opts) {
+    match node.put(
+        node.tablet_of(args[1]),
+        args[1],
+        args[2],
+        &opts,
+        &mut ctx.session.acks,
+    ) {
         Ok(outcome) => ctx
             .enc
             .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice())),
@@ -203,14 +226,19 @@ pub(super) fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let tablet = node.tablet_of(key);
     // Read, then delete only that version: a concurrent writer makes us retry.
     for _ in 0..64 {
-        let found = match node.get(tablet, key) {
+        let found = match node.get(tablet, key, &mut ctx.session.acks) {
             Ok(f) => f,
             Err(e) => return engine_error(ctx, &e),
         };
         let Some(object) = found else {
             return ctx.enc.null();
         };
-        match node.delete(tablet, key, Condition::IfVersion(object.version)) {
+        match node.delete(
+            tablet,
+            key,
+            Condition::IfVersion(object.version),
+            &mut ctx.session.acks,
+        ) {
             Ok(Some(_)) => {
                 return ctx.enc.bulk(&object.value);
             }
@@ -227,7 +255,7 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
     for _ in 0..64 {
-        let found = match node.get(tablet, key) {
+        let found = match node.get(tablet, key, &mut ctx.session.acks) {
             Ok(f) => f,
             Err(e) => return engine_error(ctx, &e),
         };
@@ -241,7 +269,7 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             keep_ttl: true,
             ..Default::default()
         };
-        match node.put(tablet, key, &value, &opts) {
+        match node.put(tablet, key, &value, &opts, &mut ctx.session.acks) {
             Ok(_) => {
                 return ctx.enc.integer(value.len() as i64);
             }
@@ -309,7 +337,7 @@ pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     }
     for (tablet, items) in &groups {
-        if let Err(e) = node.multi_put(*tablet, items) {
+        if let Err(e) = node.multi_put(*tablet, items, &mut ctx.session.acks) {
             return engine_error(ctx, &e);
         }
     }
@@ -318,7 +346,7 @@ pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 pub(super) fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
     let node = ctx.node;
-    match node.increment(node.tablet_of(key), key, delta) {
+    match node.increment(node.tablet_of(key), key, delta, &mut ctx.session.acks) {
         Ok((value, _)) => ctx.enc.integer(value),
         Err(e) => engine_error(ctx, &e),
     }
@@ -431,11 +459,16 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let node = ctx.node;
         let tablet = node.tablet_of(key);
         let result = if at != 0 && at <= now_ms() {
-            node.delete(tablet, key, Condition::IfVersion(object.version))
+            node.delete(
+                tablet,
+                key,
+                Condition::IfVersion(object.version),
+                &mut ctx.session.acks,
+            )
         } else if at == 0 && object.expire_at_ms == 0 {
             Ok(None) // PERSIST on a key without expiry: nothing to write
         } else {
-            node.set_expiry(tablet, key, at)
+            node.set_expiry(tablet, key, at, &mut ctx.session.acks)
         };
         match result {
             Ok(Some(_)) => {}

@@ -17,11 +17,26 @@
 //!
 //! What it hides: the engine's tablet ids behind keys, how persistence is wired to the engine (its
 //! write observer), and the recovery of a failed store.
+//!
+//! A cluster server's roles (replication, the backup duty, membership) sit above the node and
+//! call it; the node reaches them only through the [`ClusterHooks`] they register: the
+//! acknowledgement waits that each data call adds to its caller's [`Acks`], the memory they hold,
+//! their figures, and their stop.
 
-use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
-use crate::keyspace::Keyspace;
-use crate::metrics::{EngineFigures, MemoryBreakdown, Metrics, Op, ProcessInfo, Snapshot};
-use crate::persistence::{Persistence, PersistenceError};
+pub mod acks;
+pub mod admin;
+pub mod config;
+pub mod figures;
+pub mod keyspace;
+pub mod metrics;
+pub mod persistence;
+
+pub use acks::{refused_replies, Acks, ClusterHooks, HeldReply, RefusedWrite, RolesMemory};
+
+use crate::node::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT};
+use crate::node::keyspace::Keyspace;
+use crate::node::metrics::{EngineFigures, MemoryBreakdown, Metrics, Op, ProcessInfo, Snapshot};
+use crate::node::persistence::{Persistence, PersistenceError};
 use ramlog_common::TableId;
 use ramlog_logmem::{
     Condition, Engine, EngineConfig, EngineError, Object, PutOptions, PutOutcome, TabletId,
@@ -64,6 +79,17 @@ impl Addresses {
     }
 }
 
+/// Why a node could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("persistence: {0}")]
+    Persistence(#[from] PersistenceError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// One server's service layer; see the module comment. Shared by every connection, and nothing
 /// in it is locked on the request path.
 pub struct Node {
@@ -74,8 +100,8 @@ pub struct Node {
     addresses: Addresses,
     node_id: String,
     persistence: Option<Arc<Persistence>>,
-    /// Replication and backup duty (cluster servers only).
-    cluster_duty: Option<ClusterDuty>,
+    /// What this server's cluster roles give the node (cluster servers only), registered once.
+    hooks: std::sync::OnceLock<Arc<dyn ClusterHooks>>,
     next_client_id: AtomicU64,
     shutdown_requested: tokio::sync::Notify,
     /// Why the server stops on its own after a failure it cannot serve through (the process then
@@ -84,16 +110,7 @@ pub struct Node {
     /// Anonymous resident memory before the engine and the store existed (the runtime, the
     /// configuration); with the resident code and libraries, the `process` part.
     process_base_bytes: u64,
-    /// Set once a cluster server joined (see [`crate::cluster`]); unset for a standalone server.
-    cluster: std::sync::OnceLock<Arc<crate::cluster::Member>>,
     stopping: std::sync::atomic::AtomicBool,
-}
-
-/// What a cluster server does for durability instead of logging to its own disk: it streams its
-/// tablets' writes to their backups, and keeps other masters' tablets in its backup store.
-pub struct ClusterDuty {
-    pub replication: Arc<crate::replication::Replication>,
-    pub backup: Arc<crate::backup_service::BackupService>,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -106,11 +123,14 @@ pub fn now_ms() -> u64 {
 
 impl Node {
     /// Creates the engine and table 0, opens persistence and replays it (per the configuration).
-    /// Runs blocking work (replay) on the blocking pool.
+    /// Runs blocking work (replay) on the blocking pool. A cluster server's writes are made
+    /// durable by its backups instead: `replication` is the engine's write observer then (the
+    /// replication role), and the roles register their [`ClusterHooks`] before serving.
     pub async fn open(
         config: ServerConfig,
         addresses: Addresses,
-    ) -> Result<Arc<Node>, crate::ServerError> {
+        replication: Option<Arc<dyn ramlog_logmem::WriteObserver>>,
+    ) -> Result<Arc<Node>, OpenError> {
         let process_base_bytes = status_kib("RssAnon:") * 1024;
         // A cluster server's writes are made durable by its backups, not by a log of its own.
         let clustered = config.coordinator.is_some();
@@ -119,19 +139,10 @@ impl Node {
             PersistenceMode::Off => None,
             _ => Some(Persistence::open(&config)?),
         };
-        // A cluster server streams its tablets' writes to their backups, and is a backup itself.
-        let cluster_duty = if clustered {
-            Some(ClusterDuty {
-                replication: crate::replication::Replication::new(&config),
-                backup: crate::backup_service::BackupService::open(&config)?,
-            })
-        } else {
-            None
-        };
         let write_observer: Option<Arc<dyn ramlog_logmem::WriteObserver>> =
-            match (&persistence, &cluster_duty) {
+            match (&persistence, replication) {
                 (Some(p), _) => Some(p.clone()),
-                (None, Some(d)) => Some(d.replication.clone()),
+                (None, Some(r)) => Some(r),
                 (None, None) => None,
             };
         let engine = Engine::new(EngineConfig {
@@ -188,7 +199,6 @@ impl Node {
             config,
             keyspace,
             persistence,
-            cluster_duty,
             addresses,
             process_base_bytes,
         ))
@@ -208,7 +218,6 @@ impl Node {
             config,
             keyspace,
             None,
-            None,
             Addresses::none(),
             process_base_bytes,
         ))
@@ -218,7 +227,6 @@ impl Node {
         config: ServerConfig,
         keyspace: Keyspace,
         persistence: Option<Arc<Persistence>>,
-        cluster_duty: Option<ClusterDuty>,
         addresses: Addresses,
         process_base_bytes: u64,
     ) -> Arc<Node> {
@@ -235,9 +243,6 @@ impl Node {
                 a
             )
         };
-        if let Some(d) = &cluster_duty {
-            d.replication.set_engine(keyspace.engine());
-        }
         let node = Arc::new(Node {
             config,
             keyspace,
@@ -246,12 +251,11 @@ impl Node {
             addresses,
             node_id,
             persistence,
-            cluster_duty,
+            hooks: std::sync::OnceLock::new(),
             next_client_id: AtomicU64::new(1),
             shutdown_requested: tokio::sync::Notify::new(),
             failure: parking_lot::Mutex::new(None),
             process_base_bytes,
-            cluster: std::sync::OnceLock::new(),
             stopping: std::sync::atomic::AtomicBool::new(false),
         });
         node.charge_memory();
@@ -264,26 +268,36 @@ impl Node {
     /// Memory held for data outside the engine's log and index: the backup store's buffers and
     /// per-key state, and client connections' buffers. The engine counts it against the budget.
     fn external_memory_bytes(&self) -> u64 {
-        let backup = self.backup_store_memory().map_or(0, |m| m.total());
-        let streams = self.cluster_duty.as_ref().map_or(0, |d| {
-            d.replication.memory_bytes() + d.backup.buffer_bytes()
-        });
+        let roles = self.hooks().map(|h| h.memory());
+        let backup = self
+            .backup_store_memory(roles.as_ref())
+            .map_or(0, |m| m.total());
+        let streams = roles.map_or(0, |r| r.replication_buffers);
         backup + streams + self.metrics.connection_buffer_bytes.load(Ordering::Relaxed)
     }
 
     /// What the backup store holds in memory: this server's own log store (standalone
     /// persistence) or the store of its backup duty (cluster).
-    fn backup_store_memory(&self) -> Option<ramlog_backup::MemoryUsage> {
-        match (&self.persistence, &self.cluster_duty) {
+    fn backup_store_memory(
+        &self,
+        roles: Option<&RolesMemory>,
+    ) -> Option<ramlog_backup::MemoryUsage> {
+        match (&self.persistence, roles) {
             (Some(p), _) => p.memory(),
-            (None, Some(d)) => Some(d.backup.store().memory()),
+            (None, Some(r)) => Some(r.backup_store),
             (None, None) => None,
         }
     }
 
-    /// Replication and backup duty; None for a standalone server.
-    pub fn cluster_duty(&self) -> Option<&ClusterDuty> {
-        self.cluster_duty.as_ref()
+    /// The cluster roles' hooks; None for a standalone server (or before they registered).
+    #[inline]
+    fn hooks(&self) -> Option<&Arc<dyn ClusterHooks>> {
+        self.hooks.get()
+    }
+
+    /// Registers what this server's cluster roles give the node (once, before it serves).
+    pub fn set_cluster_hooks(&self, hooks: Arc<dyn ClusterHooks>) {
+        let _ = self.hooks.set(hooks);
     }
 
     /// Charges the memory held outside the engine to its budget (see [`start_memory_charger`]).
@@ -301,13 +315,11 @@ impl Node {
             ("log", stats.log_resident_bytes),
             ("index", stats.index_bytes),
         ];
-        if let Some(d) = &self.cluster_duty {
-            parts.push((
-                "replication_buffers",
-                d.replication.memory_bytes() + d.backup.buffer_bytes(),
-            ));
+        let roles = self.hooks().map(|h| h.memory());
+        if let Some(r) = &roles {
+            parts.push(("replication_buffers", r.replication_buffers));
         }
-        if let Some(backup) = self.backup_store_memory() {
+        if let Some(backup) = self.backup_store_memory(roles.as_ref()) {
             parts.extend([
                 ("backup_write_buffer", backup.write_buffer),
                 ("backup_flush_arenas", backup.flush_arenas),
@@ -384,30 +396,14 @@ impl Node {
         if let Some(p) = self.persistence.clone() {
             let _ = tokio::task::spawn_blocking(move || p.flush()).await;
         }
-        if let Some(d) = &self.cluster_duty {
-            d.replication.stop();
-            d.backup.close_connections();
-            let backup = d.backup.clone();
-            let _ = tokio::task::spawn_blocking(move || backup.flush()).await;
+        if let Some(h) = self.hooks() {
+            h.stop().await;
         }
     }
 
     /// Whether [`Node::stop`] ran.
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
-    }
-
-    // ---- cluster ----------------------------------------------------------------------------
-
-    /// This server's cluster membership; None for a standalone server.
-    #[inline]
-    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Member>> {
-        self.cluster.get()
-    }
-
-    /// Records the membership once the server joined.
-    pub fn set_cluster(&self, member: Arc<crate::cluster::Member>) {
-        let _ = self.cluster.set(member);
     }
 
     // ---- auth -------------------------------------------------------------------------------
@@ -466,23 +462,19 @@ impl Node {
         }
     }
 
-    /// Waits until every write applied so far (`needs`: those of the calling connection, for
-    /// replication) has reached the point where its table's promise lets it be acknowledged:
-    /// fdatasync for standalone `durable` persistence; for a cluster server, the table's
-    /// replication mode (see [`crate::replication`]), at most `replication_ack_timeout_ms`.
-    /// At once otherwise. An error means that point cannot be reached: the writes were applied
-    /// in memory, but their replies must not claim success. Ok lists the writes a backup refused
-    /// (by their unit index in `needs`): those replies must fail, the others stand.
-    pub async fn acknowledge(
-        &self,
-        needs: &mut crate::replication::Needs,
-    ) -> Result<Vec<crate::replication::RefusedWrite>, NodeError> {
+    /// Waits until every write applied so far (`acks`: what the calling connection's data calls
+    /// added) has reached the point where its table's promise lets it be acknowledged: fdatasync
+    /// for standalone `durable` persistence; for a cluster server, the table's replication mode
+    /// (the replication role's), at most `replication_ack_timeout_ms`. At once
+    /// otherwise. An error means that point cannot be reached: the writes were applied in memory,
+    /// but their replies must not claim success. Ok lists the writes a backup refused (by their
+    /// unit index in `acks`): those replies must fail, the others stand.
+    pub async fn acknowledge(&self, acks: &mut Acks) -> Result<Vec<RefusedWrite>, NodeError> {
         let mut refused = Vec::new();
-        if let Some(d) = &self.cluster_duty {
-            if !needs.is_empty() {
-                refused = d
-                    .replication
-                    .wait(needs)
+        if let Some(h) = self.hooks() {
+            if !acks.is_empty() {
+                refused = h
+                    .wait(acks)
                     .await
                     .map_err(|reason| NodeError::WritesRefused { reason })?;
             }
@@ -503,8 +495,8 @@ impl Node {
 
     /// Whether [`Node::acknowledge`] has anything to wait for.
     #[inline]
-    pub fn acknowledgement_waits(&self, needs: &crate::replication::Needs) -> bool {
-        !needs.is_empty()
+    pub fn acknowledgement_waits(&self, acks: &Acks) -> bool {
+        !acks.is_empty()
             || self
                 .persistence
                 .as_ref()
@@ -512,20 +504,37 @@ impl Node {
     }
 
     // ---- data operations --------------------------------------------------------------------
+    //
+    // Each takes the caller's `acks` and adds what its reply must wait for: the replication of
+    // the writes it made, or of the writes in flight that a read may have seen.
 
-    pub fn get(&self, tablet: TabletId, key: &[u8]) -> Result<Option<Object>, NodeError> {
-        let found = self.engine().get(tablet, key)?;
-        self.read_barrier(tablet);
-        Ok(found)
+    /// Moves what the data call that just ran on this thread waits for into `acks`.
+    #[inline]
+    fn collect(&self, acks: &mut Acks) {
+        if let Some(h) = self.hooks() {
+            h.collect(acks);
+        }
     }
 
     /// After a read of `tablet`: its reply waits until what the read may have seen is
-    /// replicated as the tablet's mode promises (see [`crate::replication`]).
+    /// replicated as the tablet's mode promises (the replication role decides how).
     #[inline]
-    fn read_barrier(&self, tablet: TabletId) {
-        if let Some(d) = &self.cluster_duty {
-            d.replication.read_barrier(tablet);
+    fn read_barrier(&self, tablet: TabletId, acks: &mut Acks) {
+        if let Some(h) = self.hooks() {
+            h.read_barrier(tablet);
+            h.collect(acks);
         }
+    }
+
+    pub fn get(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        acks: &mut Acks,
+    ) -> Result<Option<Object>, NodeError> {
+        let found = self.engine().get(tablet, key)?;
+        self.read_barrier(tablet, acks);
+        Ok(found)
     }
 
     /// Runs `f` on the key's value, version and expiry in place (no copy), if present.
@@ -533,10 +542,11 @@ impl Node {
         &self,
         tablet: TabletId,
         key: &[u8],
+        acks: &mut Acks,
         f: impl FnOnce(&[u8], u64, u64) -> R,
     ) -> Result<Option<R>, NodeError> {
         let found = self.engine().read_with(tablet, key, f)?;
-        self.read_barrier(tablet);
+        self.read_barrier(tablet, acks);
         Ok(found)
     }
 
@@ -546,9 +556,12 @@ impl Node {
         key: &[u8],
         value: &[u8],
         options: &PutOptions,
+        acks: &mut Acks,
     ) -> Result<PutOutcome, NodeError> {
         self.admit_write()?;
-        Ok(self.engine().put(tablet, key, value, options)?)
+        let done = self.engine().put(tablet, key, value, options);
+        self.collect(acks);
+        Ok(done?)
     }
 
     /// Deletes the key if `condition` holds; Some(old version) if it existed.
@@ -557,9 +570,12 @@ impl Node {
         tablet: TabletId,
         key: &[u8],
         condition: Condition,
+        acks: &mut Acks,
     ) -> Result<Option<u64>, NodeError> {
         self.admit_write()?;
-        Ok(self.engine().delete(tablet, key, condition)?)
+        let done = self.engine().delete(tablet, key, condition);
+        self.collect(acks);
+        Ok(done?)
     }
 
     /// Adds `delta` to the key's integer value; (new value, version).
@@ -568,9 +584,12 @@ impl Node {
         tablet: TabletId,
         key: &[u8],
         delta: i64,
+        acks: &mut Acks,
     ) -> Result<(i64, u64), NodeError> {
         self.admit_write()?;
-        Ok(self.engine().increment(tablet, key, delta)?)
+        let done = self.engine().increment(tablet, key, delta);
+        self.collect(acks);
+        Ok(done?)
     }
 
     /// Sets (0: removes) the key's expiry; None if the key is absent.
@@ -579,15 +598,25 @@ impl Node {
         tablet: TabletId,
         key: &[u8],
         expire_at_ms: u64,
+        acks: &mut Acks,
     ) -> Result<Option<u64>, NodeError> {
         self.admit_write()?;
-        Ok(self.engine().set_expiry(tablet, key, expire_at_ms)?)
+        let done = self.engine().set_expiry(tablet, key, expire_at_ms);
+        self.collect(acks);
+        Ok(done?)
     }
 
     /// Writes every item to one tablet as one atomic unit; returns its version.
-    pub fn multi_put(&self, tablet: TabletId, items: &[(&[u8], &[u8])]) -> Result<u64, NodeError> {
+    pub fn multi_put(
+        &self,
+        tablet: TabletId,
+        items: &[(&[u8], &[u8])],
+        acks: &mut Acks,
+    ) -> Result<u64, NodeError> {
         self.admit_write()?;
-        Ok(self.engine().multi_put(tablet, items)?)
+        let done = self.engine().multi_put(tablet, items);
+        self.collect(acks);
+        Ok(done?)
     }
 
     /// Records a table's schema durably (when persistence is on), then applies it.
@@ -659,32 +688,11 @@ impl Node {
         };
         let memory = self.memory_breakdown(&stats);
         let mut snapshot = Snapshot::take(&self.metrics, process, figures, memory);
-        snapshot.replication =
-            self.cluster_duty
-                .as_ref()
-                .map(|d| crate::replication::ReplicationFigures {
-                    streams: d.replication.streams(),
-                    modes: d.replication.modes(),
-                    backup: d.backup.figures(),
-                    recovery: self.cluster().map(|m| m.jobs.figures()).unwrap_or_default(),
-                    lease_expired_ms: self
-                        .cluster()
-                        .and_then(|m| m.lease_expired())
-                        .map_or(0, |d| d.as_millis() as u64),
-                    mirrors: self
-                        .cluster()
-                        .map(|m| m.mirrors.figures())
-                        .unwrap_or_default(),
-                });
-        snapshot.cluster = self.cluster().map(|m| {
-            let view = m.view();
-            crate::metrics::ClusterFigures {
-                map_version: view.map.version,
-                tablets_recovering: view.map.tablets.iter().filter(|t| t.recovering).count() as u64,
-                tablets_waiting_for_room: view.tablets_waiting_for_room() as u64,
-                restore_room_bytes: crate::cluster::restore_room_bytes(self),
-            }
-        });
+        if let Some(h) = self.hooks() {
+            let (replication, cluster) = h.figures();
+            snapshot.replication = Some(replication);
+            snapshot.cluster = cluster;
+        }
         snapshot
     }
 

@@ -47,7 +47,7 @@ pub(super) fn cmd_info(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 /// The parameters CONFIG GET knows, with their current values (`cluster_node`: asked on a
 /// cluster server's RESP port, a Redis Cluster node).
 pub(super) fn config_params(shared: &Node, cluster_node: bool) -> Vec<(&'static str, String)> {
-    use crate::config::PersistenceMode;
+    use crate::node::config::PersistenceMode;
     let c = &shared.config;
     vec![
         ("bind", c.bind.to_string()),
@@ -243,7 +243,7 @@ struct NodeDesc {
 /// port; one server holding every slot on a standalone server and on the routing port.
 fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
     let node = ctx.node;
-    if let (Some(member), false) = (node.cluster(), ctx.session.routed) {
+    if let (Some(member), false) = (ctx.session.member(), ctx.session.routed) {
         let view = member.view();
         // Runs of one master split where the mirror changes.
         let mut runs: Vec<(u16, u16, ramlog_cluster::ServerId, ramlog_cluster::ServerId)> =
@@ -289,7 +289,7 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
             .collect();
         return (nodes, view.map.version);
     }
-    let (id, port) = match (node.cluster(), node.addresses().routing) {
+    let (id, port) = match (ctx.session.member(), node.addresses().routing) {
         (Some(member), Some(routing)) => (
             member
                 .view()
@@ -318,7 +318,7 @@ fn keys_in_slot(ctx: &mut Ctx<'_>, slot: u16, limit: usize) -> Result<Vec<Vec<u8
     let node = ctx.node;
     let mut found = Vec::new();
     let Some(tablet) = node.engine().tablets().into_iter().find(|t| {
-        t.table == crate::keyspace::RESP_TABLE
+        t.table == crate::node::keyspace::RESP_TABLE
             && t.first_slot <= slot
             && slot <= t.last_slot
             && !node.keyspace.is_hidden(t.id)
@@ -512,11 +512,11 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             .flat_map(|n| n.ranges.iter())
             .map(|&(a, b)| usize::from(b - a) + 1)
             .sum();
-        let enabled = u8::from(ctx.node.cluster().is_some() && !ctx.session.routed);
+        let enabled = u8::from(ctx.session.member().is_some() && !ctx.session.routed);
         // Tablets that wait for memory are listed under a live backup, but nobody serves them.
         let waiting = ctx
-            .node
-            .cluster()
+            .session
+            .member()
             .filter(|_| !ctx.session.routed)
             .is_some_and(|m| m.view().tablets_waiting_for_room() > 0);
         let ok = assigned == usize::from(SLOT_COUNT) && failed == 0 && !waiting;

@@ -15,7 +15,7 @@
 //! on the blocking pool (see `native_scan.rs`) and their replies are written when they finish, while the
 //! connection goes on answering its other requests.
 
-use crate::metrics::Op;
+use crate::node::metrics::Op;
 use crate::node::{Node, NodeError};
 use bytes::{Buf, BytesMut};
 use ramlog_common::{glob_match, key_slot, TableId};
@@ -66,7 +66,7 @@ pub struct NativeConfig {
 
 impl NativeConfig {
     /// The native protocol's settings, from the server's configuration.
-    pub fn from_server(config: &crate::ServerConfig) -> NativeConfig {
+    pub fn from_server(config: &crate::node::config::ServerConfig) -> NativeConfig {
         NativeConfig {
             idle_timeout: Duration::from_secs(config.idle_timeout_secs),
             write_timeout: Duration::from_secs(config.write_timeout_secs.max(1)),
@@ -114,10 +114,11 @@ impl fmt::Debug for NativeConfig {
 pub async fn serve_native_connection(
     stream: TcpStream,
     node: Arc<Node>,
+    cluster: Option<Arc<crate::cluster::Roles>>,
     config: Arc<NativeConfig>,
 ) {
     let peer = stream.peer_addr().ok();
-    if let Err(e) = serve(stream, node, &config).await {
+    if let Err(e) = serve(stream, node, cluster, &config).await {
         tracing::debug!(?peer, "native connection closed: {e}");
     }
 }
@@ -146,14 +147,16 @@ impl From<std::io::Error> for Closed {
 /// Per-connection state that requests see.
 struct Session<'a> {
     node: &'a Node,
+    /// A cluster server's roles (None when standalone).
+    cluster: Option<Arc<crate::cluster::Roles>>,
     config: &'a NativeConfig,
     authenticated: bool,
     /// Replies to writes in the output buffer not yet written to the socket, as (start, end,
     /// request id, opcode): in `durable` mode they go out only after [`Node::acknowledge`], and are
     /// replaced by WRITES_REFUSED errors if it fails.
-    write_replies: Vec<(crate::replication::HeldReply, u64, u8)>,
-    /// What this connection's writes wait for from the backups (cluster servers).
-    repl_needs: crate::replication::Needs,
+    write_replies: Vec<(crate::node::HeldReply, u64, u8)>,
+    /// What this connection's replies wait for (see [`Node::acknowledge`]).
+    acks: crate::node::Acks,
     /// Scratch space reused across SCAN_KEYS requests.
     scan_keys: Vec<Vec<u8>>,
     /// Open snapshots and paged scans.
@@ -297,17 +300,17 @@ async fn send_replies(
     output: &mut BytesMut,
     timeout: Duration,
 ) -> Result<(), Closed> {
-    if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
-        if session.node.acknowledgement_waits(&session.repl_needs) {
+    if !session.write_replies.is_empty() || !session.acks.is_empty() {
+        if session.node.acknowledgement_waits(&session.acks) {
             let failures: Vec<Option<String>> =
-                match session.node.acknowledge(&mut session.repl_needs).await {
+                match session.node.acknowledge(&mut session.acks).await {
                     Err(e) => {
                         vec![Some(format!("not acknowledged: {e}")); session.write_replies.len()]
                     }
                     Ok(refused) if refused.is_empty() => Vec::new(),
                     Ok(refused) => {
                         let held: Vec<_> = session.write_replies.iter().map(|w| w.0).collect();
-                        crate::replication::refused_replies(&held, &refused)
+                        crate::node::refused_replies(&held, &refused)
                             .into_iter()
                             .map(|r| r.map(str::to_string))
                             .collect()
@@ -316,7 +319,10 @@ async fn send_replies(
             let failed = failures.iter().filter(|f| f.is_some()).count();
             if failed > 0 {
                 withdraw_write_replies(output, &session.write_replies, &failures);
-                crate::metrics::Metrics::add(&session.node.metrics.writes_refused, failed as u64);
+                crate::node::metrics::Metrics::add(
+                    &session.node.metrics.writes_refused,
+                    failed as u64,
+                );
             }
         }
         session.write_replies.clear();
@@ -332,7 +338,7 @@ async fn send_replies(
 /// overlapping) replaced by an error frame for the same request.
 fn withdraw_write_replies(
     output: &mut BytesMut,
-    replies: &[(crate::replication::HeldReply, u64, u8)],
+    replies: &[(crate::node::HeldReply, u64, u8)],
     failures: &[Option<String>],
 ) {
     let mut rebuilt = BytesMut::with_capacity(output.len());
@@ -350,14 +356,24 @@ fn withdraw_write_replies(
 }
 
 /// Turns a native connection into a replication stream from a master (see
-/// [`crate::backup_service`]) once its `REPL_HELLO` is accepted; answers an error and closes
+/// [`crate::cluster::backup`]) once its `REPL_HELLO` is accepted; answers an error and closes
 /// otherwise.
+/// A connection's `REPL_HELLO` request, with whether the connection authenticated.
+struct ReplicationHello<'a> {
+    authenticated: bool,
+    request_id: u64,
+    body: &'a [u8],
+}
+
 async fn serve_replication(
     mut stream: TcpStream,
     node: Arc<Node>,
-    authenticated: bool,
-    request_id: u64,
-    body: &[u8],
+    cluster: Option<Arc<crate::cluster::Roles>>,
+    ReplicationHello {
+        authenticated,
+        request_id,
+        body,
+    }: ReplicationHello<'_>,
     leftover: Vec<u8>,
     config: &NativeConfig,
 ) -> Result<(), Closed> {
@@ -366,15 +382,20 @@ async fn serve_replication(
             return Err((Status::NoAuth, "AUTH first".to_string()));
         }
         let hello = ramlog_proto::repl::Hello::decode(body).map_err(|e| (e.status, e.message))?;
-        let duty = node.cluster_duty().ok_or((
-            Status::Unsupported,
-            "this server is not in a cluster; it takes no replication".to_string(),
-        ))?;
-        duty.backup.check_hello(&node, &hello)?;
-        Ok((hello, duty.backup.clone()))
+        let Some((roles, member)) = cluster
+            .as_ref()
+            .and_then(|c| c.member().map(|m| (c, m.clone())))
+        else {
+            return Err((
+                Status::Unsupported,
+                "this server is not in a cluster; it takes no replication".to_string(),
+            ));
+        };
+        roles.backup.check_hello(Some(&member), &hello)?;
+        Ok((hello, roles.backup.clone(), member))
     })();
     let mut out = BytesMut::new();
-    let (hello, backup) = match checked {
+    let (hello, backup, member) = match checked {
         Ok(v) => v,
         Err((status, message)) => {
             encode_error(
@@ -405,7 +426,9 @@ async fn serve_replication(
         epoch = hello.master_epoch,
         "replication stream opened"
     );
-    let _ = tokio::task::spawn_blocking(move || backup.serve(node, socket, leftover, hello)).await;
+    let _ =
+        tokio::task::spawn_blocking(move || backup.serve(node, member, socket, leftover, hello))
+            .await;
     Ok(())
 }
 
@@ -425,6 +448,7 @@ fn is_write(op: u8) -> bool {
 async fn serve(
     mut stream: TcpStream,
     node_arc: Arc<Node>,
+    cluster: Option<Arc<crate::cluster::Roles>>,
     config: &NativeConfig,
 ) -> Result<(), Closed> {
     let node: &Node = &node_arc;
@@ -444,10 +468,11 @@ async fn serve(
 
     let mut session = Session {
         node,
+        cluster,
         config,
         authenticated: !node.password_required(),
         write_replies: Vec::new(),
-        repl_needs: Default::default(),
+        acks: Default::default(),
         scan_keys: Vec::new(),
         scans: scan::ScanSession::new(node.engine().clone(), config.scan),
         new_jobs: Vec::new(),
@@ -460,7 +485,7 @@ async fn serve(
     // Blocking jobs running, and those waiting for a turn.
     let mut jobs: JoinSet<JobDone> = JoinSet::new();
     let mut waiting: VecDeque<QueuedJob> = VecDeque::new();
-    let mut buffers = crate::metrics::BufferGauge::new(&node.metrics);
+    let mut buffers = crate::node::metrics::BufferGauge::new(&node.metrics);
     loop {
         buffers.update(input.capacity() + output.capacity());
         waiting.extend(session.new_jobs.drain(..));
@@ -532,13 +557,17 @@ async fn serve(
                         send_replies(&mut stream, &mut session, &mut output, config.write_timeout)
                             .await?;
                         let authenticated = session.authenticated;
+                        let cluster = session.cluster.take();
                         drop(session);
                         return serve_replication(
                             stream,
                             node_arc.clone(),
-                            authenticated,
-                            header.request_id,
-                            &body,
+                            cluster,
+                            ReplicationHello {
+                                authenticated,
+                                request_id: header.request_id,
+                                body: &body,
+                            },
                             input.to_vec(),
                             config,
                         )
@@ -563,6 +592,8 @@ async fn serve(
                         let reply_at = output.len();
                         let jobs_before = session.new_jobs.len();
                         let started = Instant::now();
+                        let (changes_before, units_from) =
+                            (session.acks.changes(), session.acks.units_len());
                         session.answer(
                             header.request_id,
                             header.opcode,
@@ -571,9 +602,8 @@ async fn serve(
                             body,
                             &mut output,
                         );
-                        let units_from = session.repl_needs.units_len();
-                        crate::replication::take_needs(&mut session.repl_needs);
-                        let read_waits = crate::replication::take_read_waits();
+                        let units_to = session.acks.units_len();
+                        let read_waits = session.acks.changes() != changes_before;
                         // A request that became a job is reported when the job is done.
                         let queued = session.new_jobs.len() > jobs_before;
                         if !queued {
@@ -581,11 +611,11 @@ async fn serve(
                             node.record(native_op(header.opcode), started.elapsed(), ok);
                             if ok && (is_write(header.opcode) || read_waits) {
                                 session.write_replies.push((
-                                    crate::replication::HeldReply {
+                                    crate::node::HeldReply {
                                         start: reply_at,
                                         end: output.len(),
                                         units_from,
-                                        units_to: session.repl_needs.units_len(),
+                                        units_to,
                                     },
                                     header.request_id,
                                     header.opcode,
@@ -709,10 +739,15 @@ impl From<EngineError> for Failure {
 }
 
 impl Session<'_> {
+    /// This cluster server's membership (None when standalone).
+    fn member(&self) -> Option<&Arc<crate::cluster::Member>> {
+        self.cluster.as_ref().and_then(|c| c.member())
+    }
+
     /// Runs RESP commands a routing port forwarded here, in order, as one RESP connection would
     /// (the batch's own MULTI state included), and returns each reply.
     fn resp_batch(&mut self, protocol: u8, commands: &[Vec<&[u8]>]) -> Vec<bytes::Bytes> {
-        let mut session = crate::commands::Session::new(0, false);
+        let mut session = crate::front::commands::Session::new(0, false, self.cluster.clone());
         session.protocol = protocol;
         session.routed = true;
         session.forwarded = true;
@@ -721,11 +756,11 @@ impl Session<'_> {
         let ends: Vec<usize> = commands
             .iter()
             .map(|args| {
-                crate::commands::execute(self.node, &mut session, args, &mut out);
+                crate::front::commands::execute(self.node, &mut session, args, &mut out);
                 out.len()
             })
             .collect();
-        self.repl_needs.absorb(&mut session.repl_needs);
+        self.acks.absorb(&mut session.acks);
         let all = bytes::Bytes::from(out);
         let mut start = 0;
         ends.into_iter()
@@ -738,7 +773,7 @@ impl Session<'_> {
     }
 
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
-        if let Some(member) = self.node.cluster() {
+        if let Some(member) = self.member() {
             if let Some(refusal) = member.lease_refusal() {
                 return Err(Failure(Status::WrongServer, 0, refusal));
             }
@@ -805,7 +840,13 @@ impl Session<'_> {
             NodeError::Engine(EngineError::ConditionFailed { current: None }) => {
                 let version = self
                     .node
-                    .read_with(tablet, key, |_, version, _| version)
+                    // The reply is an error, which waits for nothing.
+                    .read_with(
+                        tablet,
+                        key,
+                        &mut crate::node::Acks::default(),
+                        |_, version, _| version,
+                    )
                     .ok()
                     .flatten();
                 Failure(
@@ -903,11 +944,12 @@ impl Session<'_> {
             Request::Get { table, key } => {
                 let tablet = self.tablet(*table, key)?;
                 // Encode straight from the engine's memory: no copy of the value besides the one into `out`.
-                let found = self
-                    .node
-                    .read_with(tablet, key, |value, version, expire_at_ms| {
-                        get_reply(out, id, value, version, expire_at_ms)
-                    })?;
+                let found = self.node.read_with(
+                    tablet,
+                    key,
+                    &mut self.acks,
+                    |value, version, expire_at_ms| get_reply(out, id, value, version, expire_at_ms),
+                )?;
                 if found.is_none() {
                     Response::Get(None).encode(id, op, out);
                 }
@@ -930,7 +972,7 @@ impl Session<'_> {
                 };
                 let outcome = self
                     .node
-                    .put(tablet, key, value, &options)
+                    .put(tablet, key, value, &options, &mut self.acks)
                     .map_err(|e| self.failure(tablet, key, e))?;
                 Response::Put {
                     version: outcome.version,
@@ -945,30 +987,33 @@ impl Session<'_> {
                 let tablet = self.tablet(*table, key)?;
                 let deleted = self
                     .node
-                    .delete(tablet, key, engine_condition(*condition))
+                    .delete(tablet, key, engine_condition(*condition), &mut self.acks)
                     .map_err(|e| self.failure(tablet, key, e))?;
                 Response::Delete(deleted)
             }
             Request::Increment { table, key, delta } => {
                 let tablet = self.tablet(*table, key)?;
-                let (value, version) = self.node.increment(tablet, key, *delta)?;
+                let (value, version) = self.node.increment(tablet, key, *delta, &mut self.acks)?;
                 Response::Increment { value, version }
             }
             Request::Expire { table, key, expiry } => {
                 let tablet = self.tablet(*table, key)?;
                 let at = self.node.expire_at_ms(*expiry);
-                Response::Expire(self.node.set_expiry(tablet, key, at)?)
+                Response::Expire(self.node.set_expiry(tablet, key, at, &mut self.acks)?)
             }
             Request::MultiGet { table, keys } => {
                 let start = out.len();
                 let frame = begin_multi_get(out, id, keys.len());
                 for key in keys {
                     let tablet = self.tablet(*table, key)?;
-                    let found =
-                        self.node
-                            .read_with(tablet, key, |value, version, expire_at_ms| {
-                                put_present_object(out, value, version, expire_at_ms)
-                            })?;
+                    let found = self.node.read_with(
+                        tablet,
+                        key,
+                        &mut self.acks,
+                        |value, version, expire_at_ms| {
+                            put_present_object(out, value, version, expire_at_ms)
+                        },
+                    )?;
                     if found.is_none() {
                         out.extend_from_slice(&[0]);
                     }
@@ -998,7 +1043,7 @@ impl Session<'_> {
                     }
                 }
                 Response::MultiPut {
-                    version: self.node.multi_put(tablet, items)?,
+                    version: self.node.multi_put(tablet, items, &mut self.acks)?,
                 }
             }
             Request::ScanKeys {
@@ -1027,8 +1072,7 @@ impl Session<'_> {
             }
             Request::GetSchema { table } => self.scans.get_schema(*table),
             Request::ClusterMap => Response::ClusterMap(
-                self.node
-                    .cluster()
+                self.member()
                     .map(|m| m.view().map_json.clone())
                     .unwrap_or_default(),
             ),

@@ -23,7 +23,7 @@
 //! configuration names no count adopts the recorded one, and one that names another count refuses
 //! to start.
 
-use crate::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT, TABLETS_MAX};
+use crate::node::config::{PersistenceMode, ServerConfig, TABLETS_DEFAULT, TABLETS_MAX};
 use arc_swap::ArcSwapOption;
 use parking_lot::{Condvar, Mutex};
 use ramlog_backup::{Backup, Config as BackupConfig, Entry, Stage, Ticket};

@@ -16,12 +16,12 @@
 //! Replies go back in request order. Commands for one key always reach the same server in the
 //! order they were sent, so a pipeline keeps its meaning.
 
-use crate::commands::{command_keys, execute, lookup, Session};
-use crate::metrics::{BufferGauge, Metrics};
+use crate::front::commands::{command_keys, execute, lookup, Session};
+use crate::front::resp_conn::{read_more, request_limits, Ending};
+use crate::node::metrics::{BufferGauge, Metrics};
 use crate::node::Node;
-use crate::resp_conn::{read_more, request_limits, Ending};
 use bytes::Bytes;
-use ramlog_client::{Client, ClientConfig, Request, Response};
+use ramlog_client::{Request, Response};
 use ramlog_cluster::ServerId;
 use ramlog_common::key_slot;
 use ramlog_proto::resp::{ReplyDecoder, ReplyEncoder, RequestDecoder};
@@ -32,38 +32,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
-
-/// A peer's client, connected once by whichever routing connection needs it first.
-type PeerCell = Arc<tokio::sync::OnceCell<Client>>;
-
-/// Connections from this server to the others, for forwarding. One pooled, multiplexed client
-/// per server, shared by every routing connection.
-#[derive(Default)]
-pub struct Peers {
-    clients: parking_lot::Mutex<HashMap<(ServerId, std::net::SocketAddr), PeerCell>>,
-}
-
-impl Peers {
-    async fn client(
-        &self,
-        node: &Node,
-        id: ServerId,
-        addr: std::net::SocketAddr,
-    ) -> Result<Client, String> {
-        let cell = self.clients.lock().entry((id, addr)).or_default().clone();
-        cell.get_or_try_init(|| async {
-            let mut config = ClientConfig::new(addr.to_string());
-            config.password = node.config.password.clone().map(String::into_bytes);
-            config.connections = node.config.worker_threads.clamp(1, 4);
-            config.request_timeout = Duration::from_secs(10);
-            config.retry_idempotent = false;
-            Client::connect(config).await.map_err(|e| e.to_string())
-        })
-        .await
-        .cloned()
-        .map_err(|e| format!("server {id} at {addr}: {e}"))
-    }
-}
 
 /// A reply being assembled.
 enum Part {
@@ -196,7 +164,7 @@ impl Router<'_> {
 
     /// Where `args` go: here, or to the server that masters `slot`.
     fn send_to(&mut self, round: &mut Round, owner: ServerId, args: &[&[u8]]) -> Part {
-        let me = self.node.cluster().map_or(0, |m| m.view().me);
+        let me = self.session.member().map_or(0, |m| m.view().me);
         if owner == 0 {
             Part::Ready(error_reply(
                 self.session.protocol,
@@ -211,7 +179,7 @@ impl Router<'_> {
 
     /// Routes one request into a reply part.
     fn route(&mut self, round: &mut Round, args: &[&[u8]]) -> Part {
-        let Some(member) = self.node.cluster().cloned() else {
+        let Some(member) = self.session.member().cloned() else {
             return self.local(round, args);
         };
         let spec = lookup(args[0]);
@@ -220,7 +188,8 @@ impl Router<'_> {
             return self.local(round, args);
         };
         // Errors, authentication, transactions being queued, connection commands: here.
-        if !self.session.authenticated || !crate::commands::arity_ok(spec.arity, args.len()) {
+        if !self.session.authenticated || !crate::front::commands::arity_ok(spec.arity, args.len())
+        {
             return self.local(round, args);
         }
         if spec.name == "exec" && in_multi && !self.session.multi_failed {
@@ -375,10 +344,15 @@ impl Router<'_> {
 }
 
 /// Serves one routing-port connection (see the module comment).
-pub async fn serve_routing(mut stream: TcpStream, node: Arc<Node>, client_id: u64) -> Ending {
+pub async fn serve_routing(
+    mut stream: TcpStream,
+    node: Arc<Node>,
+    cluster: Option<Arc<crate::cluster::Roles>>,
+    client_id: u64,
+) -> Ending {
     let _ = stream.set_nodelay(true);
     let config = &node.config;
-    let mut session = Session::new(client_id, node.password_required());
+    let mut session = Session::new(client_id, node.password_required(), cluster);
     session.routed = true;
     let mut router = Router {
         node: &node,
@@ -486,7 +460,7 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     } = round;
     let mut replies: HashMap<ServerId, Result<Vec<Bytes>, Forward>> = HashMap::new();
     if !outgoing.is_empty() {
-        let member = node.cluster().cloned();
+        let member = router.session.member().cloned();
         let mut calls = tokio::task::JoinSet::new();
         for (peer, commands) in outgoing {
             let node = node.clone();
@@ -545,11 +519,11 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
         }
     }
     let mut ack_error = None;
-    if router.local_writes || !router.session.repl_needs.is_empty() {
+    if router.local_writes || !router.session.acks.is_empty() {
         router.local_writes = false;
-        if node.acknowledgement_waits(&router.session.repl_needs) {
-            match node.acknowledge(&mut router.session.repl_needs).await {
-                Err(e) => ack_error = Some(crate::commands::misconf(&e.to_string())),
+        if node.acknowledgement_waits(&router.session.acks) {
+            match node.acknowledge(&mut router.session.acks).await {
+                Err(e) => ack_error = Some(crate::front::commands::misconf(&e.to_string())),
                 // A backup refused one of this round's writes: the round's local writes are
                 // not told apart here, so each reports that it is in doubt.
                 Ok(refused) => {

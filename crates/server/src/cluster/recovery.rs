@@ -18,6 +18,7 @@
 //! (`/status`, `ramlog status`).
 
 use crate::cluster::Member;
+use crate::node::figures::JobFigures;
 use crate::node::Node;
 use parking_lot::Mutex;
 use ramlog_cluster::rpc::{Request, Response};
@@ -54,24 +55,6 @@ struct Job {
     done: AtomicBool,
     finished: Mutex<Option<Instant>>,
     error: Mutex<String>,
-}
-
-/// What `/status` shows of one job.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct JobFigures {
-    /// "restore" or "copy".
-    pub kind: &'static str,
-    pub table: u64,
-    pub first_slot: u16,
-    pub last_slot: u16,
-    pub epoch: u64,
-    /// The backup a copy goes to.
-    pub backup: Option<ServerId>,
-    pub objects: u64,
-    pub bytes: u64,
-    pub millis: u64,
-    pub done: bool,
-    pub error: String,
 }
 
 /// The restores and copies of one server.
@@ -263,9 +246,7 @@ fn restore(
     job: &Job,
 ) -> Result<(), String> {
     let started = Instant::now();
-    let duty = node
-        .cluster_duty()
-        .ok_or("this server has no backup store")?;
+    let duty = &**member;
     tracing::warn!(
         table = t.table,
         first_slot = t.first_slot,
@@ -397,12 +378,10 @@ fn promote_mirror(
     node: &Arc<Node>,
     member: &Arc<Member>,
     t: &TabletInfo,
-    mirror: &crate::mirror::MirrorTablet,
+    mirror: &crate::cluster::mirror::MirrorTablet,
     started: Instant,
 ) -> Result<(), String> {
-    let duty = node
-        .cluster_duty()
-        .ok_or("this server has no backup store")?;
+    let duty = &**member;
     if !still_restoring(member, t) {
         return Err("the map no longer asks for this restore".into());
     }
@@ -497,9 +476,7 @@ fn copy(
     address: &str,
     job: &Job,
 ) -> Result<(), String> {
-    let duty = node
-        .cluster_duty()
-        .ok_or("this server has no replication")?;
+    let duty = &**member;
     let tablet = member
         .created_tablet(t.table, t.first_slot)
         .ok_or("the tablet is not in memory here")?;

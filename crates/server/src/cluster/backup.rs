@@ -13,7 +13,7 @@
 //! defines for every layer, a malformed entry inside a well-framed unit) is refused alone: the
 //! backup answers `REPL_REFUSED` with the unit's stream range before any acknowledgement that
 //! covers it, skips it, and takes the rest of the stream (the master fails that write and
-//! re-sends the key's current state; see [`crate::replication`]). A refused unit that is resent
+//! re-sends the key's current state; see [`crate::cluster::replication`]). A refused unit that is resent
 //! after a reconnection is refused again from memory. Refusals are counted (`refused_content`)
 //! and logged once per master and reason.
 //!
@@ -32,6 +32,7 @@
 //! id ([`store_tablet`]); replay groups by it. Resent units (after a reconnection) that this
 //! process already appended are skipped by their stream offset.
 
+use crate::cluster::membership::Member;
 use crate::node::Node;
 use parking_lot::{Condvar, Mutex};
 use ramlog_backup::{Backup, Entry, Stage, Ticket};
@@ -134,7 +135,7 @@ pub struct BackupService {
 
 impl BackupService {
     /// Opens (or creates) the store in `<data_dir>/backup`.
-    pub fn open(config: &crate::ServerConfig) -> Result<Arc<BackupService>, crate::ServerError> {
+    pub fn open(config: &crate::node::config::ServerConfig) -> std::io::Result<Arc<BackupService>> {
         let dir = config.data_dir.join("backup");
         let store_config = ramlog_backup::Config {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
@@ -147,10 +148,7 @@ impl BackupService {
             Backup::open(&dir, store_config.clone()).map_err(|e| e.to_string())
         };
         let store = open().map_err(|e| {
-            crate::ServerError::Io(std::io::Error::other(format!(
-                "backup store in {}: {e}",
-                dir.display()
-            )))
+            std::io::Error::other(format!("backup store in {}: {e}", dir.display()))
         })?;
         let mut epochs = HashMap::new();
         for id in store.tablets() {
@@ -316,10 +314,10 @@ impl BackupService {
         v
     }
 
-    pub fn figures(&self) -> crate::replication::BackupSideFigures {
+    pub fn figures(&self) -> crate::node::figures::BackupSideFigures {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        crate::replication::BackupSideFigures {
+        crate::node::figures::BackupSideFigures {
             connections: load(&c.connections),
             frames: load(&c.frames),
             units: load(&c.units),
@@ -355,8 +353,12 @@ impl BackupService {
     }
 
     /// Checks a replication hello against this server; an error is the refusal to send.
-    pub fn check_hello(&self, node: &Node, hello: &Hello) -> Result<(), (Status, String)> {
-        let Some(member) = node.cluster() else {
+    pub fn check_hello(
+        &self,
+        member: Option<&Member>,
+        hello: &Hello,
+    ) -> Result<(), (Status, String)> {
+        let Some(member) = member else {
             return Err((
                 Status::Unsupported,
                 "this server is not in a cluster; it takes no replication".into(),
@@ -391,6 +393,7 @@ impl BackupService {
     pub fn serve(
         self: &Arc<Self>,
         node: Arc<Node>,
+        member: Arc<Member>,
         socket: TcpStream,
         input: Vec<u8>,
         hello: Hello,
@@ -435,7 +438,7 @@ impl BackupService {
         if let Ok(s) = socket.try_clone() {
             self.sockets.lock().push((token, s));
         }
-        let result = self.read_loop(&node, socket, input, &hello, &acks, &writer);
+        let result = self.read_loop((&node, &member), socket, input, &hello, &acks, &writer);
         self.sockets.lock().retain(|(t, _)| *t != token);
         if let Err((status, message)) = result {
             tracing::warn!(master = hello.master, ?status, %message, "replication frame refused; closing");
@@ -454,7 +457,7 @@ impl BackupService {
 
     fn read_loop(
         &self,
-        node: &Node,
+        (node, member): (&Node, &Member),
         mut socket: TcpStream,
         mut input: Vec<u8>,
         hello: &Hello,
@@ -500,7 +503,7 @@ impl BackupService {
                 }
                 let body = &input[at + HEADER_LEN..at + header.frame_bytes()];
                 at += header.frame_bytes();
-                self.take_batch(node, body, hello, acks, &mut |frames| {
+                self.take_batch(node, Some(member), body, hello, acks, &mut |frames| {
                     writer.lock().write_all(frames)
                 })?;
                 taken = true;
@@ -530,6 +533,7 @@ impl BackupService {
     fn take_batch(
         &self,
         node: &Node,
+        member: Option<&Member>,
         body: &[u8],
         hello: &Hello,
         acks: &Acks,
@@ -574,7 +578,7 @@ impl BackupService {
                 Err(UnitError::Frame(e)) => return Err(refuse_bad(e)),
             }
         }
-        let view = node.cluster().map(|m| m.view());
+        let view = member.map(|m| m.view());
         {
             let mut epochs = self.epochs.lock();
             for u in &units {
@@ -637,7 +641,7 @@ impl BackupService {
                 store_tablet(u.head.table, u.head.first_slot, u.head.epoch).expect("checked above");
             // A mirror applies the unit to its memory before logging it (a refusal is resent
             // whole, and applying twice keeps the same version).
-            if let Some(member) = node.cluster() {
+            if let Some(member) = member {
                 if let Err(e) = member.mirrors.apply_unit(
                     node,
                     u64::from(u.head.table),
@@ -1002,10 +1006,10 @@ mod tests {
     use ramlog_proto::repl::{encode_batch_body, encode_unit, ReplEntry, UnitHead};
 
     fn service(dir: &std::path::Path) -> (Arc<BackupService>, Arc<Node>) {
-        let config = crate::ServerConfig {
+        let config = crate::node::config::ServerConfig {
             data_dir: dir.to_path_buf(),
             memory_bytes: 64 << 20,
-            ..crate::ServerConfig::default()
+            ..crate::node::config::ServerConfig::default()
         };
         let backup = BackupService::open(&config).unwrap();
         let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
@@ -1203,7 +1207,7 @@ mod tests {
                     let mut refusals = Vec::new();
                     let units_before = backup.counters.units.load(Ordering::Relaxed);
                     backup
-                        .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+                        .take_batch(&node, None, &body, &hello(1), &a, &mut |f| {
                             refusals.extend_from_slice(f);
                             Ok(())
                         })
@@ -1257,7 +1261,7 @@ mod tests {
         encode_batch_body(&mut body, 0, 0, &units);
         let mut sent = Vec::new();
         backup
-            .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+            .take_batch(&node, None, &body, &hello(1), &a, &mut |f| {
                 sent.extend_from_slice(f);
                 Ok(())
             })
@@ -1278,7 +1282,7 @@ mod tests {
         // Resent after a reconnection: nothing appended again, the refusal answered again.
         let mut again = Vec::new();
         backup
-            .take_batch(&node, &body, &hello(1), &a, &mut |f| {
+            .take_batch(&node, None, &body, &hello(1), &a, &mut |f| {
                 again.extend_from_slice(f);
                 Ok(())
             })
@@ -1303,18 +1307,18 @@ mod tests {
         let a = acks();
         let (b1, end1) = batch(0, 3, b"k", b"epoch3", 10);
         backup
-            .take_batch(&node, &b1, &hello(1), &a, &mut |_| Ok(()))
+            .take_batch(&node, None, &b1, &hello(1), &a, &mut |_| Ok(()))
             .unwrap();
         assert_eq!(a.buffered.load(Ordering::Relaxed), end1);
         // The same units again (a reconnection resends from the last durable offset): skipped.
         backup
-            .take_batch(&node, &b1, &hello(1), &a, &mut |_| Ok(()))
+            .take_batch(&node, None, &b1, &hello(1), &a, &mut |_| Ok(()))
             .unwrap();
         assert_eq!(backup.counters.units_skipped.load(Ordering::Relaxed), 1);
         // A frame from an older epoch of the tablet is refused, and nothing of it is appended.
         let (b2, _) = batch(end1, 2, b"k", b"zombie", 11);
         let (status, message) = backup
-            .take_batch(&node, &b2, &hello(1), &a, &mut |_| Ok(()))
+            .take_batch(&node, None, &b2, &hello(1), &a, &mut |_| Ok(()))
             .unwrap_err();
         assert_eq!(status, Status::Fenced, "{message}");
         assert!(message.contains("stale epoch"), "{message}");
@@ -1322,7 +1326,7 @@ mod tests {
         let (b3, _) = batch(0, 2, b"k", b"zombie", 12);
         assert_eq!(
             backup
-                .take_batch(&node, &b3, &hello(2), &a, &mut |_| Ok(()))
+                .take_batch(&node, None, &b3, &hello(2), &a, &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::Fenced
@@ -1330,12 +1334,12 @@ mod tests {
         // A newer epoch is taken, and raises the fence.
         let (b4, _) = batch(0, 4, b"k", b"epoch4", 13);
         backup
-            .take_batch(&node, &b4, &hello(3), &a, &mut |_| Ok(()))
+            .take_batch(&node, None, &b4, &hello(3), &a, &mut |_| Ok(()))
             .unwrap();
         let (b5, _) = batch(end1, 3, b"j", b"late", 14);
         assert_eq!(
             backup
-                .take_batch(&node, &b5, &hello(1), &a, &mut |_| Ok(()))
+                .take_batch(&node, None, &b5, &hello(1), &a, &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::Fenced
@@ -1345,7 +1349,7 @@ mod tests {
         *bad.last_mut().unwrap() ^= 1;
         assert_eq!(
             backup
-                .take_batch(&node, &bad, &hello(3), &a, &mut |_| Ok(()))
+                .take_batch(&node, None, &bad, &hello(3), &a, &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::BadRequest
@@ -1353,7 +1357,7 @@ mod tests {
         let (gap, _) = batch(end1 * 10, 4, b"g", b"gap", 15);
         assert_eq!(
             backup
-                .take_batch(&node, &gap, &hello(3), &a, &mut |_| Ok(()))
+                .take_batch(&node, None, &gap, &hello(3), &a, &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::BadRequest
@@ -1374,7 +1378,7 @@ mod tests {
         let (b6, _) = batch(0, 3, b"k", b"after-restart", 20);
         assert_eq!(
             again
-                .take_batch(&node, &b6, &hello(9), &acks(), &mut |_| Ok(()))
+                .take_batch(&node, None, &b6, &hello(9), &acks(), &mut |_| Ok(()))
                 .unwrap_err()
                 .0,
             Status::Fenced

@@ -2,7 +2,7 @@
 //!
 //! Precedence, lowest to highest: built-in defaults, the TOML file (`--config FILE` or
 //! `RAMLOG_CONFIG`), environment variables (`RAMLOG_*`), command-line flags. The CLI layer
-//! ([`crate::cli`]) turns flags and environment variables into a [`ConfigOverrides`]; this module
+//! (`ramlog server`'s command line) turns flags and environment variables into a [`ConfigOverrides`]; this module
 //! knows nothing of clap. Every limit has a named field with its unit in the name.
 
 use serde::{Deserialize, Deserializer, Serialize};

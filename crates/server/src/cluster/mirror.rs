@@ -16,6 +16,7 @@
 //! mirror's acknowledgement as `sync` waits for every backup's, so a mirrored table keeps
 //! `sync`'s promise and gains a fail-over without replay.
 
+use crate::node::figures::MirrorFigures;
 use crate::node::Node;
 use parking_lot::{Condvar, Mutex};
 use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
@@ -68,17 +69,6 @@ impl MirrorTablet {
     pub fn is_ready(&self) -> bool {
         matches!(*self.phase.lock(), Phase::Ready)
     }
-}
-
-/// One mirrored tablet in `/status` (`metrics.replication.mirrors`).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct MirrorFigures {
-    pub table: TableId,
-    pub first_slot: u16,
-    /// "clearing", "building", "ready" or "failed: ...".
-    pub state: String,
-    /// Since the mirror started.
-    pub millis: u64,
 }
 
 /// The tablets this server mirrors, by (table, first slot).
@@ -238,10 +228,11 @@ pub fn apply(
         });
         mirrors.insert(t.table, t.first_slot, mirror.clone());
         let node = node.clone();
+        let backup = member.backup.clone();
         let (table, first_slot, epoch) = (t.table, t.first_slot, t.epoch);
         let spawned = std::thread::Builder::new()
             .name(format!("mirror-{table}-{first_slot}"))
-            .spawn(move || build(&node, &mirror, table, first_slot, epoch));
+            .spawn(move || build(&node, &backup, &mirror, table, first_slot, epoch));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a mirror build");
         }
@@ -271,11 +262,15 @@ fn clear(engine: &ramlog_logmem::Engine, tablet: TabletId) -> Result<(), String>
 
 /// Builds the mirror's memory from this server's backup logs of the tablet (every epoch up to
 /// `epoch`), skipping records older than a delete applied live meanwhile.
-fn build(node: &Node, mirror: &MirrorTablet, table: TableId, first_slot: u16, epoch: u64) {
-    let result = (|| {
-        let duty = node
-            .cluster_duty()
-            .ok_or("this server has no backup store")?;
+fn build(
+    node: &Node,
+    backup: &crate::cluster::backup::BackupService,
+    mirror: &MirrorTablet,
+    table: TableId,
+    first_slot: u16,
+    epoch: u64,
+) {
+    let result = (|| -> Result<u64, String> {
         let engine = node.engine();
         if matches!(*mirror.phase.lock(), Phase::Clearing) {
             clear(engine, mirror.engine_tablet)?;
@@ -285,7 +280,7 @@ fn build(node: &Node, mirror: &MirrorTablet, table: TableId, first_slot: u16, ep
         }
         let mut first_error = None;
         let mut objects = 0u64;
-        duty.backup
+        backup
             .replay_for_restore(table, first_slot, epoch + 1, |e| {
                 let phase = mirror.phase.lock();
                 if let Phase::Building { deletes } = &*phase {

@@ -7,8 +7,8 @@
 //! so a deep pipeline is served in batches and a client that does not read its replies blocks only
 //! itself, until `write_timeout_secs` closes it).
 
-use crate::commands::{execute, misconf, Session};
-use crate::metrics::{BufferGauge, Metrics};
+use crate::front::commands::{execute, misconf, Session};
+use crate::node::metrics::{BufferGauge, Metrics};
 use crate::node::{Node, NodeError};
 use ramlog_proto::resp::{ReplyEncoder, Request, RequestDecoder, RequestLimits};
 use std::sync::Arc;
@@ -30,10 +30,15 @@ pub enum Ending {
     IoError,
 }
 
-pub async fn serve_resp(mut stream: TcpStream, shared: Arc<Node>, client_id: u64) -> Ending {
+pub async fn serve_resp(
+    mut stream: TcpStream,
+    shared: Arc<Node>,
+    cluster: Option<Arc<crate::cluster::Roles>>,
+    client_id: u64,
+) -> Ending {
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
-    let mut session = Session::new(client_id, shared.password_required());
+    let mut session = Session::new(client_id, shared.password_required(), cluster);
     let decoder = RequestDecoder::new(request_limits(config));
     let mut request = Request::default();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -135,7 +140,7 @@ pub(crate) async fn read_more(
 }
 
 /// The RESP request limits of this server's configuration.
-pub fn request_limits(config: &crate::ServerConfig) -> RequestLimits {
+pub fn request_limits(config: &crate::node::config::ServerConfig) -> RequestLimits {
     RequestLimits {
         bulk_len_max: config.request_arg_size_max_bytes as usize,
         array_len_max: config.request_args_max,
@@ -154,26 +159,23 @@ async fn flush(
     out: &mut Vec<u8>,
     write_timeout: Duration,
 ) -> Result<(), Ending> {
-    if !session.write_replies.is_empty() || !session.repl_needs.is_empty() {
-        if node.acknowledgement_waits(&session.repl_needs) {
-            let failures: Vec<Option<String>> =
-                match node.acknowledge(&mut session.repl_needs).await {
-                    Err(e) => {
-                        let reason = match &e {
-                            NodeError::WritesRefused { reason } => reason.clone(),
-                            other => other.to_string(),
-                        };
-                        let error = misconf(&reason);
-                        vec![Some(error); session.write_replies.len()]
-                    }
-                    Ok(refused) if refused.is_empty() => Vec::new(),
-                    Ok(refused) => {
-                        crate::replication::refused_replies(&session.write_replies, &refused)
-                            .into_iter()
-                            .map(|r| r.map(|reason| format!("ERR {}", one_line(reason))))
-                            .collect()
-                    }
-                };
+    if !session.write_replies.is_empty() || !session.acks.is_empty() {
+        if node.acknowledgement_waits(&session.acks) {
+            let failures: Vec<Option<String>> = match node.acknowledge(&mut session.acks).await {
+                Err(e) => {
+                    let reason = match &e {
+                        NodeError::WritesRefused { reason } => reason.clone(),
+                        other => other.to_string(),
+                    };
+                    let error = misconf(&reason);
+                    vec![Some(error); session.write_replies.len()]
+                }
+                Ok(refused) if refused.is_empty() => Vec::new(),
+                Ok(refused) => crate::node::refused_replies(&session.write_replies, &refused)
+                    .into_iter()
+                    .map(|r| r.map(|reason| format!("ERR {}", one_line(reason))))
+                    .collect(),
+            };
             let failed = failures.iter().filter(|f| f.is_some()).count();
             if failed > 0 {
                 withdraw_write_replies(out, &session.write_replies, &failures, session.protocol);
@@ -200,7 +202,7 @@ async fn flush(
 /// replaced by that error.
 fn withdraw_write_replies(
     out: &mut Vec<u8>,
-    replies: &[crate::replication::HeldReply],
+    replies: &[crate::node::HeldReply],
     failures: &[Option<String>],
     protocol: u8,
 ) {

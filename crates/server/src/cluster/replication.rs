@@ -7,10 +7,11 @@
 //! is encoded once and appended to the **stream** of every backup of the tablet: one stream per
 //! (this master, backup) pair, whatever tablets they share. A sender thread per stream carries its
 //! bytes in `REPL_BATCH` frames over one native-protocol connection; a reader thread takes the
-//! backup's `REPL_ACK`s (buffered, durable). The unit's end offset in each stream becomes a
-//! [`Need`] of the connection that made the write, collected through a thread-local (the write
-//! runs synchronously on the connection's thread) with [`take_needs`]; before the replies go out,
-//! the connection awaits [`Replication::wait`]:
+//! backup's `REPL_ACK`s (buffered, durable). The unit's end offset in each stream becomes a wait
+//! in the [`Acks`] of the connection that made the write: the engine runs the write (and calls
+//! the observer) synchronously on the connection's thread, and the node moves what the observer
+//! left in a thread-local into the caller's `Acks` right after the call ([`collect`]); before the
+//! replies go out, the node awaits [`Replication::wait`]:
 //! - `async`: nothing, unless more than `replication_in_flight_bytes` of the stream are not yet
 //!   durable on the backup: then the reply waits until the backup is back under the bound
 //!   (back-pressure that bounds the memory a stream holds);
@@ -57,7 +58,9 @@
 //! [`FRAME_UNITS_MAX`] bytes; both are reported as `replication_buffers` (with the backup side's
 //! read buffers) and counted against the memory budget.
 
-use crate::metrics::{Histogram, HistogramSnapshot};
+use crate::node::acks::{AckItem, Acks, RefusedWrite};
+use crate::node::figures::{ModeFigures, StreamFigures};
+use crate::node::metrics::Histogram;
 use arc_swap::ArcSwap;
 use parking_lot::{Condvar, Mutex};
 use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
@@ -99,7 +102,7 @@ pub const MODES: [ReplicationMode; 3] = [
     ReplicationMode::Durable,
 ];
 
-fn mode_index(mode: ReplicationMode) -> usize {
+fn mode_index(mode: ReplicationMode) -> u8 {
     match mode {
         ReplicationMode::Async => 0,
         // A mirror table replicates as `sync` until mirrors exist.
@@ -124,145 +127,23 @@ struct Route {
     streams: Vec<Arc<Stream>>,
 }
 
-/// One connection's wait for one stream: what the backup must have acknowledged before the
-/// replies to the writes behind it may go out.
-#[derive(Debug)]
-pub struct Need {
-    stream: Arc<Stream>,
-    /// Stream offset the backup must hold in its write buffer.
-    buffered: u64,
-    /// Stream offset the backup must have on disk.
-    durable: u64,
-    mode: usize,
-    /// When the first write behind this need was applied.
-    since: Instant,
-}
-
-/// One unit a connection's write appended to one stream (for `sync`, `durable` and `mirror`
-/// tables): how a refusal of that unit finds the reply it must fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct UnitMark {
-    /// The stream (its address: a stream outlives the needs that name it).
-    stream: usize,
-    end: u64,
-}
-
-/// The waits a connection collected from its writes since its last replies went out, and the
-/// units behind them in order (see [`Needs::units_len`]).
-#[derive(Default, Debug)]
-pub struct Needs {
-    items: Vec<Need>,
-    units: Vec<UnitMark>,
-}
-
-/// A unit of the connection's writes that a backup refused: the index of its mark (counted as
-/// [`Needs::units_len`] counts) and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RefusedWrite {
-    pub unit: usize,
-    pub reason: String,
-}
-
-/// A reply held until the writes (or the reads) behind it are acknowledged: where it lies in its
-/// connection's output, and the units its request appended (see [`Needs::units_len`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeldReply {
-    pub start: usize,
-    pub end: usize,
-    pub units_from: usize,
-    pub units_to: usize,
-}
-
-/// For each held reply, in order: None if it stands, or why it must fail (a backup refused one
-/// of its units).
-pub fn refused_replies<'a>(
-    held: &[HeldReply],
-    refused: &'a [RefusedWrite],
-) -> Vec<Option<&'a str>> {
-    held.iter()
-        .map(|h| {
-            refused
-                .iter()
-                .find(|r| (h.units_from..h.units_to).contains(&r.unit))
-                .map(|r| r.reason.as_str())
-        })
-        .collect()
-}
-
-impl Needs {
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// Units recorded so far: a front end notes this before and after each request, and a
-    /// [`RefusedWrite`] whose `unit` falls in between belongs to that request's reply.
-    pub fn units_len(&self) -> usize {
-        self.units.len()
-    }
-
-    fn add(&mut self, stream: &Arc<Stream>, mode: usize, buffered: u64, durable: u64) {
-        for n in self.items.iter_mut() {
-            if Arc::ptr_eq(&n.stream, stream) && n.mode == mode {
-                n.buffered = n.buffered.max(buffered);
-                n.durable = n.durable.max(durable);
-                return;
-            }
-        }
-        self.items.push(Need {
-            stream: stream.clone(),
-            buffered,
-            durable,
-            mode,
-            since: Instant::now(),
-        });
-    }
-
-    /// Moves every need of `other` into this one.
-    pub fn absorb(&mut self, other: &mut Needs) {
-        self.units.append(&mut other.units);
-        for n in other.items.drain(..) {
-            let since = n.since;
-            self.add(&n.stream, n.mode, n.buffered, n.durable);
-            if let Some(m) = self
-                .items
-                .iter_mut()
-                .find(|m| Arc::ptr_eq(&m.stream, &n.stream) && m.mode == n.mode)
-            {
-                m.since = m.since.min(since);
-            }
-        }
-    }
-}
-
 thread_local! {
-    /// Whether a read on this thread since the last [`take_read_waits`] must wait (see the
-    /// module comment).
-    static READ_WAITS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// What the writes and reads run on this thread since the node last collected them wait for
+    /// (see the module comment).
+    static PENDING: RefCell<Acks> = RefCell::new(Acks::default());
 }
 
-/// Whether a read since the last call made the connection's replies wait (its reply must then be
-/// withdrawn, like a write's, if the wait fails).
-pub fn take_read_waits() -> bool {
-    READ_WAITS.with(|c| c.replace(false))
-}
-
-thread_local! {
-    /// Needs of the writes applied on this thread since the connection running them last took
-    /// them (see the module comment).
-    static PENDING: RefCell<Needs> = RefCell::new(Needs::default());
-}
-
-/// Moves the needs of the writes this thread applied since the last call into `into`. Call it
-/// right after running requests, before any `.await`: a task may move to another thread there.
-pub fn take_needs(into: &mut Needs) {
+/// Moves what the writes and reads this thread ran since the last call wait for into `into`
+/// (the node calls it, through [`crate::cluster::Roles`], right after each data call, before any
+/// `.await`: a task may move to another thread there).
+pub fn collect(into: &mut Acks) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         if p.is_empty() {
             return;
         }
         if acks_broken() {
-            p.items.clear();
-            p.units.clear();
+            p.clear();
         } else {
             into.absorb(&mut p);
         }
@@ -355,32 +236,6 @@ struct Refusal {
 /// Refusals remembered per stream: far more than can be in flight at once.
 const REFUSALS_KEPT: usize = 1024;
 
-/// Figures of one stream for `/metrics`, `INFO replication` and `ramlog status`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StreamFigures {
-    pub backup: ServerId,
-    pub address: String,
-    pub connected: bool,
-    /// Bytes appended and not yet durable on the backup.
-    pub bytes_in_flight: u64,
-    pub entries_in_flight: u64,
-    /// Bytes appended and not yet in the backup's write buffer.
-    pub bytes_unbuffered: u64,
-    /// Age of the oldest unit the backup has not yet made durable (0 = none).
-    pub lag_ms: u64,
-    pub offset: u64,
-    pub acked_buffered: u64,
-    pub acked_durable: u64,
-    pub connects: u64,
-    pub frames_sent: u64,
-    pub bytes_sent: u64,
-    pub units: u64,
-    pub entries: u64,
-    /// Units the backup refused for their content.
-    pub refused: u64,
-    pub last_error: String,
-}
-
 impl Stream {
     fn new(backup: ServerId, address: String) -> Stream {
         Stream {
@@ -434,7 +289,7 @@ impl Stream {
         end
     }
 
-    fn satisfied(&self, need: &Need) -> bool {
+    fn satisfied(&self, need: &AckItem) -> bool {
         self.acked_buffered.load(Ordering::Acquire) >= need.buffered
             && self.acked_durable.load(Ordering::Acquire) >= need.durable
     }
@@ -552,56 +407,14 @@ pub struct Suspect {
     pub failing: bool,
 }
 
-/// Per-mode acknowledgement figures.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ModeFigures {
-    pub mode: &'static str,
-    pub acknowledged: u64,
-    pub latency: HistogramSnapshot,
-}
-
-/// Counters of the backup side (see [`crate::backup_service`]).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct BackupSideFigures {
-    pub connections: u64,
-    pub frames: u64,
-    pub units: u64,
-    pub entries: u64,
-    pub bytes: u64,
-    pub units_skipped: u64,
-    pub refused_fenced: u64,
-    pub refused_bad: u64,
-    pub refused_store: u64,
-    /// Units refused for their content (see [`crate::backup_service`]).
-    pub refused_content: u64,
-    pub syncs_requested: u64,
-    /// Tablets (one per table, first slot and epoch) in the backup store.
-    pub tablets: u64,
-}
-
-/// Everything replication reports, for `/metrics`, `/status`, `INFO replication` and `ramlog
-/// status`.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ReplicationFigures {
-    /// This server as a master: one entry per backup it streams to.
-    pub streams: Vec<StreamFigures>,
-    /// Acknowledgement latency per table mode (the time a reply waited for its backups).
-    pub modes: Vec<ModeFigures>,
-    /// This server as a backup.
-    pub backup: BackupSideFigures,
-    /// Restores and copies after failures (running, and finished in the last minute).
-    pub recovery: Vec<crate::recovery::JobFigures>,
-    /// Milliseconds past its lease without an answer from the coordinator (0: the lease holds).
-    pub lease_expired_ms: u64,
-    /// Tablets this server mirrors (table mode `mirror`).
-    pub mirrors: Vec<crate::mirror::MirrorFigures>,
-}
-
 /// The master side of replication of one server; see the module comment.
 pub struct Replication {
     identity: ArcSwap<Identity>,
     routes: ArcSwap<Vec<Option<Arc<Route>>>>,
     streams: Mutex<HashMap<ServerId, Arc<Stream>>>,
+    /// The streams in use by their ids (what a connection's [`Acks`] names them by); replaced
+    /// whenever the set of streams changes, read without a lock by the waits.
+    by_id: ArcSwap<HashMap<u64, Arc<Stream>>>,
     in_flight_max: u64,
     backup_timeout: Duration,
     password: Option<String>,
@@ -641,18 +454,18 @@ impl Replication {
             {
                 continue;
             }
-            PENDING.with(|p| p.borrow_mut().add(stream, mode, end, need_durable));
-            READ_WAITS.with(|c| c.set(true));
+            PENDING.with(|p| p.borrow_mut().add(stream.nonce, mode, end, need_durable));
         }
     }
 }
 
 impl Replication {
-    pub fn new(config: &crate::ServerConfig) -> Arc<Replication> {
+    pub fn new(config: &crate::node::config::ServerConfig) -> Arc<Replication> {
         Arc::new(Replication {
             identity: ArcSwap::from_pointee(Identity::default()),
             routes: ArcSwap::from_pointee(Vec::new()),
             streams: Mutex::new(HashMap::new()),
+            by_id: ArcSwap::from_pointee(HashMap::new()),
             in_flight_max: config.replication_in_flight_bytes.max(1 << 16),
             backup_timeout: Duration::from_millis(config.backup_timeout_ms.max(1)),
             password: config.password.clone(),
@@ -745,6 +558,10 @@ impl Replication {
                 streams: route_streams,
             }));
         }
+        // Every stream a route names is known by id before any write can add a wait on it.
+        self.by_id.store(Arc::new(
+            streams.values().map(|s| (s.nonce, s.clone())).collect(),
+        ));
         self.routes.store(Arc::new(routes));
         streams.retain(|id, s| {
             let keep = used.contains(id);
@@ -758,6 +575,9 @@ impl Replication {
             }
             keep
         });
+        self.by_id.store(Arc::new(
+            streams.values().map(|s| (s.nonce, s.clone())).collect(),
+        ));
     }
 
     /// Stops every stream (the server is stopping): waiting replies fail.
@@ -778,11 +598,16 @@ impl Replication {
     /// promise cannot be kept (the server is stopping, or no acknowledgement came in time): the
     /// replies must not claim the writes. Ok names the units of `needs` that a backup refused:
     /// the replies of those writes must fail, the others stand.
-    pub async fn wait(&self, needs: &mut Needs) -> Result<Vec<RefusedWrite>, String> {
-        let units = std::mem::take(&mut needs.units);
+    pub async fn wait(&self, acks: &mut Acks) -> Result<Vec<RefusedWrite>, String> {
+        let (items, units) = acks.take();
+        let by_id = self.by_id.load();
         let mut refused_streams: Vec<Arc<Stream>> = Vec::new();
-        for need in needs.items.drain(..) {
-            let stream = &need.stream;
+        for need in items {
+            // A stream no longer in use (its backup left every tablet's set) waits for nothing:
+            // see `retired` below.
+            let Some(stream) = by_id.get(&need.stream) else {
+                continue;
+            };
             let deadline = need.since + self.ack_timeout;
             loop {
                 let notified = stream.acked.notified();
@@ -816,17 +641,21 @@ impl Replication {
                 }
                 let _ = tokio::time::timeout(WAIT_RECHECK.min(deadline - now), notified).await;
             }
-            self.latency[need.mode].record(need.since.elapsed());
-            self.acknowledged[need.mode].fetch_add(1, Ordering::Relaxed);
+            let mode = usize::from(need.mode).min(MODES.len() - 1);
+            self.latency[mode].record(need.since.elapsed());
+            self.acknowledged[mode].fetch_add(1, Ordering::Relaxed);
             if stream.refused.load(Ordering::Acquire) > 0 {
-                refused_streams.push(need.stream.clone());
+                refused_streams.push(stream.clone());
             }
         }
         let mut refused = Vec::new();
         for stream in &refused_streams {
             let r = stream.refusals.lock();
-            let at = Arc::as_ptr(stream) as usize;
-            for (i, mark) in units.iter().enumerate().filter(|(_, m)| m.stream == at) {
+            for (i, mark) in units
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.stream == stream.nonce)
+            {
                 if let Some(x) = r.list.iter().find(|x| x.end == mark.end && !x.repair) {
                     refused.push(RefusedWrite {
                         unit: i,
@@ -1214,12 +1043,9 @@ impl WriteObserver for Replication {
                         ReplicationMode::Sync | ReplicationMode::Mirror => (end, bound),
                         ReplicationMode::Durable => (end, end),
                     };
-                    p.add(stream, mode, buffered, durable_at);
+                    p.add(stream.nonce, mode, buffered, durable_at);
                     if route.mode != ReplicationMode::Async {
-                        p.units.push(UnitMark {
-                            stream: Arc::as_ptr(stream) as usize,
-                            end,
-                        });
+                        p.add_unit(stream.nonce, end);
                     }
                 }
             });

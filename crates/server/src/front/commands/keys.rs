@@ -7,7 +7,12 @@ pub(super) fn cmd_del(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let mut deleted = 0;
     for key in &args[1..] {
-        match node.delete(node.tablet_of(key), key, Condition::None) {
+        match node.delete(
+            node.tablet_of(key),
+            key,
+            Condition::None,
+            &mut ctx.session.acks,
+        ) {
             Ok(Some(_)) => deleted += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
@@ -20,7 +25,7 @@ pub(super) fn cmd_exists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let mut found = 0;
     for key in &args[1..] {
-        match node.get(node.tablet_of(key), key) {
+        match node.get(node.tablet_of(key), key, &mut ctx.session.acks) {
             Ok(Some(_)) => found += 1,
             Ok(None) => {}
             Err(e) => return engine_error(ctx, &e),
@@ -31,7 +36,7 @@ pub(super) fn cmd_exists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 pub(super) fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
-    match node.get(node.tablet_of(args[1]), args[1]) {
+    match node.get(node.tablet_of(args[1]), args[1], &mut ctx.session.acks) {
         Ok(Some(_)) => ctx.enc.simple("string"),
         Ok(None) => ctx.enc.simple("none"),
         Err(e) => engine_error(ctx, &e),
@@ -125,7 +130,7 @@ pub(super) fn cmd_dbsize(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 /// Remaining time to live: -2 no key, -1 no expiry.
 pub(super) fn ttl_common(ctx: &mut Ctx<'_>, key: &[u8], unit_ms: u64, absolute: bool) {
     let node = ctx.node;
-    match node.get(node.tablet_of(key), key) {
+    match node.get(node.tablet_of(key), key, &mut ctx.session.acks) {
         Ok(None) => ctx.enc.integer(-2),
         Ok(Some(o)) if o.expire_at_ms == 0 => ctx.enc.integer(-1),
         Ok(Some(o)) => {
@@ -204,7 +209,7 @@ pub(super) fn expire_common(
     let node = ctx.node;
     let tablet = node.tablet_of(key);
     for _ in 0..64 {
-        let object = match node.get(tablet, key) {
+        let object = match node.get(tablet, key, &mut ctx.session.acks) {
             Ok(Some(o)) => o,
             Ok(None) => return ctx.enc.integer(0),
             Err(e) => return engine_error(ctx, &e),
@@ -224,13 +229,18 @@ pub(super) fn expire_common(
         }
         if at <= now_ms() as i64 {
             // An expiry in the past deletes the key.
-            return match node.delete(tablet, key, Condition::IfVersion(object.version)) {
+            return match node.delete(
+                tablet,
+                key,
+                Condition::IfVersion(object.version),
+                &mut ctx.session.acks,
+            ) {
                 Ok(Some(_)) => ctx.enc.integer(1),
                 Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
                 Err(e) => engine_error(ctx, &e),
             };
         }
-        return match node.set_expiry(tablet, key, at as u64) {
+        return match node.set_expiry(tablet, key, at as u64, &mut ctx.session.acks) {
             Ok(Some(_)) => ctx.enc.integer(1),
             Ok(None) => ctx.enc.integer(0),
             Err(e) => engine_error(ctx, &e),
@@ -260,12 +270,14 @@ pub(super) fn cmd_persist(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let key = args[1];
     let node = ctx.node;
     let tablet = node.tablet_of(key);
-    match node.get(tablet, key) {
-        Ok(Some(o)) if o.expire_at_ms != 0 => match node.set_expiry(tablet, key, 0) {
-            Ok(Some(_)) => ctx.enc.integer(1),
-            Ok(None) => ctx.enc.integer(0),
-            Err(e) => engine_error(ctx, &e),
-        },
+    match node.get(tablet, key, &mut ctx.session.acks) {
+        Ok(Some(o)) if o.expire_at_ms != 0 => {
+            match node.set_expiry(tablet, key, 0, &mut ctx.session.acks) {
+                Ok(Some(_)) => ctx.enc.integer(1),
+                Ok(None) => ctx.enc.integer(0),
+                Err(e) => engine_error(ctx, &e),
+            }
+        }
         Ok(_) => ctx.enc.integer(0),
         Err(e) => engine_error(ctx, &e),
     }
@@ -294,7 +306,7 @@ pub(super) fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 Err(e) => return engine_error(ctx, &e.into()),
             };
             for key in &keys {
-                if let Err(e) = node.delete(tablet, key, Condition::None) {
+                if let Err(e) = node.delete(tablet, key, Condition::None, &mut ctx.session.acks) {
                     return engine_error(ctx, &e);
                 }
             }

@@ -90,12 +90,12 @@ fn histogram_lines(s: &mut String, metric: &str, label: &str, value: &str, h: &H
 }
 
 /// The replication part of `/metrics`: per backup stream, per mode, and the backup side.
-fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFigures) {
+fn replication_prometheus(s: &mut String, r: &crate::node::figures::ReplicationFigures) {
     type StreamGauge = (
         &'static str,
         &'static str,
         &'static str,
-        fn(&crate::replication::StreamFigures) -> String,
+        fn(&crate::node::figures::StreamFigures) -> String,
     );
     let per_stream: [StreamGauge; 8] = [
         (
@@ -232,7 +232,7 @@ fn replication_prometheus(s: &mut String, r: &crate::replication::ReplicationFig
 }
 
 /// `INFO replication`: Redis's fields, then one line per backup stream and per mode.
-fn replication_info(s: &mut String, r: Option<&crate::replication::ReplicationFigures>) {
+fn replication_info(s: &mut String, r: Option<&crate::node::figures::ReplicationFigures>) {
     let connected = r.map_or(0, |r| r.streams.iter().filter(|f| f.connected).count());
     let _ = write!(
         s,
@@ -491,27 +491,13 @@ pub struct Snapshot {
     pub keyspace_misses: u64,
     /// Replication and backup duty (cluster servers only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub replication: Option<crate::replication::ReplicationFigures>,
+    pub replication: Option<crate::node::figures::ReplicationFigures>,
     /// Membership figures (cluster servers only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<ClusterFigures>,
+    pub cluster: Option<crate::node::figures::ClusterFigures>,
 }
 
-/// What a cluster server knows of the cluster's recovery from the map it serves, and the room
-/// it reports for restores.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct ClusterFigures {
-    pub map_version: u64,
-    /// Tablets (of the whole cluster) whose master died and that are not restored yet.
-    pub tablets_recovering: u64,
-    /// Of those, the ones no live backup has the memory to restore: their slots answer
-    /// CLUSTERDOWN until one has.
-    pub tablets_waiting_for_room: u64,
-    /// The bytes this server reports it could take for a restore.
-    pub restore_room_bytes: u64,
-}
-
-fn cluster_prometheus(s: &mut String, c: &ClusterFigures) {
+fn cluster_prometheus(s: &mut String, c: &crate::node::figures::ClusterFigures) {
     let gauges = [
         (
             "ramlog_cluster_map_version",
@@ -996,7 +982,7 @@ mod tests {
         assert!(info.contains("ramlog_tablets:48\r\n"));
         assert!(prom.contains("ramlog_tablets 48\n"));
         let mut s = s;
-        s.cluster = Some(ClusterFigures {
+        s.cluster = Some(crate::node::figures::ClusterFigures {
             map_version: 9,
             tablets_recovering: 16,
             tablets_waiting_for_room: 5,

@@ -10,8 +10,8 @@
 //! (`t_string.c`), [`keys`] (keyspace and expiry: `db.c`, `expire.c`), [`connection`] and
 //! [`admin`]. This module holds the command table, the dispatch and what the families share.
 
-use crate::keyspace::glob_match_nocase;
-use crate::metrics::Op;
+use crate::node::keyspace::glob_match_nocase;
+use crate::node::metrics::Op;
 use crate::node::{now_ms, Node, NodeError};
 use ramlog_common::{key_slot, SLOT_COUNT};
 use ramlog_logmem::{Condition, EngineError, Object, PutOptions};
@@ -48,9 +48,12 @@ pub struct Session {
     /// [`Node::acknowledge`] and are replaced by `-MISCONF` errors if it fails, or by an error
     /// of their own if a backup refused one of their writes (inside an EXEC reply too: an array
     /// element may be an error).
-    pub write_replies: Vec<crate::replication::HeldReply>,
-    /// What this connection's writes wait for from the backups (cluster servers).
-    pub repl_needs: crate::replication::Needs,
+    pub write_replies: Vec<crate::node::HeldReply>,
+    /// What this connection's replies wait for (the replication of its writes on a cluster
+    /// server): the node's data calls add to it, [`Node::acknowledge`] waits for it.
+    pub acks: crate::node::Acks,
+    /// A cluster server's roles (None when standalone): where keys live.
+    pub cluster: Option<std::sync::Arc<crate::cluster::Roles>>,
     /// Commands queued since MULTI (None outside a transaction).
     pub multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued after MULTI was refused: EXEC will discard the transaction.
@@ -68,7 +71,17 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: u64, password_required: bool) -> Session {
+    /// This cluster server's membership (None when standalone).
+    #[inline]
+    pub fn member(&self) -> Option<&std::sync::Arc<crate::cluster::Member>> {
+        self.cluster.as_ref().and_then(|c| c.member())
+    }
+
+    pub fn new(
+        id: u64,
+        password_required: bool,
+        cluster: Option<std::sync::Arc<crate::cluster::Roles>>,
+    ) -> Session {
         Session {
             id,
             protocol: 2,
@@ -78,7 +91,8 @@ impl Session {
             lib_ver: None,
             closing: false,
             write_replies: Vec::new(),
-            repl_needs: Default::default(),
+            acks: Default::default(),
+            cluster,
             multi: None,
             multi_failed: false,
             routed: false,
@@ -99,7 +113,7 @@ impl Ctx<'_> {
     /// routing port, nor commands a routing port forwarded here, which answer as a standalone
     /// Redis).
     fn cluster_node(&self) -> bool {
-        self.node.cluster().is_some() && !self.session.routed
+        self.session.member().is_some() && !self.session.routed
     }
 }
 
@@ -556,6 +570,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     let spec = lookup(args[0]);
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
     let mut wrote = false;
+    let (changes_before, units_from) = (session.acks.changes(), session.acks.units_len());
     {
         let protocol = session.protocol;
         let mut ctx = Ctx {
@@ -587,10 +602,10 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             Some(spec)
                 if (!ctx.session.routed || ctx.session.forwarded)
                     && spec.first_key > 0
-                    && node.cluster().is_some() =>
+                    && ctx.session.member().is_some() =>
             {
                 match cluster_check(
-                    node,
+                    ctx.session.member(),
                     spec,
                     args,
                     ctx.session.forwarded,
@@ -609,17 +624,15 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         }
     }
     let failed = out.get(before) == Some(&b'-');
-    // A read that waits for replication is withdrawn like a write if the wait fails.
-    let read_waits = crate::replication::take_read_waits();
-    // Even a failed command may have written (a partial MSET across tablets cannot; EXEC can).
-    let units_from = session.repl_needs.units_len();
-    crate::replication::take_needs(&mut session.repl_needs);
+    // A read that waits for replication is withdrawn like a write if the wait fails. (Even a
+    // failed command may have written: a partial MSET across tablets cannot; EXEC can.)
+    let read_waits = session.acks.changes() != changes_before;
     if (wrote || read_waits) && !failed {
-        session.write_replies.push(crate::replication::HeldReply {
+        session.write_replies.push(crate::node::HeldReply {
             start: before,
             end: out.len(),
             units_from,
-            units_to: session.repl_needs.units_len(),
+            units_to: session.acks.units_len(),
         });
     }
     node.record(op, started.elapsed(), !failed);
@@ -648,13 +661,13 @@ pub fn command_keys<'a, 'b>(
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
 /// in one slot that this server masters. `forwarded`: keys may span slots, each served here.
 fn cluster_check(
-    node: &Node,
+    member: Option<&std::sync::Arc<crate::cluster::Member>>,
     spec: &Spec,
     args: &[&[u8]],
     forwarded: bool,
     readonly: bool,
 ) -> Result<(), String> {
-    let Some(member) = node.cluster() else {
+    let Some(member) = member else {
         return Ok(());
     };
     if forwarded {
@@ -824,7 +837,7 @@ fn eq_ignore_case(a: &[u8], b: &str) -> bool {
 /// Reads the key, counting a hit or a miss.
 fn read(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, NodeError> {
     let node = ctx.node;
-    let found = node.get(node.tablet_of(key), key)?;
+    let found = node.get(node.tablet_of(key), key, &mut ctx.session.acks)?;
     let counter = if found.is_some() {
         &ctx.node.metrics.keyspace_hits
     } else {

@@ -222,3 +222,39 @@ def test_a_unit_a_backup_refuses_fails_that_write_alone_and_the_stream_goes_on(t
             assert entries[b"{refused}before"][0] == b"1" and entries[b"{refused}after"][0] == b"2"
     finally:
         c.stop()
+
+
+def test_a_backup_that_keeps_refusing_is_declared_dead_and_the_stream_goes_on(tmp_path):
+    """One server's fault switch refuses, every time, a unit holding `poison` (re-sends too): it
+    cannot hold what its masters serve. The write fails; the master reports the backup as failing;
+    the coordinator declares it dead at once (no probe: it would answer one) and the cluster goes
+    on without it; nothing waits for ever."""
+    bad = 2
+    c = Cluster(tmp_path, env=lambda i: {"RAMLOG_TEST_REFUSE_VALUE": "always:poison"} if i == bad else None)
+    try:
+        st = status(c)
+        bad_id = server_id_of(c, st, bad)
+        key = next(k for k in (f"{{p{n}}}k".encode() for n in range(10_000))
+                   if bad in backups_of(c, st, k) and master_of(c, st, k) != bad)
+        m = master_of(c, st, key)
+        r = redis.Redis(port=c.servers[m].resp, socket_timeout=15)
+        assert r.set(key + b"-before", b"1") is True
+        t0 = time.monotonic()
+        with pytest.raises(redis.ResponseError, match="refused the write"):
+            r.set(key, b"poison")
+        assert time.monotonic() - t0 < 5, "the refused write waited for the acknowledgement timeout"
+        wait_declared_dead(c, bad_id, timeout=10)
+        log = (tmp_path / "coordinator-1.log").read_text()
+        assert "reports that it fails" in log and "refuses replicated writes" in log, log[-3000:]
+        # Fenced, the bad server stops by itself.
+        c.servers[bad].proc.wait(timeout=15)
+        # The stream goes on: writes on the same master are acknowledged at once, and what the
+        # master applied stays readable (the write was in doubt; it took effect).
+        t0 = time.monotonic()
+        for i in range(50):
+            assert r.set(key + f"-after{i}".encode(), b"x") is True
+        assert time.monotonic() - t0 < 5
+        assert r.get(key) == b"poison"
+        assert r.get(key + b"-before") == b"1"
+    finally:
+        c.stop()

@@ -16,6 +16,8 @@
 //! writes in version order (for replication and persistence). When memory is really full, writes fail
 //! with [`EngineError::OutOfMemory`]; reads keep working.
 
+mod bulk;
+pub use bulk::BulkRestore;
 mod cleaner;
 mod config;
 mod engine;
@@ -237,6 +239,21 @@ impl Engine {
         self.inner.read(tablet, key, f)
     }
 
+    /// Reads like [`Engine::read_with`], holding the tablet's write lock: no write of the tablet
+    /// is half-applied meanwhile (its observer told, its index not yet pointed at it). For the
+    /// rare reader that must see a write its observer was just told about (replication's repair
+    /// of a unit a backup refused).
+    pub fn read_settled<R>(
+        &self,
+        tablet: TabletId,
+        key: &[u8],
+        f: impl FnOnce(&[u8], Version, u64) -> R,
+    ) -> Result<Option<R>, EngineError> {
+        let t = self.inner.tablet(tablet)?;
+        let _writes = t.head.lock();
+        self.inner.read(tablet, key, f)
+    }
+
     pub fn put(
         &self,
         tablet: TabletId,
@@ -312,6 +329,19 @@ impl Engine {
     ) -> Result<(), EngineError> {
         self.inner
             .restore(tablet, key, value, version, expire_at_ms)
+    }
+
+    /// A loader that fills `tablet` from a replay of its backup logs, which yields each key once
+    /// with its newest version: batches under one lock hold each, no index lookup per object
+    /// when the tablet is empty, and the index grown once for `expected_objects` (an upper bound;
+    /// 0 when unknown). Into a tablet that holds objects it keeps [`Engine::restore`]'s rules.
+    /// The observer is not told. Call [`BulkRestore::finish`] at the end.
+    pub fn bulk_restore(
+        &self,
+        tablet: TabletId,
+        expected_objects: u64,
+    ) -> Result<BulkRestore<'_>, EngineError> {
+        BulkRestore::new(&self.inner, tablet, expected_objects)
     }
 
     /// Removes every object of `tablet` (no tombstones: this log is in memory only), so that

@@ -776,8 +776,10 @@ impl Replication {
         type Current = (Vec<u8>, Option<Vec<u8>>, u64, u64);
         let mut current: Vec<Current> = Vec::new();
         for e in &unit.entries {
+            // Under the tablet's write lock: the refusal may come back before the writer that
+            // appended the unit has pointed the index at it.
             let now = engine
-                .read_with(tablet, e.key, |value, version, expiry| {
+                .read_settled(tablet, e.key, |value, version, expiry| {
                     (value.to_vec(), version, expiry)
                 })
                 .map_err(|x| x.to_string())?;

@@ -114,6 +114,14 @@ pub struct Entry<'a> {
     pub expiry: u64,
 }
 
+/// What [`Backup::replay_merged_counted`] hands its callback: first the count, then each entry.
+#[derive(Debug, Clone, Copy)]
+pub enum Replayed<'a> {
+    /// How many keys the replay found (an upper bound on the entries that follow).
+    Count(u64),
+    Entry(ReplayEntry<'a>),
+}
+
 /// Identifies an append; compare with [`Backup::poll`] or wait with [`Backup::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(pub u64);
@@ -522,7 +530,23 @@ impl Backup {
     pub fn replay_merged(
         &self,
         tablets: &[u64],
-        mut f: impl FnMut(ReplayEntry<'_>),
+        f: impl FnMut(ReplayEntry<'_>),
+    ) -> Result<ReplayReport> {
+        let mut f = f;
+        self.replay_merged_counted(tablets, |r| {
+            if let Replayed::Entry(e) = r {
+                f(e)
+            }
+        })
+    }
+
+    /// [`Backup::replay_merged`], which first tells `f` how many keys it may yield at most
+    /// ([`Replayed::Count`]: every key it found, deleted ones included), before the first entry:
+    /// a restore sizes its index with it.
+    pub fn replay_merged_counted(
+        &self,
+        tablets: &[u64],
+        mut f: impl FnMut(Replayed<'_>),
     ) -> Result<ReplayReport> {
         self.flush_for_replay()?;
         let ts: Vec<_> = tablets
@@ -532,7 +556,13 @@ impl Backup {
         if ts.is_empty() {
             return Ok(ReplayReport::default());
         }
-        replay::replay_merged(&self.sh, &ts, &mut f)
+        let f = std::cell::RefCell::new(&mut f);
+        replay::replay_merged(
+            &self.sh,
+            &ts,
+            &mut |n| (f.borrow_mut())(Replayed::Count(n)),
+            &mut |e| (f.borrow_mut())(Replayed::Entry(e)),
+        )
     }
 
     /// Replays every tablet, in tablet order.

@@ -173,15 +173,18 @@ pub fn replay_tablet(
     t: &Arc<Tablet>,
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
-    replay_merged(sh, std::slice::from_ref(t), f)
+    replay_merged(sh, std::slice::from_ref(t), &mut |_| {}, f)
 }
 
 /// Replays several tablets as one: the newest version of each key over all of them wins, a
 /// delete in one hides older data in another, and `f` sees each live key once (with the id of
 /// the tablet whose entry won). For a tablet whose log continues in another (a new epoch).
+/// `count` hears, before the first entry, how many keys were found (an upper bound on the
+/// entries `f` will see).
 pub fn replay_merged(
     sh: &Shared,
     ts: &[Arc<Tablet>],
+    count: &mut dyn FnMut(u64),
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
     let _guards: Vec<_> = ts.iter().map(|t| t.reorg_lock.lock()).collect();
@@ -366,6 +369,7 @@ pub fn replay_merged(
         .collect();
 
     // Phase 2: yield the winners.
+    count(shards.iter().map(|s| s.lock().len() as u64).sum());
     for shard in shards {
         let map = shard.into_inner();
         for (_, (v, loc)) in map {

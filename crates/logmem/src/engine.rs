@@ -84,7 +84,7 @@ const EXPIRY_SUM_SECS_MAX: u64 = u32::MAX as u64;
 impl Tablet {
     /// Counts a current object with expiry time `expire_at_ms` (0: none) in or out of
     /// `expiring_objects`. Caller holds the write lock.
-    fn count_expiry(&self, expire_at_ms: u64, added: bool) {
+    pub(crate) fn count_expiry(&self, expire_at_ms: u64, added: bool) {
         if expire_at_ms == 0 {
             return;
         }
@@ -483,7 +483,7 @@ impl Inner {
     }
 
     /// Lowers a segment's expiry bound for an object with expiry `expire_at_ms` (0: none).
-    fn note_expiry(&self, segment: u32, expire_at_ms: u64) {
+    pub(crate) fn note_expiry(&self, segment: u32, expire_at_ms: u64) {
         if expire_at_ms != 0 {
             self.segments
                 .get(segment)
@@ -765,7 +765,7 @@ impl Inner {
     }
 
     /// Appends `parts` (one or more whole entries, `total` bytes) to a tablet's head segment.
-    fn append(
+    pub(crate) fn append(
         &self,
         head: &mut Option<SegmentWriter>,
         tablet: TabletId,
@@ -837,7 +837,7 @@ impl Inner {
     /// out-of-memory when the deadline passes or the cleaner reports nothing left to clean, and
     /// a writer's write at once when no cleaning could make room (`log_cannot_grow`).
     /// `started` is when this write first had to wait (set on the first call).
-    fn wait_for_memory(
+    pub(crate) fn wait_for_memory(
         &self,
         started: &mut Option<Instant>,
         class: AllocClass,
@@ -965,7 +965,7 @@ impl Inner {
         }
     }
 
-    fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+    pub(crate) fn check_sizes(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
         Ok(self.entry_limits().check(key.len(), value.len())?)
     }
 

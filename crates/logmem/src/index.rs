@@ -522,6 +522,18 @@ impl HashIndex {
         }
     }
 
+    /// Grows the table until `keys` references fit under the load limit. Cheap while the table
+    /// is empty (a split moves nothing); a bulk load calls it first, so that the splits do not
+    /// re-read every moved entry to rehash it. `rehash` as for [`HashIndex::insert`]. Caller
+    /// holds the write lock.
+    pub fn reserve(&self, keys: u64, mut rehash: impl FnMut(Loc) -> u64) {
+        while (self.bucket_count() as f64 * SLOTS as f64 * LOAD_MAX) < keys as f64
+            && self.split_hold.load(Ordering::Acquire) == 0
+        {
+            self.split_one(&mut rehash);
+        }
+    }
+
     /// Puts a reference into the first empty slot of a chain, extending the chain if needed.
     fn place(&self, head: &Bucket, value: u64) -> SlotRef {
         let mut bucket = head;

@@ -202,7 +202,23 @@ impl BackupService {
         table: u64,
         first_slot: u16,
         epoch: u64,
-        f: impl FnMut(ramlog_backup::ReplayEntry<'_>),
+        mut f: impl FnMut(ramlog_backup::ReplayEntry<'_>),
+    ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
+        self.replay_for_restore_counted(table, first_slot, epoch, |r| {
+            if let ramlog_backup::Replayed::Entry(e) = r {
+                f(e)
+            }
+        })
+    }
+
+    /// [`BackupService::replay_for_restore`], told first how many keys the logs hold at most
+    /// (`Replayed::Count`), so that a restore can size the tablet's index before it fills it.
+    pub fn replay_for_restore_counted(
+        &self,
+        table: u64,
+        first_slot: u16,
+        epoch: u64,
+        f: impl FnMut(ramlog_backup::Replayed<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
         let ids: Vec<u64> = self
             .store
@@ -213,7 +229,7 @@ impl BackupService {
                 u64::from(t) == table && s == first_slot && e < epoch
             })
             .collect();
-        self.store.replay_merged(&ids, f)
+        self.store.replay_merged_counted(&ids, f)
     }
 
     /// Takes a new map: raises the fence of every tablet to its epoch in the map (a master of

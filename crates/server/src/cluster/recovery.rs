@@ -284,21 +284,39 @@ fn restore(
     node.keyspace.set_hidden(tablet, false);
     let engine = node.engine();
     let mut first_error = None;
+    // The bulk path: the replay yields each key once with its newest version; the loader
+    // appends them in batches and grows the index once, for the count the replay announces.
+    let mut loader = None;
     let report = duty
         .backup
-        .replay_for_restore(t.table, t.first_slot, t.epoch, |e| {
-            // After a failure the rest of the replay only reads: the restore has failed.
-            if first_error.is_some() {
-                return;
+        .replay_for_restore_counted(t.table, t.first_slot, t.epoch, |r| match r {
+            ramlog_backup::Replayed::Count(expected) => {
+                match engine.bulk_restore(tablet, expected) {
+                    Ok(l) => loader = Some(l),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
-            job.objects.fetch_add(1, Ordering::Relaxed);
-            job.bytes
-                .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
-            if let Err(err) = engine.restore(tablet, e.key, Some(e.value), e.version, e.expiry) {
-                first_error.get_or_insert(err);
+            ramlog_backup::Replayed::Entry(e) => {
+                // After a failure the rest of the replay only reads: the restore has failed.
+                let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
+                    return;
+                };
+                job.objects.fetch_add(1, Ordering::Relaxed);
+                job.bytes
+                    .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
+                if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
+                    first_error.get_or_insert(err);
+                }
             }
         })
         .map_err(|e| format!("replaying the backup logs: {e}"))?;
+    if let (None, Some(l)) = (&first_error, loader) {
+        if let Err(e) = l.finish() {
+            first_error = Some(e);
+        }
+    }
     if let Some(e) = first_error {
         let reason = format!("restoring into memory: {e}");
         if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {

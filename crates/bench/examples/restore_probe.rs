@@ -1,0 +1,90 @@
+//! Where a restore's time goes: one tablet's backup logs replayed decode-only, then replayed
+//! into an engine tablet (`Engine::restore` per object), on one thread.
+//! `cargo run --release -p ramlog-bench --example restore_probe -- [objects] [value_bytes]`
+use std::time::Instant;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let n: u64 = args.get(1).map_or(2_000_000, |s| s.parse().unwrap());
+    let value_len: usize = args.get(2).map_or(100, |s| s.parse().unwrap());
+    let dir = std::env::temp_dir().join(format!("restore-probe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let config = ramlog_backup::Config::for_memory_budget(1 << 30);
+    let store = ramlog_backup::Backup::open(&dir, config)?;
+    let value = vec![b'v'; value_len];
+    let t = Instant::now();
+    let mut batch_keys: Vec<Vec<u8>> = Vec::new();
+    for chunk in 0..n.div_ceil(1000) {
+        batch_keys.clear();
+        for i in chunk * 1000..((chunk + 1) * 1000).min(n) {
+            batch_keys.push(format!("key:{i:012}").into_bytes());
+        }
+        for (j, k) in batch_keys.iter().enumerate() {
+            store.append(
+                7,
+                &[ramlog_backup::Entry {
+                    key: k,
+                    value: Some(&value),
+                    version: chunk * 1000 + j as u64 + 1,
+                    expiry: 0,
+                }],
+            )?;
+        }
+    }
+    store.flush()?;
+    println!("load {n} objects: {:.2} s", t.elapsed().as_secs_f64());
+    for round in 0..2 {
+        let t = Instant::now();
+        let mut count = 0u64;
+        store.replay_merged(&[7], |_| count += 1)?;
+        let decode = t.elapsed().as_secs_f64();
+        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
+            memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
+            ..Default::default()
+        })?;
+        let tablet = engine.create_tablet(0, 0, 16383)?;
+        let t = Instant::now();
+        store.replay_merged(&[7], |e| {
+            engine
+                .restore(tablet, e.key, Some(e.value), e.version, e.expiry)
+                .unwrap();
+        })?;
+        let restore = t.elapsed().as_secs_f64();
+        drop(engine);
+        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
+            memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
+            ..Default::default()
+        })?;
+        let tablet = engine.create_tablet(0, 0, 16383)?;
+        let t = Instant::now();
+        let mut loader = None;
+        store.replay_merged_counted(&[7], |r| match r {
+            ramlog_backup::Replayed::Count(expected) => {
+                loader = Some(engine.bulk_restore(tablet, expected).unwrap())
+            }
+            ramlog_backup::Replayed::Entry(e) => loader
+                .as_mut()
+                .unwrap()
+                .push(e.key, e.value, e.version, e.expiry)
+                .unwrap(),
+        })?;
+        let loaded = loader.unwrap().finish()?;
+        let bulk = t.elapsed().as_secs_f64();
+        assert_eq!(loaded, count);
+        assert_eq!(engine.object_count(), count);
+        println!(
+            "round {round}: replay decode-only {count} in {decode:.3} s ({:.2} M/s); replay + restore {:.3} s ({:.2} M/s, ratio {:.2}); replay + bulk restore {:.3} s ({:.2} M/s, ratio {:.2})",
+            count as f64 / decode / 1e6,
+            restore,
+            count as f64 / restore / 1e6,
+            decode / restore,
+            bulk,
+            count as f64 / bulk / 1e6,
+            decode / bulk
+        );
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -596,7 +596,7 @@ impl Replication {
     /// Waits until every need is met (see the module comment), at most
     /// `replication_ack_timeout_ms` after the first write behind them. An error means the
     /// promise cannot be kept (the server is stopping, or no acknowledgement came in time): the
-    /// replies must not claim the writes. Ok names the units of `needs` that a backup refused:
+    /// replies must not claim the writes. Ok names the units of `acks` that a backup refused:
     /// the replies of those writes must fail, the others stand.
     pub async fn wait(&self, acks: &mut Acks) -> Result<Vec<RefusedWrite>, String> {
         let (items, units) = acks.take();
@@ -636,7 +636,7 @@ impl Replication {
                     // A map took the backup out of the tablet's backup set (it was declared
                     // dead): this master still serves the tablet (a master that was itself
                     // declared dead is fenced, gets no map, and stops), the remaining backups'
-                    // needs stand on their own, and the replacement receives the tablet by copy.
+                    // waits stand on their own, and the replacement receives the tablet by copy.
                     break;
                 }
                 let _ = tokio::time::timeout(WAIT_RECHECK.min(deadline - now), notified).await;

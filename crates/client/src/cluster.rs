@@ -714,6 +714,7 @@ mod tests {
             fresh: vec![],
             waiting: None,
             refused: vec![],
+            logs_from: None,
         }
     }
 

@@ -108,6 +108,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             fresh: vec![],
             waiting: None,
             refused: vec![],
+            logs_from: None,
         })
         .collect();
     ClusterMap {

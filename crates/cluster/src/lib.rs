@@ -17,4 +17,6 @@ pub use map::{
     ClusterMap, Refusal, ReplicationMode, ServerAddresses, ServerId, ServerInfo, ServerState,
     TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
 };
-pub use state::{ClusterState, Command, CommandError, CommandOutcome, Room, TabletBytes};
+pub use state::{
+    ClusterState, Command, CommandError, CommandOutcome, PartitionSize, Room, TabletBytes,
+};

@@ -148,6 +148,12 @@ pub struct TabletInfo {
     /// reported then. `repair()` passes each over until it reports clearly more room.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<Refusal>,
+    /// A recovery partition: the tablet was split off the tablet that started at this slot when
+    /// its master died (a will, see `state::recovery_partitions`). Its backups hold its objects
+    /// in their logs of that tablet (slots outside this tablet's range included: a restore takes
+    /// only its own), until each has this tablet's own copy; cleared once every backup has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_from: Option<u16>,
 }
 
 /// A backup whose restore of a tablet ran out of memory.
@@ -166,6 +172,12 @@ impl TabletInfo {
     /// Backups that can restore the tablet: every backup but the fresh ones.
     pub fn can_restore(&self, server: ServerId) -> bool {
         self.backups.contains(&server) && !self.fresh.contains(&server)
+    }
+
+    /// The first slots of the tablets whose backup logs hold this tablet's objects: its own,
+    /// and the one it was split off at a recovery while its backups lack its own copy.
+    pub fn log_sources(&self) -> impl Iterator<Item = u16> + '_ {
+        std::iter::once(self.first_slot).chain(self.logs_from.filter(|&s| s != self.first_slot))
     }
 }
 
@@ -290,6 +302,7 @@ mod tests {
             fresh: vec![],
             waiting: None,
             refused: vec![],
+            logs_from: None,
         }
     }
 

@@ -153,6 +153,7 @@ pub fn place_table(
                 fresh: vec![],
                 waiting: None,
                 refused: vec![],
+                logs_from: None,
             }
         })
         .collect()

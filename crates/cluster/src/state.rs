@@ -37,6 +37,43 @@ pub fn restore_need_bytes(live_bytes: u64) -> u64 {
         .saturating_add(MIB)
 }
 
+/// How large a recovery partition may be: a dead master's tablet above either figure is split
+/// into partitions at its declaration, each restored by its own restorer and served the moment
+/// it is restored. The leader puts its configured size into each [`Room`] snapshot, so that
+/// every member splits alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionSize {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+impl Default for PartitionSize {
+    /// About 250 ms of restore on one core of a loaded 2-core machine (the bulk restore inserts
+    /// 1.5–3 M objects of 100 B per second per core): 400 000 objects, 64 MiB.
+    fn default() -> PartitionSize {
+        PartitionSize {
+            objects: 400_000,
+            bytes: 64 * MIB,
+        }
+    }
+}
+
+/// Partitions one tablet splits into, at most.
+pub const PARTITIONS_MAX: u64 = 16;
+
+/// How many recovery partitions a dead master's tablet of `size` over `slots` slots is split
+/// into: enough that each holds at most `limit` (if its objects spread evenly over its slots),
+/// no more than its slots or [`PARTITIONS_MAX`].
+pub fn recovery_partitions(size: &TabletBytes, slots: u64, limit: PartitionSize) -> u64 {
+    let by_objects = size.objects.div_ceil(limit.objects.max(1));
+    let by_bytes = size.live_bytes.div_ceil(limit.bytes.max(1));
+    by_objects
+        .max(by_bytes)
+        .min(PARTITIONS_MAX)
+        .min(slots)
+        .max(1)
+}
+
 /// The live bytes and objects of one tablet, as its master reported them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TabletBytes {
@@ -58,6 +95,9 @@ pub struct Room {
     /// Tablets' live bytes, by (table, first slot), ascending.
     #[serde(default)]
     pub tablets: Vec<TabletBytes>,
+    /// The largest recovery partition (None: tablets recover whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionSize>,
 }
 
 impl Room {
@@ -82,6 +122,7 @@ impl Room {
     /// have a figure, and the figures it lacks are kept (a dead master reports nothing more).
     fn absorb(&mut self, newer: &Room) {
         self.servers = newer.servers.clone();
+        self.partition = newer.partition;
         let mut tablets: BTreeMap<(TableId, u16), TabletBytes> = self
             .tablets
             .iter()
@@ -354,9 +395,12 @@ impl ClusterState {
                     Some((e, state)) if e == *epoch && state != ServerState::Dead => {
                         self.declare_dead(*server);
                         match room {
-                            Some(room) => self.absorb_room(room),
+                            Some(room) => {
+                                self.absorb_room(room);
+                                self.split_for_recovery(*server);
+                            }
                             // A leader that reports no memory: restores are planned as if
-                            // memory did not matter.
+                            // memory did not matter (and tablets recover whole).
                             None => self.room = None,
                         }
                         self.repair();
@@ -602,6 +646,79 @@ impl ClusterState {
         }
     }
 
+    /// Splits each tablet of the dead `server` that is too large to restore at once into
+    /// recovery partitions (RAMCloud's wills, [`recovery_partitions`]): tablets of equal slot
+    /// ranges, each recovering on its own (`repair()` spreads their restorers over the backups
+    /// that hold the logs), each served the moment it is restored. Every partition keeps the
+    /// whole tablet's backups, epoch and copy state, and names the tablet whose logs hold its
+    /// objects (`logs_from`). Not split: tablets whose size was not reported, tablets of a
+    /// `mirror` table (the mirror holds the whole tablet in memory: it takes over at once), and
+    /// partitions whose backups do not all hold their own copy yet (their objects are in two
+    /// tablets' logs already).
+    fn split_for_recovery(&mut self, server: ServerId) {
+        let Some(room) = self.room.as_mut() else {
+            return;
+        };
+        let Some(limit) = room.partition else {
+            return;
+        };
+        let mirrored: Vec<TableId> = self
+            .map
+            .tables
+            .iter()
+            .filter(|t| t.mode == ReplicationMode::Mirror)
+            .map(|t| t.id)
+            .collect();
+        let mut tablets = Vec::with_capacity(self.map.tablets.len());
+        let mut split: Vec<(u16, TableId)> = Vec::new();
+        let mut sizes: Vec<TabletBytes> = Vec::new();
+        for t in std::mem::take(&mut self.map.tablets) {
+            let size = room.tablet(t.table, t.first_slot).copied();
+            let splittable = t.master == server
+                && t.recovering
+                && t.mirror.is_none()
+                && t.logs_from.is_none()
+                && !mirrored.contains(&t.table);
+            let slots = u64::from(t.last_slot - t.first_slot) + 1;
+            let parts = match size.filter(|_| splittable) {
+                Some(size) => recovery_partitions(&size, slots, limit),
+                None => 1,
+            };
+            if parts < 2 {
+                tablets.push(t);
+                continue;
+            }
+            let size = size.unwrap_or(TabletBytes {
+                table: t.table,
+                first_slot: t.first_slot,
+                live_bytes: 0,
+                objects: 0,
+            });
+            split.push((t.first_slot, t.table));
+            for i in 0..parts {
+                let first = u64::from(t.first_slot) + slots * i / parts;
+                let last = u64::from(t.first_slot) + slots * (i + 1) / parts - 1;
+                let mut p = t.clone();
+                p.first_slot = first as u16;
+                p.last_slot = last as u16;
+                p.logs_from = Some(t.first_slot);
+                sizes.push(TabletBytes {
+                    table: t.table,
+                    first_slot: p.first_slot,
+                    live_bytes: size.live_bytes / parts,
+                    objects: size.objects / parts,
+                });
+                tablets.push(p);
+            }
+        }
+        tablets.sort_by_key(|t| (t.table, t.first_slot));
+        room.tablets
+            .retain(|b| !split.contains(&(b.first_slot, b.table)));
+        room.tablets.extend(sizes);
+        room.tablets.sort_by_key(|b| (b.table, b.first_slot));
+        self.map.tablets = tablets;
+    }
+
     /// Keeps `room` as the newest snapshot, with only the tablet figures that restores need
     /// (those of recovering tablets).
     fn absorb_room(&mut self, room: &Room) {
@@ -656,10 +773,20 @@ impl ClusterState {
                 *promised.entry(r).or_default() += room.need_of(t).unwrap_or(0);
             }
         }
+        // The partitions of one tablet take turns among the backups that hold its logs.
+        let mut turn: HashMap<(TableId, u16), usize> = HashMap::new();
         for t in &mut self.map.tablets {
             if t.recovering {
+                let nth = match t.logs_from {
+                    Some(from) => {
+                        let n = turn.entry((t.table, from)).or_default();
+                        *n += 1;
+                        *n - 1
+                    }
+                    None => 0,
+                };
                 if t.restorer.is_none_or(|r| !is_up(r)) {
-                    pick_restorer(t, &is_up, &room, &mut promised);
+                    pick_restorer(t, nth, &is_up, &room, &mut promised);
                 }
                 continue;
             }
@@ -711,6 +838,9 @@ impl ClusterState {
             // the dead ones' logs are no longer needed.
             if t.pending.is_empty() && t.backups.iter().filter(|&&b| is_up(b)).count() >= want {
                 t.backups.retain(|b| is_up(*b));
+                // Every backup holds the partition's own copy: the logs it was split off
+                // are no longer needed for it.
+                t.logs_from = None;
             }
         }
         // A mirrored tablet's mirror is one of its live backups: the one it had while that one
@@ -788,6 +918,7 @@ impl ClusterState {
 /// need and a quarter of the need (and 1 MiB) above what it had after the failure.
 fn pick_restorer(
     t: &mut TabletInfo,
+    nth: usize,
     is_up: &impl Fn(ServerId) -> bool,
     room: &Room,
     promised: &mut HashMap<ServerId, u64>,
@@ -797,13 +928,20 @@ fn pick_restorer(
         .mirror
         .filter(|&m| t.backups.contains(&m) && eligible(m) && !t.pending.contains(&m));
     let mut candidates: Vec<ServerId> = mirror.into_iter().collect();
-    let streamed = t
+    let mut streamed: Vec<ServerId> = t
         .backups
         .iter()
         .copied()
-        .filter(|&b| eligible(b) && !t.pending.contains(&b));
+        .filter(|&b| eligible(b) && !t.pending.contains(&b))
+        .collect();
+    // The `nth` partition of a split tablet starts with the `nth` such backup, so that the
+    // partitions spread over every backup that holds their logs.
+    if !streamed.is_empty() {
+        let n = nth % streamed.len();
+        streamed.rotate_left(n);
+    }
     let copying = t.backups.iter().copied().filter(|&b| eligible(b));
-    for b in streamed.chain(copying) {
+    for b in streamed.into_iter().chain(copying) {
         if !candidates.contains(&b) {
             candidates.push(b);
         }
@@ -1399,6 +1537,7 @@ mod tests {
         servers: &[(ServerId, u64)],
     ) -> Room {
         Room {
+            partition: Some(PartitionSize::default()),
             servers: servers.iter().map(|&(id, mib)| (id, mib * MIB)).collect(),
             tablets: s
                 .map
@@ -1435,6 +1574,192 @@ mod tests {
             .filter(|t| t.recovering)
             .cloned()
             .collect()
+    }
+
+    #[test]
+    fn large_tablets_recover_as_partitions_spread_over_their_backups() {
+        let mut s = init(4);
+        for port in [100, 200, 300, 400] {
+            register(&mut s, port);
+        }
+        // A fifth server joins after the table is placed: the replacement backups.
+        register(&mut s, 500);
+        let before: Vec<TabletInfo> = s
+            .map
+            .tablets
+            .iter()
+            .filter(|t| t.master == 1)
+            .cloned()
+            .collect();
+        let slots_before: usize = s.map.tablets.iter().map(|t| t.slots().count()).sum();
+        // 100 MiB and 1 M objects per tablet: 3 partitions by objects, 2 by bytes.
+        let mut room = room_for(
+            &s,
+            1,
+            100 * MIB,
+            &[(2, 10_000), (3, 10_000), (4, 10_000), (5, 10_000)],
+        );
+        for b in &mut room.tablets {
+            b.objects = 1_000_000;
+        }
+        declare_dead_with(&mut s, 1, room);
+        assert_eq!(
+            recovery_partitions(
+                &TabletBytes {
+                    table: 0,
+                    first_slot: 0,
+                    live_bytes: 100 * MIB,
+                    objects: 1_000_000
+                },
+                1000,
+                PartitionSize::default()
+            ),
+            3
+        );
+        // The slots stay covered once each, in order.
+        let slots_after: usize = s.map.tablets.iter().map(|t| t.slots().count()).sum();
+        assert_eq!(slots_before, slots_after);
+        for w in s.map.tablets.windows(2) {
+            if w[0].table == w[1].table {
+                assert_eq!(w[0].last_slot + 1, w[1].first_slot, "{:?} {:?}", w[0], w[1]);
+            }
+        }
+        for t in &before {
+            let parts: Vec<&TabletInfo> = s
+                .map
+                .tablets
+                .iter()
+                .filter(|p| p.table == t.table && p.logs_from == Some(t.first_slot))
+                .collect();
+            assert_eq!(parts.len(), 3, "{t:?}");
+            assert_eq!(parts[0].first_slot, t.first_slot);
+            assert_eq!(parts[2].last_slot, t.last_slot);
+            let restorers: std::collections::BTreeSet<ServerId> = parts
+                .iter()
+                .map(|p| {
+                    assert!(p.recovering && p.epoch == t.epoch + 1 && p.backups == t.backups);
+                    assert!(p.log_sources().eq([p.first_slot, t.first_slot]
+                        .into_iter()
+                        .take(if p.first_slot == t.first_slot { 1 } else { 2 })));
+                    p.restorer.expect("a restorer")
+                })
+                .collect();
+            // Spread over every backup holding the logs.
+            assert_eq!(restorers.len(), t.backups.len().min(3), "{parts:?}");
+        }
+        // A partition restored: it is served on its own, and once every backup holds its copy
+        // the logs it was split off are no longer named.
+        let p = s
+            .map
+            .tablets
+            .iter()
+            .find(|t| t.logs_from.is_some() && t.first_slot != t.logs_from.unwrap())
+            .unwrap()
+            .clone();
+        let r = p.restorer.unwrap();
+        s.apply(&Command::TabletRecovered {
+            table: p.table,
+            first_slot: p.first_slot,
+            epoch: p.epoch,
+            server: r,
+        })
+        .unwrap();
+        let now = s.map.tablet_mut(p.table, p.first_slot).unwrap().clone();
+        assert!(!now.recovering && now.master == r && now.logs_from.is_some());
+        assert!(s
+            .map
+            .tablets
+            .iter()
+            .any(|t| t.recovering && t.logs_from == p.logs_from));
+        for b in now.pending.clone() {
+            s.apply(&Command::CopyDone {
+                table: p.table,
+                first_slot: p.first_slot,
+                epoch: p.epoch,
+                backup: b,
+            })
+            .unwrap();
+        }
+        let now = s.map.tablet_mut(p.table, p.first_slot).unwrap().clone();
+        let want = s.map.table(p.table).unwrap().replicas as usize;
+        assert!(
+            now.pending.is_empty() && now.backups.len() >= want,
+            "{now:?}"
+        );
+        assert_eq!(now.logs_from, None, "{now:?}");
+        // Another partition, restored on another server, whose backups still wait for its
+        // copy: when that server dies, it recovers whole (its objects are in two tablets' logs).
+        let q = s
+            .map
+            .tablets
+            .iter()
+            .find(|t| t.recovering && t.logs_from.is_some() && t.restorer != Some(r))
+            .unwrap()
+            .clone();
+        let r2 = q.restorer.unwrap();
+        s.apply(&Command::TabletRecovered {
+            table: q.table,
+            first_slot: q.first_slot,
+            epoch: q.epoch,
+            server: r2,
+        })
+        .unwrap();
+        let die = |s: &mut ClusterState, server: ServerId| {
+            let mut room = room_for(
+                s,
+                server,
+                100 * MIB,
+                &[(2, 10_000), (3, 10_000), (4, 10_000), (5, 10_000)],
+            );
+            room.servers.remove(&server);
+            for b in &mut room.tablets {
+                b.objects = 1_000_000;
+            }
+            declare_dead_with(s, server, room);
+        };
+        die(&mut s, r2);
+        let again = s.map.tablet_mut(q.table, q.first_slot).unwrap().clone();
+        assert!(again.recovering, "{again:?}");
+        assert_eq!(
+            (again.last_slot, again.logs_from),
+            (q.last_slot, q.logs_from),
+            "{again:?}"
+        );
+        // The fully protected partition is an ordinary tablet again: its master's death
+        // splits it like any other.
+        die(&mut s, r);
+        let parts: Vec<&TabletInfo> = s
+            .map
+            .tablets
+            .iter()
+            .filter(|t| t.logs_from == Some(p.first_slot))
+            .collect();
+        assert_eq!(parts.len(), 3, "{parts:?}");
+        assert_eq!(parts[2].last_slot, p.last_slot);
+        assert!(parts.iter().all(|t| t.recovering));
+    }
+
+    #[test]
+    fn small_tablets_and_mirrored_ones_recover_whole() {
+        for (mode, live) in [
+            (ReplicationMode::Sync, 10 * MIB),
+            (ReplicationMode::Mirror, 500 * MIB),
+        ] {
+            let mut s = init(3);
+            for port in [100, 200, 300] {
+                register(&mut s, port);
+            }
+            s.apply(&Command::SetTableMode {
+                name: DEFAULT_TABLE_NAME.into(),
+                mode,
+            })
+            .unwrap();
+            let count = s.map.tablets.len();
+            let room = room_for(&s, 1, live, &[(2, 10_000), (3, 10_000)]);
+            declare_dead_with(&mut s, 1, room);
+            assert_eq!(s.map.tablets.len(), count, "{mode:?}");
+            assert!(s.map.tablets.iter().all(|t| t.logs_from.is_none()));
+        }
     }
 
     #[test]
@@ -1509,6 +1834,7 @@ mod tests {
             room: Room {
                 servers: [(2, 6 * MIB), (3, 3 * MIB)].into(),
                 tablets: vec![],
+                partition: None,
             },
         })
         .unwrap();
@@ -1524,6 +1850,7 @@ mod tests {
             room: Room {
                 servers: [(2, 6 * MIB), (3, 100 * MIB)].into(),
                 tablets: vec![],
+                partition: None,
             },
         })
         .unwrap();
@@ -1542,6 +1869,7 @@ mod tests {
             room: Room {
                 servers: [(2, 200 * MIB), (3, 100 * MIB)].into(),
                 tablets: vec![],
+                partition: None,
             },
         })
         .unwrap();
@@ -1576,6 +1904,7 @@ mod tests {
             Room {
                 servers: [(2, 0), (3, 0)].into(),
                 tablets: vec![],
+                partition: None,
             },
         );
         for t in recovering(&s) {
@@ -1648,6 +1977,7 @@ mod tests {
                 room: Room {
                     servers: [(first, first_mib * MIB), (other, 0)].into(),
                     tablets: vec![],
+                    partition: None,
                 },
             })
             .unwrap();

@@ -9,7 +9,7 @@ use anyhow::Context;
 use ramlog_cluster::rpc::{
     parse_addresses, unexpected, CoordinatorClient, CoordinatorStatus, Request, Response,
 };
-use ramlog_cluster::{ClusterMap, ReplicationMode, ServerInfo};
+use ramlog_cluster::{ClusterMap, ReplicationMode, ServerInfo, ServerState, TabletInfo};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +50,13 @@ pub struct CoordinatorArgs {
     /// coordinator stops before its tablets move.
     #[arg(long, default_value_t = crate::service::DEAD_AFTER_MS)]
     pub dead_after_ms: u64,
+    /// A dead master's tablet holding more objects than this is recovered as partitions
+    /// (slot ranges), restored in parallel by its backups and each served once restored.
+    #[arg(long, default_value_t = ramlog_cluster::PartitionSize::default().objects)]
+    pub recovery_partition_objects: u64,
+    /// The same, in MiB of live data.
+    #[arg(long, default_value_t = ramlog_cluster::PartitionSize::default().bytes >> 20)]
+    pub recovery_partition_mib: u64,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -95,6 +102,10 @@ impl CoordinatorArgs {
             default_replicas: self.default_replicas,
             snapshot_every: crate::service::SNAPSHOT_EVERY,
             dead_after: Duration::from_millis(self.dead_after_ms.max(50)),
+            recovery_partition: ramlog_cluster::PartitionSize {
+                objects: self.recovery_partition_objects.max(1),
+                bytes: self.recovery_partition_mib.max(1) << 20,
+            },
         })
     }
 }
@@ -337,21 +348,29 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        let mut memory = BTreeMap::new();
-        for server in &status.map.servers {
-            memory.insert(server.id, server_memory_used(server).await);
+        let mut servers = BTreeMap::new();
+        for server in status
+            .map
+            .servers
+            .iter()
+            .filter(|s| s.state == ServerState::Up)
+        {
+            if let Some(body) = server_status(server).await {
+                servers.insert(server.id, body);
+            }
         }
+        let seen = Seen::new(&servers);
         if json {
-            println!("{:#}", status_json(&status, &memory));
+            println!("{:#}", status_json(&status, &seen));
         } else {
-            print!("{}", status_text(&status, &memory));
+            print!("{}", status_text(&status, &seen));
         }
         Ok(())
     })
 }
 
-/// A server's memory in use from its admin `/status`, or None when unreachable or unknown.
-async fn server_memory_used(server: &ServerInfo) -> Option<u64> {
+/// A server's admin `/status`, or None when unreachable.
+async fn server_status(server: &ServerInfo) -> Option<serde_json::Value> {
     let admin = server.addresses.admin?;
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
@@ -362,15 +381,81 @@ async fn server_memory_used(server: &ServerInfo) -> Option<u64> {
         let mut reply = Vec::new();
         stream.take(16 << 20).read_to_end(&mut reply).await.ok()?;
         let at = reply.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-        let body: serde_json::Value = serde_json::from_slice(&reply[at..]).ok()?;
-        body.pointer("/metrics/memory/accounted")
-            .or_else(|| body.pointer("/metrics/engine/memory_bytes_live"))
-            .and_then(|v| v.as_u64())
+        serde_json::from_slice(&reply[at..]).ok()
     };
     tokio::time::timeout(Duration::from_secs(2), fetch)
         .await
         .ok()
         .flatten()
+}
+
+/// What the servers' `/status` say: memory in use, and the restores and copies they run.
+struct Seen<'a> {
+    servers: &'a BTreeMap<u64, serde_json::Value>,
+}
+
+impl<'a> Seen<'a> {
+    fn new(servers: &'a BTreeMap<u64, serde_json::Value>) -> Seen<'a> {
+        Seen { servers }
+    }
+
+    fn memory_used(&self, server: u64) -> Option<u64> {
+        let body = self.servers.get(&server)?;
+        body.pointer("/metrics/memory/accounted")
+            .or_else(|| body.pointer("/metrics/engine/memory_bytes_live"))
+            .and_then(|v| v.as_u64())
+    }
+
+    /// The job `server` runs for tablet `t` at its epoch: its restore (`backup` None) or its
+    /// copy to `backup`.
+    fn job(&self, server: u64, t: &TabletInfo, backup: Option<u64>) -> Option<&serde_json::Value> {
+        let jobs = self
+            .servers
+            .get(&server)?
+            .pointer("/metrics/replication/recovery")?
+            .as_array()?;
+        jobs.iter().find(|j| {
+            let n = |k: &str| j.get(k).and_then(|v| v.as_u64());
+            n("table") == Some(t.table)
+                && n("first_slot") == Some(u64::from(t.first_slot))
+                && n("epoch") == Some(t.epoch)
+                && n("backup") == backup
+                && j.get("kind").and_then(|v| v.as_str())
+                    == Some(if backup.is_some() { "copy" } else { "restore" })
+        })
+    }
+
+    /// One line of a job's progress: "restoring 120000/335000 objects", "copying 12/67 MiB".
+    fn progress(&self, server: u64, t: &TabletInfo, backup: Option<u64>) -> Option<String> {
+        let j = self.job(server, t, backup)?;
+        let n = |k: &str| j.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        let state = j.get("state").and_then(|v| v.as_str()).unwrap_or("?");
+        let expected = |done: u64, total: u64, unit: &str, scale: u64| {
+            if total > 0 {
+                format!("{}/{} {unit}", done / scale, total / scale)
+            } else {
+                format!("{} {unit}", done / scale)
+            }
+        };
+        Some(match (state, backup) {
+            ("restoring", _) => format!(
+                "restoring {}",
+                expected(n("objects"), n("expected"), "objects", 1)
+            ),
+            ("copying", _) => format!(
+                "copying {}",
+                expected(n("bytes"), n("expected"), "MiB", 1 << 20)
+            ),
+            ("waiting", _) if j.get("demanded").and_then(|v| v.as_bool()) == Some(true) => {
+                "waiting for a turn (asked for: next)".into()
+            }
+            ("failed", _) => format!(
+                "failed: {}",
+                j.get("error").and_then(|v| v.as_str()).unwrap_or("")
+            ),
+            (state, _) => state.to_string(),
+        })
+    }
 }
 
 fn tablet_counts(map: &ClusterMap, server: u64) -> (usize, usize) {
@@ -383,10 +468,7 @@ fn tablet_counts(map: &ClusterMap, server: u64) -> (usize, usize) {
     (mastered, backed)
 }
 
-fn status_json(
-    status: &CoordinatorStatus,
-    memory: &BTreeMap<u64, Option<u64>>,
-) -> serde_json::Value {
+fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value {
     let map = &status.map;
     let servers: Vec<serde_json::Value> = map
         .servers
@@ -400,7 +482,7 @@ fn status_json(
                 "addresses": s.addresses,
                 "tablets_mastered": mastered,
                 "tablets_backed_up": backed,
-                "memory_used": memory.get(&s.id).cloned().flatten(),
+                "memory_used": seen.memory_used(s.id),
             })
         })
         .collect();
@@ -424,6 +506,9 @@ fn status_json(
                         "fresh": tb.fresh,
                         "waiting": tb.waiting,
                         "refused": tb.refused,
+                        "logs_from": tb.logs_from,
+                        "restore": tb.restorer.filter(|_| tb.recovering).and_then(|r| seen.job(r, tb, None)),
+                        "copies": tb.pending.iter().filter_map(|&b| seen.job(tb.master, tb, Some(b))).collect::<Vec<_>>(),
                     })
                 })
                 .collect();
@@ -452,7 +537,7 @@ fn status_json(
     })
 }
 
-fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) -> String {
+fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
     use std::fmt::Write;
     let map = &status.map;
     let mut s = String::new();
@@ -486,10 +571,8 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
         let (mastered, backed) = tablet_counts(map, server.id);
         let a = &server.addresses;
         let opt = |x: Option<SocketAddr>| x.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
-        let mem = memory
-            .get(&server.id)
-            .cloned()
-            .flatten()
+        let mem = seen
+            .memory_used(server.id)
             .map(|m| m.to_string())
             .unwrap_or_else(|| "?".into());
         let _ = writeln!(
@@ -538,19 +621,33 @@ fn status_text(status: &CoordinatorStatus, memory: &BTreeMap<u64, Option<u64>>) 
                 .unwrap_or_default();
             let state = if tb.recovering {
                 match (tb.restorer, &tb.waiting) {
-                    (Some(r), _) => format!(" RECOVERING on server {r}"),
+                    (Some(r), _) => match seen.progress(r, tb, None) {
+                        Some(p) => format!(" RECOVERING on server {r}: {p}"),
+                        None => format!(" RECOVERING on server {r}"),
+                    },
                     (None, Some(why)) => format!(" RECOVERING: WAITING FOR MEMORY: {why}"),
                     (None, None) => " RECOVERING: waiting for a live backup".to_string(),
                 }
             } else if tb.pending.is_empty() {
                 String::new()
             } else {
-                let p: Vec<String> = tb.pending.iter().map(|b| b.to_string()).collect();
-                format!(" copying to [{}]", p.join(","))
+                let p: Vec<String> = tb
+                    .pending
+                    .iter()
+                    .map(|&b| match seen.progress(tb.master, tb, Some(b)) {
+                        Some(p) => format!("{b}: {p}"),
+                        None => b.to_string(),
+                    })
+                    .collect();
+                format!(" copying to [{}]", p.join(", "))
             };
+            let split = tb
+                .logs_from
+                .map(|f| format!(" partition-of={f}"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "    {}-{} master={}{} backups=[{}] epoch={}{}",
+                "    {}-{} master={}{} backups=[{}] epoch={}{split}{}",
                 tb.first_slot,
                 tb.last_slot,
                 tb.master,

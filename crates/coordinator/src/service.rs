@@ -78,6 +78,9 @@ pub struct CoordinatorConfig {
     pub snapshot_every: u64,
     /// Silence after which a server that also fails a probe is declared dead.
     pub dead_after: Duration,
+    /// The largest recovery partition: a dead master's larger tablets are split into
+    /// partitions restored in parallel, each served as soon as it is restored.
+    pub recovery_partition: ramlog_cluster::PartitionSize,
 }
 
 /// The default of [`CoordinatorConfig::snapshot_every`].
@@ -109,6 +112,7 @@ struct Shared {
     default_mode: Option<ramlog_cluster::ReplicationMode>,
     default_replicas: Option<u32>,
     dead_after: Duration,
+    recovery_partition: ramlog_cluster::PartitionSize,
     /// When this member last became leader (None while it is not): heartbeats it did not see
     /// count from then, so a new leader never declares a server dead on its predecessor's watch.
     leader_since: Mutex<Option<Instant>>,
@@ -165,6 +169,7 @@ impl Coordinator {
             default_mode: config.default_mode,
             default_replicas: config.default_replicas,
             dead_after: config.dead_after,
+            recovery_partition: config.recovery_partition,
             leader_since: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -610,6 +615,7 @@ impl Shared {
             }
         }
         room.tablets = tablets.into_values().collect();
+        room.partition = Some(self.recovery_partition);
         room
     }
 

@@ -16,6 +16,7 @@ fn free_port() -> SocketAddr {
 
 fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorConfig {
     CoordinatorConfig {
+        recovery_partition: Default::default(),
         id,
         listen: members[&id].parse().unwrap(),
         members: members.clone(),

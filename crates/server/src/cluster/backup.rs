@@ -195,16 +195,17 @@ impl BackupService {
         self.max_version.load(Ordering::Acquire)
     }
 
-    /// Replays, as one, every log this store holds of tablet (table, first slot) from epochs
-    /// before `epoch` (the restore of a tablet whose master died at `epoch - 1` or earlier).
+    /// Replays, as one, every log this store holds of tablet `t` from epochs before `epoch`
+    /// (the restore of a tablet whose master died at `epoch - 1` or earlier): its own logs and,
+    /// for a recovery partition, those of the tablet it was split off (`TabletInfo::logs_from`).
+    /// Only entries of the tablet's slots are passed on.
     pub fn replay_for_restore(
         &self,
-        table: u64,
-        first_slot: u16,
+        t: &ramlog_cluster::TabletInfo,
         epoch: u64,
         mut f: impl FnMut(ramlog_backup::ReplayEntry<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
-        self.replay_for_restore_counted(table, first_slot, epoch, |r| {
+        self.replay_for_restore_counted(t, epoch, |r| {
             if let ramlog_backup::Replayed::Entry(e) = r {
                 f(e)
             }
@@ -212,24 +213,32 @@ impl BackupService {
     }
 
     /// [`BackupService::replay_for_restore`], told first how many keys the logs hold at most
-    /// (`Replayed::Count`), so that a restore can size the tablet's index before it fills it.
+    /// (`Replayed::Count`, keys of other slots included), so that a restore can size the
+    /// tablet's index before it fills it.
     pub fn replay_for_restore_counted(
         &self,
-        table: u64,
-        first_slot: u16,
+        t: &ramlog_cluster::TabletInfo,
         epoch: u64,
-        f: impl FnMut(ramlog_backup::Replayed<'_>),
+        mut f: impl FnMut(ramlog_backup::Replayed<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
+        let sources: Vec<u16> = t.log_sources().collect();
         let ids: Vec<u64> = self
             .store
             .tablets()
             .into_iter()
             .filter(|&id| {
-                let (t, s, e) = split_store_tablet(id);
-                u64::from(t) == table && s == first_slot && e < epoch
+                let (table, s, e) = split_store_tablet(id);
+                u64::from(table) == t.table && sources.contains(&s) && e < epoch
             })
             .collect();
-        self.store.replay_merged_counted(&ids, f)
+        // A tablet's own logs hold only its slots unless it was split off a larger one since
+        // they were written (a partition, or the tablet a partition was split off).
+        let slots = t.slots();
+        self.store.replay_merged_counted(&ids, |r| match r {
+            ramlog_backup::Replayed::Entry(e)
+                if !slots.contains(&ramlog_common::key_slot(e.key)) => {}
+            r => f(r),
+        })
     }
 
     /// Takes a new map: raises the fence of every tablet to its epoch in the map (a master of
@@ -283,15 +292,23 @@ impl BackupService {
         let mut drop = Vec::new();
         for id in self.store.tablets() {
             let (table, first_slot, epoch) = split_store_tablet(id);
-            let tablet = map
+            // The tablet starting at this slot, and the recovery partitions split off it
+            // whose backups do not all hold their own copy yet, read these logs.
+            let needed = map
                 .tablets
                 .iter()
-                .find(|t| t.table == u64::from(table) && t.first_slot == first_slot);
-            let needed = match tablet {
-                None => false,
-                Some(t) if t.recovering => t.backups.contains(&me),
-                Some(t) => t.backups.contains(&me) && (epoch >= t.epoch || t.pending.contains(&me)),
-            };
+                .filter(|t| {
+                    t.table == u64::from(table)
+                        && (t.first_slot == first_slot || t.logs_from == Some(first_slot))
+                })
+                .any(|t| {
+                    if t.recovering {
+                        t.backups.contains(&me)
+                    } else {
+                        let own = t.first_slot == first_slot && epoch >= t.epoch;
+                        t.backups.contains(&me) && (own || t.pending.contains(&me))
+                    }
+                });
             if !needed {
                 drop.push(id);
             }

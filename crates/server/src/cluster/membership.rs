@@ -560,6 +560,14 @@ impl Member {
         self.created.lock().get(&(table, first_slot)).copied()
     }
 
+    /// A client asked for a key of `slot` (default table), which is recovering: if this server
+    /// restores it, that restore goes first ([`crate::cluster::recovery::Jobs::demand`]).
+    pub fn demand(&self, view: &ClusterView, slot: u16) {
+        if view.owner(slot) == view.me {
+            self.jobs.demand(DEFAULT_TABLE, slot);
+        }
+    }
+
     pub fn peers(&self) -> &crate::cluster::peers::Peers {
         &self.peers
     }

@@ -229,10 +229,10 @@ pub fn apply(
         mirrors.insert(t.table, t.first_slot, mirror.clone());
         let node = node.clone();
         let backup = member.backup.clone();
-        let (table, first_slot, epoch) = (t.table, t.first_slot, t.epoch);
+        let t = t.clone();
         let spawned = std::thread::Builder::new()
-            .name(format!("mirror-{table}-{first_slot}"))
-            .spawn(move || build(&node, &backup, &mirror, table, first_slot, epoch));
+            .name(format!("mirror-{}-{}", t.table, t.first_slot))
+            .spawn(move || build(&node, &backup, &mirror, &t));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a mirror build");
         }
@@ -266,10 +266,9 @@ fn build(
     node: &Node,
     backup: &crate::cluster::backup::BackupService,
     mirror: &MirrorTablet,
-    table: TableId,
-    first_slot: u16,
-    epoch: u64,
+    t: &ramlog_cluster::TabletInfo,
 ) {
+    let (table, first_slot) = (t.table, t.first_slot);
     let result = (|| -> Result<u64, String> {
         let engine = node.engine();
         if matches!(*mirror.phase.lock(), Phase::Clearing) {
@@ -281,7 +280,7 @@ fn build(
         let mut first_error = None;
         let mut objects = 0u64;
         backup
-            .replay_for_restore(table, first_slot, epoch + 1, |e| {
+            .replay_for_restore(t, t.epoch + 1, |e| {
                 let phase = mirror.phase.lock();
                 if let Phase::Building { deletes } = &*phase {
                     if deletes.get(e.key).is_some_and(|&v| v >= e.version) {

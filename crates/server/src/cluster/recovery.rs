@@ -50,8 +50,15 @@ type Key = (u64, u16, u64, Kind);
 struct Job {
     last_slot: u16,
     started: Instant,
+    /// False while it waits for its turn (see [`Jobs::restoring`]).
+    running: AtomicBool,
     objects: AtomicU64,
     bytes: AtomicU64,
+    /// What the job expects to handle: a restore's objects (estimated from the count its
+    /// replay announces), a copy's bytes (the tablet's live bytes when it starts); 0 unknown.
+    expected: AtomicU64,
+    /// When a client first asked for a key of a restore that has not started: it goes first.
+    demanded: Mutex<Option<Instant>>,
     done: AtomicBool,
     finished: Mutex<Option<Instant>>,
     error: Mutex<String>,
@@ -69,21 +76,51 @@ pub struct Jobs {
     copying: Gate,
 }
 
-/// A counting semaphore for job threads.
+/// A counting semaphore for job threads that lets demanded jobs in first: among the jobs
+/// waiting for a turn, those a client asked for go first (the earliest demand first), then the
+/// others in the order they came.
 #[derive(Default)]
 struct Gate {
-    running: Mutex<usize>,
+    state: Mutex<GateState>,
     freed: parking_lot::Condvar,
 }
 
+#[derive(Default)]
+struct GateState {
+    running: usize,
+    next: u64,
+    waiting: Vec<(u64, Arc<Job>)>,
+}
+
 impl Gate {
-    fn enter(&self, limit: usize) -> GateGuard<'_> {
-        let mut running = self.running.lock();
-        while *running >= limit.max(1) {
-            self.freed.wait(&mut running);
+    fn enter(&self, limit: usize, job: &Arc<Job>) -> GateGuard<'_> {
+        let mut state = self.state.lock();
+        let me = state.next;
+        state.next += 1;
+        state.waiting.push((me, job.clone()));
+        loop {
+            let first = state
+                .waiting
+                .iter()
+                .min_by_key(|(seq, j)| {
+                    let demanded = *j.demanded.lock();
+                    (demanded.is_none(), demanded, *seq)
+                })
+                .map(|(seq, _)| *seq);
+            if state.running < limit.max(1) && first == Some(me) {
+                state.waiting.retain(|(seq, _)| *seq != me);
+                state.running += 1;
+                job.running.store(true, Ordering::Release);
+                return GateGuard(self);
+            }
+            self.freed.wait(&mut state);
         }
-        *running += 1;
-        GateGuard(self)
+    }
+
+    /// Wakes the waiters to look again at who goes first.
+    fn reorder(&self) {
+        let _state = self.state.lock();
+        self.freed.notify_all();
     }
 }
 
@@ -91,8 +128,8 @@ struct GateGuard<'a>(&'a Gate);
 
 impl Drop for GateGuard<'_> {
     fn drop(&mut self) {
-        *self.0.running.lock() -= 1;
-        self.0.freed.notify_one();
+        self.0.state.lock().running -= 1;
+        self.0.freed.notify_all();
     }
 }
 
@@ -119,8 +156,11 @@ impl Jobs {
         let job = Arc::new(Job {
             last_slot,
             started: Instant::now(),
+            running: AtomicBool::new(false),
             objects: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            expected: AtomicU64::new(0),
+            demanded: Mutex::new(None),
             done: AtomicBool::new(false),
             finished: Mutex::new(None),
             error: Mutex::new(String::new()),
@@ -146,8 +186,22 @@ impl Jobs {
                     Kind::Copy(b, _) => Some(b),
                     Kind::Restore => None,
                 },
+                state: if j.done.load(Ordering::Acquire) {
+                    "done"
+                } else if j.finished.lock().is_some() {
+                    "failed"
+                } else if j.running.load(Ordering::Acquire) {
+                    match kind {
+                        Kind::Restore => "restoring",
+                        Kind::Copy(..) => "copying",
+                    }
+                } else {
+                    "waiting"
+                },
                 objects: j.objects.load(Ordering::Relaxed),
                 bytes: j.bytes.load(Ordering::Relaxed),
+                expected: j.expected.load(Ordering::Relaxed),
+                demanded: j.demanded.lock().is_some(),
                 millis: j
                     .finished
                     .lock()
@@ -157,6 +211,35 @@ impl Jobs {
                 error: j.error.lock().clone(),
             })
             .collect()
+    }
+
+    /// A client asked for a key in `slot` of `table`, which this server is restoring: the
+    /// restore of that slot goes before the others that wait for a turn.
+    pub fn demand(&self, table: u64, slot: u16) {
+        let mut hurried = false;
+        for (&(t, first_slot, _, kind), job) in self.jobs.lock().iter() {
+            if t != table || kind != Kind::Restore || !(first_slot..=job.last_slot).contains(&slot)
+            {
+                continue;
+            }
+            if job.running.load(Ordering::Acquire) || job.finished.lock().is_some() {
+                continue;
+            }
+            let mut demanded = job.demanded.lock();
+            if demanded.is_none() {
+                *demanded = Some(Instant::now());
+                hurried = true;
+                tracing::info!(
+                    table,
+                    first_slot,
+                    slot,
+                    "a client waits for this tablet: its restore goes first"
+                );
+            }
+        }
+        if hurried {
+            self.restoring.reorder();
+        }
     }
 
     /// Jobs not finished yet.
@@ -227,6 +310,27 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// The share of the keys in `t`'s logs that are its own: 1 for a whole tablet; for a recovery
+/// partition, its slots over those of every partition split off the same tablet (keys spread
+/// evenly over slots, unless hash tags gather them).
+fn slot_share(member: &Member, t: &TabletInfo) -> f64 {
+    let Some(from) = t.logs_from else {
+        return 1.0;
+    };
+    let view = member.view();
+    let last = view
+        .map
+        .tablets
+        .iter()
+        .filter(|x| x.table == t.table && x.logs_from == Some(from))
+        .map(|x| x.last_slot)
+        .max()
+        .unwrap_or(t.last_slot);
+    let all = f64::from(last.saturating_sub(from)) + 1.0;
+    let mine = f64::from(t.last_slot - t.first_slot) + 1.0;
+    (mine / all).min(1.0)
+}
+
 /// True while the newest map still asks this server to restore `t` at its epoch.
 fn still_restoring(member: &Member, t: &TabletInfo) -> bool {
     let view = member.view();
@@ -243,7 +347,7 @@ fn restore(
     node: &Arc<Node>,
     member: &Arc<Member>,
     t: &TabletInfo,
-    job: &Job,
+    job: &Arc<Job>,
 ) -> Result<(), String> {
     let started = Instant::now();
     let duty = &**member;
@@ -274,10 +378,12 @@ fn restore(
         // Test knob: a slow restore, so that a test can kill the restorer during it.
         std::thread::sleep(Duration::from_millis(ms));
     }
-    let _turn = member.jobs.restoring.enter(cores());
+    let waiting_since = Instant::now();
+    let _turn = member.jobs.restoring.enter(cores(), job);
     if !still_restoring(member, t) {
         return Err("the map no longer asks for this restore".into());
     }
+    let share = slot_share(member, t);
     let tablet = member.engine_tablet(node, t)?;
     // A mirror's tablet whose memory could not be used is restored in place; it is this
     // server's own from now on.
@@ -289,8 +395,19 @@ fn restore(
     let mut loader = None;
     let report = duty
         .backup
-        .replay_for_restore_counted(t.table, t.first_slot, t.epoch, |r| match r {
-            ramlog_backup::Replayed::Count(expected) => {
+        .replay_for_restore_counted(t, t.epoch, |r| match r {
+            ramlog_backup::Replayed::Count(count) => {
+                // The logs of a tablet this one was split off hold other slots' keys too.
+                let expected = (count as f64 * share).ceil() as u64;
+                job.expected.store(expected, Ordering::Relaxed);
+                tracing::info!(
+                    table = t.table,
+                    first_slot = t.first_slot,
+                    last_slot = t.last_slot,
+                    expected,
+                    waited_ms = waiting_since.elapsed().as_millis() as u64,
+                    "restoring"
+                );
                 match engine.bulk_restore(tablet, expected) {
                     Ok(l) => loader = Some(l),
                     Err(e) => {
@@ -358,7 +475,7 @@ fn out_of_memory(
     member: &Arc<Member>,
     t: &TabletInfo,
     tablet: ramlog_logmem::TabletId,
-    job: &Job,
+    job: &Arc<Job>,
     reason: String,
 ) -> Result<(), String> {
     let removed = node
@@ -492,7 +609,7 @@ fn copy(
     t: &TabletInfo,
     backup: ServerId,
     address: &str,
-    job: &Job,
+    job: &Arc<Job>,
 ) -> Result<(), String> {
     let duty = &**member;
     let tablet = member
@@ -506,8 +623,15 @@ fn copy(
         epoch: t.epoch,
         count: 0,
     };
-    let rate = node.config.recovery_copy_bytes_per_sec;
-    let _turn = member.jobs.copying.enter(1);
+    // Test knob: a slower copy, so that a test can kill a master while its backups wait for it.
+    let rate = std::env::var("RAMLOG_TEST_COPY_BYTES_PER_SEC")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(node.config.recovery_copy_bytes_per_sec);
+    let _turn = member.jobs.copying.enter(1, job);
+    if let Some(&live) = node.engine().live_bytes_by_tablet().get(tablet as usize) {
+        job.expected.store(live, Ordering::Relaxed);
+    }
     let started = Instant::now();
     let copied = duty.replication.copy_tablet(
         node.engine(),

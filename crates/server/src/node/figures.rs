@@ -88,8 +88,16 @@ pub struct JobFigures {
     pub epoch: u64,
     /// The backup a copy goes to.
     pub backup: Option<ServerId>,
+    /// "waiting" (for a turn: restores run one per core, copies one at a time), "restoring",
+    /// "copying", "done" or "failed".
+    pub state: &'static str,
     pub objects: u64,
     pub bytes: u64,
+    /// A restore's objects to go through (estimated before its replay, from the count the
+    /// replay announces), a copy's bytes (the tablet's live bytes); 0 while unknown.
+    pub expected: u64,
+    /// A client asked for a key of it while it waited: it went first.
+    pub demanded: bool,
     pub millis: u64,
     pub done: bool,
     pub error: String,

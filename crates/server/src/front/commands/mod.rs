@@ -684,6 +684,12 @@ fn cluster_check(
                 crate::cluster::Route::Waiting(why) => {
                     return Err(crate::cluster::Route::waiting_error(slot, &why))
                 }
+                crate::cluster::Route::Recovering => {
+                    member.demand(&view, slot);
+                    return Err(format!(
+                        "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
+                    ));
+                }
                 _ => {
                     return Err(format!(
                     "TRYAGAIN slot {slot} is not served by this server at map version {}; retry",
@@ -724,9 +730,12 @@ fn cluster_check(
         }
         crate::cluster::Route::Moved(addr) => Err(format!("MOVED {slot} {addr}")),
         crate::cluster::Route::Down => Err("CLUSTERDOWN Hash slot not served".into()),
-        crate::cluster::Route::Recovering => Err(format!(
-            "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
-        )),
+        crate::cluster::Route::Recovering => {
+            member.demand(&view, slot);
+            Err(format!(
+                "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
+            ))
+        }
         crate::cluster::Route::Waiting(why) => {
             Err(crate::cluster::Route::waiting_error(slot, &why))
         }

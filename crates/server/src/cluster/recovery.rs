@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 /// that reached other backups and not this one are at most a stream's worth of writes ahead).
 pub const VERSION_GAP: u64 = 1 << 32;
 
+/// How long a copy waits at most for the restores of its server to end before it starts.
+const RESTORES_FIRST_MAX: Duration = Duration::from_secs(30);
+
 /// How long a finished job stays listed.
 const KEEP_FINISHED: Duration = Duration::from_secs(60);
 
@@ -240,6 +243,14 @@ impl Jobs {
         if hurried {
             self.restoring.reorder();
         }
+    }
+
+    /// True while a restore of this server runs or waits for its turn.
+    fn restores_pending(&self) -> bool {
+        self.jobs
+            .lock()
+            .iter()
+            .any(|(&(.., kind), j)| kind == Kind::Restore && j.finished.lock().is_none())
     }
 
     /// Jobs not finished yet.
@@ -628,6 +639,13 @@ fn copy(
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(node.config.recovery_copy_bytes_per_sec);
+    // Restores first: a copy waits while this server restores (or has restores waiting for a
+    // turn), so that re-protection does not slow down the tablets clients are waiting for; the
+    // copy's tablet is served meanwhile and its live writes reach every backup.
+    let deadline = Instant::now() + RESTORES_FIRST_MAX;
+    while member.jobs.restores_pending() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _turn = member.jobs.copying.enter(1, job);
     if let Some(&live) = node.engine().live_bytes_by_tablet().get(tablet as usize) {
         job.expected.store(live, Ordering::Relaxed);

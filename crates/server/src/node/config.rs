@@ -512,6 +512,19 @@ mod tests {
     }
 
     #[test]
+    fn routing_recovery_wait_setting() {
+        assert_eq!(ServerConfig::default().routing_recovery_wait_ms, 10_000);
+        let c = ServerConfig::from_toml("routing_recovery_wait_ms = 0\n").unwrap();
+        assert_eq!(c.routing_recovery_wait_ms, 0);
+        c.validate().unwrap();
+        let c = ServerConfig {
+            routing_recovery_wait_ms: ROUTING_RECOVERY_WAIT_MAX_MS + 1,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
     fn cpu_scheduling_setting() {
         assert_eq!(ServerConfig::default().cpu_scheduling, CpuScheduling::Batch);
         let c = ServerConfig::from_toml("cpu_scheduling = \"normal\"\n").unwrap();

@@ -7,10 +7,12 @@
 //! refresh. Hides: which server answers what.
 //!
 //! Retries: a request refused with `WrongServer` or `NoSuchTable` (the server applied nothing), or
-//! whose connection could not even be opened (nothing was sent), is retried after a short backoff
-//! (50, 100, 200 ms) and a map refresh, at most [`RETRIES`] times. A read (GET, MULTI_GET,
-//! SCAN_KEYS) is also retried when the connection broke under it; a write never is, since it may
-//! have been applied.
+//! whose connection could not even be opened (nothing was sent), or for a tablet the map shows
+//! being recovered after its master failed (not sent at all), is retried after a pause (50, 100,
+//! then 200 ms) and a map refresh, until it succeeds or [`ClientConfig::recovery_wait`] (10 s)
+//! has passed since its first failure: a master's failure costs the caller a wait, not an
+//! error. A read (GET, MULTI_GET, SCAN_KEYS) is also retried when the connection broke under
+//! it; a write never is, since it may have been applied.
 //!
 //! A seed server that answers CLUSTER_MAP with nothing is standalone: every request then goes to
 //! it unchanged.
@@ -41,11 +43,40 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-/// Backoff before each retry of a routed request; its length is the number of retries.
+/// Pauses before the first retries of a routed request; the last is repeated until the
+/// request's [`ClientConfig::recovery_wait`] has passed.
 const RETRY_BACKOFF_MS: [u64; 3] = [50, 100, 200];
 
-/// How many times a routed request is retried after its first attempt.
-pub const RETRIES: usize = RETRY_BACKOFF_MS.len();
+/// The retries of one request: a pause before each and a deadline, `recovery_wait` after its
+/// first failure.
+struct Retries {
+    attempt: usize,
+    wait: Duration,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Retries {
+    fn new(wait: Duration) -> Retries {
+        Retries {
+            attempt: 0,
+            wait,
+            deadline: None,
+        }
+    }
+
+    /// Pauses before the next attempt; false when the wait is over (the last error stands).
+    async fn pause(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let deadline = *self.deadline.get_or_insert(now + self.wait);
+        if now >= deadline {
+            return false;
+        }
+        let step = RETRY_BACKOFF_MS[self.attempt.min(RETRY_BACKOFF_MS.len() - 1)];
+        tokio::time::sleep(Duration::from_millis(step).min(deadline - now)).await;
+        self.attempt += 1;
+        true
+    }
+}
 
 /// The cached map: replaced only by a map with a higher version.
 pub(crate) struct MapCache(RwLock<Arc<ClusterMap>>);
@@ -230,7 +261,7 @@ impl ClusterClient {
         let Some(cache) = &self.shared.map else {
             return op(self.seed()).await;
         };
-        let mut attempt = 0;
+        let mut retries = self.retries();
         loop {
             let map = cache.get();
             let result = match check(&map).and_then(|()| route(&map, self.table, key)) {
@@ -241,21 +272,31 @@ impl ClusterClient {
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if attempt < RETRIES && retryable(&e, idempotent) => {
-                    tracing::debug!(error = %e, attempt, "retrying after a map refresh");
-                    self.backoff_and_refresh(attempt, map.version).await;
-                    attempt += 1;
+                Err(e) if retryable(&e, idempotent) => {
+                    if !self.backoff_and_refresh(&mut retries, map.version).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "retried after a map refresh");
                 }
                 other => return other,
             }
         }
     }
 
-    async fn backoff_and_refresh(&self, attempt: usize, seen: u64) {
-        tokio::time::sleep(Duration::from_millis(RETRY_BACKOFF_MS[attempt])).await;
+    fn retries(&self) -> Retries {
+        Retries::new(self.shared.config.recovery_wait)
+    }
+
+    /// Pauses, then refreshes the map (unless another task replaced version `seen` meanwhile);
+    /// false, at once, when the request's wait is over.
+    async fn backoff_and_refresh(&self, retries: &mut Retries, seen: u64) -> bool {
+        if !retries.pause().await {
+            return false;
+        }
         if let Err(e) = self.refresh(Some(seen)).await {
             tracing::debug!(error = %e, "cluster map refresh failed");
         }
+        true
     }
 
     /// The object stored under `key` with its version, or None.
@@ -330,7 +371,7 @@ impl ClusterClient {
         }
         let mut results: Vec<Option<Option<Object>>> = vec![None; keys.len()];
         let mut pending: Vec<usize> = (0..keys.len()).collect();
-        let mut attempt = 0;
+        let mut retries = self.retries();
         loop {
             let map = cache.get();
             let mut failed = Vec::new();
@@ -370,11 +411,11 @@ impl ClusterClient {
                         .map(|r| r.expect("every key was answered"))
                         .collect())
                 }
-                Some(e) if attempt >= RETRIES => return Err(e),
                 Some(e) => {
-                    tracing::debug!(error = %e, attempt, "retrying part of a MULTI_GET");
-                    self.backoff_and_refresh(attempt, map.version).await;
-                    attempt += 1;
+                    if !self.backoff_and_refresh(&mut retries, map.version).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "retried part of a MULTI_GET");
                     failed.sort_unstable();
                     pending = failed;
                 }
@@ -405,15 +446,16 @@ impl ClusterClient {
         let Some(cache) = &self.shared.map else {
             return self.seed().scan_all(pattern).await;
         };
-        let mut attempt = 0;
+        let mut retries = self.retries();
         loop {
             let map = cache.get();
             let result = self.scan_all_once(&map, pattern).await;
             match result {
-                Err(e) if attempt < RETRIES && retryable(&e, true) => {
-                    tracing::debug!(error = %e, attempt, "retrying a key listing");
-                    self.backoff_and_refresh(attempt, map.version).await;
-                    attempt += 1;
+                Err(e) if retryable(&e, true) => {
+                    if !self.backoff_and_refresh(&mut retries, map.version).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "retried a key listing");
                 }
                 other => return other,
             }
@@ -527,6 +569,18 @@ fn tablet_and_master<'m>(
     let tablet = map
         .tablet_of(table, key)
         .ok_or_else(|| no_such_table(table, key, map))?;
+    // A tablet being restored has no server to ask until the map names its new master (its
+    // dead master would not answer): nothing is sent, and the request is retried.
+    if tablet.recovering && tablet.waiting.is_none() {
+        return Err(Error::Server {
+            status: Status::WrongServer,
+            message: format!(
+                "slot {} of table {table} is being recovered after its master failed (map version {}); retry",
+                key_slot(key),
+                map.version
+            ),
+        });
+    }
     // A tablet that waits for memory to be restored goes to its first live backup, which
     // answers why (CLUSTER_DOWN) from its own map, or WRONG_SERVER once that map moved on; its
     // dead master would not answer at all.
@@ -775,6 +829,25 @@ mod tests {
         broken.servers.retain(|s| s.id != 3);
         let e = route(&broken, 0, b"foo").unwrap_err();
         assert_eq!(status_of(&e), Some(Status::WrongServer), "{e}");
+    }
+
+    #[test]
+    fn a_tablet_being_recovered_routes_nowhere_until_it_has_a_master() {
+        let mut m = map(7);
+        m.tablets[2].recovering = true;
+        m.tablets[2].restorer = Some(1);
+        let e = route(&m, 0, b"foo").unwrap_err();
+        assert_eq!(status_of(&e), Some(Status::WrongServer), "{e}");
+        assert!(e.to_string().contains("being recovered"), "{e}");
+        assert!(
+            retryable(&e, false),
+            "nothing was sent: a write retries too"
+        );
+        // Other tablets route as before; one that waits for memory goes to a live backup.
+        assert_eq!(route(&m, 0, b"bar").unwrap().0, 1);
+        m.tablets[2].waiting = Some("no room".into());
+        m.tablets[2].backups = vec![2];
+        assert_eq!(route(&m, 0, b"foo").unwrap().0, 2);
     }
 
     #[test]

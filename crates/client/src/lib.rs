@@ -28,7 +28,7 @@ mod connection;
 mod error;
 mod scan;
 
-pub use cluster::{ClusterClient, RETRIES as CLUSTER_RETRIES};
+pub use cluster::ClusterClient;
 pub use error::Error;
 pub use ramlog_cluster::ClusterMap;
 pub use ramlog_proto::native::{
@@ -50,6 +50,10 @@ use tokio::time::Instant;
 /// The native port a server listens on unless configured otherwise.
 pub const NATIVE_PORT_DEFAULT: u16 = 7380;
 
+/// [`ClientConfig::recovery_wait`] unless configured otherwise: a master's failure is detected
+/// and its tablets restored well within it.
+pub const RECOVERY_WAIT_DEFAULT: Duration = Duration::from_secs(10);
+
 /// How to reach a server and how patient to be.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -70,6 +74,10 @@ pub struct ClientConfig {
     /// Retry idempotent requests (GET, MULTI_GET, SCAN_KEYS, PING, STATS) once on a new connection when
     /// the connection breaks under them.
     pub retry_idempotent: bool,
+    /// [`ClusterClient`]: how long a request whose tablet's master failed or moved (refused
+    /// unapplied, not sent, or being recovered) keeps being retried after map refreshes before
+    /// its last error is returned. Zero returns it after the first attempt.
+    pub recovery_wait: Duration,
 }
 
 impl ClientConfig {
@@ -83,6 +91,7 @@ impl ClientConfig {
             max_in_flight: 4096,
             reply_frame_max_bytes: 256 << 20,
             retry_idempotent: true,
+            recovery_wait: RECOVERY_WAIT_DEFAULT,
         }
     }
 }

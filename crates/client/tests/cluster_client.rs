@@ -313,7 +313,7 @@ async fn a_refusal_refreshes_the_map_and_retries() {
 }
 
 #[tokio::test]
-async fn refusals_give_up_after_the_retries() {
+async fn refusals_give_up_after_the_recovery_wait() {
     let refusals = Arc::new(AtomicUsize::new(0));
     let counted = refusals.clone();
     let stale: Handler = Arc::new(move |_| {
@@ -322,9 +322,9 @@ async fn refusals_give_up_after_the_retries() {
     });
     let stale_addr = scripted(stale).await;
     let (seed_addr, _) = seed(vec![even_map(1, &[stale_addr])]).await;
-    let cluster = ClusterClient::connect(ClientConfig::new(seed_addr.to_string()))
-        .await
-        .unwrap();
+    let mut config = ClientConfig::new(seed_addr.to_string());
+    config.recovery_wait = std::time::Duration::from_millis(400);
+    let cluster = ClusterClient::connect(config).await.unwrap();
     let started = std::time::Instant::now();
     let e = cluster.put(b"k", b"v").await.unwrap_err();
     assert!(
@@ -337,11 +337,13 @@ async fn refusals_give_up_after_the_retries() {
         ),
         "{e}"
     );
-    assert_eq!(
-        refusals.load(Ordering::SeqCst),
-        1 + ramlog_client::CLUSTER_RETRIES
+    // Retried after 50, 100, 200 ms, then every 200 ms (the last pause cut at the wait's end).
+    assert_eq!(refusals.load(Ordering::SeqCst), 5);
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(400) && took < std::time::Duration::from_secs(3),
+        "{took:?}"
     );
-    assert!(started.elapsed() >= std::time::Duration::from_millis(350));
     // A key of a table the map does not have.
     let e = cluster.with_table(9).get(b"k").await.unwrap_err();
     assert!(
@@ -367,9 +369,9 @@ async fn a_broken_connection_retries_reads_but_not_writes() {
     });
     let dropping_addr = scripted(dropping).await;
     let (seed_addr, _) = seed(vec![even_map(1, &[dropping_addr])]).await;
-    let cluster = ClusterClient::connect(ClientConfig::new(seed_addr.to_string()))
-        .await
-        .unwrap();
+    let mut config = ClientConfig::new(seed_addr.to_string());
+    config.recovery_wait = std::time::Duration::from_millis(400);
+    let cluster = ClusterClient::connect(config).await.unwrap();
     let e = cluster.put(b"k", b"v").await.unwrap_err();
     assert!(matches!(e, Error::ConnectionLost(_)), "{e}");
     assert_eq!(
@@ -379,5 +381,89 @@ async fn a_broken_connection_retries_reads_but_not_writes() {
     );
     let e = cluster.get(b"k").await.unwrap_err();
     assert!(matches!(e, Error::ConnectionLost(_)), "{e}");
-    assert!(requests.load(Ordering::SeqCst) > 1 + ramlog_client::CLUSTER_RETRIES);
+    assert!(requests.load(Ordering::SeqCst) > 4);
+}
+
+/// The map a seed hands out `elapsed` after it started: the master is dead (its address refuses
+/// connections) for 0.4 s, then its tablets are being recovered until 1.5 s, then the real server
+/// masters them.
+fn map_during_a_recovery(
+    elapsed: std::time::Duration,
+    dead: SocketAddr,
+    real: SocketAddr,
+) -> ClusterMap {
+    if elapsed < std::time::Duration::from_millis(400) {
+        return even_map(1, &[dead]);
+    }
+    let mut map = even_map(2, &[dead, real]);
+    map.servers[0].state = ServerState::Dead;
+    for t in &mut map.tablets {
+        if elapsed < std::time::Duration::from_millis(1500) {
+            t.master = 1;
+            t.recovering = true;
+            t.restorer = Some(2);
+        } else {
+            t.master = 2;
+        }
+    }
+    if elapsed >= std::time::Duration::from_millis(1500) {
+        map.version = 3;
+    }
+    map
+}
+
+#[tokio::test]
+async fn a_request_waits_out_its_masters_recovery() {
+    let real = start_server(NativeConfig::default()).await;
+    // An address nobody listens on: the dead master.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let real_addr = real.addr;
+    let handler: Handler = Arc::new(move |request| {
+        Some(match request {
+            Request::ClusterMap => Response::ClusterMap(
+                map_during_a_recovery(started.elapsed(), dead, real_addr)
+                    .to_json()
+                    .into(),
+            ),
+            _ => error(Status::WrongServer, "the seed masters nothing"),
+        })
+    });
+    let seed_addr = scripted(handler).await;
+    let cluster = ClusterClient::connect(ClientConfig::new(seed_addr.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(cluster.map().version, 1);
+    // A write to the dead master is not sent (its connection is refused), then waits while its
+    // tablet is recovered, then goes to the new master: one wait, no error.
+    cluster.put(b"k", b"v").await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(1500) && took < std::time::Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_eq!(cluster.map().version, 3);
+    assert_eq!(
+        plain(&real).await.get(b"k").await.unwrap().unwrap().value,
+        &b"v"[..]
+    );
+    // With no wait, a tablet being recovered answers at once, sending nothing.
+    let mut config = ClientConfig::new(seed_addr.to_string());
+    config.recovery_wait = std::time::Duration::ZERO;
+    let recovering = map_during_a_recovery(std::time::Duration::from_secs(1), dead, real_addr);
+    let (recovering_seed, _) = seed(vec![recovering]).await;
+    config.addr = recovering_seed.to_string();
+    let impatient = ClusterClient::connect(config).await.unwrap();
+    let e = impatient.put(b"k", b"w").await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Server { status: Status::WrongServer, message } if message.contains("being recovered")),
+        "{e}"
+    );
+    assert_eq!(
+        plain(&real).await.get(b"k").await.unwrap().unwrap().value,
+        &b"v"[..]
+    );
 }

@@ -220,6 +220,13 @@ impl ClusterView {
         &self.masters
     }
 
+    /// True while `slot`'s tablet of the default table is being recovered (waiting for memory
+    /// or not): no server serves it.
+    #[inline]
+    pub fn is_recovering(&self, slot: u16) -> bool {
+        self.recovering[slot as usize]
+    }
+
     /// Why `slot` of the default table has no server, if its tablet waits for memory.
     #[inline]
     pub fn waiting_reason(&self, slot: u16) -> Option<&str> {
@@ -336,10 +343,17 @@ pub struct Member {
     /// The tablets of the last memory report: sent again while a map is being applied (the
     /// heartbeat never waits for that).
     last_tablets: parking_lot::Mutex<Vec<TabletBytes>>,
+    /// The version of the map served, published after each map is applied: what waits for the
+    /// map to change (the routing port, for a slot whose master failed) wakes on it.
+    map_version: tokio::sync::watch::Sender<u64>,
 }
 
 /// How often one peer is reported suspect at most (the coordinator holds a report for 2 s).
 const SUSPECT_REPORT_EVERY: Duration = Duration::from_secs(1);
+
+/// How a refusal for an expired lease begins: the request was not applied.
+pub const LEASE_REFUSAL_PREFIX: &str =
+    "CLUSTERDOWN this server has had no answer from the coordinator";
 
 /// The lease a server assumes until the coordinator's first answer names one.
 const LEASE_DEFAULT: Duration = Duration::from_millis(300);
@@ -451,6 +465,7 @@ impl Member {
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
             last_tablets: parking_lot::Mutex::new(Vec::new()),
+            map_version: tokio::sync::watch::Sender::new(0),
         });
         member.renew_lease(member.clock_base, LEASE_DEFAULT);
         member.apply(node, map);
@@ -459,6 +474,14 @@ impl Member {
 
     pub fn view(&self) -> arc_swap::Guard<Arc<ClusterView>> {
         self.view.load()
+    }
+
+    /// Waits until this server serves a map newer than version `seen`, or `timeout` passes;
+    /// true if it does. Any number of tasks may wait at once, on any runtime.
+    pub async fn map_newer_than(&self, seen: u64, timeout: Duration) -> bool {
+        let mut versions = self.map_version.subscribe();
+        let newer = tokio::time::timeout(timeout, versions.wait_for(|&v| v > seen)).await;
+        matches!(newer, Ok(Ok(_)))
     }
 
     /// Extends the lease to `lease` after `sent` (never shortens it).
@@ -520,11 +543,12 @@ impl Member {
         (now >= until).then(|| Duration::from_nanos(now - until))
     }
 
-    /// The error a front end answers while the lease has run out.
+    /// The error a front end answers while the lease has run out (it starts with
+    /// [`LEASE_REFUSAL_PREFIX`]).
     pub fn lease_refusal(&self) -> Option<String> {
         self.lease_expired().map(|late| {
             format!(
-                "CLUSTERDOWN this server has had no answer from the coordinator for {} ms past its lease; it serves again once it has",
+                "{LEASE_REFUSAL_PREFIX} for {} ms past its lease; it serves again once it has",
                 late.as_millis()
             )
         })
@@ -634,6 +658,7 @@ impl Member {
         tracing::info!(version = map.version, "serving map");
         let view = Arc::new(ClusterView::new(map, me, epoch));
         self.view.store(view.clone());
+        self.map_version.send_replace(view.map.version);
         // Backups fence old epochs and let go of logs the map no longer needs; restores and
         // copies this map asks of this server start.
         self.backup.apply_map(&view.map, me);

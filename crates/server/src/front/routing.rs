@@ -15,7 +15,20 @@
 //!
 //! Replies go back in request order. Commands for one key always reach the same server in the
 //! order they were sent, so a pipeline keeps its meaning.
+//!
+//! When a slot's master fails, a request for it waits (at most `routing_recovery_wait_ms`) for
+//! the map to name the slot's new master, then goes there, as a proxy in front of Redis Cluster
+//! would: a request for a slot being recovered is held back unsent; one the master could not be
+//! reached for (nothing was sent) or that its server refused (`-TRYAGAIN`, `-MOVED`, or
+//! `-CLUSTERDOWN` past its lease: nothing was applied) is sent again once the map changed, or
+//! after a pause that grows from 10 to 200 ms. A request that was sent and got no answer stays in
+//! doubt (`-ERR ... outcome unknown`): sending it again could apply a write twice. One round
+//! (one read's requests) routes by one version of the map, and a server that refuses a command
+//! of a forwarded batch refuses the batch's later commands for the same slots, so that commands
+//! for one key still run in the order they were sent.
 
+use crate::cluster::membership::{ClusterView, LEASE_REFUSAL_PREFIX};
+use crate::cluster::Member;
 use crate::front::commands::{command_keys, execute, lookup, Session};
 use crate::front::resp_conn::{read_more, request_limits, Ending};
 use crate::node::metrics::{BufferGauge, Metrics};
@@ -27,11 +40,20 @@ use ramlog_common::key_slot;
 use ramlog_proto::resp::{ReplyDecoder, ReplyEncoder, RequestDecoder};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const READ_CHUNK_BYTES: usize = 16 * 1024;
+
+/// The pseudo-server of commands held back because their slot is being recovered: they are
+/// never sent as they are, only routed again once the map names a master.
+const HELD: ServerId = 0;
+
+/// The first and the longest pause between two attempts to route again the requests whose
+/// master failed, when the map has not changed meanwhile.
+const RETRY_PAUSE_MIN: Duration = Duration::from_millis(10);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// A reply being assembled.
 enum Part {
@@ -74,48 +96,60 @@ enum Part {
 }
 
 /// Commands for one server, their arguments copied once into one buffer.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Outgoing {
     data: Vec<u8>,
     /// Each argument's range in `data`.
     args: Vec<(usize, usize)>,
     /// Where each command's arguments end in `args`.
     ends: Vec<usize>,
+    /// Each command's slot: that of its first key (of the one being recovered, for a command
+    /// held back); None for a command addressed to the server itself (DBSIZE, KEYS, SCAN, ...),
+    /// which is never routed again.
+    slots: Vec<Option<u16>>,
 }
 
 impl Outgoing {
-    fn push(&mut self, args: &[&[u8]]) -> usize {
+    fn push(&mut self, args: &[&[u8]], slot: Option<u16>) -> usize {
         for a in args {
             let start = self.data.len();
             self.data.extend_from_slice(a);
             self.args.push((start, self.data.len()));
         }
         self.ends.push(self.args.len());
+        self.slots.push(slot);
         self.ends.len() - 1
     }
 
-    fn commands(&self) -> Vec<Vec<&[u8]>> {
-        let mut start = 0;
-        self.ends
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Command `index`'s arguments.
+    fn command(&self, index: usize) -> Vec<&[u8]> {
+        let start = if index == 0 { 0 } else { self.ends[index - 1] };
+        self.args[start..self.ends[index]]
             .iter()
-            .map(|&end| {
-                let command = self.args[start..end]
-                    .iter()
-                    .map(|&(a, b)| &self.data[a..b])
-                    .collect();
-                start = end;
-                command
-            })
+            .map(|&(a, b)| &self.data[a..b])
             .collect()
+    }
+
+    /// The commands from number `first` on.
+    fn commands_from(&self, first: usize) -> Vec<Vec<&[u8]>> {
+        (first..self.len()).map(|i| self.command(i)).collect()
     }
 }
 
 /// One read's worth of requests: the replies being assembled, the replies of commands run here,
-/// and the commands to forward.
+/// the commands to forward (shared with the tasks that send them), and the map they are routed
+/// by.
 struct Round {
     parts: Vec<Part>,
     local: Vec<u8>,
-    outgoing: BTreeMap<ServerId, Outgoing>,
+    outgoing: BTreeMap<ServerId, Arc<Outgoing>>,
+    /// The map every request of the round is routed by (loaded by the first): commands for one
+    /// key all go the same way.
+    view: Option<Arc<ClusterView>>,
 }
 
 impl Round {
@@ -124,12 +158,21 @@ impl Round {
             parts: Vec::new(),
             local: Vec::new(),
             outgoing: BTreeMap::new(),
+            view: None,
         }
     }
 
-    fn forward(&mut self, peer: ServerId, args: &[&[u8]]) -> Part {
-        let index = self.outgoing.entry(peer).or_default().push(args);
+    fn forward(&mut self, peer: ServerId, args: &[&[u8]], slot: Option<u16>) -> Part {
+        let commands = self.outgoing.entry(peer).or_default();
+        // No send is under way while requests are routed: this never copies.
+        let index = Arc::make_mut(commands).push(args, slot);
         Part::Remote { peer, index }
+    }
+
+    fn view(&mut self, member: &Member) -> Arc<ClusterView> {
+        self.view
+            .get_or_insert_with(|| Arc::clone(&member.view()))
+            .clone()
     }
 }
 
@@ -162,8 +205,14 @@ impl Router<'_> {
         }
     }
 
-    /// Where `args` go: here, or to the server that masters `slot`.
-    fn send_to(&mut self, round: &mut Round, owner: ServerId, args: &[&[u8]]) -> Part {
+    /// Where `args` go: here, or to server `owner`; `slot`: that of the command's first key.
+    fn send_to(
+        &mut self,
+        round: &mut Round,
+        owner: ServerId,
+        args: &[&[u8]],
+        slot: Option<u16>,
+    ) -> Part {
         let me = self.session.member().map_or(0, |m| m.view().me);
         if owner == 0 {
             Part::Ready(error_reply(
@@ -173,7 +222,7 @@ impl Router<'_> {
         } else if owner == me {
             self.local(round, args)
         } else {
-            round.forward(owner, args)
+            round.forward(owner, args, slot)
         }
     }
 
@@ -206,12 +255,12 @@ impl Router<'_> {
         if in_multi {
             return self.local(round, args);
         }
-        let view = member.view();
+        let view = round.view(&member);
         let servers = view.masters();
         let mut to_every_master = |router: &mut Self| -> Vec<Part> {
             servers
                 .iter()
-                .map(|&s| router.send_to(round, s, args))
+                .map(|&s| router.send_to(round, s, args, None))
                 .collect()
         };
         match spec.name {
@@ -227,7 +276,7 @@ impl Router<'_> {
                     servers
                         .iter()
                         .filter(|&&s| s != me)
-                        .map(|&s| self.send_to(round, s, &info_keyspace))
+                        .map(|&s| self.send_to(round, s, &info_keyspace, None))
                         .collect()
                 } else {
                     Vec::new()
@@ -251,7 +300,7 @@ impl Router<'_> {
                 let inner = (cursor >> 8).to_string();
                 let mut forwarded: Vec<&[u8]> = args.to_vec();
                 forwarded[1] = inner.as_bytes();
-                let part = self.send_to(round, server, &forwarded);
+                let part = self.send_to(round, server, &forwarded, None);
                 return Part::Scan {
                     part: Box::new(part),
                     index,
@@ -281,10 +330,20 @@ impl Router<'_> {
         if let Some(error) = waiting {
             return Part::Ready(error_reply(self.session.protocol, &error));
         }
-        let owner = view.owner(key_slot(first));
+        // A slot being recovered has no server either: the request waits for one (see the
+        // module comment).
+        if let Some(slot) = keys
+            .iter()
+            .map(|k| key_slot(k))
+            .find(|&s| view.is_recovering(s))
+        {
+            return round.forward(HELD, args, Some(slot));
+        }
+        let first_slot = key_slot(first);
+        let owner = view.owner(first_slot);
         if keys.iter().all(|k| view.owner(key_slot(k)) == owner) {
             drop(view);
-            return self.send_to(round, owner, args);
+            return self.send_to(round, owner, args, Some(first_slot));
         }
         // Keys on several servers: split the command by server.
         let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
@@ -300,15 +359,15 @@ impl Router<'_> {
             for &p in positions {
                 sub.extend_from_slice(&args[p..p + step]);
             }
-            sub
+            (sub, Some(key_slot(args[positions[0]])))
         };
         match spec.name {
             "mget" => {
                 let pieces = by_owner
                     .iter()
                     .map(|(&owner, positions)| {
-                        let sub = split(positions);
-                        let part = self.send_to(round, owner, &sub);
+                        let (sub, slot) = split(positions);
+                        let part = self.send_to(round, owner, &sub, slot);
                         (part, positions.iter().map(|p| p - first_arg).collect())
                     })
                     .collect();
@@ -321,8 +380,8 @@ impl Router<'_> {
                 by_owner
                     .iter()
                     .map(|(&owner, positions)| {
-                        let sub = split(positions);
-                        self.send_to(round, owner, &sub)
+                        let (sub, slot) = split(positions);
+                        self.send_to(round, owner, &sub, slot)
                     })
                     .collect(),
             ),
@@ -330,8 +389,8 @@ impl Router<'_> {
                 by_owner
                     .iter()
                     .map(|(&owner, positions)| {
-                        let sub = split(positions);
-                        self.send_to(round, owner, &sub)
+                        let (sub, slot) = split(positions);
+                        self.send_to(round, owner, &sub, slot)
                     })
                     .collect(),
             ),
@@ -448,75 +507,19 @@ async fn write_out(
     }
 }
 
-/// Sends every server its commands, waits for all replies (and for the acknowledgement point of
-/// writes run here), and appends the replies in request order.
-async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
+/// Sends every server its commands, waits for all replies (routing again those whose master
+/// failed, see the module comment, and waiting for the acknowledgement point of writes run
+/// here), and appends the replies in request order.
+async fn resolve(router: &mut Router<'_>, mut round: Round, out: &mut Vec<u8>) {
     let protocol = router.session.protocol;
     let node = router.node;
-    let Round {
-        parts,
-        local,
-        outgoing,
-    } = round;
-    let mut replies: HashMap<ServerId, Result<Vec<Bytes>, Forward>> = HashMap::new();
-    if !outgoing.is_empty() {
-        let member = router.session.member().cloned();
-        let mut calls = tokio::task::JoinSet::new();
-        for (peer, commands) in outgoing {
-            let node = node.clone();
-            let member = member.clone();
-            calls.spawn(async move {
-                let result = async {
-                    let member = member.ok_or(Forward::NotSent("not in a cluster".into()))?;
-                    let addr = member
-                        .view()
-                        .map
-                        .server(peer)
-                        .map(|s| s.addresses.native)
-                        .ok_or_else(|| {
-                            Forward::NotSent(format!("server {peer} is not in the map"))
-                        })?;
-                    let client = match member.peers().client(&node, peer, addr).await {
-                        Ok(client) => client,
-                        Err(e) => {
-                            member.peer_unreachable(peer, e.clone());
-                            return Err(Forward::NotSent(e));
-                        }
-                    };
-                    let borrowed = commands.commands();
-                    let count = borrowed.len();
-                    let request = Request::RespBatch {
-                        protocol,
-                        commands: borrowed,
-                    };
-                    // From here the commands may have run on the peer: a failure leaves their
-                    // outcome unknown, and must not invite a retry (TRYAGAIN) that could apply
-                    // a write twice.
-                    match client.request(&request).await {
-                        Ok(Response::RespBatch(r)) if r.len() == count => Ok(r),
-                        Ok(Response::RespBatch(r)) => Err(Forward::InDoubt(format!(
-                            "server {peer} answered {} of {count} commands",
-                            r.len(),
-                        ))),
-                        Ok(other) => Err(Forward::InDoubt(format!(
-                            "server {peer} answered {other:?}"
-                        ))),
-                        Err(e) => {
-                            let e = format!("server {peer} at {addr}: {e}");
-                            member.peer_unreachable(peer, e.clone());
-                            Err(Forward::InDoubt(e))
-                        }
-                    }
-                }
-                .await;
-                (peer, result)
-            });
-        }
-        while let Some(done) = calls.join_next().await {
-            if let Ok((peer, result)) = done {
-                replies.insert(peer, result);
-            }
-        }
+    let mut replies: HashMap<ServerId, Vec<Reply>> = HashMap::new();
+    let mut rerouted: HashMap<(ServerId, usize), Part> = HashMap::new();
+    if !round.outgoing.is_empty() {
+        send(router, &mut round, &mut replies).await;
+        router
+            .reroute(&mut round, &mut replies, &mut rerouted)
+            .await;
     }
     let mut ack_error = None;
     if router.local_writes || !router.session.acks.is_empty() {
@@ -536,12 +539,130 @@ async fn resolve(router: &mut Router<'_>, round: Round, out: &mut Vec<u8>) {
     }
     let ctx = Assemble {
         protocol,
-        local: &local,
+        local: &round.local,
         replies: &replies,
+        rerouted: &rerouted,
         ack_error: ack_error.as_deref(),
     };
-    for part in &parts {
+    for part in &round.parts {
         ctx.write(part, out);
+    }
+}
+
+/// Sends each server the commands of `round` it has not been sent yet, at once, and waits for
+/// every answer; each command's reply (or why there is none) is appended to `replies`.
+async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<ServerId, Vec<Reply>>) {
+    let protocol = router.session.protocol;
+    let member = router.session.member().cloned();
+    let mut calls = tokio::task::JoinSet::new();
+    let mut expected = Vec::new();
+    for (&peer, commands) in &round.outgoing {
+        let answered = replies.entry(peer).or_default();
+        let sent = answered.len();
+        if sent == commands.len() {
+            continue;
+        }
+        if peer == HELD {
+            answered.extend(commands.slots[sent..].iter().map(|slot| {
+                Reply::NotSent(format!(
+                    "TRYAGAIN slot {} is being recovered after its master failed; retry",
+                    slot.unwrap_or_default()
+                ))
+            }));
+            continue;
+        }
+        expected.push((peer, commands.len()));
+        let node = router.node.clone();
+        let member = member.clone();
+        let commands = commands.clone();
+        calls.spawn(async move {
+            let result = forward(&node, member, peer, protocol, &commands, sent).await;
+            (peer, commands.len() - sent, result)
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        let Ok((peer, count, result)) = done else {
+            continue;
+        };
+        let answered = replies.entry(peer).or_default();
+        match result {
+            Ok(r) => answered.extend(r.into_iter().map(Reply::Answer)),
+            Err(Forward::NotSent(e)) => answered.extend(std::iter::repeat_n(
+                Reply::NotSent(format!("TRYAGAIN routing failed: {e}")),
+                count,
+            )),
+            Err(Forward::InDoubt(e)) => {
+                answered.extend(std::iter::repeat_n(Reply::InDoubt(e), count))
+            }
+        }
+    }
+    // A send that ended without a result (its task panicked) may have sent its commands.
+    for (peer, count) in expected {
+        let answered = replies.entry(peer).or_default();
+        let missing = count.saturating_sub(answered.len());
+        answered.extend(std::iter::repeat_n(
+            Reply::InDoubt(format!("server {peer}: no answer")),
+            missing,
+        ));
+    }
+}
+
+/// Sends `peer` the commands of `commands` from number `first` on, in one RESP_BATCH.
+async fn forward(
+    node: &Arc<Node>,
+    member: Option<Arc<Member>>,
+    peer: ServerId,
+    protocol: u8,
+    commands: &Outgoing,
+    first: usize,
+) -> Result<Vec<Bytes>, Forward> {
+    let member = member.ok_or(Forward::NotSent("not in a cluster".into()))?;
+    let addr = member
+        .view()
+        .map
+        .server(peer)
+        .map(|s| s.addresses.native)
+        .ok_or_else(|| Forward::NotSent(format!("server {peer} is not in the map")))?;
+    let client = match member.peers().client(node, peer, addr).await {
+        Ok(client) => client,
+        Err(e) => {
+            member.peer_unreachable(peer, e.clone());
+            return Err(Forward::NotSent(e));
+        }
+    };
+    let borrowed = commands.commands_from(first);
+    let count = borrowed.len();
+    let request = Request::RespBatch {
+        protocol,
+        commands: borrowed,
+    };
+    // Once the batch was written the commands may have run on the peer: a failure leaves their
+    // outcome unknown, and must not invite a retry that could apply a write twice. A connection
+    // that could not be opened, or a batch too large to send, sent nothing.
+    match client.request(&request).await {
+        Ok(Response::RespBatch(r)) if r.len() == count => Ok(r),
+        Ok(Response::RespBatch(r)) => Err(Forward::InDoubt(format!(
+            "server {peer} answered {} of {count} commands",
+            r.len(),
+        ))),
+        Ok(other) => Err(Forward::InDoubt(format!(
+            "server {peer} answered {other:?}"
+        ))),
+        Err(e) => {
+            let unsent = matches!(
+                e,
+                ramlog_client::Error::Connect { .. }
+                    | ramlog_client::Error::Handshake { .. }
+                    | ramlog_client::Error::RequestTooLarge { .. }
+            );
+            let e = format!("server {peer} at {addr}: {e}");
+            member.peer_unreachable(peer, e.clone());
+            Err(if unsent {
+                Forward::NotSent(e)
+            } else {
+                Forward::InDoubt(e)
+            })
+        }
     }
 }
 
@@ -553,10 +674,122 @@ enum Forward {
     InDoubt(String),
 }
 
+/// What became of one forwarded command.
+#[derive(Clone)]
+enum Reply {
+    /// The server's reply.
+    Answer(Bytes),
+    /// It was not sent: the error to answer (a full RESP error message) unless it is routed
+    /// again in time.
+    NotSent(String),
+    /// It was sent and no reply came: its outcome is unknown.
+    InDoubt(String),
+}
+
+impl Reply {
+    /// True when the command certainly was not applied and its master failed or moved: it may be
+    /// routed again once the map names the new one.
+    fn may_reroute(&self) -> bool {
+        match self {
+            Reply::NotSent(_) => true,
+            Reply::Answer(b) => {
+                b.starts_with(b"-TRYAGAIN ")
+                    || b.starts_with(b"-MOVED ")
+                    || b.get(1..)
+                        .is_some_and(|e| e.starts_with(LEASE_REFUSAL_PREFIX.as_bytes()))
+            }
+            Reply::InDoubt(_) => false,
+        }
+    }
+}
+
+impl Router<'_> {
+    /// Routes again, by the newest map, the keyed commands whose master failed or moved before
+    /// they were applied, and sends them, until none is left or `routing_recovery_wait_ms` has
+    /// passed; between attempts, waits for a newer map (at most a pause that grows from
+    /// [`RETRY_PAUSE_MIN`] to [`RETRY_PAUSE_MAX`]). Each command routed again gets its part in
+    /// `rerouted`, in place of its first one; those still waiting at the end keep their error.
+    async fn reroute(
+        &mut self,
+        round: &mut Round,
+        replies: &mut HashMap<ServerId, Vec<Reply>>,
+        rerouted: &mut HashMap<(ServerId, usize), Part>,
+    ) {
+        let Some(member) = self.session.member().cloned() else {
+            return;
+        };
+        let wait = Duration::from_millis(self.node.config.routing_recovery_wait_ms);
+        let mut deadline = None;
+        let mut pause = RETRY_PAUSE_MIN;
+        // Commands routed again run as if no transaction were open (a MULTI left open by this
+        // round queues only what follows it).
+        let multi = self.session.multi.take();
+        loop {
+            let mut waiting: Vec<(ServerId, usize)> = replies
+                .iter()
+                .flat_map(|(&peer, r)| {
+                    let slots = &round.outgoing[&peer].slots;
+                    r.iter()
+                        .enumerate()
+                        .filter(move |(i, reply)| slots[*i].is_some() && reply.may_reroute())
+                        .map(move |(i, _)| (peer, i))
+                })
+                .filter(|key| !rerouted.contains_key(key))
+                .collect();
+            if waiting.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + wait);
+            if now >= deadline {
+                break;
+            }
+            let seen = round.view.as_ref().map_or(0, |v| v.map.version);
+            if !member.map_newer_than(seen, pause.min(deadline - now)).await {
+                pause = (pause * 2).min(RETRY_PAUSE_MAX);
+            }
+            // In request order per server: commands for one key came from one server.
+            waiting.sort_unstable();
+            round.view = None;
+            let view = round.view(&member);
+            for (peer, index) in waiting {
+                // A copy: the round's commands grow while this one is routed.
+                let owned: Vec<Vec<u8>> = round.outgoing[&peer]
+                    .command(index)
+                    .into_iter()
+                    .map(<[u8]>::to_vec)
+                    .collect();
+                let args: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+                if peer == HELD && still_held(&view, &args) {
+                    continue;
+                }
+                let part = self.route(round, &args);
+                rerouted.insert((peer, index), part);
+            }
+            send(self, round, replies).await;
+        }
+        self.session.multi = multi;
+    }
+}
+
+/// True while a key of `args` is in a slot being recovered (and not waiting for memory, which
+/// routing answers at once).
+fn still_held(view: &ClusterView, args: &[&[u8]]) -> bool {
+    let Some(spec) = lookup(args[0]) else {
+        return false;
+    };
+    command_keys(spec, args).any(|k| {
+        let slot = key_slot(k);
+        view.is_recovering(slot) && view.waiting_reason(slot).is_none()
+    })
+}
+
 struct Assemble<'a> {
     protocol: u8,
     local: &'a [u8],
-    replies: &'a HashMap<ServerId, Result<Vec<Bytes>, Forward>>,
+    replies: &'a HashMap<ServerId, Vec<Reply>>,
+    /// Commands routed again after their master failed: their new parts.
+    rerouted: &'a HashMap<(ServerId, usize), Part>,
     ack_error: Option<&'a str>,
 }
 
@@ -574,19 +807,25 @@ impl Assemble<'_> {
                 (Some(e), true) => ReplyEncoder::new(out, self.protocol).error(e),
                 _ => out.extend_from_slice(&self.local[range.clone()]),
             },
-            Part::Remote { peer, index } => match self.replies.get(peer) {
-                Some(Ok(r)) => out.extend_from_slice(&r[*index]),
-                Some(Err(Forward::NotSent(e))) => ReplyEncoder::new(out, self.protocol)
-                    .error(&format!("TRYAGAIN routing failed: {e}")),
-                Some(Err(Forward::InDoubt(e))) => {
-                    ReplyEncoder::new(out, self.protocol).error(&format!(
+            Part::Remote { peer, index } => {
+                if let Some(part) = self.rerouted.get(&(*peer, *index)) {
+                    return self.write(part, out);
+                }
+                match self.replies.get(peer).and_then(|r| r.get(*index)) {
+                    Some(Reply::Answer(r)) => out.extend_from_slice(r),
+                    Some(Reply::NotSent(e)) => {
+                        ReplyEncoder::new(out, self.protocol).error(&e.replace(['\r', '\n'], " "))
+                    }
+                    Some(Reply::InDoubt(e)) => {
+                        ReplyEncoder::new(out, self.protocol).error(&format!(
                     "ERR routing failed after the command was sent ({}); its outcome is unknown",
                     e.replace(['\r', '\n'], " ")
                 ))
+                    }
+                    None => ReplyEncoder::new(out, self.protocol)
+                        .error("TRYAGAIN routing failed: no answer"),
                 }
-                None => ReplyEncoder::new(out, self.protocol)
-                    .error("TRYAGAIN routing failed: no answer"),
-            },
+            }
             Part::Sum(parts) => {
                 let mut total: i64 = 0;
                 for p in parts {
@@ -779,5 +1018,37 @@ mod tests {
         assert!(split_array(b"*2\r\n:1\r\n").is_none());
         assert_eq!(parse_integer(b":-12\r\n"), Some(-12));
         assert_eq!(parse_bulk(b"$2\r\n17\r\n"), Some(&b"17"[..]));
+    }
+
+    #[test]
+    fn only_commands_certainly_not_applied_are_routed_again() {
+        let answer = |b: &[u8]| Reply::Answer(Bytes::copy_from_slice(b));
+        assert!(Reply::NotSent("TRYAGAIN routing failed: refused".into()).may_reroute());
+        assert!(answer(b"-TRYAGAIN slot 3 is not served by this server\r\n").may_reroute());
+        assert!(answer(b"-MOVED 3 127.0.0.1:7000\r\n").may_reroute());
+        let lease = format!("-{LEASE_REFUSAL_PREFIX} for 5 ms past its lease\r\n");
+        assert!(answer(lease.as_bytes()).may_reroute());
+        // Waiting for memory is the answer itself; anything else ran.
+        assert!(!answer(b"-CLUSTERDOWN slot 3 is unavailable: waits for memory\r\n").may_reroute());
+        assert!(!answer(b"+OK\r\n").may_reroute());
+        assert!(!answer(b"-ERR value is not an integer\r\n").may_reroute());
+        assert!(!Reply::InDoubt("connection lost".into()).may_reroute());
+    }
+
+    #[test]
+    fn outgoing_commands_come_back_whole() {
+        let mut o = Outgoing::default();
+        assert_eq!(o.push(&[b"set", b"a", b"1"], Some(15495)), 0);
+        assert_eq!(o.push(&[b"dbsize"], None), 1);
+        assert_eq!(o.push(&[b"get", b"a"], Some(15495)), 2);
+        assert_eq!(o.len(), 3);
+        assert_eq!(o.command(0), vec![&b"set"[..], b"a", b"1"]);
+        assert_eq!(o.command(1), vec![&b"dbsize"[..]]);
+        assert_eq!(
+            o.commands_from(1),
+            vec![vec![&b"dbsize"[..]], vec![&b"get"[..], b"a"]]
+        );
+        assert!(o.commands_from(3).is_empty());
+        assert_eq!(o.slots, vec![Some(15495), None, Some(15495)]);
     }
 }

@@ -83,6 +83,9 @@ impl std::fmt::Display for PersistenceMode {
 pub const TABLETS_DEFAULT: u16 = 64;
 /// Most tablets table 0 may be split into.
 pub const TABLETS_MAX: u16 = 1024;
+/// The longest a routing-port request may wait for a failed master's replacement (a client
+/// waits at most this plus the forward itself).
+pub const ROUTING_RECOVERY_WAIT_MAX_MS: u64 = 600_000;
 
 /// Everything one server process needs to start.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -167,6 +170,10 @@ pub struct ServerConfig {
     /// The routing port: RESP for clients that know nothing of clusters, any key on any server
     /// (cluster mode only); 0 turns it off.
     pub routing_port: u16,
+    /// The routing port: how long a request waits for the map to name a new master of its slot
+    /// when the old one failed (the tablet is being recovered, or could not be reached before
+    /// the request was sent), before it is answered `-TRYAGAIN`. 0 answers at once.
+    pub routing_recovery_wait_ms: u64,
     /// How often a cluster server heartbeats the coordinator.
     pub heartbeat_interval_ms: u64,
     /// Replication: bytes of a backup's stream that may be not yet durable on it before the
@@ -217,6 +224,7 @@ impl Default for ServerConfig {
             worker_idle_spin_us: 20,
             coordinator: None,
             routing_port: 0,
+            routing_recovery_wait_ms: 10_000,
             heartbeat_interval_ms: 100,
             replication_in_flight_bytes: 16 << 20,
             backup_timeout_ms: 200,
@@ -343,6 +351,12 @@ impl ServerConfig {
             return invalid(
                 "request_size_max_bytes",
                 "must be at least request_arg_size_max_bytes",
+            );
+        }
+        if self.routing_recovery_wait_ms > ROUTING_RECOVERY_WAIT_MAX_MS {
+            return invalid(
+                "routing_recovery_wait_ms",
+                &format!("must be 0..={ROUTING_RECOVERY_WAIT_MAX_MS}"),
             );
         }
         if self.replication_ack_timeout_ms == 0 {
@@ -495,6 +509,19 @@ mod tests {
             };
             assert!(c.validate().is_err(), "{bad} tablets");
         }
+    }
+
+    #[test]
+    fn routing_recovery_wait_setting() {
+        assert_eq!(ServerConfig::default().routing_recovery_wait_ms, 10_000);
+        let c = ServerConfig::from_toml("routing_recovery_wait_ms = 0\n").unwrap();
+        assert_eq!(c.routing_recovery_wait_ms, 0);
+        c.validate().unwrap();
+        let c = ServerConfig {
+            routing_recovery_wait_ms: ROUTING_RECOVERY_WAIT_MAX_MS + 1,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -66,6 +66,11 @@ pub struct Session {
     /// server), but each must be served here; one that is not (the router's map was newer or
     /// older than this server's) gets `-TRYAGAIN`.
     pub forwarded: bool,
+    /// Forwarded commands: the slots a command of this batch was refused for (`-TRYAGAIN`, or
+    /// `-CLUSTERDOWN` past the lease). Later commands of the batch for them are refused too, so
+    /// that the router, which sends refused commands again once the map names their master,
+    /// never applies a later command for a key before an earlier one.
+    pub refused_slots: std::collections::HashSet<u16>,
     /// READONLY was sent (replica reads; mirrors serve them).
     pub readonly: bool,
 }
@@ -97,6 +102,7 @@ impl Session {
             multi_failed: false,
             routed: false,
             forwarded: false,
+            refused_slots: std::collections::HashSet::new(),
             readonly: false,
         }
     }
@@ -610,11 +616,17 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                     args,
                     ctx.session.forwarded,
                     ctx.session.readonly,
+                    &ctx.session.refused_slots,
                 ) {
                     Ok(()) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
                     Err(e) => {
                         if in_multi {
                             ctx.session.multi_failed = true;
+                        }
+                        if ctx.session.forwarded {
+                            ctx.session
+                                .refused_slots
+                                .extend(command_keys(spec, args).map(key_slot));
                         }
                         ctx.enc.error(&e)
                     }
@@ -659,13 +671,15 @@ pub fn command_keys<'a, 'b>(
 }
 
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
-/// in one slot that this server masters. `forwarded`: keys may span slots, each served here.
+/// in one slot that this server masters. `forwarded`: keys may span slots, each served here,
+/// and none in `refused` (slots refused to an earlier command of the batch).
 fn cluster_check(
     member: Option<&std::sync::Arc<crate::cluster::Member>>,
     spec: &Spec,
     args: &[&[u8]],
     forwarded: bool,
     readonly: bool,
+    refused: &std::collections::HashSet<u16>,
 ) -> Result<(), String> {
     let Some(member) = member else {
         return Ok(());
@@ -679,6 +693,11 @@ fn cluster_check(
         }
         for key in command_keys(spec, args) {
             let slot = key_slot(key);
+            if refused.contains(&slot) {
+                return Err(format!(
+                    "TRYAGAIN slot {slot} was refused to an earlier command of this batch; retry"
+                ));
+            }
             match view.route(slot) {
                 crate::cluster::Route::Here => {}
                 crate::cluster::Route::Waiting(why) => {

@@ -15,7 +15,7 @@ tablets (the promises are those of one failure at a time):
   disk_full                       a server's data directory (a tmpfs of its own) filled
   clock_jump                      a server's wall clock stepped (libfaketime; the monotonic clock,
                                   which the leases use, is left alone: a pause is its jump)
-  kill_during_restore             kill -9 a server; once one of its tablets is being restored,
+  kill_during_restore             kill -9 a master; once one of its tablets is being restored,
                                   kill -9 another server that is not the restorer; restart both
   kill_restorer                   kill -9 a server; once one of its tablets is being restored,
                                   kill -9 its restorer; restart both
@@ -275,7 +275,14 @@ class Run:
         """kill -9 server `target`, then, once one of its tablets is being restored, the restorer
         (`kill_restorer`) or another server (`kill_during_restore`); both start again after
         `seconds`. Returns False (skipped) when no restore was seen running."""
-        kind, i, secs = f["kind"], f["target"], f["seconds"]
+        kind, secs = f["kind"], f["seconds"]
+        # A server that masters no tablet (one started again after an earlier fault masters none
+        # until tablets are moved to it) has nothing to restore: the first from `target` on that does.
+        st = self.status() or {}
+        mastering = {self.server_index(st, t["master"]) for table in st.get("tables", [])
+                     for t in table["tablets"] if not t["recovering"]}
+        n = len(self.servers)
+        i = next((j % n for j in range(f["target"], f["target"] + n) if j % n in mastering), f["target"])
         first = self.servers[i]
         first.stopped = True
         first.kill()

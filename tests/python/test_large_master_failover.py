@@ -29,6 +29,23 @@ def preload_value(n: int) -> bytes:
     return f"{n:015d}|".encode() * (VALUE_BYTES // 16)
 
 
+def get_all(rc: RedisCluster, keys: list) -> list:
+    """GETs `keys` in one pipeline; a refusal of the whole cluster's kind (-CLUSTERDOWN from a
+    server past its lease, when the two shared cores starve its heartbeats for a moment, or
+    -TRYAGAIN) is retried for up to 10 s."""
+    deadline = time.time() + 10
+    while True:
+        pipe = rc.pipeline()
+        for k in keys:
+            pipe.get(k)
+        try:
+            return pipe.execute()
+        except (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def keys_mastered_by(st: dict, server_id: int, count: int) -> list:
     """`count` keys `p{n}` whose slots the server masters (spread over all its tablets)."""
     table = next(t for t in st["tables"] if t["name"] == "default")
@@ -117,14 +134,12 @@ def test_a_master_with_256_mib_killed_under_writers(tmp_path, mode):
                           timeout=5)
         wrong = []
         for at in range(0, len(preloaded), PIPELINE_KEYS * 4):
-            pipe = rc.pipeline()
             batch = preloaded[at:at + PIPELINE_KEYS * 4]
-            for k in batch:
-                pipe.get(k)
-            for k, got in zip(batch, pipe.execute()):
+            for k, got in zip(batch, get_all(rc, batch)):
                 if got != preload_value(int(k[1:])):
                     wrong.append((k, None if got is None else got[:40], None if got is None else len(got)))
         assert not wrong, (len(wrong), wrong[:10])
+        assert {s["id"]: s["state"] for s in status(c)["servers"]} == states
         print(f"{mode}: preload {len(preloaded)} keys in {preload_s:.1f} s, recovered in {recovered_s:.1f} s, "
               f"{keys.acked} writes acknowledged")
     finally:

@@ -8,15 +8,14 @@ import json
 import random
 import signal
 import threading
-import time
 
-import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from conftest import Cluster, wait_until
 from test_failures import (Keys, check_all, server_id_of, status, try_again, wait_declared_dead,
                            wait_settled, writer)
+from test_large_master_failover import get_all
 from test_mirror import server_status
 
 
@@ -49,11 +48,8 @@ def read_all(c: Cluster, at: int, keys) -> dict:
     assert wait_until(lambda: not any(try_again(lambda: rc.get(k)) for k in keys[::50]), timeout=5)
     got = {}
     for n in range(0, len(keys), 500):
-        pipe = rc.pipeline()
         batch = keys[n:n + 500]
-        for k in batch:
-            pipe.get(k)
-        got.update(zip(batch, pipe.execute()))
+        got.update(zip(batch, get_all(rc, batch)))
     rc.close()
     return got
 
@@ -63,8 +59,8 @@ def test_the_restorer_killed_halfway_through_its_replay_and_the_other_backup_res
     seventh deleted; restores pause 250 ms after every 1024 objects replayed (a test knob).
     Under RedisCluster writers the master is killed -9; once one of its restorers' `/status`
     shows a restore with more than 0 and fewer than all of its tablet's objects replayed, that
-    restorer is killed -9 as well. The tablet's other backup restores it: every tablet ends up
-    mastered by one of the two survivors at a newer epoch; every preloaded key holds its newest
+    restorer is killed -9 as well. The tablet's other backup restores it and masters it at a
+    newer epoch; every tablet ends up mastered by one of the two survivors; every preloaded key holds its newest
     value, no deleted key is back; the writers' history holds."""
     c = Cluster(tmp_path, servers=4, coordinator_args=["--default-replicas", "2"],
                 env={"RAMLOG_TEST_RESTORE_PAUSE_MS": "250"})
@@ -132,7 +128,7 @@ def test_the_restorer_killed_halfway_through_its_replay_and_the_other_backup_res
         down.add(restorer)
         c.servers[restorer].proc.send_signal(signal.SIGKILL)
         c.servers[restorer].proc.wait(timeout=5)
-        epoch_before = next(t["epoch"] for t in st["tables"][0]["tablets"] if t["first_slot"] == first_slot)
+        before = next(t for t in st["tables"][0]["tablets"] if t["first_slot"] == first_slot)
 
         wait_declared_dead(c, restorer_id)
         wait_settled(c, copies=False, timeout=60)
@@ -150,7 +146,8 @@ def test_the_restorer_killed_halfway_through_its_replay_and_the_other_backup_res
         tablets = final["tables"][0]["tablets"]
         assert all(t["master"] in survivors and not t["recovering"] for t in tablets), tablets
         half = next(t for t in tablets if t["first_slot"] == first_slot)
-        assert half["epoch"] > epoch_before, (half, epoch_before)
+        assert half["epoch"] > before["epoch"] and half["master"] in set(before["backups"]) - {restorer_id}, \
+            (half, before)
 
         got = read_all(c, next(iter(i for i in range(4) if alive(i))), expected)
         wrong = [(k, expected[k], got[k]) for k in expected if got[k] != expected[k]]

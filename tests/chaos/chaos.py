@@ -15,6 +15,13 @@ tablets (the promises are those of one failure at a time):
   disk_full                       a server's data directory (a tmpfs of its own) filled
   clock_jump                      a server's wall clock stepped (libfaketime; the monotonic clock,
                                   which the leases use, is left alone: a pause is its jump)
+  kill_during_restore             kill -9 a master; once one of its tablets is being restored,
+                                  kill -9 another server that is not the restorer; restart both
+  kill_restorer                   kill -9 a server; once one of its tablets is being restored,
+                                  kill -9 its restorer; restart both
+The last two need a restore running: restores are held back --restore-delay-ms (a test knob of
+the servers) to give them one. If none is seen running after the first kill, the fault is logged
+as skipped (the first kill stands) and not counted among the faults done.
 A server that stops after being fenced (it learns it was replaced) is started again.
 
 Run i of a session with seed S uses seed S+i and mode MODES[i % len(MODES)]; the report prints
@@ -40,8 +47,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 KINDS = [
     "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
-    "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump",
+    "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump", "kill_during_restore", "kill_restorer",
 ]
+# How long a fault that needs a running restore looks for one after its first kill: detection
+# (400 ms of silence and a probe) and the restore itself (held back --restore-delay-ms).
+RESTORE_SEEN_WITHIN_S = 4.0
 MODES = ["sync", "durable", "mirror", "async"]
 
 
@@ -74,6 +84,9 @@ def schedule(seed, seconds, servers, coordinators, kinds):
             f["seconds"] = round(rng.uniform(1, 3), 2)
         elif kind == "disk_full":
             f["seconds"] = round(rng.uniform(4.0, 8.0), 2)
+        elif kind == "kill_during_restore":
+            f["pick"] = rng.randrange(1000)  # which of the servers that are not the restorer
+            f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
         else:
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
         out.append(f)
@@ -161,7 +174,7 @@ class Run:
             clock = self.out / f"clock-{i}"
             clock.write_text("+0\n")
             env = {"LD_PRELOAD": FAKETIME, "FAKETIME_TIMESTAMP_FILE": str(clock), "FAKETIME_CACHE_DURATION": "1",
-                   "DONT_FAKE_MONOTONIC": "1"}
+                   "DONT_FAKE_MONOTONIC": "1", "RAMLOG_TEST_RESTORE_DELAY_MS": str(a.restore_delay_ms)}
             s = Proc(f"server {i}", ["server", "--coordinator", ",".join(self.coord_addrs), "--bind", host.ip,
                                      "--resp-port", str(free_port()), "--routing-port", str(free_port()),
                                      "--native-port", str(free_port()), "--admin-port", str(free_port()),
@@ -238,9 +251,77 @@ class Run:
 
     # ---- faults ----------------------------------------------------------------------------
 
+    def server_index(self, st, server_id):
+        """The index in `self.servers` of the server with id `server_id` in status `st`, or None."""
+        s = next((s for s in st["servers"] if s["id"] == server_id), None)
+        if s is None:
+            return None
+        resp = s["addresses"]["resp"]
+        return next((j for j, p in enumerate(self.servers) if f"{p.host.ip}:{p.resp}" == resp), None)
+
+    def restore_running(self, dead):
+        """(tablet's first slot, restorer's index) of a tablet whose master is server `dead` and
+        that a live server restores, or None."""
+        st = self.status()
+        for table in (st or {}).get("tables", []):
+            for t in table["tablets"]:
+                if t["recovering"] and t["restorer"] is not None:
+                    master, restorer = self.server_index(st, t["master"]), self.server_index(st, t["restorer"])
+                    if master == dead and restorer is not None and restorer != dead:
+                        return t["first_slot"], restorer
+        return None
+
+    def kill_during_restore(self, f):
+        """kill -9 server `target`, then, once one of its tablets is being restored, the restorer
+        (`kill_restorer`) or another server (`kill_during_restore`); both start again after
+        `seconds`. Returns False (skipped) when no restore was seen running."""
+        kind, secs = f["kind"], f["seconds"]
+        # A server that masters no tablet (one started again after an earlier fault masters none
+        # until tablets are moved to it) has nothing to restore: the first from `target` on that does.
+        st = self.status() or {}
+        mastering = {self.server_index(st, t["master"]) for table in st.get("tables", [])
+                     for t in table["tablets"] if not t["recovering"]}
+        n = len(self.servers)
+        i = next((j % n for j in range(f["target"], f["target"] + n) if j % n in mastering), f["target"])
+        first = self.servers[i]
+        first.stopped = True
+        first.kill()
+        self.note(f"{kind}: kill -9 server {i}")
+        deadline = time.time() + RESTORE_SEEN_WITHIN_S
+        running = None
+        while running is None and time.time() < deadline:
+            running = self.restore_running(i)
+            if running is None:
+                time.sleep(0.02)
+        killed = [first]
+        if running is None:
+            self.note(f"{kind} skipped: no restore of server {i}'s tablets seen running within "
+                      f"{RESTORE_SEEN_WITHIN_S} s (the kill of server {i} stands)")
+        else:
+            first_slot, restorer = running
+            if kind == "kill_restorer":
+                j = restorer
+            else:
+                others = [j for j in range(len(self.servers)) if j not in (i, restorer)]
+                j = others[f["pick"] % len(others)]
+            second = self.servers[j]
+            second.stopped = True
+            second.kill()
+            killed.append(second)
+            what = "the restorer" if j == restorer else f"not the restorer (server {restorer})"
+            self.note(f"{kind}: kill -9 server {j}, {what}, while the tablet at slot {first_slot} is restored")
+        time.sleep(secs)
+        for p in killed:
+            p.start(self.binary)
+            self.note(f"{p.name} restarted")
+        return running is not None
+
     def inject(self, f):
+        """Carries out fault `f`; False if it was skipped (its conditions did not arise)."""
         kind, i, secs = f["kind"], f["target"], f.get("seconds", 0)
         net = self.net
+        if kind in ("kill_during_restore", "kill_restorer"):
+            return self.kill_during_restore(f)
         if kind in ("kill_server", "kill_coordinator"):
             p = self.servers[i] if kind == "kill_server" else self.coords[i]
             p.stopped = True
@@ -316,6 +397,7 @@ class Run:
             time.sleep(secs)
             s.clock.write_text("+0\n")
             self.note(f"wall clock of server {i} back")
+        return True
 
     # ---- one run ---------------------------------------------------------------------------
 
@@ -331,7 +413,7 @@ class Run:
                                  "--duration", f"{a.run_seconds}s", "--out", str(history)],
                                 stdout=open(self.out / "client.log", "w"), stderr=subprocess.STDOUT)
         self.t0 = time.time()
-        injected = []
+        injected, skipped = [], []
         unsettled = 0
         try:
             for f in faults:
@@ -339,8 +421,7 @@ class Run:
                     time.sleep(0.05)
                 if time.time() - self.t0 + f.get("seconds", 0) > a.run_seconds - 2:
                     break
-                self.inject(f)
-                injected.append(f)
+                (injected if self.inject(f) else skipped).append(f)
                 if not self.wait_settled(60):
                     unsettled += 1
                     self.problems.append(f"not healed within 60 s after {f}: " + json.dumps(self.status())[:1500])
@@ -372,11 +453,14 @@ class Run:
         if check.returncode not in (0, 1):
             self.problems.append(f"the checker failed: {check.stderr[-2000:]}")
         report = json.loads((self.out / "report.json").read_text()) if (self.out / "report.json").exists() else {}
-        counts = {}
+        counts, skips = {}, {}
         for f in injected:
             counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        for f in skipped:
+            skips[f["kind"]] = skips.get(f["kind"], 0) + 1
         return {
             "run": self.index, "mode": self.mode, "seed": self.seed, "faults": counts, "injected": injected,
+            "skipped": skips,
             "operations": sum(report.get("operations", {}).values()), "keys": report.get("keys", 0),
             "keys_linearizable": report.get("keys_linearizable", 0),
             "keys_undecided": len(report.get("keys_undecided") or []),
@@ -399,6 +483,9 @@ def main():
     ap.add_argument("--coordinators", type=int, default=3)
     ap.add_argument("--memory", default="256MiB", help="each server's --memory")
     ap.add_argument("--disk-mb", type=int, default=2048, help="size of each server's tmpfs data directory")
+    ap.add_argument("--restore-delay-ms", type=int, default=300,
+                    help="restores wait this long before they replay (RAMLOG_TEST_RESTORE_DELAY_MS), so that "
+                         "kill_during_restore and kill_restorer find one running")
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "ramlog"))
     ap.add_argument("--out", default=str(ROOT / "target" / "chaos"))
     args = ap.parse_args()
@@ -443,6 +530,7 @@ def main():
                        f"--faults {','.join(args.faults)}")
         results.append(r)
         log(f"run {i} ({mode}, seed {seed + i}): {r['operations']} operations, faults {r['faults']}, "
+            f"skipped {r.get('skipped', {})}, "
             f"{r['violations']} violations, {len(r['problems'])} problems")
         if r["violations"] or r["problems"]:
             log(r.get("checker_head", "")[:3000])
@@ -454,12 +542,14 @@ def main():
         "seed": seed, "runs": len(results),
         "operations": sum(r["operations"] for r in results),
         "faults": sum(sum(r["faults"].values()) for r in results),
+        "skipped": sum(sum(r.get("skipped", {}).values()) for r in results),
         "violations": sum(r["violations"] for r in results),
         "problems": sum(len(r["problems"]) for r in results),
         "results": results,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    log(f"session {seed}: {summary['runs']} runs, {summary['faults']} faults, {summary['operations']} operations "
+    log(f"session {seed}: {summary['runs']} runs, {summary['faults']} faults ({summary['skipped']} skipped), "
+        f"{summary['operations']} operations "
         f"checked, {summary['violations']} violations, {summary['problems']} problems; {out / 'summary.json'}")
     sys.exit(1 if summary["violations"] or summary["problems"] or not results else 0)
 

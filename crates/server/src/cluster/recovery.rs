@@ -36,6 +36,9 @@ pub const VERSION_GAP: u64 = 1 << 32;
 /// How long a copy waits at most for the restores of its server to end before it starts.
 const RESTORES_FIRST_MAX: Duration = Duration::from_secs(30);
 
+/// Objects a restore replays between two pauses of the test knob `RAMLOG_TEST_RESTORE_PAUSE_MS`.
+const RESTORE_PAUSE_EVERY_OBJECTS: u64 = 1024;
+
 /// How long a finished job stays listed.
 const KEEP_FINISHED: Duration = Duration::from_secs(60);
 
@@ -389,6 +392,12 @@ fn restore(
         // Test knob: a slow restore, so that a test can kill the restorer during it.
         std::thread::sleep(Duration::from_millis(ms));
     }
+    // Test knob: a pause after every `RESTORE_PAUSE_EVERY_OBJECTS` objects replayed, so that a
+    // test can kill the restorer while it replays.
+    let pause = std::env::var("RAMLOG_TEST_RESTORE_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
     let waiting_since = Instant::now();
     let _turn = member.jobs.restoring.enter(cores(), job);
     if !still_restoring(member, t) {
@@ -431,7 +440,12 @@ fn restore(
                 let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
                     return;
                 };
-                job.objects.fetch_add(1, Ordering::Relaxed);
+                let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(p) =
+                    pause.filter(|_| objects.is_multiple_of(RESTORE_PAUSE_EVERY_OBJECTS))
+                {
+                    std::thread::sleep(p);
+                }
                 job.bytes
                     .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
                 if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {

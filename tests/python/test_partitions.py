@@ -151,3 +151,73 @@ def test_a_dead_masters_tablets_recover_as_partitions_over_every_backup(tmp_path
     finally:
         stop.set()
         c.stop()
+
+
+def recovery_jobs(admin):
+    import urllib.request
+    with urllib.request.urlopen(f"http://{admin}/status", timeout=5) as r:
+        return json.load(r)["metrics"]["replication"]["recovery"]
+
+
+def test_the_restore_a_client_waits_for_goes_first(tmp_path):
+    """3 servers, R = 2, restores slowed (a pause every 1024 objects): a dead master's 16 tablets
+    queue on their two restorers, two at a time each. A plain client asks the routing port of the
+    other server for a key of the restorer's last tablet in the queue: that restore is marked
+    asked for and ends while others still wait for their turn; progress shows in /status and in
+    `ramlog cluster status`."""
+    c = Cluster(tmp_path, servers=3, env={"RAMLOG_TEST_RESTORE_PAUSE_MS": "400"})
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=5)
+        pipe = rc.pipeline(transaction=False)
+        for n in range(60_000):
+            pipe.set(f"d:{n}", b"v")
+            if len(pipe) >= 2000:
+                pipe.execute()
+        pipe.execute()
+        st = status(c)
+        victim_id = master_of_slot(st, 0)
+        victim = index_of(c, st, victim_id)
+        mine = [t for t in tablets(st) if t["master"] == victim_id]
+        restorer_id = mine[0]["backups"][0]
+        queue = [t for t in mine if t["backups"][0] == restorer_id]
+        assert len(queue) >= 5, queue
+        last = queue[-1]
+        key = next(f"d:{n}" for n in range(60_000)
+                   if last["first_slot"] <= key_slot(f"d:{n}".encode()) <= last["last_slot"])
+        other = next(i for i in range(3) if i != victim and server_id_of(c, st, i) != restorer_id)
+        admin = next(s for s in st["servers"] if s["id"] == restorer_id)["addresses"]["admin"]
+        plain = redis.Redis(host="127.0.0.1", port=c.servers[other].routing, socket_timeout=30)
+
+        c.servers[victim].proc.send_signal(signal.SIGKILL)
+        c.servers[victim].proc.wait(timeout=5)
+        wait_declared_dead(c, victim_id)
+        got = {}
+        asker = threading.Thread(target=lambda: got.setdefault("v", plain.get(key)), daemon=True)
+        asker.start()
+        seen_waiting = []
+
+        def asked_and_done():
+            jobs = [j for j in recovery_jobs(admin) if j["kind"] == "restore"]
+            j = next((j for j in jobs if j["first_slot"] == last["first_slot"]), None)
+            if j is None or j["state"] != "done":
+                return False
+            seen_waiting.append(sum(1 for x in jobs if x["state"] == "waiting"))
+            assert j["demanded"], j
+            return True
+        assert wait_until(asked_and_done, timeout=60, interval=0.05)
+        # It went ahead of restores queued before it.
+        assert seen_waiting[0] >= 1, seen_waiting
+        text = subprocess_status(c)
+        asker.join(timeout=30)
+        assert got.get("v") == b"v", got
+        wait_settled(c, copies=False, timeout=60)
+        # Taken while restores still waited: their progress is in the cluster's status.
+        assert "RECOVERING on server" in text, text
+        assert ": waiting" in text or " objects" in text, text
+    finally:
+        c.stop()
+
+
+def subprocess_status(c: Cluster) -> str:
+    from test_failures import ramlog
+    return ramlog("cluster", "status", "--coordinator", c.coordinator_addr)

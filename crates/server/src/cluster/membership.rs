@@ -315,6 +315,9 @@ fn save_identity(data_dir: &Path, identity: Identity) -> Result<(), String> {
 /// This server's membership (see the module comment).
 pub struct Member {
     view: ArcSwap<ClusterView>,
+    /// Recovering tablets (first slots) whose restorer this server told, at the map version
+    /// given, that a client waits for them (at most one message per tablet and map).
+    asked: parking_lot::Mutex<(u64, std::collections::HashSet<u16>)>,
     client: CoordinatorClient,
     /// The replication role: each map points the tablets this server masters at their backups.
     pub replication: Arc<crate::cluster::replication::Replication>,
@@ -461,6 +464,7 @@ impl Member {
             lease_until: std::sync::atomic::AtomicU64::new(0),
             clock_base: std::time::Instant::now(),
             jobs: Arc::new(crate::cluster::recovery::Jobs::default()),
+            asked: parking_lot::Mutex::new((0, std::collections::HashSet::new())),
             mirrors: crate::cluster::mirror::Mirrors::default(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
@@ -590,6 +594,63 @@ impl Member {
         if view.owner(slot) == view.me {
             self.jobs.demand(DEFAULT_TABLE, slot);
         }
+    }
+
+    /// A request for `key`, in recovering `slot`, waits here (the routing port holds it): its
+    /// restorer is told, so that the restore of that slot goes first there. The restorer hears
+    /// it as a read of `key` forwarded to it, which it answers TRYAGAIN and counts as a demand;
+    /// one per tablet and map version, sent in the background.
+    pub fn ask_for(self: &Arc<Self>, node: &Arc<Node>, view: &ClusterView, slot: u16, key: &[u8]) {
+        let restorer = view.owner(slot);
+        if restorer == view.me {
+            self.jobs.demand(DEFAULT_TABLE, slot);
+            return;
+        }
+        let Some(t) = view.map.tablet_at(DEFAULT_TABLE, slot) else {
+            return;
+        };
+        {
+            let mut asked = self.asked.lock();
+            if asked.0 != view.map.version {
+                *asked = (view.map.version, std::collections::HashSet::new());
+            }
+            if !asked.1.insert(t.first_slot) {
+                return;
+            }
+        }
+        let Some(addr) = view.map.server(restorer).map(|s| s.addresses.native) else {
+            return;
+        };
+        tracing::info!(
+            slot,
+            restorer,
+            "a client waits for a recovering slot: telling its restorer"
+        );
+        let (node, member, key) = (node.clone(), self.clone(), key.to_vec());
+        tokio::spawn(async move {
+            let Ok(client) = member.peers().client(&node, restorer, addr).await else {
+                return;
+            };
+            let request = ramlog_proto::native::Request::RespBatch {
+                protocol: 2,
+                commands: vec![vec![b"EXISTS".as_slice(), &key]],
+            };
+            // The restorer may not serve this map yet (it answers that the slot is not its
+            // own): asked again, a few times, until it answers that the slot is recovering.
+            for _ in 0..20 {
+                match client.request(&request).await {
+                    Ok(ramlog_proto::native::Response::RespBatch(r))
+                        if r.first().is_some_and(|a| {
+                            !a.starts_with(b"-TRYAGAIN") || a.windows(9).any(|w| w == b"recovered")
+                        }) =>
+                    {
+                        return
+                    }
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    Err(_) => return,
+                }
+            }
+        });
     }
 
     pub fn peers(&self) -> &crate::cluster::peers::Peers {

@@ -80,7 +80,16 @@ pub struct Jobs {
     restoring: Gate,
     /// Copies running at once: one (they are background work).
     copying: Gate,
+    /// Demands for slots whose restore was not registered yet (the map that starts it was
+    /// being applied): (table, slot, when), at most [`EARLY_DEMANDS_MAX`], for
+    /// [`EARLY_DEMAND_KEEP`].
+    early: Mutex<Vec<(u64, u16, Instant)>>,
 }
+
+/// Demands remembered for restores not registered yet, at most.
+const EARLY_DEMANDS_MAX: usize = 1024;
+/// How long such a demand is remembered.
+const EARLY_DEMAND_KEEP: Duration = Duration::from_secs(10);
 
 /// A counting semaphore for job threads that lets demanded jobs in first: among the jobs
 /// waiting for a turn, those a client asked for go first (the earliest demand first), then the
@@ -159,6 +168,18 @@ impl Jobs {
                 return None;
             }
         }
+        let demanded = match key.3 {
+            Kind::Restore => {
+                let mut early = self.early.lock();
+                early.retain(|e| e.2.elapsed() < EARLY_DEMAND_KEEP);
+                early
+                    .iter()
+                    .filter(|e| e.0 == key.0 && (key.1..=last_slot).contains(&e.1))
+                    .map(|e| e.2)
+                    .min()
+            }
+            Kind::Copy(..) => None,
+        };
         let job = Arc::new(Job {
             last_slot,
             started: Instant::now(),
@@ -166,7 +187,7 @@ impl Jobs {
             objects: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             expected: AtomicU64::new(0),
-            demanded: Mutex::new(None),
+            demanded: Mutex::new(demanded),
             done: AtomicBool::new(false),
             finished: Mutex::new(None),
             error: Mutex::new(String::new()),
@@ -223,11 +244,13 @@ impl Jobs {
     /// restore of that slot goes before the others that wait for a turn.
     pub fn demand(&self, table: u64, slot: u16) {
         let mut hurried = false;
+        let mut found = false;
         for (&(t, first_slot, _, kind), job) in self.jobs.lock().iter() {
             if t != table || kind != Kind::Restore || !(first_slot..=job.last_slot).contains(&slot)
             {
                 continue;
             }
+            found = true;
             if job.running.load(Ordering::Acquire) || job.finished.lock().is_some() {
                 continue;
             }
@@ -245,6 +268,14 @@ impl Jobs {
         }
         if hurried {
             self.restoring.reorder();
+        }
+        if !found {
+            // The map that starts this restore is being applied: kept for its registration.
+            let mut early = self.early.lock();
+            early.retain(|e| e.2.elapsed() < EARLY_DEMAND_KEEP);
+            if early.len() < EARLY_DEMANDS_MAX {
+                early.push((table, slot, Instant::now()));
+            }
         }
     }
 

@@ -332,11 +332,12 @@ impl Router<'_> {
         }
         // A slot being recovered has no server either: the request waits for one (see the
         // module comment).
-        if let Some(slot) = keys
+        if let Some((key, slot)) = keys
             .iter()
-            .map(|k| key_slot(k))
-            .find(|&s| view.is_recovering(s))
+            .map(|k| (*k, key_slot(k)))
+            .find(|&(_, s)| view.is_recovering(s))
         {
+            member.ask_for(self.node, &view, slot, key);
             return round.forward(HELD, args, Some(slot));
         }
         let first_slot = key_slot(first);

@@ -47,7 +47,7 @@ mod rows;
 pub use load::{Load, LoadResult};
 pub use ramlog_failover::{ramlog_failover, RamlogFailover};
 pub use readback::Verify;
-pub use redis::{redis_failover, redis_only, RedisFailover};
+pub use redis::{redis_failover, redis_only, RedisFailover, RedisPreload};
 
 use crate::report::Report;
 use anyhow::{bail, Context};
@@ -256,7 +256,13 @@ fn run_all(
                 );
                 let dir = work.join(format!("redis-{}-{}", value, repeat + 1));
                 std::fs::create_dir_all(&dir)?;
-                let r = redis_failover(&dir, REDIS_NODE_TIMEOUT_MS, value, LOAD_KEYS, preload);
+                let r = redis_failover(
+                    &dir,
+                    REDIS_NODE_TIMEOUT_MS,
+                    value,
+                    LOAD_KEYS,
+                    RedisPreload::Spread(preload),
+                );
                 let _ = std::fs::remove_dir_all(&dir);
                 let r = r.with_context(|| label.clone())?;
                 rows::print_redis_run(&label, &r);

@@ -16,6 +16,9 @@
 //! - `ramlog_failover.rs`: the victim's preload and kill, and detection, recovery and
 //!   re-protection as the coordinator shows them ([`ramlog_failover()`]);
 //! - `rows.rs`: what the suite prints: a line per run, then the rows with their targets;
+//! - `sweep.rs`: the size sweep (`RAMLOG_BENCH_RECOVERY_SWEEP`), its rows and its plot;
+//! - `bare_replay.rs`: a survivor's backup store copied after the preload and replayed
+//!   decode-only, the limit a restore is compared with; `plot.rs`: the sweep's SVG chart;
 //! - `process.rs`, `progress.rs`: child processes killed when dropped, waits with a limit,
 //!   progress on stderr.
 //!
@@ -32,9 +35,16 @@
 //! Environment: `RAMLOG_BENCH_RECOVERY_MIB` (the victim's data, default 64 quick, 1024 full),
 //! `RAMLOG_BENCH_RECOVERY_REPEATS` (default 1 quick, 3 full), `RAMLOG_BENCH_RECOVERY_CASES`
 //! (a comma-separated subset of `r4_100B,r4_1KiB,r3_100B,r4_100B_durable,r4_100B_mirror`).
+//!
+//! `RAMLOG_BENCH_RECOVERY_SWEEP=64,256,1024,2048` runs the size sweep instead ([`sweep`]: the
+//! cases `r4_100B` and `r4_1KiB` at each size, beside Redis Cluster at the same size, with the
+//! bare replay limit), and writes a plot to `RAMLOG_BENCH_PLOT` (default
+//! `docs/benchmarks/recovery-sweep.svg`).
 
+mod bare_replay;
 mod client;
 mod load;
+mod plot;
 mod poller;
 mod process;
 mod progress;
@@ -43,11 +53,13 @@ mod ramlog_failover;
 mod readback;
 mod redis;
 mod rows;
+mod sweep;
 
+pub use bare_replay::{BareReplay, StoreCopy};
 pub use load::{Load, LoadResult};
 pub use ramlog_failover::{ramlog_failover, RamlogFailover};
 pub use readback::Verify;
-pub use redis::{redis_failover, redis_only, RedisFailover};
+pub use redis::{redis_failover, redis_only, RedisFailover, RedisPreload};
 
 use crate::report::Report;
 use anyhow::{bail, Context};
@@ -120,8 +132,21 @@ fn env_u64(name: &str) -> Option<u64> {
 /// or 1 GiB (full) of values; `RAMLOG_BENCH_RECOVERY_MIB` overrides that,
 /// `RAMLOG_BENCH_RECOVERY_REPEATS` the repeats (1 quick, 3 full). Redis's preload is the same
 /// per master, at most `REDIS_PRELOAD_CAP_MIB` (its failover replays nothing).
+/// `RAMLOG_BENCH_RECOVERY_SWEEP` runs the size sweep instead ([`sweep`]; repeats default to 1).
 pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     redis::require_tools()?;
+    if let Ok(text) = std::env::var("RAMLOG_BENCH_RECOVERY_SWEEP") {
+        let sizes = sweep::parse_sizes(&text)?;
+        let repeats = env_u64("RAMLOG_BENCH_RECOVERY_REPEATS").unwrap_or(1).max(1) as usize;
+        let work =
+            std::env::temp_dir().join(format!("ramlog-bench-recovery-{}", std::process::id()));
+        std::fs::create_dir_all(&work)?;
+        let mut report = Report::new("recovery", quick);
+        let result = sweep::run(&work, &sizes, repeats, quick, &mut report);
+        let _ = std::fs::remove_dir_all(&work);
+        result?;
+        return report.finish(json);
+    }
     let data_mib = env_u64("RAMLOG_BENCH_RECOVERY_MIB").unwrap_or(if quick { 64 } else { 1024 });
     let repeats = env_u64("RAMLOG_BENCH_RECOVERY_REPEATS")
         .unwrap_or(if quick { 1 } else { 3 })
@@ -221,6 +246,7 @@ fn run_all(
                 case.value_size,
                 data_bytes,
                 memory_mib,
+                None,
             );
             match r {
                 Ok(r) => {
@@ -256,7 +282,13 @@ fn run_all(
                 );
                 let dir = work.join(format!("redis-{}-{}", value, repeat + 1));
                 std::fs::create_dir_all(&dir)?;
-                let r = redis_failover(&dir, REDIS_NODE_TIMEOUT_MS, value, LOAD_KEYS, preload);
+                let r = redis_failover(
+                    &dir,
+                    REDIS_NODE_TIMEOUT_MS,
+                    value,
+                    LOAD_KEYS,
+                    RedisPreload::Spread(preload),
+                );
                 let _ = std::fs::remove_dir_all(&dir);
                 let r = r.with_context(|| label.clone())?;
                 rows::print_redis_run(&label, &r);

@@ -12,6 +12,7 @@
 //! runs on until 2 s after the victim's slots took a write again; then its keys and 10 000 random
 //! preloaded keys are read back.
 
+use super::bare_replay::{copy_store, StoreCopy};
 use super::client::{call, encode, Conn, Reply};
 use super::load::{settle_after_kill, warm_up, Load, LOAD_KEYS, THREADS};
 use super::poller::Poller;
@@ -254,6 +255,14 @@ pub struct RamlogFailover {
     pub poll_failures: u64,
     /// Servers other than the victim that the coordinator shows dead after the run.
     pub survivors_dead: u64,
+    /// The longest interval without an acknowledged write on the slots of any one tablet of
+    /// the map after the run that lies in the victim's slots: the recovery partitions split off
+    /// the victim's tablets at its declaration, and what remains of those tablets; and how many
+    /// there were.
+    pub worst_partition_gap: Duration,
+    pub partitions: usize,
+    /// The copy of a survivor's backup store taken after the preload, when one was asked for.
+    pub store_copy: Option<StoreCopy>,
     /// Something is off (a survivor dead, a loss, a preloaded key missing, a DBSIZE that is not
     /// what it should be): the run's logs are worth keeping.
     pub anomalous: bool,
@@ -265,8 +274,10 @@ pub struct RamlogFailover {
 /// of 4 threads over
 /// 10 000 keys of `value_size` bytes against every server, kills -9 the victim after 2 s and
 /// measures detection, recovery and re-protection through the coordinator's status, then what
-/// the load saw; reads back the load's keys and 10 000 preloaded ones. Every process started is
-/// stopped on return.
+/// the load saw; reads back the load's keys and 10 000 preloaded ones. With `copy_store_to`,
+/// the backup store of the first backup of the victim's tablet at slot 0 is copied there after
+/// the preload ([`super::bare_replay`]). Every process started is stopped on return.
+#[allow(clippy::too_many_arguments)]
 pub fn ramlog_failover(
     work: &Path,
     label: &str,
@@ -275,6 +286,7 @@ pub fn ramlog_failover(
     value_size: usize,
     data_bytes: u64,
     memory_mib: u64,
+    copy_store_to: Option<&Path>,
 ) -> anyhow::Result<RamlogFailover> {
     let mut cluster = RamlogCluster::start(work, servers, memory_mib)?;
     let st = cluster.status()?;
@@ -315,6 +327,52 @@ pub fn ramlog_failover(
 
     let preload_keys = (data_bytes / value_size as u64).max(1);
     let pre = preload_victim(&victim_addr, &victim_slots, preload_keys, value_size, label)?;
+    let store_copy = match copy_store_to {
+        Some(to) => {
+            let backup = st
+                .tablets
+                .iter()
+                .find(|t| t.first_slot == 0)
+                .and_then(|t| t.backups.first().copied())
+                .context("the victim's tablet at slot 0 has no backup")?;
+            let resp = st
+                .servers
+                .iter()
+                .find(|s| s.0 == backup)
+                .map(|s| s.2.clone())
+                .context("the backup of slot 0 is not listed")?;
+            let index = cluster
+                .servers
+                .iter()
+                .position(|s| s.resp == resp)
+                .with_context(|| format!("the backup of slot 0, {resp}, is not one of ours"))?;
+            let from = work.join(format!("server-{index}")).join("backup");
+            let mut copy = copy_store(&from, to, backup)?;
+            // The preloaded keys whose tablet this backup holds: what its replay should yield.
+            let mut held = vec![false; SLOT_COUNT as usize];
+            for t in st
+                .tablets
+                .iter()
+                .filter(|t| t.master == victim_id && t.backups.contains(&backup))
+            {
+                held[t.first_slot as usize..=t.last_slot as usize].fill(true);
+            }
+            copy.expected_objects = (0..pre.scanned)
+                .filter(|i| held[key_slot(format!("p:{i}").as_bytes()) as usize])
+                .count() as u64;
+            eprintln!(
+                "  {label}: copied the backup store of server {backup} ({:.0} MiB{})",
+                copy.bytes as f64 / (1u64 << 20) as f64,
+                if copy.quiet {
+                    ""
+                } else {
+                    ", which changed during the copy"
+                }
+            );
+            Some(copy)
+        }
+        None => None,
+    };
     // The preload is written in `sync` (`durable` fsyncs every batch on the backups: minutes for
     // a GiB); the mode under test holds from the load on.
     cluster.set_mode(mode)?;
@@ -514,7 +572,8 @@ pub fn ramlog_failover(
         }
     });
     // Every survivor should still be up: a busy survivor declared dead is a false positive.
-    let survivors_dead = match cluster.status() {
+    let after = cluster.status();
+    let survivors_dead = match &after {
         Ok(st) => st
             .servers
             .iter()
@@ -524,6 +583,16 @@ pub fn ramlog_failover(
             eprintln!("  {label}: the status after the run: {e:#}");
             cluster.servers.len() as u64
         }
+    };
+    // The victim's slots as the map divides them now (partitions included).
+    let partition_ranges: Vec<(u16, u16)> = match &after {
+        Ok(st) => st
+            .tablets
+            .iter()
+            .filter(|t| in_victim(t.first_slot))
+            .map(|t| (t.first_slot, t.last_slot))
+            .collect(),
+        Err(_) => victim_tablets.clone(),
     };
     let keys_expected = pre.keys + result.keys_written();
     let anomalous = survivors_dead > 0
@@ -576,6 +645,13 @@ pub fn ramlog_failover(
             .map(|&(a, b)| result.longest_gap(|s| a <= s && s <= b, from, result.stopped))
             .max()
             .unwrap_or_default(),
+        worst_partition_gap: partition_ranges
+            .iter()
+            .map(|&(a, b)| result.longest_gap(|s| a <= s && s <= b, from, result.stopped))
+            .max()
+            .unwrap_or_default(),
+        partitions: partition_ranges.len(),
+        store_copy,
         others_gap: result.longest_gap(|s| !in_victim(s), from, result.stopped),
         acked: result.acked,
         lost: verify.lost,

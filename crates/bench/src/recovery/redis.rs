@@ -190,48 +190,84 @@ fn redis_cluster(work: &Path, node_timeout_ms: u64) -> anyhow::Result<Vec<RedisN
     Ok(nodes)
 }
 
-/// Writes `keys` keys `p:<i>` of `value_size` bytes, pipelined per master, and waits until each
+/// Which keys a Redis preload writes.
+#[derive(Debug, Clone, Copy)]
+pub enum RedisPreload {
+    /// `p:<i>` for every `i` below the count, on whichever master serves its slot.
+    Spread(usize),
+    /// The first that many `p:<i>` whose slot the master of slot 0 (the victim) serves; the
+    /// other masters get none, as ramlog's victim is preloaded.
+    Victim(usize),
+}
+
+/// Writes the keys `p:<i>` that `what` selects, with `value_size` bytes each, pipelined per
+/// master (batches of [`BATCH`], keys generated as they are sent), and waits until each
 /// master's replica has acknowledged them (`WAIT`), for at most [`PRELOAD_LIMIT`] in all; shows
 /// its progress on stderr.
-fn preload(map: &[u16], nodes: &Nodes, keys: usize, value_size: usize) -> anyhow::Result<()> {
+fn preload(
+    map: &[u16],
+    nodes: &Nodes,
+    what: RedisPreload,
+    value_size: usize,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let deadline = started + PRELOAD_LIMIT;
     let value = vec![b'p'; value_size];
-    let mut by_node: BTreeMap<u16, Vec<Vec<u8>>> = BTreeMap::new();
-    for i in 0..keys {
-        let key = format!("p:{i}").into_bytes();
-        by_node
-            .entry(map[key_slot(&key) as usize])
-            .or_default()
-            .push(key);
-    }
+    // (master, keys it gets): with `Spread`, `p:<i>` for i < n whose slot it serves; with
+    // `Victim`, the first n such keys of the master of slot 0.
+    let mut masters: Vec<u16> = map.iter().copied().filter(|&n| n != NO_NODE).collect();
+    masters.sort_unstable();
+    masters.dedup();
+    let keys = match what {
+        RedisPreload::Spread(n) => n,
+        RedisPreload::Victim(n) => {
+            masters = vec![map[0]];
+            n
+        }
+    };
+    // Whether a master's scan of `i` goes on, after `sent` of its keys.
+    let more = |i: u64, sent: usize| match what {
+        RedisPreload::Spread(n) => i < n as u64,
+        RedisPreload::Victim(n) => sent < n,
+    };
     let mut progress = Progress::new("Redis preload");
     let mut done = 0usize;
-    for (node, node_keys) in by_node {
+    for node in masters {
         let addr = nodes
             .name(node)
             .filter(|_| node != NO_NODE)
             .context("a slot has no master")?;
         let mut conn = Conn::open(&addr).with_context(|| format!("connecting to {addr}"))?;
         let mut out = Vec::new();
-        for batch in node_keys.chunks(BATCH) {
+        let (mut i, mut sent) = (0u64, 0usize);
+        loop {
             out.clear();
-            for key in batch {
-                encode(&mut out, &[b"SET", key, &value]);
+            let mut batch = 0;
+            while batch < BATCH && more(i, sent) {
+                let key = format!("p:{i}").into_bytes();
+                i += 1;
+                if map[key_slot(&key) as usize] == node {
+                    encode(&mut out, &[b"SET", &key, &value]);
+                    batch += 1;
+                    sent += 1;
+                }
+            }
+            if batch == 0 {
+                break;
             }
             conn.send(&out)
                 .with_context(|| format!("preloading {addr}"))?;
-            for _ in batch {
+            for _ in 0..batch {
                 match conn.recv().with_context(|| format!("preloading {addr}"))? {
                     Reply::Status(s) if s == "OK" => {}
                     other => bail!("SET while preloading {addr}: {other:?}"),
                 }
             }
-            done += batch.len();
+            done += batch;
             progress.show(|| {
                 format!(
                     "{:.0}% ({done} of {keys} keys, {:.0} keys/s)",
-                    done as f64 * 100.0 / keys as f64,
+                    done as f64 * 100.0 / keys.max(1) as f64,
                     done as f64 / started.elapsed().as_secs_f64()
                 )
             });
@@ -252,14 +288,15 @@ fn preload(map: &[u16], nodes: &Nodes, keys: usize, value_size: usize) -> anyhow
         }
     }
     progress.done(&format!(
-        "{keys} keys in {:.1} s",
+        "{done} keys in {:.1} s",
         started.elapsed().as_secs_f64()
     ));
     Ok(())
 }
 
 /// Starts a Redis Cluster of 4 masters + 4 replicas in `work` (`cluster-node-timeout` =
-/// `node_timeout_ms`, no persistence), preloads `preload_keys` keys of `value_size` bytes, runs
+/// `node_timeout_ms`, no persistence), preloads the keys `preload` selects with `value_size`
+/// bytes each, runs
 /// a [`Load`] of 4 threads over `keys` keys with `value_size`-byte values, kills -9 the master
 /// serving slot 0 after 2 s, keeps the load on until that master's slots have taken writes again
 /// for 2 s, then reads every key back. Every process started is stopped on return.
@@ -268,7 +305,7 @@ pub fn redis_failover(
     node_timeout_ms: u64,
     value_size: usize,
     keys: usize,
-    preload_keys: usize,
+    preload_keys: RedisPreload,
 ) -> anyhow::Result<RedisFailover> {
     let mut nodes = redis_cluster(work, node_timeout_ms)?;
     let seeds: Vec<String> = nodes.iter().map(RedisNode::addr).collect();
@@ -284,7 +321,10 @@ pub fn redis_failover(
     // The slots the victim serves, fixed now: after the failover they belong to its replica.
     let victim_slots: Vec<bool> = map.iter().map(|&n| n == victim_id).collect();
     let in_victim = |s: u16| victim_slots[s as usize];
-    if preload_keys > 0 {
+    if !matches!(
+        preload_keys,
+        RedisPreload::Spread(0) | RedisPreload::Victim(0)
+    ) {
         preload(&map, &names, preload_keys, value_size)?;
     }
 
@@ -331,7 +371,13 @@ pub fn redis_only(quick: bool) -> anyhow::Result<()> {
     let preload = if quick { 100_000 } else { 1_000_000 };
     let work = std::env::temp_dir().join(format!("ramlog-bench-recovery-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = redis_failover(&work, NODE_TIMEOUT_MS, VALUE, KEYS, preload);
+    let result = redis_failover(
+        &work,
+        NODE_TIMEOUT_MS,
+        VALUE,
+        KEYS,
+        RedisPreload::Spread(preload),
+    );
     let _ = std::fs::remove_dir_all(&work);
     let r = result?;
     println!(

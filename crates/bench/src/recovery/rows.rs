@@ -21,7 +21,7 @@ pub(super) fn ms(d: Duration) -> f64 {
 pub(super) fn print_ramlog_run(label: &str, r: &RamlogFailover) {
     println!(
         "ramlog {label}: detection {:.0} ms, recovery {:.0} ms ({} tablets, {} restorers), \
-         re-protection {:.0} ms; client failover {:.0} ms, longest gap {:.0} ms (worst tablet {:.0} ms, other slots {:.0} ms); \
+         re-protection {:.0} ms; client failover {:.0} ms, longest gap {:.0} ms (worst tablet {:.0} ms, worst of {} partitions {:.0} ms, other slots {:.0} ms); \
          {} acked, lost {} keys / {} writes of {} keys, {} ahead; preload {} keys in {:.1} s, \
          sample {} missing + {} wrong of {}; DBSIZE {:?} of {}; {} survivors dead after; errors {:?}; {} status polls failed",
         ms(r.detection),
@@ -32,6 +32,8 @@ pub(super) fn print_ramlog_run(label: &str, r: &RamlogFailover) {
         ms(r.failover),
         ms(r.longest_gap),
         ms(r.worst_tablet_gap),
+        r.partitions,
+        ms(r.worst_partition_gap),
         ms(r.others_gap),
         r.acked,
         r.lost,

@@ -83,6 +83,7 @@ pub mod io;
 mod iopool;
 mod reorg;
 mod replay;
+pub use replay::KeyFilter;
 mod tablet;
 #[doc(hidden)]
 pub mod testkit;
@@ -546,6 +547,17 @@ impl Backup {
     pub fn replay_merged_counted(
         &self,
         tablets: &[u64],
+        f: impl FnMut(Replayed<'_>),
+    ) -> Result<ReplayReport> {
+        self.replay_merged_filtered(tablets, None, f)
+    }
+
+    /// [`Backup::replay_merged_counted`] of only the keys `keep` keeps (a restore of some of the
+    /// slots the tablets hold): the others are skipped before they are merged.
+    pub fn replay_merged_filtered(
+        &self,
+        tablets: &[u64],
+        keep: Option<KeyFilter<'_>>,
         mut f: impl FnMut(Replayed<'_>),
     ) -> Result<ReplayReport> {
         self.flush_for_replay()?;
@@ -560,6 +572,7 @@ impl Backup {
         replay::replay_merged(
             &self.sh,
             &ts,
+            keep,
             &mut |n| (f.borrow_mut())(Replayed::Count(n)),
             &mut |e| (f.borrow_mut())(Replayed::Entry(e)),
         )

@@ -173,17 +173,23 @@ pub fn replay_tablet(
     t: &Arc<Tablet>,
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
-    replay_merged(sh, std::slice::from_ref(t), &mut |_| {}, f)
+    replay_merged(sh, std::slice::from_ref(t), None, &mut |_| {}, f)
 }
+
+/// Which keys a replay keeps: true for a key to merge and yield.
+pub type KeyFilter<'a> = &'a (dyn Fn(&[u8]) -> bool + Sync);
 
 /// Replays several tablets as one: the newest version of each key over all of them wins, a
 /// delete in one hides older data in another, and `f` sees each live key once (with the id of
 /// the tablet whose entry won). For a tablet whose log continues in another (a new epoch).
 /// `count` hears, before the first entry, how many keys were found (an upper bound on the
-/// entries `f` will see).
+/// entries `f` will see). With `keep`, only the data entries of the keys it keeps are merged
+/// (a restore of part of the tablets' keys): version records then only rank keys some kept
+/// entry holds, so a kept key none of whose data is left is not counted as lost.
 pub fn replay_merged(
     sh: &Shared,
     ts: &[Arc<Tablet>],
+    keep: Option<KeyFilter<'_>>,
     count: &mut dyn FnMut(u64),
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
@@ -267,7 +273,7 @@ pub fn replay_merged(
                         .map_err(|e| Error::io(&t.sec_path, e))?;
                         buf.set_len(n);
                         out.bytes += n as u64;
-                        parse_region(buf.as_slice(), k, t.id, &mut out, &mut batch);
+                        parse_region(buf.as_slice(), k, t.id, keep, &mut out, &mut batch);
                         out.buffers.push((k, buf));
                     }
                     let superseded = batch.finish();
@@ -301,6 +307,9 @@ pub fn replay_merged(
         for (i, slb) in slbs.iter().enumerate() {
             let source = ((slb_index + i) as u64) << 32;
             let stats = format::walk_entries(slb, |off, e| {
+                if keep.is_some_and(|keep| !keep(e.key)) {
+                    return;
+                }
                 slb_out.data_entries += 1;
                 batch.push(format::key_hash(e.key), e.version, source | off as u64);
             });
@@ -334,6 +343,9 @@ pub fn replay_merged(
                 }
                 let mut map = shards[k].lock();
                 for &(h, v, deleted) in &vparts[k] {
+                    if keep.is_some() && !map.contains_key(&h) {
+                        continue;
+                    }
                     if deleted {
                         merge(&mut map, h, v, LOC_DELETE);
                     } else if map.get(&h).is_none_or(|&(bv, _)| bv < v) {
@@ -417,6 +429,7 @@ fn parse_region(
     region: &[u8],
     source: usize,
     tablet: u64,
+    keep: Option<KeyFilter<'_>>,
     out: &mut WorkerOut,
     batch: &mut Batcher<'_>,
 ) {
@@ -427,7 +440,7 @@ fn parse_region(
         }
         let body_at = boff + BLOCK_HEADER_BYTES;
         let stats = format::walk_entries(body, |off, e| {
-            if e.is_delete() {
+            if e.is_delete() || keep.is_some_and(|keep| !keep(e.key)) {
                 return;
             }
             out.data_entries += 1;

@@ -149,3 +149,71 @@ fn merged_replay_takes_the_newest_version_over_tablets_deletes_included() {
     b.replay_merged(&[2, 1], |_| again += 1).unwrap();
     assert_eq!(again, 2);
 }
+
+#[test]
+fn a_filtered_merged_replay_yields_only_the_kept_keys_newest_first_deletes_included() {
+    let dir = temp_dir("filtered");
+    let b = Backup::open(dir.path(), Config::default()).unwrap();
+    let put = |key: &'static [u8], value: &'static [u8], version: u64| Entry {
+        key,
+        value: Some(value),
+        version,
+        expiry: 0,
+    };
+    let del = |key: &'static [u8], version: u64| Entry {
+        key,
+        value: None,
+        version,
+        expiry: 0,
+    };
+    // Keys starting with "k" are kept; "o" keys belong to another part of the tablet.
+    b.append(
+        1,
+        &[
+            put(b"k1", b"old", 1),
+            put(b"k2", b"k2", 2),
+            put(b"k3", b"k3", 3),
+            put(b"o1", b"o1", 4),
+            put(b"o2", b"o2", 5),
+        ],
+    )
+    .unwrap();
+    b.append(2, &[put(b"k1", b"new", 10), del(b"k3", 11), del(b"o1", 12)])
+        .unwrap();
+    let keep = |key: &[u8]| key.starts_with(b"k");
+    for round in 0..2 {
+        let mut seen = Vec::new();
+        let mut counted = None;
+        let report = b
+            .replay_merged_filtered(&[1, 2], Some(&keep), |r| match r {
+                ramlog_backup::Replayed::Count(n) => counted = Some(n),
+                ramlog_backup::Replayed::Entry(e) => {
+                    seen.push((e.key.to_vec(), e.value.to_vec(), e.version))
+                }
+            })
+            .unwrap();
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                (b"k1".to_vec(), b"new".to_vec(), 10),
+                (b"k2".to_vec(), b"k2".to_vec(), 2),
+            ],
+            "round {round}"
+        );
+        // Only kept keys are merged: k1, k2, k3 (deleted).
+        assert_eq!(counted, Some(3), "round {round}");
+        assert_eq!(
+            (report.live_keys, report.deleted_keys),
+            (2, 1),
+            "round {round}"
+        );
+        assert_eq!(report.lost_keys, 0, "round {round}");
+        // Unfiltered, the other part is there too.
+        let mut all = 0;
+        b.replay_merged(&[1, 2], |_| all += 1).unwrap();
+        assert_eq!(all, 3, "round {round}");
+        // Again once the logs reach the disk (the version log then ranks the keys).
+        b.checkpoint().unwrap();
+    }
+}

@@ -219,7 +219,7 @@ impl BackupService {
         &self,
         t: &ramlog_cluster::TabletInfo,
         epoch: u64,
-        mut f: impl FnMut(ramlog_backup::Replayed<'_>),
+        f: impl FnMut(ramlog_backup::Replayed<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
         let sources: Vec<u16> = t.log_sources().collect();
         let ids: Vec<u64> = self
@@ -234,11 +234,8 @@ impl BackupService {
         // A tablet's own logs hold only its slots unless it was split off a larger one since
         // they were written (a partition, or the tablet a partition was split off).
         let slots = t.slots();
-        self.store.replay_merged_counted(&ids, |r| match r {
-            ramlog_backup::Replayed::Entry(e)
-                if !slots.contains(&ramlog_common::key_slot(e.key)) => {}
-            r => f(r),
-        })
+        let keep = |key: &[u8]| slots.contains(&ramlog_common::key_slot(key));
+        self.store.replay_merged_filtered(&ids, Some(&keep), f)
     }
 
     /// Takes a new map: raises the fence of every tablet to its epoch in the map (a master of

@@ -71,13 +71,14 @@ def test_a_dead_masters_tablets_recover_as_partitions_over_every_backup(tmp_path
     """4 servers, R = 2. A master of about 10 000 keys (16 tablets of about 600) dies under a
     RedisCluster load, with partitions of at most 200 objects: its tablets are split into slot
     ranges, restored by both backups of each tablet, and served. Then the master of one
-    restored partition dies while its backups still wait for its copy (copies slowed by a test
-    knob): the partition recovers whole, from its backups' logs of the tablet it was split off
+    restored partition dies while its backups still wait for its copy (copies slowed to 20 kB/s by
+    `recovery_copy_bytes_per_sec`): the partition recovers whole, from its backups' logs of the tablet it was split off
     and their logs of the partition since. Every preloaded key holds its value, deleted ones stay
     deleted, no acknowledged write is lost."""
-    c = Cluster(tmp_path, servers=4,
-                coordinator_args=["--recovery-partition-objects", "200", "--default-replicas", "2"],
-                env={"RAMLOG_TEST_COPY_BYTES_PER_SEC": "20000"})
+    config = tmp_path / "slow-copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 20000\n")
+    c = Cluster(tmp_path, servers=4, extra_args=("--config", str(config)),
+                coordinator_args=["--recovery-partition-objects", "200", "--default-replicas", "2"])
     down = set()
     alive = lambda i: i not in down  # noqa: E731
     keys = Keys()

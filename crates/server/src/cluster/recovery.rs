@@ -679,11 +679,7 @@ fn copy(
         epoch: t.epoch,
         count: 0,
     };
-    // Test knob: a slower copy, so that a test can kill a master while its backups wait for it.
-    let rate = std::env::var("RAMLOG_TEST_COPY_BYTES_PER_SEC")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(node.config.recovery_copy_bytes_per_sec);
+    let rate = node.config.recovery_copy_bytes_per_sec;
     // Restores first: a copy waits while this server restores (or has restores waiting for a
     // turn), so that re-protection does not slow down the tablets clients are waiting for; the
     // copy's tablet is served meanwhile and its live writes reach every backup.

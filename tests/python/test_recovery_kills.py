@@ -54,6 +54,28 @@ def read_all(c: Cluster, at: int, keys) -> dict:
     return got
 
 
+def settle_and_check(c, st, keys, alive, threads, stop, dead):
+    """After the last of `dead` was killed: waits for its declaration and the restores, lets the
+    writers go on a while, stops them and checks every key they wrote; the servers in `dead` are
+    dead, the others up, and every tablet is served by a survivor. Returns the final status."""
+    for d in dead:
+        wait_declared_dead(c, d)
+    wait_settled(c, copies=False, timeout=60)
+    acked = keys.acked
+    assert wait_until(lambda: keys.acked > acked + 200, timeout=30), "the writers stalled"
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    check_all(c, keys, alive)
+    final = status(c)
+    survivors = {server_id_of(c, st, i) for i in range(len(c.servers)) if alive(i)}
+    states = {s["id"]: s["state"] for s in final["servers"]}
+    assert states == {**{s: "up" for s in survivors}, **{d: "dead" for d in dead}}, states
+    tablets = final["tables"][0]["tablets"]
+    assert all(t["master"] in survivors and not t["recovering"] for t in tablets), tablets
+    return final
+
+
 def test_the_restorer_killed_halfway_through_its_replay_and_the_other_backup_restores(tmp_path):
     """4 servers, R = 2; 48 000 keys on one master, a third of them then overwritten and a
     seventh deleted; restores pause 250 ms after every 1024 objects replayed (a test knob).
@@ -130,21 +152,8 @@ def test_the_restorer_killed_halfway_through_its_replay_and_the_other_backup_res
         c.servers[restorer].proc.wait(timeout=5)
         before = next(t for t in st["tables"][0]["tablets"] if t["first_slot"] == first_slot)
 
-        wait_declared_dead(c, restorer_id)
-        wait_settled(c, copies=False, timeout=60)
-        acked = keys.acked
-        assert wait_until(lambda: keys.acked > acked + 200, timeout=30), "the writers stalled"
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-        check_all(c, keys, alive)
-
-        final = status(c)
-        survivors = {server_id_of(c, st, i) for i in range(4) if alive(i)}
-        states = {s["id"]: s["state"] for s in final["servers"]}
-        assert states == {**{s: "up" for s in survivors}, first_id: "dead", restorer_id: "dead"}, states
+        final = settle_and_check(c, st, keys, alive, threads, stop, dead={first_id, restorer_id})
         tablets = final["tables"][0]["tablets"]
-        assert all(t["master"] in survivors and not t["recovering"] for t in tablets), tablets
         half = next(t for t in tablets if t["first_slot"] == first_slot)
         assert half["epoch"] > before["epoch"] and half["master"] in set(before["backups"]) - {restorer_id}, \
             (half, before)
@@ -212,20 +221,7 @@ def test_a_second_server_killed_during_re_protection(tmp_path):
             if t["master"] == second_id:
                 holders = set(t["backups"]) - set(t["fresh"]) - {first_id, second_id}
                 assert holders, t
-        wait_declared_dead(c, second_id)
-        wait_settled(c, copies=False, timeout=60)
-        acked = keys.acked
-        assert wait_until(lambda: keys.acked > acked + 200, timeout=30), "the writers stalled"
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-        check_all(c, keys, alive)
-
-        final = status(c)
-        survivors = {server_id_of(c, st, i) for i in range(4) if alive(i)}
-        states = {s["id"]: s["state"] for s in final["servers"]}
-        assert states == {**{s: "up" for s in survivors}, first_id: "dead", second_id: "dead"}, states
-        assert all(t["master"] in survivors and not t["recovering"] for t in final["tables"][0]["tablets"])
+        settle_and_check(c, st, keys, alive, threads, stop, dead={first_id, second_id})
         got = read_all(c, next(i for i in range(4) if alive(i)), expected)
         wrong = [(k, got[k][:30] if got[k] else None) for k in expected if got[k] != expected[k]]
         assert not wrong, (len(wrong), wrong[:10], len(restored_there))

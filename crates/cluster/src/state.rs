@@ -1565,6 +1565,19 @@ mod tests {
         }
     }
 
+    /// Applies the report of recovering tablet `t`'s restorer; returns the restorer.
+    fn restored_by_its_restorer(s: &mut ClusterState, t: &TabletInfo) -> ServerId {
+        let server = t.restorer.expect("a restorer");
+        s.apply(&Command::TabletRecovered {
+            table: t.table,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            server,
+        })
+        .unwrap();
+        server
+    }
+
     fn declare_dead_with(s: &mut ClusterState, dead: ServerId, room: Room) {
         let epoch = s.map.server(dead).unwrap().epoch;
         let out = s
@@ -1667,14 +1680,7 @@ mod tests {
             .find(|t| t.logs_from.is_some() && t.first_slot != t.logs_from.unwrap())
             .unwrap()
             .clone();
-        let r = p.restorer.unwrap();
-        s.apply(&Command::TabletRecovered {
-            table: p.table,
-            first_slot: p.first_slot,
-            epoch: p.epoch,
-            server: r,
-        })
-        .unwrap();
+        let r = restored_by_its_restorer(&mut s, &p);
         let now = s.map.tablet_mut(p.table, p.first_slot).unwrap().clone();
         assert!(!now.recovering && now.master == r && now.logs_from.is_some());
         assert!(s
@@ -1707,14 +1713,7 @@ mod tests {
             .find(|t| t.recovering && t.logs_from.is_some() && t.restorer != Some(r))
             .unwrap()
             .clone();
-        let r2 = q.restorer.unwrap();
-        s.apply(&Command::TabletRecovered {
-            table: q.table,
-            first_slot: q.first_slot,
-            epoch: q.epoch,
-            server: r2,
-        })
-        .unwrap();
+        let r2 = restored_by_its_restorer(&mut s, &q);
         let die = |s: &mut ClusterState, server: ServerId| {
             let mut room = room_for(
                 s,

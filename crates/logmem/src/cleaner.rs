@@ -1137,19 +1137,28 @@ fn abort_victims(inner: &Inner, victims: &[u32]) {
     for &v in victims {
         let slot = inner.segments.get(v);
         // Relocations do not decrement victims as they go; count what is still referenced. The
-        // count runs without the tablet's lock (index probes are cache misses, and writers would
-        // wait for all of them). Nothing can become live in a victim meanwhile, only die, so the
-        // count can only be high: zero means empty. A decrement racing with the store below is
-        // lost, which only makes the segment look fuller than it is until it is cleaned.
+        // walk runs without the tablet's lock (index probes are cache misses, and writers would
+        // wait for all of them) and keeps the entries it found referenced. Nothing can become
+        // live in a victim meanwhile, only die, and every death (`mark_dead`) happens under the
+        // tablet's lock: so under the lock, the kept entries are checked again and the count is
+        // stored, and no decrement made during the walk is lost.
         let tablet_id = slot.tablet.load(Ordering::Relaxed);
         let mut live = 0i64;
         if let Ok(tablet) = inner.tablet(tablet_id) {
             let _guard = epoch::pin();
+            let mut referenced: Vec<(Loc, u64, i64)> = Vec::new();
             for_each_entry(inner, v, |loc, header, key| {
-                if header.is_object() && tablet.index.find_loc(hash_key(key), loc).is_some() {
-                    live += header.total_len() as i64;
+                let hash = hash_key(key);
+                if header.is_object() && tablet.index.find_loc(hash, loc).is_some() {
+                    referenced.push((loc, hash, header.total_len() as i64));
                 }
             });
+            let _head = tablet.head.lock();
+            live = referenced
+                .iter()
+                .filter(|(loc, hash, _)| tablet.index.find_loc(*hash, *loc).is_some())
+                .map(|(_, _, len)| len)
+                .sum();
             slot.live_bytes.store(live, Ordering::Relaxed);
         }
         if live > 0 || !retire(inner, v) {

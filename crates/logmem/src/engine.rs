@@ -570,6 +570,27 @@ impl Inner {
         crate::Snapshot::new(self.clone(), entry)
     }
 
+    /// Opens a single-scan snapshot for one scan of one tablet: as [`Inner::open_snapshot_of`],
+    /// but only that tablet keeps superseded versions for it (until the scan has read the segment
+    /// holding them); the table's other tablets keep nothing.
+    pub fn open_snapshot_of_tablet(
+        self: &Arc<Inner>,
+        tablet: TabletId,
+    ) -> Result<crate::Snapshot, EngineError> {
+        let _creating = self.tablet_create.lock();
+        let t = self.tablet(tablet)?;
+        let head = t.head.lock();
+        let version = self.clock.load(Ordering::SeqCst);
+        let entry = self.snapshots.register(
+            version,
+            self.counters.retained_total.load(Ordering::Relaxed),
+            Some(t.table),
+        );
+        t.scan_uncaptured.lock().push((version, entry.id));
+        drop(head);
+        Ok(crate::Snapshot::new(self.clone(), entry))
+    }
+
     /// A single-scan snapshot is gone: no tablet of its table waits for its pass any more.
     pub fn forget_scan_snapshot(&self, entry: &crate::mvcc::SnapshotEntry) {
         for id in 0..self.tablet_count() {

@@ -611,6 +611,27 @@ impl Engine {
         })
     }
 
+    /// Opens a cursor over one tablet's current objects in log order, for copying the tablet
+    /// elsewhere in bulk (a new backup's copy after a recovery): segment by segment, with no
+    /// index probe per object. It reads at a snapshot of that tablet alone, which keeps
+    /// superseded versions only in the segments the cursor has still to read. Values come as
+    /// stored, whatever the table's schema.
+    pub fn tablet_cursor(&self, tablet: TabletId) -> Result<ScanCursor, EngineError> {
+        let snapshot = self.inner.open_snapshot_of_tablet(tablet)?;
+        let query = query::CompiledQuery::new(query::Query::default(), None)
+            .map(Arc::new)
+            .map_err(|e| EngineError::Query(e.to_string()))?;
+        Ok(ScanCursor {
+            inner: self.inner.clone(),
+            snapshot,
+            query,
+            tablets: [tablet].into(),
+            current: None,
+            scratch: Vec::new(),
+            malformed: 0,
+        })
+    }
+
     /// Runs one cleaning pass on the caller's thread (tests and tools); returns whether it did work.
     pub fn clean_now(&self) -> bool {
         let progressed = cleaner::run_pass(&self.inner, true);

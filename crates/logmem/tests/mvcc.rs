@@ -910,3 +910,75 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
         "concurrent scans shared no pass"
     );
 }
+
+/// A tablet cursor (the bulk copy's read): exactly the tablet's objects as of its opening, newest
+/// versions only, empty and binary keys included, while writers overwrite and delete; the
+/// table's other tablet keeps no superseded version for it.
+#[test]
+fn a_tablet_cursor_reads_its_tablet_at_its_opening_and_nothing_else_keeps_versions() {
+    let e = engine(64 << 20, 4, |_| {});
+    let keys: Vec<Vec<u8>> = (0..4000)
+        .map(|i| format!("c{i:05}").into_bytes())
+        .chain([Vec::new(), vec![0u8, 255, 10, 13]])
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        e.put(
+            tablet(&e, k),
+            k,
+            format!("old{i}").as_bytes(),
+            &PutOptions::default(),
+        )
+        .unwrap();
+    }
+    // Overwritten and deleted before the cursor opens: only the newest state is copied.
+    for k in keys.iter().step_by(3) {
+        e.put(tablet(&e, k), k, b"newer", &PutOptions::default())
+            .unwrap();
+    }
+    for k in keys.iter().skip(1).step_by(7) {
+        e.delete(tablet(&e, k), k, Condition::None).unwrap();
+    }
+    let copied = tablet(&e, b"");
+    let other = (0..2).find(|&t| t != copied).unwrap() as TabletId;
+    let expected: Seen = keys
+        .iter()
+        .filter(|k| tablet(&e, k) == copied)
+        .filter_map(|k| {
+            e.get(copied, k)
+                .unwrap()
+                .map(|o| (k.clone(), (o.value.to_vec(), o.version)))
+        })
+        .collect();
+    assert!(
+        expected.contains_key(&Vec::new()),
+        "the empty key is in the copied tablet"
+    );
+    let retained_before = e.stats().retained_bytes;
+    let mut cursor = e.tablet_cursor(copied).unwrap();
+    let mut pages = Vec::new();
+    let mut n = 0;
+    while !cursor.is_done() {
+        pages.extend(cursor.next_page(100).unwrap());
+        // Writers go on: overwrites and deletes in both tablets, new keys; none of it is seen.
+        for k in keys.iter().skip(n % 50).step_by(50) {
+            e.put(tablet(&e, k), k, b"after", &PutOptions::default())
+                .unwrap();
+        }
+        let k = format!("c{:05}", n * 13 % 4000).into_bytes();
+        e.delete(tablet(&e, &k), &k, Condition::None).unwrap();
+        let k = format!("brand-new{n}").into_bytes();
+        e.put(tablet(&e, &k), &k, b"x", &PutOptions::default())
+            .unwrap();
+        // The other tablet's overwrites keep nothing for this cursor.
+        let retained = e.stats().retained_bytes;
+        for k in keys.iter().filter(|k| tablet(&e, k) == other).take(20) {
+            e.put(other, k, b"other", &PutOptions::default()).unwrap();
+        }
+        assert_eq!(e.stats().retained_bytes, retained, "page {n}");
+        n += 1;
+    }
+    assert!(n > 10, "the copy took several pages: {n}");
+    assert_eq!(as_map_of("tablet cursor", pages), expected);
+    drop(cursor);
+    assert_eq!(e.stats().retained_bytes, retained_before);
+}

@@ -425,7 +425,8 @@ impl<'a> Seen<'a> {
         })
     }
 
-    /// One line of a job's progress: "restoring 120000/335000 objects", "copying 12/67 MiB".
+    /// One line of a job's progress: "restoring 120000/335000 objects", "copying 12/67 MiB at
+    /// 32 MiB/s" (the pace the foreground's latency allows).
     fn progress(&self, server: u64, t: &TabletInfo, backup: Option<u64>) -> Option<String> {
         let j = self.job(server, t, backup)?;
         let n = |k: &str| j.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
@@ -441,6 +442,11 @@ impl<'a> Seen<'a> {
             ("restoring", _) => format!(
                 "restoring {}",
                 expected(n("objects"), n("expected"), "objects", 1)
+            ),
+            ("copying", _) if n("rate") > 0 => format!(
+                "copying {} at {} MiB/s",
+                expected(n("bytes"), n("expected"), "MiB", 1 << 20),
+                n("rate") >> 20
             ),
             ("copying", _) => format!(
                 "copying {}",

@@ -13,6 +13,7 @@
 pub mod backup;
 pub mod membership;
 pub mod mirror;
+pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod replication;

@@ -5,10 +5,12 @@
 //!   wins, deletes included) into a new engine tablet, move the engine clock well above every
 //!   version the dead master can have handed out, and tell the coordinator, which makes this
 //!   server the tablet's master. Nothing crosses the network (digest 003 §5).
-//! - **Copy** (this server masters a tablet with pending backups): send every live object of
-//!   the tablet, at the tablet's epoch, to each pending backup over a connection of its own,
-//!   rate-limited, while live writes keep flowing over the regular stream; when the backup has
-//!   it all on disk, tell the coordinator. Versions order the copy against the live writes.
+//! - **Copy** (this server masters a tablet with pending backups): stream the tablet's log (its
+//!   live objects in log order, at a snapshot of the tablet), at the tablet's epoch, to each
+//!   pending backup over a connection of its own, paced by the clients' latency
+//!   ([`crate::cluster::pacing`]), while live writes keep flowing over the regular stream; when
+//!   the backup has it all on disk, tell the coordinator. Versions order the copy against the
+//!   live writes.
 //!
 //! Each job runs on a thread of its own, once per (tablet, epoch[, backup]); a failed job is
 //! logged and retried when a later map still asks for it. A restore that runs out of memory is
@@ -17,6 +19,7 @@
 //! or lets it wait until this server has room. [`Jobs::figures`] shows where each one is
 //! (`/status`, `ramlog status`).
 
+use crate::cluster::pacing::Pacer;
 use crate::cluster::Member;
 use crate::node::figures::JobFigures;
 use crate::node::Node;
@@ -60,6 +63,8 @@ struct Job {
     running: AtomicBool,
     objects: AtomicU64,
     bytes: AtomicU64,
+    /// A copy's current pace, bytes per second (see [`crate::cluster::pacing`]); 0 otherwise.
+    rate: AtomicU64,
     /// What the job expects to handle: a restore's objects (estimated from the count its
     /// replay announces), a copy's bytes (the tablet's live bytes when it starts); 0 unknown.
     expected: AtomicU64,
@@ -186,6 +191,7 @@ impl Jobs {
             running: AtomicBool::new(false),
             objects: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            rate: AtomicU64::new(0),
             expected: AtomicU64::new(0),
             demanded: Mutex::new(demanded),
             done: AtomicBool::new(false),
@@ -227,6 +233,7 @@ impl Jobs {
                 },
                 objects: j.objects.load(Ordering::Relaxed),
                 bytes: j.bytes.load(Ordering::Relaxed),
+                rate: j.rate.load(Ordering::Relaxed),
                 expected: j.expected.load(Ordering::Relaxed),
                 demanded: j.demanded.lock().is_some(),
                 millis: j
@@ -692,12 +699,16 @@ fn copy(
         job.expected.store(live, Ordering::Relaxed);
     }
     let started = Instant::now();
+    let mut pacer = Pacer::new(|| node.metrics.latency_all(), rate);
     let copied = duty.replication.copy_tablet(
         node.engine(),
         tablet,
         head,
         address,
-        rate,
+        |sent| {
+            pacer.sent(sent);
+            job.rate.store(pacer.rate(), Ordering::Relaxed);
+        },
         &job.objects,
         &job.bytes,
         || still_master(member, t, backup),
@@ -708,6 +719,8 @@ fn copy(
         backup,
         objects = copied,
         millis = started.elapsed().as_millis() as u64,
+        slowed_windows = pacer.slowed(),
+        foreground_p99_target_us = pacer.target_us(),
         "tablet copied to a backup"
     );
     let me = member.view().me;

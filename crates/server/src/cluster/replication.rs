@@ -902,9 +902,13 @@ impl Replication {
     }
 
     /// Copies every live object of engine tablet `tablet` to the backup at `address`, as units
-    /// of `head` (the tablet at its current epoch), over a connection of its own, at most `rate`
-    /// bytes per second, and returns once the backup has all of it on disk. `objects` and
-    /// `bytes` count what was sent; `keep_going` is asked between frames (false: stop).
+    /// of `head` (the tablet at its current epoch), over a connection of its own, and returns
+    /// once the backup has all of it on disk. The objects are read in bulk, in log order, at a
+    /// snapshot of the tablet taken when the copy starts ([`ramlog_logmem::Engine::tablet_cursor`]):
+    /// the live stream, which the backup already receives, carries every later write, and the
+    /// backup keeps the newest version of each key. `pace` is told the bytes of each frame sent
+    /// (and may sleep); `objects` and `bytes` count what was sent; `keep_going` is asked between
+    /// frames (false: stop).
     #[allow(clippy::too_many_arguments)]
     pub fn copy_tablet(
         &self,
@@ -912,78 +916,60 @@ impl Replication {
         tablet: TabletId,
         head: UnitHead,
         address: &str,
-        rate: u64,
+        mut pace: impl FnMut(u64),
         objects: &AtomicU64,
         bytes: &AtomicU64,
         keep_going: impl Fn() -> bool,
     ) -> Result<u64, String> {
-        const SCAN_KEYS: usize = 512;
+        /// Objects read from the engine at a time.
+        const PAGE_OBJECTS: usize = 1024;
         let hello = self.hello(stream_nonce());
         let fail = |e: std::io::Error| format!("copy to {address}: {e}");
         let mut socket = connect(address, &hello, self.password.as_deref()).map_err(fail)?;
         socket
             .set_read_timeout(Some(COPY_ACK_TIMEOUT))
             .map_err(fail)?;
-        let started = Instant::now();
+        let mut cursor = engine
+            .tablet_cursor(tablet)
+            .map_err(|e| format!("reading the tablet: {e}"))?;
         let mut acks = AckReader::default();
-        let (mut offset, mut copied, mut sent) = (0u64, 0u64, 0u64);
-        let (mut units, mut frame, mut keys) = (Vec::new(), Vec::new(), Vec::new());
-        let mut batch: Vec<(Vec<u8>, Vec<u8>, u64, u64)> = Vec::with_capacity(SCAN_KEYS);
-        let mut cursor = 0u64;
+        let (mut offset, mut copied) = (0u64, 0u64);
+        let (mut units, mut frame) = (Vec::new(), Vec::new());
         loop {
             if !keep_going() || self.stopping.load(Ordering::Acquire) {
                 return Err("stopped: the map no longer asks for this copy".into());
             }
-            keys.clear();
-            cursor = engine
-                .scan_keys(tablet, cursor, SCAN_KEYS, &mut keys)
+            let page = cursor
+                .next_page(PAGE_OBJECTS)
                 .map_err(|e| format!("reading the tablet: {e}"))?;
-            batch.clear();
-            for key in keys.drain(..) {
-                let found = engine
-                    .read_with(tablet, &key, |value, version, expiry| {
-                        (value.to_vec(), version, expiry)
-                    })
-                    .map_err(|e| format!("reading the tablet: {e}"))?;
-                if let Some((value, version, expiry)) = found {
-                    batch.push((key, value, version, expiry));
-                }
-            }
-            if !batch.is_empty() {
-                let entries: Vec<ReplEntry<'_>> = batch
+            if !page.is_empty() {
+                let entries: Vec<ReplEntry<'_>> = page
                     .iter()
-                    .map(|(key, value, version, expiry)| ReplEntry {
-                        key,
-                        value: Some(value),
-                        version: *version,
-                        expiry: *expiry,
+                    .map(|r| ReplEntry {
+                        key: &r.key,
+                        value: Some(&r.value),
+                        version: r.version,
+                        expiry: r.expire_at_ms,
                     })
                     .collect();
                 repl::encode_unit(&mut units, &head, &entries);
                 copied += entries.len() as u64;
                 objects.fetch_add(entries.len() as u64, Ordering::Relaxed);
             }
-            let last = cursor == 0;
+            let last = cursor.is_done();
             if units.len() >= COPY_FRAME_BYTES || (last && (!units.is_empty() || offset > 0)) {
                 frame.clear();
                 let flags = if last { repl::FLAG_DURABLE } else { 0 };
                 repl::encode_batch_frame(&mut frame, offset, flags, &units);
                 socket.write_all(&frame).map_err(fail)?;
                 offset += units.len() as u64;
-                sent += units.len() as u64;
                 bytes.fetch_add(units.len() as u64, Ordering::Relaxed);
-                units.clear();
                 // One frame in flight: the copy never runs ahead of what the backup took.
                 while acks.buffered < offset {
                     acks.read(&mut socket).map_err(fail)?;
                 }
-                // Rate limit: no faster than `rate` bytes per second on average.
-                if rate > 0 {
-                    let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-                    if let Some(wait) = due.checked_sub(started.elapsed()) {
-                        std::thread::sleep(wait);
-                    }
-                }
+                pace(units.len() as u64);
+                units.clear();
             }
             if last {
                 break;

@@ -187,8 +187,11 @@ pub struct ServerConfig {
     /// write (or a read that waited on writes in flight) fails with an error saying its outcome
     /// is unknown, as for any write in doubt.
     pub replication_ack_timeout_ms: u64,
-    /// Re-protection: bytes per second the copy of one tablet to one backup may send (after a
-    /// recovery or a backup's replacement), so that copies leave room for the clients' traffic.
+    /// Re-protection: the most bytes per second the copy of one tablet to one backup may send
+    /// (after a recovery or a backup's replacement). Below it the copy is paced by the clients'
+    /// latency: it halves its rate after every 100 ms in which this server's command p99 was
+    /// above twice its usual p99 (at least 2 ms), and grows again when it is not
+    /// (`cluster::pacing`). 0: no ceiling and no pacing.
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub recovery_copy_bytes_per_sec: u64,
 }

@@ -93,6 +93,9 @@ pub struct JobFigures {
     pub state: &'static str,
     pub objects: u64,
     pub bytes: u64,
+    /// A copy's current pace, bytes per second: it follows the foreground's latency (see
+    /// `cluster::pacing`); 0 for a restore.
+    pub rate: u64,
     /// A restore's objects to go through (estimated before its replay, from the count the
     /// replay announces), a copy's bytes (the tablet's live bytes); 0 while unknown.
     pub expected: u64,

@@ -319,6 +319,24 @@ pub struct HistogramSnapshot {
 }
 
 impl HistogramSnapshot {
+    /// A histogram of nothing.
+    pub fn empty() -> Self {
+        HistogramSnapshot {
+            buckets: vec![0; LATENCY_BUCKETS_US.len() + 1],
+            count: 0,
+            sum_ns: 0,
+        }
+    }
+
+    /// Adds another histogram's counts to this one's.
+    pub fn add(&mut self, other: &HistogramSnapshot) {
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum_ns += other.sum_ns;
+    }
+
     /// Upper bound (µs) of the bucket holding quantile `q`; an estimate good to a factor of two.
     pub fn quantile_us(&self, q: f64) -> u64 {
         if self.count == 0 {
@@ -419,6 +437,15 @@ impl MemoryBreakdown {
 }
 
 impl Metrics {
+    /// The latency of every command this process ran, all kinds together.
+    pub fn latency_all(&self) -> HistogramSnapshot {
+        let mut all = HistogramSnapshot::empty();
+        for h in &self.latency {
+            all.add(&h.read());
+        }
+        all
+    }
+
     pub fn record(&self, op: Op, elapsed: Duration) {
         self.ops[op as usize].fetch_add(1, Ordering::Relaxed);
         self.latency[op as usize].record(elapsed);

@@ -1,0 +1,271 @@
+//! Pacing of re-protection copies by the foreground's latency.
+//!
+//! A copy (a tablet sent in bulk to a new backup after a recovery) competes with the clients of
+//! the server that sends it for cores, memory bandwidth and the network. It is paced the way
+//! TCP paces a flow (additive increase, multiplicative decrease), with the clients' latency as
+//! the congestion signal: every [`WINDOW`], the p99 of the commands this server ran in that
+//! window is compared with a target; above it the copy's rate halves, otherwise it grows by an
+//! eighth of its ceiling. The target is twice the p99 the server had before the copy began (its
+//! whole history, so what clients normally see), and at least [`TARGET_MIN_US`]. A window with
+//! fewer than [`SAMPLES_MIN`] commands has no foreground to protect: the rate grows. The rate
+//! stays between a floor (so that re-protection always ends: a backup short is a copy short of
+//! the promised durability) and the ceiling `recovery_copy_bytes_per_sec`.
+
+use crate::node::metrics::HistogramSnapshot;
+use std::time::{Duration, Instant};
+
+/// How often the rate is adjusted.
+pub const WINDOW: Duration = Duration::from_millis(100);
+/// The least foreground p99 the copy is held to, µs: below it, latency is not the copy's doing
+/// worth slowing for (one scheduling quantum on a shared core is a few ms).
+pub const TARGET_MIN_US: u64 = 2_000;
+/// Commands a window needs before its p99 means anything.
+pub const SAMPLES_MIN: u64 = 20;
+/// The floor is the ceiling divided by this, and at least [`FLOOR_MIN_BYTES_PER_SEC`].
+const FLOOR_DIVISOR: u64 = 16;
+const FLOOR_MIN_BYTES_PER_SEC: u64 = 4 << 20;
+
+/// What one window did to the rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The foreground was over its target: the rate halved.
+    Slowed,
+    /// The foreground was within its target (or idle): the rate grew.
+    Grew,
+}
+
+/// The rate after a window: halved when the window's p99 (`p99_us` over `samples` commands) is
+/// above `target_us`, otherwise grown by an eighth of `ceiling`; kept within `floor..=ceiling`.
+pub fn adjust(
+    rate: u64,
+    floor: u64,
+    ceiling: u64,
+    p99_us: u64,
+    samples: u64,
+    target_us: u64,
+) -> (u64, Step) {
+    if samples >= SAMPLES_MIN && p99_us > target_us {
+        ((rate / 2).clamp(floor, ceiling), Step::Slowed)
+    } else {
+        (
+            rate.saturating_add((ceiling / 8).max(1))
+                .clamp(floor, ceiling),
+            Step::Grew,
+        )
+    }
+}
+
+/// The counts of `now` minus those of `before` (two readings of one cumulative histogram).
+pub fn window(now: &HistogramSnapshot, before: &HistogramSnapshot) -> HistogramSnapshot {
+    HistogramSnapshot {
+        buckets: now
+            .buckets
+            .iter()
+            .zip(before.buckets.iter().chain(std::iter::repeat(&0)))
+            .map(|(n, b)| n.saturating_sub(*b))
+            .collect(),
+        count: now.count.saturating_sub(before.count),
+        sum_ns: now.sum_ns.saturating_sub(before.sum_ns),
+    }
+}
+
+/// Paces one copy: call [`Pacer::sent`] after each frame; it sleeps as long as the current rate
+/// asks and adjusts the rate once per window.
+pub struct Pacer<F: Fn() -> HistogramSnapshot> {
+    latency: F,
+    ceiling: u64,
+    floor: u64,
+    rate: u64,
+    target_us: u64,
+    window_started: Instant,
+    window_from: HistogramSnapshot,
+    /// When the bytes sent so far are paid for at the rates that applied.
+    due: Instant,
+    slowed: u64,
+}
+
+impl<F: Fn() -> HistogramSnapshot> Pacer<F> {
+    /// A pacer for a copy of at most `ceiling` bytes per second (0: no ceiling, no pacing),
+    /// reading the foreground's cumulative latency histogram with `latency`.
+    pub fn new(latency: F, ceiling: u64) -> Self {
+        let history = latency();
+        let target_us = history
+            .quantile_us(0.99)
+            .saturating_mul(2)
+            .max(TARGET_MIN_US);
+        let floor = (ceiling / FLOOR_DIVISOR)
+            .max(FLOOR_MIN_BYTES_PER_SEC)
+            .min(ceiling);
+        let now = Instant::now();
+        Pacer {
+            latency,
+            ceiling,
+            floor,
+            // Start at a quarter of the ceiling: the first windows find out what the foreground
+            // tolerates.
+            rate: (ceiling / 4).max(floor),
+            target_us,
+            window_started: now,
+            window_from: history,
+            due: now,
+            slowed: 0,
+        }
+    }
+
+    /// The rate now, bytes per second (0: unpaced).
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// The foreground p99 the copy is held to, µs.
+    pub fn target_us(&self) -> u64 {
+        self.target_us
+    }
+
+    /// Windows in which the copy slowed down for the foreground.
+    pub fn slowed(&self) -> u64 {
+        self.slowed
+    }
+
+    /// `bytes` more were sent: waits until they are paid for at the current rate, adjusting the
+    /// rate at each window's end.
+    pub fn sent(&mut self, bytes: u64) {
+        if self.ceiling == 0 {
+            return;
+        }
+        let now = Instant::now();
+        // Time not used (the copy was slower than its rate) is not saved up for a burst.
+        self.due = self.due.max(now) + Duration::from_secs_f64(bytes as f64 / self.rate as f64);
+        if now.duration_since(self.window_started) >= WINDOW {
+            let reading = (self.latency)();
+            let w = window(&reading, &self.window_from);
+            let (rate, step) = adjust(
+                self.rate,
+                self.floor,
+                self.ceiling,
+                w.quantile_us(0.99),
+                w.count,
+                self.target_us,
+            );
+            if step == Step::Slowed {
+                self.slowed += 1;
+            }
+            self.rate = rate;
+            self.window_from = reading;
+            self.window_started = now;
+        }
+        if let Some(wait) = self.due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::metrics::Histogram;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_rate_halves_above_the_target_and_grows_within_it() {
+        let (floor, ceiling) = (8, 128);
+        // Over the target with enough samples: halves, not below the floor.
+        assert_eq!(
+            adjust(128, floor, ceiling, 4096, 100, 2000),
+            (64, Step::Slowed)
+        );
+        assert_eq!(
+            adjust(12, floor, ceiling, 4096, 100, 2000),
+            (8, Step::Slowed)
+        );
+        // Within it: grows by an eighth of the ceiling, not above it.
+        assert_eq!(
+            adjust(64, floor, ceiling, 1024, 100, 2000),
+            (80, Step::Grew)
+        );
+        assert_eq!(
+            adjust(120, floor, ceiling, 1024, 100, 2000),
+            (128, Step::Grew)
+        );
+        // Too few commands to judge: the foreground is idle, the copy may go faster.
+        assert_eq!(
+            adjust(64, floor, ceiling, 1 << 20, 3, 2000),
+            (80, Step::Grew)
+        );
+    }
+
+    #[test]
+    fn a_window_counts_only_what_happened_in_it() {
+        let h = Histogram::default();
+        for _ in 0..1000 {
+            h.record(Duration::from_micros(10));
+        }
+        let before = h.read();
+        for _ in 0..100 {
+            h.record(Duration::from_millis(9));
+        }
+        let w = window(&h.read(), &before);
+        assert_eq!(w.count, 100);
+        assert_eq!(w.quantile_us(0.99), 16384);
+        assert_eq!(before.quantile_us(0.99), 16);
+    }
+
+    /// A copy paced against a foreground that turns slow, then fast again: it slows down to the
+    /// floor, then climbs back to the ceiling, and the bytes it sends match the rates it ran at.
+    #[test]
+    fn a_pacer_backs_off_while_the_foreground_is_slow_and_recovers_after() {
+        let h = Arc::new(Histogram::default());
+        for _ in 0..1000 {
+            h.record(Duration::from_micros(100));
+        }
+        let reader = h.clone();
+        let ceiling = 64 << 20;
+        let mut pacer = Pacer::new(move || reader.read(), ceiling);
+        assert_eq!(pacer.target_us(), TARGET_MIN_US);
+        assert_eq!(pacer.rate(), ceiling / 4);
+        let frame = 256 << 10;
+        let mut lowest = u64::MAX;
+        // The foreground is slow: each window has many 10 ms commands.
+        let slow_until = Instant::now() + Duration::from_millis(800);
+        while Instant::now() < slow_until {
+            for _ in 0..50 {
+                h.record(Duration::from_millis(10));
+            }
+            pacer.sent(frame);
+            lowest = lowest.min(pacer.rate());
+        }
+        assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
+        assert!(pacer.slowed() >= 2, "{}", pacer.slowed());
+        // Fast again: back to the ceiling within a second or so.
+        let started = Instant::now();
+        while pacer.rate() < ceiling {
+            for _ in 0..50 {
+                h.record(Duration::from_micros(50));
+            }
+            pacer.sent(frame);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{}",
+                pacer.rate()
+            );
+        }
+        // Sending 8 MiB at the ceiling takes about 1/8 s.
+        let t = Instant::now();
+        for _ in 0..32 {
+            pacer.sent(frame);
+        }
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_millis(600),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn no_ceiling_means_no_pacing() {
+        let mut pacer = Pacer::new(HistogramSnapshot::empty, 0);
+        let t = Instant::now();
+        pacer.sent(1 << 30);
+        assert!(t.elapsed() < Duration::from_millis(50));
+    }
+}

@@ -69,10 +69,11 @@ pub fn window(now: &HistogramSnapshot, before: &HistogramSnapshot) -> HistogramS
     }
 }
 
-/// Paces one copy: call [`Pacer::sent`] after each frame; it sleeps as long as the current rate
-/// asks and adjusts the rate once per window.
-pub struct Pacer<F: Fn() -> HistogramSnapshot> {
-    latency: F,
+/// Paces a server's copies (they run one at a time): call [`Pacer::begin`] when a copy starts
+/// and [`Pacer::sent`] after each frame; it sleeps as long as the current rate asks and adjusts
+/// the rate once per window. The rate carries over from one copy to the next, so a series of
+/// small tablets runs at the pace the foreground allows, not at a new start's each time.
+pub struct Pacer {
     ceiling: u64,
     floor: u64,
     rate: u64,
@@ -84,32 +85,47 @@ pub struct Pacer<F: Fn() -> HistogramSnapshot> {
     slowed: u64,
 }
 
-impl<F: Fn() -> HistogramSnapshot> Pacer<F> {
-    /// A pacer for a copy of at most `ceiling` bytes per second (0: no ceiling, no pacing),
-    /// reading the foreground's cumulative latency histogram with `latency`.
-    pub fn new(latency: F, ceiling: u64) -> Self {
-        let history = latency();
-        let target_us = history
-            .quantile_us(0.99)
-            .saturating_mul(2)
-            .max(TARGET_MIN_US);
-        let floor = (ceiling / FLOOR_DIVISOR)
-            .max(FLOOR_MIN_BYTES_PER_SEC)
-            .min(ceiling);
+impl Default for Pacer {
+    fn default() -> Self {
         let now = Instant::now();
         Pacer {
-            latency,
-            ceiling,
-            floor,
-            // Start at a quarter of the ceiling: the first windows find out what the foreground
-            // tolerates.
-            rate: (ceiling / 4).max(floor),
-            target_us,
+            ceiling: 0,
+            floor: 0,
+            rate: 0,
+            target_us: TARGET_MIN_US,
             window_started: now,
-            window_from: history,
+            window_from: HistogramSnapshot::empty(),
             due: now,
             slowed: 0,
         }
+    }
+}
+
+impl Pacer {
+    /// A copy starts, at most `ceiling` bytes per second (0: no ceiling, no pacing); `history`
+    /// is the foreground's cumulative latency histogram now. The first copy starts at a quarter
+    /// of the ceiling (the first windows find out what the foreground tolerates); later ones
+    /// where the last one ended.
+    pub fn begin(&mut self, history: HistogramSnapshot, ceiling: u64) {
+        self.target_us = history
+            .quantile_us(0.99)
+            .saturating_mul(2)
+            .max(TARGET_MIN_US);
+        self.floor = (ceiling / FLOOR_DIVISOR)
+            .max(FLOOR_MIN_BYTES_PER_SEC)
+            .min(ceiling);
+        let start = if self.rate == 0 || self.ceiling != ceiling {
+            ceiling / 4
+        } else {
+            self.rate
+        };
+        self.ceiling = ceiling;
+        self.rate = start.clamp(self.floor, ceiling);
+        let now = Instant::now();
+        self.window_started = now;
+        self.window_from = history;
+        self.due = now;
+        self.slowed = 0;
     }
 
     /// The rate now, bytes per second (0: unpaced).
@@ -122,14 +138,14 @@ impl<F: Fn() -> HistogramSnapshot> Pacer<F> {
         self.target_us
     }
 
-    /// Windows in which the copy slowed down for the foreground.
+    /// Windows of the current copy in which it slowed down for the foreground.
     pub fn slowed(&self) -> u64 {
         self.slowed
     }
 
     /// `bytes` more were sent: waits until they are paid for at the current rate, adjusting the
-    /// rate at each window's end.
-    pub fn sent(&mut self, bytes: u64) {
+    /// rate at each window's end from the foreground's cumulative histogram (`latency`).
+    pub fn sent(&mut self, bytes: u64, latency: impl Fn() -> HistogramSnapshot) {
         if self.ceiling == 0 {
             return;
         }
@@ -137,7 +153,7 @@ impl<F: Fn() -> HistogramSnapshot> Pacer<F> {
         // Time not used (the copy was slower than its rate) is not saved up for a burst.
         self.due = self.due.max(now) + Duration::from_secs_f64(bytes as f64 / self.rate as f64);
         if now.duration_since(self.window_started) >= WINDOW {
-            let reading = (self.latency)();
+            let reading = latency();
             let w = window(&reading, &self.window_from);
             let (rate, step) = adjust(
                 self.rate,
@@ -218,9 +234,9 @@ mod tests {
         for _ in 0..1000 {
             h.record(Duration::from_micros(100));
         }
-        let reader = h.clone();
         let ceiling = 64 << 20;
-        let mut pacer = Pacer::new(move || reader.read(), ceiling);
+        let mut pacer = Pacer::default();
+        pacer.begin(h.read(), ceiling);
         assert_eq!(pacer.target_us(), TARGET_MIN_US);
         assert_eq!(pacer.rate(), ceiling / 4);
         let frame = 256 << 10;
@@ -231,7 +247,7 @@ mod tests {
             for _ in 0..50 {
                 h.record(Duration::from_millis(10));
             }
-            pacer.sent(frame);
+            pacer.sent(frame, || h.read());
             lowest = lowest.min(pacer.rate());
         }
         assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
@@ -242,7 +258,7 @@ mod tests {
             for _ in 0..50 {
                 h.record(Duration::from_micros(50));
             }
-            pacer.sent(frame);
+            pacer.sent(frame, || h.read());
             assert!(
                 started.elapsed() < Duration::from_secs(5),
                 "{}",
@@ -252,20 +268,24 @@ mod tests {
         // Sending 8 MiB at the ceiling takes about 1/8 s.
         let t = Instant::now();
         for _ in 0..32 {
-            pacer.sent(frame);
+            pacer.sent(frame, || h.read());
         }
         let took = t.elapsed();
         assert!(
             took >= Duration::from_millis(100) && took < Duration::from_millis(600),
             "{took:?}"
         );
+        // The next copy starts where this one ended.
+        pacer.begin(h.read(), ceiling);
+        assert_eq!(pacer.rate(), ceiling);
     }
 
     #[test]
     fn no_ceiling_means_no_pacing() {
-        let mut pacer = Pacer::new(HistogramSnapshot::empty, 0);
+        let mut pacer = Pacer::default();
+        pacer.begin(HistogramSnapshot::empty(), 0);
         let t = Instant::now();
-        pacer.sent(1 << 30);
+        pacer.sent(1 << 30, HistogramSnapshot::empty);
         assert!(t.elapsed() < Duration::from_millis(50));
     }
 }

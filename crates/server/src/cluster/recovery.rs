@@ -85,6 +85,8 @@ pub struct Jobs {
     restoring: Gate,
     /// Copies running at once: one (they are background work).
     copying: Gate,
+    /// The pace of this server's copies (one at a time), carried from one to the next.
+    pacer: Mutex<Pacer>,
     /// Demands for slots whose restore was not registered yet (the map that starts it was
     /// being applied): (table, slot, when), at most [`EARLY_DEMANDS_MAX`], for
     /// [`EARLY_DEMAND_KEEP`].
@@ -699,14 +701,16 @@ fn copy(
         job.expected.store(live, Ordering::Relaxed);
     }
     let started = Instant::now();
-    let mut pacer = Pacer::new(|| node.metrics.latency_all(), rate);
+    let mut pacer = member.jobs.pacer.lock();
+    pacer.begin(node.metrics.latency_all(), rate);
+    job.rate.store(pacer.rate(), Ordering::Relaxed);
     let copied = duty.replication.copy_tablet(
         node.engine(),
         tablet,
         head,
         address,
         |sent| {
-            pacer.sent(sent);
+            pacer.sent(sent, || node.metrics.latency_all());
             job.rate.store(pacer.rate(), Ordering::Relaxed);
         },
         &job.objects,
@@ -723,6 +727,7 @@ fn copy(
         foreground_p99_target_us = pacer.target_us(),
         "tablet copied to a backup"
     );
+    drop(pacer);
     let me = member.view().me;
     report_until_done(member, || {
         still_master(member, t, backup).then_some(Request::CopyDone {

@@ -769,6 +769,7 @@ mod tests {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            migration: None,
         }
     }
 

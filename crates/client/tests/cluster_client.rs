@@ -109,6 +109,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            migration: None,
         })
         .collect();
     ClusterMap {

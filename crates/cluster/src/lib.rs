@@ -14,8 +14,8 @@ pub mod rpc;
 pub mod state;
 
 pub use map::{
-    ClusterMap, Refusal, ReplicationMode, ServerAddresses, ServerId, ServerInfo, ServerState,
-    TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
+    ClusterMap, Migration, MigrationPhase, Refusal, ReplicationMode, ServerAddresses, ServerId,
+    ServerInfo, ServerState, TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
 };
 pub use state::{
     ClusterState, Command, CommandError, CommandOutcome, PartitionSize, Room, TabletBytes,

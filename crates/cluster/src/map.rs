@@ -154,6 +154,50 @@ pub struct TabletInfo {
     /// only its own), until each has this tablet's own copy; cleared once every backup has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs_from: Option<u16>,
+    /// The tablet is moving to another server (`ramlog cluster move`, a drain): see
+    /// [`Migration`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<Migration>,
+}
+
+/// A tablet's move from its master to `target`, with writes going on. The source serves the
+/// tablet until a short final switch (the design choice of docs/architecture.md "Migration"):
+///
+/// 1. `Copying`: the target is a backup of the tablet (added as a pending one if it was not) and
+///    receives the master's copy and its live stream, as any new backup does;
+/// 2. `Building`: the target holds the whole stream in its logs and builds the tablet in its
+///    memory from them, applying live writes as they come (as a mirror does), then reports ready;
+/// 3. `Switching`: the source stops taking requests for the tablet, waits until every backup and
+///    the target acknowledged every write it took, and reports; the coordinator then makes the
+///    target the master at the next epoch (the source is fenced by it) and ends the migration.
+///
+/// The tablet's backups keep their logs throughout: an acknowledged write is on the table's R
+/// backups before, during and after the move (the target is an extra one while it fills).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    pub target: ServerId,
+    pub phase: MigrationPhase,
+    /// The target was not a backup of the tablet: it was added for the move, and goes from
+    /// the backup set again if the move is abandoned.
+    pub added: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationPhase {
+    Copying,
+    Building,
+    Switching,
+}
+
+impl MigrationPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationPhase::Copying => "copying",
+            MigrationPhase::Building => "building",
+            MigrationPhase::Switching => "switching",
+        }
+    }
 }
 
 /// A backup whose restore of a tablet ran out of memory.
@@ -303,6 +347,7 @@ mod tests {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            migration: None,
         }
     }
 

@@ -13,8 +13,9 @@
 //! `RestoreFailed`, and its server is passed over for the tablet until it reports more room.
 
 use crate::map::{
-    redis_node_name, ClusterMap, Refusal, ReplicationMode, ServerAddresses, ServerId, ServerInfo,
-    ServerState, TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
+    redis_node_name, ClusterMap, Migration, MigrationPhase, Refusal, ReplicationMode,
+    ServerAddresses, ServerId, ServerInfo, ServerState, TableInfo, TabletInfo, DEFAULT_TABLE,
+    DEFAULT_TABLE_NAME,
 };
 use crate::placement::place_table;
 use ramlog_common::TableId;
@@ -228,6 +229,36 @@ pub enum Command {
         epoch: u64,
         backup: ServerId,
     },
+    /// Starts moving the tablet that begins at `first_slot` to `target` (see
+    /// [`crate::map::Migration`]).
+    MoveTablet {
+        table: TableId,
+        first_slot: u16,
+        target: ServerId,
+    },
+    /// A migration's target holds the tablet in memory (phase `Building` → `Switching`).
+    MigrationReady {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    },
+    /// A migration's source stopped taking requests for the tablet and every write it took is
+    /// acknowledged by the target and the backups: the target becomes the master.
+    MigrationSwitch {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        source: ServerId,
+    },
+    /// Abandons a migration (the source could not drain, or an operator asked): the source
+    /// goes on serving; a target added for the move leaves the backup set.
+    MigrationAbort {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
 }
 
 /// What a restarted server remembers of its membership.
@@ -282,6 +313,10 @@ pub enum CommandError {
     BadReplicas(u32),
     #[error("no server is up to place the table on")]
     NoServers,
+    #[error("no tablet of table {table} starts at slot {first_slot}")]
+    NoSuchTablet { table: TableId, first_slot: u16 },
+    #[error("cannot move the tablet: {0}")]
+    CannotMove(String),
 }
 
 /// Everything the coordinator replicates.
@@ -515,6 +550,86 @@ impl ClusterState {
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
+            Command::MoveTablet {
+                table,
+                first_slot,
+                target,
+            } => {
+                self.move_tablet(*table, *first_slot, *target)?;
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MigrationReady {
+                table,
+                first_slot,
+                epoch,
+                server,
+            } => {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                match &mut t.migration {
+                    Some(m)
+                        if t.epoch == *epoch
+                            && m.target == *server
+                            && m.phase == MigrationPhase::Building =>
+                    {
+                        m.phase = MigrationPhase::Switching;
+                    }
+                    _ => return Ok(CommandOutcome::Noted { applied: false }),
+                }
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MigrationSwitch {
+                table,
+                first_slot,
+                epoch,
+                source,
+            } => {
+                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                let Some(m) = t.migration.filter(|m| {
+                    t.epoch == *epoch
+                        && t.master == *source
+                        && !t.recovering
+                        && m.phase == MigrationPhase::Switching
+                        && up.contains(&m.target)
+                }) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                // The target masters the tablet at the next epoch: the source's stream, at the
+                // old one, is refused by every backup from now on. The backups keep their logs
+                // of both epochs (the old one holds everything up to the switch).
+                t.master = m.target;
+                t.epoch += 1;
+                t.backups.retain(|&b| b != m.target);
+                t.pending.retain(|&b| b != m.target);
+                t.fresh.retain(|&b| b != m.target);
+                if t.mirror == Some(m.target) {
+                    t.mirror = None;
+                }
+                t.migration = None;
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MigrationAbort {
+                table,
+                first_slot,
+                epoch,
+                ..
+            } => {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if t.epoch != *epoch || t.migration.is_none() {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                abandon_migration(t);
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
         };
         self.map.version += 1;
         Ok(outcome)
@@ -745,6 +860,53 @@ impl ClusterState {
     /// - a tablet with a live master drops its dead backups and gets replacements (fresh and
     ///   pending: the master copies the tablet to them) up to the table's replicas, taken from
     ///   the seeded server permutation after the server they replace (the copyset order).
+    /// Starts a migration of the tablet at (`table`, `first_slot`) to `target`.
+    fn move_tablet(
+        &mut self,
+        table: TableId,
+        first_slot: u16,
+        target: ServerId,
+    ) -> Result<(), CommandError> {
+        let target_up = self
+            .map
+            .server(target)
+            .is_some_and(|s| s.state == ServerState::Up);
+        let Some(t) = self.map.tablet_mut(table, first_slot) else {
+            return Err(CommandError::NoSuchTablet { table, first_slot });
+        };
+        let refuse = |why: String| Err(CommandError::CannotMove(why));
+        if !target_up {
+            return refuse(format!("server {target} is not up"));
+        }
+        if t.master == target {
+            return refuse(format!("server {target} masters it already"));
+        }
+        if t.recovering {
+            return refuse("it is being recovered".into());
+        }
+        if let Some(m) = &t.migration {
+            return refuse(format!("it is moving to server {} already", m.target));
+        }
+        let added = !t.backups.contains(&target);
+        if added {
+            // A backup while it fills: copied like any new backup, then an extra one.
+            t.backups.push(target);
+            t.pending.push(target);
+            t.fresh.push(target);
+        }
+        let phase = if t.pending.contains(&target) {
+            MigrationPhase::Copying
+        } else {
+            MigrationPhase::Building
+        };
+        t.migration = Some(Migration {
+            target,
+            phase,
+            added,
+        });
+        Ok(())
+    }
+
     fn repair(&mut self) {
         let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
         let all: Vec<ServerId> = self.map.servers.iter().map(|s| s.id).collect();
@@ -781,6 +943,7 @@ impl ClusterState {
         // The partitions of one tablet take turns among the backups that hold its logs.
         let mut turn: HashMap<(TableId, u16), usize> = HashMap::new();
         for t in &mut self.map.tablets {
+            settle_migration(t, &is_up);
             if t.recovering {
                 let nth = match t.logs_from {
                     Some(from) => {
@@ -910,6 +1073,45 @@ impl ClusterState {
         self.map.tablets.extend(tablets);
         self.map.tablets.sort_by_key(|t| (t.table, t.first_slot));
         Ok(table)
+    }
+}
+
+/// Moves `t`'s migration on or ends it, as the map stands: a target that holds the whole
+/// stream now builds the tablet in memory; a move whose target is gone, or whose source died
+/// (the tablet recovers instead), is abandoned. A target with the whole stream stays a backup
+/// then: its logs are as good as any backup's.
+fn settle_migration(t: &mut TabletInfo, is_up: &impl Fn(ServerId) -> bool) {
+    let Some(m) = &mut t.migration else {
+        return;
+    };
+    if t.recovering || !is_up(t.master) {
+        if m.phase >= MigrationPhase::Building {
+            m.added = false;
+        }
+        abandon_migration(t);
+        return;
+    }
+    if !is_up(m.target) || !t.backups.contains(&m.target) {
+        abandon_migration(t);
+        return;
+    }
+    if m.phase == MigrationPhase::Copying && !t.pending.contains(&m.target) {
+        m.phase = MigrationPhase::Building;
+    }
+}
+
+/// Ends `t`'s migration without a switch: a target added for it leaves the backup set (its
+/// logs are no backup the table asked for).
+fn abandon_migration(t: &mut TabletInfo) {
+    if let Some(m) = t.migration.take() {
+        if m.added {
+            t.backups.retain(|&b| b != m.target);
+            t.pending.retain(|&b| b != m.target);
+            t.fresh.retain(|&b| b != m.target);
+            if t.mirror == Some(m.target) {
+                t.mirror = None;
+            }
+        }
     }
 }
 
@@ -2080,5 +2282,219 @@ mod tests {
         })
         .unwrap();
         assert!(s.map.tablets.iter().all(|t| t.mirror.is_none()));
+    }
+
+    fn migration_of(s: &ClusterState, first_slot: u16) -> Option<Migration> {
+        s.map
+            .tablet_at(DEFAULT_TABLE, first_slot)
+            .unwrap()
+            .migration
+    }
+
+    /// The first tablet of the default table and a server that neither masters nor backs it up.
+    fn movable(s: &ClusterState) -> (TabletInfo, ServerId) {
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let outsider = s
+            .map
+            .up_servers()
+            .map(|x| x.id)
+            .find(|id| *id != t.master && !t.backups.contains(id))
+            .unwrap();
+        (t, outsider)
+    }
+
+    #[test]
+    fn a_move_copies_builds_switches_and_fences_the_source_by_epoch() {
+        let mut s = init(5);
+        for port in [100, 200, 300, 400, 500] {
+            register(&mut s, port);
+        }
+        let (t, target) = movable(&s);
+        let fs = t.first_slot;
+        // Refusals: the master itself, a server that does not exist, a slot no tablet starts at.
+        let refused = |s: &mut ClusterState, first_slot, target| {
+            s.apply(&Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot,
+                target,
+            })
+        };
+        assert!(matches!(
+            refused(&mut s, fs, t.master),
+            Err(CommandError::CannotMove(_))
+        ));
+        assert!(matches!(
+            refused(&mut s, fs, 99),
+            Err(CommandError::CannotMove(_))
+        ));
+        assert!(matches!(
+            refused(&mut s, t.last_slot, target),
+            Err(CommandError::NoSuchTablet { .. })
+        ));
+        s.apply(&Command::MoveTablet {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            target,
+        })
+        .unwrap();
+        let m = migration_of(&s, fs).unwrap();
+        assert_eq!(
+            (m.target, m.phase, m.added),
+            (target, MigrationPhase::Copying, true)
+        );
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap().clone();
+        assert_eq!(
+            now.backups.len(),
+            t.backups.len() + 1,
+            "the target is an extra backup while it fills"
+        );
+        assert!(now.pending.contains(&target) && now.fresh.contains(&target));
+        assert!(matches!(
+            refused(&mut s, fs, target),
+            Err(CommandError::CannotMove(_))
+        ));
+        // Ready before the copy is done, or from another server: nothing.
+        let ready = |s: &mut ClusterState, server| {
+            s.apply(&Command::MigrationReady {
+                table: DEFAULT_TABLE,
+                first_slot: fs,
+                epoch: t.epoch,
+                server,
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            ready(&mut s, target),
+            CommandOutcome::Noted { applied: false }
+        );
+        s.apply(&Command::CopyDone {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            epoch: t.epoch,
+            backup: target,
+        })
+        .unwrap();
+        assert_eq!(
+            migration_of(&s, fs).unwrap().phase,
+            MigrationPhase::Building
+        );
+        assert_eq!(
+            ready(&mut s, t.master),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(
+            ready(&mut s, target),
+            CommandOutcome::Noted { applied: true }
+        );
+        assert_eq!(
+            migration_of(&s, fs).unwrap().phase,
+            MigrationPhase::Switching
+        );
+        // Only the source, at the tablet's epoch, switches it.
+        let switch = |s: &mut ClusterState, source, epoch| {
+            s.apply(&Command::MigrationSwitch {
+                table: DEFAULT_TABLE,
+                first_slot: fs,
+                epoch,
+                source,
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            switch(&mut s, target, t.epoch),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(
+            switch(&mut s, t.master, t.epoch + 1),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(
+            switch(&mut s, t.master, t.epoch),
+            CommandOutcome::Noted { applied: true }
+        );
+        let after = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap();
+        assert_eq!(after.master, target);
+        assert_eq!(after.epoch, t.epoch + 1);
+        assert_eq!(
+            after.backups, t.backups,
+            "the backups keep the tablet, the target leaves them"
+        );
+        assert!(after.pending.is_empty() && after.fresh.is_empty() && after.migration.is_none());
+        assert_eq!(
+            switch(&mut s, t.master, t.epoch),
+            CommandOutcome::Noted { applied: false }
+        );
+    }
+
+    #[test]
+    fn a_move_is_abandoned_when_its_target_dies_asked_or_its_source_dies() {
+        let mut s = init(5);
+        for port in [100, 200, 300, 400, 500] {
+            register(&mut s, port);
+        }
+        let (t, target) = movable(&s);
+        let fs = t.first_slot;
+        let start = |s: &mut ClusterState| {
+            s.apply(&Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot: fs,
+                target,
+            })
+            .unwrap()
+        };
+        // Asked to stop: the added target leaves the backups.
+        start(&mut s);
+        s.apply(&Command::MigrationAbort {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            epoch: t.epoch,
+            reason: "test".into(),
+        })
+        .unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap();
+        assert!(now.migration.is_none());
+        assert_eq!((&now.backups, &now.pending), (&t.backups, &t.pending));
+        // The target dies: abandoned, the table's backups as before.
+        start(&mut s);
+        let epoch = s.map.server(target).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: target,
+            epoch,
+            reason: "test".into(),
+            room: None,
+        })
+        .unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap();
+        assert!(now.migration.is_none());
+        assert!(!now.backups.contains(&target), "{now:?}");
+        // Back again; the source dies once the target holds the whole stream: the tablet
+        // recovers, and the target stays one of its backups.
+        register(&mut s, 600);
+        let (t, target) = movable(&s);
+        let fs = t.first_slot;
+        s.apply(&Command::MoveTablet {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            target,
+        })
+        .unwrap();
+        s.apply(&Command::CopyDone {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            epoch: t.epoch,
+            backup: target,
+        })
+        .unwrap();
+        let epoch = s.map.server(t.master).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: t.master,
+            epoch,
+            reason: "test".into(),
+            room: None,
+        })
+        .unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap();
+        assert!(now.recovering && now.migration.is_none());
+        assert!(now.backups.contains(&target), "{now:?}");
     }
 }

@@ -172,7 +172,9 @@ pub struct TabletInfo {
 ///    target the master at the next epoch (the source is fenced by it) and ends the migration.
 ///
 /// The tablet's backups keep their logs throughout: an acknowledged write is on the table's R
-/// backups before, during and after the move (the target is an extra one while it fills).
+/// backups before, during and after the move (the target is an extra one while it fills). After
+/// the switch each backup waits for the new master's copy (`pending`) and keeps its logs of the
+/// older epochs until it has it: re-replication is deferred to after the move, with lineage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Migration {
     pub target: ServerId,
@@ -211,6 +213,13 @@ pub struct Refusal {
 impl TabletInfo {
     pub fn slots(&self) -> std::ops::RangeInclusive<u16> {
         self.first_slot..=self.last_slot
+    }
+
+    /// True while the tablet's move switches to its target: its source takes no requests for it
+    /// (they are answered TRYAGAIN, or held by the routing port) until the target masters it.
+    pub fn switching(&self) -> bool {
+        self.migration
+            .is_some_and(|m| m.phase == MigrationPhase::Switching)
     }
 
     /// Backups that can restore the tablet: every backup but the fresh ones.

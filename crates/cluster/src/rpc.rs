@@ -98,6 +98,36 @@ pub enum Request {
         epoch: u64,
         backup: ServerId,
     },
+    /// Moves the tablet of table `table` (by name) that holds `slot` to server `target`
+    /// (`ramlog cluster move`); answered `Noted` once the migration is recorded.
+    MoveTablet {
+        table: String,
+        slot: u16,
+        target: ServerId,
+    },
+    /// A migration's target holds the tablet in memory.
+    MigrationReady {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+    },
+    /// A migration's source (`server`) stopped serving the tablet and every write it took is
+    /// acknowledged by the target and the backups.
+    MigrationSwitch {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+    },
+    /// A migration cannot go on (`server` says why).
+    MigrationAbort {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
     /// The coordinator members, the leader, and the map.
     Status,
     /// Raft traffic between coordinator members: the body is openraft's request as JSON.

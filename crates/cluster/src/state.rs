@@ -600,13 +600,20 @@ impl ClusterState {
                     return Ok(CommandOutcome::Noted { applied: false });
                 };
                 // The target masters the tablet at the next epoch: the source's stream, at the
-                // old one, is refused by every backup from now on. The backups keep their logs
-                // of both epochs (the old one holds everything up to the switch).
+                // old one, is refused by every backup from now on. Re-replication is deferred
+                // to after the switch, with lineage: each backup keeps its logs of the older
+                // epochs (they hold everything up to the switch) while it waits for the new
+                // master's copy, as after a recovery (`pending`), and drops them once it has it.
                 t.master = m.target;
                 t.epoch += 1;
                 t.backups.retain(|&b| b != m.target);
-                t.pending.retain(|&b| b != m.target);
                 t.fresh.retain(|&b| b != m.target);
+                t.pending = t
+                    .backups
+                    .iter()
+                    .copied()
+                    .filter(|&b| up.contains(&b))
+                    .collect();
                 if t.mirror == Some(m.target) {
                     t.mirror = None;
                 }
@@ -852,14 +859,6 @@ impl ClusterState {
         });
     }
 
-    /// Brings every tablet to the shape the live servers allow, after any change of membership:
-    /// - a recovering tablet's restorer is its first backup that is up, can restore it and has
-    ///   room for it (none while no such backup is up: the tablet waits, keeping its backup
-    ///   set, whose logs a restarted server brings back; `waiting` says why when live backups
-    ///   lack the room);
-    /// - a tablet with a live master drops its dead backups and gets replacements (fresh and
-    ///   pending: the master copies the tablet to them) up to the table's replicas, taken from
-    ///   the seeded server permutation after the server they replace (the copyset order).
     /// Starts a migration of the tablet at (`table`, `first_slot`) to `target`.
     fn move_tablet(
         &mut self,
@@ -907,6 +906,14 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Brings every tablet to the shape the live servers allow, after any change of membership:
+    /// - a recovering tablet's restorer is its first backup that is up, can restore it and has
+    ///   room for it (none while no such backup is up: the tablet waits, keeping its backup
+    ///   set, whose logs a restarted server brings back; `waiting` says why when live backups
+    ///   lack the room);
+    /// - a tablet with a live master drops its dead backups and gets replacements (fresh and
+    ///   pending: the master copies the tablet to them) up to the table's replicas, taken from
+    ///   the seeded server permutation after the server they replace (the copyset order).
     fn repair(&mut self) {
         let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
         let all: Vec<ServerId> = self.map.servers.iter().map(|s| s.id).collect();
@@ -1091,7 +1098,10 @@ fn settle_migration(t: &mut TabletInfo, is_up: &impl Fn(ServerId) -> bool) {
         abandon_migration(t);
         return;
     }
-    if !is_up(m.target) || !t.backups.contains(&m.target) {
+    // A target that is gone, or that restarted (its logs count for nothing again: pending)
+    // after it started building, holds nothing to switch to.
+    let restarted = m.phase >= MigrationPhase::Building && t.pending.contains(&m.target);
+    if !is_up(m.target) || !t.backups.contains(&m.target) || restarted {
         abandon_migration(t);
         return;
     }
@@ -2419,7 +2429,11 @@ mod tests {
             after.backups, t.backups,
             "the backups keep the tablet, the target leaves them"
         );
-        assert!(after.pending.is_empty() && after.fresh.is_empty() && after.migration.is_none());
+        assert_eq!(
+            after.pending, t.backups,
+            "each backup keeps its logs until the new master's copy"
+        );
+        assert!(after.fresh.is_empty() && after.migration.is_none());
         assert_eq!(
             switch(&mut s, t.master, t.epoch),
             CommandOutcome::Noted { applied: false }

@@ -326,6 +326,115 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Moves the tablets of TABLE that hold SLOTS (a slot, or FIRST-LAST) to server ID, one
+    /// after another, with writes going on: the target fills from the master's copy and live
+    /// stream, then a short switch makes it the master (clients see a pause, then MOVED).
+    Move {
+        /// The table ("default" is the one RESP clients use).
+        table: String,
+        /// A slot or a range FIRST-LAST: every tablet holding one of them moves whole.
+        slots: String,
+        /// The server to move them to.
+        #[arg(long)]
+        to: u64,
+        /// Return once each move is recorded, without waiting for it to finish.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for each tablet's move, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+}
+
+/// "N" or "A-B" as an inclusive slot range.
+fn parse_slots(s: &str) -> anyhow::Result<(u16, u16)> {
+    let slot = |x: &str| -> anyhow::Result<u16> {
+        let n: u16 = x
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("bad slot {x:?}: slots are 0 to 16383"))?;
+        anyhow::ensure!(
+            n < ramlog_common::SLOT_COUNT,
+            "slot {n} is out of range (0 to 16383)"
+        );
+        Ok(n)
+    };
+    let (a, b) = match s.split_once('-') {
+        Some((a, b)) => (slot(a)?, slot(b)?),
+        None => (slot(s)?, slot(s)?),
+    };
+    anyhow::ensure!(a <= b, "the range {s} is empty");
+    Ok((a, b))
+}
+
+/// `ramlog cluster move`: one tablet after another.
+async fn move_tablets(
+    client: &CoordinatorClient,
+    table: &str,
+    slots: &str,
+    to: u64,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let (first, last) = parse_slots(slots)?;
+    let map = client.status().await?.map;
+    let info = map
+        .tables
+        .iter()
+        .find(|t| t.name == table)
+        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let tablets: Vec<(u16, u16)> = map
+        .tablets_of(info.id)
+        .filter(|t| t.first_slot <= last && t.last_slot >= first)
+        .map(|t| (t.first_slot, t.last_slot))
+        .collect();
+    anyhow::ensure!(
+        !tablets.is_empty(),
+        "no tablet of {table} holds slots {slots}"
+    );
+    for (first_slot, last_slot) in tablets {
+        let request = Request::MoveTablet {
+            table: table.to_string(),
+            slot: first_slot,
+            target: to,
+        };
+        match client.call(&request).await? {
+            Response::Noted => {}
+            Response::Error(e) => anyhow::bail!("slots {first_slot}-{last_slot}: {e}"),
+            other => return Err(unexpected(&other).into()),
+        }
+        if !wait {
+            println!("slots {first_slot}-{last_slot}: moving to server {to}");
+            continue;
+        }
+        let started = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let map = client.status().await?.map;
+            let Some(t) = map.tablet_at(info.id, first_slot) else {
+                anyhow::bail!("slots {first_slot}-{last_slot}: the tablet is gone");
+            };
+            if t.master == to && t.migration.is_none() {
+                println!(
+                    "slots {first_slot}-{last_slot}: moved to server {to} in {} ms",
+                    started.elapsed().as_millis()
+                );
+                break;
+            }
+            if t.migration.is_none() {
+                anyhow::bail!(
+                    "slots {first_slot}-{last_slot}: the move was abandoned (see the coordinator's log); server {} masters them",
+                    t.master
+                );
+            }
+            anyhow::ensure!(
+                started.elapsed() < timeout,
+                "slots {first_slot}-{last_slot}: still moving after {} s",
+                timeout.as_secs()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `ramlog cluster ...`.
@@ -334,8 +443,26 @@ pub fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
 }
 
 fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
-    let ClusterCommand::Status { json } = args.command;
     let client = args.coordinator.client();
+    let json = match &args.command {
+        ClusterCommand::Status { json } => *json,
+        ClusterCommand::Move {
+            table,
+            slots,
+            to,
+            no_wait,
+            timeout,
+        } => {
+            return tool_runtime()?.block_on(move_tablets(
+                &client,
+                table,
+                slots,
+                *to,
+                !no_wait,
+                Duration::from_secs(*timeout),
+            ))
+        }
+    };
     tool_runtime()?.block_on(async {
         let mut status = client.status().await?;
         // Ask the leader, which knows its followers' progress and the servers' heartbeats.
@@ -513,6 +640,10 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
                         "waiting": tb.waiting,
                         "refused": tb.refused,
                         "logs_from": tb.logs_from,
+                        "migration": tb.migration.map(|m| serde_json::json!({
+                            "target": m.target,
+                            "phase": m.phase.as_str(),
+                        })),
                         "restore": tb.restorer.filter(|_| tb.recovering).and_then(|r| seen.job(r, tb, None)),
                         "copies": tb.pending.iter().filter_map(|&b| seen.job(tb.master, tb, Some(b))).collect::<Vec<_>>(),
                     })
@@ -647,10 +778,17 @@ fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
                     .collect();
                 format!(" copying to [{}]", p.join(", "))
             };
-            let split = tb
+            let mut split = tb
                 .logs_from
                 .map(|f| format!(" partition-of={f}"))
                 .unwrap_or_default();
+            if let Some(m) = tb.migration {
+                split.push_str(&format!(
+                    " MOVING to server {} ({})",
+                    m.target,
+                    m.phase.as_str()
+                ));
+            }
             let _ = writeln!(
                 s,
                 "    {}-{} master={}{} backups=[{}] epoch={}{split}{}",

@@ -722,6 +722,38 @@ impl Shared {
     }
 
     /// Proposes `command` and waits until it is applied; errors are the answer to send.
+    /// Proposes a migration step a server reported; logs `what` when it applied.
+    async fn note_migration(&self, command: Command, what: &str) -> Response {
+        let (table, first_slot) = match &command {
+            Command::MigrationReady {
+                table, first_slot, ..
+            }
+            | Command::MigrationSwitch {
+                table, first_slot, ..
+            }
+            | Command::MigrationAbort {
+                table, first_slot, ..
+            } => (*table, *first_slot),
+            _ => (0, 0),
+        };
+        match self.propose(command).await {
+            Ok((CommandOutcome::Noted { applied }, map)) => {
+                let t = map.tablet_at(table, first_slot);
+                tracing::info!(
+                    table,
+                    first_slot,
+                    applied,
+                    master = ?t.map(|t| t.master),
+                    epoch = ?t.map(|t| t.epoch),
+                    "{what}"
+                );
+                Response::Noted
+            }
+            Ok((other, _)) => unexpected_outcome(&other),
+            Err(answer) => answer,
+        }
+    }
+
     async fn propose(&self, command: Command) -> Result<(CommandOutcome, ClusterMap), Response> {
         let written = tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(command)).await;
         let response = match written {
@@ -1004,6 +1036,85 @@ impl Shared {
                     Ok((other, _)) => unexpected_outcome(&other),
                     Err(answer) => answer,
                 }
+            }
+            Request::MoveTablet {
+                table,
+                slot,
+                target,
+            } => {
+                let map = self.map();
+                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
+                    return Response::Error(CommandError::NoSuchTable(table).to_string());
+                };
+                let Some(t) = map.tablet_at(info.id, slot) else {
+                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                };
+                let command = Command::MoveTablet {
+                    table: info.id,
+                    first_slot: t.first_slot,
+                    target,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { .. }, map)) => {
+                        let t = map.tablet_at(info.id, slot);
+                        tracing::warn!(
+                            table = info.id,
+                            first_slot = ?t.map(|t| t.first_slot),
+                            target,
+                            phase = ?t.and_then(|t| t.migration).map(|m| m.phase),
+                            "tablet migration started"
+                        );
+                        Response::Noted
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::MigrationReady {
+                server,
+                table,
+                first_slot,
+                epoch,
+            } => {
+                let command = Command::MigrationReady {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                };
+                self.note_migration(command, "migration target ready; the source switches")
+                    .await
+            }
+            Request::MigrationSwitch {
+                server,
+                table,
+                first_slot,
+                epoch,
+            } => {
+                let command = Command::MigrationSwitch {
+                    table,
+                    first_slot,
+                    epoch,
+                    source: server,
+                };
+                self.note_migration(command, "tablet migrated: the target masters it")
+                    .await
+            }
+            Request::MigrationAbort {
+                server,
+                table,
+                first_slot,
+                epoch,
+                reason,
+            } => {
+                tracing::warn!(server, table, first_slot, %reason, "migration abandoned");
+                let command = Command::MigrationAbort {
+                    table,
+                    first_slot,
+                    epoch,
+                    reason,
+                };
+                self.note_migration(command, "migration abandoned").await
             }
             Request::Status | Request::Raft { .. } => {
                 Response::Error("internal: this request is not a leader request".into())

@@ -76,6 +76,10 @@ pub(crate) struct Tablet {
     /// of a key changes.
     pub expiring_objects: AtomicU64,
     pub expiring_sum_secs: AtomicU64,
+    /// Writes are refused ([`EngineError::Frozen`]): the tablet is moving to another server.
+    /// Set and read under the write lock, so once it is set every write the tablet took has
+    /// reached the write observer.
+    pub frozen: std::sync::atomic::AtomicBool,
 }
 
 /// Expiry times later than this (2^32 s after the epoch, in 2106) enter the expiry sum as this.
@@ -357,6 +361,7 @@ impl Inner {
             scan_uncaptured: Mutex::new(self.snapshots.scan_snapshots_of(table)),
             expiring_objects: AtomicU64::new(0),
             expiring_sum_secs: AtomicU64::new(0),
+            frozen: std::sync::atomic::AtomicBool::new(false),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -568,6 +573,15 @@ impl Inner {
         }
         drop(heads);
         crate::Snapshot::new(self.clone(), entry)
+    }
+
+    /// Refuses (true) or takes again (false) writes to `tablet`. Once this returns true, every
+    /// write the tablet took has been handed to the write observer.
+    pub fn set_frozen(&self, tablet: TabletId, frozen: bool) -> Result<(), EngineError> {
+        let t = self.tablet(tablet)?;
+        let _head = t.head.lock();
+        t.frozen.store(frozen, Ordering::Release);
+        Ok(())
     }
 
     /// Opens a single-scan snapshot for one scan of one tablet: as [`Inner::open_snapshot_of`],
@@ -1102,6 +1116,9 @@ impl Inner {
             let guard = epoch::pin();
             let early = self.find(tablet, hash, key);
             let mut head = tablet.head.lock();
+            if tablet.frozen.load(Ordering::Acquire) {
+                return Err(EngineError::Frozen);
+            }
             let mut now = None;
             let current = self.find_locked(tablet, hash, key, early);
             let visible = current
@@ -1366,6 +1383,9 @@ impl Inner {
                     .map(|((k, _), &hash)| self.find(tablet, hash, k)),
             );
             let mut head = tablet.head.lock();
+            if tablet.frozen.load(Ordering::Acquire) {
+                return Err(EngineError::Frozen);
+            }
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut bytes = Vec::new();
             let mut offsets = Vec::with_capacity(items.len());

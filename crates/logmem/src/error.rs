@@ -26,6 +26,8 @@ pub enum EngineError {
     SnapshotTooOld { version: u64, reason: String },
     #[error("invalid scan query: {0}")]
     Query(String),
+    #[error("the tablet is moving to another server; try again")]
+    Frozen,
     #[error("corrupt log entry at seglet {seglet} offset {offset}: {reason}")]
     Corrupt {
         seglet: u32,

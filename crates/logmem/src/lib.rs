@@ -611,6 +611,13 @@ impl Engine {
         })
     }
 
+    /// Refuses writes to `tablet` with [`EngineError::Frozen`] (true), or takes them again
+    /// (false). When it returns true, every write the tablet took before has reached the write
+    /// observer (replication), and no later one will.
+    pub fn set_frozen(&self, tablet: TabletId, frozen: bool) -> Result<(), EngineError> {
+        self.inner.set_frozen(tablet, frozen)
+    }
+
     /// Opens a cursor over one tablet's current objects in log order, for copying the tablet
     /// elsewhere in bulk (a new backup's copy after a recovery): segment by segment, with no
     /// index probe per object. It reads at a snapshot of that tablet alone, which keeps

@@ -982,3 +982,30 @@ fn a_tablet_cursor_reads_its_tablet_at_its_opening_and_nothing_else_keeps_versio
     drop(cursor);
     assert_eq!(e.stats().retained_bytes, retained_before);
 }
+
+/// A frozen tablet (moving to another server) refuses every write and serves reads; the table's
+/// other tablet is not affected; thawed, it takes writes again.
+#[test]
+fn a_frozen_tablet_refuses_writes_until_thawed() {
+    let e = engine(16 << 20, 4, |_| {});
+    let t = tablet(&e, b"");
+    e.put(t, b"", b"before", &PutOptions::default()).unwrap();
+    e.set_frozen(t, true).unwrap();
+    assert_eq!(
+        e.put(t, b"", b"during", &PutOptions::default()),
+        Err(EngineError::Frozen)
+    );
+    assert_eq!(e.delete(t, b"", Condition::None), Err(EngineError::Frozen));
+    let items: Vec<(&[u8], &[u8])> = vec![(b"", b"x")];
+    assert!(matches!(e.multi_put(t, &items), Err(EngineError::Frozen)));
+    assert_eq!(&e.get(t, b"").unwrap().unwrap().value[..], b"before");
+    let other = (0..2).find(|&x| x != t).unwrap() as TabletId;
+    let k = (0..)
+        .map(|n| format!("o{n}").into_bytes())
+        .find(|k| tablet(&e, k) == other)
+        .unwrap();
+    e.put(other, &k, b"v", &PutOptions::default()).unwrap();
+    e.set_frozen(t, false).unwrap();
+    e.put(t, b"", b"after", &PutOptions::default()).unwrap();
+    assert_eq!(&e.get(t, b"").unwrap().unwrap().value[..], b"after");
+}

@@ -47,7 +47,8 @@ pub struct ClusterView {
     mirrors: Vec<ServerId>,
     /// Servers that master slots of the default table, by id.
     masters: Vec<ServerId>,
-    /// Slots of the default table whose tablet is being recovered (no master serves them).
+    /// Slots of the default table whose tablet is being recovered, or switching to the target
+    /// of its move (no master serves them).
     recovering: Vec<bool>,
     /// Recovering tablets of the default table that wait for memory: (first, last, why).
     waiting: Vec<(u16, u16, String)>,
@@ -108,9 +109,11 @@ impl ClusterView {
             } else {
                 t.master
             };
+            // A tablet switching to its migration's target is served nowhere for that moment.
+            let unavailable = t.recovering || t.switching();
             for slot in t.slots() {
                 owners[slot as usize] = owner;
-                recovering[slot as usize] = t.recovering;
+                recovering[slot as usize] = unavailable;
             }
         }
         let resp_addresses = map
@@ -193,7 +196,7 @@ impl ClusterView {
         }
         match self.map.tablet_of(table, key) {
             None => Route::Down,
-            Some(t) if t.recovering => match &t.waiting {
+            Some(t) if t.recovering || t.switching() => match &t.waiting {
                 Some(why) => Route::Waiting(why.clone()),
                 None => Route::Recovering,
             },
@@ -225,6 +228,20 @@ impl ClusterView {
     #[inline]
     pub fn is_recovering(&self, slot: u16) -> bool {
         self.recovering[slot as usize]
+    }
+
+    /// The TRYAGAIN answer for a slot of the default table that no server serves for now
+    /// ([`Route::Recovering`]): its tablet is recovering, or switching to its move's target.
+    pub fn unavailable_error(&self, slot: u16) -> String {
+        let moving = self
+            .map
+            .tablet_at(DEFAULT_TABLE, slot)
+            .is_some_and(|t| t.switching());
+        if moving {
+            format!("TRYAGAIN slot {slot} is switching to the server it moves to; retry")
+        } else {
+            format!("TRYAGAIN slot {slot} is being recovered after its master failed; retry")
+        }
     }
 
     /// Why `slot` of the default table has no server, if its tablet waits for memory.
@@ -335,8 +352,12 @@ pub struct Member {
     clock_base: std::time::Instant,
     /// Restores and copies this server runs for the cluster.
     pub jobs: Arc<crate::cluster::recovery::Jobs>,
-    /// Tablets this server mirrors (table mode `mirror`).
+    /// Tablets this server mirrors (table mode `mirror`, and tablets moving here).
     pub mirrors: crate::cluster::mirror::Mirrors,
+    /// This server's part in tablet migrations.
+    pub migrations: crate::cluster::migration::Migrations,
+    /// Wakes the heartbeat loop for a heartbeat now (a migration step expects a new map).
+    refresh: tokio::sync::Notify,
     /// Peers this server failed to reach on a client's behalf (the routing port forwarding to
     /// them), with what went wrong; reported to the coordinator with the next heartbeat.
     unreachable_peers: parking_lot::Mutex<HashMap<ServerId, String>>,
@@ -350,6 +371,9 @@ pub struct Member {
     /// map to change (the routing port, for a slot whose master failed) wakes on it.
     map_version: tokio::sync::watch::Sender<u64>,
 }
+
+/// The heartbeat interval while a migration this server takes part in builds or switches.
+const FAST_HEARTBEAT: Duration = Duration::from_millis(10);
 
 /// How often one peer is reported suspect at most (the coordinator holds a report for 2 s).
 const SUSPECT_REPORT_EVERY: Duration = Duration::from_secs(1);
@@ -466,6 +490,8 @@ impl Member {
             jobs: Arc::new(crate::cluster::recovery::Jobs::default()),
             asked: parking_lot::Mutex::new((0, std::collections::HashSet::new())),
             mirrors: crate::cluster::mirror::Mirrors::default(),
+            migrations: Default::default(),
+            refresh: tokio::sync::Notify::new(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
             last_tablets: parking_lot::Mutex::new(Vec::new()),
@@ -606,7 +632,11 @@ impl Member {
             self.jobs.demand(DEFAULT_TABLE, slot);
             return;
         }
-        let Some(t) = view.map.tablet_at(DEFAULT_TABLE, slot) else {
+        let Some(t) = view
+            .map
+            .tablet_at(DEFAULT_TABLE, slot)
+            .filter(|t| t.recovering)
+        else {
             return;
         };
         {
@@ -713,6 +743,8 @@ impl Member {
                 node.engine().set_schema(table.id, schema);
             }
         }
+        // A tablet moved here is served from this map on: its clock goes up first.
+        crate::cluster::migration::take_over(node, self, &map, me);
         // Writes to a tablet go to its backups from before the front ends route to it.
         self.replication
             .apply(&map, me, epoch, &self.created.lock());
@@ -724,7 +756,27 @@ impl Member {
         // copies this map asks of this server start.
         self.backup.apply_map(&view.map, me);
         crate::cluster::mirror::apply(node, self, &view.map, me);
+        crate::cluster::migration::apply(node, self, &view.map, me);
         crate::cluster::recovery::start_jobs(node, self, &view.map);
+    }
+
+    /// Asks the heartbeat loop for a heartbeat now (and so for the newest map).
+    pub fn refresh_map_soon(&self) {
+        self.refresh.notify_one();
+    }
+
+    /// True while a migration this server takes part in is building or switching: heartbeats
+    /// then go every [`FAST_HEARTBEAT`], so that each step's map arrives without waiting for
+    /// the regular interval (the switch's pause is a few of them).
+    fn migrating(&self) -> bool {
+        let view = self.view.load();
+        let me = view.me;
+        view.map.tablets.iter().any(|t| {
+            t.migration.is_some_and(|m| {
+                m.phase >= ramlog_cluster::MigrationPhase::Building
+                    && (m.target == me || t.master == me)
+            })
+        })
     }
 
     /// This server's memory for the coordinator: its room for restores and the live bytes and
@@ -831,7 +883,12 @@ impl Member {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing_since: Option<std::time::Instant> = None;
             loop {
-                ticker.tick().await;
+                let fast = member.migrating();
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    _ = member.refresh.notified() => {}
+                    _ = tokio::time::sleep(FAST_HEARTBEAT), if fast => {}
+                }
                 let Some(node) = node.upgrade() else { return };
                 if node.stopping() {
                     return;

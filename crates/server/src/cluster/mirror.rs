@@ -19,7 +19,7 @@
 use crate::node::figures::MirrorFigures;
 use crate::node::Node;
 use parking_lot::{Condvar, Mutex};
-use ramlog_cluster::{ClusterMap, ReplicationMode, ServerId};
+use ramlog_cluster::{ClusterMap, MigrationPhase, ReplicationMode, ServerId};
 use ramlog_common::TableId;
 use ramlog_logmem::TabletId;
 use std::collections::HashMap;
@@ -168,12 +168,20 @@ impl Mirrors {
     }
 }
 
-/// Whether the map makes `me` the mirror of `t` with the whole stream in its logs.
+/// Whether the map makes `me` the mirror of `t` with the whole stream in its logs: the mirror
+/// of a `mirror` table, or the target of the tablet's migration once its copy is complete (it
+/// builds the tablet in memory the same way before it takes it over).
 fn mirrors_here(map: &ClusterMap, t: &ramlog_cluster::TabletInfo, me: ServerId) -> bool {
     let mirrored = map
         .table(t.table)
         .is_some_and(|table| table.mode == ReplicationMode::Mirror);
-    mirrored && t.mirror == Some(me) && !t.recovering && t.master != me && !t.pending.contains(&me)
+    let moving_here = t
+        .migration
+        .is_some_and(|m| m.target == me && m.phase >= MigrationPhase::Building);
+    ((mirrored && t.mirror == Some(me)) || moving_here)
+        && !t.recovering
+        && t.master != me
+        && !t.pending.contains(&me)
 }
 
 /// Starts the mirrors `map` asks of this server and stops those it no longer does.

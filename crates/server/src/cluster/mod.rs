@@ -12,6 +12,7 @@
 
 pub mod backup;
 pub mod membership;
+pub mod migration;
 pub mod mirror;
 pub mod pacing;
 pub mod peers;

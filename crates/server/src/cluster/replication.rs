@@ -460,6 +460,42 @@ impl Replication {
 }
 
 impl Replication {
+    /// Waits until every stream of `tablet` has the backup's acknowledgement of everything
+    /// appended to it so far (for a tablet that takes no more writes: its source before a
+    /// migration's switch). Err after `limit`, naming the backups still behind.
+    pub fn drain(&self, tablet: TabletId, limit: Duration) -> Result<(), String> {
+        let routes = self.routes.load();
+        let Some(Some(route)) = routes.get(tablet as usize) else {
+            return Ok(());
+        };
+        let wanted: Vec<(Arc<Stream>, u64)> = route
+            .streams
+            .iter()
+            .map(|s| (s.clone(), s.end.load(Ordering::Acquire)))
+            .collect();
+        drop(routes);
+        let deadline = Instant::now() + limit;
+        loop {
+            let behind: Vec<ServerId> = wanted
+                .iter()
+                .filter(|(s, end)| s.acked_buffered.load(Ordering::Acquire) < *end)
+                .map(|(s, _)| s.backup)
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "backups {behind:?} did not acknowledge the tablet's last writes within {} ms",
+                    limit.as_millis()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Replication {
     pub fn new(config: &crate::node::config::ServerConfig) -> Arc<Replication> {
         Arc::new(Replication {
             identity: ArcSwap::from_pointee(Identity::default()),

@@ -728,7 +728,9 @@ impl From<EngineError> for Failure {
                 Failure(Status::ValueTooLarge, max as u64, message)
             }
             EngineError::OutOfMemory { .. } => Failure(Status::OutOfMemory, 0, message),
-            EngineError::NoSuchTablet(_) => Failure(Status::WrongServer, 0, message),
+            EngineError::NoSuchTablet(_) | EngineError::Frozen => {
+                Failure(Status::WrongServer, 0, message)
+            }
             EngineError::SnapshotTooOld { version, .. } => {
                 Failure(Status::SnapshotTooOld, version, message)
             }
@@ -784,7 +786,7 @@ impl Session<'_> {
                         Status::WrongServer,
                         0,
                         format!(
-                            "slot {} of table {table} is being recovered after its master failed; retry",
+                            "slot {} of table {table} is being recovered after its master failed, or switching to the server it moves to; retry",
                             key_slot(key)
                         ),
                     ))

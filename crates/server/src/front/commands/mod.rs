@@ -705,9 +705,7 @@ fn cluster_check(
                 }
                 crate::cluster::Route::Recovering => {
                     member.demand(&view, slot);
-                    return Err(format!(
-                        "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
-                    ));
+                    return Err(view.unavailable_error(slot));
                 }
                 _ => {
                     return Err(format!(
@@ -751,9 +749,7 @@ fn cluster_check(
         crate::cluster::Route::Down => Err("CLUSTERDOWN Hash slot not served".into()),
         crate::cluster::Route::Recovering => {
             member.demand(&view, slot);
-            Err(format!(
-                "TRYAGAIN slot {slot} is being recovered after its master failed; retry"
-            ))
+            Err(view.unavailable_error(slot))
         }
         crate::cluster::Route::Waiting(why) => {
             Err(crate::cluster::Route::waiting_error(slot, &why))
@@ -850,6 +846,9 @@ fn engine_error(ctx: &mut Ctx<'_>, e: &NodeError) {
         }
         EngineError::NotAnInteger => ERR_NOT_INTEGER.to_string(),
         EngineError::IncrementOverflow => ERR_OVERFLOW.to_string(),
+        // A request that reached the tablet as it froze for its move: the client asks again
+        // (Redis Cluster's answer while a slot cannot be served for a moment).
+        EngineError::Frozen => format!("TRYAGAIN {e}"),
         other => format!("ERR {other}"),
     };
     ctx.enc.error(&message);

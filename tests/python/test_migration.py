@@ -163,3 +163,75 @@ def test_a_tablet_moves_under_writers_and_keeps_every_write(tmp_path):
         for th in threads:
             th.join(timeout=20)
         c.stop()
+
+
+def start_slow_move(tmp_path):
+    """4 servers, R = 2, copies slowed to 64 KiB/s; the tablet of slot 0 preloaded with 1.5 MB
+    and moving to the outsider (still copying when this returns), writers running."""
+    config = tmp_path / "slow-copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 65536\n")
+    c = Cluster(tmp_path, servers=4, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2"])
+    st = status(c)
+    t = tablet_at(st, 0)
+    moving = keys_in(t, 1500, "m:")
+    value = lambda k: (k.encode() * 100)[:1000]  # noqa: E731
+    preload(c, moving, value)
+    keys = Keys()
+    for k in moving:
+        keys.acked_write(k, value(k))
+    stop = threading.Event()
+    threads = [threading.Thread(target=cluster_writer, args=(c.servers[i % 4].resp, moving[i * 70:(i + 1) * 70], keys, i, stop), daemon=True)
+               for i in range(3)]
+    for th in threads:
+        th.start()
+    target = outsider(st, t)
+    out = subprocess.run([ramlog_bin(), "cluster", "move", "default", "0", "--to", str(target), "--no-wait",
+                          "--coordinator", c.coordinator_addr], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and f"moving to server {target}" in out.stdout, out.stdout + out.stderr
+    assert wait_until(lambda: (tablet_at(status(c), 0).get("migration") or {}).get("phase") == "copying", timeout=10)
+    return c, t, target, keys, stop, threads
+
+
+def finish(c, keys, stop, threads, alive_index):
+    assert wait_until(lambda: keys.acked > 2000, timeout=20)
+    stop.set()
+    for th in threads:
+        th.join(timeout=20)
+    got = read_all(c, alive_index, list(keys.possible))
+    for k, v in got.items():
+        keys.read(k, v, "final")
+    assert not keys.violations, keys.violations[:10]
+
+
+def test_a_move_whose_target_dies_is_abandoned_and_the_source_serves_on(tmp_path):
+    c, t, target, keys, stop, threads = start_slow_move(tmp_path)
+    try:
+        st = status(c)
+        c.servers[index_of(c, st, target)].proc.send_signal(signal.SIGKILL)
+        c.servers[index_of(c, st, target)].proc.wait(timeout=5)
+        wait_declared_dead(c, target)
+        now = tablet_at(status(c), 0)
+        assert now.get("migration") is None and now["master"] == t["master"], now
+        assert target not in now["backups"] and now["epoch"] == t["epoch"], now
+        finish(c, keys, stop, threads, index_of(c, st, t["master"]))
+    finally:
+        stop.set()
+        c.stop()
+
+
+def test_a_move_whose_source_dies_ends_in_a_recovery(tmp_path):
+    c, t, target, keys, stop, threads = start_slow_move(tmp_path)
+    try:
+        st = status(c)
+        c.servers[index_of(c, st, t["master"])].proc.send_signal(signal.SIGKILL)
+        c.servers[index_of(c, st, t["master"])].proc.wait(timeout=5)
+        wait_declared_dead(c, t["master"])
+        wait_settled(c, copies=False, timeout=60)
+        now = tablet_at(status(c), 0)
+        assert now.get("migration") is None and now["master"] != t["master"], now
+        assert now["epoch"] > t["epoch"]
+        finish(c, keys, stop, threads, index_of(c, st, target))
+    finally:
+        stop.set()
+        c.stop()

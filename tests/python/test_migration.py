@@ -235,3 +235,125 @@ def test_a_move_whose_source_dies_ends_in_a_recovery(tmp_path):
     finally:
         stop.set()
         c.stop()
+
+
+def test_a_drained_server_hands_everything_over_and_leaves_and_a_new_one_takes_a_share(tmp_path):
+    """4 servers, R = 2, under RedisCluster writers: `ramlog cluster drain` moves every tablet
+    the server masters and replaces it in every backup set, then removes it (its process stops);
+    nothing acknowledged is lost. Then a fifth server joins: rebalancing gives it about a
+    quarter of the tablets, and every write still reads back."""
+    c = Cluster(tmp_path, servers=4, coordinator_args=["--default-replicas", "2"])
+    stop = threading.Event()
+    threads = []
+    try:
+        names = [f"d:{n}" for n in range(3000)]
+        value = lambda k: (k.encode() * 20)[:100]  # noqa: E731
+        preload(c, names + [""], value)
+        keys = Keys()
+        for k in names + [""]:
+            keys.acked_write(k, value(k))
+        threads = [threading.Thread(target=cluster_writer, args=(c.servers[i].resp, names[i * 300:(i + 1) * 300], keys, i, stop), daemon=True)
+                   for i in range(3)]
+        for th in threads:
+            th.start()
+        st = status(c)
+        leaving = server_id_of(c, st, 3)
+        out = subprocess.run([ramlog_bin(), "cluster", "drain", str(leaving), "--coordinator", c.coordinator_addr,
+                              "--timeout", "120"], capture_output=True, text=True, timeout=150)
+        assert out.returncode == 0 and f"server {leaving} drained and removed" in out.stdout, out.stdout + out.stderr
+        st = status(c)
+        assert next(s for s in st["servers"] if s["id"] == leaving)["state"] == "dead"
+        for tb in st["tables"]:
+            for t in tb["tablets"]:
+                assert t["master"] != leaving and leaving not in t["backups"], t
+        assert c.servers[3].proc.wait(timeout=10) is not None, "the drained server stopped"
+        wait_settled(c, copies=True, timeout=60)
+
+        # A new server joins and takes a share.
+        c.add_server()
+        joined = max(s["id"] for s in status(c)["servers"])
+
+        def balanced():
+            st = status(c)
+            mastered = next(s for s in st["servers"] if s["id"] == joined)["tablets_mastered"]
+            return not st["rebalancing"] and st["migrations"] == 0 and mastered > 0 and (mastered, st)
+        assert wait_until(balanced, timeout=60, interval=0.2), status(c)
+        st = status(c)
+        counts = [s["tablets_mastered"] for s in st["servers"] if s["state"] == "up"]
+        assert max(counts) - min(counts) <= max(2, sum(counts) // 10), counts
+        assert wait_until(lambda: keys.acked > 3001 + 1500, timeout=30)
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        got = read_all(c, 0, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "final")
+        assert not keys.violations, keys.violations[:10]
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()
+
+
+def test_a_move_survives_a_backup_killed_mid_transfer(tmp_path):
+    """A backup of the moving tablet dies while the target fills: the backup is replaced, the move
+    completes (target master at the next epoch), and nothing acknowledged is lost."""
+    c, t, target, keys, stop, threads = start_slow_move(tmp_path)
+    try:
+        st = status(c)
+        backup = t["backups"][0]
+        c.servers[index_of(c, st, backup)].proc.send_signal(signal.SIGKILL)
+        c.servers[index_of(c, st, backup)].proc.wait(timeout=5)
+        wait_declared_dead(c, backup)
+        # The copy is slow (64 KiB/s): the move finishes within about 30 s.
+        assert wait_until(lambda: tablet_at(status(c), 0)["master"] == target, timeout=90, interval=0.2), \
+            tablet_at(status(c), 0)
+        now = tablet_at(status(c), 0)
+        assert now.get("migration") is None and now["epoch"] >= t["epoch"] + 1, now
+        assert backup not in now["backups"], now
+        finish(c, keys, stop, threads, index_of(c, st, target))
+    finally:
+        stop.set()
+        c.stop()
+
+
+def test_a_move_goes_on_when_the_coordinator_leader_dies(tmp_path):
+    """Three coordinator members: the leader is killed while a tablet moves; a new leader takes
+    the migration's next steps from the Raft log and the move completes; nothing is lost."""
+    config = tmp_path / "copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 262144\n")
+    c = Cluster(tmp_path, servers=4, coordinators=3, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2"])
+    stop = threading.Event()
+    threads = []
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        target = outsider(st, t)
+        moving = keys_in(t, 1500, "m:")
+        value = lambda k: (k.encode() * 100)[:1000]  # noqa: E731
+        preload(c, moving, value)
+        keys = Keys()
+        for k in moving:
+            keys.acked_write(k, value(k))
+        threads = [threading.Thread(target=cluster_writer, args=(c.servers[i].resp, moving[i * 70:(i + 1) * 70], keys, i, stop), daemon=True)
+                   for i in range(3)]
+        for th in threads:
+            th.start()
+        out = subprocess.run([ramlog_bin(), "cluster", "move", "default", "0", "--to", str(target), "--no-wait",
+                              "--coordinator", c.coordinator_addr], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert (tablet_at(status(c), 0).get("migration") or {}).get("phase") == "copying"
+        old = status(c)["leader"]
+        c.coordinators[old - 1].send_signal(signal.SIGKILL)
+        c.coordinators[old - 1].wait(timeout=5)
+        assert wait_until(lambda: tablet_at(status(c), 0)["master"] == target, timeout=60, interval=0.2), \
+            tablet_at(status(c), 0)
+        assert tablet_at(status(c), 0).get("migration") is None
+        finish(c, keys, stop, threads, index_of(c, st, target))
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()

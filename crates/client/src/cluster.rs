@@ -750,6 +750,7 @@ mod tests {
             epoch: 1,
             state: ServerState::Up,
             memory_bytes: 1 << 30,
+            draining: false,
         }
     }
 
@@ -786,6 +787,7 @@ mod tests {
                 tablet(0, 10923, 16383, 3),
                 tablet(5, 0, 16383, 2),
             ],
+            rebalancing: false,
         }
     }
 

@@ -87,6 +87,7 @@ fn server_info(id: u64, native: SocketAddr) -> ServerInfo {
         epoch: 1,
         state: ServerState::Up,
         memory_bytes: 128 << 20,
+        draining: false,
     }
 }
 
@@ -122,6 +123,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             .collect(),
         tables: vec![],
         tablets,
+        rebalancing: false,
     }
 }
 

@@ -8,6 +8,7 @@
 //! protocol with an async client ([`rpc`]). Hides: how placement chooses, the framing of
 //! coordinator messages, leader redirection and retries.
 
+pub mod balance;
 pub mod map;
 pub mod placement;
 pub mod rpc;

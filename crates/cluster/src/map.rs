@@ -59,6 +59,11 @@ pub struct ServerInfo {
     pub epoch: u64,
     pub state: ServerState,
     pub memory_bytes: u64,
+    /// `ramlog cluster drain`: the server's tablets move to others, its backup roles are
+    /// replaced, nothing new is placed on it; once it holds nothing it is removed (declared
+    /// dead, so that it stops). A restart of the process under its id ends the drain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// A table's replication mode (DESIGN.md "Replication modes").
@@ -248,6 +253,11 @@ pub struct ClusterMap {
     pub tables: Vec<TableInfo>,
     /// By (table, first slot).
     pub tablets: Vec<TabletInfo>,
+    /// The coordinator's leader moves tablets until the servers' mastered bytes are balanced
+    /// (a server joined, or `ramlog cluster rebalance`); cleared once they are
+    /// (`balance::rebalance_moves`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebalancing: bool,
 }
 
 impl ClusterMap {

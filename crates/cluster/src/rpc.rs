@@ -105,6 +105,13 @@ pub enum Request {
         slot: u16,
         target: ServerId,
     },
+    /// Drains server `server` (`ramlog cluster drain`): its tablets move to the others, its
+    /// backup roles are replaced, then it is removed.
+    Drain {
+        server: ServerId,
+    },
+    /// Rebalances the servers' mastered bytes (`ramlog cluster rebalance`).
+    Rebalance,
     /// A migration's target holds the tablet in memory.
     MigrationReady {
         server: ServerId,

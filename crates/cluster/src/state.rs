@@ -251,6 +251,14 @@ pub enum Command {
         epoch: u64,
         source: ServerId,
     },
+    /// Starts draining `server` (see [`crate::map::ServerInfo::draining`]).
+    Drain {
+        server: ServerId,
+    },
+    /// Starts (`true`) or ends rebalancing (see [`crate::map::ClusterMap::rebalancing`]).
+    Rebalance {
+        on: bool,
+    },
     /// Abandons a migration (the source could not drain, or an operator asked): the source
     /// goes on serving; a target added for the move leaves the backup set.
     MigrationAbort {
@@ -621,6 +629,40 @@ impl ClusterState {
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
+            Command::Drain { server } => {
+                let Some(s) = self.map.server(*server) else {
+                    return Err(CommandError::UnknownServer(*server));
+                };
+                if s.state != ServerState::Up {
+                    return Err(CommandError::CannotMove(format!(
+                        "server {server} is not up"
+                    )));
+                }
+                let left = self
+                    .map
+                    .up_servers()
+                    .filter(|s| s.id != *server && !s.draining)
+                    .count() as u32;
+                if let Some(t) = self.map.tables.iter().find(|t| t.replicas + 1 > left) {
+                    return Err(CommandError::NotEnoughServers {
+                        replicas: t.replicas,
+                        up: left,
+                    });
+                }
+                if let Some(s) = self.map.servers.iter_mut().find(|s| s.id == *server) {
+                    s.draining = true;
+                }
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::Rebalance { on } => {
+                let changed = self.map.rebalancing != *on;
+                self.map.rebalancing = *on;
+                if !changed {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                CommandOutcome::Noted { applied: true }
+            }
             Command::MigrationAbort {
                 table,
                 first_slot,
@@ -717,6 +759,7 @@ impl ClusterState {
                 server.addresses = addresses;
                 server.state = ServerState::Up;
                 server.memory_bytes = memory_bytes;
+                server.draining = false;
                 (server.id, server.epoch)
             }
             None => {
@@ -729,7 +772,10 @@ impl ClusterState {
                     epoch: 1,
                     state: ServerState::Up,
                     memory_bytes,
+                    draining: false,
                 });
+                // A server that joins takes a fair share of the tablets.
+                self.map.rebalancing = true;
                 (id, 1)
             }
         };
@@ -919,6 +965,15 @@ impl ClusterState {
         let all: Vec<ServerId> = self.map.servers.iter().map(|s| s.id).collect();
         let order = crate::placement::permutation(&all, self.map.cluster_id);
         let is_up = |id: ServerId| up.contains(&id);
+        let draining: Vec<ServerId> = self
+            .map
+            .servers
+            .iter()
+            .filter(|s| s.draining)
+            .map(|s| s.id)
+            .collect();
+        // A backup that counts towards the table's replicas: up and not being drained.
+        let good = |id: ServerId| is_up(id) && !draining.contains(&id);
         let replicas: HashMap<TableId, u32> =
             self.map.tables.iter().map(|t| (t.id, t.replicas)).collect();
         let mirrored: Vec<TableId> = self
@@ -989,12 +1044,12 @@ impl ClusterState {
                     *n = n.saturating_sub(1);
                 }
             }
-            while t.backups.iter().filter(|&&b| is_up(b)).count() < want {
+            while t.backups.iter().filter(|&&b| good(b)).count() < want {
                 let at = order.iter().position(|&s| s == after).unwrap_or(0);
                 let n = order.len();
                 let candidates: Vec<ServerId> = (1..=n)
                     .map(|k| order[(at + k) % n])
-                    .filter(|&s| is_up(s) && s != t.master && !t.backups.contains(&s))
+                    .filter(|&s| good(s) && s != t.master && !t.backups.contains(&s))
                     .collect();
                 // The least loaded of the candidates, the earliest in the order on a tie.
                 let Some(&pick) = candidates
@@ -1011,8 +1066,11 @@ impl ClusterState {
             }
             // Fully protected again (every live backup copied, as many as the table wants):
             // the dead ones' logs are no longer needed.
-            if t.pending.is_empty() && t.backups.iter().filter(|&&b| is_up(b)).count() >= want {
-                t.backups.retain(|b| is_up(*b));
+            // A draining backup leaves once its replacement holds the whole copy; a migration's
+            // target stays (it is an extra backup until its switch).
+            if t.pending.is_empty() && t.backups.iter().filter(|&&b| good(b)).count() >= want {
+                let target = t.migration.map(|m| m.target);
+                t.backups.retain(|&b| good(b) || Some(b) == target);
                 // Every backup holds the partition's own copy: the logs it was split off
                 // are no longer needed for it.
                 t.logs_from = None;
@@ -1030,7 +1088,7 @@ impl ClusterState {
             if t.recovering {
                 continue;
             }
-            let complete = |b: ServerId| is_up(b) && !t.pending.contains(&b);
+            let complete = |b: ServerId| good(b) && !t.pending.contains(&b);
             if t.mirror
                 .is_some_and(|m| t.backups.contains(&m) && complete(m))
             {
@@ -1054,7 +1112,12 @@ impl ClusterState {
         replicas: Option<u32>,
         schema: Option<Vec<u8>>,
     ) -> Result<TableInfo, CommandError> {
-        let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+        let up: Vec<ServerId> = self
+            .map
+            .up_servers()
+            .filter(|s| !s.draining)
+            .map(|s| s.id)
+            .collect();
         if up.is_empty() {
             return Err(CommandError::NoServers);
         }

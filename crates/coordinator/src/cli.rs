@@ -344,6 +344,95 @@ pub enum ClusterCommand {
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
+    /// Moves every tablet server ID masters to the others and replaces it in every backup set,
+    /// then removes it from the cluster (its process stops).
+    Drain {
+        /// The server to drain.
+        id: u64,
+        /// Return once the drain is recorded.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the drain, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// Moves tablets until every server masters about as many bytes (within 10 % of the mean);
+    /// a server that joins starts this by itself.
+    Rebalance {
+        /// Return once rebalancing is recorded.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the servers to be balanced, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+}
+
+/// Sends `request` and expects `Noted`.
+async fn noted(client: &CoordinatorClient, request: &Request) -> anyhow::Result<()> {
+    match client.call(request).await? {
+        Response::Noted => Ok(()),
+        Response::Error(e) => anyhow::bail!("{e}"),
+        other => Err(unexpected(&other).into()),
+    }
+}
+
+/// Polls the map every 200 ms until `done` says so (Some(line) to print) or `timeout` passes.
+async fn wait_for(
+    client: &CoordinatorClient,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(&ramlog_cluster::ClusterMap) -> Option<String>,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let map = client.status().await?.map;
+        if let Some(line) = done(&map) {
+            println!("{line} in {} ms", started.elapsed().as_millis());
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "{what}: not done after {} s",
+            timeout.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn drain(
+    client: &CoordinatorClient,
+    id: u64,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    noted(client, &Request::Drain { server: id }).await?;
+    if !wait {
+        println!("draining server {id}");
+        return Ok(());
+    }
+    wait_for(client, timeout, "the drain", |map| {
+        let s = map.server(id)?;
+        (s.state == ServerState::Dead).then(|| format!("server {id} drained and removed"))
+    })
+    .await
+}
+
+async fn rebalance(
+    client: &CoordinatorClient,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    noted(client, &Request::Rebalance).await?;
+    if !wait {
+        println!("rebalancing");
+        return Ok(());
+    }
+    wait_for(client, timeout, "rebalancing", |map| {
+        let moving = map.tablets.iter().any(|t| t.migration.is_some());
+        (!map.rebalancing && !moving).then(|| "servers balanced".to_string())
+    })
+    .await
 }
 
 /// "N" or "A-B" as an inclusive slot range.
@@ -446,6 +535,25 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     let client = args.coordinator.client();
     let json = match &args.command {
         ClusterCommand::Status { json } => *json,
+        ClusterCommand::Drain {
+            id,
+            no_wait,
+            timeout,
+        } => {
+            return tool_runtime()?.block_on(drain(
+                &client,
+                *id,
+                !no_wait,
+                Duration::from_secs(*timeout),
+            ))
+        }
+        ClusterCommand::Rebalance { no_wait, timeout } => {
+            return tool_runtime()?.block_on(rebalance(
+                &client,
+                !no_wait,
+                Duration::from_secs(*timeout),
+            ))
+        }
         ClusterCommand::Move {
             table,
             slots,
@@ -611,6 +719,7 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
             serde_json::json!({
                 "id": s.id,
                 "state": s.state.as_str(),
+                "draining": s.draining,
                 "epoch": s.epoch,
                 "addresses": s.addresses,
                 "tablets_mastered": mastered,
@@ -669,6 +778,8 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
         "recovering_tablets": map.tablets.iter().filter(|t| t.recovering).count(),
         "tablets_waiting_for_room": map.tablets.iter().filter(|t| t.waiting.is_some()).count(),
         "pending_copies": map.tablets.iter().map(|t| t.pending.len()).sum::<usize>(),
+        "migrations": map.tablets.iter().filter(|t| t.migration.is_some()).count(),
+        "rebalancing": map.rebalancing,
         "servers": servers,
         "tables": tables,
     })
@@ -712,11 +823,16 @@ fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
             .memory_used(server.id)
             .map(|m| m.to_string())
             .unwrap_or_else(|| "?".into());
+        let state = match (server.draining, server.state) {
+            (true, ServerState::Dead) => "drained",
+            (true, _) => "draining",
+            (false, st) => st.as_str(),
+        };
         let _ = writeln!(
             s,
             "  {} {} epoch={} resp={} routing={} native={} admin={} masters={} backups={} memory_used={}",
             server.id,
-            server.state.as_str(),
+            state,
             server.epoch,
             a.resp,
             opt(a.routing),

@@ -15,6 +15,7 @@ use crate::TypeConfig;
 use anyhow::Context;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, Raft, RaftMetrics, ServerState, SnapshotPolicy};
+use ramlog_cluster::balance;
 use ramlog_cluster::rpc::{
     read_frame, write_frame, CoordinatorStatus, MemberInfo, MemoryReport, RaftRpc, Request,
     Response,
@@ -52,6 +53,10 @@ const MONITOR_EVERY: Duration = Duration::from_millis(20);
 const SUSPICION_FRESH: Duration = Duration::from_secs(2);
 /// How often the leader checks whether a tablet that waits for memory would now fit.
 const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// How often the leader plans the moves drains and rebalancing call for.
+const PLAN_EVERY: Duration = Duration::from_millis(250);
+/// Migrations a drain runs at once (rebalancing runs one).
+const DRAIN_MOVES_IN_FLIGHT: usize = 2;
 
 /// A server's latest memory report and when it arrived.
 struct Report {
@@ -301,6 +306,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(MONITOR_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut room_checked = Instant::now();
+    let mut planned = Instant::now();
     loop {
         tokio::select! {
             _ = stop.changed() => return,
@@ -321,6 +327,10 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         if room_checked.elapsed() >= ROOM_CHECK_EVERY {
             room_checked = Instant::now();
             shared.resume_waiting().await;
+        }
+        if planned.elapsed() >= PLAN_EVERY {
+            planned = Instant::now();
+            shared.plan_moves().await;
         }
         let candidates = shared.silent_servers(since);
         if candidates.is_empty() {
@@ -617,6 +627,65 @@ impl Shared {
         room.tablets = tablets.into_values().collect();
         room.partition = Some(self.recovery_partition);
         room
+    }
+
+    /// On the leader: proposes the moves that drains and rebalancing call for
+    /// ([`ramlog_cluster::balance`]), ends rebalancing once the servers are balanced, and
+    /// removes drained servers (declared dead: they are fenced and stop).
+    async fn plan_moves(&self) {
+        let map = self.machine_read(|m| m.state.map.clone());
+        let draining = map
+            .servers
+            .iter()
+            .any(|s| s.draining && s.state == ramlog_cluster::ServerState::Up);
+        if !draining && !map.rebalancing {
+            return;
+        }
+        let room = self.room_snapshot(None);
+        let mut moves = balance::drain_moves(&map, &room, DRAIN_MOVES_IN_FLIGHT);
+        if !draining && map.rebalancing {
+            moves = balance::rebalance_moves(&map, &room, 1);
+            let busy = map
+                .tablets
+                .iter()
+                .any(|t| t.migration.is_some() || t.recovering);
+            if moves.is_empty() && !busy {
+                match self.propose(Command::Rebalance { on: false }).await {
+                    Ok(_) => tracing::warn!("servers balanced: rebalancing ends"),
+                    Err(e) => tracing::warn!(answer = ?e, "ending rebalancing failed"),
+                }
+                return;
+            }
+        }
+        for m in moves {
+            let command = Command::MoveTablet {
+                table: m.table,
+                first_slot: m.first_slot,
+                target: m.target,
+            };
+            match self.propose(command).await {
+                Ok(_) => tracing::warn!(
+                    table = m.table,
+                    first_slot = m.first_slot,
+                    target = m.target,
+                    reason = if draining { "drain" } else { "rebalance" },
+                    "tablet migration started"
+                ),
+                Err(e) => tracing::warn!(answer = ?e, "a planned move was refused"),
+            }
+        }
+        for (server, epoch) in balance::drained(&map) {
+            let command = Command::DeclareDead {
+                server,
+                epoch,
+                reason: "drained: it holds no tablet any more".into(),
+                room: Some(self.room_snapshot(Some(server))),
+            };
+            match self.propose(command).await {
+                Ok(_) => tracing::warn!(server, "server drained: removed from the cluster"),
+                Err(e) => tracing::warn!(server, answer = ?e, "removing a drained server failed"),
+            }
+        }
     }
 
     /// Proposes a fresh [`Room`] snapshot when it would give a restorer to a tablet that waits
@@ -1070,6 +1139,19 @@ impl Shared {
                     Err(answer) => answer,
                 }
             }
+            Request::Drain { server } => match self.propose(Command::Drain { server }).await {
+                Ok((CommandOutcome::Noted { .. }, _)) => {
+                    tracing::warn!(server, "draining a server");
+                    Response::Noted
+                }
+                Ok((other, _)) => unexpected_outcome(&other),
+                Err(answer) => answer,
+            },
+            Request::Rebalance => match self.propose(Command::Rebalance { on: true }).await {
+                Ok((CommandOutcome::Noted { .. }, _)) => Response::Noted,
+                Ok((other, _)) => unexpected_outcome(&other),
+                Err(answer) => answer,
+            },
             Request::MigrationReady {
                 server,
                 table,

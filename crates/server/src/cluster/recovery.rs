@@ -690,10 +690,13 @@ fn copy(
     };
     let rate = node.config.recovery_copy_bytes_per_sec;
     // Restores first: a copy waits while this server restores (or has restores waiting for a
-    // turn), so that re-protection does not slow down the tablets clients are waiting for; the
-    // copy's tablet is served meanwhile and its live writes reach every backup.
+    // turn) and while any tablet of the cluster is recovering, so that re-protection does not
+    // slow down the tablets clients are waiting for (the restorers read their logs, and their
+    // backups take copies; on one machine they share its cores too); the copy's tablet is
+    // served meanwhile and its live writes reach every backup.
     let deadline = Instant::now() + RESTORES_FIRST_MAX;
-    while member.jobs.restores_pending() && Instant::now() < deadline {
+    let recovering = || member.view().map.tablets.iter().any(|t| t.recovering);
+    while (member.jobs.restores_pending() || recovering()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _turn = member.jobs.copying.enter(1, job);

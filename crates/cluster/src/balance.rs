@@ -1,0 +1,313 @@
+//! Which tablets to move, for a drain and for rebalancing (the coordinator's leader plans with
+//! these every few hundred milliseconds and proposes each move as a `MoveTablet` command).
+//!
+//! - **Drain.** Every tablet a draining server masters moves to a live server that is not
+//!   being drained, preferring one that neither masters nor backs it up (the tablet keeps R
+//!   backups throughout: a backup that became the master would leave R − 1 until it is
+//!   replaced), then the one that masters the fewest bytes (counting moves already planned).
+//!   Its backup roles are replaced by `ClusterState::repair`. Once it holds nothing it is
+//!   removed ([`drained`]).
+//! - **Rebalance.** While the live servers' mastered bytes spread more than [`TOLERANCE`]
+//!   around their mean, a tablet moves from the server with the most to the one with the
+//!   least: the largest tablet that does not take the receiver above the mean (so every move
+//!   narrows the spread and the plan ends).
+//!
+//! At most `in_flight_max` migrations run at once, and none is planned while a tablet recovers.
+
+use crate::map::{ClusterMap, ServerId, ServerState};
+use crate::state::Room;
+use ramlog_common::TableId;
+use std::collections::BTreeMap;
+
+/// How far a server's mastered bytes may be from the mean, as a fraction of it.
+pub const TOLERANCE: f64 = 0.10;
+/// What a tablet whose size no report gave counts as.
+const UNKNOWN_TABLET_BYTES: u64 = 1 << 20;
+
+/// One planned move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub table: TableId,
+    pub first_slot: u16,
+    pub target: ServerId,
+}
+
+fn size_of(room: &Room, table: TableId, first_slot: u16) -> u64 {
+    room.tablet(table, first_slot)
+        .map_or(UNKNOWN_TABLET_BYTES, |b| b.live_bytes.max(1))
+}
+
+/// Servers that take tablets: up and not being drained, with the bytes each masters.
+fn receivers(map: &ClusterMap, room: &Room) -> BTreeMap<ServerId, u64> {
+    let mut load: BTreeMap<ServerId, u64> = map
+        .servers
+        .iter()
+        .filter(|s| s.state == ServerState::Up && !s.draining)
+        .map(|s| (s.id, 0))
+        .collect();
+    for t in &map.tablets {
+        if let Some(l) = load.get_mut(&t.master) {
+            *l += size_of(room, t.table, t.first_slot);
+        }
+        // A move under way counts on its target already.
+        if let Some(m) = t.migration {
+            if let Some(l) = load.get_mut(&m.target) {
+                *l += size_of(room, t.table, t.first_slot);
+            }
+        }
+    }
+    load
+}
+
+fn in_flight(map: &ClusterMap) -> usize {
+    map.tablets.iter().filter(|t| t.migration.is_some()).count()
+}
+
+/// The moves that empty the draining servers of the tablets they master.
+pub fn drain_moves(map: &ClusterMap, room: &Room, in_flight_max: usize) -> Vec<Move> {
+    if map.tablets.iter().any(|t| t.recovering) {
+        return Vec::new();
+    }
+    let draining: Vec<ServerId> = map
+        .servers
+        .iter()
+        .filter(|s| s.draining && s.state == ServerState::Up)
+        .map(|s| s.id)
+        .collect();
+    let mut load = receivers(map, room);
+    let mut budget = in_flight_max.saturating_sub(in_flight(map));
+    let mut out = Vec::new();
+    for t in &map.tablets {
+        if budget == 0 {
+            break;
+        }
+        if !draining.contains(&t.master) || t.migration.is_some() {
+            continue;
+        }
+        let size = size_of(room, t.table, t.first_slot);
+        let Some((&target, _)) = load
+            .iter()
+            .filter(|(&s, _)| s != t.master)
+            .min_by_key(|(&s, &bytes)| (t.backups.contains(&s), bytes, s))
+        else {
+            continue;
+        };
+        *load.entry(target).or_default() += size;
+        out.push(Move {
+            table: t.table,
+            first_slot: t.first_slot,
+            target,
+        });
+        budget -= 1;
+    }
+    out
+}
+
+/// Draining servers that hold nothing any more (no tablet they master, back up, restore or
+/// receive): they can be removed.
+pub fn drained(map: &ClusterMap) -> Vec<(ServerId, u64)> {
+    map.servers
+        .iter()
+        .filter(|s| s.draining && s.state == ServerState::Up)
+        .filter(|s| {
+            !map.tablets.iter().any(|t| {
+                t.master == s.id
+                    || t.backups.contains(&s.id)
+                    || t.restorer == Some(s.id)
+                    || t.mirror == Some(s.id)
+                    || t.migration.is_some_and(|m| m.target == s.id)
+            })
+        })
+        .map(|s| (s.id, s.epoch))
+        .collect()
+}
+
+/// The next moves that bring the servers' mastered bytes within [`TOLERANCE`] of their mean;
+/// empty when they are (or when nothing can narrow the spread).
+pub fn rebalance_moves(map: &ClusterMap, room: &Room, in_flight_max: usize) -> Vec<Move> {
+    if map.tablets.iter().any(|t| t.recovering) || in_flight(map) >= in_flight_max {
+        return Vec::new();
+    }
+    let load = receivers(map, room);
+    if load.len() < 2 {
+        return Vec::new();
+    }
+    let total: u64 = load.values().sum();
+    let mean = total as f64 / load.len() as f64;
+    let (&from, &most) = load
+        .iter()
+        .max_by_key(|(&s, &b)| (b, std::cmp::Reverse(s)))
+        .expect("two or more");
+    let (&to, &least) = load
+        .iter()
+        .min_by_key(|(&s, &b)| (b, s))
+        .expect("two or more");
+    let within = |b: u64| (b as f64 - mean).abs() <= mean * TOLERANCE;
+    if within(most) && within(least) {
+        return Vec::new();
+    }
+    // The largest tablet of `from` that leaves `to` at or below the mean.
+    let room_below_mean = (mean - least as f64).max(0.0) as u64;
+    let pick = map
+        .tablets
+        .iter()
+        .filter(|t| t.master == from && t.migration.is_none() && !t.recovering)
+        .map(|t| (size_of(room, t.table, t.first_slot), t))
+        .filter(|(size, _)| *size <= room_below_mean.max(1))
+        .max_by_key(|(size, t)| (*size, std::cmp::Reverse((t.table, t.first_slot))));
+    match pick {
+        Some((_, t)) => vec![Move {
+            table: t.table,
+            first_slot: t.first_slot,
+            target: to,
+        }],
+        None => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::{Migration, MigrationPhase, ServerAddresses, ServerInfo};
+    use crate::placement::place_table;
+    use crate::state::TabletBytes;
+    use std::net::SocketAddr;
+
+    fn server(id: ServerId) -> ServerInfo {
+        let a = SocketAddr::from(([127, 0, 0, 1], 1000 + id as u16));
+        ServerInfo {
+            id,
+            name: format!("{id:040}"),
+            addresses: ServerAddresses {
+                resp: a,
+                routing: None,
+                native: a,
+                admin: None,
+            },
+            epoch: 1,
+            state: ServerState::Up,
+            memory_bytes: 1 << 30,
+            draining: false,
+        }
+    }
+
+    /// `servers` servers, a table placed on the first `placed` of them, every tablet 10 MiB.
+    fn cluster(servers: u64, placed: u64) -> (ClusterMap, Room) {
+        let ids: Vec<ServerId> = (1..=placed).collect();
+        let map = ClusterMap {
+            cluster_id: 7,
+            version: 1,
+            servers: (1..=servers).map(server).collect(),
+            tables: vec![],
+            tablets: place_table(0, &ids, 1, 7),
+            rebalancing: false,
+        };
+        let room = Room {
+            tablets: map
+                .tablets
+                .iter()
+                .map(|t| TabletBytes {
+                    table: t.table,
+                    first_slot: t.first_slot,
+                    live_bytes: 10 << 20,
+                    objects: 1000,
+                })
+                .collect(),
+            ..Room::default()
+        };
+        (map, room)
+    }
+
+    fn apply(map: &mut ClusterMap, moves: &[Move]) {
+        for m in moves {
+            let t = map
+                .tablets
+                .iter_mut()
+                .find(|t| (t.table, t.first_slot) == (m.table, m.first_slot))
+                .unwrap();
+            t.master = m.target;
+            t.backups.retain(|&b| b != m.target);
+        }
+    }
+
+    fn mastered(map: &ClusterMap, id: ServerId) -> usize {
+        map.tablets.iter().filter(|t| t.master == id).count()
+    }
+
+    #[test]
+    fn servers_that_join_take_a_fair_share_one_move_at_a_time() {
+        let (mut map, room) = cluster(6, 3);
+        let mut rounds = 0;
+        loop {
+            let moves = rebalance_moves(&map, &room, 1);
+            assert!(moves.len() <= 1);
+            if moves.is_empty() {
+                break;
+            }
+            apply(&mut map, &moves);
+            rounds += 1;
+            assert!(rounds < 1000, "the plan ends");
+        }
+        let counts: Vec<usize> = (1..=6).map(|id| mastered(&map, id)).collect();
+        let mean = map.tablets.len() as f64 / 6.0;
+        for c in &counts {
+            assert!(
+                (*c as f64 - mean).abs() <= mean * TOLERANCE + 1.0,
+                "{counts:?} around {mean}"
+            );
+        }
+        // Nothing moves while a tablet recovers, or while as many moves run as allowed.
+        let (mut map, room) = cluster(4, 3);
+        map.tablets[0].recovering = true;
+        assert!(rebalance_moves(&map, &room, 1).is_empty());
+        map.tablets[0].recovering = false;
+        map.tablets[0].migration = Some(Migration {
+            target: 4,
+            phase: MigrationPhase::Copying,
+            added: true,
+        });
+        assert!(rebalance_moves(&map, &room, 1).is_empty());
+        assert_eq!(rebalance_moves(&map, &room, 2).len(), 1);
+    }
+
+    #[test]
+    fn a_drain_moves_every_tablet_to_servers_that_do_not_back_it_up() {
+        let (mut map, room) = cluster(4, 4);
+        map.servers[1].draining = true;
+        let mut planned = 0;
+        loop {
+            let moves = drain_moves(&map, &room, 3);
+            assert!(moves.len() <= 3);
+            if moves.is_empty() {
+                break;
+            }
+            for m in &moves {
+                let t = map
+                    .tablets
+                    .iter()
+                    .find(|t| (t.table, t.first_slot) == (m.table, m.first_slot))
+                    .unwrap();
+                assert_eq!(t.master, 2);
+                assert_ne!(m.target, 2);
+                assert!(!t.backups.contains(&m.target), "{t:?} to {}", m.target);
+            }
+            planned += moves.len();
+            apply(&mut map, &moves);
+        }
+        assert_eq!(mastered(&map, 2), 0);
+        assert!(planned > 0);
+        // The others share what it had.
+        let counts: Vec<usize> = [1, 3, 4].iter().map(|&id| mastered(&map, id)).collect();
+        assert!(
+            counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 2,
+            "{counts:?}"
+        );
+        // Still a backup: not drained yet; no role left: drained.
+        assert!(map.tablets.iter().any(|t| t.backups.contains(&2)));
+        assert!(drained(&map).is_empty());
+        for t in &mut map.tablets {
+            t.backups.retain(|&b| b != 2);
+        }
+        assert_eq!(drained(&map), vec![(2, 1)]);
+    }
+}

@@ -774,8 +774,10 @@ impl ClusterState {
                     memory_bytes,
                     draining: false,
                 });
-                // A server that joins takes a fair share of the tablets.
-                self.map.rebalancing = true;
+                // A server that joins a formed cluster takes a fair share of the tablets.
+                if self.map.table(DEFAULT_TABLE).is_some() {
+                    self.map.rebalancing = true;
+                }
                 (id, 1)
             }
         };

@@ -19,7 +19,11 @@ tablets (the promises are those of one failure at a time):
                                   kill -9 another server that is not the restorer; restart both
   kill_restorer                   kill -9 a server; once one of its tablets is being restored,
                                   kill -9 its restorer; restart both
-The last two need a restore running: restores are held back --restore-delay-ms (a test knob of
+  migrate                         `ramlog cluster move` of a random tablet to another server,
+                                  waited for (the source freezes, drains and switches under load)
+  migrate_kill                    a move started, then kill -9 of its source or its target at
+                                  once (the move is abandoned or ends in a recovery); restart
+The two restore faults need a restore running: restores are held back --restore-delay-ms (a test knob of
 the servers) to give them one. If none is seen running after the first kill, the fault is logged
 as skipped (the first kill stands) and not counted among the faults done.
 A server that stops after being fenced (it learns it was replaced) is started again.
@@ -48,6 +52,7 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 KINDS = [
     "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
     "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump", "kill_during_restore", "kill_restorer",
+    "migrate", "migrate_kill",
 ]
 # How long a fault that needs a running restore looks for one after its first kill: detection
 # (400 ms of silence and a probe) and the restore itself (held back --restore-delay-ms).
@@ -86,6 +91,10 @@ def schedule(seed, seconds, servers, coordinators, kinds):
             f["seconds"] = round(rng.uniform(4.0, 8.0), 2)
         elif kind == "kill_during_restore":
             f["pick"] = rng.randrange(1000)  # which of the servers that are not the restorer
+            f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
+        elif kind in ("migrate", "migrate_kill"):
+            f["slot"] = rng.randrange(16384)
+            f["victim"] = rng.choice(["source", "target"])
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
         else:
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
@@ -316,12 +325,50 @@ class Run:
             self.note(f"{p.name} restarted")
         return running is not None
 
+    def migrate(self, f):
+        """Moves the tablet holding `slot` to server `target` (the next one if that masters it)
+        and waits for it; `migrate_kill` starts the move and kill -9s its source or its target
+        at once, restarting it after `seconds`. False (skipped) when the tablet cannot move now."""
+        st = self.status()
+        if not st:
+            return False
+        table = next(t for t in st["tables"] if t["name"] == "default")
+        t = next(t for t in table["tablets"] if t["first_slot"] <= f["slot"] <= t["last_slot"])
+        source = self.server_index(st, t["master"])
+        ids = {self.server_index(st, s["id"]): s["id"] for s in st["servers"] if s["state"] == "up"}
+        to = next((j for j in ((f["target"] + k) % len(self.servers) for k in range(len(self.servers)))
+                   if j in ids and j != source), None)
+        if t["recovering"] or t.get("migration") or source is None or to is None:
+            return False
+        cmd = [self.binary, "cluster", "move", "default", str(f["slot"]), "--to", str(ids[to]),
+               "--coordinator", ",".join(self.coord_addrs)]
+        if f["kind"] == "migrate":
+            r = subprocess.run(cmd + ["--timeout", "30"], capture_output=True, text=True, timeout=60)
+            self.note(f"migrate slots {t['first_slot']}-{t['last_slot']} from server {source} to server {to}: "
+                      + (r.stdout.strip() or r.stderr.strip())[-300:])
+            return True
+        r = subprocess.run(cmd + ["--no-wait"], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            self.note(f"migrate_kill: the move was refused: {r.stderr.strip()[-300:]}")
+            return False
+        victim = self.servers[source if f["victim"] == "source" else to]
+        victim.stopped = True
+        victim.kill()
+        self.note(f"migrate_kill: slots {t['first_slot']}-{t['last_slot']} moving from server {source} to "
+                  f"server {to}; kill -9 the {f['victim']} ({victim.name})")
+        time.sleep(f["seconds"])
+        victim.start(self.binary)
+        self.note(f"{victim.name} restarted")
+        return True
+
     def inject(self, f):
         """Carries out fault `f`; False if it was skipped (its conditions did not arise)."""
         kind, i, secs = f["kind"], f["target"], f.get("seconds", 0)
         net = self.net
         if kind in ("kill_during_restore", "kill_restorer"):
             return self.kill_during_restore(f)
+        if kind in ("migrate", "migrate_kill"):
+            return self.migrate(f)
         if kind in ("kill_server", "kill_coordinator"):
             p = self.servers[i] if kind == "kill_server" else self.coords[i]
             p.stopped = True

@@ -241,7 +241,11 @@ fn switch(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo) {
     let frozen = node.engine().set_frozen(engine_tablet, true);
     let drained = frozen
         .map_err(|e| format!("cannot freeze the tablet: {e}"))
-        .and_then(|()| member.replication.drain(engine_tablet, DRAIN_MAX));
+        .and_then(|()| {
+            member.replication.drain(engine_tablet, DRAIN_MAX, || {
+                still(member, t, MigrationPhase::Switching)
+            })
+        });
     let request = match drained {
         Ok(()) => {
             tracing::warn!(

@@ -462,8 +462,14 @@ impl Replication {
 impl Replication {
     /// Waits until every stream of `tablet` has the backup's acknowledgement of everything
     /// appended to it so far (for a tablet that takes no more writes: its source before a
-    /// migration's switch). Err after `limit`, naming the backups still behind.
-    pub fn drain(&self, tablet: TabletId, limit: Duration) -> Result<(), String> {
+    /// migration's switch). Err after `limit`, naming the backups still behind, or as soon as
+    /// `keep_going` says the wait is moot.
+    pub fn drain(
+        &self,
+        tablet: TabletId,
+        limit: Duration,
+        keep_going: impl Fn() -> bool,
+    ) -> Result<(), String> {
         let routes = self.routes.load();
         let Some(Some(route)) = routes.get(tablet as usize) else {
             return Ok(());
@@ -489,6 +495,9 @@ impl Replication {
                     "backups {behind:?} did not acknowledge the tablet's last writes within {} ms",
                     limit.as_millis()
                 ));
+            }
+            if !keep_going() {
+                return Err("the map no longer asks for it".into());
             }
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -181,14 +181,17 @@ def test_server_with_a_wrong_coordinator_address_fails_clearly(tmp_path):
     from conftest import free_port, ramlog_bin
 
     dead = free_port()
+    # It gives up after join_timeout_ms (30 s by default; 2 s here).
+    config = tmp_path / "join.toml"
+    config.write_text("join_timeout_ms = 2000\n")
     proc = subprocess.run(
         [ramlog_bin(), "server", "--coordinator", f"127.0.0.1:{dead}", "--resp-port", str(free_port()),
          "--native-port", str(free_port()), "--admin-port", "0", "--data-dir", str(tmp_path / "d"),
-         "--memory", "64MiB"],
+         "--memory", "64MiB", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode != 0
-    assert f"cannot reach the coordinator at 127.0.0.1:{dead}" in proc.stderr, proc.stderr
+    assert f"cannot reach the coordinator at 127.0.0.1:{dead} within 2 s" in proc.stderr, proc.stderr
 
 
 def test_server_of_another_cluster_is_refused(tmp_path):

@@ -27,9 +27,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a starting server keeps trying to register before it gives up.
-const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// One version of the map as this server uses it.
 pub struct ClusterView {
     pub map: ClusterMap,
@@ -392,7 +389,7 @@ pub enum JoinError {
     #[error("cannot reach the coordinator at {addresses} within {secs} s: {last}")]
     Unreachable {
         addresses: String,
-        secs: u64,
+        secs: f64,
         last: String,
     },
     #[error("{0}")]
@@ -400,7 +397,7 @@ pub enum JoinError {
 }
 
 impl Member {
-    /// Registers with the coordinator (retrying for up to [`JOIN_TIMEOUT`] while it is unreachable
+    /// Registers with the coordinator (retrying for up to `join_timeout_ms` while it is unreachable
     /// or the previous process with this id still heartbeats), applies the map it returns, and
     /// starts the heartbeat task.
     pub async fn join(
@@ -428,7 +425,8 @@ impl Member {
             // committed with the same id and epoch.
             incarnation: incarnation(),
         };
-        let deadline = tokio::time::Instant::now() + JOIN_TIMEOUT;
+        let join_timeout = Duration::from_millis(config.join_timeout_ms.max(1));
+        let deadline = tokio::time::Instant::now() + join_timeout;
         let (id, epoch, map) = loop {
             match client.call(&request).await {
                 Ok(Response::Registered { id, epoch, map }) => break (id, epoch, map),
@@ -450,7 +448,7 @@ impl Member {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(JoinError::Unreachable {
                             addresses: coordinator.to_string(),
-                            secs: JOIN_TIMEOUT.as_secs(),
+                            secs: join_timeout.as_secs_f64(),
                             last: e.to_string(),
                         });
                     }

@@ -176,6 +176,10 @@ pub struct ServerConfig {
     pub routing_recovery_wait_ms: u64,
     /// How often a cluster server heartbeats the coordinator.
     pub heartbeat_interval_ms: u64,
+    /// How long a starting cluster server keeps trying to register with the coordinator (while
+    /// it is unreachable, or the previous process of this id still heartbeats) before it gives
+    /// up with an error.
+    pub join_timeout_ms: u64,
     /// Replication: bytes of a backup's stream that may be not yet durable on it before the
     /// replies to further writes to it wait (in every mode); bounds what each stream holds.
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
@@ -229,6 +233,7 @@ impl Default for ServerConfig {
             routing_port: 0,
             routing_recovery_wait_ms: 10_000,
             heartbeat_interval_ms: 100,
+            join_timeout_ms: 30_000,
             replication_in_flight_bytes: 16 << 20,
             backup_timeout_ms: 200,
             replication_ack_timeout_ms: 5000,

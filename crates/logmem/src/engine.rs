@@ -144,6 +144,11 @@ pub(crate) struct Inner {
     pub reclaimable: Arc<Mutex<Vec<u32>>>,
     /// Seglets of retired segments still waiting for their grace period.
     pub limbo_seglets: AtomicU64,
+    /// Set when a writer's write failed with out-of-memory: the live and charged bytes then (-1
+    /// when not full). Until a seglet comes free or those bytes drop (a delete, an overwrite by a
+    /// smaller value, a smaller charge), further writes that need memory fail at once instead of
+    /// each waiting for cleaner passes that can only squeeze segment tails.
+    pub full_at: AtomicI64,
     /// Open snapshots (MVCC).
     pub snapshots: Snapshots,
     /// Bytes of RETAINED entries not yet reclaimed (included in `live_bytes`).
@@ -230,6 +235,7 @@ impl Inner {
             index_bytes: AtomicU64::new(0),
             reclaimable: Arc::new(Mutex::new(Vec::new())),
             limbo_seglets: AtomicU64::new(0),
+            full_at: AtomicI64::new(-1),
             snapshots: Snapshots::default(),
             retained_bytes: CachePadded::new(AtomicI64::new(0)),
             retention_released: AtomicBool::new(false),
@@ -247,6 +253,11 @@ impl Inner {
 
     /// Bytes of the budget charged to memory outside the log: the hash indexes (as last summed)
     /// and the external charge.
+    /// Live bytes plus the charge: what a delete or a smaller charge lowers.
+    fn used_bytes(&self) -> i64 {
+        (self.live_bytes.sum().max(0) as u64).saturating_add(self.charged_bytes()) as i64
+    }
+
     pub fn charged_bytes(&self) -> u64 {
         self.index_bytes
             .load(Ordering::Relaxed)
@@ -926,9 +937,22 @@ impl Inner {
                 self.wake_cleaner();
                 return Ok(());
             }
+            if class == AllocClass::Writer {
+                self.full_at.store(self.used_bytes(), Ordering::Release);
+            }
             Err(self.out_of_memory())
         };
         self.refresh_charge();
+        // Full already, and nothing freed since: fail at once (as a Redis at `maxmemory` does).
+        if class == AllocClass::Writer {
+            let full_at = self.full_at.load(Ordering::Acquire);
+            if full_at >= 0 {
+                if self.pool.writer_free_count() == 0 && self.used_bytes() >= full_at {
+                    return fail();
+                }
+                self.full_at.store(-1, Ordering::Release);
+            }
+        }
         // A delete waits for the cleaner as before: its tombstone needs little, and the cleaner
         // may free it from the reserve's share of garbage.
         if class == AllocClass::Writer && self.log_cannot_grow() {

@@ -114,6 +114,29 @@ fn progress_at_98_percent_then_clean_out_of_memory() {
         s.memory_wait_secs
     );
 
+    // Full, with nothing freed since: further writes that need memory fail at once, as a Redis
+    // at `maxmemory` does, not each after cleaner passes (that took about 70 ms a write, and a
+    // pipeline of refused writes for minutes). 100 of them take less than one memory wait.
+    let started = std::time::Instant::now();
+    for _ in 0..100 {
+        next_key += 1;
+        let refused = engine.put(
+            t,
+            &key_bytes(next_key),
+            &vec![1u8; 2000],
+            &PutOptions::default(),
+        );
+        assert!(
+            matches!(refused, Err(EngineError::OutOfMemory { .. })),
+            "{refused:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(5000),
+        "100 refused writes took {:?}",
+        started.elapsed()
+    );
+
     // Every object is still readable and correct.
     for (k, v) in &model {
         assert_eq!(
@@ -340,4 +363,79 @@ fn a_cleared_tablet_gives_its_memory_back() {
             .put(other, &key(other, n), &value, &PutOptions::default())
             .unwrap_or_else(|e| panic!("write {n} of {}: {e}", held * 9 / 10));
     }
+}
+
+/// A small budget at the defaults, filled across many tablets with 1 KB values (a server with
+/// `--memory 64MiB` and its 64 tablets): once a write is refused for memory, the next ones are
+/// refused at once until something is freed, and a delete makes room again.
+#[test]
+fn refused_writes_fail_at_once_until_something_is_freed() {
+    let total = 1024 * SEGLET_BYTES as u64; // 64 MiB
+    let engine = Engine::new(EngineConfig {
+        memory_bytes: total,
+        ..Default::default()
+    })
+    .unwrap();
+    let tablets: Vec<_> = (0..64u16)
+        .map(|i| engine.create_tablet(0, i * 256, i * 256 + 255).unwrap())
+        .collect();
+    let value = vec![7u8; 1000];
+    let key = |n: u64| format!("k{n}").into_bytes();
+    let mut n = 0u64;
+    loop {
+        match engine.put(
+            tablets[(n % 64) as usize],
+            &key(n),
+            &value,
+            &PutOptions::default(),
+        ) {
+            Ok(_) => n += 1,
+            Err(EngineError::OutOfMemory { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(n < 100_000, "a 64 MiB engine took {n} values of 1 KB");
+    }
+    assert!(
+        n > 50_000,
+        "refused after only {n} values of 1 KB in 64 MiB"
+    );
+    // Refused ones, one after another: each is refused at once (before, each waited for cleaner
+    // passes that could only squeeze segment tails: about 70 ms a write, minutes a pipeline).
+    let started = std::time::Instant::now();
+    for i in 0..500u64 {
+        let refused = engine.put(
+            tablets[(i % 64) as usize],
+            &key(1_000_000 + i),
+            &value,
+            &PutOptions::default(),
+        );
+        assert!(
+            matches!(refused, Err(EngineError::OutOfMemory { .. })),
+            "write {i} after the first refusal: {refused:?}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "500 refused writes took {took:?}"
+    );
+    // A delete frees room: writes are taken again.
+    for i in 0..1000 {
+        engine
+            .delete(tablets[(i % 64) as usize], &key(i), Condition::None)
+            .unwrap();
+    }
+    let accepted = (0..200u64)
+        .filter(|i| {
+            engine
+                .put(
+                    tablets[(i % 64) as usize],
+                    &key(2_000_000 + i),
+                    &value,
+                    &PutOptions::default(),
+                )
+                .is_ok()
+        })
+        .count();
+    assert_eq!(accepted, 200, "writes after 1000 deletes of the same size");
 }

@@ -77,6 +77,8 @@ enum Suite {
     Cluster,
     /// A master killed -9 under load: detection, recovery, re-protection, client gap and lost writes, against a Redis Cluster failover.
     Recovery,
+    /// A tablet moved between live servers under load (`ramlog cluster move`), against `redis-cli --cluster reshard`.
+    Migration,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -123,6 +125,9 @@ fn main() -> anyhow::Result<()> {
                 Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
                 Suite::Cluster => ramlog_bench::cluster::run(args.quick, args.json.as_deref()),
                 Suite::Recovery => ramlog_bench::recovery::run(args.quick, args.json.as_deref()),
+                Suite::Migration => {
+                    ramlog_bench::recovery::migration::run(args.quick, args.json.as_deref())
+                }
             }
         }
     }

@@ -46,12 +46,14 @@ pub(super) const THREADS: usize = 4;
 /// Keys the load writes, over all its threads (ramlog and Redis alike).
 pub(super) const LOAD_KEYS: usize = 10_000;
 
-/// One acknowledged write: when (since the load started), to which slot, by which node.
+/// One acknowledged write: when (since the load started), to which slot, by which node, and how
+/// long it took from its first send (redirections included; not earlier failed attempts).
 #[derive(Debug, Clone, Copy)]
 struct Ack {
     at_ns: u64,
     slot: u16,
     node: u16,
+    latency_us: u32,
 }
 
 /// Low bits of a packed [`Shared::last_ack`] entry: nanoseconds since the start, plus one.
@@ -400,10 +402,11 @@ impl Worker {
         self.buf.extend_from_slice(b"\r\n");
 
         let mut asking = false;
+        let began = Instant::now();
         for _ in 0..=MAX_REDIRECTS {
             match self.request(node, asking) {
                 Ok(Reply::Status(s)) if s == "OK" => {
-                    self.acked(k, node);
+                    self.acked(k, node, began);
                     return Outcome::Acked;
                 }
                 Ok(Reply::Error(e)) => {
@@ -450,10 +453,16 @@ impl Worker {
         Outcome::Failed
     }
 
-    fn acked(&mut self, k: usize, node: u16) {
+    fn acked(&mut self, k: usize, node: u16, began: Instant) {
         let at_ns = self.shared.started.elapsed().as_nanos() as u64;
         let slot = self.slots[k];
-        self.acks.push(Ack { at_ns, slot, node });
+        let latency_us = began.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        self.acks.push(Ack {
+            at_ns,
+            slot,
+            node,
+            latency_us,
+        });
         self.shared.last_ack[slot as usize].store(
             u64::from(node) << 48 | ((at_ns + 1) & TIME_MASK),
             Ordering::Relaxed,
@@ -546,6 +555,37 @@ impl LoadResult {
             .count() as u64
     }
 
+    /// The acknowledged writes within [`from`, `to`]: how many, per second, and their latency
+    /// percentiles.
+    pub fn window(&self, from: Instant, to: Instant) -> Window {
+        let mut latencies: Vec<u32> = self
+            .acks_from(from)
+            .iter()
+            .take_while(|a| self.at(a) <= to)
+            .map(|a| a.latency_us)
+            .collect();
+        latencies.sort_unstable();
+        let pick = |q: f64| {
+            if latencies.is_empty() {
+                return Duration::ZERO;
+            }
+            let i = ((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1;
+            Duration::from_micros(u64::from(latencies[i]))
+        };
+        let secs = to.saturating_duration_since(from).as_secs_f64();
+        Window {
+            acked: latencies.len() as u64,
+            per_second: if secs > 0.0 {
+                latencies.len() as f64 / secs
+            } else {
+                0.0
+            },
+            p50: pick(0.50),
+            p99: pick(0.99),
+            p999: pick(0.999),
+        }
+    }
+
     /// Keys of the load with at least one acknowledged write.
     pub fn keys_written(&self) -> u64 {
         self.highest
@@ -582,6 +622,16 @@ impl LoadResult {
         }
         Ok(out)
     }
+}
+
+/// What a [`Load`] saw within a time window ([`LoadResult::window`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    pub acked: u64,
+    pub per_second: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub p999: Duration,
 }
 
 /// Before a kill: lets the load run 2 s, and fails (stopping it) if no write to the victim's slots
@@ -659,6 +709,7 @@ mod tests {
             at_ns: at * 1_000_000,
             slot,
             node,
+            latency_us: at as u32,
         };
         let result = LoadResult {
             started,
@@ -693,5 +744,11 @@ mod tests {
             Some(ms(20))
         );
         assert_eq!(result.acks_between(|_| true, ms(10), ms(60)), 3);
+        // Latencies of the acks at 20, 60 and 70 ms (each test ack took its time in µs).
+        let w = result.window(ms(15), ms(75));
+        assert_eq!(w.acked, 3);
+        assert!((w.per_second - 50.0).abs() < 1e-9, "{}", w.per_second);
+        assert_eq!(w.p50, Duration::from_micros(60));
+        assert_eq!(w.p99, Duration::from_micros(70));
     }
 }

@@ -44,6 +44,7 @@
 mod bare_replay;
 mod client;
 mod load;
+pub mod migration;
 mod plot;
 mod poller;
 mod process;
@@ -56,7 +57,7 @@ mod rows;
 mod sweep;
 
 pub use bare_replay::{BareReplay, StoreCopy};
-pub use load::{Load, LoadResult};
+pub use load::{Load, LoadResult, Window};
 pub use ramlog_failover::{ramlog_failover, RamlogFailover};
 pub use readback::Verify;
 pub use redis::{redis_failover, redis_only, RedisFailover, RedisPreload};

@@ -58,7 +58,7 @@ fn spawn_ramlog(args: &[String], log: &Path) -> anyhow::Result<Proc> {
 }
 
 /// Runs `ramlog <args>` to its end, for at most `limit`; its stdout.
-fn run_tool(args: &[&str], limit: Duration) -> anyhow::Result<String> {
+pub(super) fn run_tool(args: &[&str], limit: Duration) -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("locating the ramlog binary")?;
     let mut proc = Proc(
         Command::new(exe)

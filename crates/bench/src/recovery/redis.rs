@@ -52,13 +52,13 @@ pub struct RedisFailover {
 }
 
 /// One redis-server; killed -9 and reaped when dropped ([`Proc`]).
-struct RedisNode {
+pub(super) struct RedisNode {
     port: u16,
     proc: Proc,
 }
 
 impl RedisNode {
-    fn addr(&self) -> String {
+    pub(super) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 }
@@ -93,7 +93,7 @@ fn cluster_port(taken: &mut HashSet<u16>) -> anyhow::Result<u16> {
 /// A Redis Cluster of [`MASTERS`] masters, each with one replica (another process), no
 /// persistence, `cluster-node-timeout` = `node_timeout_ms`; returns once every node says
 /// `cluster_state:ok`, knows every other and every replica has synced.
-fn redis_cluster(work: &Path, node_timeout_ms: u64) -> anyhow::Result<Vec<RedisNode>> {
+pub(super) fn redis_cluster(work: &Path, node_timeout_ms: u64) -> anyhow::Result<Vec<RedisNode>> {
     let mut taken = HashSet::new();
     let mut nodes = Vec::new();
     for _ in 0..MASTERS * 2 {

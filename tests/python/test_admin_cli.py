@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port, ramlog_bin
+from conftest import free_port, ramlog_bin, wait_until
 
 
 def http_get(port, path):
@@ -110,6 +110,76 @@ def test_up_starts_a_cluster_prints_how_to_connect_and_stops_on_ctrl_c(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def read_until(proc, marker: str, limit=40) -> str:
+    lines = []
+    while len(lines) < limit:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            break
+    return "".join(lines)
+
+
+def test_up_add_joins_a_server_that_takes_tablets_and_is_drained_on_ctrl_c(tmp_path):
+    free = ["--routing-port", "0", "--resp-port", "0", "--native-port", "0", "--admin-port", "0",
+            "--memory", "64MiB"]
+    up = start(["up", "--coordinator-port", "0", *free], cwd=tmp_path)
+    add = None
+    try:
+        text = read_until(up, "Ctrl-C")
+        routing = int(re.search(r"connect:\s+redis-cli -p (\d+)", text).group(1))
+        coordinator = re.search(r"coordinator: (\S+)", text).group(1)
+        for i in range(200):
+            out = subprocess.run(["redis-cli", "-p", str(routing), "SET", f"k{i}", str(i)], capture_output=True, text=True)
+            assert out.stdout.strip() == "OK", out
+
+        def status():
+            out = subprocess.run([ramlog_bin(), "cluster", "status", "--json", "--coordinator", coordinator],
+                                 capture_output=True, text=True, timeout=20)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        def masters_of(st, port):
+            sid = next(s["id"] for s in st["servers"] if s["addresses"]["resp"].endswith(f":{port}"))
+            table = next(t for t in st["tables"] if t["name"] == "default")
+            return sid, [t for t in table["tablets"] if t["master"] == sid and t.get("migration") is None]
+
+        add = start(["up", "--add", "1", *free], cwd=tmp_path)
+        text = read_until(add, "Ctrl-C")
+        assert "1 server added" in text, text
+        assert (tmp_path / "ramlog-data" / "server-3").is_dir()
+        cluster = int(re.search(r"server 3: routing \d+  cluster (\d+)", text).group(1))
+        # It takes a fair share: a quarter of the 48 tablets, within the rebalancer's tolerance.
+        assert wait_until(lambda: len(masters_of(status(), cluster)[1]) >= 8, timeout=90, interval=0.5), \
+            json.dumps(status())[:3000]
+        info = subprocess.run(["redis-cli", "-p", str(cluster), "CLUSTER", "INFO"], capture_output=True, text=True)
+        assert "cluster_known_nodes:4" in info.stdout, info.stdout
+        for i in range(200):
+            out = subprocess.run(["redis-cli", "-c", "-p", str(cluster), "GET", f"k{i}"], capture_output=True, text=True)
+            assert out.stdout.strip() == str(i), out
+        # Ctrl-C drains it: its tablets move back, then it stops; nothing is lost.
+        sid, _ = masters_of(status(), cluster)
+        add.send_signal(signal.SIGINT)
+        rest, err = add.communicate(timeout=120)
+        assert add.returncode == 0, err
+        assert "stopped" in rest, rest
+        st = status()
+        table = next(t for t in st["tables"] if t["name"] == "default")
+        assert not [t for t in table["tablets"] if t["master"] == sid or sid in t["backups"]], table
+        for i in range(200):
+            out = subprocess.run(["redis-cli", "-p", str(routing), "GET", f"k{i}"], capture_output=True, text=True)
+            assert out.stdout.strip() == str(i), out
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=30)
+        assert up.returncode == 0
+    finally:
+        for p in (add, up):
+            if p is not None and p.poll() is None:
+                p.kill()
 
 
 def wait_ready(proc):

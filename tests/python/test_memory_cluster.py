@@ -7,8 +7,10 @@ import json
 import threading
 import time
 
+import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from conftest import Cluster, wait_until
 from test_failures import status
@@ -119,4 +121,57 @@ def test_a_cluster_at_its_memory_budget_refuses_writes_and_stays_up(tmp_path):
         assert all(s["state"] == "up" for s in status(c)["servers"])
     finally:
         stop.set()
+        c.stop()
+
+
+def test_a_tablet_at_its_size_limit_refuses_growth_and_nothing_else(tmp_path):
+    """A tablet holds at most `tablet_max_bytes` (by default three quarters of a backup's 512 MiB
+    log of one tablet; 1 MiB here): past it, writes that would grow it get -OOM naming the limit,
+    while its reads, deletes and same-size overwrites go on, other tablets take writes, and no
+    backup stops. Deleting keys takes it below the limit and writes are taken again."""
+    config = tmp_path / "server.toml"
+    config.write_text("tablet_max_bytes = 1048576\n")
+    c = Cluster(tmp_path, extra_args=["--config", str(config)])
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=15)
+        # One hash tag: every key in one slot, so in one tablet.
+        acked, refused = [], None
+        for i in range(4000):
+            try:
+                rc.set(f"{{full}}:{i}", VALUE)
+                acked.append(f"{{full}}:{i}")
+            except redis.ResponseError as e:
+                refused = str(e)
+                break
+            if i % 200 == 0:
+                time.sleep(0.05)  # heartbeats measure the tablet while it grows
+        assert refused is not None, f"{len(acked)} KB taken by a tablet limited to 1 MiB"
+        assert "tablet holding this key is full" in refused and "1048576 bytes" in refused, refused
+        assert 900 <= len(acked) <= 2000, len(acked)
+        # Refused again (not a transient answer); the rest of the tablet serves.
+        with pytest.raises(redis.ResponseError, match="is full"):
+            rc.set("{full}:another", VALUE)
+        assert rc.get(acked[0]) == VALUE
+        assert rc.set(acked[1], VALUE) is True  # an overwrite of the same size
+        # Other tablets take writes; every server is up with its first epoch.
+        full_slot = key_slot(b"full")
+        others = [k for k in (f"elsewhere:{i}" for i in range(500))
+                  if abs(key_slot(k.encode()) - full_slot) > 1024][:50]
+        for k in others:
+            assert rc.set(k, VALUE) is True
+        st = status(c)
+        assert all(s["state"] == "up" and s["epoch"] == 1 for s in st["servers"]), st["servers"]
+        # Deletes make room; once a heartbeat measures it, the tablet grows again.
+        rc.delete(*acked[: len(acked) // 2])
+
+        def takes_writes():
+            try:
+                return rc.set("{full}:again", VALUE) is True
+            except redis.ResponseError:
+                return False
+        assert wait_until(takes_writes, timeout=10, interval=0.2)
+        for k in acked[len(acked) // 2:]:
+            assert rc.get(k) == VALUE, k
+        assert c.alive()
+    finally:
         c.stop()

@@ -80,6 +80,10 @@ pub(crate) struct Tablet {
     /// Set and read under the write lock, so once it is set every write the tablet took has
     /// reached the write observer.
     pub frozen: std::sync::atomic::AtomicBool,
+    /// Writes that would grow the tablet are refused ([`EngineError::TabletFull`]): it holds as
+    /// much as one tablet may (set by the server from its size, see `Engine::set_tablet_limit`).
+    /// Deletes, and overwrites no larger than what they replace, go on.
+    pub full_limit: AtomicU64,
 }
 
 /// Expiry times later than this (2^32 s after the epoch, in 2106) enter the expiry sum as this.
@@ -373,6 +377,7 @@ impl Inner {
             expiring_objects: AtomicU64::new(0),
             expiring_sum_secs: AtomicU64::new(0),
             frozen: std::sync::atomic::AtomicBool::new(false),
+            full_limit: AtomicU64::new(0),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -592,6 +597,15 @@ impl Inner {
         let t = self.tablet(tablet)?;
         let _head = t.head.lock();
         t.frozen.store(frozen, Ordering::Release);
+        Ok(())
+    }
+
+    /// Refuses writes that would grow `tablet` (`limit` > 0: the limit its size reached, for
+    /// the error), or takes them again (0).
+    pub fn set_tablet_full(&self, tablet: TabletId, limit: u64) -> Result<(), EngineError> {
+        self.tablet(tablet)?
+            .full_limit
+            .store(limit, Ordering::Release);
         Ok(())
     }
 
@@ -1162,7 +1176,15 @@ impl Inner {
                     body_crc,
                     expire_at_ms,
                     return_old,
-                } => (KIND_OBJECT, value, body_crc, expire_at_ms, return_old),
+                } => {
+                    let full = tablet.full_limit.load(Ordering::Acquire);
+                    if full > 0
+                        && visible.is_none_or(|(_, _, h)| value.len() > h.value_len as usize)
+                    {
+                        return Err(EngineError::TabletFull { limit_bytes: full });
+                    }
+                    (KIND_OBJECT, value, body_crc, expire_at_ms, return_old)
+                }
                 WriteAction::Delete => {
                     if visible.is_none() {
                         // Nothing to delete; an expired leftover is removed quietly (a snapshot taken
@@ -1409,6 +1431,10 @@ impl Inner {
             let mut head = tablet.head.lock();
             if tablet.frozen.load(Ordering::Acquire) {
                 return Err(EngineError::Frozen);
+            }
+            let full = tablet.full_limit.load(Ordering::Acquire);
+            if full > 0 {
+                return Err(EngineError::TabletFull { limit_bytes: full });
             }
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut bytes = Vec::new();

@@ -28,6 +28,8 @@ pub enum EngineError {
     Query(String),
     #[error("the tablet is moving to another server; try again")]
     Frozen,
+    #[error("the tablet holding this key is full: one tablet holds at most {limit_bytes} bytes (what a backup's log of one tablet takes); delete keys, or move some of its slots' keys elsewhere")]
+    TabletFull { limit_bytes: u64 },
     #[error("corrupt log entry at seglet {seglet} offset {offset}: {reason}")]
     Corrupt {
         seglet: u32,

@@ -618,6 +618,13 @@ impl Engine {
         self.inner.set_frozen(tablet, frozen)
     }
 
+    /// Refuses writes that would grow `tablet` with [`EngineError::TabletFull`] (`limit` > 0,
+    /// named in the error), or takes them again (0). Deletes, and overwrites no larger than
+    /// what they replace, are always taken. A cluster server sets it from the tablet's size.
+    pub fn set_tablet_full(&self, tablet: TabletId, limit: u64) -> Result<(), EngineError> {
+        self.inner.set_tablet_full(tablet, limit)
+    }
+
     /// Opens a cursor over one tablet's current objects in log order, for copying the tablet
     /// elsewhere in bulk (a new backup's copy after a recovery): segment by segment, with no
     /// index probe per object. It reads at a snapshot of that tablet alone, which keeps

@@ -6,6 +6,13 @@
 //! coordinator members on `coordinator_port` + j. `up` waits until every process is ready and the
 //! default table is placed, prints how to connect, and stops every child on Ctrl-C or SIGTERM. A
 //! child that exits on its own is reported at once and not restarted.
+//!
+//! `ramlog up --add N` (same data directory) adds N servers to the cluster such an `up` runs:
+//! it reads the coordinator members from `<data dir>/up.json` (which `up` writes), starts the
+//! servers as its own children (the next free `server-<i>/` directories and ports), asks the
+//! coordinator to rebalance (the new servers take a fair share of the tablets, which move while
+//! clients go on), and on Ctrl-C drains them (their tablets move back to the others) before
+//! they stop.
 
 use crate::cli::ServerFlags;
 use anyhow::{bail, Context};
@@ -37,6 +44,18 @@ pub struct UpFlags {
     /// Backups per tablet of the default table (default: 2 with 3 servers, 3 from 4).
     #[arg(long)]
     pub replicas: Option<u32>,
+    /// Adds this many servers to the cluster a `ramlog up` with the same --data-dir runs: they
+    /// join, take a fair share of the tablets (which move while clients go on), and are drained
+    /// and stopped on Ctrl-C.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub add: Option<u16>,
+}
+
+/// What `ramlog up` writes to `<data dir>/up.json` for `ramlog up --add`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct UpFile {
+    coordinators: Vec<String>,
+    servers: u16,
 }
 
 /// Default base ports of `ramlog up`: the routing port of server 0 is 6380, so that
@@ -135,8 +154,65 @@ fn data_dir_of(flags: &ServerFlags) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("./ramlog-data"))
 }
 
+/// The command that starts server `i` of a local cluster.
+fn server_command(
+    exe: &Path,
+    s: &ServerFlags,
+    bind: IpAddr,
+    coordinator: &str,
+    a: &Addresses,
+    data_dir: &Path,
+    i: u16,
+) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("server")
+        .args(["--coordinator", coordinator])
+        .args(["--bind", &bind.to_string()])
+        .args(["--resp-port", &a.resp.to_string()])
+        .args(["--routing-port", &a.routing.to_string()])
+        .args(["--native-port", &a.native.to_string()])
+        .args(["--admin-port", &a.admin.unwrap_or(0).to_string()])
+        .arg("--data-dir")
+        .arg(data_dir.join(format!("server-{i}")));
+    if let Some(config) = &s.config {
+        c.arg("--config").arg(config);
+    }
+    if let Some(m) = s.memory {
+        c.args(["--memory", &m.to_string()]);
+    }
+    if let Some(w) = s.workers {
+        c.args(["--workers", &w.to_string()]);
+    }
+    if let Some(n) = s.max_connections {
+        c.args(["--max-connections", &n.to_string()]);
+    }
+    if let Some(t) = s.idle_timeout {
+        c.args(["--idle-timeout", &t.to_string()]);
+    }
+    if let Some(p) = &s.password {
+        c.env("RAMLOG_PASSWORD", p);
+    }
+    c
+}
+
+/// The addresses of server `i` from the bases of the flags.
+fn addresses(s: &ServerFlags, bind: IpAddr, i: u16) -> anyhow::Result<Addresses> {
+    Ok(Addresses {
+        routing: port(bind, s.routing_port.unwrap_or(ROUTING_BASE), i)?,
+        resp: port(bind, s.resp_port.unwrap_or(RESP_BASE), i)?,
+        native: port(bind, s.native_port.unwrap_or(NATIVE_BASE), i)?,
+        admin: match s.admin_port.unwrap_or(ADMIN_BASE) {
+            0 if s.admin_port == Some(0) => None,
+            base => Some(port(bind, base, i)?),
+        },
+    })
+}
+
 /// `ramlog up`: see the module comment.
 pub fn run_up(flags: &UpFlags) -> anyhow::Result<()> {
+    if let Some(n) = flags.add {
+        return run_add(flags, n);
+    }
     let s = &flags.server;
     // The flags are checked once, as a server would, before anything starts.
     let config = s.load()?;
@@ -194,43 +270,8 @@ pub fn run_up(flags: &UpFlags) -> anyhow::Result<()> {
             .join(",");
         let mut servers = Vec::new();
         for i in 0..flags.servers {
-            let a = Addresses {
-                routing: port(bind, s.routing_port.unwrap_or(ROUTING_BASE), i)?,
-                resp: port(bind, s.resp_port.unwrap_or(RESP_BASE), i)?,
-                native: port(bind, s.native_port.unwrap_or(NATIVE_BASE), i)?,
-                admin: match s.admin_port.unwrap_or(ADMIN_BASE) {
-                    0 if s.admin_port == Some(0) => None,
-                    base => Some(port(bind, base, i)?),
-                },
-            };
-            let mut c = Command::new(&exe);
-            c.arg("server")
-                .args(["--coordinator", &coordinator])
-                .args(["--bind", &bind.to_string()])
-                .args(["--resp-port", &a.resp.to_string()])
-                .args(["--routing-port", &a.routing.to_string()])
-                .args(["--native-port", &a.native.to_string()])
-                .args(["--admin-port", &a.admin.unwrap_or(0).to_string()])
-                .arg("--data-dir")
-                .arg(data_dir.join(format!("server-{i}")));
-            if let Some(config) = &s.config {
-                c.arg("--config").arg(config);
-            }
-            if let Some(m) = s.memory {
-                c.args(["--memory", &m.to_string()]);
-            }
-            if let Some(w) = s.workers {
-                c.args(["--workers", &w.to_string()]);
-            }
-            if let Some(n) = s.max_connections {
-                c.args(["--max-connections", &n.to_string()]);
-            }
-            if let Some(t) = s.idle_timeout {
-                c.args(["--idle-timeout", &t.to_string()]);
-            }
-            if let Some(p) = &s.password {
-                c.env("RAMLOG_PASSWORD", p);
-            }
+            let a = addresses(s, bind, i)?;
+            let c = server_command(&exe, s, bind, &coordinator, &a, &data_dir, i);
             let (p, _) = spawn(&format!("server {i}"), c, Duration::from_secs(60))?;
             processes.push(p);
             servers.push(a);
@@ -253,6 +294,18 @@ pub fn run_up(flags: &UpFlags) -> anyhow::Result<()> {
     {
         stop_all(&mut processes);
         return Err(e);
+    }
+    let up_file = UpFile {
+        coordinators: members.clone(),
+        servers: flags.servers,
+    };
+    if let Err(e) = std::fs::write(
+        data_dir.join("up.json"),
+        serde_json::to_vec_pretty(&up_file).unwrap_or_default(),
+    ) {
+        eprintln!(
+            "ramlog up: cannot write up.json (ramlog up --add will not find this cluster): {e}"
+        );
     }
     print_banner(flags, &config, &data_dir, &members, &servers);
     // Until Ctrl-C: report any child that exits on its own (it is not restarted).
@@ -422,5 +475,152 @@ fn register_stop(signal: i32, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     if previous == libc::SIG_ERR {
         bail!("cannot install the handler for signal {signal}");
     }
+    Ok(())
+}
+
+/// Runs `ramlog <args>` (this binary) to its end; its stdout, or its error output as the error.
+fn run_tool(exe: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running ramlog {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "ramlog {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ramlog up --add n`: see the module comment.
+fn run_add(flags: &UpFlags, n: u16) -> anyhow::Result<()> {
+    let s = &flags.server;
+    let config = s.load()?;
+    let bind = config.bind;
+    let data_dir = data_dir_of(s);
+    let up_path = data_dir.join("up.json");
+    let up: UpFile = serde_json::from_slice(&std::fs::read(&up_path).with_context(|| {
+        format!(
+            "reading {} (is a `ramlog up` with --data-dir {} running?)",
+            up_path.display(),
+            data_dir.display()
+        )
+    })?)
+    .with_context(|| format!("parsing {}", up_path.display()))?;
+    let coordinator = up.coordinators.join(",");
+    let exe = std::env::current_exe().context("locating the ramlog binary")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook_consts::SIGINT, signal_hook_consts::SIGTERM] {
+        register_stop(signal, &stop)?;
+    }
+    let mut processes: Vec<Process> = Vec::new();
+    let mut added: Vec<(u16, Addresses)> = Vec::new();
+    let started = (|| -> anyhow::Result<()> {
+        let mut i = up.servers;
+        while added.len() < n as usize {
+            if !data_dir.join(format!("server-{i}")).exists() {
+                let a = addresses(s, bind, i)?;
+                let c = server_command(&exe, s, bind, &coordinator, &a, &data_dir, i);
+                let (p, _) = spawn(&format!("server {i}"), c, Duration::from_secs(60))?;
+                processes.push(p);
+                added.push((i, a));
+            }
+            i = i.checked_add(1).context("no server index left")?;
+        }
+        let ports: Vec<u16> = added.iter().map(|(_, a)| a.resp).collect();
+        wait_for_servers(bind, &ports, &stop)?;
+        run_tool(
+            &exe,
+            &[
+                "cluster",
+                "rebalance",
+                "--no-wait",
+                "--coordinator",
+                &coordinator,
+            ],
+        )?;
+        Ok(())
+    })();
+    if let Err(e) = started {
+        stop_all(&mut processes);
+        return Err(e);
+    }
+    println!(
+        "ramlog up: {n} server{} added; tablets move to {} while clients go on (ramlog cluster status --coordinator {coordinator})",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "it" } else { "them" }
+    );
+    for (i, a) in &added {
+        let admin = a
+            .admin
+            .map(|p| format!("  admin http://{bind}:{p}/status"))
+            .unwrap_or_default();
+        println!(
+            "  server {i}: routing {}  cluster {}  native {}{admin}",
+            a.routing, a.resp, a.native
+        );
+    }
+    println!(
+        "Press Ctrl-C to drain {} and stop.",
+        if n == 1 { "it" } else { "them" }
+    );
+    let mut reported = vec![false; processes.len()];
+    while !stop.load(Ordering::Acquire) {
+        for (k, p) in processes.iter_mut().enumerate() {
+            if !reported[k] {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    eprintln!(
+                        "ramlog up: {} exited with {status}; it is not restarted",
+                        p.name
+                    );
+                    reported[k] = true;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Drain the added servers (their tablets move to the others), then stop them.
+    println!("draining...");
+    let drained = (|| -> anyhow::Result<()> {
+        let status: serde_json::Value = serde_json::from_str(&run_tool(
+            &exe,
+            &["cluster", "status", "--json", "--coordinator", &coordinator],
+        )?)?;
+        for (i, a) in &added {
+            let resp = SocketAddr::new(bind, a.resp).to_string();
+            let id = status["servers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["addresses"]["resp"].as_str() == Some(resp.as_str()))
+                .and_then(|s| s["id"].as_u64());
+            let Some(id) = id else {
+                eprintln!("ramlog up: server {i} ({resp}) is not in the cluster map; not drained");
+                continue;
+            };
+            print!(
+                "{}",
+                run_tool(
+                    &exe,
+                    &[
+                        "cluster",
+                        "drain",
+                        &id.to_string(),
+                        "--coordinator",
+                        &coordinator
+                    ],
+                )?
+            );
+        }
+        Ok(())
+    })();
+    if let Err(e) = &drained {
+        eprintln!("ramlog up: the drain did not finish ({e:#}); stopping the added servers anyway (their tablets recover from their backups)");
+    }
+    stop_all(&mut processes);
+    println!("stopped");
     Ok(())
 }

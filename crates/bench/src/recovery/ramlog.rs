@@ -113,6 +113,8 @@ pub(super) struct TabletState {
     pub(super) last_slot: u16,
     pub(super) master: u64,
     pub(super) backups: Vec<u64>,
+    /// A move of it to another server is under way.
+    pub(super) migrating: bool,
 }
 
 /// What the suite reads from `ramlog cluster status --json`.
@@ -165,6 +167,7 @@ fn parse_status(v: &serde_json::Value) -> anyhow::Result<ClusterStatus> {
                             .as_array()
                             .map(|b| b.iter().filter_map(|x| x.as_u64()).collect())
                             .unwrap_or_default(),
+                        migrating: !tb["migration"].is_null(),
                     })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?,

@@ -821,6 +821,18 @@ impl Member {
                 })
             })
             .collect();
+        // A tablet at its size limit refuses writes that would grow it (a backup's log of one
+        // tablet would otherwise fill up and stop that backup), and takes them again below it.
+        let limit = node
+            .config
+            .tablet_max_bytes
+            .min(crate::node::config::tablet_max_bytes_limit());
+        for t in view.map.tablets.iter().filter(|t| t.master == view.me) {
+            if let Some(&id) = created.get(&(t.table, t.first_slot)) {
+                let size = live.get(id as usize).copied().unwrap_or(0);
+                let _ = engine.set_tablet_full(id, if size >= limit { limit } else { 0 });
+            }
+        }
         drop(created);
         self.last_tablets.lock().clone_from(&tablets);
         MemoryReport {

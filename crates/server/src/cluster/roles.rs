@@ -98,7 +98,38 @@ impl ClusterHooks for Roles {
         let node = self.node.get().and_then(Weak::upgrade);
         let cluster = member.map(|m| {
             let view = m.view();
+            let (mut out, mut into) = (0, 0);
+            let (mut copied, mut total, mut rate) = (0, 0, 0);
+            for t in &view.map.tablets {
+                let Some(mig) = t.migration.as_ref().filter(|_| !t.recovering) else {
+                    continue;
+                };
+                if mig.target == view.me {
+                    into += 1;
+                }
+                if t.master != view.me {
+                    continue;
+                }
+                out += 1;
+                // The copy to the target, while the move is copying.
+                if let Some(j) = replication.recovery.iter().find(|j| {
+                    j.kind == "copy"
+                        && !j.done
+                        && j.table == t.table
+                        && j.first_slot == t.first_slot
+                        && j.backup == Some(mig.target)
+                }) {
+                    copied += j.bytes;
+                    total += j.expected.max(j.bytes);
+                    rate += j.rate;
+                }
+            }
             ClusterFigures {
+                migrations_out: out,
+                migrations_in: into,
+                migration_copied_bytes: copied,
+                migration_copy_total_bytes: total,
+                migration_copy_rate: rate,
                 map_version: view.map.version,
                 tablets_recovering: view.map.tablets.iter().filter(|t| t.recovering).count() as u64,
                 tablets_waiting_for_room: view.tablets_waiting_for_room() as u64,

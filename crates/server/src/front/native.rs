@@ -727,7 +727,9 @@ impl From<EngineError> for Failure {
             EngineError::BatchTooLarge { max, .. } => {
                 Failure(Status::ValueTooLarge, max as u64, message)
             }
-            EngineError::OutOfMemory { .. } => Failure(Status::OutOfMemory, 0, message),
+            EngineError::OutOfMemory { .. } | EngineError::TabletFull { .. } => {
+                Failure(Status::OutOfMemory, 0, message)
+            }
             EngineError::NoSuchTablet(_) | EngineError::Frozen => {
                 Failure(Status::WrongServer, 0, message)
             }

@@ -198,6 +198,19 @@ pub struct ServerConfig {
     /// (`cluster::pacing`). 0: no ceiling and no pacing.
     #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
     pub recovery_copy_bytes_per_sec: u64,
+    /// The most live bytes one tablet may hold on its master; past it, writes that would grow
+    /// the tablet are refused with -OOM naming the limit (deletes, and overwrites no larger than
+    /// what they replace, go on) until keys are deleted or the tablet's slots move. A backup
+    /// keeps one log per tablet of at most 512 MiB (`ramlog_backup::Config`'s
+    /// `tablet_log_capacity_bytes`); the default, three quarters of it, leaves its
+    /// reorganization room for superseded versions. Larger values are lowered to that default.
+    #[serde(deserialize_with = "de_size", serialize_with = "ser_size")]
+    pub tablet_max_bytes: u64,
+}
+
+/// The largest `tablet_max_bytes`: three quarters of a backup's log of one tablet.
+pub fn tablet_max_bytes_limit() -> u64 {
+    ramlog_backup::Config::default().tablet_log_capacity_bytes / 4 * 3
 }
 
 impl Default for ServerConfig {
@@ -238,6 +251,7 @@ impl Default for ServerConfig {
             backup_timeout_ms: 200,
             replication_ack_timeout_ms: 5000,
             recovery_copy_bytes_per_sec: 128 << 20,
+            tablet_max_bytes: tablet_max_bytes_limit(),
         }
     }
 }

@@ -129,4 +129,13 @@ pub struct ClusterFigures {
     pub tablets_waiting_for_room: u64,
     /// The bytes this server reports it could take for a restore.
     pub restore_room_bytes: u64,
+    /// Tablets this server is moving to another server (`ramlog cluster move`, drain,
+    /// rebalancing), and tablets moving to it.
+    pub migrations_out: u64,
+    pub migrations_in: u64,
+    /// Of the outgoing moves still copying: bytes copied so far, the tablets' bytes, and the
+    /// copies' current pace (bytes per second; it follows the foreground's latency).
+    pub migration_copied_bytes: u64,
+    pub migration_copy_total_bytes: u64,
+    pub migration_copy_rate: u64,
 }

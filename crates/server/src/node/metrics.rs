@@ -546,6 +546,31 @@ fn cluster_prometheus(s: &mut String, c: &crate::node::figures::ClusterFigures) 
             "Bytes this server reports to the coordinator that it could take for a restore.",
             c.restore_room_bytes,
         ),
+        (
+            "ramlog_migrations_out",
+            "Tablets this server is moving to another server (move, drain, rebalancing).",
+            c.migrations_out,
+        ),
+        (
+            "ramlog_migrations_in",
+            "Tablets moving to this server.",
+            c.migrations_in,
+        ),
+        (
+            "ramlog_migration_copied_bytes",
+            "Bytes of the outgoing moves still copying that reached their targets' logs.",
+            c.migration_copied_bytes,
+        ),
+        (
+            "ramlog_migration_copy_total_bytes",
+            "Bytes of the tablets whose outgoing moves are still copying.",
+            c.migration_copy_total_bytes,
+        ),
+        (
+            "ramlog_migration_copy_rate_bytes_per_second",
+            "Current pace of the outgoing moves' copies (it follows the foreground's latency).",
+            c.migration_copy_rate,
+        ),
     ];
     for (name, help, value) in gauges {
         let _ = writeln!(
@@ -1014,6 +1039,11 @@ mod tests {
             tablets_recovering: 16,
             tablets_waiting_for_room: 5,
             restore_room_bytes: 1 << 20,
+            migrations_out: 1,
+            migrations_in: 2,
+            migration_copied_bytes: 300,
+            migration_copy_total_bytes: 1000,
+            migration_copy_rate: 50,
         });
         let prom = s.prometheus();
         assert!(
@@ -1022,6 +1052,11 @@ mod tests {
         );
         assert!(prom.contains("ramlog_tablets_recovering 16\n"));
         assert!(prom.contains("ramlog_restore_room_bytes 1048576\n"));
+        assert!(prom.contains("ramlog_migrations_out 1\n"));
+        assert!(prom.contains("ramlog_migrations_in 2\n"));
+        assert!(prom.contains("ramlog_migration_copied_bytes 300\n"));
+        assert!(prom.contains("ramlog_migration_copy_total_bytes 1000\n"));
+        assert!(prom.contains("ramlog_migration_copy_rate_bytes_per_second 50\n"));
         let only = s.info(Some("keyspace"), false);
         assert!(only.starts_with("# Keyspace") && !only.contains("# Server"));
         let json = serde_json::to_string(&s).unwrap();

@@ -237,6 +237,10 @@ struct NodeDesc {
     myself: bool,
     epoch: u64,
     failed: bool,
+    /// On the line of the server answering only, as Redis shows its open slots: slot ranges it
+    /// moves to another server (`[slot->-id]`) and ranges it takes from another (`[slot-<-id]`).
+    migrating: Vec<(u16, u16, String)>,
+    importing: Vec<(u16, u16, String)>,
 }
 
 /// The servers a CLUSTER command describes: the map's servers on a cluster server's own RESP
@@ -269,11 +273,28 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
                     )
                 })
         };
+        let name = |id: ramlog_cluster::ServerId| {
+            view.map
+                .server(id)
+                .map_or_else(|| id.to_string(), |s| s.name.clone())
+        };
+        let (mut migrating, mut importing) = (Vec::new(), Vec::new());
+        for t in view.map.tablets_of(ramlog_cluster::DEFAULT_TABLE) {
+            let Some(m) = t.migration.as_ref().filter(|_| !t.recovering) else {
+                continue;
+            };
+            if t.master == view.me {
+                migrating.push((t.first_slot, t.last_slot, name(m.target)));
+            } else if m.target == view.me {
+                importing.push((t.first_slot, t.last_slot, name(t.master)));
+            }
+        }
         let nodes = view
             .map
             .servers
             .iter()
             .map(|s| {
+                let myself = s.id == view.me;
                 let mine: Vec<_> = runs.iter().filter(|r| r.2 == s.id).collect();
                 NodeDesc {
                     id: s.name.clone(),
@@ -281,9 +302,19 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
                     port: s.addresses.resp.port(),
                     ranges: mine.iter().map(|r| (r.0, r.1)).collect(),
                     replicas: mine.iter().map(|r| replica(r.3)).collect(),
-                    myself: s.id == view.me,
+                    myself,
                     epoch: s.epoch,
                     failed: s.state == ramlog_cluster::ServerState::Dead,
+                    migrating: if myself {
+                        migrating.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    importing: if myself {
+                        importing.clone()
+                    } else {
+                        Vec::new()
+                    },
                 }
             })
             .collect();
@@ -309,6 +340,8 @@ fn cluster_nodes(ctx: &Ctx<'_>) -> (Vec<NodeDesc>, u64) {
         myself: true,
         epoch: 1,
         failed: false,
+        migrating: Vec::new(),
+        importing: Vec::new(),
     }];
     (nodes, 1)
 }
@@ -495,6 +528,17 @@ pub(super) fn cmd_cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                     text.push_str(&format!(" {first}"));
                 } else {
                     text.push_str(&format!(" {first}-{last}"));
+                }
+            }
+            // Redis lists each open slot on its own.
+            for (first, last, to) in &n.migrating {
+                for slot in *first..=*last {
+                    text.push_str(&format!(" [{slot}->-{to}]"));
+                }
+            }
+            for (first, last, from) in &n.importing {
+                for slot in *first..=*last {
+                    text.push_str(&format!(" [{slot}-<-{from}]"));
                 }
             }
             text.push('\n');

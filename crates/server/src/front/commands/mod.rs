@@ -844,6 +844,7 @@ fn engine_error(ctx: &mut Ctx<'_>, e: &NodeError) {
         EngineError::OutOfMemory { .. } => {
             "OOM command not allowed when used memory > 'maxmemory'.".to_string()
         }
+        EngineError::TabletFull { .. } => format!("OOM {e}"),
         EngineError::NotAnInteger => ERR_NOT_INTEGER.to_string(),
         EngineError::IncrementOverflow => ERR_OVERFLOW.to_string(),
         // A request that reached the tablet as it froze for its move: the client asks again

@@ -10,6 +10,8 @@ source goes on serving; a move whose source dies ends in a recovery. Real proces
 every process is stopped by its pid and every wait is bounded."""
 
 import json
+import re
+import urllib.request
 import random
 import signal
 import subprocess
@@ -356,4 +358,83 @@ def test_a_move_goes_on_when_the_coordinator_leader_dies(tmp_path):
         stop.set()
         for th in threads:
             th.join(timeout=20)
+        c.stop()
+
+
+def test_a_move_shows_in_cluster_nodes_and_metrics_and_redis_tools_work_through_it(tmp_path):
+    """While the tablet of slot 0 (6 MB) copies to its target (copies held to 512 KiB/s): the source's
+    CLUSTER NODES marks its slots `[slot->-target]` on its own line and the target's marks them
+    `[slot-<-source]`, as Redis shows open slots; both servers' /metrics count the move and the
+    source's shows the copy's progress; `redis-cli -c` and `redis-benchmark --cluster` work
+    through the move without an error. Once it is done, the marks are gone."""
+    config = tmp_path / "paced.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 524288\n")
+    c = Cluster(tmp_path, servers=4, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2"])
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        source, target = t["master"], outsider(st, t)
+        si, ti = index_of(c, st, source), index_of(c, st, target)
+        moving = keys_in(t, 6000, "m:")
+        preload(c, moving, lambda k: (k.encode() * 100)[:1000])
+        out = subprocess.run([ramlog_bin(), "cluster", "move", "default", "0", "--to", str(target), "--no-wait",
+                              "--coordinator", c.coordinator_addr], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+        def nodes(i):
+            return subprocess.run(["redis-cli", "-p", str(c.servers[i].resp), "CLUSTER", "NODES"],
+                                  capture_output=True, text=True, timeout=10).stdout
+
+        def line_of(text, i):
+            return next(l for l in text.splitlines() if f":{c.servers[i].resp}@" in l)
+
+        def metrics(i):
+            with urllib.request.urlopen(f"http://127.0.0.1:{c.servers[i].admin}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(ramlog_migration\w*) (\S+)$", text, re.M)}
+
+        seen = {}
+
+        def marked():
+            src, dst = nodes(si), nodes(ti)
+            target_id = line_of(src, ti).split()[0]
+            source_id = line_of(dst, si).split()[0]
+            ms, mt = metrics(si), metrics(ti)
+            if f"[{t['first_slot']}->-{target_id}]" in line_of(src, si) and \
+                    f"[{t['last_slot']}-<-{source_id}]" in line_of(dst, ti) and \
+                    ms.get("ramlog_migrations_out") == 1 and mt.get("ramlog_migrations_in") == 1 and \
+                    ms.get("ramlog_migration_copy_total_bytes", 0) > 0:
+                seen.update(src=src, dst=dst, ms=ms)
+                return True
+            return False
+        assert wait_until(marked, timeout=20, interval=0.05), (nodes(si), metrics(si), metrics(ti))
+        # Only a server's own line carries its open slots, as in Redis.
+        assert "->-" not in line_of(seen["src"], ti) and "-<-" not in line_of(seen["dst"], si)
+        assert seen["ms"]["ramlog_migration_copied_bytes"] <= seen["ms"]["ramlog_migration_copy_total_bytes"]
+
+        # Redis's own tools through the move.
+        for k in moving[:20]:
+            got = subprocess.run(["redis-cli", "-c", "-p", str(c.servers[ti].resp), "SET", k, "new"],
+                                 capture_output=True, text=True, timeout=10)
+            assert got.stdout.strip() == "OK", got
+            got = subprocess.run(["redis-cli", "-c", "-p", str(c.servers[ti].resp), "GET", k],
+                                 capture_output=True, text=True, timeout=10)
+            assert got.stdout.strip() == "new", got
+        bench = subprocess.run(["redis-benchmark", "--cluster", "-p", str(c.servers[si].resp), "-t", "set,get",
+                                "-n", "20000", "-r", "100000", "-q"], capture_output=True, text=True, timeout=120)
+        assert bench.returncode == 0 and "requests per second" in bench.stdout, bench.stdout + bench.stderr
+        assert "error" not in (bench.stdout + bench.stderr).lower(), bench.stdout + bench.stderr
+        # All of that while the move was still under way.
+        assert tablet_at(status(c), 0).get("migration") is not None, "the move ended before the tools ran"
+
+        # It finishes; the marks and the counts are gone.
+        assert wait_until(lambda: tablet_at(status(c), 0)["master"] == target
+                          and tablet_at(status(c), 0).get("migration") is None, timeout=120, interval=0.2)
+        assert wait_until(lambda: "->-" not in nodes(si) and "-<-" not in nodes(ti)
+                          and metrics(si).get("ramlog_migrations_out") == 0, timeout=10)
+        got = read_all(c, si, moving)
+        assert all(got[k] == b"new" for k in moving[:20])
+        assert all(got[k] == (k.encode() * 100)[:1000] for k in moving[20:])
+    finally:
         c.stop()

@@ -130,3 +130,103 @@ def test_a_partitioned_master_acknowledges_nothing_after_its_lease(tmp_path, net
         if loader is not None:
             loader.join(timeout=10)
         c.stop()
+
+
+@pytest.fixture
+def net4():
+    n = Net(4)
+    yield n
+    n.close()
+
+
+def test_a_move_across_a_partition_between_source_and_target_completes_or_rolls_back(tmp_path, net4):
+    """The tablet of slot 0 (4 MB) moves to the server outside its backup set, copies held to
+    256 KiB/s; mid-copy the source and the target are cut off from each other (each still
+    reaches the coordinator, the other servers and the clients). Writers on the tablet's keys go
+    on throughout. After 4 s the cut heals. The move either completes (the target masters the
+    tablet) or is abandoned (the source still does); either way within a bound, no acknowledged
+    write is lost, no read returns a value older than one acknowledged (two servers serving the
+    tablet would show it), and every server is still up."""
+    from test_migration import keys_in, outsider, tablet_at
+    config = tmp_path / "paced.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 262144\n")
+    c = Cluster(tmp_path, servers=4, net=net4, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2"])
+    stop = threading.Event()
+    threads = []
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        source, target = t["master"], outsider(st, t)
+        si = next(i for i in range(4) if server_id_of(c, st, i) == source)
+        ti = next(i for i in range(4) if server_id_of(c, st, i) == target)
+        moving = keys_in(t, 4000, "m:")
+        value = lambda k: (k.encode() * 100)[:1000]  # noqa: E731
+        rc = RedisCluster(host=c.servers[si].ip, port=c.servers[si].resp, socket_timeout=10)
+        for n in range(0, len(moving), 500):
+            pipe = rc.pipeline()
+            for k in moving[n:n + 500]:
+                pipe.set(k, value(k))
+            assert all(pipe.execute())
+        model = Keys()
+        for k in moving:
+            model.acked_write(k, value(k))
+
+        def writer(w):
+            client = RedisCluster(host=c.servers[(si + 1 + w) % 4].ip, port=c.servers[(si + 1 + w) % 4].resp,
+                                  socket_timeout=5)
+            mine = moving[w * 50:(w + 1) * 50]
+            seq = 0
+            while not stop.is_set():
+                k = mine[seq % len(mine)]
+                seq += 1
+                v = f"{w}:{seq}".encode()
+                try:
+                    try:
+                        client.set(k, v)
+                    except redis.exceptions.RedisError:
+                        model.failed_write(k, v)
+                        raise
+                    model.acked_write(k, v)
+                    model.read(k, client.get(k), time.time())
+                except redis.exceptions.RedisError as e:
+                    model.errors.append((time.time(), f"{type(e).__name__}: {e}"))
+                    time.sleep(0.05)
+        threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(3)]
+        for th in threads:
+            th.start()
+        assert wait_until(lambda: model.acked > 4000 + 200, timeout=20)
+
+        ramlog("cluster", "move", "default", "0", "--to", str(target), "--no-wait",
+               "--coordinator", c.coordinator_addr)
+        assert wait_until(lambda: (tablet_at(status(c), 0).get("migration") or {}).get("phase") == "copying",
+                          timeout=10)
+        net4.cut(net4.server(si), [net4.server(ti)])
+        acked_at_cut = model.acked
+        time.sleep(4)
+        # Writers went on while the two were cut off from each other.
+        assert model.acked > acked_at_cut + 50, (model.acked, acked_at_cut, model.errors[-5:])
+        net4.heal()
+
+        def settled():
+            now = tablet_at(status(c), 0)
+            return now.get("migration") is None and now["master"] in (source, target)
+        assert wait_until(settled, timeout=120, interval=0.2), tablet_at(status(c), 0)
+        acked_after = model.acked
+        assert wait_until(lambda: model.acked > acked_after + 100, timeout=20)
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        st = status(c)
+        now = tablet_at(st, 0)
+        outcome = "completed" if now["master"] == target else "rolled back"
+        assert all(s["state"] == "up" for s in st["servers"]), (outcome, st["servers"])
+        for k in moving:
+            model.read(k, rc.get(k), f"after the move {outcome}")
+        assert not model.violations, (outcome, model.violations[:10])
+        print(f"the move {outcome}; {model.acked} writes acknowledged, {len(model.errors)} refused attempts")
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()

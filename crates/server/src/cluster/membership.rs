@@ -912,6 +912,12 @@ impl Member {
                     return;
                 }
                 let memory = member.memory_report(&node);
+                // A restore or copy that failed (a peer cut off, a connection that timed out)
+                // starts again with the map it serves: no new map may come to start it.
+                if member.jobs.any_failed() {
+                    let view = member.view();
+                    crate::cluster::recovery::start_jobs(&node, &member, &view.map);
+                }
                 let view = member.view();
                 let request = Request::Heartbeat {
                     id: view.me,

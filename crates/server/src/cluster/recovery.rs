@@ -160,7 +160,19 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// A failed job starts again this long after it failed (not at once: a peer that refuses
+/// connections would make it fail in a loop).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 impl Jobs {
+    /// True while a job failed and may be started again (see [`start_jobs`]).
+    pub fn any_failed(&self) -> bool {
+        self.jobs
+            .lock()
+            .values()
+            .any(|j| j.finished.lock().is_some() && !j.done.load(Ordering::Acquire))
+    }
+
     /// Registers a job unless it runs or finished; None if it should not start.
     fn begin(&self, key: Key, last_slot: u16) -> Option<Arc<Job>> {
         let mut jobs = self.jobs.lock();
@@ -170,9 +182,13 @@ impl Jobs {
                 .is_none_or(|t| t.elapsed() < KEEP_FINISHED)
         });
         if let Some(j) = jobs.get(&key) {
-            // Running, or done: nothing to do. Failed: start again.
-            if j.finished.lock().is_none() || j.done.load(Ordering::Acquire) {
-                return None;
+            // Running, or done: nothing to do. Failed: start again, once it failed
+            // `RETRY_AFTER` ago (the heartbeat loop asks again while any job is failed).
+            match *j.finished.lock() {
+                None => return None,
+                Some(_) if j.done.load(Ordering::Acquire) => return None,
+                Some(at) if at.elapsed() < RETRY_AFTER => return None,
+                Some(_) => {}
             }
         }
         let demanded = match key.3 {

@@ -23,6 +23,9 @@ tablets (the promises are those of one failure at a time):
                                   waited for (the source freezes, drains and switches under load)
   migrate_kill                    a move started, then kill -9 of its source or its target at
                                   once (the move is abandoned or ends in a recovery); restart
+  drain                           a fresh server joins on a spare host (add_server), then
+                                  `ramlog cluster drain` of a server (its tablets move to the
+                                  others, then it leaves and stops), then a rebalance
 The two restore faults need a restore running: restores are held back --restore-delay-ms (a test knob of
 the servers) to give them one. If none is seen running after the first kill, the fault is logged
 as skipped (the first kill stands) and not counted among the faults done.
@@ -52,7 +55,7 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 KINDS = [
     "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
     "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump", "kill_during_restore", "kill_restorer",
-    "migrate", "migrate_kill",
+    "migrate", "migrate_kill", "drain",
 ]
 # How long a fault that needs a running restore looks for one after its first kill: detection
 # (400 ms of silence and a probe) and the restore itself (held back --restore-delay-ms).
@@ -164,7 +167,9 @@ class Run:
 
     def up(self):
         a = self.args
-        self.net = Net(a.servers, coordinators=a.coordinators)
+        # One host more than servers: the spare, where `drain` starts the server that joins.
+        self.net = Net(a.servers + 1, coordinators=a.coordinators)
+        self.spare = self.net.servers[a.servers]
         cports = [free_port() for _ in range(a.coordinators)]
         self.coord_addrs = [f"{h.ip}:{p}" for h, p in zip(self.net.coordinators, cports)]
         members = ",".join(f"{m + 1}={addr}" for m, addr in enumerate(self.coord_addrs))
@@ -176,7 +181,7 @@ class Run:
                                     prefix=host.exec))
         for c in self.coords:
             c.start(self.binary)
-        for i, host in enumerate(self.net.servers):
+        for i, host in enumerate(self.net.servers[:a.servers]):
             data = self.out / f"server-{i}"
             data.mkdir()
             self._mount(data)
@@ -361,6 +366,58 @@ class Run:
         self.note(f"{victim.name} restarted")
         return True
 
+    def drain(self, f):
+        """A server joins (add_server): a fresh one on the spare host, with an empty data
+        directory; then server `target` is drained (its tablets move to the others, the new one
+        first; waited for) and stops, and the new one takes its place in `self.servers` (its host
+        becomes the spare). A rebalance is asked for at the end (not waited for: the next fault
+        waits until the cluster settles). False (skipped) when the server is not up or the drain
+        was refused."""
+        i = f["target"]
+        old = self.servers[i]
+        st = self.status()
+        sid = next((x["id"] for x in (st or {}).get("servers", [])
+                    if x["state"] == "up" and x["addresses"]["resp"] == f"{old.host.ip}:{old.resp}"), None)
+        if sid is None:
+            return False
+        coordinator = ",".join(self.coord_addrs)
+        gen = getattr(old, "generation", 0) + 1
+        data = self.out / f"server-{i}-{gen}"
+        data.mkdir()
+        self._mount(data)
+        host = self.spare
+        args = list(old.args)
+        for flag in ("--resp-port", "--routing-port", "--native-port", "--admin-port"):
+            args[args.index(flag) + 1] = str(free_port())
+        args[args.index("--bind") + 1] = host.ip
+        args[args.index("--data-dir") + 1] = str(data)
+        fresh = Proc(f"server {i}", args, self.out / f"server-{i}-{gen}.log", prefix=host.exec, env=old.env)
+        fresh.host, fresh.data, fresh.clock, fresh.generation = host, data, old.clock, gen
+        fresh.resp = int(args[args.index("--resp-port") + 1])
+        fresh.start(self.binary)
+        self.note(f"add_server: a fresh server joined on {host.ip}:{fresh.resp} to take server {i}'s place")
+        old.stopped = True
+        r = subprocess.run([self.binary, "cluster", "drain", str(sid), "--timeout", "60", "--coordinator", coordinator],
+                           capture_output=True, text=True, timeout=90)
+        self.note(f"drain server {i} (id {sid}): " + (r.stdout.strip() or r.stderr.strip())[-300:])
+        if r.returncode != 0:
+            # Refused or not finished: the old server stays, the new one too (as an extra).
+            old.stopped = False
+            self.servers.append(fresh)
+            return False
+        deadline = time.time() + 15
+        while old.alive() and time.time() < deadline:
+            time.sleep(0.05)
+        if old.alive():
+            self.problems.append(f"server {i} was drained but did not stop within 15 s")
+        old.kill()
+        self.servers[i] = fresh
+        self.spare = old.host
+        r = subprocess.run([self.binary, "cluster", "rebalance", "--no-wait", "--coordinator", coordinator],
+                           capture_output=True, text=True, timeout=30)
+        self.note("rebalance: " + (r.stdout.strip() or r.stderr.strip())[-200:])
+        return True
+
     def inject(self, f):
         """Carries out fault `f`; False if it was skipped (its conditions did not arise)."""
         kind, i, secs = f["kind"], f["target"], f.get("seconds", 0)
@@ -369,6 +426,8 @@ class Run:
             return self.kill_during_restore(f)
         if kind in ("migrate", "migrate_kill"):
             return self.migrate(f)
+        if kind == "drain":
+            return self.drain(f)
         if kind in ("kill_server", "kill_coordinator"):
             p = self.servers[i] if kind == "kill_server" else self.coords[i]
             p.stopped = True
@@ -485,6 +544,8 @@ class Run:
             self.problems.append("the client load did not end")
         if not self.wait_settled(60):
             self.problems.append("the cluster did not heal after the run: " + json.dumps(self.status())[:1500])
+        # The servers now (a drain replaces one with a server on other addresses).
+        nodes = ",".join(f"{s.host.ip}:{s.resp}" for s in self.servers)
         final = subprocess.run([str(client), "final", "--nodes", nodes, "--history", str(history), "--limit", "60s"],
                                capture_output=True, text=True, timeout=300)
         if final.returncode != 0:

@@ -436,6 +436,19 @@ fn redis_run(
     Ok(run)
 }
 
+/// Copies the `*.log` files of `dir` to `to`.
+fn keep_logs(dir: &Path, to: &Path) {
+    let _ = std::fs::create_dir_all(to);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) == Some("log") {
+            if let Some(name) = path.file_name() {
+                let _ = std::fs::copy(&path, to.join(name));
+            }
+        }
+    }
+}
+
 fn print_run(label: &str, r: &Run) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
@@ -599,6 +612,9 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
          tablet, Redis Cluster 4 masters + 4 replicas resharding one master's slots; load: {THREADS} \
          threads over {LOAD_KEYS} keys; {repeats} repeat(s)"
     );
+    // RAMLOG_BENCH_MIGRATION_KEEP_LOGS=1: the servers' and the coordinator's logs of each ramlog
+    // run stay in the work directory (printed at the end).
+    let keep = std::env::var_os("RAMLOG_BENCH_MIGRATION_KEEP_LOGS").is_some();
     let tags = slot_tags();
     let work = std::env::temp_dir().join(format!("ramlog-bench-migration-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
@@ -612,6 +628,12 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
                 let dir = work.join(format!("ramlog-{value_size}-{repeat}"));
                 let r = ramlog_run(&dir, &label, &tags, data_mib << 20, value_size)
                     .with_context(|| format!("{label} (logs in {})", dir.display()))?;
+                if keep {
+                    keep_logs(
+                        &dir,
+                        &work.join(format!("logs-ramlog-{value_size}-{repeat}")),
+                    );
+                }
                 let _ = std::fs::remove_dir_all(&dir);
                 print_run(&label, &r);
                 ours.push(r);
@@ -627,8 +649,10 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
         }
         Ok(())
     })();
-    if result.is_ok() {
+    if result.is_ok() && !keep {
         let _ = std::fs::remove_dir_all(&work);
+    } else if keep {
+        println!("logs kept in {}", work.display());
     }
     result?;
     report.finish(json)

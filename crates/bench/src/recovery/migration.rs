@@ -608,9 +608,10 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
         Err(_) => vec![100, 1024],
     };
     println!(
-        "{data_mib} MiB of values moved per run; ramlog {SERVERS} servers (R = 2, sync) moving one \
-         tablet, Redis Cluster 4 masters + 4 replicas resharding one master's slots; load: {THREADS} \
-         threads over {LOAD_KEYS} keys; {repeats} repeat(s)"
+        "{data_mib} MiB of values moved per run; ramlog {SERVERS} servers (R = 2, sync) moving the \
+         tablets of one server that another does not back up, Redis Cluster 4 masters + 4 replicas \
+         resharding one master's slots; load: {THREADS} threads over {LOAD_KEYS} keys; {repeats} \
+         repeat(s)"
     );
     // RAMLOG_BENCH_MIGRATION_KEEP_LOGS=1: the servers' and the coordinator's logs of each ramlog
     // run stay in the work directory (printed at the end).

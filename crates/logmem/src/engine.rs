@@ -58,7 +58,8 @@ fn expired(expire_at_ms: u64, now: &mut Option<u64>) -> bool {
 pub(crate) struct Tablet {
     pub table: TableId,
     pub first_slot: u16,
-    pub last_slot: u16,
+    /// Lowers when the tablet splits ([`Inner::split_tablet`]).
+    pub last_slot: std::sync::atomic::AtomicU16,
     pub index: HashIndex,
     /// The write lock: serialises this tablet's appends and index changes.
     pub head: Mutex<Option<SegmentWriter>>,
@@ -353,6 +354,19 @@ impl Inner {
         first_slot: u16,
         last_slot: u16,
     ) -> Result<TabletId, EngineError> {
+        self.create_tablet_with(table, first_slot, last_slot, false, true)
+    }
+
+    /// Creates a tablet, frozen or not, and routes its slots to it or leaves them where they
+    /// are (a split routes them once the tablet is filled).
+    fn create_tablet_with(
+        &self,
+        table: TableId,
+        first_slot: u16,
+        last_slot: u16,
+        frozen: bool,
+        route_now: bool,
+    ) -> Result<TabletId, EngineError> {
         if first_slot > last_slot || last_slot >= SLOT_COUNT {
             return Err(EngineError::Config(format!(
                 "bad slot range {first_slot}..={last_slot}"
@@ -366,7 +380,7 @@ impl Inner {
         let tablet = Tablet {
             table,
             first_slot,
-            last_slot,
+            last_slot: std::sync::atomic::AtomicU16::new(last_slot),
             index: HashIndex::new(),
             head: Mutex::new(None),
             scans: crate::scan::ScanQueue::default(),
@@ -376,13 +390,21 @@ impl Inner {
             scan_uncaptured: Mutex::new(self.snapshots.scan_snapshots_of(table)),
             expiring_objects: AtomicU64::new(0),
             expiring_sum_secs: AtomicU64::new(0),
-            frozen: std::sync::atomic::AtomicBool::new(false),
+            frozen: std::sync::atomic::AtomicBool::new(frozen),
             full_limit: AtomicU64::new(0),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
         }
         self.tablet_count.store(id + 1, Ordering::Release);
+        if route_now {
+            self.route(table, first_slot, last_slot, id);
+        }
+        Ok(id)
+    }
+
+    /// Routes `table`'s slots `first_slot..=last_slot` to tablet `id`.
+    fn route(&self, table: TableId, first_slot: u16, last_slot: u16, id: TabletId) {
         let mut routes = self.routes.write();
         let route = routes.entry(table).or_insert_with(|| {
             (0..SLOT_COUNT)
@@ -393,7 +415,6 @@ impl Inner {
         for slot in first_slot..=last_slot {
             route[slot as usize].store(id, Ordering::Release);
         }
-        Ok(id)
     }
 
     pub fn locate(&self, table: TableId, key: &[u8]) -> Option<TabletId> {
@@ -1639,6 +1660,122 @@ impl Inner {
         Ok(removed)
     }
 
+    /// Splits `tablet` at slot `at`: a new tablet takes the slots `at..=last` and every current
+    /// object of them, with its version and expiry; the old tablet keeps `first..at`. The old
+    /// tablet must be frozen (no writer may change it meanwhile); the new one is returned frozen,
+    /// for the caller to open once the split is known everywhere.
+    ///
+    /// The objects are copied, not moved: the new tablet is filled in batches
+    /// ([`crate::bulk::BulkRestore`]), then its slots are routed to it, then the copied objects
+    /// leave the old tablet's index without tombstones (as [`Inner::clear_tablet`] removes
+    /// them), their bytes garbage for the cleaner. Open snapshots keep reading the versions they
+    /// need. Until the slots are routed, readers find every object in the old tablet; after, in
+    /// the new one (`routed` is called at that moment, for routes kept outside the engine). The memory of the moved objects is taken twice until the cleaner has run:
+    /// a split that runs out of it empties the new tablet, leaves the old one whole, and fails
+    /// (the new tablet id stays used, empty and unrouted).
+    pub fn split_tablet(
+        &self,
+        tablet: TabletId,
+        at: u16,
+        routed: &mut dyn FnMut(TabletId),
+    ) -> Result<TabletId, EngineError> {
+        /// Keys collected per index walk step.
+        const KEYS_PER_STEP: usize = 256;
+        const PASSES_MAX: usize = 8;
+        let t = self.tablet(tablet)?;
+        let last = t.last_slot.load(Ordering::Acquire);
+        if at <= t.first_slot || at > last {
+            return Err(EngineError::Config(format!(
+                "cannot split tablet {}..={} at slot {at}",
+                t.first_slot, last
+            )));
+        }
+        if !t.frozen.load(Ordering::Acquire) {
+            return Err(EngineError::Config(
+                "a tablet must be frozen to be split".into(),
+            ));
+        }
+        let new = self.create_tablet_with(t.table, at, last, true, false)?;
+        let moves = |key: &[u8]| key_slot(key) >= at;
+        // 1. Copy: one walk of the frozen tablet's index.
+        let copied = (|| -> Result<u64, EngineError> {
+            let guess = t.index.len() / 2;
+            let mut load = crate::bulk::BulkRestore::new(self, new, guess)?;
+            let mut cursor = 0;
+            let mut batch: Vec<(Vec<u8>, Vec<u8>, Version, u64)> = Vec::new();
+            loop {
+                batch.clear();
+                {
+                    let _guard = epoch::pin();
+                    cursor = t.index.scan(cursor, KEYS_PER_STEP, |loc| {
+                        let _ = self.with_entry(loc, true, |e| {
+                            if moves(e.key) {
+                                batch.push((
+                                    e.key.to_vec(),
+                                    e.value.to_vec(),
+                                    e.header.version,
+                                    e.header.expire_at_ms,
+                                ));
+                            }
+                        });
+                    });
+                }
+                for (key, value, version, expire_at_ms) in &batch {
+                    load.push(key, value, *version, *expire_at_ms)?;
+                }
+                if cursor == 0 {
+                    break;
+                }
+            }
+            load.finish()
+        })();
+        if let Err(e) = copied {
+            let _ = self.clear_tablet(new);
+            return Err(e);
+        }
+        // 2. The slots are the new tablet's from here on.
+        self.route(t.table, at, last, new);
+        t.last_slot.store(at - 1, Ordering::Release);
+        routed(new);
+        // 3. The copies leave the old tablet (passes repeat as in `clear_tablet`).
+        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(KEYS_PER_STEP);
+        for _ in 0..PASSES_MAX {
+            let mut cursor = 0;
+            let mut left = 0;
+            loop {
+                keys.clear();
+                {
+                    let _guard = epoch::pin();
+                    cursor = t.index.scan(cursor, KEYS_PER_STEP, |loc| {
+                        if let Ok(Some(key)) =
+                            self.with_entry(loc, false, |e| moves(e.key).then(|| e.key.to_vec()))
+                        {
+                            keys.push(key);
+                        }
+                    });
+                }
+                for key in &keys {
+                    let hash = hash_key(key);
+                    let _guard = epoch::pin();
+                    let _head = t.head.lock();
+                    if let Some(current) = self.find(t, hash, key) {
+                        let by = self.clock.load(Ordering::Relaxed) + 1;
+                        self.supersede(t, hash, key, current, None, by);
+                        left += 1;
+                    }
+                }
+                if cursor == 0 {
+                    break;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        self.wake_cleaner_if_needed();
+        Ok(new)
+    }
+
     /// Live bytes of each tablet (by tablet id): the live bytes of the segments its log holds,
     /// headers and versions kept for snapshots included. One walk over the segment table.
     pub fn live_bytes_by_tablet(&self) -> Vec<u64> {
@@ -1674,7 +1811,7 @@ impl Inner {
                     id,
                     table: t.table,
                     first_slot: t.first_slot,
-                    last_slot: t.last_slot,
+                    last_slot: t.last_slot.load(Ordering::Acquire),
                     objects: t.index.len(),
                 })
             })

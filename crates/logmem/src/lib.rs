@@ -351,6 +351,24 @@ impl Engine {
         self.inner.clear_tablet(tablet)
     }
 
+    /// Splits `tablet` at slot `at` (see the engine's `split_tablet`): the new tablet, which
+    /// holds the slots `at..` and their objects, is returned frozen; `tablet` must be frozen.
+    pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {
+        self.inner.split_tablet(tablet, at, &mut |_| {})
+    }
+
+    /// [`Engine::split_tablet`], calling `routed` with the new tablet's id the moment its slots
+    /// are routed to it (before the copies leave the old tablet), so that a caller's own routes
+    /// follow at once.
+    pub fn split_tablet_then(
+        &self,
+        tablet: TabletId,
+        at: u16,
+        routed: &mut dyn FnMut(TabletId),
+    ) -> Result<TabletId, EngineError> {
+        self.inner.split_tablet(tablet, at, routed)
+    }
+
     /// Live bytes of each tablet, indexed by [`TabletId`] (headers included).
     pub fn live_bytes_by_tablet(&self) -> Vec<u64> {
         self.inner.live_bytes_by_tablet()

@@ -84,6 +84,32 @@ impl Keyspace {
         Ok(id)
     }
 
+    /// Splits tablet `tablet` of table 0 at slot `at` (the engine's `split_tablet`: it must be
+    /// frozen; the new tablet comes frozen): the slots `at..` route to the new tablet from the
+    /// moment the engine routes them.
+    pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {
+        let mut tablets = self.tablets.write();
+        if tablets.len() >= 1 << self.tablet_bits {
+            return Err(EngineError::TooManyTablets(1 << self.tablet_bits));
+        }
+        let last = self
+            .engine
+            .tablets()
+            .into_iter()
+            .find(|t| t.id == tablet)
+            .map(|t| t.last_slot)
+            .ok_or(EngineError::NoSuchTablet(tablet))?;
+        let id = self.engine.split_tablet_then(tablet, at, &mut |new| {
+            for slot in at..=last {
+                self.slot_to_tablet[slot as usize].store(new, Ordering::Release);
+            }
+        })?;
+        let mut next = Vec::clone(&tablets);
+        next.push(id);
+        *tablets = Arc::new(next);
+        Ok(id)
+    }
+
     /// The tablets of the RESP table on this server.
     pub fn tablet_ids(&self) -> Arc<Vec<TabletId>> {
         self.tablets.read().clone()

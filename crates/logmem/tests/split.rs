@@ -1,0 +1,135 @@
+//! A tablet split: the upper slots and their objects go to a new tablet with their versions and
+//! expiry times; the lower tablet keeps the rest; nothing is lost, nothing is in both.
+
+use ramlog_common::key_slot;
+use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions};
+use std::collections::HashMap;
+
+fn engine(memory_bytes: u64) -> std::sync::Arc<Engine> {
+    Engine::new(EngineConfig {
+        memory_bytes,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_split_moves_the_upper_slots_objects_with_their_versions_and_nothing_else() {
+    let e = engine(256 << 20);
+    let t = e.create_tablet(7, 0, 16383).unwrap();
+    let far = 4_000_000_000_000u64; // an expiry time far ahead (ms)
+    let mut model: HashMap<Vec<u8>, (Vec<u8>, u64, u64)> = HashMap::new();
+    for i in 0..20_000u32 {
+        let key = format!("key:{i}").into_bytes();
+        let value = vec![(i % 251) as u8; (i % 300) as usize];
+        let expire_at_ms = if i % 7 == 0 { far } else { 0 };
+        let opts = PutOptions {
+            expire_at_ms,
+            ..Default::default()
+        };
+        let v = e.put(t, &key, &value, &opts).unwrap().version;
+        model.insert(key, (value, v, expire_at_ms));
+    }
+    // Overwrites and deletes leave garbage and superseded versions behind.
+    for i in (0..20_000u32).step_by(5) {
+        let key = format!("key:{i}").into_bytes();
+        e.delete(t, &key, Condition::None).unwrap();
+        model.remove(&key);
+    }
+    // The empty key and a binary key take part like any other.
+    for key in [b"".to_vec(), vec![0u8, 255, 10, 13]] {
+        let v = e.put(t, &key, b"edge", &PutOptions::default()).unwrap().version;
+        model.insert(key, (b"edge".to_vec(), v, 0));
+    }
+    let before = e.object_count();
+    assert_eq!(before, model.len() as u64);
+
+    // Unfrozen tablets, and split points outside the tablet, are refused and change nothing.
+    assert!(matches!(e.split_tablet(t, 8192), Err(EngineError::Config(_))));
+    e.set_frozen(t, true).unwrap();
+    assert!(matches!(e.split_tablet(t, 0), Err(EngineError::Config(_))));
+    assert!(matches!(e.split_tablet(t, 16384), Err(EngineError::Config(_))));
+    let count_before_split = e.tablets().len();
+    let upper = e.split_tablet(t, 8192).unwrap();
+    assert_eq!(e.tablets().len(), count_before_split + 1, "refused splits made no tablet");
+    let infos = e.tablets();
+    let lo = infos.iter().find(|x| x.id == t).unwrap();
+    let hi = infos.iter().find(|x| x.id == upper).unwrap();
+    assert_eq!((lo.first_slot, lo.last_slot), (0, 8191));
+    assert_eq!((hi.first_slot, hi.last_slot, hi.table), (8192, 16383, 7));
+    assert_eq!(lo.objects + hi.objects, model.len() as u64);
+    assert!(lo.objects > 0 && hi.objects > 0);
+    // The new tablet comes frozen: writes wait for the caller to open it.
+    assert!(matches!(
+        e.put(upper, b"{x}late", b"v", &PutOptions::default()),
+        Err(EngineError::Frozen)
+    ));
+
+    for (key, (value, version, expire_at_ms)) in &model {
+        let (mine, other) = if key_slot(key) >= 8192 { (upper, t) } else { (t, upper) };
+        assert_eq!(e.locate(7, key), Some(mine), "route of {key:?}");
+        let o = e.get(mine, key).unwrap().unwrap_or_else(|| panic!("{key:?} lost"));
+        assert_eq!(&o.value, value);
+        assert_eq!(o.version, *version, "a split keeps versions");
+        assert_eq!(o.expire_at_ms, *expire_at_ms, "a split keeps expiry times");
+        assert!(e.get(other, key).unwrap().is_none(), "{key:?} in both tablets");
+    }
+    // Deleted keys stay deleted on both sides.
+    for i in (0..20_000u32).step_by(5) {
+        let key = format!("key:{i}").into_bytes();
+        assert!(e.get(t, &key).unwrap().is_none() && e.get(upper, &key).unwrap().is_none());
+    }
+
+    // Opened, both take writes; the old tablet's memory of the moved objects is reclaimed.
+    e.set_frozen(t, false).unwrap();
+    e.set_frozen(upper, false).unwrap();
+    let k_hi = (0..)
+        .map(|i| format!("new:{i}").into_bytes())
+        .find(|k| key_slot(k) >= 8192)
+        .unwrap();
+    e.put(upper, &k_hi, b"after", &PutOptions::default()).unwrap();
+    assert_eq!(e.get(upper, &k_hi).unwrap().unwrap().value, b"after");
+    e.clean_until_idle(100);
+    let live = e.live_bytes_by_tablet();
+    let moved_share = live[upper as usize] as f64 / (live[t as usize] + live[upper as usize]) as f64;
+    assert!(
+        (0.35..0.65).contains(&moved_share),
+        "the upper half's bytes moved: {moved_share:.2} of the live bytes"
+    );
+}
+
+#[test]
+fn a_split_that_runs_out_of_memory_leaves_the_tablet_whole() {
+    // 32 MiB, about 20 MiB of objects: a copy of their upper half does not fit.
+    let e = Engine::new(EngineConfig {
+        memory_bytes: 32 << 20,
+        segment_seglets: 4,
+        value_size_max_bytes: 4096,
+        oom_wait_ms: 200,
+        ..Default::default()
+    })
+    .unwrap();
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    let value = vec![7u8; 1000];
+    let mut n = 0u32;
+    loop {
+        let key = format!("k{n}").into_bytes();
+        match e.put(t, &key, &value, &PutOptions::default()) {
+            Ok(_) => n += 1,
+            Err(EngineError::OutOfMemory { .. }) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(n > 1000);
+    e.set_frozen(t, true).unwrap();
+    let err = e.split_tablet(t, 8192).unwrap_err();
+    assert!(matches!(err, EngineError::OutOfMemory { .. }), "{err}");
+    // Every object is still in the tablet, and read through its route.
+    for i in 0..n {
+        let key = format!("k{i}").into_bytes();
+        assert_eq!(e.locate(0, &key), Some(t));
+        assert!(e.get(t, &key).unwrap().is_some(), "k{i} lost");
+    }
+    let info = e.tablets().into_iter().find(|x| x.id == t).unwrap();
+    assert_eq!((info.last_slot, info.objects), (16383, u64::from(n)));
+}

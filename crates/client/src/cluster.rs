@@ -770,6 +770,7 @@ mod tests {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            split: None,
             migration: None,
         }
     }

@@ -110,6 +110,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            split: None,
             migration: None,
         })
         .collect();

@@ -163,6 +163,13 @@ pub struct TabletInfo {
     /// [`Migration`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Migration>,
+    /// The tablet splits in two at this slot (`ramlog cluster split`, or the coordinator's
+    /// leader once the tablet grew past its split size). Its master freezes it (requests wait,
+    /// as in a move's switch), drains its streams, splits its memory and reports `SplitDone`;
+    /// both halves then serve at the next epoch, each copied afresh to every backup, which keeps
+    /// the logs of the whole tablet until it has both copies (`logs_from` on the upper half).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<u16>,
 }
 
 /// A tablet's move from its master to `target`, with writes going on. The source serves the
@@ -220,11 +227,13 @@ impl TabletInfo {
         self.first_slot..=self.last_slot
     }
 
-    /// True while the tablet's move switches to its target: its source takes no requests for it
-    /// (they are answered TRYAGAIN, or held by the routing port) until the target masters it.
+    /// True while the tablet's move switches to its target, or while it splits: its master takes
+    /// no requests for it (they are answered TRYAGAIN, or held by the routing port) until the
+    /// target masters it, or both halves serve.
     pub fn switching(&self) -> bool {
         self.migration
             .is_some_and(|m| m.phase == MigrationPhase::Switching)
+            || self.split.is_some()
     }
 
     /// Backups that can restore the tablet: every backup but the fresh ones.
@@ -366,6 +375,7 @@ mod tests {
             waiting: None,
             refused: vec![],
             logs_from: None,
+            split: None,
             migration: None,
         }
     }

@@ -154,6 +154,7 @@ pub fn place_table(
                 waiting: None,
                 refused: vec![],
                 logs_from: None,
+                split: None,
                 migration: None,
             }
         })

@@ -267,6 +267,30 @@ pub enum Command {
         epoch: u64,
         reason: String,
     },
+    /// Starts splitting the tablet that begins at `first_slot` at slot `at` (see
+    /// [`crate::map::TabletInfo::split`]).
+    SplitTablet {
+        table: TableId,
+        first_slot: u16,
+        at: u16,
+    },
+    /// The master split the tablet's memory at `at` with every write it took acknowledged: the
+    /// two halves serve at the next epoch.
+    SplitDone {
+        table: TableId,
+        first_slot: u16,
+        at: u16,
+        epoch: u64,
+        server: ServerId,
+    },
+    /// The master could not split the tablet (its streams did not drain, or its memory had no
+    /// room for the copy): it serves whole again.
+    SplitAbort {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
 }
 
 /// What a restarted server remembers of its membership.
@@ -325,6 +349,8 @@ pub enum CommandError {
     NoSuchTablet { table: TableId, first_slot: u16 },
     #[error("cannot move the tablet: {0}")]
     CannotMove(String),
+    #[error("cannot split the tablet: {0}")]
+    CannotSplit(String),
 }
 
 /// Everything the coordinator replicates.
@@ -679,6 +705,42 @@ impl ClusterState {
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
+            Command::SplitTablet {
+                table,
+                first_slot,
+                at,
+            } => {
+                self.split_tablet(*table, *first_slot, *at)?;
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::SplitDone {
+                table,
+                first_slot,
+                at,
+                epoch,
+                server,
+            } => {
+                if !self.split_done(*table, *first_slot, *at, *epoch, *server) {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::SplitAbort {
+                table,
+                first_slot,
+                epoch,
+                ..
+            } => {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if t.first_slot != *first_slot || t.epoch != *epoch || t.split.is_none() {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                t.split = None;
+                CommandOutcome::Noted { applied: true }
+            }
         };
         self.map.version += 1;
         Ok(outcome)
@@ -934,6 +996,9 @@ impl ClusterState {
         if let Some(m) = &t.migration {
             return refuse(format!("it is moving to server {} already", m.target));
         }
+        if let Some(at) = t.split {
+            return refuse(format!("it is splitting at slot {at}"));
+        }
         let added = !t.backups.contains(&target);
         if added {
             // A backup while it fills: copied like any new backup, then an extra one.
@@ -952,6 +1017,101 @@ impl ClusterState {
             added,
         });
         Ok(())
+    }
+
+    /// Starts splitting the tablet at (`table`, `first_slot`) at slot `at`.
+    fn split_tablet(&mut self, table: TableId, first_slot: u16, at: u16) -> Result<(), CommandError> {
+        let mirrored = self
+            .map
+            .tables
+            .iter()
+            .any(|x| x.id == table && x.mode == ReplicationMode::Mirror);
+        let master_up = |m: ServerId, map: &ClusterMap| {
+            map.server(m).is_some_and(|s| s.state == ServerState::Up)
+        };
+        let Some(t) = self.map.tablet_at(table, first_slot).filter(|t| t.first_slot == first_slot)
+        else {
+            return Err(CommandError::NoSuchTablet { table, first_slot });
+        };
+        let refuse = |why: String| Err(CommandError::CannotSplit(why));
+        if at <= t.first_slot || at > t.last_slot {
+            return refuse(format!(
+                "slot {at} is not inside it past its first slot (it holds {}-{})",
+                t.first_slot, t.last_slot
+            ));
+        }
+        if mirrored {
+            return refuse(
+                "its table is mirrored (a mirror holds the whole tablet in memory; move the \
+                 table to another mode to split it)"
+                    .into(),
+            );
+        }
+        if t.recovering {
+            return refuse("it is being recovered".into());
+        }
+        if !master_up(t.master, &self.map) {
+            return refuse(format!("its master, server {}, is not up", t.master));
+        }
+        if let Some(m) = &t.migration {
+            return refuse(format!("it is moving to server {}", m.target));
+        }
+        if let Some(s) = t.split {
+            return refuse(format!("it is splitting at slot {s} already"));
+        }
+        if !t.pending.is_empty() || t.logs_from.is_some() {
+            return refuse(format!(
+                "its backups {:?} do not all hold its copy yet (retry once they do)",
+                t.pending
+            ));
+        }
+        if let Some(t) = self.map.tablet_mut(table, first_slot) {
+            t.split = Some(at);
+        }
+        Ok(())
+    }
+
+    /// The master of (`table`, `first_slot`) split it at `at` at `epoch`: two tablets at the
+    /// next epoch, both copied afresh to every live backup, the upper one restored from the
+    /// whole tablet's logs until then (`logs_from`). False if the map moved on.
+    fn split_done(
+        &mut self,
+        table: TableId,
+        first_slot: u16,
+        at: u16,
+        epoch: u64,
+        server: ServerId,
+    ) -> bool {
+        let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+        let Some(i) = self
+            .map
+            .tablets
+            .iter()
+            .position(|t| t.table == table && t.first_slot == first_slot)
+        else {
+            return false;
+        };
+        let t = &mut self.map.tablets[i];
+        if t.epoch != epoch
+            || t.master != server
+            || t.recovering
+            || t.split != Some(at)
+            || !up.contains(&server)
+        {
+            return false;
+        }
+        let mut upper = t.clone();
+        t.split = None;
+        t.last_slot = at - 1;
+        t.epoch += 1;
+        t.pending = t.backups.iter().copied().filter(|b| up.contains(b)).collect();
+        upper.split = None;
+        upper.first_slot = at;
+        upper.epoch = t.epoch;
+        upper.pending = t.pending.clone();
+        upper.logs_from = Some(first_slot);
+        self.map.tablets.insert(i + 1, upper);
+        true
     }
 
     /// Brings every tablet to the shape the live servers allow, after any change of membership:
@@ -1008,6 +1168,10 @@ impl ClusterState {
         let mut turn: HashMap<(TableId, u16), usize> = HashMap::new();
         for t in &mut self.map.tablets {
             settle_migration(t, &is_up);
+            // A split ends with its master: the tablet recovers whole.
+            if t.recovering || !is_up(t.master) {
+                t.split = None;
+            }
             if t.recovering {
                 let nth = match t.logs_from {
                     Some(from) => {
@@ -2357,6 +2521,149 @@ mod tests {
         })
         .unwrap();
         assert!(s.map.tablets.iter().all(|t| t.mirror.is_none()));
+    }
+
+    #[test]
+    fn a_split_freezes_then_serves_two_halves_at_the_next_epoch_copied_afresh() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let (fs, ls) = (t.first_slot, t.last_slot);
+        let at = fs + (ls - fs) / 2 + 1;
+        let split = |s: &mut ClusterState, first_slot, at| {
+            s.apply(&Command::SplitTablet {
+                table: DEFAULT_TABLE,
+                first_slot,
+                at,
+            })
+        };
+        // Refused, changing nothing: a slot no tablet starts at, split points outside it.
+        let before = s.clone();
+        assert!(matches!(split(&mut s, fs + 1, at), Err(CommandError::NoSuchTablet { .. })));
+        for bad in [fs, ls + 1] {
+            assert!(matches!(split(&mut s, fs, bad), Err(CommandError::CannotSplit(_))));
+        }
+        assert_eq!(s, before);
+        split(&mut s, fs, at).unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap().clone();
+        assert_eq!(now.split, Some(at));
+        assert!(now.switching(), "requests wait while it splits");
+        // A second split, and a move, are refused meanwhile.
+        assert!(matches!(split(&mut s, fs, at), Err(CommandError::CannotSplit(_))));
+        let outsider = s.map.up_servers().map(|x| x.id).find(|&id| id != t.master).unwrap();
+        assert!(s
+            .apply(&Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot: fs,
+                target: outsider,
+            })
+            .is_err());
+        // A stale report (another epoch, another server) changes nothing.
+        let done = |epoch, server| Command::SplitDone {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            at,
+            epoch,
+            server,
+        };
+        let stale = s.apply(&done(t.epoch + 1, t.master)).unwrap();
+        assert_eq!(stale, CommandOutcome::Noted { applied: false });
+        let stale = s.apply(&done(t.epoch, outsider)).unwrap();
+        assert_eq!(stale, CommandOutcome::Noted { applied: false });
+        s.apply(&done(t.epoch, t.master)).unwrap();
+        let lo = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap().clone();
+        let hi = s.map.tablet_at(DEFAULT_TABLE, at).unwrap().clone();
+        assert_eq!((lo.first_slot, lo.last_slot), (fs, at - 1));
+        assert_eq!((hi.first_slot, hi.last_slot), (at, ls));
+        for half in [&lo, &hi] {
+            assert_eq!(half.master, t.master);
+            assert_eq!(half.epoch, t.epoch + 1, "the old epoch's stream is fenced");
+            assert_eq!(half.backups, t.backups);
+            assert_eq!(half.pending, t.backups, "every backup gets each half's copy");
+            assert!(half.fresh.is_empty(), "their logs of the whole tablet still count");
+            assert!(half.split.is_none() && !half.switching());
+        }
+        assert_eq!((lo.logs_from, hi.logs_from), (None, Some(fs)));
+        assert_eq!(hi.log_sources().collect::<Vec<_>>(), vec![at, fs]);
+        // Once each backup holds both copies, the whole tablet's logs are no longer needed.
+        for half in [&lo, &hi] {
+            for &b in &t.backups {
+                s.apply(&Command::CopyDone {
+                    table: DEFAULT_TABLE,
+                    first_slot: half.first_slot,
+                    epoch: half.epoch,
+                    backup: b,
+                })
+                .unwrap();
+            }
+        }
+        let hi = s.map.tablet_at(DEFAULT_TABLE, at).unwrap().clone();
+        assert!(hi.pending.is_empty() && hi.logs_from.is_none(), "{hi:?}");
+
+        // A split whose master dies ends: the tablet recovers whole.
+        split(&mut s, at, at + 1).unwrap();
+        let epoch = s.map.server(t.master).unwrap().epoch;
+        s.apply(&Command::DeclareDead {
+            server: t.master,
+            epoch,
+            reason: "killed".into(),
+            room: None,
+        })
+        .unwrap();
+        let hi = s.map.tablet_at(DEFAULT_TABLE, at).unwrap().clone();
+        assert!(hi.recovering && hi.split.is_none(), "{hi:?}");
+        // An abort of a split no longer under way changes nothing.
+        let abort = s
+            .apply(&Command::SplitAbort {
+                table: DEFAULT_TABLE,
+                first_slot: at,
+                epoch: hi.epoch,
+                reason: "test".into(),
+            })
+            .unwrap();
+        assert_eq!(abort, CommandOutcome::Noted { applied: false });
+    }
+
+    #[test]
+    fn a_split_is_refused_for_mirrored_tables_and_tablets_still_copying_and_can_be_aborted() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let split = |s: &mut ClusterState| {
+            s.apply(&Command::SplitTablet {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                at: t.first_slot + 1,
+            })
+        };
+        s.map.tablet_mut(DEFAULT_TABLE, t.first_slot).unwrap().pending = vec![t.backups[0]];
+        assert!(matches!(split(&mut s), Err(CommandError::CannotSplit(_))));
+        s.map.tablet_mut(DEFAULT_TABLE, t.first_slot).unwrap().pending.clear();
+        s.apply(&Command::SetTableMode {
+            name: DEFAULT_TABLE_NAME.into(),
+            mode: ReplicationMode::Mirror,
+        })
+        .unwrap();
+        assert!(matches!(split(&mut s), Err(CommandError::CannotSplit(_))));
+        s.apply(&Command::SetTableMode {
+            name: DEFAULT_TABLE_NAME.into(),
+            mode: ReplicationMode::Sync,
+        })
+        .unwrap();
+        split(&mut s).unwrap();
+        s.apply(&Command::SplitAbort {
+            table: DEFAULT_TABLE,
+            first_slot: t.first_slot,
+            epoch: t.epoch,
+            reason: "no room".into(),
+        })
+        .unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, t.first_slot).unwrap().clone();
+        assert_eq!((now.split, now.epoch, now.last_slot), (None, t.epoch, t.last_slot));
     }
 
     fn migration_of(s: &ClusterState, first_slot: u16) -> Option<Migration> {

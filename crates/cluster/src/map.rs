@@ -236,6 +236,13 @@ impl TabletInfo {
             || self.split.is_some()
     }
 
+    /// Where a split cuts the tablet when none is named: the middle of its slots (keys spread
+    /// evenly over slots unless hash tags gather them). Its first slot for a one-slot tablet,
+    /// which cannot split.
+    pub fn middle_slot(&self) -> u16 {
+        self.first_slot + (self.last_slot - self.first_slot).div_ceil(2)
+    }
+
     /// Backups that can restore the tablet: every backup but the fresh ones.
     pub fn can_restore(&self, server: ServerId) -> bool {
         self.backups.contains(&server) && !self.fresh.contains(&server)

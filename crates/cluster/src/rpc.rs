@@ -135,6 +135,29 @@ pub enum Request {
         epoch: u64,
         reason: String,
     },
+    /// Splits the tablet of table `table` (by name) that holds `slot` at slot `at` (None: the
+    /// middle of its slots) (`ramlog cluster split`); answered `Noted` once the split is recorded.
+    SplitTablet {
+        table: String,
+        slot: u16,
+        at: Option<u16>,
+    },
+    /// The master (`server`) split the tablet's memory at `at`, every write it took acknowledged.
+    SplitDone {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        at: u16,
+        epoch: u64,
+    },
+    /// The master (`server`) could not split the tablet.
+    SplitAbort {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
     /// The coordinator members, the leader, and the map.
     Status,
     /// Raft traffic between coordinator members: the body is openraft's request as JSON.

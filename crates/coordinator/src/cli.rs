@@ -344,6 +344,24 @@ pub enum ClusterCommand {
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
+    /// Splits the tablet of TABLE that holds SLOT in two, at slot --at or in the middle of its
+    /// slots: its requests wait while its master splits its memory, then both halves serve
+    /// (each can move on its own) and are copied afresh to the tablet's backups.
+    Split {
+        /// The table ("default" is the one RESP clients use).
+        table: String,
+        /// A slot of the tablet to split.
+        slot: String,
+        /// The first slot of the upper half (default: the middle of the tablet's slots).
+        #[arg(long)]
+        at: Option<String>,
+        /// Return once the split is recorded, without waiting for it to finish.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the split, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
     /// Moves every tablet server ID masters to the others and replaces it in every backup set,
     /// then removes it from the cluster (its process stops).
     Drain {
@@ -526,6 +544,63 @@ async fn move_tablets(
     Ok(())
 }
 
+/// `ramlog cluster split`.
+async fn split_tablet(
+    client: &CoordinatorClient,
+    table: &str,
+    slot: &str,
+    at: Option<&str>,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let (slot, _) = parse_slots(slot)?;
+    let at = at.map(|a| parse_slots(a).map(|(a, _)| a)).transpose()?;
+    let map = client.status().await?.map;
+    let info = map
+        .tables
+        .iter()
+        .find(|t| t.name == table)
+        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let t = map
+        .tablet_at(info.id, slot)
+        .ok_or_else(|| anyhow::anyhow!("no tablet of {table} holds slot {slot}"))?;
+    let (first, last) = (t.first_slot, t.last_slot);
+    let at = at.unwrap_or_else(|| t.middle_slot());
+    let request = Request::SplitTablet {
+        table: table.to_string(),
+        slot,
+        at: Some(at),
+    };
+    noted(client, &request)
+        .await
+        .map_err(|e| anyhow::anyhow!("slots {first}-{last}: {e}"))?;
+    if !wait {
+        println!("slots {first}-{last}: splitting at slot {at}");
+        return Ok(());
+    }
+    let id = info.id;
+    let mut abandoned = false;
+    wait_for(client, timeout, "the split", |map| {
+        if let Some(upper) = map.tablet_at(id, at).filter(|t| t.first_slot == at) {
+            return Some(format!(
+                "slots {first}-{last}: split into {first}-{} and {at}-{} (epoch {})",
+                at - 1,
+                upper.last_slot,
+                upper.epoch
+            ));
+        }
+        let whole = map.tablet_at(id, first)?;
+        abandoned = whole.split.is_none();
+        abandoned.then(|| format!("slots {first}-{last}: the split was abandoned"))
+    })
+    .await?;
+    anyhow::ensure!(
+        !abandoned,
+        "the split was abandoned (see the coordinator's and the master's logs)"
+    );
+    Ok(())
+}
+
 /// `ramlog cluster ...`.
 pub fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     exit_on_error(cluster(args))
@@ -550,6 +625,22 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Rebalance { no_wait, timeout } => {
             return tool_runtime()?.block_on(rebalance(
                 &client,
+                !no_wait,
+                Duration::from_secs(*timeout),
+            ))
+        }
+        ClusterCommand::Split {
+            table,
+            slot,
+            at,
+            no_wait,
+            timeout,
+        } => {
+            return tool_runtime()?.block_on(split_tablet(
+                &client,
+                table,
+                slot,
+                at.as_deref(),
                 !no_wait,
                 Duration::from_secs(*timeout),
             ))

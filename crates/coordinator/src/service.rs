@@ -802,6 +802,12 @@ impl Shared {
             }
             | Command::MigrationAbort {
                 table, first_slot, ..
+            }
+            | Command::SplitDone {
+                table, first_slot, ..
+            }
+            | Command::SplitAbort {
+                table, first_slot, ..
             } => (*table, *first_slot),
             _ => (0, 0),
         };
@@ -1197,6 +1203,62 @@ impl Shared {
                     reason,
                 };
                 self.note_migration(command, "migration abandoned").await
+            }
+            Request::SplitTablet { table, slot, at } => {
+                let map = self.map();
+                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
+                    return Response::Error(CommandError::NoSuchTable(table).to_string());
+                };
+                let Some(t) = map.tablet_at(info.id, slot) else {
+                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                };
+                let at = at.unwrap_or_else(|| t.middle_slot());
+                let command = Command::SplitTablet {
+                    table: info.id,
+                    first_slot: t.first_slot,
+                    at,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { .. }, _)) => {
+                        tracing::warn!(table = info.id, first_slot = t.first_slot, at, "tablet split started");
+                        Response::Noted
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::SplitDone {
+                server,
+                table,
+                first_slot,
+                at,
+                epoch,
+            } => {
+                let command = Command::SplitDone {
+                    table,
+                    first_slot,
+                    at,
+                    epoch,
+                    server,
+                };
+                self.note_migration(command, "tablet split: both halves serve")
+                    .await
+            }
+            Request::SplitAbort {
+                server,
+                table,
+                first_slot,
+                epoch,
+                reason,
+            } => {
+                tracing::warn!(server, table, first_slot, %reason, "tablet split abandoned");
+                let command = Command::SplitAbort {
+                    table,
+                    first_slot,
+                    epoch,
+                    reason,
+                };
+                self.note_migration(command, "tablet split abandoned").await
             }
             Request::Status | Request::Raft { .. } => {
                 Response::Error("internal: this request is not a leader request".into())

@@ -228,13 +228,13 @@ impl ClusterView {
     }
 
     /// The TRYAGAIN answer for a slot of the default table that no server serves for now
-    /// ([`Route::Recovering`]): its tablet is recovering, or switching to its move's target.
+    /// ([`Route::Recovering`]): its tablet is recovering, switching to its move's target, or
+    /// splitting.
     pub fn unavailable_error(&self, slot: u16) -> String {
-        let moving = self
-            .map
-            .tablet_at(DEFAULT_TABLE, slot)
-            .is_some_and(|t| t.switching());
-        if moving {
+        let t = self.map.tablet_at(DEFAULT_TABLE, slot);
+        if t.is_some_and(|t| t.split.is_some()) {
+            format!("TRYAGAIN slot {slot} is in a tablet that splits; retry")
+        } else if t.is_some_and(|t| t.switching()) {
             format!("TRYAGAIN slot {slot} is switching to the server it moves to; retry")
         } else {
             format!("TRYAGAIN slot {slot} is being recovered after its master failed; retry")
@@ -353,6 +353,7 @@ pub struct Member {
     pub mirrors: crate::cluster::mirror::Mirrors,
     /// This server's part in tablet migrations.
     pub migrations: crate::cluster::migration::Migrations,
+    pub splits: crate::cluster::split::Splits,
     /// Wakes the heartbeat loop for a heartbeat now (a migration step expects a new map).
     refresh: tokio::sync::Notify,
     /// Peers this server failed to reach on a client's behalf (the routing port forwarding to
@@ -489,6 +490,7 @@ impl Member {
             asked: parking_lot::Mutex::new((0, std::collections::HashSet::new())),
             mirrors: crate::cluster::mirror::Mirrors::default(),
             migrations: Default::default(),
+            splits: Default::default(),
             refresh: tokio::sync::Notify::new(),
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
@@ -601,6 +603,12 @@ impl Member {
         let id = made.map_err(|e| e.to_string())?;
         created.insert((t.table, t.first_slot), id);
         Ok(id)
+    }
+
+    /// Records `id` as the engine tablet of (table, first slot): the upper half of a split,
+    /// made by splitting the engine tablet of the whole.
+    pub fn adopt_tablet(&self, table: TableId, first_slot: u16, id: ramlog_logmem::TabletId) {
+        self.created.lock().insert((table, first_slot), id);
     }
 
     /// The engine tablet of (table, first slot), if created here.
@@ -746,6 +754,9 @@ impl Member {
         // Writes to a tablet go to its backups from before the front ends route to it.
         self.replication
             .apply(&map, me, epoch, &self.created.lock());
+        // Both halves of a split this map completes take writes again (requests reach them
+        // once the view below is served).
+        crate::cluster::split::before_serve(node, self, &map, me);
         tracing::info!(version = map.version, "serving map");
         let view = Arc::new(ClusterView::new(map, me, epoch));
         self.view.store(view.clone());
@@ -755,6 +766,7 @@ impl Member {
         self.backup.apply_map(&view.map, me);
         crate::cluster::mirror::apply(node, self, &view.map, me);
         crate::cluster::migration::apply(node, self, &view.map, me);
+        crate::cluster::split::apply(node, self, &view.map, me);
         crate::cluster::recovery::start_jobs(node, self, &view.map);
     }
 
@@ -763,7 +775,8 @@ impl Member {
         self.refresh.notify_one();
     }
 
-    /// True while a migration this server takes part in is building or switching: heartbeats
+    /// True while a migration this server takes part in is building or switching, or a tablet
+    /// it masters splits: heartbeats
     /// then go every [`FAST_HEARTBEAT`], so that each step's map arrives without waiting for
     /// the regular interval (the switch's pause is a few of them).
     fn migrating(&self) -> bool {
@@ -773,7 +786,7 @@ impl Member {
             t.migration.is_some_and(|m| {
                 m.phase >= ramlog_cluster::MigrationPhase::Building
                     && (m.target == me || t.master == me)
-            })
+            }) || (t.split.is_some() && t.master == me)
         })
     }
 

@@ -130,7 +130,11 @@ pub fn apply(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap, me: Serve
         let now = map
             .tablet_at(table, first_slot)
             .filter(|t| t.first_slot == first_slot);
-        let still = now.is_some_and(|t| t.epoch == epoch && t.master == me && t.switching());
+        let still = now.is_some_and(|t| {
+            t.epoch == epoch
+                && t.master == me
+                && t.migration.is_some_and(|m| m.phase == MigrationPhase::Switching)
+        });
         if still {
             continue;
         }
@@ -168,7 +172,7 @@ pub fn apply(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap, me: Serve
         });
 }
 
-fn spawn(name: String, f: impl FnOnce() + Send + 'static) {
+pub(crate) fn spawn(name: String, f: impl FnOnce() + Send + 'static) {
     if let Err(e) = std::thread::Builder::new().name(name).spawn(f) {
         tracing::error!(error = %e, "cannot start a migration thread");
     }
@@ -228,7 +232,7 @@ fn report_ready(member: &Arc<Member>, t: &TabletInfo) {
             }
         }
     };
-    let _ = report(member, t, MigrationPhase::Building, request);
+    let _ = report(member, &request, || still(member, t, MigrationPhase::Building));
 }
 
 /// The source: freezes the tablet, drains its streams, reports the switch (or gives up).
@@ -272,7 +276,9 @@ fn switch(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo) {
             }
         }
     };
-    if let Err(e) = report(member, t, MigrationPhase::Switching, request) {
+    if let Err(e) = report(member, &request, || {
+        still(member, t, MigrationPhase::Switching)
+    }) {
         tracing::warn!(table = t.table, first_slot = t.first_slot, error = %e, "the switch report did not reach the coordinator");
     }
     // A map soon says how it ended; this server asks for it at once rather than at its next
@@ -280,13 +286,12 @@ fn switch(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo) {
     member.refresh_map_soon();
 }
 
-/// Sends `request` until the coordinator takes it, while the map still has the migration in
-/// `phase`.
-fn report(
+/// Sends `request` until the coordinator takes it, while `still` says the map still has the
+/// step it reports under way.
+pub(crate) fn report(
     member: &Arc<Member>,
-    t: &TabletInfo,
-    phase: MigrationPhase,
-    request: Request,
+    request: &Request,
+    still: impl Fn() -> bool,
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -294,14 +299,14 @@ fn report(
         .map_err(|e| format!("cannot start a runtime to report: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if !still(member, t, phase) {
+        if !still() {
             return Err("the map moved on".into());
         }
         let client = ramlog_cluster::rpc::CoordinatorClient::new(
             member.coordinator().addresses().to_vec(),
             Duration::from_secs(3),
         );
-        match runtime.block_on(async { client.call(&request).await }) {
+        match runtime.block_on(async { client.call(request).await }) {
             Ok(Response::Noted) => return Ok(()),
             Ok(other) => return Err(format!("unexpected answer {other:?}")),
             Err(e) if Instant::now() > deadline => return Err(e.to_string()),

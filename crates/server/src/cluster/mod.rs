@@ -5,6 +5,7 @@
 //! - [`backup`]: the backup duty, masters' streams into this server's backup log store;
 //! - [`recovery`]: restores and re-protection copies after failures;
 //! - [`mirror`]: tablets this server keeps in memory for their masters (table mode `mirror`);
+//! - [`migration`] and [`split`]: tablets moving between servers, and tablets splitting in two;
 //! - [`peers`]: connections to the other servers (the routing port forwards over them).
 //!
 //! The roles call the node; the node reaches them only through [`crate::node::ClusterHooks`],
@@ -18,6 +19,7 @@ pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod replication;
+pub mod split;
 mod roles;
 
 pub use membership::{restore_room_bytes, JoinError, Member, Route};

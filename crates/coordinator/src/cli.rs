@@ -57,6 +57,11 @@ pub struct CoordinatorArgs {
     /// The same, in MiB of live data.
     #[arg(long, default_value_t = ramlog_cluster::PartitionSize::default().bytes >> 20)]
     pub recovery_partition_mib: u64,
+    /// A tablet whose master reports more live data than this (MiB) is split in two at the
+    /// middle of its slots, so that it stays below the servers' `tablet_max_bytes` and its
+    /// halves can move apart; 0 turns automatic splits off (`ramlog cluster split` still works).
+    #[arg(long, default_value_t = crate::service::SPLIT_MIB)]
+    pub split_mib: u64,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -106,6 +111,7 @@ impl CoordinatorArgs {
                 objects: self.recovery_partition_objects.max(1),
                 bytes: self.recovery_partition_mib.max(1) << 20,
             },
+            split_bytes: self.split_mib << 20,
         })
     }
 }

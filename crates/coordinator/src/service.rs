@@ -86,7 +86,13 @@ pub struct CoordinatorConfig {
     /// The largest recovery partition: a dead master's larger tablets are split into
     /// partitions restored in parallel, each served as soon as it is restored.
     pub recovery_partition: ramlog_cluster::PartitionSize,
+    /// Live bytes past which the leader splits a tablet (0: never by itself).
+    pub split_bytes: u64,
 }
+
+/// The default of `--split-mib`: half the servers' default (and largest) `tablet_max_bytes`,
+/// 384 MiB, so that a growing tablet splits well before it refuses writes.
+pub const SPLIT_MIB: u64 = 192;
 
 /// The default of [`CoordinatorConfig::snapshot_every`].
 pub const SNAPSHOT_EVERY: u64 = 500;
@@ -118,6 +124,7 @@ struct Shared {
     default_replicas: Option<u32>,
     dead_after: Duration,
     recovery_partition: ramlog_cluster::PartitionSize,
+    split_bytes: u64,
     /// When this member last became leader (None while it is not): heartbeats it did not see
     /// count from then, so a new leader never declares a server dead on its predecessor's watch.
     leader_since: Mutex<Option<Instant>>,
@@ -175,6 +182,7 @@ impl Coordinator {
             default_replicas: config.default_replicas,
             dead_after: config.dead_after,
             recovery_partition: config.recovery_partition,
+            split_bytes: config.split_bytes,
             leader_since: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -331,6 +339,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         if planned.elapsed() >= PLAN_EVERY {
             planned = Instant::now();
             shared.plan_moves().await;
+            shared.plan_splits().await;
         }
         let candidates = shared.silent_servers(since);
         if candidates.is_empty() {
@@ -684,6 +693,72 @@ impl Shared {
             match self.propose(command).await {
                 Ok(_) => tracing::warn!(server, "server drained: removed from the cluster"),
                 Err(e) => tracing::warn!(server, answer = ?e, "removing a drained server failed"),
+            }
+        }
+    }
+
+    /// On the leader: splits the tablets whose masters report more live bytes than
+    /// `split_bytes` (see `--split-mib`), at the middle of their slots, one per master at a time.
+    /// Tablets that cannot split now (moving, recovering, still copying to a backup, of a
+    /// mirrored table, one slot) wait for a later round or stay whole.
+    async fn plan_splits(&self) {
+        if self.split_bytes == 0 {
+            return;
+        }
+        let map = self.machine_read(|m| m.state.map.clone());
+        let mirrored: Vec<TableId> = map
+            .tables
+            .iter()
+            .filter(|t| t.mode == ramlog_cluster::ReplicationMode::Mirror)
+            .map(|t| t.id)
+            .collect();
+        let mut splits = Vec::new();
+        {
+            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            for s in map.up_servers() {
+                if map.tablets.iter().any(|t| t.master == s.id && t.split.is_some()) {
+                    continue;
+                }
+                let Some(report) = reports.get(&s.id) else {
+                    continue;
+                };
+                let largest = report
+                    .memory
+                    .tablets
+                    .iter()
+                    .filter(|b| b.live_bytes > self.split_bytes)
+                    .filter_map(|b| {
+                        let t = map
+                            .tablet_at(b.table, b.first_slot)
+                            .filter(|t| t.first_slot == b.first_slot && t.master == s.id)?;
+                        let splittable = t.last_slot > t.first_slot
+                            && !t.recovering
+                            && t.migration.is_none()
+                            && t.pending.is_empty()
+                            && t.logs_from.is_none()
+                            && !mirrored.contains(&t.table);
+                        splittable.then_some((b.live_bytes, t.table, t.first_slot, t.middle_slot()))
+                    })
+                    .max();
+                splits.extend(largest);
+            }
+        }
+        for (bytes, table, first_slot, at) in splits {
+            let command = Command::SplitTablet {
+                table,
+                first_slot,
+                at,
+            };
+            match self.propose(command).await {
+                Ok(_) => tracing::warn!(
+                    table,
+                    first_slot,
+                    at,
+                    live_bytes = bytes,
+                    limit = self.split_bytes,
+                    "tablet split started: it grew past the split size"
+                ),
+                Err(e) => tracing::warn!(answer = ?e, "a planned split was refused"),
             }
         }
     }

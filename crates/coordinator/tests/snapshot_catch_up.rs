@@ -17,6 +17,7 @@ fn free_port() -> SocketAddr {
 fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorConfig {
     CoordinatorConfig {
         recovery_partition: Default::default(),
+        split_bytes: 0,
         id,
         listen: members[&id].parse().unwrap(),
         members: members.clone(),

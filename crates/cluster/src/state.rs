@@ -1020,7 +1020,12 @@ impl ClusterState {
     }
 
     /// Starts splitting the tablet at (`table`, `first_slot`) at slot `at`.
-    fn split_tablet(&mut self, table: TableId, first_slot: u16, at: u16) -> Result<(), CommandError> {
+    fn split_tablet(
+        &mut self,
+        table: TableId,
+        first_slot: u16,
+        at: u16,
+    ) -> Result<(), CommandError> {
         let mirrored = self
             .map
             .tables
@@ -1029,7 +1034,10 @@ impl ClusterState {
         let master_up = |m: ServerId, map: &ClusterMap| {
             map.server(m).is_some_and(|s| s.state == ServerState::Up)
         };
-        let Some(t) = self.map.tablet_at(table, first_slot).filter(|t| t.first_slot == first_slot)
+        let Some(t) = self
+            .map
+            .tablet_at(table, first_slot)
+            .filter(|t| t.first_slot == first_slot)
         else {
             return Err(CommandError::NoSuchTablet { table, first_slot });
         };
@@ -1104,7 +1112,12 @@ impl ClusterState {
         t.split = None;
         t.last_slot = at - 1;
         t.epoch += 1;
-        t.pending = t.backups.iter().copied().filter(|b| up.contains(b)).collect();
+        t.pending = t
+            .backups
+            .iter()
+            .copied()
+            .filter(|b| up.contains(b))
+            .collect();
         upper.split = None;
         upper.first_slot = at;
         upper.epoch = t.epoch;
@@ -2541,9 +2554,15 @@ mod tests {
         };
         // Refused, changing nothing: a slot no tablet starts at, split points outside it.
         let before = s.clone();
-        assert!(matches!(split(&mut s, fs + 1, at), Err(CommandError::NoSuchTablet { .. })));
+        assert!(matches!(
+            split(&mut s, fs + 1, at),
+            Err(CommandError::NoSuchTablet { .. })
+        ));
         for bad in [fs, ls + 1] {
-            assert!(matches!(split(&mut s, fs, bad), Err(CommandError::CannotSplit(_))));
+            assert!(matches!(
+                split(&mut s, fs, bad),
+                Err(CommandError::CannotSplit(_))
+            ));
         }
         assert_eq!(s, before);
         split(&mut s, fs, at).unwrap();
@@ -2551,8 +2570,16 @@ mod tests {
         assert_eq!(now.split, Some(at));
         assert!(now.switching(), "requests wait while it splits");
         // A second split, and a move, are refused meanwhile.
-        assert!(matches!(split(&mut s, fs, at), Err(CommandError::CannotSplit(_))));
-        let outsider = s.map.up_servers().map(|x| x.id).find(|&id| id != t.master).unwrap();
+        assert!(matches!(
+            split(&mut s, fs, at),
+            Err(CommandError::CannotSplit(_))
+        ));
+        let outsider = s
+            .map
+            .up_servers()
+            .map(|x| x.id)
+            .find(|&id| id != t.master)
+            .unwrap();
         assert!(s
             .apply(&Command::MoveTablet {
                 table: DEFAULT_TABLE,
@@ -2581,8 +2608,14 @@ mod tests {
             assert_eq!(half.master, t.master);
             assert_eq!(half.epoch, t.epoch + 1, "the old epoch's stream is fenced");
             assert_eq!(half.backups, t.backups);
-            assert_eq!(half.pending, t.backups, "every backup gets each half's copy");
-            assert!(half.fresh.is_empty(), "their logs of the whole tablet still count");
+            assert_eq!(
+                half.pending, t.backups,
+                "every backup gets each half's copy"
+            );
+            assert!(
+                half.fresh.is_empty(),
+                "their logs of the whole tablet still count"
+            );
             assert!(half.split.is_none() && !half.switching());
         }
         assert_eq!((lo.logs_from, hi.logs_from), (None, Some(fs)));
@@ -2640,9 +2673,16 @@ mod tests {
                 at: t.first_slot + 1,
             })
         };
-        s.map.tablet_mut(DEFAULT_TABLE, t.first_slot).unwrap().pending = vec![t.backups[0]];
+        s.map
+            .tablet_mut(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .pending = vec![t.backups[0]];
         assert!(matches!(split(&mut s), Err(CommandError::CannotSplit(_))));
-        s.map.tablet_mut(DEFAULT_TABLE, t.first_slot).unwrap().pending.clear();
+        s.map
+            .tablet_mut(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .pending
+            .clear();
         s.apply(&Command::SetTableMode {
             name: DEFAULT_TABLE_NAME.into(),
             mode: ReplicationMode::Mirror,
@@ -2662,8 +2702,15 @@ mod tests {
             reason: "no room".into(),
         })
         .unwrap();
-        let now = s.map.tablet_at(DEFAULT_TABLE, t.first_slot).unwrap().clone();
-        assert_eq!((now.split, now.epoch, now.last_slot), (None, t.epoch, t.last_slot));
+        let now = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (now.split, now.epoch, now.last_slot),
+            (None, t.epoch, t.last_slot)
+        );
     }
 
     fn migration_of(s: &ClusterState, first_slot: u16) -> Option<Migration> {

@@ -846,6 +846,7 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
                         "waiting": tb.waiting,
                         "refused": tb.refused,
                         "logs_from": tb.logs_from,
+                        "split": tb.split,
                         "migration": tb.migration.map(|m| serde_json::json!({
                             "target": m.target,
                             "phase": m.phase.as_str(),
@@ -993,8 +994,11 @@ fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
             };
             let mut split = tb
                 .logs_from
-                .map(|f| format!(" partition-of={f}"))
+                .map(|f| format!(" logs-of={f}"))
                 .unwrap_or_default();
+            if let Some(at) = tb.split {
+                split.push_str(&format!(" SPLITTING at slot {at}"));
+            }
             if let Some(m) = tb.migration {
                 split.push_str(&format!(
                     " MOVING to server {} ({})",

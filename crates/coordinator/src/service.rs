@@ -716,7 +716,11 @@ impl Shared {
         {
             let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
             for s in map.up_servers() {
-                if map.tablets.iter().any(|t| t.master == s.id && t.split.is_some()) {
+                if map
+                    .tablets
+                    .iter()
+                    .any(|t| t.master == s.id && t.split.is_some())
+                {
                     continue;
                 }
                 let Some(report) = reports.get(&s.id) else {
@@ -1295,7 +1299,12 @@ impl Shared {
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Noted { .. }, _)) => {
-                        tracing::warn!(table = info.id, first_slot = t.first_slot, at, "tablet split started");
+                        tracing::warn!(
+                            table = info.id,
+                            first_slot = t.first_slot,
+                            at,
+                            "tablet split started"
+                        );
                         Response::Noted
                     }
                     Ok((other, _)) => unexpected_outcome(&other),

@@ -38,20 +38,33 @@ fn a_split_moves_the_upper_slots_objects_with_their_versions_and_nothing_else() 
     }
     // The empty key and a binary key take part like any other.
     for key in [b"".to_vec(), vec![0u8, 255, 10, 13]] {
-        let v = e.put(t, &key, b"edge", &PutOptions::default()).unwrap().version;
+        let v = e
+            .put(t, &key, b"edge", &PutOptions::default())
+            .unwrap()
+            .version;
         model.insert(key, (b"edge".to_vec(), v, 0));
     }
     let before = e.object_count();
     assert_eq!(before, model.len() as u64);
 
     // Unfrozen tablets, and split points outside the tablet, are refused and change nothing.
-    assert!(matches!(e.split_tablet(t, 8192), Err(EngineError::Config(_))));
+    assert!(matches!(
+        e.split_tablet(t, 8192),
+        Err(EngineError::Config(_))
+    ));
     e.set_frozen(t, true).unwrap();
     assert!(matches!(e.split_tablet(t, 0), Err(EngineError::Config(_))));
-    assert!(matches!(e.split_tablet(t, 16384), Err(EngineError::Config(_))));
+    assert!(matches!(
+        e.split_tablet(t, 16384),
+        Err(EngineError::Config(_))
+    ));
     let count_before_split = e.tablets().len();
     let upper = e.split_tablet(t, 8192).unwrap();
-    assert_eq!(e.tablets().len(), count_before_split + 1, "refused splits made no tablet");
+    assert_eq!(
+        e.tablets().len(),
+        count_before_split + 1,
+        "refused splits made no tablet"
+    );
     let infos = e.tablets();
     let lo = infos.iter().find(|x| x.id == t).unwrap();
     let hi = infos.iter().find(|x| x.id == upper).unwrap();
@@ -66,13 +79,23 @@ fn a_split_moves_the_upper_slots_objects_with_their_versions_and_nothing_else() 
     ));
 
     for (key, (value, version, expire_at_ms)) in &model {
-        let (mine, other) = if key_slot(key) >= 8192 { (upper, t) } else { (t, upper) };
+        let (mine, other) = if key_slot(key) >= 8192 {
+            (upper, t)
+        } else {
+            (t, upper)
+        };
         assert_eq!(e.locate(7, key), Some(mine), "route of {key:?}");
-        let o = e.get(mine, key).unwrap().unwrap_or_else(|| panic!("{key:?} lost"));
+        let o = e
+            .get(mine, key)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{key:?} lost"));
         assert_eq!(&o.value, value);
         assert_eq!(o.version, *version, "a split keeps versions");
         assert_eq!(o.expire_at_ms, *expire_at_ms, "a split keeps expiry times");
-        assert!(e.get(other, key).unwrap().is_none(), "{key:?} in both tablets");
+        assert!(
+            e.get(other, key).unwrap().is_none(),
+            "{key:?} in both tablets"
+        );
     }
     // Deleted keys stay deleted on both sides.
     for i in (0..20_000u32).step_by(5) {
@@ -87,11 +110,13 @@ fn a_split_moves_the_upper_slots_objects_with_their_versions_and_nothing_else() 
         .map(|i| format!("new:{i}").into_bytes())
         .find(|k| key_slot(k) >= 8192)
         .unwrap();
-    e.put(upper, &k_hi, b"after", &PutOptions::default()).unwrap();
+    e.put(upper, &k_hi, b"after", &PutOptions::default())
+        .unwrap();
     assert_eq!(e.get(upper, &k_hi).unwrap().unwrap().value, b"after");
     e.clean_until_idle(100);
     let live = e.live_bytes_by_tablet();
-    let moved_share = live[upper as usize] as f64 / (live[t as usize] + live[upper as usize]) as f64;
+    let moved_share =
+        live[upper as usize] as f64 / (live[t as usize] + live[upper as usize]) as f64;
     assert!(
         (0.35..0.65).contains(&moved_share),
         "the upper half's bytes moved: {moved_share:.2} of the live bytes"

@@ -24,7 +24,9 @@
 //!   for that tablet (`Fenced`), so a master that was replaced cannot write into the logs the new
 //!   owner's recovery will read. The newest epochs are what the store's tablet ids record, so
 //!   they survive a restart;
-//! - the unit's tablet must be one of the map's (an unknown one is `NoSuchTable`);
+//! - the unit's tablet must be one of the map's (an unknown one is `NoSuchTable`, after a wait of
+//!   at most [`MAP_WAIT`] for a newer map: a master that split a tablet serves the map with its
+//!   halves before its backups do);
 //! - a batch whose checksum or unit bounds are broken (it cannot be tied to one unit), and a
 //!   store that works: a full disk refuses with `WritesRefused`.
 //!
@@ -45,6 +47,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The longest a backup waits for a newer map that names the tablet of a unit it does not know
+/// (its master serves that map already), before it refuses the unit.
+const MAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Bits of the store's tablet id: table (24) | first slot (16) | epoch (24).
 const EPOCH_BITS: u32 = 24;
@@ -608,18 +614,38 @@ impl BackupService {
                 Err(UnitError::Frame(e)) => return Err(refuse_bad(e)),
             }
         }
-        let view = member.map(|m| m.view());
+        let known = |map: &ramlog_cluster::ClusterMap, h: &repl::UnitHead| {
+            map.tablets.iter().any(|t| {
+                t.table == u64::from(h.table)
+                    && t.first_slot == h.first_slot
+                    && t.last_slot == h.last_slot
+            })
+        };
+        let mut view = member.map(|m| Arc::clone(&m.view()));
+        // A master that serves a newer map than this backup (one that split a tablet) sends
+        // units of tablets this map does not have yet: the newer map is asked for and awaited,
+        // for at most `MAP_WAIT`, before such a unit is refused.
+        if let (Some(m), Some(v)) = (member, &view) {
+            if units.iter().any(|u| !known(&v.map, &u.head)) {
+                m.refresh_map_soon();
+                let deadline = std::time::Instant::now() + MAP_WAIT;
+                loop {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    let now = Arc::clone(&m.view());
+                    let all_known = units.iter().all(|u| known(&now.map, &u.head));
+                    view = Some(now);
+                    if all_known || std::time::Instant::now() >= deadline {
+                        break;
+                    }
+                }
+            }
+        }
         {
             let mut epochs = self.epochs.lock();
             for u in &units {
                 let h = &u.head;
                 if let Some(view) = &view {
-                    let known = view.map.tablets.iter().any(|t| {
-                        t.table == u64::from(h.table)
-                            && t.first_slot == h.first_slot
-                            && t.last_slot == h.last_slot
-                    });
-                    if !known {
+                    if !known(&view.map, h) {
                         self.counters.refused_bad.fetch_add(1, Ordering::Relaxed);
                         return Err((
                             Status::NoSuchTable,

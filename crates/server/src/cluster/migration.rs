@@ -133,7 +133,8 @@ pub fn apply(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap, me: Serve
         let still = now.is_some_and(|t| {
             t.epoch == epoch
                 && t.master == me
-                && t.migration.is_some_and(|m| m.phase == MigrationPhase::Switching)
+                && t.migration
+                    .is_some_and(|m| m.phase == MigrationPhase::Switching)
         });
         if still {
             continue;
@@ -232,7 +233,9 @@ fn report_ready(member: &Arc<Member>, t: &TabletInfo) {
             }
         }
     };
-    let _ = report(member, &request, || still(member, t, MigrationPhase::Building));
+    let _ = report(member, &request, || {
+        still(member, t, MigrationPhase::Building)
+    });
 }
 
 /// The source: freezes the tablet, drains its streams, reports the switch (or gives up).

@@ -19,8 +19,8 @@ pub mod pacing;
 pub mod peers;
 pub mod recovery;
 pub mod replication;
-pub mod split;
 mod roles;
+pub mod split;
 
 pub use membership::{restore_room_bytes, JoinError, Member, Route};
 pub use roles::Roles;

@@ -57,13 +57,20 @@ pub fn before_serve(node: &Node, member: &Member, map: &ClusterMap, me: ServerId
         .iter()
         .filter(|((table, first_slot, epoch), _)| {
             !map.tablet_at(*table, *first_slot).is_some_and(|t| {
-                t.first_slot == *first_slot && t.epoch == *epoch && t.master == me && t.split.is_some()
+                t.first_slot == *first_slot
+                    && t.epoch == *epoch
+                    && t.master == me
+                    && t.split.is_some()
             })
         })
         .map(|(k, at)| (*k, *at))
         .collect();
     for ((table, first_slot, epoch), at) in ended {
-        member.splits.frozen.lock().remove(&(table, first_slot, epoch));
+        member
+            .splits
+            .frozen
+            .lock()
+            .remove(&(table, first_slot, epoch));
         let halves = [first_slot, at];
         let done = map
             .tablet_at(table, at)
@@ -76,7 +83,12 @@ pub fn before_serve(node: &Node, member: &Member, map: &ClusterMap, me: ServerId
         if done {
             tracing::warn!(table, first_slot, at, "tablet split: both halves serve");
         } else {
-            tracing::warn!(table, first_slot, at, "tablet split ended without a split: serving it whole");
+            tracing::warn!(
+                table,
+                first_slot,
+                at,
+                "tablet split ended without a split: serving it whole"
+            );
         }
     }
 }

@@ -1,0 +1,159 @@
+"""Tablet splits (`ramlog cluster split`, and the coordinator's own when a tablet grows past
+`--split-mib`), with writes going on.
+
+Four servers, two backups per tablet, copies slowed so that each half's fresh copy to the backups
+is still under way when its master is killed: the tablet holding slot 0 (and the empty key) splits
+while RedisCluster clients and a plain client of a routing port write and read it. No
+acknowledged write is lost, no request through the routing port fails, both halves serve at the
+next epoch, and each can move on its own. Then the master dies before the halves' copies are
+complete: the halves recover from the whole tablet's logs and the writes since the split. Real
+processes on loopback; every process is stopped by its pid and every wait is bounded."""
+
+import signal
+import subprocess
+import threading
+
+from redis.crc import key_slot
+
+from conftest import Cluster, ramlog_bin, wait_until
+from test_failures import Keys, status, wait_declared_dead, wait_settled
+from test_migration import cluster_writer, keys_in, move, outsider, routing_writer, tablet_at
+from test_recovery_kills import index_of, preload, read_all
+
+
+def split(c: Cluster, slot: str, *extra, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ramlog_bin(), "cluster", "split", "default", slot, *extra,
+         "--coordinator", c.coordinator_addr, "--timeout", str(timeout)],
+        capture_output=True, text=True, timeout=timeout + 30)
+
+
+def test_a_tablet_splits_under_writers_its_halves_move_apart_and_a_kill_loses_nothing(tmp_path):
+    config = tmp_path / "slow-copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 65536\n")
+    c = Cluster(tmp_path, servers=4, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2", "--split-mib", "0"])
+    stop = threading.Event()
+    threads = []
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        at = t["first_slot"] + (t["last_slot"] - t["first_slot"] + 1) // 2
+        names = keys_in(t, 1500, "s:")
+        lower = [k for k in names if key_slot(k.encode()) < at]
+        upper = [k for k in names if key_slot(k.encode()) >= at]
+        assert len(lower) > 300 and len(upper) > 300
+        special = ["", "bin\x00\xff\r\n"]
+        value = lambda k: (k.encode() * 100)[:1000] or b"the empty key"  # noqa: E731
+        preload(c, names + special, value)
+        keys = Keys()
+        for k in names + special:
+            keys.acked_write(k, value(k))
+        failures = []
+        routing = keys_in(t, 60, "r:")
+        router = c.servers[index_of(c, st, outsider(st, t))].routing
+
+        def start(stop):
+            threads = [threading.Thread(target=cluster_writer, args=(c.servers[i % 4].resp, names[i * 100:(i + 1) * 100], keys, i, stop), daemon=True)
+                       for i in range(3)]
+            threads.append(threading.Thread(target=routing_writer, args=(router, routing, keys, stop, failures), daemon=True))
+            for th in threads:
+                th.start()
+            return threads
+
+        threads = start(stop)
+        assert wait_until(lambda: keys.acked > len(names) + 300, timeout=20)
+
+        # Refused with a clear error, changing nothing: a split point outside the tablet.
+        bad = split(c, "0", "--at", str(t["last_slot"] + 1))
+        assert bad.returncode != 0 and "cannot split the tablet" in bad.stderr, bad.stdout + bad.stderr
+
+        out = split(c, "0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"split into {t['first_slot']}-{at - 1} and {at}-{t['last_slot']}" in out.stdout, out.stdout
+        st = status(c)
+        lo, hi = tablet_at(st, t["first_slot"]), tablet_at(st, at)
+        for half in (lo, hi):
+            assert half["master"] == t["master"] and half["epoch"] == t["epoch"] + 1, half
+            assert sorted(half["backups"]) == sorted(t["backups"]), (half, t)
+        assert (lo["first_slot"], lo["last_slot"], hi["first_slot"], hi["last_slot"]) == (t["first_slot"], at - 1, at, t["last_slot"])
+        # The copies to the backups are slowed: the upper half still reads the whole tablet's logs.
+        assert hi["pending"] and hi.get("logs_from") == t["first_slot"], hi
+        acked_at_split = keys.acked
+        assert wait_until(lambda: keys.acked > acked_at_split + 300, timeout=20)
+        # Every write reads back (the writers pause for the read).
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        got = read_all(c, 0, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the split")
+        assert not keys.violations, keys.violations[:10]
+        stop = threading.Event()
+        threads = start(stop)
+
+        assert not failures, failures[:5]
+        # The master dies before the halves' copies are complete: each recovers from the whole
+        # tablet's logs (its slots only) and the writes since the split. (A write in flight to a
+        # server whose backup dies may be answered in doubt: the checker counts it as either.)
+        victim = index_of(c, st, t["master"])
+        c.servers[victim].proc.send_signal(signal.SIGKILL)
+        c.servers[victim].proc.wait(timeout=5)
+        wait_declared_dead(c, t["master"])
+        assert wait_until(lambda: all(not x["recovering"] for x in (tablet_at(status(c), t["first_slot"]), tablet_at(status(c), at))), timeout=60)
+        acked_at_recovery = keys.acked
+        assert wait_until(lambda: keys.acked > acked_at_recovery + 200, timeout=30)
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        alive = next(i for i in range(4) if i != victim)
+        got = read_all(c, alive, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the master died")
+        assert not keys.violations, keys.violations[:10]
+
+        # The halves are tablets of their own: the upper one moves alone.
+        wait_settled(c, copies=True, timeout=120)
+        st = status(c)
+        hi, lo = tablet_at(st, at), tablet_at(st, t["first_slot"])
+        # Three servers are left, all backing the half up: it moves to one of its backups.
+        up = [x["id"] for x in st["servers"] if x["state"] == "up" and x["id"] != hi["master"]]
+        to = sorted(up, key=lambda i: i == lo["master"])[0]
+        out = move(c, str(at), to)
+        assert out.returncode == 0 and f"moved to server {to}" in out.stdout, out.stdout + out.stderr
+        st = status(c)
+        assert tablet_at(st, at)["master"] == to
+        after = tablet_at(st, t["first_slot"])
+        assert (after["master"], after["epoch"], after["last_slot"]) == (lo["master"], lo["epoch"], at - 1), (after, lo)
+        got = read_all(c, alive, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the upper half moved")
+        assert not keys.violations, keys.violations[:10]
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()
+
+
+def test_a_tablet_that_grows_past_the_split_size_splits_by_itself(tmp_path):
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "4"])
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        tablets_before = sum(len(x["tablets"]) for x in st["tables"])
+        names = keys_in(t, 6000, "g:")
+        value = lambda k: (k.encode() * 200)[:1000]  # noqa: E731
+        preload(c, names, value)
+        # About 6 MB on one tablet: past 4 MiB, it splits (and its halves, under 4 MiB, stay).
+        assert wait_until(lambda: tablet_at(status(c), 0)["last_slot"] < t["last_slot"], timeout=30), tablet_at(status(c), 0)
+        st = status(c)
+        lo = tablet_at(st, 0)
+        hi = tablet_at(st, lo["last_slot"] + 1)
+        assert hi["last_slot"] == t["last_slot"] and hi["master"] == t["master"], (lo, hi)
+        assert sum(len(x["tablets"]) for x in st["tables"]) == tablets_before + 1
+        got = read_all(c, 1, names)
+        missing = [k for k in names if got.get(k) != value(k)]
+        assert not missing, missing[:5]
+    finally:
+        c.stop()

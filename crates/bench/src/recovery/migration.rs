@@ -18,6 +18,14 @@
 //! beside it), the failed attempts by kind, and lost writes (every load key and 10 000 preloaded
 //! keys read back). The rows are medians over `RAMLOG_BENCH_MIGRATION_REPEATS` runs (losses and
 //! failures: the largest).
+//!
+//! **Split** (ramlog only: Redis Cluster's slots do not split): the same cluster and load; the
+//! tablet of slot 0 holds `RAMLOG_BENCH_SPLIT_MIB` MiB of values (16 quick; full: 192, the
+//! coordinator's default `--split-mib`) and is split in two with `ramlog cluster split` under
+//! the load. Rows: the split's time (command to both halves serving), the longest interval
+//! without an acknowledged write to its slots, the load's throughput during it over before,
+//! the time until every backup holds both halves' fresh copies (the re-protection a split
+//! costs), lost writes.
 
 use super::client::{call, encode, fetch_map, Conn, Nodes, Reply};
 use super::load::{Load, LoadResult, Window, LOAD_KEYS, THREADS};
@@ -354,6 +362,153 @@ fn ramlog_run(
     Ok(run)
 }
 
+/// What one split run measured.
+struct SplitRun {
+    run: Run,
+    /// From the split's end until no copy to a backup is pending.
+    recopy: Duration,
+}
+
+/// One split run: start; preload the tablet of slot 0; split it under load; wait for its
+/// halves' copies; check.
+fn split_run(
+    work: &Path,
+    label: &str,
+    tags: &[String],
+    data_bytes: u64,
+    value_size: usize,
+) -> anyhow::Result<SplitRun> {
+    let memory_mib = ((data_bytes >> 20) * 4).max(512);
+    let cluster = RamlogCluster::start(work, SERVERS, memory_mib)?;
+    let st = cluster.status()?;
+    let first = st
+        .tablets
+        .iter()
+        .find(|t| t.first_slot == 0)
+        .context("no tablet holds slot 0")?
+        .clone();
+    let master_addr = st
+        .servers
+        .iter()
+        .find(|s| s.0 == first.master)
+        .map(|s| s.2.clone())
+        .context("the master of slot 0 is not listed")?;
+    let slots: Vec<u16> = (first.first_slot..=first.last_slot).collect();
+    let mut split_slots = vec![false; SLOT_COUNT as usize];
+    for &s in &slots {
+        split_slots[s as usize] = true;
+    }
+    let keys = (data_bytes / value_size as u64).max(1);
+    preload(&master_addr, tags, &slots, keys, value_size, label)?;
+    eprintln!(
+        "  {label}: the tablet of slots {}-{} ({} MiB) splits",
+        first.first_slot,
+        first.last_slot,
+        data_bytes >> 20
+    );
+    let seeds: Vec<String> = cluster.servers.iter().map(|s| s.resp.clone()).collect();
+    let coordinator = cluster.coordinator.clone();
+    let (mut run, _) = under_load(
+        &seeds,
+        value_size,
+        &split_slots,
+        keys * value_size as u64,
+        || {
+            run_tool(
+                &[
+                    "cluster",
+                    "split",
+                    "default",
+                    "0",
+                    "--timeout",
+                    "600",
+                    "--coordinator",
+                    &coordinator,
+                ],
+                Duration::from_secs(660),
+            )
+            .map(|_| ())
+        },
+    )?;
+    let started = Instant::now();
+    wait_until(
+        "the split halves' copies did not complete",
+        Duration::from_secs(3600),
+        || Ok(super::ramlog::cluster_status(&coordinator)?.pending == 0),
+    )?;
+    let recopy = started.elapsed() + AFTER;
+    run.preload_wrong = check_preload(&seeds, tags, &slots, keys, value_size)?;
+    Ok(SplitRun { run, recopy })
+}
+
+fn push_split_rows(report: &mut Report, value_size: usize, runs: &[SplitRun]) {
+    let v = size_name(value_size);
+    let med = |f: &dyn Fn(&SplitRun) -> f64| median(runs.iter().map(f).collect());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    report.push(Row::plain(
+        format!("split_{v}_took"),
+        med(&|r| ms(r.run.took)),
+        "ms",
+    ));
+    report.push(Row::plain(
+        format!("split_{v}_longest_key_unavailable"),
+        med(&|r| ms(r.run.gap)),
+        "ms",
+    ));
+    report.push(Row::plain(
+        format!("split_{v}_longest_key_unavailable_before_split"),
+        med(&|r| ms(r.run.gap_before)),
+        "ms",
+    ));
+    report.push(Row::plain(
+        format!("split_{v}_throughput_during_over_before"),
+        med(&|r| r.run.during.per_second / r.run.before.per_second.max(1e-9)),
+        "ratio",
+    ));
+    report.push(Row::plain(
+        format!("split_{v}_recopy"),
+        med(&|r| r.recopy.as_secs_f64()),
+        "s",
+    ));
+    let worst = |f: &dyn Fn(&SplitRun) -> u64| runs.iter().map(f).max().unwrap_or(0) as f64;
+    report.push(
+        Row::plain(
+            format!("split_{v}_lost_writes"),
+            worst(&|r| r.run.lost_writes + r.run.preload_wrong),
+            "writes",
+        )
+        .with_target(Target::at_most(0.0)),
+    );
+    report.push(
+        Row::plain(
+            format!("split_{v}_failed_attempts"),
+            worst(&|r| r.run.failed()),
+            "attempts",
+        )
+        .with_target(Target::at_most(0.0)),
+    );
+}
+
+fn print_split(label: &str, s: &SplitRun) {
+    let r = &s.run;
+    println!(
+        "{label}: split {:.0} MB in {:.0} ms; load {:.0}/s before, {:.0}/s during; longest gap of \
+         the tablet's slots {:.0} ms (before: {:.0} ms); both halves copied to every backup {:.1} s \
+         later; errors {:?}; lost writes {} of {} keys, preloaded keys wrong {}",
+        r.bytes as f64 / 1e6,
+        r.took.as_secs_f64() * 1e3,
+        r.before.per_second,
+        r.during.per_second,
+        r.gap.as_secs_f64() * 1e3,
+        r.gap_before.as_secs_f64() * 1e3,
+        s.recopy.as_secs_f64(),
+        r.errors,
+        r.lost_writes,
+        r.checked,
+        r.preload_wrong,
+    );
+}
+
 /// `CLUSTER MYID` of a Redis node.
 fn redis_id(addr: &str) -> anyhow::Result<String> {
     match call(addr, &["CLUSTER", "MYID"])? {
@@ -588,10 +743,12 @@ fn push_rows(report: &mut Report, value_size: usize, ours: &[Run], theirs: &[Run
 
 /// `ramlog bench migration`: see the module comment. `RAMLOG_BENCH_MIGRATION_MIB` (default 16
 /// quick, 1024 full), `RAMLOG_BENCH_MIGRATION_REPEATS` (default 1 quick, 3 full),
-/// `RAMLOG_BENCH_MIGRATION_VALUES` (comma-separated value sizes; default 100 quick, 100,1024 full).
+/// `RAMLOG_BENCH_MIGRATION_VALUES` (comma-separated value sizes; default 100 quick, 100,1024 full;
+/// the split runs with the first), `RAMLOG_BENCH_SPLIT_MIB` (default 16 quick, 192 full).
 pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     require_tools()?;
     let data_mib = env_u64("RAMLOG_BENCH_MIGRATION_MIB").unwrap_or(if quick { 16 } else { 1024 });
+    let split_mib = env_u64("RAMLOG_BENCH_SPLIT_MIB").unwrap_or(if quick { 16 } else { 192 });
     let repeats = env_u64("RAMLOG_BENCH_MIGRATION_REPEATS")
         .unwrap_or(if quick { 1 } else { 3 })
         .max(1) as usize;
@@ -648,6 +805,24 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
             }
             push_rows(&mut report, value_size, &ours, &theirs);
         }
+        let value_size = values[0];
+        let mut splits = Vec::new();
+        for repeat in 1..=repeats {
+            let label = format!("split_{} #{repeat}", size_name(value_size));
+            let dir = work.join(format!("split-{value_size}-{repeat}"));
+            let r = split_run(&dir, &label, &tags, split_mib << 20, value_size)
+                .with_context(|| format!("{label} (logs in {})", dir.display()))?;
+            if keep {
+                keep_logs(
+                    &dir,
+                    &work.join(format!("logs-split-{value_size}-{repeat}")),
+                );
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            print_split(&label, &r);
+            splits.push(r);
+        }
+        push_split_rows(&mut report, value_size, &splits);
         Ok(())
     })();
     if result.is_ok() && !keep {

@@ -771,6 +771,7 @@ mod tests {
             refused: vec![],
             logs_from: None,
             split: None,
+            split_ready: false,
             migration: None,
         }
     }

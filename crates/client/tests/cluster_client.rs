@@ -111,6 +111,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             refused: vec![],
             logs_from: None,
             split: None,
+            split_ready: false,
             migration: None,
         })
         .collect();

@@ -164,12 +164,18 @@ pub struct TabletInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Migration>,
     /// The tablet splits in two at this slot (`ramlog cluster split`, or the coordinator's
-    /// leader once the tablet grew past its split size). Its master freezes it (requests wait,
-    /// as in a move's switch), drains its streams, splits its memory and reports `SplitDone`;
-    /// both halves then serve at the next epoch, each copied afresh to every backup, which keeps
-    /// the logs of the whole tablet until it has both copies (`logs_from` on the upper half).
+    /// leader once the tablet grew past its split size):
+    /// 1. its master copies the upper slots' objects in its memory into a new tablet while it
+    ///    goes on serving, noting the keys written meanwhile, and reports `SplitReady`;
+    /// 2. then (`split_ready`) it freezes the tablet (requests wait, as in a move's switch),
+    ///    drains its streams, redoes the noted writes in the copy and reports `SplitDone`;
+    /// 3. both halves serve at the next epoch, each copied afresh to every backup, which keeps
+    ///    the logs of the whole tablet until it has both copies (`logs_from` on the upper half).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<u16>,
+    /// The split's copy is made: the tablet is frozen for its last step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split_ready: bool,
 }
 
 /// A tablet's move from its master to `target`, with writes going on. The source serves the
@@ -227,13 +233,13 @@ impl TabletInfo {
         self.first_slot..=self.last_slot
     }
 
-    /// True while the tablet's move switches to its target, or while it splits: its master takes
-    /// no requests for it (they are answered TRYAGAIN, or held by the routing port) until the
-    /// target masters it, or both halves serve.
+    /// True while the tablet's move switches to its target, or while its split takes its last
+    /// step: its master takes no requests for it (they are answered TRYAGAIN, or held by the
+    /// routing port) until the target masters it, or both halves serve.
     pub fn switching(&self) -> bool {
         self.migration
             .is_some_and(|m| m.phase == MigrationPhase::Switching)
-            || self.split.is_some()
+            || (self.split.is_some() && self.split_ready)
     }
 
     /// Where a split cuts the tablet when none is named: the middle of its slots (keys spread
@@ -383,6 +389,7 @@ mod tests {
             refused: vec![],
             logs_from: None,
             split: None,
+            split_ready: false,
             migration: None,
         }
     }

@@ -155,6 +155,7 @@ pub fn place_table(
                 refused: vec![],
                 logs_from: None,
                 split: None,
+                split_ready: false,
                 migration: None,
             }
         })

@@ -142,6 +142,13 @@ pub enum Request {
         slot: u16,
         at: Option<u16>,
     },
+    /// The master (`server`) copied the split's upper slots in its memory.
+    SplitReady {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+    },
     /// The master (`server`) split the tablet's memory at `at`, every write it took acknowledged.
     SplitDone {
         server: ServerId,

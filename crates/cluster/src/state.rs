@@ -274,6 +274,14 @@ pub enum Command {
         first_slot: u16,
         at: u16,
     },
+    /// The master copied the split's upper slots in its memory: the tablet freezes for the
+    /// split's last step.
+    SplitReady {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    },
     /// The master split the tablet's memory at `at` with every write it took acknowledged: the
     /// two halves serve at the next epoch.
     SplitDone {
@@ -713,6 +721,26 @@ impl ClusterState {
                 self.split_tablet(*table, *first_slot, *at)?;
                 CommandOutcome::Noted { applied: true }
             }
+            Command::SplitReady {
+                table,
+                first_slot,
+                epoch,
+                server,
+            } => {
+                let Some(t) = self.map.tablet_mut(*table, *first_slot) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if t.first_slot != *first_slot
+                    || t.epoch != *epoch
+                    || t.master != *server
+                    || t.split.is_none()
+                    || t.split_ready
+                {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                t.split_ready = true;
+                CommandOutcome::Noted { applied: true }
+            }
             Command::SplitDone {
                 table,
                 first_slot,
@@ -739,6 +767,7 @@ impl ClusterState {
                     return Ok(CommandOutcome::Noted { applied: false });
                 }
                 t.split = None;
+                t.split_ready = false;
                 CommandOutcome::Noted { applied: true }
             }
         };
@@ -1104,12 +1133,14 @@ impl ClusterState {
             || t.master != server
             || t.recovering
             || t.split != Some(at)
+            || !t.split_ready
             || !up.contains(&server)
         {
             return false;
         }
         let mut upper = t.clone();
         t.split = None;
+        t.split_ready = false;
         t.last_slot = at - 1;
         t.epoch += 1;
         t.pending = t
@@ -1119,6 +1150,7 @@ impl ClusterState {
             .filter(|b| up.contains(b))
             .collect();
         upper.split = None;
+        upper.split_ready = false;
         upper.first_slot = at;
         upper.epoch = t.epoch;
         upper.pending = t.pending.clone();
@@ -1184,6 +1216,7 @@ impl ClusterState {
             // A split ends with its master: the tablet recovers whole.
             if t.recovering || !is_up(t.master) {
                 t.split = None;
+                t.split_ready = false;
             }
             if t.recovering {
                 let nth = match t.logs_from {
@@ -2568,7 +2601,41 @@ mod tests {
         split(&mut s, fs, at).unwrap();
         let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap().clone();
         assert_eq!(now.split, Some(at));
-        assert!(now.switching(), "requests wait while it splits");
+        assert!(
+            !now.switching(),
+            "the tablet serves while its master copies the upper slots"
+        );
+        let ready = |epoch, server| Command::SplitReady {
+            table: DEFAULT_TABLE,
+            first_slot: fs,
+            epoch,
+            server,
+        };
+        // Done before ready: stale.
+        let early = s
+            .apply(&Command::SplitDone {
+                table: DEFAULT_TABLE,
+                first_slot: fs,
+                at,
+                epoch: t.epoch,
+                server: t.master,
+            })
+            .unwrap();
+        assert_eq!(early, CommandOutcome::Noted { applied: false });
+        let outsider0 = s
+            .map
+            .up_servers()
+            .map(|x| x.id)
+            .find(|&id| id != t.master)
+            .unwrap();
+        let stale = s.apply(&ready(t.epoch, outsider0)).unwrap();
+        assert_eq!(stale, CommandOutcome::Noted { applied: false });
+        s.apply(&ready(t.epoch, t.master)).unwrap();
+        let now = s.map.tablet_at(DEFAULT_TABLE, fs).unwrap().clone();
+        assert!(
+            now.split_ready && now.switching(),
+            "requests wait for the last step"
+        );
         // A second split, and a move, are refused meanwhile.
         assert!(matches!(
             split(&mut s, fs, at),
@@ -2616,7 +2683,7 @@ mod tests {
                 half.fresh.is_empty(),
                 "their logs of the whole tablet still count"
             );
-            assert!(half.split.is_none() && !half.switching());
+            assert!(half.split.is_none() && !half.split_ready && !half.switching());
         }
         assert_eq!((lo.logs_from, hi.logs_from), (None, Some(fs)));
         assert_eq!(hi.log_sources().collect::<Vec<_>>(), vec![at, fs]);
@@ -2646,7 +2713,10 @@ mod tests {
         })
         .unwrap();
         let hi = s.map.tablet_at(DEFAULT_TABLE, at).unwrap().clone();
-        assert!(hi.recovering && hi.split.is_none(), "{hi:?}");
+        assert!(
+            hi.recovering && hi.split.is_none() && !hi.split_ready,
+            "{hi:?}"
+        );
         // An abort of a split no longer under way changes nothing.
         let abort = s
             .apply(&Command::SplitAbort {

@@ -882,6 +882,9 @@ impl Shared {
             | Command::MigrationAbort {
                 table, first_slot, ..
             }
+            | Command::SplitReady {
+                table, first_slot, ..
+            }
             | Command::SplitDone {
                 table, first_slot, ..
             }
@@ -1310,6 +1313,21 @@ impl Shared {
                     Ok((other, _)) => unexpected_outcome(&other),
                     Err(answer) => answer,
                 }
+            }
+            Request::SplitReady {
+                server,
+                table,
+                first_slot,
+                epoch,
+            } => {
+                let command = Command::SplitReady {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                };
+                self.note_migration(command, "tablet split copied: its last step begins")
+                    .await
             }
             Request::SplitDone {
                 server,

@@ -85,6 +85,25 @@ pub(crate) struct Tablet {
     /// much as one tablet may (set by the server from its size, see `Engine::set_tablet_limit`).
     /// Deletes, and overwrites no larger than what they replace, go on.
     pub full_limit: AtomicU64,
+    /// While the tablet's upper slots are copied for a split ([`Inner::split_begin`]): the
+    /// first slot of the upper half (`NO_SPLIT` otherwise). Writes of its slots then note their
+    /// keys in `split_dirty`, under the write lock, so that the split's last step redoes them.
+    pub split_watch: AtomicU32,
+    pub split_dirty: Mutex<SplitDirty>,
+}
+
+/// No split watches the tablet.
+pub(crate) const NO_SPLIT: u32 = u32::MAX;
+/// Keys a split notes at most while it copies; past it, its last step compares the two
+/// tablets whole instead (see [`Inner::split_finish`]).
+pub(crate) const SPLIT_DIRTY_MAX: usize = 1 << 20;
+
+/// Keys of the upper slots written while a split copies them.
+#[derive(Default)]
+pub struct SplitDirty {
+    pub keys: Vec<Vec<u8>>,
+    /// More than [`SPLIT_DIRTY_MAX`] were written: `keys` stopped growing.
+    pub overflowed: bool,
 }
 
 /// Expiry times later than this (2^32 s after the epoch, in 2106) enter the expiry sum as this.
@@ -392,6 +411,8 @@ impl Inner {
             expiring_sum_secs: AtomicU64::new(0),
             frozen: std::sync::atomic::AtomicBool::new(frozen),
             full_limit: AtomicU64::new(0),
+            split_watch: AtomicU32::new(NO_SPLIT),
+            split_dirty: Mutex::new(SplitDirty::default()),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -1269,6 +1290,7 @@ impl Inner {
                     unreachable!("append retries on a new segment")
                 }
             };
+            self.note_for_split(tablet, key);
             // The observer (replication) takes the write before readers can see it: a reader that
             // finds it can then wait for whatever the observer holds of it.
             if let Some(obs) = &self.config.write_observer {
@@ -1490,6 +1512,9 @@ impl Inner {
                 }
                 Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
             };
+            for (k, _) in items {
+                self.note_for_split(tablet, k);
+            }
             // As in `write`: the observer first, then the index.
             if let Some(obs) = &self.config.write_observer {
                 let records: Vec<LoggedWrite<'_>> = items
@@ -1601,9 +1626,12 @@ impl Inner {
         let tablet = self.tablet(tablet)?;
         let _guard = epoch::pin();
         let mut now = None;
+        // A tablet that split holds copies of its former upper slots until they are cleaned up.
+        let last = tablet.last_slot.load(Ordering::Acquire);
+        let mine = |key: &[u8]| last == SLOT_COUNT - 1 || key_slot(key) <= last;
         let next = tablet.index.scan(cursor, count.max(1), |loc| {
             if let Ok(Some(k)) = self.with_entry(loc, false, |e| {
-                (!expired(e.header.expire_at_ms, &mut now)).then(|| e.key.to_vec())
+                (!expired(e.header.expire_at_ms, &mut now) && mine(e.key)).then(|| e.key.to_vec())
             }) {
                 out.push(k);
             }
@@ -1660,28 +1688,26 @@ impl Inner {
         Ok(removed)
     }
 
-    /// Splits `tablet` at slot `at`: a new tablet takes the slots `at..=last` and every current
-    /// object of them, with its version and expiry; the old tablet keeps `first..at`. The old
-    /// tablet must be frozen (no writer may change it meanwhile); the new one is returned frozen,
-    /// for the caller to open once the split is known everywhere.
-    ///
-    /// The objects are copied, not moved: the new tablet is filled in batches
-    /// ([`crate::bulk::BulkRestore`]), then its slots are routed to it, then the copied objects
-    /// leave the old tablet's index without tombstones (as [`Inner::clear_tablet`] removes
-    /// them), their bytes garbage for the cleaner. Open snapshots keep reading the versions they
-    /// need. Until the slots are routed, readers find every object in the old tablet; after, in
-    /// the new one (`routed` is called at that moment, for routes kept outside the engine). The memory of the moved objects is taken twice until the cleaner has run:
-    /// a split that runs out of it empties the new tablet, leaves the old one whole, and fails
-    /// (the new tablet id stays used, empty and unrouted).
-    pub fn split_tablet(
-        &self,
-        tablet: TabletId,
-        at: u16,
-        routed: &mut dyn FnMut(TabletId),
-    ) -> Result<TabletId, EngineError> {
-        /// Keys collected per index walk step.
-        const KEYS_PER_STEP: usize = 256;
-        const PASSES_MAX: usize = 8;
+    /// Notes `key` for a split that copies its slot (caller holds `tablet`'s write lock).
+    #[inline]
+    fn note_for_split(&self, tablet: &Tablet, key: &[u8]) {
+        let at = tablet.split_watch.load(Ordering::Relaxed);
+        if at == NO_SPLIT || u32::from(key_slot(key)) < at {
+            return;
+        }
+        let mut dirty = tablet.split_dirty.lock();
+        if dirty.keys.len() < SPLIT_DIRTY_MAX {
+            dirty.keys.push(key.to_vec());
+        } else {
+            dirty.overflowed = true;
+        }
+    }
+
+    /// A split's first step: checks the split point, creates the tablet of the upper slots
+    /// (frozen, not routed) and starts noting the keys of those slots that writers change from
+    /// here on. Returns the new tablet and the old one's last slot. The caller then copies the
+    /// upper slots' objects at a snapshot taken after this (`Engine::split_prepare`).
+    pub fn split_begin(&self, tablet: TabletId, at: u16) -> Result<(TabletId, u16), EngineError> {
         let t = self.tablet(tablet)?;
         let last = t.last_slot.load(Ordering::Acquire);
         if at <= t.first_slot || at > last {
@@ -1690,90 +1716,138 @@ impl Inner {
                 t.first_slot, last
             )));
         }
-        if !t.frozen.load(Ordering::Acquire) {
+        let _head = t.head.lock();
+        if t.split_watch.load(Ordering::Acquire) != NO_SPLIT {
             return Err(EngineError::Config(
-                "a tablet must be frozen to be split".into(),
+                "the tablet is splitting already".into(),
             ));
         }
         let new = self.create_tablet_with(t.table, at, last, true, false)?;
+        *t.split_dirty.lock() = SplitDirty::default();
+        t.split_watch.store(u32::from(at), Ordering::Release);
+        Ok((new, last))
+    }
+
+    /// Ends a split that will not happen: stops the noting and empties the new tablet (its id
+    /// stays used, empty and unrouted).
+    pub fn split_cancel(&self, tablet: TabletId, new: TabletId) {
+        if let Ok(t) = self.tablet(tablet) {
+            let _head = t.head.lock();
+            t.split_watch.store(NO_SPLIT, Ordering::Release);
+            *t.split_dirty.lock() = SplitDirty::default();
+        }
+        let _ = self.clear_tablet(new);
+    }
+
+    /// A split's last step, with `tablet` frozen (no writer changes it): the keys written since
+    /// the copy's snapshot are brought over (the newer version wins; a key gone from `tablet` goes
+    /// from the new tablet too), then the upper slots are routed to the new tablet (`routed` is
+    /// called at that moment) and the old tablet's range ends below them. The copies still in
+    /// the old tablet are unreachable from here on; [`Inner::split_cleanup`] removes them.
+    pub fn split_finish(
+        &self,
+        tablet: TabletId,
+        new: TabletId,
+        routed: &mut dyn FnMut(TabletId),
+    ) -> Result<u64, EngineError> {
+        let t = self.tablet(tablet)?;
+        let n = self.tablet(new)?;
+        let at = t.split_watch.load(Ordering::Acquire);
+        if at == NO_SPLIT || !t.frozen.load(Ordering::Acquire) {
+            return Err(EngineError::Config(
+                "a split ends on a frozen tablet whose copy has begun".into(),
+            ));
+        }
+        let at = at as u16;
         let moves = |key: &[u8]| key_slot(key) >= at;
-        // 1. Copy: one walk of the frozen tablet's index.
-        let copied = (|| -> Result<u64, EngineError> {
-            let guess = t.index.len() / 2;
-            let mut load = crate::bulk::BulkRestore::new(self, new, guess)?;
-            let mut cursor = 0;
-            let mut batch: Vec<(Vec<u8>, Vec<u8>, Version, u64)> = Vec::new();
-            loop {
-                batch.clear();
-                {
-                    let _guard = epoch::pin();
-                    cursor = t.index.scan(cursor, KEYS_PER_STEP, |loc| {
-                        let _ = self.with_entry(loc, true, |e| {
-                            if moves(e.key) {
-                                batch.push((
-                                    e.key.to_vec(),
-                                    e.value.to_vec(),
-                                    e.header.version,
-                                    e.header.expire_at_ms,
-                                ));
-                            }
-                        });
-                    });
+        let dirty = {
+            let _head = t.head.lock();
+            t.split_watch.store(NO_SPLIT, Ordering::Release);
+            std::mem::take(&mut *t.split_dirty.lock())
+        };
+        let mut keys = dirty.keys;
+        if dirty.overflowed {
+            // Too many writes to note: every key of either tablet is compared.
+            keys = self.index_keys(t, &moves);
+            keys.extend(self.index_keys(n, &|_| true));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let redone = keys.len() as u64;
+        for key in &keys {
+            let current = self.read(tablet, key, |v, version, expire_at_ms| {
+                (v.to_vec(), version, expire_at_ms)
+            })?;
+            match current {
+                Some((value, version, expire_at_ms)) => {
+                    self.restore(new, key, Some(&value), version, expire_at_ms)?
                 }
-                for (key, value, version, expire_at_ms) in &batch {
-                    load.push(key, value, *version, *expire_at_ms)?;
-                }
-                if cursor == 0 {
-                    break;
+                None => {
+                    self.remove_key(n, key);
                 }
             }
-            load.finish()
-        })();
-        if let Err(e) = copied {
-            let _ = self.clear_tablet(new);
-            return Err(e);
         }
-        // 2. The slots are the new tablet's from here on.
-        self.route(t.table, at, last, new);
+        self.route(t.table, at, n.last_slot.load(Ordering::Acquire), new);
         t.last_slot.store(at - 1, Ordering::Release);
         routed(new);
-        // 3. The copies leave the old tablet (passes repeat as in `clear_tablet`).
-        let mut keys: Vec<Vec<u8>> = Vec::with_capacity(KEYS_PER_STEP);
+        Ok(redone)
+    }
+
+    /// After a split: removes from `tablet` the objects of the slots past its range (the copies
+    /// its split made) without tombstones, as [`Inner::clear_tablet`] does; writers of its own
+    /// slots may run meanwhile. Returns how many were removed.
+    pub fn split_cleanup(&self, tablet: TabletId) -> Result<u64, EngineError> {
+        const PASSES_MAX: usize = 8;
+        let t = self.tablet(tablet)?;
+        let last = t.last_slot.load(Ordering::Acquire);
+        let outside = |key: &[u8]| key_slot(key) > last;
+        let mut removed = 0;
         for _ in 0..PASSES_MAX {
-            let mut cursor = 0;
-            let mut left = 0;
-            loop {
-                keys.clear();
-                {
-                    let _guard = epoch::pin();
-                    cursor = t.index.scan(cursor, KEYS_PER_STEP, |loc| {
-                        if let Ok(Some(key)) =
-                            self.with_entry(loc, false, |e| moves(e.key).then(|| e.key.to_vec()))
-                        {
-                            keys.push(key);
-                        }
-                    });
-                }
-                for key in &keys {
-                    let hash = hash_key(key);
-                    let _guard = epoch::pin();
-                    let _head = t.head.lock();
-                    if let Some(current) = self.find(t, hash, key) {
-                        let by = self.clock.load(Ordering::Relaxed) + 1;
-                        self.supersede(t, hash, key, current, None, by);
-                        left += 1;
-                    }
-                }
-                if cursor == 0 {
-                    break;
-                }
-            }
-            if left == 0 {
+            let keys = self.index_keys(t, &outside);
+            if keys.is_empty() {
                 break;
+            }
+            for key in &keys {
+                removed += u64::from(self.remove_key(t, key));
             }
         }
         self.wake_cleaner_if_needed();
-        Ok(new)
+        Ok(removed)
+    }
+
+    /// The keys of `tablet`'s index that `keep` accepts (one walk, in steps).
+    fn index_keys(&self, tablet: &Tablet, keep: &dyn Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        const KEYS_PER_STEP: usize = 256;
+        let mut out = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let _guard = epoch::pin();
+            cursor = tablet.index.scan(cursor, KEYS_PER_STEP, |loc| {
+                if let Ok(Some(key)) =
+                    self.with_entry(loc, false, |e| keep(e.key).then(|| e.key.to_vec()))
+                {
+                    out.push(key);
+                }
+            });
+            if cursor == 0 {
+                return out;
+            }
+        }
+    }
+
+    /// Removes `key`'s current object from `tablet` without a tombstone; true if there was one.
+    fn remove_key(&self, tablet: &Tablet, key: &[u8]) -> bool {
+        let hash = hash_key(key);
+        let _guard = epoch::pin();
+        let _head = tablet.head.lock();
+        match self.find(tablet, hash, key) {
+            Some(current) => {
+                let by = self.clock.load(Ordering::Relaxed) + 1;
+                self.supersede(tablet, hash, key, current, None, by);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Live bytes of each tablet (by tablet id): the live bytes of the segments its log holds,

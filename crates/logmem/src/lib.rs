@@ -76,6 +76,18 @@ pub struct Object {
     pub expire_at_ms: u64,
 }
 
+/// A split whose copy is made ([`Engine::split_prepare`]), to finish or cancel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitCopy {
+    /// The tablet that splits, and the new one of its slots `at..=last`.
+    pub tablet: TabletId,
+    pub new: TabletId,
+    pub at: u16,
+    pub last: u16,
+    /// Objects the copy put in the new tablet.
+    pub objects: u64,
+}
+
 /// A write's precondition.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Condition {
@@ -351,22 +363,81 @@ impl Engine {
         self.inner.clear_tablet(tablet)
     }
 
-    /// Splits `tablet` at slot `at` (see the engine's `split_tablet`): the new tablet, which
-    /// holds the slots `at..` and their objects, is returned frozen; `tablet` must be frozen.
-    pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {
-        self.inner.split_tablet(tablet, at, &mut |_| {})
+    /// A split's first step, while `tablet` takes writes: creates the tablet of the slots
+    /// `at..=last` (frozen, not routed) and copies into it every current object of those slots,
+    /// with its version and expiry time, at a snapshot; writes of those slots from the start of
+    /// the copy are noted for [`Engine::split_finish`]. The memory of the copied objects is taken
+    /// twice until [`Engine::split_cleanup`]. A copy that fails (out of memory) leaves `tablet`
+    /// as it was (the new tablet's id stays used, empty and unrouted).
+    pub fn split_prepare(&self, tablet: TabletId, at: u16) -> Result<SplitCopy, EngineError> {
+        let (new, last) = self.inner.split_begin(tablet, at)?;
+        let copied = (|| -> Result<u64, EngineError> {
+            let guess = self.inner.tablet(tablet)?.index.len() / 2;
+            let mut cursor = self.tablet_cursor(tablet)?;
+            let mut load = self.bulk_restore(new, guess)?;
+            while !cursor.is_done() {
+                for r in cursor.next_page(1024)? {
+                    if ramlog_common::key_slot(&r.key) >= at {
+                        load.push(&r.key, &r.value, r.version, r.expire_at_ms)?;
+                    }
+                }
+            }
+            load.finish()
+        })();
+        match copied {
+            Ok(objects) => Ok(SplitCopy {
+                tablet,
+                new,
+                at,
+                last,
+                objects,
+            }),
+            Err(e) => {
+                self.inner.split_cancel(tablet, new);
+                Err(e)
+            }
+        }
     }
 
-    /// [`Engine::split_tablet`], calling `routed` with the new tablet's id the moment its slots
-    /// are routed to it (before the copies leave the old tablet), so that a caller's own routes
-    /// follow at once.
-    pub fn split_tablet_then(
+    /// A split's last step, with `copy.tablet` frozen: redoes the writes noted since the copy's
+    /// snapshot, then routes the upper slots to the new tablet (calling `routed` with its id at
+    /// that moment, for routes kept outside the engine) and ends the old tablet's range below
+    /// them. The new tablet stays frozen for the caller to open. Returns how many keys were
+    /// redone.
+    pub fn split_finish(
         &self,
-        tablet: TabletId,
-        at: u16,
+        copy: &SplitCopy,
         routed: &mut dyn FnMut(TabletId),
-    ) -> Result<TabletId, EngineError> {
-        self.inner.split_tablet(tablet, at, routed)
+    ) -> Result<u64, EngineError> {
+        self.inner.split_finish(copy.tablet, copy.new, routed)
+    }
+
+    /// Gives a prepared split up: the new tablet is emptied, the old one is as it was.
+    pub fn split_cancel(&self, copy: &SplitCopy) {
+        self.inner.split_cancel(copy.tablet, copy.new)
+    }
+
+    /// After [`Engine::split_finish`]: removes the copied objects from the old tablet (they are
+    /// unreachable there already); writers may run meanwhile. Returns how many.
+    pub fn split_cleanup(&self, tablet: TabletId) -> Result<u64, EngineError> {
+        self.inner.split_cleanup(tablet)
+    }
+
+    /// The three steps of a split at once, for a tablet that is frozen throughout: returns the
+    /// new tablet (frozen) that holds the slots `at..` and their objects.
+    pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {
+        if !self.inner.tablet(tablet)?.frozen.load(Ordering::Acquire) {
+            return Err(EngineError::Config(
+                "a tablet must be frozen to be split at once".into(),
+            ));
+        }
+        let copy = self.split_prepare(tablet, at)?;
+        if let Err(e) = self.split_finish(&copy, &mut |_| {}) {
+            self.split_cancel(&copy);
+            return Err(e);
+        }
+        self.split_cleanup(tablet)?;
+        Ok(copy.new)
     }
 
     /// Live bytes of each tablet, indexed by [`TabletId`] (headers included).

@@ -158,3 +158,109 @@ fn a_split_that_runs_out_of_memory_leaves_the_tablet_whole() {
     let info = e.tablets().into_iter().find(|x| x.id == t).unwrap();
     assert_eq!((info.last_slot, info.objects), (16383, u64::from(n)));
 }
+
+#[test]
+fn writes_made_while_a_split_copies_are_redone_in_its_last_step() {
+    let e = engine(256 << 20);
+    let t = e.create_tablet(3, 0, 16383).unwrap();
+    let put = |key: &[u8], value: &[u8]| e.put(t, key, value, &PutOptions::default()).unwrap();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for i in 0..10_000u32 {
+        let key = format!("k{i}").into_bytes();
+        put(&key, b"before");
+        model.insert(key, b"before".to_vec());
+    }
+    // The copy is made while the tablet takes writes.
+    let copy = e.split_prepare(t, 8192).unwrap();
+    assert!(copy.objects > 0 && copy.objects < 10_000);
+    for i in 0..10_000u32 {
+        let key = format!("k{i}").into_bytes();
+        match i % 4 {
+            0 => {
+                put(&key, b"after");
+                model.insert(key, b"after".to_vec());
+            }
+            1 => {
+                e.delete(t, &key, Condition::None).unwrap();
+                model.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    for i in 0..2_000u32 {
+        let key = format!("new{i}").into_bytes();
+        put(&key, b"new");
+        model.insert(key, b"new".to_vec());
+    }
+    // A second split of the same tablet is refused while this one runs.
+    assert!(e.split_prepare(t, 100).is_err());
+    // The last step needs the tablet frozen.
+    assert!(e.split_finish(&copy, &mut |_| {}).is_err());
+    e.set_frozen(t, true).unwrap();
+    let mut routed = None;
+    let redone = e.split_finish(&copy, &mut |id| routed = Some(id)).unwrap();
+    assert_eq!(routed, Some(copy.new));
+    assert!(redone > 1000, "{redone} keys redone");
+    let check = |phase: &str| {
+        for (key, value) in &model {
+            let mine = if key_slot(key) >= 8192 { copy.new } else { t };
+            assert_eq!(e.locate(3, key), Some(mine));
+            let got = e.get(mine, key).unwrap();
+            assert_eq!(
+                got.map(|o| o.value).as_ref(),
+                Some(value),
+                "{phase}: {key:?}"
+            );
+        }
+        for i in (1..10_000u32).step_by(4) {
+            let key = format!("k{i}").into_bytes();
+            let mine = if key_slot(&key) >= 8192 { copy.new } else { t };
+            assert!(
+                e.get(mine, &key).unwrap().is_none(),
+                "{phase}: deleted {key:?} is back"
+            );
+        }
+    };
+    check("after the last step");
+    // Until the cleanup, the old tablet's SCAN leaves the copies out.
+    let mut keys = Vec::new();
+    let mut cursor = 0;
+    loop {
+        cursor = e.scan_keys(t, cursor, 1000, &mut keys).unwrap();
+        if cursor == 0 {
+            break;
+        }
+    }
+    assert!(keys.iter().all(|k| key_slot(k) < 8192));
+    let removed = e.split_cleanup(t).unwrap();
+    assert!(removed > 0);
+    check("after the cleanup");
+    let infos = e.tablets();
+    let objects: u64 = infos
+        .iter()
+        .filter(|x| x.table == 3)
+        .map(|x| x.objects)
+        .sum();
+    assert_eq!(objects, model.len() as u64);
+}
+
+#[test]
+fn a_cancelled_split_leaves_the_tablet_as_it_was() {
+    let e = engine(64 << 20);
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    for i in 0..1000u32 {
+        e.put(t, format!("k{i}").as_bytes(), b"v", &PutOptions::default())
+            .unwrap();
+    }
+    let copy = e.split_prepare(t, 5000).unwrap();
+    e.split_cancel(&copy);
+    assert_eq!(e.locate(0, b"k1"), Some(t));
+    let info = e.tablets().into_iter().find(|x| x.id == t).unwrap();
+    assert_eq!((info.last_slot, info.objects), (16383, 1000));
+    let new = e.tablets().into_iter().find(|x| x.id == copy.new).unwrap();
+    assert_eq!(new.objects, 0, "the copy is emptied");
+    // Writes after the cancel are not noted, and another split may start.
+    e.put(t, b"later", b"v", &PutOptions::default()).unwrap();
+    let again = e.split_prepare(t, 5000).unwrap();
+    e.split_cancel(&again);
+}

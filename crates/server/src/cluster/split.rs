@@ -1,24 +1,33 @@
 //! Tablet splits on a server: its part as the master of a tablet the map splits (the protocol is
 //! [`ramlog_cluster::TabletInfo::split`]'s; docs/architecture.md "Splits").
 //!
-//! From the map that says the tablet splits at slot `at`, the front ends answer its requests
-//! TRYAGAIN (the routing port holds them), as in a move's switch. This server then freezes the
-//! engine tablet (every write it took is in the replication streams from then on), waits until
-//! every backup acknowledged every unit ([`super::replication::Replication::drain`]), splits
-//! the engine tablet (the upper slots' objects go to a new tablet, with their versions), and
-//! reports `SplitDone`. The map that completes the split names both halves at the next epoch:
-//! before it is served, both engine tablets take writes again ([`before_serve`]), and their
-//! copies to the backups start as after any change of epoch. If the streams do not drain within
-//! [`super::migration::DRAIN_MAX`], or the memory has no room for the copy, it reports
-//! `SplitAbort` and serves the tablet whole again once the map says so.
+//! 1. From the map that says the tablet splits at slot `at`, this server copies the objects of
+//!    the slots `at..` into a new engine tablet while it goes on serving them; the engine notes
+//!    the keys written meanwhile ([`ramlog_logmem::Engine::split_prepare`]). It reports
+//!    `SplitReady`.
+//! 2. From the map that says the split is ready, the front ends answer its requests TRYAGAIN
+//!    (the routing port holds them), as in a move's switch. This server freezes the engine
+//!    tablet (every write it took is in the replication streams from then on), waits until
+//!    every backup acknowledged every unit ([`super::replication::Replication::drain`]), redoes
+//!    the noted writes in the copy and routes the upper slots to it
+//!    ([`ramlog_logmem::Engine::split_finish`]), and reports `SplitDone`.
+//! 3. The map that completes the split names both halves at the next epoch: before it is
+//!    served, both engine tablets take writes again ([`before_serve`]); their copies to the
+//!    backups start as after any change of epoch, and the copied objects leave the old engine
+//!    tablet in the background.
+//!
+//! If the copy fails (no memory room), or the streams do not drain within
+//! [`super::migration::DRAIN_MAX`], it reports `SplitAbort`, gives the copy up and serves the
+//! tablet whole again once the map says so.
 
 use crate::cluster::migration::{report, spawn, DRAIN_MAX};
 use crate::cluster::Member;
 use crate::node::Node;
 use ramlog_cluster::rpc::Request;
-use ramlog_cluster::{ClusterMap, ServerId, TabletInfo};
+use ramlog_cluster::{ClusterMap, ServerId, TabletInfo, DEFAULT_TABLE};
 use ramlog_common::TableId;
-use std::collections::HashMap;
+use ramlog_logmem::SplitCopy;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,41 +37,55 @@ type Key = (TableId, u16, u64);
 /// The splits this server runs as master.
 #[derive(Default)]
 pub struct Splits {
-    /// Frozen for a split, with the slot it splits at.
+    /// Splits whose copy was started (step 1), and those whose last step was (step 2).
+    copying: parking_lot::Mutex<HashSet<Key>>,
+    finishing: parking_lot::Mutex<HashSet<Key>>,
+    /// Copies made, waiting for the last step (or to be given up).
+    copies: parking_lot::Mutex<HashMap<Key, SplitCopy>>,
+    /// Frozen for the last step, with the slot the split is at.
     frozen: parking_lot::Mutex<HashMap<Key, u16>>,
 }
 
 impl Splits {
-    /// Tablets frozen for a split now, for `/status`.
-    pub fn frozen_count(&self) -> usize {
-        self.frozen.lock().len()
+    /// Tablets splitting here now (copying or frozen), for `/status`.
+    pub fn count(&self) -> usize {
+        self.copying.lock().len()
     }
 }
 
-/// True while the newest map still splits `t` at its epoch.
-fn still(member: &Member, t: &TabletInfo) -> bool {
+fn key(t: &TabletInfo) -> Key {
+    (t.table, t.first_slot, t.epoch)
+}
+
+/// True while the newest map still splits `t` at its epoch, in the step `ready` names.
+fn still(member: &Member, t: &TabletInfo, ready: bool) -> bool {
     let view = member.view();
-    view.map
-        .tablet_at(t.table, t.first_slot)
-        .is_some_and(|x| x.first_slot == t.first_slot && x.epoch == t.epoch && x.split == t.split)
+    view.map.tablet_at(t.table, t.first_slot).is_some_and(|x| {
+        x.first_slot == t.first_slot
+            && x.epoch == t.epoch
+            && x.split == t.split
+            && x.split_ready == ready
+    })
+}
+
+/// True if `map` still splits the tablet `k` on this server.
+fn splitting(map: &ClusterMap, k: &Key, me: ServerId) -> bool {
+    let (table, first_slot, epoch) = *k;
+    map.tablet_at(table, first_slot).is_some_and(|t| {
+        t.first_slot == first_slot && t.epoch == epoch && t.master == me && t.split.is_some()
+    })
 }
 
 /// Before a map is served (its replication routes are in place): the splits it ends, done or
 /// abandoned, take writes again in both halves.
 pub fn before_serve(node: &Node, member: &Member, map: &ClusterMap, me: ServerId) {
+    let engine = node.engine();
     let ended: Vec<(Key, u16)> = member
         .splits
         .frozen
         .lock()
         .iter()
-        .filter(|((table, first_slot, epoch), _)| {
-            !map.tablet_at(*table, *first_slot).is_some_and(|t| {
-                t.first_slot == *first_slot
-                    && t.epoch == *epoch
-                    && t.master == me
-                    && t.split.is_some()
-            })
-        })
+        .filter(|(k, _)| !splitting(map, k, me))
         .map(|(k, at)| (*k, *at))
         .collect();
     for ((table, first_slot, epoch), at) in ended {
@@ -71,17 +94,33 @@ pub fn before_serve(node: &Node, member: &Member, map: &ClusterMap, me: ServerId
             .frozen
             .lock()
             .remove(&(table, first_slot, epoch));
-        let halves = [first_slot, at];
         let done = map
             .tablet_at(table, at)
             .is_some_and(|t| t.first_slot == at && t.master == me);
-        for first in halves {
+        for first in [first_slot, at] {
             if let Some(id) = member.created_tablet(table, first) {
-                let _ = node.engine().set_frozen(id, false);
+                let _ = engine.set_frozen(id, false);
             }
         }
         if done {
             tracing::warn!(table, first_slot, at, "tablet split: both halves serve");
+            if let Some(old) = member.created_tablet(table, first_slot) {
+                let engine = engine.clone();
+                spawn(
+                    format!("split-clean-{table}-{first_slot}"),
+                    move || match engine.split_cleanup(old) {
+                        Ok(n) => tracing::info!(
+                            table,
+                            first_slot,
+                            objects = n,
+                            "split copies left the old tablet"
+                        ),
+                        Err(e) => {
+                            tracing::error!(table, first_slot, error = %e, "cannot empty a split's copies from the old tablet")
+                        }
+                    },
+                );
+            }
         } else {
             tracing::warn!(
                 table,
@@ -91,10 +130,38 @@ pub fn before_serve(node: &Node, member: &Member, map: &ClusterMap, me: ServerId
             );
         }
     }
+    let mut copying = member.splits.copying.lock();
+    let mut finishing = member.splits.finishing.lock();
+    copying.retain(|k| splitting(map, k, me));
+    finishing.retain(|k| splitting(map, k, me));
 }
 
-/// After a map is served: starts the splits it asks of this server.
+/// Gives up the copies of splits `map` no longer asks for (abandoned, or the tablet moved on).
+fn give_up_copies(node: &Node, member: &Member, map: &ClusterMap, me: ServerId) {
+    let gone: Vec<(Key, SplitCopy)> = member
+        .splits
+        .copies
+        .lock()
+        .iter()
+        .filter(|(k, _)| !splitting(map, k, me))
+        .map(|(k, c)| (*k, *c))
+        .collect();
+    for (k, copy) in gone {
+        if member.splits.copies.lock().remove(&k).is_some() {
+            node.engine().split_cancel(&copy);
+            tracing::warn!(
+                table = k.0,
+                first_slot = k.1,
+                "tablet split given up: its copy is emptied"
+            );
+        }
+    }
+}
+
+/// After a map is served: gives up the copies of splits it ends, and starts the steps of the
+/// splits it asks of this server.
 pub fn apply(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap, me: ServerId) {
+    give_up_copies(node, member, map, me);
     for t in &map.tablets {
         let Some(at) = t.split else {
             continue;
@@ -102,79 +169,139 @@ pub fn apply(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap, me: Serve
         if t.master != me || t.recovering {
             continue;
         }
-        if member
-            .splits
-            .frozen
-            .lock()
-            .insert((t.table, t.first_slot, t.epoch), at)
-            .is_some()
-        {
-            continue;
-        }
         let (node, member, t) = (node.clone(), member.clone(), t.clone());
-        spawn(format!("split-{}-{}", t.table, t.first_slot), move || {
-            split(&node, &member, &t, at)
-        });
+        if !t.split_ready {
+            if member.splits.copying.lock().insert(key(&t)) {
+                spawn(
+                    format!("split-copy-{}-{}", t.table, t.first_slot),
+                    move || copy(&node, &member, &t, at),
+                );
+            }
+        } else if member.splits.finishing.lock().insert(key(&t)) {
+            // A server that restarted between the steps has no copy: it gives the split up.
+            spawn(format!("split-{}-{}", t.table, t.first_slot), move || {
+                finish(&node, &member, &t, at)
+            });
+        }
     }
 }
 
-/// Freezes the tablet, drains its streams, splits its memory, reports (or gives up).
-fn split(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo, at: u16) {
-    let me = member.view().me;
+fn abort(member: &Member, t: &TabletInfo, reason: String) -> Request {
+    tracing::error!(table = t.table, first_slot = t.first_slot, %reason, "giving the split up");
+    Request::SplitAbort {
+        server: member.view().me,
+        table: t.table,
+        first_slot: t.first_slot,
+        epoch: t.epoch,
+        reason,
+    }
+}
+
+/// Step 1: copies the upper slots while the tablet serves, then reports.
+fn copy(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo, at: u16) {
     let Some(engine_tablet) = member.created_tablet(t.table, t.first_slot) else {
         return;
     };
     let started = Instant::now();
-    let engine = node.engine();
-    let result = engine
-        .set_frozen(engine_tablet, true)
-        .map_err(|e| format!("cannot freeze the tablet: {e}"))
-        .and_then(|()| {
-            member
-                .replication
-                .drain(engine_tablet, DRAIN_MAX, || still(member, t))
-        })
-        .and_then(|()| {
-            let drained = started.elapsed();
-            let made = if t.table == ramlog_cluster::DEFAULT_TABLE {
-                node.keyspace.split_tablet(engine_tablet, at)
-            } else {
-                engine.split_tablet(engine_tablet, at)
-            };
-            made.map(|id| (id, drained))
-                .map_err(|e| format!("cannot split the tablet's memory: {e}"))
-        });
-    let request = match result {
-        Ok((upper, drained)) => {
-            member.adopt_tablet(t.table, at, upper);
+    let made = if t.table == DEFAULT_TABLE {
+        node.keyspace.split_prepare(engine_tablet, at)
+    } else {
+        node.engine().split_prepare(engine_tablet, at)
+    };
+    let request = match made {
+        Ok(copy) => {
             tracing::warn!(
                 table = t.table,
                 first_slot = t.first_slot,
                 at,
-                drain_ms = drained.as_millis() as u64,
-                split_ms = (started.elapsed() - drained).as_millis() as u64,
-                "tablet frozen, drained and split here; reporting"
+                objects = copy.objects,
+                millis = started.elapsed().as_millis() as u64,
+                "split: upper slots copied while serving; reporting"
+            );
+            member.splits.copies.lock().insert(key(t), copy);
+            // A map that ended the split while the copy was made found no copy to give up.
+            let view = member.view();
+            give_up_copies(node, member, &view.map, view.me);
+            Request::SplitReady {
+                server: member.view().me,
+                table: t.table,
+                first_slot: t.first_slot,
+                epoch: t.epoch,
+            }
+        }
+        Err(e) => abort(member, t, format!("cannot copy the upper slots: {e}")),
+    };
+    if let Err(e) = report(member, &request, || still(member, t, false)) {
+        tracing::warn!(table = t.table, first_slot = t.first_slot, error = %e, "the split report did not reach the coordinator");
+    }
+    member.refresh_map_soon();
+}
+
+/// Step 2: freezes the tablet, drains its streams, ends the split in memory, reports.
+fn finish(node: &Arc<Node>, member: &Arc<Member>, t: &TabletInfo, at: u16) {
+    let Some(engine_tablet) = member.created_tablet(t.table, t.first_slot) else {
+        return;
+    };
+    let engine = node.engine();
+    let started = Instant::now();
+    let result = (|| -> Result<(SplitCopy, u64, u128), String> {
+        let copy = member
+            .splits
+            .copies
+            .lock()
+            .remove(&key(t))
+            .ok_or("this server holds no copy of the upper slots (it restarted)")?;
+        member.splits.frozen.lock().insert(key(t), at);
+        let finished = engine
+            .set_frozen(engine_tablet, true)
+            .map_err(|e| format!("cannot freeze the tablet: {e}"))
+            .and_then(|()| {
+                member
+                    .replication
+                    .drain(engine_tablet, DRAIN_MAX, || still(member, t, true))
+            })
+            .and_then(|()| {
+                let drained = started.elapsed().as_millis();
+                let redone = if t.table == DEFAULT_TABLE {
+                    node.keyspace.split_finish(&copy)
+                } else {
+                    engine.split_finish(&copy, &mut |_| {})
+                };
+                redone
+                    .map(|n| (n, drained))
+                    .map_err(|e| format!("cannot end the split in memory: {e}"))
+            });
+        match finished {
+            Ok((redone, drained)) => Ok((copy, redone, drained)),
+            Err(e) => {
+                engine.split_cancel(&copy);
+                Err(e)
+            }
+        }
+    })();
+    let request = match result {
+        Ok((copy, redone, drained)) => {
+            member.adopt_tablet(t.table, at, copy.new);
+            tracing::warn!(
+                table = t.table,
+                first_slot = t.first_slot,
+                at,
+                redone,
+                drain_ms = drained as u64,
+                millis = started.elapsed().as_millis() as u64,
+                "split: tablet frozen, drained and split here; reporting"
             );
             Request::SplitDone {
-                server: me,
+                server: member.view().me,
                 table: t.table,
                 first_slot: t.first_slot,
                 at,
                 epoch: t.epoch,
             }
         }
-        Err(reason) => {
-            tracing::error!(table = t.table, first_slot = t.first_slot, at, %reason, "giving the split up");
-            Request::SplitAbort {
-                server: me,
-                table: t.table,
-                first_slot: t.first_slot,
-                epoch: t.epoch,
-                reason,
-            }
-        }
+        Err(reason) => abort(member, t, reason),
     };
-    if let Err(e) = report(member, &request, || still(member, t)) {
+    if let Err(e) = report(member, &request, || still(member, t, true)) {
         tracing::warn!(table = t.table, first_slot = t.first_slot, error = %e, "the split report did not reach the coordinator");
     }
     member.refresh_map_soon();

@@ -7,7 +7,7 @@
 /// Redis's glob matching (SCAN MATCH, KEYS) and its case-insensitive form (CONFIG GET patterns).
 pub use ramlog_common::{glob_match, glob_match_nocase};
 use ramlog_common::{key_slot, TableId, SLOT_COUNT};
-use ramlog_logmem::{Engine, EngineError, TabletId};
+use ramlog_logmem::{Engine, EngineError, SplitCopy, TabletId};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -84,30 +84,28 @@ impl Keyspace {
         Ok(id)
     }
 
-    /// Splits tablet `tablet` of table 0 at slot `at` (the engine's `split_tablet`: it must be
-    /// frozen; the new tablet comes frozen): the slots `at..` route to the new tablet from the
-    /// moment the engine routes them.
-    pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {
-        let mut tablets = self.tablets.write();
-        if tablets.len() >= 1 << self.tablet_bits {
+    /// A split's first step for tablet `tablet` of table 0 (the engine's `split_prepare`):
+    /// refused when this keyspace has no room for one more tablet.
+    pub fn split_prepare(&self, tablet: TabletId, at: u16) -> Result<SplitCopy, EngineError> {
+        if self.tablets.read().len() >= 1 << self.tablet_bits {
             return Err(EngineError::TooManyTablets(1 << self.tablet_bits));
         }
-        let last = self
-            .engine
-            .tablets()
-            .into_iter()
-            .find(|t| t.id == tablet)
-            .map(|t| t.last_slot)
-            .ok_or(EngineError::NoSuchTablet(tablet))?;
-        let id = self.engine.split_tablet_then(tablet, at, &mut |new| {
-            for slot in at..=last {
+        self.engine.split_prepare(tablet, at)
+    }
+
+    /// A split's last step (the engine's `split_finish`, `copy.tablet` frozen): the slots
+    /// `copy.at..` route to the new tablet from the moment the engine routes them.
+    pub fn split_finish(&self, copy: &SplitCopy) -> Result<u64, EngineError> {
+        let mut tablets = self.tablets.write();
+        let redone = self.engine.split_finish(copy, &mut |new| {
+            for slot in copy.at..=copy.last {
                 self.slot_to_tablet[slot as usize].store(new, Ordering::Release);
             }
         })?;
         let mut next = Vec::clone(&tablets);
-        next.push(id);
+        next.push(copy.new);
         *tablets = Arc::new(next);
-        Ok(id)
+        Ok(redone)
     }
 
     /// The tablets of the RESP table on this server.

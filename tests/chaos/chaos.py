@@ -26,6 +26,11 @@ tablets (the promises are those of one failure at a time):
   drain                           a fresh server joins on a spare host (add_server), then
                                   `ramlog cluster drain` of a server (its tablets move to the
                                   others, then it leaves and stops), then a rebalance
+  split                           `ramlog cluster split` of a random tablet at the middle of its
+                                  slots, waited for; or (half the time) started, then kill -9 of
+                                  its master while it copies or switches (the split is abandoned
+                                  and the whole tablet recovers, or its halves recover); restart.
+                                  Skipped for mirrored tables (they do not split)
 The two restore faults need a restore running: restores are held back --restore-delay-ms (a test knob of
 the servers) to give them one. If none is seen running after the first kill, the fault is logged
 as skipped (the first kill stands) and not counted among the faults done.
@@ -55,7 +60,7 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 KINDS = [
     "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
     "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump", "kill_during_restore", "kill_restorer",
-    "migrate", "migrate_kill", "drain",
+    "migrate", "migrate_kill", "drain", "split",
 ]
 # How long a fault that needs a running restore looks for one after its first kill: detection
 # (400 ms of silence and a probe) and the restore itself (held back --restore-delay-ms).
@@ -98,6 +103,10 @@ def schedule(seed, seconds, servers, coordinators, kinds):
         elif kind in ("migrate", "migrate_kill"):
             f["slot"] = rng.randrange(16384)
             f["victim"] = rng.choice(["source", "target"])
+            f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
+        elif kind == "split":
+            f["slot"] = rng.randrange(16384)
+            f["kill_after"] = rng.choice([None, round(rng.uniform(0.0, 0.5), 2)])
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
         else:
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
@@ -366,6 +375,40 @@ class Run:
         self.note(f"{victim.name} restarted")
         return True
 
+    def split(self, f):
+        """Splits the tablet holding `slot` at the middle of its slots and waits for it; with
+        `kill_after` set, starts the split and kill -9s the tablet's master that many seconds
+        later, restarting it after `seconds`. False (skipped) when the tablet cannot split now
+        (one slot, recovering, moving, still copying to a backup, or a mirrored table)."""
+        st = self.status()
+        if not st:
+            return False
+        table = next(t for t in st["tables"] if t["name"] == "default")
+        t = next(t for t in table["tablets"] if t["first_slot"] <= f["slot"] <= t["last_slot"])
+        master = self.server_index(st, t["master"])
+        if master is None:
+            return False
+        cmd = [self.binary, "cluster", "split", "default", str(f["slot"]), "--coordinator", ",".join(self.coord_addrs)]
+        if f["kill_after"] is None:
+            r = subprocess.run(cmd + ["--timeout", "30"], capture_output=True, text=True, timeout=60)
+            self.note(f"split slots {t['first_slot']}-{t['last_slot']} on server {master}: "
+                      + (r.stdout.strip() or r.stderr.strip())[-300:])
+            return r.returncode == 0
+        r = subprocess.run(cmd + ["--no-wait"], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            self.note(f"split: refused: {r.stderr.strip()[-300:]}")
+            return False
+        time.sleep(f["kill_after"])
+        victim = self.servers[master]
+        victim.stopped = True
+        victim.kill()
+        self.note(f"split: slots {t['first_slot']}-{t['last_slot']} splitting on server {master}; "
+                  f"kill -9 it {f['kill_after']} s later")
+        time.sleep(f["seconds"])
+        victim.start(self.binary)
+        self.note(f"{victim.name} restarted")
+        return True
+
     def drain(self, f):
         """A server joins (add_server): a fresh one on the spare host, with an empty data
         directory; then server `target` is drained (its tablets move to the others, the new one
@@ -428,6 +471,8 @@ class Run:
             return self.migrate(f)
         if kind == "drain":
             return self.drain(f)
+        if kind == "split":
+            return self.split(f)
         if kind in ("kill_server", "kill_coordinator"):
             p = self.servers[i] if kind == "kill_server" else self.coords[i]
             p.stopped = True

@@ -1815,6 +1815,101 @@ impl Inner {
         Ok(removed)
     }
 
+    /// A merge's first step: checks that `upper` follows `lower` (same table, adjacent slots)
+    /// and starts noting the keys of `upper` that writers change from here on. The caller then
+    /// copies `upper`'s objects into `lower` at a snapshot taken after this
+    /// (`Engine::merge_prepare`).
+    pub fn merge_begin(&self, lower: TabletId, upper: TabletId) -> Result<(), EngineError> {
+        let l = self.tablet(lower)?;
+        let u = self.tablet(upper)?;
+        let l_last = l.last_slot.load(Ordering::Acquire);
+        if l.table != u.table || u32::from(l_last) + 1 != u32::from(u.first_slot) {
+            return Err(EngineError::Config(format!(
+                "tablets {}..={l_last} and {}..={} are not adjacent tablets of one table",
+                l.first_slot,
+                u.first_slot,
+                u.last_slot.load(Ordering::Acquire)
+            )));
+        }
+        for t in [l, u] {
+            if t.split_watch.load(Ordering::Acquire) != NO_SPLIT {
+                return Err(EngineError::Config(
+                    "a tablet splits or merges already".into(),
+                ));
+            }
+        }
+        let _head = u.head.lock();
+        *u.split_dirty.lock() = SplitDirty::default();
+        u.split_watch
+            .store(u32::from(u.first_slot), Ordering::Release);
+        Ok(())
+    }
+
+    /// A merge's last step, both tablets frozen: the keys written to `upper` since the copy's
+    /// snapshot are redone in `lower`, then `upper`'s slots are routed to `lower` (`routed` is
+    /// called at that moment) and `lower`'s range ends where `upper`'s did. `upper` keeps its
+    /// objects, unreachable, until the caller clears it.
+    pub fn merge_finish(
+        &self,
+        lower: TabletId,
+        upper: TabletId,
+        routed: &mut dyn FnMut(),
+    ) -> Result<u64, EngineError> {
+        let l = self.tablet(lower)?;
+        let u = self.tablet(upper)?;
+        if u.split_watch.load(Ordering::Acquire) != u32::from(u.first_slot)
+            || !l.frozen.load(Ordering::Acquire)
+            || !u.frozen.load(Ordering::Acquire)
+        {
+            return Err(EngineError::Config(
+                "a merge ends on frozen tablets whose copy has begun".into(),
+            ));
+        }
+        let dirty = {
+            let _head = u.head.lock();
+            u.split_watch.store(NO_SPLIT, Ordering::Release);
+            std::mem::take(&mut *u.split_dirty.lock())
+        };
+        let first = u.first_slot;
+        let mut keys = dirty.keys;
+        if dirty.overflowed {
+            keys = self.index_keys(u, &|_| true);
+            keys.extend(self.index_keys(l, &|k| key_slot(k) >= first));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let redone = keys.len() as u64;
+        for key in &keys {
+            let current = self.read(upper, key, |v, version, expire_at_ms| {
+                (v.to_vec(), version, expire_at_ms)
+            })?;
+            match current {
+                Some((value, version, expire_at_ms)) => {
+                    self.restore(lower, key, Some(&value), version, expire_at_ms)?
+                }
+                None => {
+                    self.remove_key(l, key);
+                }
+            }
+        }
+        let last = u.last_slot.load(Ordering::Acquire);
+        self.route(l.table, first, last, lower);
+        l.last_slot.store(last, Ordering::Release);
+        routed();
+        Ok(redone)
+    }
+
+    /// Ends a merge that will not happen: stops the noting in `upper` and removes the copies
+    /// from `lower` (whose range never changed).
+    pub fn merge_cancel(&self, lower: TabletId, upper: TabletId) -> Result<u64, EngineError> {
+        if let Ok(u) = self.tablet(upper) {
+            let _head = u.head.lock();
+            u.split_watch.store(NO_SPLIT, Ordering::Release);
+            *u.split_dirty.lock() = SplitDirty::default();
+        }
+        self.split_cleanup(lower)
+    }
+
     /// The keys of `tablet`'s index that `keep` accepts (one walk, in steps).
     fn index_keys(&self, tablet: &Tablet, keep: &dyn Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
         const KEYS_PER_STEP: usize = 256;

@@ -112,8 +112,6 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             logs_from: None,
             split: None,
             split_ready: false,
-            merge: None,
-            merge_ready: false,
             migration: None,
         })
         .collect();

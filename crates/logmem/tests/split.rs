@@ -264,3 +264,35 @@ fn a_cancelled_split_leaves_the_tablet_as_it_was() {
     let again = e.split_prepare(t, 5000).unwrap();
     e.split_cancel(&again);
 }
+
+#[test]
+fn a_restored_tablet_splits_whole() {
+    let e = engine(256 << 20);
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    let mut load = e.bulk_restore(t, 20_000).unwrap();
+    for i in 0..20_000u64 {
+        load.push(format!("r{i}").as_bytes(), b"restored", 1_000 + i, 0)
+            .unwrap();
+    }
+    load.finish().unwrap();
+    e.advance_clock(1 << 32);
+    let copy = e.split_prepare(t, 12288).unwrap();
+    let expect = (0..20_000u64)
+        .filter(|i| key_slot(format!("r{i}").as_bytes()) >= 12288)
+        .count() as u64;
+    assert_eq!(
+        copy.objects, expect,
+        "the split copies every object of a restored tablet"
+    );
+    e.set_frozen(t, true).unwrap();
+    e.split_finish(&copy, &mut |_| {}).unwrap();
+    for i in 0..20_000u64 {
+        let key = format!("r{i}").into_bytes();
+        let mine = if key_slot(&key) >= 12288 { copy.new } else { t };
+        let o = e
+            .get(mine, &key)
+            .unwrap()
+            .expect("every restored object stays");
+        assert_eq!(o.version, 1_000 + i);
+    }
+}

@@ -173,8 +173,101 @@ pub fn rebalance_moves(map: &ClusterMap, room: &Room, in_flight_max: usize) -> V
     }
 }
 
+/// A server is hot when its tablets take more than this many times the servers' mean of reads
+/// and writes per second.
+pub const LOAD_HOT: f64 = 1.5;
+
+/// The move that spreads load (reads and writes per second of each tablet, by (table, first
+/// slot), as masters report them) when one server is hot: more than [`LOAD_HOT`] times the
+/// mean and at least `min_ops` per second above it. The tablet of the hottest server whose move
+/// narrows the gap to the coolest server the most without reversing it (its rate at most half
+/// the gap) goes to the coolest. None when no server is hot, anything moves or recovers, or no
+/// single tablet can narrow the gap (one tablet carries the heat).
+pub fn load_move(
+    map: &ClusterMap,
+    rates: &BTreeMap<(TableId, u16), u64>,
+    min_ops: u64,
+) -> Option<Move> {
+    if min_ops == 0 || in_flight(map) > 0 || map.tablets.iter().any(|t| t.recovering) {
+        return None;
+    }
+    let mut load: BTreeMap<ServerId, u64> = map
+        .servers
+        .iter()
+        .filter(|s| s.state == ServerState::Up && !s.draining)
+        .map(|s| (s.id, 0))
+        .collect();
+    if load.len() < 2 {
+        return None;
+    }
+    let rate =
+        |t: &crate::map::TabletInfo| rates.get(&(t.table, t.first_slot)).copied().unwrap_or(0);
+    for t in &map.tablets {
+        if let Some(l) = load.get_mut(&t.master) {
+            *l += rate(t);
+        }
+    }
+    let mean = load.values().sum::<u64>() as f64 / load.len() as f64;
+    let (&hot, &most) = load
+        .iter()
+        .max_by_key(|(&s, &r)| (r, std::cmp::Reverse(s)))?;
+    let (&cool, &least) = load.iter().min_by_key(|(&s, &r)| (r, s))?;
+    if (most as f64) < mean * LOAD_HOT || (most as f64) < mean + min_ops as f64 {
+        return None;
+    }
+    let gap = most - least;
+    map.tablets
+        .iter()
+        .filter(|t| {
+            t.master == hot
+                && t.migration.is_none()
+                && t.split.is_none()
+                && !t.recovering
+                && t.pending.is_empty()
+                && rate(t) > 0
+                && rate(t) <= gap / 2
+        })
+        .max_by_key(|t| (rate(t), std::cmp::Reverse((t.table, t.first_slot))))
+        .map(|t| Move {
+            table: t.table,
+            first_slot: t.first_slot,
+            target: cool,
+        })
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_hot_server_moves_the_tablet_that_evens_the_load_best_to_the_coolest() {
+        let (map, _) = cluster(3, 3);
+        let hot = map.tablets[0].master;
+        let mine: Vec<_> = map.tablets.iter().filter(|t| t.master == hot).collect();
+        assert!(mine.len() >= 3, "{} tablets", mine.len());
+        let mut rates = BTreeMap::new();
+        for t in &map.tablets {
+            rates.insert((t.table, t.first_slot), 100);
+        }
+        // Even: nothing moves.
+        assert_eq!(super::load_move(&map, &rates, 1000), None);
+        // One server's three tablets take 30 000, 20 000 and 9 000 ops/s more.
+        for (t, r) in mine.iter().zip([30_000, 20_000, 9_000]) {
+            rates.insert((t.table, t.first_slot), r);
+        }
+        let m = super::load_move(&map, &rates, 1000).expect("a move");
+        assert_ne!(m.target, hot);
+        // Load of the hot server ~59 000 + the rest, the coolest ~ a few hundred: half the gap is
+        // about 29 600, so the 20 000 tablet (the largest at most half the gap) moves.
+        assert_eq!(rates[&(m.table, m.first_slot)], 20_000);
+        // Below the floor, or off: nothing moves.
+        assert_eq!(super::load_move(&map, &rates, 1_000_000), None);
+        assert_eq!(super::load_move(&map, &rates, 0), None);
+        // One tablet carries all the heat: no move narrows the gap.
+        let mut one = BTreeMap::new();
+        one.insert((mine[0].table, mine[0].first_slot), 50_000);
+        assert_eq!(super::load_move(&map, &one, 1000), None);
+    }
+
     use super::*;
     use crate::map::{Migration, MigrationPhase, ServerAddresses, ServerInfo};
     use crate::placement::place_table;
@@ -219,6 +312,7 @@ mod tests {
                     first_slot: t.first_slot,
                     live_bytes: 10 << 20,
                     objects: 1000,
+                    ops_per_sec: 0,
                 })
                 .collect(),
             ..Room::default()

@@ -576,6 +576,7 @@ mod tests {
                     first_slot: 1024,
                     live_bytes: 99,
                     objects: 3,
+                    ops_per_sec: 0,
                 }],
             }),
         };

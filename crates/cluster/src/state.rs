@@ -88,6 +88,13 @@ pub struct TabletBytes {
     pub live_bytes: u64,
     #[serde(default)]
     pub objects: u64,
+    /// Reads and writes per second, over the last few heartbeats (0 when not measured).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ops_per_sec: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A snapshot of memory as the leader last heard it in heartbeats: what it plans restores by.
@@ -959,6 +966,7 @@ impl ClusterState {
                 first_slot: t.first_slot,
                 live_bytes: 0,
                 objects: 0,
+                ops_per_sec: 0,
             });
             split.push((t.first_slot, t.table));
             for i in 0..parts {
@@ -973,6 +981,7 @@ impl ClusterState {
                     first_slot: p.first_slot,
                     live_bytes: size.live_bytes / parts,
                     objects: size.objects / parts,
+                    ops_per_sec: 0,
                 });
                 tablets.push(p);
             }
@@ -2047,6 +2056,7 @@ mod tests {
                     first_slot: t.first_slot,
                     live_bytes: live,
                     objects: live / 100,
+                    ops_per_sec: 0,
                 })
                 .collect(),
         }
@@ -2120,7 +2130,8 @@ mod tests {
                     table: 0,
                     first_slot: 0,
                     live_bytes: 100 * MIB,
-                    objects: 1_000_000
+                    objects: 1_000_000,
+                    ops_per_sec: 0,
                 },
                 1000,
                 SMALL_PARTITIONS

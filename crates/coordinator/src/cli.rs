@@ -62,6 +62,12 @@ pub struct CoordinatorArgs {
     /// halves can move apart; 0 turns automatic splits off (`ramlog cluster split` still works).
     #[arg(long, default_value_t = crate::service::SPLIT_MIB)]
     pub split_mib: u64,
+    /// Balancing by load: a server whose tablets take more than 1.5 times the servers' mean of
+    /// reads and writes per second, and at least this many per second above it, has the tablet
+    /// that evens the load best moved to the coolest server (one move at a time, at most one
+    /// every 30 s); 0 turns it off.
+    #[arg(long, default_value_t = crate::service::LOAD_MIN_OPS)]
+    pub load_min_ops: u64,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -112,6 +118,7 @@ impl CoordinatorArgs {
                 bytes: self.recovery_partition_mib.max(1) << 20,
             },
             split_bytes: self.split_mib << 20,
+            load_min_ops: self.load_min_ops,
         })
     }
 }

@@ -88,7 +88,14 @@ pub struct CoordinatorConfig {
     pub recovery_partition: ramlog_cluster::PartitionSize,
     /// Live bytes past which the leader splits a tablet (0: never by itself).
     pub split_bytes: u64,
+    /// The floor of balancing by load (`--load-min-ops`; 0: off).
+    pub load_min_ops: u64,
 }
+
+/// The default of `--load-min-ops`.
+pub const LOAD_MIN_OPS: u64 = 5000;
+/// The least time between two moves for load: each move's effect shows in the next reports.
+const LOAD_MOVE_EVERY: Duration = Duration::from_secs(30);
 
 /// The default of `--split-mib`: half the servers' default (and largest) `tablet_max_bytes`,
 /// 384 MiB, so that a growing tablet splits well before it refuses writes.
@@ -125,6 +132,9 @@ struct Shared {
     dead_after: Duration,
     recovery_partition: ramlog_cluster::PartitionSize,
     split_bytes: u64,
+    load_min_ops: u64,
+    /// When the leader last moved a tablet for load.
+    load_moved_at: Mutex<Option<Instant>>,
     /// When this member last became leader (None while it is not): heartbeats it did not see
     /// count from then, so a new leader never declares a server dead on its predecessor's watch.
     leader_since: Mutex<Option<Instant>>,
@@ -183,6 +193,8 @@ impl Coordinator {
             dead_after: config.dead_after,
             recovery_partition: config.recovery_partition,
             split_bytes: config.split_bytes,
+            load_min_ops: config.load_min_ops,
+            load_moved_at: Mutex::new(None),
             leader_since: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -340,6 +352,7 @@ async fn monitor(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             planned = Instant::now();
             shared.plan_moves().await;
             shared.plan_splits().await;
+            shared.plan_load().await;
         }
         let candidates = shared.silent_servers(since);
         if candidates.is_empty() {
@@ -764,6 +777,66 @@ impl Shared {
                 ),
                 Err(e) => tracing::warn!(answer = ?e, "a planned split was refused"),
             }
+        }
+    }
+
+    /// On the leader: moves a tablet off a server that is hot by load ([`balance::load_move`]),
+    /// at most one move every [`LOAD_MOVE_EVERY`], never while rebalancing by memory or
+    /// draining.
+    async fn plan_load(&self) {
+        if self.load_min_ops == 0 {
+            return;
+        }
+        if self
+            .load_moved_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < LOAD_MOVE_EVERY)
+        {
+            return;
+        }
+        let map = self.machine_read(|m| m.state.map.clone());
+        if map.rebalancing || map.servers.iter().any(|s| s.draining) {
+            return;
+        }
+        let rates: BTreeMap<(TableId, u16), u64> = {
+            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            map.tablets
+                .iter()
+                .filter_map(|t| {
+                    let r = reports.get(&t.master)?;
+                    let b = r
+                        .memory
+                        .tablets
+                        .iter()
+                        .find(|b| (b.table, b.first_slot) == (t.table, t.first_slot))?;
+                    Some(((t.table, t.first_slot), b.ops_per_sec))
+                })
+                .collect()
+        };
+        let Some(m) = balance::load_move(&map, &rates, self.load_min_ops) else {
+            return;
+        };
+        let rate = rates.get(&(m.table, m.first_slot)).copied().unwrap_or(0);
+        let command = Command::MoveTablet {
+            table: m.table,
+            first_slot: m.first_slot,
+            target: m.target,
+        };
+        match self.propose(command).await {
+            Ok(_) => {
+                *self.load_moved_at.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Instant::now());
+                tracing::warn!(
+                    table = m.table,
+                    first_slot = m.first_slot,
+                    target = m.target,
+                    ops_per_sec = rate,
+                    reason = "load",
+                    "tablet migration started: its server is hot"
+                );
+            }
+            Err(e) => tracing::warn!(answer = ?e, "a planned move for load was refused"),
         }
     }
 

@@ -18,6 +18,7 @@ fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorCo
     CoordinatorConfig {
         recovery_partition: Default::default(),
         split_bytes: 0,
+        load_min_ops: 0,
         id,
         listen: members[&id].parse().unwrap(),
         members: members.clone(),

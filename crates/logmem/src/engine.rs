@@ -90,6 +90,9 @@ pub(crate) struct Tablet {
     /// keys in `split_dirty`, under the write lock, so that the split's last step redoes them.
     pub split_watch: AtomicU32,
     pub split_dirty: Mutex<SplitDirty>,
+    /// Reads and writes of the tablet since it was created (its load, which the cluster
+    /// balances by).
+    pub ops: AtomicU64,
 }
 
 /// No split watches the tablet.
@@ -413,6 +416,7 @@ impl Inner {
             full_limit: AtomicU64::new(0),
             split_watch: AtomicU32::new(NO_SPLIT),
             split_dirty: Mutex::new(SplitDirty::default()),
+            ops: AtomicU64::new(0),
         };
         if self.tablets[id as usize].set(Box::new(tablet)).is_err() {
             return Err(EngineError::Config("tablet slot already taken".into()));
@@ -1167,6 +1171,7 @@ impl Inner {
         f: impl FnOnce(&[u8], Version, u64) -> R,
     ) -> Result<Option<R>, EngineError> {
         let tablet = self.tablet(tablet)?;
+        tablet.ops.fetch_add(1, Ordering::Relaxed);
         let hash = hash_key(key);
         let _guard = epoch::pin();
         let Some((_, loc)) = tablet.index.lookup(hash, |loc| self.key_matches(loc, key)) else {
@@ -1190,6 +1195,7 @@ impl Inner {
         mut decide: impl FnMut(Option<(&Header, Loc)>) -> Result<WriteAction<'v>, EngineError>,
     ) -> Result<WriteResult, EngineError> {
         let tablet = self.tablet(tablet_id)?;
+        tablet.ops.fetch_add(1, Ordering::Relaxed);
         let hash = hash_key(key);
         let mut started = None;
         loop {
@@ -1887,6 +1893,7 @@ impl Inner {
                     first_slot: t.first_slot,
                     last_slot: t.last_slot.load(Ordering::Acquire),
                     objects: t.index.len(),
+                    ops: t.ops.load(Ordering::Relaxed),
                 })
             })
             .collect()

@@ -122,6 +122,8 @@ pub struct TabletInfo {
     pub first_slot: u16,
     pub last_slot: u16,
     pub objects: u64,
+    /// Reads and writes since the tablet was created.
+    pub ops: u64,
 }
 
 /// One object a scan returns: its key, its value (projected when the query projects), version and

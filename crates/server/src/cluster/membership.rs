@@ -365,6 +365,9 @@ pub struct Member {
     /// The tablets of the last memory report: sent again while a map is being applied (the
     /// heartbeat never waits for that).
     last_tablets: parking_lot::Mutex<Vec<TabletBytes>>,
+    /// Per engine tablet: when its operation count was last read, that count, and its rate of
+    /// operations per second averaged over about a second (for the leader's balancing by load).
+    ops_seen: parking_lot::Mutex<HashMap<ramlog_logmem::TabletId, (std::time::Instant, u64, f64)>>,
     /// The version of the map served, published after each map is applied: what waits for the
     /// map to change (the routing port, for a slot whose master failed) wakes on it.
     map_version: tokio::sync::watch::Sender<u64>,
@@ -495,6 +498,7 @@ impl Member {
             unreachable_peers: parking_lot::Mutex::new(HashMap::new()),
             reported_peers: parking_lot::Mutex::new(HashMap::new()),
             last_tablets: parking_lot::Mutex::new(Vec::new()),
+            ops_seen: parking_lot::Mutex::new(HashMap::new()),
             map_version: tokio::sync::watch::Sender::new(0),
         });
         member.renew_lease(member.clock_base, LEASE_DEFAULT);
@@ -797,11 +801,27 @@ impl Member {
         let room_bytes = restore_room_bytes(node);
         let engine = node.engine();
         let live = engine.live_bytes_by_tablet();
-        let objects: HashMap<ramlog_logmem::TabletId, u64> = engine
-            .tablets()
-            .into_iter()
-            .map(|t| (t.id, t.objects))
-            .collect();
+        let infos = engine.tablets();
+        let objects: HashMap<ramlog_logmem::TabletId, u64> =
+            infos.iter().map(|t| (t.id, t.objects)).collect();
+        let rates: HashMap<ramlog_logmem::TabletId, u64> = {
+            let now = std::time::Instant::now();
+            let mut seen = self.ops_seen.lock();
+            infos
+                .iter()
+                .map(|t| {
+                    let e = seen.entry(t.id).or_insert((now, t.ops, 0.0));
+                    let dt = now.duration_since(e.0).as_secs_f64();
+                    if dt > 0.0 {
+                        let rate = t.ops.saturating_sub(e.1) as f64 / dt;
+                        let weight = dt.min(1.0);
+                        e.2 = e.2 * (1.0 - weight) + rate * weight;
+                        *e = (now, t.ops, e.2);
+                    }
+                    (t.id, e.2 as u64)
+                })
+                .collect()
+        };
         // Test knob: tablets reported this many times smaller than they are, so that a test
         // can make the coordinator plan restores that run out of memory.
         static UNDERSTATE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -831,6 +851,7 @@ impl Member {
                     first_slot: t.first_slot,
                     live_bytes: live.get(id as usize).copied().unwrap_or(0) / understate,
                     objects: objects.get(&id).copied().unwrap_or(0),
+                    ops_per_sec: rates.get(&id).copied().unwrap_or(0),
                 })
             })
             .collect();

@@ -942,6 +942,22 @@ impl Shared {
         }
     }
 
+    /// The table named `table` and its tablet that holds `slot`, or the error text to answer.
+    fn named_tablet(
+        &self,
+        table: &str,
+        slot: u16,
+    ) -> Result<(TableId, ramlog_cluster::TabletInfo), String> {
+        let map = self.map();
+        let Some(info) = map.tables.iter().find(|t| t.name == table) else {
+            return Err(CommandError::NoSuchTable(table.to_string()).to_string());
+        };
+        match map.tablet_at(info.id, slot) {
+            Some(t) => Ok((info.id, t.clone())),
+            None => Err(format!("no tablet of {table} holds slot {slot}")),
+        }
+    }
+
     /// Proposes `command` and waits until it is applied; errors are the answer to send.
     /// Proposes a migration step a server reported; logs `what` when it applied.
     async fn note_migration(&self, command: Command, what: &str) -> Response {
@@ -1272,23 +1288,20 @@ impl Shared {
                 slot,
                 target,
             } => {
-                let map = self.map();
-                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
-                    return Response::Error(CommandError::NoSuchTable(table).to_string());
-                };
-                let Some(t) = map.tablet_at(info.id, slot) else {
-                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                let (id, t) = match self.named_tablet(&table, slot) {
+                    Ok(found) => found,
+                    Err(e) => return Response::Error(e),
                 };
                 let command = Command::MoveTablet {
-                    table: info.id,
+                    table: id,
                     first_slot: t.first_slot,
                     target,
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Noted { .. }, map)) => {
-                        let t = map.tablet_at(info.id, slot);
+                        let t = map.tablet_at(id, slot);
                         tracing::warn!(
-                            table = info.id,
+                            table = id,
                             first_slot = ?t.map(|t| t.first_slot),
                             target,
                             phase = ?t.and_then(|t| t.migration).map(|m| m.phase),
@@ -1360,23 +1373,20 @@ impl Shared {
                 self.note_migration(command, "migration abandoned").await
             }
             Request::SplitTablet { table, slot, at } => {
-                let map = self.map();
-                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
-                    return Response::Error(CommandError::NoSuchTable(table).to_string());
-                };
-                let Some(t) = map.tablet_at(info.id, slot) else {
-                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                let (id, t) = match self.named_tablet(&table, slot) {
+                    Ok(found) => found,
+                    Err(e) => return Response::Error(e),
                 };
                 let at = at.unwrap_or_else(|| t.middle_slot());
                 let command = Command::SplitTablet {
-                    table: info.id,
+                    table: id,
                     first_slot: t.first_slot,
                     at,
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Noted { .. }, _)) => {
                         tracing::warn!(
-                            table = info.id,
+                            table = id,
                             first_slot = t.first_slot,
                             at,
                             "tablet split started"

@@ -274,6 +274,25 @@ fn under_load(
     Ok((run, result))
 }
 
+/// The tablet that holds slot 0, and its master's RESP address.
+fn slot0_tablet(
+    st: &super::ramlog::ClusterStatus,
+) -> anyhow::Result<(super::ramlog::TabletState, String)> {
+    let first = st
+        .tablets
+        .iter()
+        .find(|t| t.first_slot == 0)
+        .context("no tablet holds slot 0")?
+        .clone();
+    let addr = st
+        .servers
+        .iter()
+        .find(|s| s.0 == first.master)
+        .map(|s| s.2.clone())
+        .context("the master of slot 0 is not listed")?;
+    Ok((first, addr))
+}
+
 /// One ramlog run: start; preload the tablets the master of slot 0 masters that the server
 /// outside the backup set of slot 0's tablet could take (it backs none of them up); move them
 /// all to that server under load; check.
@@ -287,12 +306,7 @@ fn ramlog_run(
     let memory_mib = ((data_bytes >> 20) * 3).max(512);
     let cluster = RamlogCluster::start(work, SERVERS, memory_mib)?;
     let st = cluster.status()?;
-    let first = st
-        .tablets
-        .iter()
-        .find(|t| t.first_slot == 0)
-        .context("no tablet holds slot 0")?
-        .clone();
+    let (first, source_addr) = slot0_tablet(&st)?;
     let source = first.master;
     let target = st
         .servers
@@ -300,12 +314,6 @@ fn ramlog_run(
         .map(|s| s.0)
         .find(|id| *id != source && !first.backups.contains(id))
         .context("every server masters or backs up the tablet of slot 0")?;
-    let source_addr = st
-        .servers
-        .iter()
-        .find(|s| s.0 == source)
-        .map(|s| s.2.clone())
-        .context("the master of slot 0 is not listed")?;
     // A tablet's log on a backup holds at most 512 MiB (the backup store's
     // `tablet_log_capacity_bytes`): the data is spread over several tablets, as a server's data is.
     let tablets: Vec<(u16, u16)> = st
@@ -382,18 +390,7 @@ fn split_run(
     let memory_mib = ((data_bytes >> 20) * 4).max(512);
     let cluster = RamlogCluster::start(work, SERVERS, memory_mib)?;
     let st = cluster.status()?;
-    let first = st
-        .tablets
-        .iter()
-        .find(|t| t.first_slot == 0)
-        .context("no tablet holds slot 0")?
-        .clone();
-    let master_addr = st
-        .servers
-        .iter()
-        .find(|s| s.0 == first.master)
-        .map(|s| s.2.clone())
-        .context("the master of slot 0 is not listed")?;
+    let (first, master_addr) = slot0_tablet(&st)?;
     let slots: Vec<u16> = (first.first_slot..=first.last_slot).collect();
     let mut split_slots = vec![false; SLOT_COUNT as usize];
     for &s in &slots {

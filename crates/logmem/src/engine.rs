@@ -97,15 +97,18 @@ pub(crate) struct Tablet {
 
 /// No split watches the tablet.
 pub(crate) const NO_SPLIT: u32 = u32::MAX;
-/// Keys a split notes at most while it copies; past it, its last step compares the two
-/// tablets whole instead (see [`Inner::split_finish`]).
-pub(crate) const SPLIT_DIRTY_MAX: usize = 1 << 20;
+/// Bytes of keys (and their list entries) a split notes at most while it copies: heap memory
+/// outside the engine's budget, bounded by this; past it, the split's last step compares the
+/// two tablets whole instead (see [`Inner::split_finish`]).
+pub(crate) const SPLIT_DIRTY_BYTES_MAX: usize = 16 << 20;
 
 /// Keys of the upper slots written while a split copies them.
 #[derive(Default)]
 pub struct SplitDirty {
     pub keys: Vec<Vec<u8>>,
-    /// More than [`SPLIT_DIRTY_MAX`] were written: `keys` stopped growing.
+    /// Heap bytes `keys` holds (keys and their `Vec` headers).
+    pub bytes: usize,
+    /// More than [`SPLIT_DIRTY_BYTES_MAX`] would have been noted: `keys` stopped growing.
     pub overflowed: bool,
 }
 
@@ -1702,8 +1705,10 @@ impl Inner {
             return;
         }
         let mut dirty = tablet.split_dirty.lock();
-        if dirty.keys.len() < SPLIT_DIRTY_MAX {
+        let cost = key.len() + std::mem::size_of::<Vec<u8>>();
+        if dirty.bytes + cost <= SPLIT_DIRTY_BYTES_MAX {
             dirty.keys.push(key.to_vec());
+            dirty.bytes += cost;
         } else {
             dirty.overflowed = true;
         }

@@ -296,3 +296,45 @@ fn a_restored_tablet_splits_whole() {
         assert_eq!(o.version, 1_000 + i);
     }
 }
+
+#[test]
+fn a_split_whose_noted_keys_overflow_compares_both_tablets_whole() {
+    let e = engine(1 << 30);
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    for i in 0..5_000u32 {
+        e.put(
+            t,
+            format!("old{i}").as_bytes(),
+            b"v",
+            &PutOptions::default(),
+        )
+        .unwrap();
+    }
+    let copy = e.split_prepare(t, 8192).unwrap();
+    // More keys written during the copy than the 16 MiB of notes hold (about 34 B each).
+    let mut upper_new = 0u64;
+    for i in 0..1_300_000u32 {
+        let key = format!("n{i}").into_bytes();
+        e.put(t, &key, b"w", &PutOptions::default()).unwrap();
+        upper_new += u64::from(key_slot(&key) >= 8192);
+    }
+    for i in 0..5_000u32 {
+        if i % 2 == 0 {
+            e.delete(t, format!("old{i}").as_bytes(), Condition::None)
+                .unwrap();
+        }
+    }
+    e.set_frozen(t, true).unwrap();
+    e.split_finish(&copy, &mut |_| {}).unwrap();
+    e.split_cleanup(t).unwrap();
+    let upper_old = (0..5_000u32)
+        .filter(|i| i % 2 == 1 && key_slot(format!("old{i}").as_bytes()) >= 8192)
+        .count() as u64;
+    let hi = e.tablets().into_iter().find(|x| x.id == copy.new).unwrap();
+    assert_eq!(hi.objects, upper_new + upper_old);
+    for i in 0..5_000u32 {
+        let key = format!("old{i}").into_bytes();
+        let mine = if key_slot(&key) >= 8192 { copy.new } else { t };
+        assert_eq!(e.get(mine, &key).unwrap().is_some(), i % 2 == 1, "old{i}");
+    }
+}

@@ -31,6 +31,11 @@ tablets (the promises are those of one failure at a time):
                                   its master while it copies or switches (the split is abandoned
                                   and the whole tablet recovers, or its halves recover); restart.
                                   Skipped for mirrored tables (they do not split)
+  merge                           a split as above (waited for), then, once both halves are
+                                  copied to their backups, `ramlog cluster merge` of the halves:
+                                  waited for; or (half the time) started, then kill -9 of their
+                                  master while it copies or joins them; restart. Skipped for
+                                  mirrored tables
 The two restore faults need a restore running: restores are held back --restore-delay-ms (a test knob of
 the servers) to give them one. If none is seen running after the first kill, the fault is logged
 as skipped (the first kill stands) and not counted among the faults done.
@@ -60,7 +65,7 @@ FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 KINDS = [
     "kill_server", "kill_coordinator", "pause_server", "partition_from_coordinators",
     "partition_from_servers", "isolate_server", "isolate_coordinator", "disk_full", "clock_jump", "kill_during_restore", "kill_restorer",
-    "migrate", "migrate_kill", "drain", "split",
+    "migrate", "migrate_kill", "drain", "split", "merge",
 ]
 # How long a fault that needs a running restore looks for one after its first kill: detection
 # (400 ms of silence and a probe) and the restore itself (held back --restore-delay-ms).
@@ -104,7 +109,7 @@ def schedule(seed, seconds, servers, coordinators, kinds):
             f["slot"] = rng.randrange(16384)
             f["victim"] = rng.choice(["source", "target"])
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
-        elif kind == "split":
+        elif kind in ("split", "merge"):
             f["slot"] = rng.randrange(16384)
             f["kill_after"] = rng.choice([None, round(rng.uniform(0.0, 0.5), 2)])
             f["seconds"] = round(rng.uniform(0.5, 3.0), 2)
@@ -409,6 +414,83 @@ class Run:
         self.note(f"{victim.name} restarted")
         return True
 
+    def merge(self, f):
+        """Splits the tablet holding `slot` at the middle of its slots (waited for), then merges
+        the halves back: the coordinator's leader merges small halves by itself once both are
+        copied to their backups, else `ramlog cluster merge` asks for it once they are. Waited
+        for (at most 30 s each); or, with `kill_after` set, their master is killed -9 that many
+        seconds after the merge is seen started (restarted after `seconds`). False (skipped) when
+        the split or the merge was refused or the halves did not settle."""
+        st = self.status()
+        if not st:
+            return False
+        table = next(t for t in st["tables"] if t["name"] == "default")
+        t = next(t for t in table["tablets"] if t["first_slot"] <= f["slot"] <= t["last_slot"])
+        first, last = t["first_slot"], t["last_slot"]
+        coordinator = ",".join(self.coord_addrs)
+        r = subprocess.run([self.binary, "cluster", "split", "default", str(f["slot"]), "--timeout", "30",
+                            "--coordinator", coordinator], capture_output=True, text=True, timeout=60)
+        self.note(f"merge: split slots {first}-{last} first: " + (r.stdout.strip() or r.stderr.strip())[-300:])
+        if r.returncode != 0:
+            return False
+
+        def halves():
+            st = self.status()
+            if not st:
+                return st, None
+            table = next(t for t in st["tables"] if t["name"] == "default")
+            return st, [x for x in table["tablets"] if first <= x["first_slot"] <= last]
+
+        deadline = time.time() + 30
+        asked = False
+        while time.time() < deadline:
+            st, hs = halves()
+            if hs is None:
+                time.sleep(0.2)
+                continue
+            if len(hs) == 1 and hs[0]["last_slot"] == last:
+                self.note(f"merge: slots {first}-{last} merged by the coordinator's leader")
+                return True
+            if len(hs) == 2 and hs[0]["merge"]:
+                break
+            idle = len(hs) == 2 and hs[0]["master"] == hs[1]["master"] and all(
+                not x["pending"] and x["logs_from"] is None and not x["recovering"]
+                and x["migration"] is None for x in hs)
+            if idle and not asked:
+                asked = True
+                r = subprocess.run([self.binary, "cluster", "merge", "default", str(first), "--no-wait",
+                                    "--coordinator", coordinator], capture_output=True, text=True, timeout=30)
+                self.note(f"merge slots {first}-{last}: " + (r.stdout.strip() or r.stderr.strip())[-300:])
+                continue
+            time.sleep(0.05)
+        else:
+            self.note(f"merge: the halves of slots {first}-{last} did not merge within 30 s: {hs}")
+            return False
+        master = self.server_index(st, hs[0]["master"])
+        if master is None:
+            return False
+        if f["kill_after"] is None:
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                st, hs = halves()
+                if hs and len(hs) == 1 and hs[0]["last_slot"] == last:
+                    self.note(f"merge: slots {first}-{last} merged on server {master}")
+                    return True
+                if hs and len(hs) == 2 and not hs[0]["merge"]:
+                    break
+                time.sleep(0.1)
+            self.note(f"merge: slots {first}-{last} did not merge: {hs}")
+            return False
+        time.sleep(f["kill_after"])
+        victim = self.servers[master]
+        victim.stopped = True
+        victim.kill()
+        self.note(f"merge: slots {first}-{last} merging on server {master}; kill -9 it {f['kill_after']} s later")
+        time.sleep(f["seconds"])
+        victim.start(self.binary)
+        self.note(f"{victim.name} restarted")
+        return True
+
     def drain(self, f):
         """A server joins (add_server): a fresh one on the spare host, with an empty data
         directory; then server `target` is drained (its tablets move to the others, the new one
@@ -473,6 +555,8 @@ class Run:
             return self.drain(f)
         if kind == "split":
             return self.split(f)
+        if kind == "merge":
+            return self.merge(f)
         if kind in ("kill_server", "kill_coordinator"):
             p = self.servers[i] if kind == "kill_server" else self.coords[i]
             p.stopped = True

@@ -157,3 +157,93 @@ def test_a_tablet_that_grows_past_the_split_size_splits_by_itself(tmp_path):
         assert not missing, missing[:5]
     finally:
         c.stop()
+
+
+def test_split_halves_merge_back_under_writers_and_a_kill_loses_nothing(tmp_path):
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "0"])
+    stop = threading.Event()
+    threads = []
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        names = keys_in(t, 1200, "j:")
+        value = lambda k: (k.encode() * 50)[:500]  # noqa: E731
+        preload(c, names, value)
+        keys = Keys()
+        for k in names:
+            keys.acked_write(k, value(k))
+        threads = [threading.Thread(target=cluster_writer, args=(c.servers[i].resp, names[i * 100:(i + 1) * 100], keys, i, stop), daemon=True)
+                   for i in range(3)]
+        for th in threads:
+            th.start()
+        out = split(c, "0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        wait_settled(c, copies=True, timeout=60)
+        at = tablet_at(status(c), t["last_slot"])["first_slot"]
+        assert at > t["first_slot"]
+        acked = keys.acked
+        assert wait_until(lambda: keys.acked > acked + 200, timeout=20)
+        out = subprocess.run([ramlog_bin(), "cluster", "merge", "default", "0", "--coordinator", c.coordinator_addr,
+                              "--timeout", "60"], capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"merged into {t['first_slot']}-{t['last_slot']}" in out.stdout, out.stdout
+        m = tablet_at(status(c), 0)
+        assert (m["first_slot"], m["last_slot"], m["master"], m["epoch"]) == (t["first_slot"], t["last_slot"], t["master"], t["epoch"] + 2), m
+        acked = keys.acked
+        assert wait_until(lambda: keys.acked > acked + 200, timeout=20)
+        # The joined tablet's memory holds both ranges' objects (none hidden by a map served
+        # while it joined them): the preloaded keys the writers leave alone read back.
+        quiet = names[300:]
+        got = read_all(c, 0, quiet)
+        wrong = [k for k in quiet if got.get(k) != value(k)]
+        assert not wrong, wrong[:10]
+        # The master dies at once, while the merged tablet's copies to the backups may still run:
+        # the restore reads both halves' logs.
+        victim = index_of(c, status(c), t["master"])
+        c.servers[victim].proc.send_signal(signal.SIGKILL)
+        c.servers[victim].proc.wait(timeout=5)
+        wait_declared_dead(c, t["master"])
+        assert wait_until(lambda: not tablet_at(status(c), 0)["recovering"], timeout=60)
+        acked = keys.acked
+        assert wait_until(lambda: keys.acked > acked + 100, timeout=30)
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        alive = next(i for i in range(3) if i != victim)
+        got = read_all(c, alive, list(keys.possible))
+        for k, v in got.items():
+            keys.read(k, v, "after the merged tablet's master died")
+        assert not keys.violations, keys.violations[:10]
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=20)
+        c.stop()
+
+
+def test_small_split_halves_merge_back_by_themselves_and_the_first_tablets_never_do(tmp_path):
+    # Halves under a quarter of --split-mib (2 MiB here) merge back; the tablets the table was
+    # created with are as small, and stay.
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "8"])
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        tablets_before = sum(len(x["tablets"]) for x in st["tables"])
+        names = keys_in(t, 1000, "a:")
+        value = lambda k: (k.encode() * 40)[:400]  # noqa: E731
+        preload(c, names, value)
+        out = split(c, "0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert tablet_at(status(c), 0)["last_slot"] < t["last_slot"]
+        assert wait_until(lambda: tablet_at(status(c), 0)["last_slot"] == t["last_slot"], timeout=60), tablet_at(status(c), 0)
+        st = status(c)
+        m = tablet_at(st, 0)
+        assert (m["first_slot"], m["master"]) == (t["first_slot"], t["master"]) and m["epoch"] >= t["epoch"] + 2, m
+        # Two more planning rounds: nothing else merges.
+        wait_settled(c, copies=True, timeout=60)
+        assert not wait_until(lambda: sum(len(x["tablets"]) for x in status(c)["tables"]) != tablets_before, timeout=6)
+        got = read_all(c, 1, names)
+        missing = [k for k in names if got.get(k) != value(k)]
+        assert not missing, missing[:5]
+    finally:
+        c.stop()

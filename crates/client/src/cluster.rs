@@ -772,6 +772,8 @@ mod tests {
             logs_from: None,
             split: None,
             split_ready: false,
+            merge: None,
+            merge_ready: false,
             migration: None,
         }
     }

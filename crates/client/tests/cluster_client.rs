@@ -112,6 +112,8 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             logs_from: None,
             split: None,
             split_ready: false,
+            merge: None,
+            merge_ready: false,
             migration: None,
         })
         .collect();

@@ -113,6 +113,21 @@ pub struct TableInfo {
     pub replicas: u32,
     /// The table's schema in its binary form (`ramlog_query::Schema::to_bytes`), if any.
     pub schema: Option<Vec<u8>>,
+    /// How many tablets the table was created with (`placement::slot_ranges` of this count
+    /// gives their slot ranges). Tablets split off one of them, or restored as its recovery
+    /// partitions, may merge back into it on their own; tablets of different ones never do.
+    /// 0 in maps written before it was kept: such tablets merge only on request.
+    #[serde(default)]
+    pub tablets_at_creation: u32,
+}
+
+impl TableInfo {
+    /// The slots of the tablet the table was created with that holds `slot`, if known.
+    pub fn creation_range(&self, slot: u16) -> Option<(u16, u16)> {
+        (self.tablets_at_creation > 0)
+            .then(|| crate::placement::slot_ranges(self.tablets_at_creation))
+            .and_then(|r| r.into_iter().find(|&(a, b)| a <= slot && slot <= b))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +191,18 @@ pub struct TabletInfo {
     /// The split's copy is made: the tablet is frozen for its last step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub split_ready: bool,
+    /// The tablet absorbs the next tablet of its table (same master and backups), whose epoch
+    /// was this when the merge began (`ramlog cluster merge`, or the leader for two small halves
+    /// of one former tablet): its master copies the next tablet into this one's memory while
+    /// both serve, noting the keys written meanwhile, and reports `MergeReady`; then both are
+    /// frozen (`merge_ready`), drained and joined, and it reports `MergeDone`: one tablet of both
+    /// ranges serves at the next epoch, copied afresh to every backup, restored from both
+    /// tablets' logs until then (`logs_from` names the next tablet's first slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<u64>,
+    /// On both tablets of a merge whose copy is made: frozen for its last step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub merge_ready: bool,
 }
 
 /// A tablet's move from its master to `target`, with writes going on. The source serves the
@@ -233,13 +260,14 @@ impl TabletInfo {
         self.first_slot..=self.last_slot
     }
 
-    /// True while the tablet's move switches to its target, or while its split takes its last
-    /// step: its master takes no requests for it (they are answered TRYAGAIN, or held by the
+    /// True while the tablet's move switches to its target, or while its split or merge takes
+    /// its last step: its master takes no requests for it (they are answered TRYAGAIN, or held by the
     /// routing port) until the target masters it, or both halves serve.
     pub fn switching(&self) -> bool {
         self.migration
             .is_some_and(|m| m.phase == MigrationPhase::Switching)
             || (self.split.is_some() && self.split_ready)
+            || self.merge_ready
     }
 
     /// Where a split cuts the tablet when none is named: the middle of its slots (keys spread
@@ -311,6 +339,14 @@ impl ClusterMap {
         let within = &rest[..end];
         let i = within.partition_point(|t| t.last_slot < slot);
         within.get(i).filter(|t| t.first_slot <= slot)
+    }
+
+    /// The tablet of `table` after `t` (the one whose slots follow its own), if any.
+    pub fn next_tablet(&self, t: &TabletInfo) -> Option<&TabletInfo> {
+        (t.last_slot + 1 < SLOT_COUNT)
+            .then(|| self.tablet_at(t.table, t.last_slot + 1))
+            .flatten()
+            .filter(|n| n.first_slot == t.last_slot + 1)
     }
 
     /// The tablet of `table` that starts at `first_slot`, to change it.
@@ -390,6 +426,8 @@ mod tests {
             logs_from: None,
             split: None,
             split_ready: false,
+            merge: None,
+            merge_ready: false,
             migration: None,
         }
     }

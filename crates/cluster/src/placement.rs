@@ -156,6 +156,8 @@ pub fn place_table(
                 logs_from: None,
                 split: None,
                 split_ready: false,
+                merge: None,
+                merge_ready: false,
                 migration: None,
             }
         })

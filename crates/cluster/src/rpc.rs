@@ -165,6 +165,34 @@ pub enum Request {
         epoch: u64,
         reason: String,
     },
+    /// Merges the tablet of table `table` (by name) that holds `slot` with the next one
+    /// (`ramlog cluster merge`); answered `Noted` once the merge is recorded.
+    MergeTablets {
+        table: String,
+        slot: u16,
+    },
+    /// The master (`server`) copied the next tablet into the tablet at `first_slot`.
+    MergeReady {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+    },
+    /// The master (`server`) joined the two tablets, every write they took acknowledged.
+    MergeDone {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+    },
+    /// The master (`server`) could not merge the tablets.
+    MergeAbort {
+        server: ServerId,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
     /// The coordinator members, the leader, and the map.
     Status,
     /// Raft traffic between coordinator members: the body is openraft's request as JSON.

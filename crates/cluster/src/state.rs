@@ -306,6 +306,34 @@ pub enum Command {
         epoch: u64,
         reason: String,
     },
+    /// Starts merging the tablet that begins at `first_slot` with the next one (see
+    /// [`crate::map::TabletInfo::merge`]).
+    MergeTablets {
+        table: TableId,
+        first_slot: u16,
+    },
+    /// The master copied the next tablet into this one: both freeze for the last step.
+    MergeReady {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    },
+    /// The master joined the two tablets in memory with every write acknowledged: one tablet
+    /// of both ranges serves at the next epoch.
+    MergeDone {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    },
+    /// The master could not merge the tablets: both serve as before.
+    MergeAbort {
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        reason: String,
+    },
 }
 
 /// What a restarted server remembers of its membership.
@@ -366,6 +394,8 @@ pub enum CommandError {
     CannotMove(String),
     #[error("cannot split the tablet: {0}")]
     CannotSplit(String),
+    #[error("cannot merge the tablets: {0}")]
+    CannotMerge(String),
 }
 
 /// Everything the coordinator replicates.
@@ -761,6 +791,81 @@ impl ClusterState {
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
+            Command::MergeTablets { table, first_slot } => {
+                self.merge_tablets(*table, *first_slot)?;
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MergeReady {
+                table,
+                first_slot,
+                epoch,
+                server,
+            } => {
+                let Some((i, upper_epoch)) = self.merging(*table, *first_slot, *epoch, *server)
+                else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if self.map.tablets[i].merge_ready || self.map.tablets[i + 1].epoch != upper_epoch {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                self.map.tablets[i].merge_ready = true;
+                self.map.tablets[i + 1].merge_ready = true;
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MergeDone {
+                table,
+                first_slot,
+                epoch,
+                server,
+            } => {
+                let up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+                let Some((i, upper_epoch)) = self.merging(*table, *first_slot, *epoch, *server)
+                else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                let upper = self.map.tablets[i + 1].clone();
+                if !self.map.tablets[i].merge_ready || upper.epoch != upper_epoch {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                self.map.tablets.remove(i + 1);
+                let t = &mut self.map.tablets[i];
+                t.merge = None;
+                t.merge_ready = false;
+                t.last_slot = upper.last_slot;
+                t.epoch = t.epoch.max(upper.epoch) + 1;
+                t.pending = t
+                    .backups
+                    .iter()
+                    .copied()
+                    .filter(|b| up.contains(b))
+                    .collect();
+                t.logs_from = Some(upper.first_slot);
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::MergeAbort {
+                table,
+                first_slot,
+                epoch,
+                ..
+            } => {
+                let Some(i) = self.map.tablets.iter().position(|t| {
+                    t.table == *table && t.first_slot == *first_slot && t.epoch == *epoch
+                }) else {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                };
+                if self.map.tablets[i].merge.is_none() {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
+                self.map.tablets[i].merge = None;
+                self.map.tablets[i].merge_ready = false;
+                if let Some(n) = self.map.tablets.get_mut(i + 1) {
+                    if n.table == *table {
+                        n.merge_ready = false;
+                    }
+                }
+                CommandOutcome::Noted { applied: true }
+            }
             Command::SplitAbort {
                 table,
                 first_slot,
@@ -1037,6 +1142,9 @@ impl ClusterState {
         if let Some(at) = t.split {
             return refuse(format!("it is splitting at slot {at}"));
         }
+        if t.merge.is_some() || t.merge_ready {
+            return refuse("it is merging".into());
+        }
         let added = !t.backups.contains(&target);
         if added {
             // A backup while it fills: copied like any new backup, then an extra one.
@@ -1105,6 +1213,9 @@ impl ClusterState {
         if let Some(s) = t.split {
             return refuse(format!("it is splitting at slot {s} already"));
         }
+        if t.merge.is_some() || t.merge_ready {
+            return refuse("it is merging".into());
+        }
         if !t.pending.is_empty() || t.logs_from.is_some() {
             return refuse(format!(
                 "its backups {:?} do not all hold its copy yet (retry once they do)",
@@ -1115,6 +1226,105 @@ impl ClusterState {
             t.split = Some(at);
         }
         Ok(())
+    }
+
+    /// Starts merging the tablet at (`table`, `first_slot`) with the next one.
+    fn merge_tablets(&mut self, table: TableId, first_slot: u16) -> Result<(), CommandError> {
+        let refuse = |why: String| Err(CommandError::CannotMerge(why));
+        let Some(t) = self
+            .map
+            .tablet_at(table, first_slot)
+            .filter(|t| t.first_slot == first_slot)
+        else {
+            return Err(CommandError::NoSuchTablet { table, first_slot });
+        };
+        let Some(n) = self.map.next_tablet(t) else {
+            return refuse(format!(
+                "no tablet follows slots {}-{}",
+                t.first_slot, t.last_slot
+            ));
+        };
+        if self
+            .map
+            .tables
+            .iter()
+            .any(|x| x.id == table && x.mode == ReplicationMode::Mirror)
+        {
+            return refuse("their table is mirrored".into());
+        }
+        if n.master != t.master {
+            return refuse(format!(
+                "slots {}-{} are mastered by server {}, slots {}-{} by server {} (move one first)",
+                t.first_slot, t.last_slot, t.master, n.first_slot, n.last_slot, n.master
+            ));
+        }
+        let mut a = t.backups.clone();
+        let mut b = n.backups.clone();
+        a.sort_unstable();
+        b.sort_unstable();
+        if a != b {
+            return refuse(format!("their backups differ ({a:?} and {b:?})"));
+        }
+        if !self
+            .map
+            .server(t.master)
+            .is_some_and(|s| s.state == ServerState::Up)
+        {
+            return refuse(format!("their master, server {}, is not up", t.master));
+        }
+        for x in [t, n] {
+            let busy = x.recovering
+                || x.migration.is_some()
+                || x.split.is_some()
+                || x.merge.is_some()
+                || x.merge_ready
+                || !x.pending.is_empty()
+                || x.logs_from.is_some();
+            if busy {
+                return refuse(format!(
+                    "slots {}-{} are recovering, moving, splitting, merging or still copying to a backup",
+                    x.first_slot, x.last_slot
+                ));
+            }
+        }
+        let upper_epoch = n.epoch;
+        if let Some(t) = self.map.tablet_mut(table, first_slot) {
+            t.merge = Some(upper_epoch);
+        }
+        Ok(())
+    }
+
+    /// The position of the tablet at (`table`, `first_slot`) if it merges at `epoch` on
+    /// `server` with the next tablet, still adjacent and on that server, and the next tablet's
+    /// epoch when the merge began.
+    fn merging(
+        &self,
+        table: TableId,
+        first_slot: u16,
+        epoch: u64,
+        server: ServerId,
+    ) -> Option<(usize, u64)> {
+        let i = self
+            .map
+            .tablets
+            .iter()
+            .position(|t| t.table == table && t.first_slot == first_slot)?;
+        let t = &self.map.tablets[i];
+        let n = self.map.tablets.get(i + 1)?;
+        let up = self
+            .map
+            .server(server)
+            .is_some_and(|s| s.state == ServerState::Up);
+        (t.epoch == epoch
+            && t.master == server
+            && up
+            && !t.recovering
+            && n.table == table
+            && n.first_slot == t.last_slot + 1
+            && n.master == server
+            && !n.recovering
+            && n.migration.is_none())
+        .then_some((i, t.merge?))
     }
 
     /// The master of (`table`, `first_slot`) split it at `at` at `epoch`: two tablets at the
@@ -1226,6 +1436,8 @@ impl ClusterState {
             if t.recovering || !is_up(t.master) {
                 t.split = None;
                 t.split_ready = false;
+                t.merge = None;
+                t.merge_ready = false;
             }
             if t.recovering {
                 let nth = match t.logs_from {
@@ -1297,6 +1509,31 @@ impl ClusterState {
                 t.logs_from = None;
             }
         }
+        // A merge ends when its next tablet is no longer one it can absorb (moved, moving,
+        // splitting, recovering, or a new epoch).
+        for i in 0..self.map.tablets.len() {
+            let Some(upper_epoch) = self.map.tablets[i].merge else {
+                continue;
+            };
+            let t = &self.map.tablets[i];
+            let ok = self.map.tablets.get(i + 1).is_some_and(|n| {
+                n.table == t.table
+                    && n.first_slot == t.last_slot + 1
+                    && n.master == t.master
+                    && n.epoch == upper_epoch
+                    && !n.recovering
+                    && n.migration.is_none()
+                    && n.split.is_none()
+            });
+            if !ok {
+                let table = t.table;
+                self.map.tablets[i].merge = None;
+                self.map.tablets[i].merge_ready = false;
+                if let Some(n) = self.map.tablets.get_mut(i + 1).filter(|n| n.table == table) {
+                    n.merge_ready = false;
+                }
+            }
+        }
         // A mirrored tablet's mirror is one of its live backups: the one it had while that one
         // stays (a mirror's memory takes a while to build), else the first with the whole
         // stream, else the first (it builds once its copy is complete). A recovering tablet
@@ -1351,14 +1588,15 @@ impl ClusterState {
             Some(r) => r,
             None => default_replicas(n),
         };
+        let tablets = place_table(id, &up, replicas as usize, self.map.cluster_id);
         let table = TableInfo {
             id,
             name: name.to_string(),
             mode,
             replicas,
             schema,
+            tablets_at_creation: tablets.len() as u32,
         };
-        let tablets = place_table(id, &up, replicas as usize, self.map.cluster_id);
         self.map.tables.push(table.clone());
         self.map.tables.sort_by_key(|t| t.id);
         self.map.tablets.extend(tablets);
@@ -2792,6 +3030,260 @@ mod tests {
             (now.split, now.epoch, now.last_slot),
             (None, t.epoch, t.last_slot)
         );
+    }
+
+    #[test]
+    fn the_halves_of_a_split_merge_back_at_the_next_epoch_restored_from_both_logs() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let n = s.map.next_tablet(&t).unwrap().clone();
+        // The tablets a table starts with have other masters (or are refused for it).
+        if n.master != t.master {
+            assert!(matches!(
+                s.apply(&Command::MergeTablets {
+                    table: DEFAULT_TABLE,
+                    first_slot: t.first_slot
+                }),
+                Err(CommandError::CannotMerge(_))
+            ));
+        }
+        let at = t.middle_slot();
+        let step = |s: &mut ClusterState, c: Command| s.apply(&c).unwrap();
+        step(
+            &mut s,
+            Command::SplitTablet {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                at,
+            },
+        );
+        step(
+            &mut s,
+            Command::SplitReady {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                epoch: t.epoch,
+                server: t.master,
+            },
+        );
+        step(
+            &mut s,
+            Command::SplitDone {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                at,
+                epoch: t.epoch,
+                server: t.master,
+            },
+        );
+        let merge = Command::MergeTablets {
+            table: DEFAULT_TABLE,
+            first_slot: t.first_slot,
+        };
+        // Still copying the halves to the backups: refused.
+        assert!(matches!(s.apply(&merge), Err(CommandError::CannotMerge(_))));
+        for first_slot in [t.first_slot, at] {
+            for &b in &t.backups {
+                step(
+                    &mut s,
+                    Command::CopyDone {
+                        table: DEFAULT_TABLE,
+                        first_slot,
+                        epoch: t.epoch + 1,
+                        backup: b,
+                    },
+                );
+            }
+        }
+        step(&mut s, merge.clone());
+        let lo = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        assert_eq!(lo.merge, Some(t.epoch + 1));
+        assert!(!lo.switching(), "both serve while the master copies");
+        let ready = Command::MergeReady {
+            table: DEFAULT_TABLE,
+            first_slot: t.first_slot,
+            epoch: t.epoch + 1,
+            server: t.master,
+        };
+        let done = Command::MergeDone {
+            table: DEFAULT_TABLE,
+            first_slot: t.first_slot,
+            epoch: t.epoch + 1,
+            server: t.master,
+        };
+        assert_eq!(
+            s.apply(&done).unwrap(),
+            CommandOutcome::Noted { applied: false },
+            "done before ready"
+        );
+        step(&mut s, ready);
+        for slot in [t.first_slot, at] {
+            assert!(
+                s.map.tablet_at(DEFAULT_TABLE, slot).unwrap().switching(),
+                "slot {slot} waits"
+            );
+        }
+        // A move of either is refused meanwhile.
+        let other = s
+            .map
+            .up_servers()
+            .map(|x| x.id)
+            .find(|&id| id != t.master)
+            .unwrap();
+        assert!(s
+            .apply(&Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot: at,
+                target: other
+            })
+            .is_err());
+        step(&mut s, done);
+        let m = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (m.first_slot, m.last_slot, m.epoch),
+            (t.first_slot, t.last_slot, t.epoch + 2)
+        );
+        assert_eq!(
+            s.map.tablet_at(DEFAULT_TABLE, at).unwrap().first_slot,
+            t.first_slot
+        );
+        assert_eq!(
+            m.logs_from,
+            Some(at),
+            "restored from both tablets' logs until copied"
+        );
+        assert_eq!(m.pending, t.backups);
+        assert!(m.merge.is_none() && !m.merge_ready && !m.switching());
+        assert_eq!(s.map.tablets_of(DEFAULT_TABLE).count(), covered_tablets(&s));
+    }
+
+    fn covered_tablets(s: &ClusterState) -> usize {
+        // Every slot belongs to exactly one tablet.
+        let mut covered = 0usize;
+        for x in s.map.tablets_of(DEFAULT_TABLE) {
+            covered += usize::from(x.last_slot - x.first_slot) + 1;
+        }
+        assert_eq!(covered, usize::from(ramlog_common::SLOT_COUNT));
+        s.map.tablets_of(DEFAULT_TABLE).count()
+    }
+
+    #[test]
+    fn a_merge_ends_when_its_next_tablet_moves_or_its_master_dies() {
+        let mut s = init(3);
+        for port in [100, 200, 300] {
+            register(&mut s, port);
+        }
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let at = t.middle_slot();
+        let step = |s: &mut ClusterState, c: Command| s.apply(&c).unwrap();
+        step(
+            &mut s,
+            Command::SplitTablet {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                at,
+            },
+        );
+        step(
+            &mut s,
+            Command::SplitReady {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                epoch: t.epoch,
+                server: t.master,
+            },
+        );
+        step(
+            &mut s,
+            Command::SplitDone {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+                at,
+                epoch: t.epoch,
+                server: t.master,
+            },
+        );
+        for first_slot in [t.first_slot, at] {
+            for &b in &t.backups {
+                step(
+                    &mut s,
+                    Command::CopyDone {
+                        table: DEFAULT_TABLE,
+                        first_slot,
+                        epoch: t.epoch + 1,
+                        backup: b,
+                    },
+                );
+            }
+        }
+        step(
+            &mut s,
+            Command::MergeTablets {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+            },
+        );
+        // The next tablet moves away while the master copies: the merge ends.
+        let other = s
+            .map
+            .up_servers()
+            .map(|x| x.id)
+            .find(|&id| id != t.master)
+            .unwrap();
+        step(
+            &mut s,
+            Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot: at,
+                target: other,
+            },
+        );
+        assert!(s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .merge
+            .is_none());
+        let abort = Command::MigrationAbort {
+            table: DEFAULT_TABLE,
+            first_slot: at,
+            epoch: t.epoch + 1,
+            reason: "test".into(),
+        };
+        step(&mut s, abort);
+        // Merging again, then the master dies: the merge ends, both recover.
+        step(
+            &mut s,
+            Command::MergeTablets {
+                table: DEFAULT_TABLE,
+                first_slot: t.first_slot,
+            },
+        );
+        let epoch = s.map.server(t.master).unwrap().epoch;
+        step(
+            &mut s,
+            Command::DeclareDead {
+                server: t.master,
+                epoch,
+                reason: "killed".into(),
+                room: None,
+            },
+        );
+        for slot in [t.first_slot, at] {
+            let x = s.map.tablet_at(DEFAULT_TABLE, slot).unwrap();
+            assert!(x.recovering && x.merge.is_none() && !x.merge_ready, "{x:?}");
+        }
     }
 
     fn migration_of(s: &ClusterState, first_slot: u16) -> Option<Migration> {

@@ -375,6 +375,21 @@ pub enum ClusterCommand {
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
+    /// Merges the tablet of TABLE that holds SLOT with the next one (same master and backups):
+    /// the master copies the next tablet into it while both serve, then both pause for a moment
+    /// and one tablet of both ranges serves, copied afresh to the backups.
+    Merge {
+        /// The table ("default" is the one RESP clients use).
+        table: String,
+        /// A slot of the first of the two tablets.
+        slot: String,
+        /// Return once the merge is recorded, without waiting for it to finish.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the merge, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
     /// Moves every tablet server ID masters to the others and replaces it in every backup set,
     /// then removes it from the cluster (its process stops).
     Drain {
@@ -557,6 +572,65 @@ async fn move_tablets(
     Ok(())
 }
 
+/// `ramlog cluster merge`.
+async fn merge_tablets(
+    client: &CoordinatorClient,
+    table: &str,
+    slot: &str,
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let (slot, _) = parse_slots(slot)?;
+    let map = client.status().await?.map;
+    let info = map
+        .tables
+        .iter()
+        .find(|t| t.name == table)
+        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let t = map
+        .tablet_at(info.id, slot)
+        .ok_or_else(|| anyhow::anyhow!("no tablet of {table} holds slot {slot}"))?;
+    let next = map.next_tablet(t).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no tablet of {table} follows slots {}-{}",
+            t.first_slot,
+            t.last_slot
+        )
+    })?;
+    let (first, mid, last) = (t.first_slot, next.first_slot, next.last_slot);
+    let request = Request::MergeTablets {
+        table: table.to_string(),
+        slot,
+    };
+    noted(client, &request)
+        .await
+        .map_err(|e| anyhow::anyhow!("slots {first}-{last}: {e}"))?;
+    if !wait {
+        println!("slots {first}-{} and {mid}-{last}: merging", mid - 1);
+        return Ok(());
+    }
+    let id = info.id;
+    let mut abandoned = false;
+    wait_for(client, timeout, "the merge", |map| {
+        let t = map.tablet_at(id, first)?;
+        if t.first_slot == first && t.last_slot == last {
+            return Some(format!(
+                "slots {first}-{} and {mid}-{last}: merged into {first}-{last} (epoch {})",
+                mid - 1,
+                t.epoch
+            ));
+        }
+        abandoned = t.merge.is_none();
+        abandoned.then(|| format!("slots {first}-{last}: the merge was abandoned"))
+    })
+    .await?;
+    anyhow::ensure!(
+        !abandoned,
+        "the merge was abandoned (see the coordinator's and the master's logs)"
+    );
+    Ok(())
+}
+
 /// `ramlog cluster split`.
 async fn split_tablet(
     client: &CoordinatorClient,
@@ -638,6 +712,20 @@ fn cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Rebalance { no_wait, timeout } => {
             return tool_runtime()?.block_on(rebalance(
                 &client,
+                !no_wait,
+                Duration::from_secs(*timeout),
+            ))
+        }
+        ClusterCommand::Merge {
+            table,
+            slot,
+            no_wait,
+            timeout,
+        } => {
+            return tool_runtime()?.block_on(merge_tablets(
+                &client,
+                table,
+                slot,
                 !no_wait,
                 Duration::from_secs(*timeout),
             ))
@@ -854,6 +942,7 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
                         "refused": tb.refused,
                         "logs_from": tb.logs_from,
                         "split": tb.split,
+                        "merge": tb.merge.is_some(),
                         "migration": tb.migration.map(|m| serde_json::json!({
                             "target": m.target,
                             "phase": m.phase.as_str(),
@@ -1005,6 +1094,9 @@ fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
                 .unwrap_or_default();
             if let Some(at) = tb.split {
                 split.push_str(&format!(" SPLITTING at slot {at}"));
+            }
+            if tb.merge.is_some() {
+                split.push_str(" MERGING with the next tablet");
             }
             if let Some(m) = tb.migration {
                 split.push_str(&format!(

@@ -711,7 +711,8 @@ impl Shared {
     }
 
     /// On the leader: splits the tablets whose masters report more live bytes than
-    /// `split_bytes` (see `--split-mib`), at the middle of their slots, one per master at a time.
+    /// `split_bytes` (see `--split-mib`), at the middle of their slots, one per master at a time,
+    /// and merges adjacent small ones back.
     /// Tablets that cannot split now (moving, recovering, still copying to a backup, of a
     /// mirrored table, one slot) wait for a later round or stay whole.
     async fn plan_splits(&self) {
@@ -758,6 +759,82 @@ impl Shared {
                     })
                     .max();
                 splits.extend(largest);
+            }
+        }
+        // Two adjacent tablets of one master and backup set merge back when both together hold
+        // less than a quarter of the split size and lie in one of the tablets the table was
+        // created with (split halves, recovery partitions); those never merge with each other.
+        let mut merges = Vec::new();
+        {
+            let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
+            let bytes_of = |t: &ramlog_cluster::TabletInfo| {
+                reports.get(&t.master).and_then(|r| {
+                    r.memory
+                        .tablets
+                        .iter()
+                        .find(|b| (b.table, b.first_slot) == (t.table, t.first_slot))
+                        .map(|b| b.live_bytes)
+                })
+            };
+            let mut busy: Vec<ServerId> = map
+                .tablets
+                .iter()
+                .filter(|t| t.split.is_some() || t.merge.is_some())
+                .map(|t| t.master)
+                .collect();
+            for t in &map.tablets {
+                let Some(n) = map.next_tablet(t) else {
+                    continue;
+                };
+                let one_origin = map
+                    .tables
+                    .iter()
+                    .find(|x| x.id == t.table)
+                    .and_then(|x| x.creation_range(t.first_slot))
+                    .is_some_and(|(_, last)| n.last_slot <= last);
+                let mut a = t.backups.clone();
+                let mut b = n.backups.clone();
+                a.sort_unstable();
+                b.sort_unstable();
+                let idle = |x: &ramlog_cluster::TabletInfo| {
+                    !x.recovering
+                        && x.migration.is_none()
+                        && x.split.is_none()
+                        && x.merge.is_none()
+                        && !x.merge_ready
+                        && x.pending.is_empty()
+                        && x.logs_from.is_none()
+                };
+                let small = match (bytes_of(t), bytes_of(n)) {
+                    (Some(x), Some(y)) => x + y < self.split_bytes / 4,
+                    _ => false,
+                };
+                if n.master == t.master
+                    && a == b
+                    && !mirrored.contains(&t.table)
+                    && idle(t)
+                    && idle(n)
+                    && small
+                    && one_origin
+                    && !busy.contains(&t.master)
+                    && !splits.iter().any(|s| (s.1, s.2) == (t.table, t.first_slot))
+                {
+                    busy.push(t.master);
+                    merges.push((t.table, t.first_slot));
+                }
+            }
+        }
+        for (table, first_slot) in merges {
+            match self
+                .propose(Command::MergeTablets { table, first_slot })
+                .await
+            {
+                Ok(_) => tracing::warn!(
+                    table,
+                    first_slot,
+                    "tablet merge started: two adjacent small tablets"
+                ),
+                Err(e) => tracing::warn!(answer = ?e, "a planned merge was refused"),
             }
         }
         for (bytes, table, first_slot, at) in splits {
@@ -972,6 +1049,15 @@ impl Shared {
                 table, first_slot, ..
             }
             | Command::SplitReady {
+                table, first_slot, ..
+            }
+            | Command::MergeReady {
+                table, first_slot, ..
+            }
+            | Command::MergeDone {
+                table, first_slot, ..
+            }
+            | Command::MergeAbort {
                 table, first_slot, ..
             }
             | Command::SplitDone {
@@ -1396,6 +1482,77 @@ impl Shared {
                     Ok((other, _)) => unexpected_outcome(&other),
                     Err(answer) => answer,
                 }
+            }
+            Request::MergeTablets { table, slot } => {
+                let map = self.map();
+                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
+                    return Response::Error(CommandError::NoSuchTable(table).to_string());
+                };
+                let Some(t) = map.tablet_at(info.id, slot) else {
+                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                };
+                let command = Command::MergeTablets {
+                    table: info.id,
+                    first_slot: t.first_slot,
+                };
+                match self.propose(command).await {
+                    Ok((CommandOutcome::Noted { .. }, _)) => {
+                        tracing::warn!(
+                            table = info.id,
+                            first_slot = t.first_slot,
+                            "tablet merge started"
+                        );
+                        Response::Noted
+                    }
+                    Ok((other, _)) => unexpected_outcome(&other),
+                    Err(answer) => answer,
+                }
+            }
+            Request::MergeReady {
+                server,
+                table,
+                first_slot,
+                epoch,
+            } => {
+                let command = Command::MergeReady {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                };
+                self.note_migration(command, "tablet merge copied: its last step begins")
+                    .await
+            }
+            Request::MergeDone {
+                server,
+                table,
+                first_slot,
+                epoch,
+            } => {
+                let command = Command::MergeDone {
+                    table,
+                    first_slot,
+                    epoch,
+                    server,
+                };
+                self.note_migration(command, "tablets merged: one serves both ranges")
+                    .await
+            }
+            Request::MergeAbort {
+                server,
+                table,
+                first_slot,
+                epoch,
+                reason,
+            } => {
+                tracing::warn!(server, table, first_slot, %reason, "tablet merge abandoned");
+                let command = Command::MergeAbort {
+                    table,
+                    first_slot,
+                    epoch,
+                    reason,
+                };
+                self.note_migration(command, "tablet merge abandoned").await
             }
             Request::SplitReady {
                 server,

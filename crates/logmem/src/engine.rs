@@ -90,6 +90,10 @@ pub(crate) struct Tablet {
     /// keys in `split_dirty`, under the write lock, so that the split's last step redoes them.
     pub split_watch: AtomicU32,
     pub split_dirty: Mutex<SplitDirty>,
+    /// While the next tablet is copied into this one for a merge ([`Inner::merge_begin`] to
+    /// its finish or cancel): the copies lie above `last_slot`, and a split's cleanup running
+    /// on this tablet meanwhile must leave them ([`Inner::split_cleanup`]).
+    pub merging_into: std::sync::atomic::AtomicBool,
     /// Reads and writes of the tablet since it was created (its load, which the cluster
     /// balances by).
     pub ops: AtomicU64,
@@ -418,6 +422,7 @@ impl Inner {
             frozen: std::sync::atomic::AtomicBool::new(frozen),
             full_limit: AtomicU64::new(0),
             split_watch: AtomicU32::new(NO_SPLIT),
+            merging_into: std::sync::atomic::AtomicBool::new(false),
             split_dirty: Mutex::new(SplitDirty::default()),
             ops: AtomicU64::new(0),
         };
@@ -1810,8 +1815,12 @@ impl Inner {
     pub fn split_cleanup(&self, tablet: TabletId) -> Result<u64, EngineError> {
         const PASSES_MAX: usize = 8;
         let t = self.tablet(tablet)?;
-        let last = t.last_slot.load(Ordering::Acquire);
-        let outside = |key: &[u8]| key_slot(key) > last;
+        // Read again under the write lock for each key: a merge may extend the range, or copy
+        // the next tablet's objects above it, while this runs; those stay.
+        let outside = |key: &[u8]| {
+            !t.merging_into.load(Ordering::Acquire)
+                && key_slot(key) > t.last_slot.load(Ordering::Acquire)
+        };
         let mut removed = 0;
         for _ in 0..PASSES_MAX {
             let keys = self.index_keys(t, &outside);
@@ -1819,11 +1828,118 @@ impl Inner {
                 break;
             }
             for key in &keys {
-                removed += u64::from(self.remove_key(t, key));
+                removed += u64::from(self.remove_key_if(t, key, &outside));
             }
         }
         self.wake_cleaner_if_needed();
         Ok(removed)
+    }
+
+    /// A merge's first step: checks that `upper` follows `lower` (same table, adjacent slots)
+    /// and starts noting the keys of `upper` that writers change from here on. The caller then
+    /// copies `upper`'s objects into `lower` at a snapshot taken after this
+    /// (`Engine::merge_prepare`).
+    pub fn merge_begin(&self, lower: TabletId, upper: TabletId) -> Result<(), EngineError> {
+        let l = self.tablet(lower)?;
+        let u = self.tablet(upper)?;
+        let l_last = l.last_slot.load(Ordering::Acquire);
+        if l.table != u.table || u32::from(l_last) + 1 != u32::from(u.first_slot) {
+            return Err(EngineError::Config(format!(
+                "tablets {}..={l_last} and {}..={} are not adjacent tablets of one table",
+                l.first_slot,
+                u.first_slot,
+                u.last_slot.load(Ordering::Acquire)
+            )));
+        }
+        for t in [l, u] {
+            if t.split_watch.load(Ordering::Acquire) != NO_SPLIT {
+                return Err(EngineError::Config(
+                    "a tablet splits or merges already".into(),
+                ));
+            }
+        }
+        if l.merging_into.swap(true, Ordering::AcqRel) {
+            return Err(EngineError::Config(
+                "a tablet is merged into already".into(),
+            ));
+        }
+        let _head = u.head.lock();
+        *u.split_dirty.lock() = SplitDirty::default();
+        u.split_watch
+            .store(u32::from(u.first_slot), Ordering::Release);
+        Ok(())
+    }
+
+    /// A merge's last step, both tablets frozen: the keys written to `upper` since the copy's
+    /// snapshot are redone in `lower`, then `upper`'s slots are routed to `lower` (`routed` is
+    /// called at that moment) and `lower`'s range ends where `upper`'s did. `upper` keeps its
+    /// objects, unreachable, until the caller clears it.
+    pub fn merge_finish(
+        &self,
+        lower: TabletId,
+        upper: TabletId,
+        routed: &mut dyn FnMut(),
+    ) -> Result<u64, EngineError> {
+        let l = self.tablet(lower)?;
+        let u = self.tablet(upper)?;
+        if u.split_watch.load(Ordering::Acquire) != u32::from(u.first_slot)
+            || !l.frozen.load(Ordering::Acquire)
+            || !u.frozen.load(Ordering::Acquire)
+        {
+            return Err(EngineError::Config(
+                "a merge ends on frozen tablets whose copy has begun".into(),
+            ));
+        }
+        let dirty = {
+            let _head = u.head.lock();
+            u.split_watch.store(NO_SPLIT, Ordering::Release);
+            std::mem::take(&mut *u.split_dirty.lock())
+        };
+        let first = u.first_slot;
+        let mut keys = dirty.keys;
+        if dirty.overflowed {
+            keys = self.index_keys(u, &|_| true);
+            keys.extend(self.index_keys(l, &|k| key_slot(k) >= first));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let redone = keys.len() as u64;
+        for key in &keys {
+            let current = self.read(upper, key, |v, version, expire_at_ms| {
+                (v.to_vec(), version, expire_at_ms)
+            })?;
+            match current {
+                Some((value, version, expire_at_ms)) => {
+                    self.restore(lower, key, Some(&value), version, expire_at_ms)?
+                }
+                None => {
+                    self.remove_key(l, key);
+                }
+            }
+        }
+        let last = u.last_slot.load(Ordering::Acquire);
+        self.route(l.table, first, last, lower);
+        {
+            let _head = l.head.lock();
+            l.last_slot.store(last, Ordering::Release);
+            l.merging_into.store(false, Ordering::Release);
+        }
+        routed();
+        Ok(redone)
+    }
+
+    /// Ends a merge that will not happen: stops the noting in `upper` and removes the copies
+    /// from `lower` (whose range never changed).
+    pub fn merge_cancel(&self, lower: TabletId, upper: TabletId) -> Result<u64, EngineError> {
+        if let Ok(u) = self.tablet(upper) {
+            let _head = u.head.lock();
+            u.split_watch.store(NO_SPLIT, Ordering::Release);
+            *u.split_dirty.lock() = SplitDirty::default();
+        }
+        if let Ok(l) = self.tablet(lower) {
+            l.merging_into.store(false, Ordering::Release);
+        }
+        self.split_cleanup(lower)
     }
 
     /// The keys of `tablet`'s index that `keep` accepts (one walk, in steps).
@@ -1848,9 +1964,17 @@ impl Inner {
 
     /// Removes `key`'s current object from `tablet` without a tombstone; true if there was one.
     fn remove_key(&self, tablet: &Tablet, key: &[u8]) -> bool {
+        self.remove_key_if(tablet, key, &|_| true)
+    }
+
+    /// [`Inner::remove_key`] if `still` holds for `key` under the tablet's write lock.
+    fn remove_key_if(&self, tablet: &Tablet, key: &[u8], still: &dyn Fn(&[u8]) -> bool) -> bool {
         let hash = hash_key(key);
         let _guard = epoch::pin();
         let _head = tablet.head.lock();
+        if !still(key) {
+            return false;
+        }
         match self.find(tablet, hash, key) {
             Some(current) => {
                 let by = self.clock.load(Ordering::Relaxed) + 1;

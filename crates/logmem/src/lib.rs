@@ -425,6 +425,50 @@ impl Engine {
         self.inner.split_cleanup(tablet)
     }
 
+    /// A merge's first step, while both tablets take writes: `upper` (the tablet whose slots
+    /// follow `lower`'s) is copied into `lower`, each object with its version and expiry time, at
+    /// a snapshot; writes to `upper` from the start of the copy are noted for
+    /// [`Engine::merge_finish`]. Until then `lower`'s readers do not see the copies (its range is
+    /// unchanged). A copy that fails (out of memory) is removed again. Returns the objects copied.
+    pub fn merge_prepare(&self, lower: TabletId, upper: TabletId) -> Result<u64, EngineError> {
+        self.inner.merge_begin(lower, upper)?;
+        let copied = (|| -> Result<u64, EngineError> {
+            let mut cursor = self.tablet_cursor(upper)?;
+            let mut load = self.bulk_restore(lower, 0)?;
+            let mut n = 0;
+            while !cursor.is_done() {
+                for r in cursor.next_page(1024)? {
+                    load.push(&r.key, &r.value, r.version, r.expire_at_ms)?;
+                    n += 1;
+                }
+            }
+            load.finish()?;
+            Ok(n)
+        })();
+        if copied.is_err() {
+            let _ = self.inner.merge_cancel(lower, upper);
+        }
+        copied
+    }
+
+    /// A merge's last step, both tablets frozen: redoes the writes to `upper` noted since the
+    /// copy, routes `upper`'s slots to `lower` (calling `routed` at that moment) and extends
+    /// `lower`'s range over them. `upper` keeps its objects, unreachable, until
+    /// [`Engine::clear_tablet`]. Returns how many keys were redone.
+    pub fn merge_finish(
+        &self,
+        lower: TabletId,
+        upper: TabletId,
+        routed: &mut dyn FnMut(),
+    ) -> Result<u64, EngineError> {
+        self.inner.merge_finish(lower, upper, routed)
+    }
+
+    /// Gives a prepared merge up: the copies leave `lower`, `upper` is as it was.
+    pub fn merge_cancel(&self, lower: TabletId, upper: TabletId) -> Result<u64, EngineError> {
+        self.inner.merge_cancel(lower, upper)
+    }
+
     /// The three steps of a split at once, for a tablet that is frozen throughout: returns the
     /// new tablet (frozen) that holds the slots `at..` and their objects.
     pub fn split_tablet(&self, tablet: TabletId, at: u16) -> Result<TabletId, EngineError> {

@@ -338,3 +338,155 @@ fn a_split_whose_noted_keys_overflow_compares_both_tablets_whole() {
         assert_eq!(e.get(mine, &key).unwrap().is_some(), i % 2 == 1, "old{i}");
     }
 }
+
+#[test]
+fn a_merge_joins_the_next_tablet_with_the_writes_made_while_it_copies() {
+    let e = engine(256 << 20);
+    let lower = e.create_tablet(5, 0, 8191).unwrap();
+    let upper = e.create_tablet(5, 8192, 16383).unwrap();
+    let put = |key: &[u8], value: &[u8]| {
+        let t = e.locate(5, key).unwrap();
+        e.put(t, key, value, &PutOptions::default()).unwrap();
+    };
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for i in 0..10_000u32 {
+        let key = format!("k{i}").into_bytes();
+        put(&key, b"before");
+        model.insert(key, b"before".to_vec());
+    }
+    // Not adjacent (reversed), or another table: refused.
+    assert!(e.merge_prepare(upper, lower).is_err());
+    let other = e.create_tablet(6, 0, 16383).unwrap();
+    assert!(e.merge_prepare(other, upper).is_err());
+    let copied = e.merge_prepare(lower, upper).unwrap();
+    assert!(copied > 1000);
+    // Both take writes while the copy waits for its last step.
+    for i in 0..10_000u32 {
+        let key = format!("k{i}").into_bytes();
+        match i % 4 {
+            0 => {
+                put(&key, b"after");
+                model.insert(key, b"after".to_vec());
+            }
+            1 => {
+                let t = e.locate(5, &key).unwrap();
+                e.delete(t, &key, Condition::None).unwrap();
+                model.remove(&key);
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        e.merge_finish(lower, upper, &mut || {}).is_err(),
+        "needs both frozen"
+    );
+    e.set_frozen(lower, true).unwrap();
+    e.set_frozen(upper, true).unwrap();
+    let mut routed = false;
+    let redone = e.merge_finish(lower, upper, &mut || routed = true).unwrap();
+    assert!(routed && redone > 0);
+    let info = e.tablets().into_iter().find(|x| x.id == lower).unwrap();
+    assert_eq!((info.first_slot, info.last_slot), (0, 16383));
+    for (key, value) in &model {
+        assert_eq!(e.locate(5, key), Some(lower));
+        assert_eq!(
+            e.get(lower, key).unwrap().map(|o| o.value).as_ref(),
+            Some(value),
+            "{key:?}"
+        );
+    }
+    for i in (1..10_000u32).step_by(4) {
+        let key = format!("k{i}").into_bytes();
+        assert!(
+            e.get(lower, &key).unwrap().is_none(),
+            "deleted {key:?} is back"
+        );
+    }
+    e.clear_tablet(upper).unwrap();
+    assert_eq!(
+        e.tablets()
+            .into_iter()
+            .find(|x| x.id == lower)
+            .unwrap()
+            .objects,
+        model.len() as u64
+    );
+}
+
+#[test]
+fn a_cancelled_merge_removes_its_copies() {
+    let e = engine(64 << 20);
+    let lower = e.create_tablet(0, 0, 99).unwrap();
+    let upper = e.create_tablet(0, 100, 16383).unwrap();
+    let mut n = [0u64; 2];
+    for i in 0..2000u32 {
+        let key = format!("k{i}").into_bytes();
+        let t = e.locate(0, &key).unwrap();
+        e.put(t, &key, b"v", &PutOptions::default()).unwrap();
+        n[usize::from(t == upper)] += 1;
+    }
+    e.merge_prepare(lower, upper).unwrap();
+    e.merge_cancel(lower, upper).unwrap();
+    let count = |id| {
+        e.tablets()
+            .into_iter()
+            .find(|x| x.id == id)
+            .unwrap()
+            .objects
+    };
+    assert_eq!((count(lower), count(upper)), (n[0], n[1]));
+    assert_eq!(
+        e.tablets()
+            .into_iter()
+            .find(|x| x.id == lower)
+            .unwrap()
+            .last_slot,
+        99
+    );
+}
+
+#[test]
+fn a_split_cleanup_that_runs_while_the_halves_merge_back_leaves_the_merged_objects() {
+    let e = engine(256 << 20);
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for i in 0..8_000u32 {
+        let key = format!("c{i}").into_bytes();
+        let value = format!("v{i}").into_bytes();
+        e.put(t, &key, &value, &PutOptions::default()).unwrap();
+        model.insert(key, value);
+    }
+    // Split, with the old tablet still holding the copies of its former upper slots.
+    e.set_frozen(t, true).unwrap();
+    let upper = e.split_tablet(t, 8192).unwrap();
+    e.set_frozen(t, false).unwrap();
+    e.set_frozen(upper, false).unwrap();
+    // The halves merge back before the split's cleanup ran; the cleanup then runs while the
+    // copy waits for its last step, and again after it.
+    e.merge_prepare(t, upper).unwrap();
+    e.split_cleanup(t).unwrap();
+    e.set_frozen(t, true).unwrap();
+    e.set_frozen(upper, true).unwrap();
+    e.merge_finish(t, upper, &mut || {}).unwrap();
+    e.set_frozen(t, false).unwrap();
+    assert_eq!(
+        e.split_cleanup(t).unwrap(),
+        0,
+        "nothing lies outside the joined range"
+    );
+    e.clear_tablet(upper).unwrap();
+    for (key, value) in &model {
+        assert_eq!(e.locate(0, key), Some(t));
+        assert_eq!(
+            e.get(t, key).unwrap().map(|o| o.value).as_ref(),
+            Some(value),
+            "{key:?}"
+        );
+    }
+    // A second merge into a tablet that is merged into already is refused.
+    let a = e.create_tablet(1, 0, 99).unwrap();
+    let b = e.create_tablet(1, 100, 199).unwrap();
+    e.merge_prepare(a, b).unwrap();
+    assert!(e.merge_prepare(a, b).is_err());
+    e.merge_cancel(a, b).unwrap();
+}

@@ -19,14 +19,14 @@
 //! keys read back). The rows are medians over `RAMLOG_BENCH_MIGRATION_REPEATS` runs (losses and
 //! failures: the largest).
 //!
-//! **Split** (ramlog only: Redis Cluster's slots do not split): the same cluster and load; the
-//! tablet of slot 0 holds `RAMLOG_BENCH_SPLIT_MIB` MiB of values (16 quick; full: 128, which
-//! with the entries' headers (about 175 MB) stays under the coordinator's default `--split-mib`, 192, so
-//! that the leader does not split it during the preload) and is split in two with
-//! `ramlog cluster split` under the load. Rows: the split's time (command to both halves serving), the longest interval
-//! without an acknowledged write to its slots, the load's throughput during it over before,
-//! the time until every backup holds both halves' fresh copies (the re-protection a split
-//! costs), lost writes.
+//! **Split and merge** (ramlog only: Redis Cluster's slots do not split): the same cluster and
+//! load (the coordinator's own splits and merges off, `--split-mib 0`); the tablet of slot 0 holds
+//! `RAMLOG_BENCH_SPLIT_MIB` MiB of values (16 quick, 128 full) and is split in two with
+//! `ramlog cluster split` under the load, then, once both halves are copied to the backups, merged
+//! back with `ramlog cluster merge` under the load. Rows for each step: its time (command to the
+//! new tablets serving), the longest interval without an acknowledged write to its slots, the
+//! load's throughput during it over before, the time until every backup holds the new tablets'
+//! fresh copies (the re-protection the step costs), lost writes.
 
 use super::client::{call, encode, fetch_map, Conn, Nodes, Reply};
 use super::load::{Load, LoadResult, Window, LOAD_KEYS, THREADS};
@@ -371,11 +371,14 @@ fn ramlog_run(
     Ok(run)
 }
 
-/// What one split run measured.
+/// What one split run measured: the split, then the merge of its halves.
 struct SplitRun {
     run: Run,
     /// From the split's end until no copy to a backup is pending.
     recopy: Duration,
+    merge: Run,
+    /// From the merge's end until no copy to a backup is pending.
+    merge_recopy: Duration,
 }
 
 /// One split run: start; preload the tablet of slot 0; split it under load; wait for its
@@ -428,59 +431,104 @@ fn split_run(
             .map(|_| ())
         },
     )?;
-    let started = Instant::now();
-    wait_until(
-        "the split halves' copies did not complete",
-        Duration::from_secs(3600),
-        || Ok(super::ramlog::cluster_status(&coordinator)?.pending == 0),
-    )?;
-    let recopy = started.elapsed() + AFTER;
+    let recopied = |what: &str| -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        wait_until(what, Duration::from_secs(3600), || {
+            Ok(super::ramlog::cluster_status(&coordinator)?.pending == 0)
+        })?;
+        Ok(started.elapsed() + AFTER)
+    };
+    let recopy = recopied("the split halves' copies did not complete")?;
     run.preload_wrong = check_preload(&seeds, tags, &slots, keys, value_size)?;
-    Ok(SplitRun { run, recopy })
+    eprintln!("  {label}: the halves merge back");
+    let (mut merge, _) = under_load(
+        &seeds,
+        value_size,
+        &split_slots,
+        keys * value_size as u64,
+        || {
+            run_tool(
+                &[
+                    "cluster",
+                    "merge",
+                    "default",
+                    "0",
+                    "--timeout",
+                    "600",
+                    "--coordinator",
+                    &coordinator,
+                ],
+                Duration::from_secs(660),
+            )
+            .map(|_| ())
+        },
+    )?;
+    let merge_recopy = recopied("the merged tablet's copies did not complete")?;
+    merge.preload_wrong = check_preload(&seeds, tags, &slots, keys, value_size)?;
+    Ok(SplitRun {
+        run,
+        recopy,
+        merge,
+        merge_recopy,
+    })
 }
 
 fn push_split_rows(report: &mut Report, value_size: usize, runs: &[SplitRun]) {
+    let splits: Vec<(&Run, Duration)> = runs.iter().map(|r| (&r.run, r.recopy)).collect();
+    push_reshape_rows(report, "split", value_size, &splits);
+    let merges: Vec<(&Run, Duration)> = runs.iter().map(|r| (&r.merge, r.merge_recopy)).collect();
+    push_reshape_rows(report, "merge", value_size, &merges);
+}
+
+/// The rows of one step (`split` or `merge`) over the runs: each run with the time its copies
+/// to the backups took after it.
+fn push_reshape_rows(
+    report: &mut Report,
+    step: &str,
+    value_size: usize,
+    runs: &[(&Run, Duration)],
+) {
     let v = size_name(value_size);
-    let med = |f: &dyn Fn(&SplitRun) -> f64| median(runs.iter().map(f).collect());
+    let med = |f: &dyn Fn(&Run) -> f64| median(runs.iter().map(|(r, _)| f(r)).collect());
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     report.push(Row::plain(
-        format!("split_{v}_took"),
-        med(&|r| ms(r.run.took)),
+        format!("{step}_{v}_took"),
+        med(&|r| ms(r.took)),
         "ms",
     ));
     report.push(Row::plain(
-        format!("split_{v}_longest_key_unavailable"),
-        med(&|r| ms(r.run.gap)),
+        format!("{step}_{v}_longest_key_unavailable"),
+        med(&|r| ms(r.gap)),
         "ms",
     ));
     report.push(Row::plain(
-        format!("split_{v}_longest_key_unavailable_before_split"),
-        med(&|r| ms(r.run.gap_before)),
+        format!("{step}_{v}_longest_key_unavailable_before_{step}"),
+        med(&|r| ms(r.gap_before)),
         "ms",
     ));
     report.push(Row::plain(
-        format!("split_{v}_throughput_during_over_before"),
-        med(&|r| r.run.during.per_second / r.run.before.per_second.max(1e-9)),
+        format!("{step}_{v}_throughput_during_over_before"),
+        med(&|r| r.during.per_second / r.before.per_second.max(1e-9)),
         "ratio",
     ));
     report.push(Row::plain(
-        format!("split_{v}_recopy"),
-        med(&|r| r.recopy.as_secs_f64()),
+        format!("{step}_{v}_recopy"),
+        median(runs.iter().map(|(_, d)| d.as_secs_f64()).collect()),
         "s",
     ));
-    let worst = |f: &dyn Fn(&SplitRun) -> u64| runs.iter().map(f).max().unwrap_or(0) as f64;
+    let worst = |f: &dyn Fn(&Run) -> u64| runs.iter().map(|(r, _)| f(r)).max().unwrap_or(0) as f64;
     report.push(
         Row::plain(
-            format!("split_{v}_lost_writes"),
-            worst(&|r| r.run.lost_writes + r.run.preload_wrong),
+            format!("{step}_{v}_lost_writes"),
+            worst(&|r| r.lost_writes + r.preload_wrong),
             "writes",
         )
         .with_target(Target::at_most(0.0)),
     );
     report.push(
         Row::plain(
-            format!("split_{v}_failed_attempts"),
-            worst(&|r| r.run.failed()),
+            format!("{step}_{v}_failed_attempts"),
+            worst(&|r| r.failed()),
             "attempts",
         )
         .with_target(Target::at_most(0.0)),
@@ -488,10 +536,14 @@ fn push_split_rows(report: &mut Report, value_size: usize, runs: &[SplitRun]) {
 }
 
 fn print_split(label: &str, s: &SplitRun) {
-    let r = &s.run;
+    print_reshape(label, "split", "both halves", &s.run, s.recopy);
+    print_reshape(label, "merge", "the joined tablet", &s.merge, s.merge_recopy);
+}
+
+fn print_reshape(label: &str, step: &str, copied: &str, r: &Run, recopy: Duration) {
     println!(
-        "{label}: split {:.0} MB in {:.0} ms; load {:.0}/s before, {:.0}/s during; longest gap of \
-         the tablet's slots {:.0} ms (before: {:.0} ms); both halves copied to every backup {:.1} s \
+        "{label}: {step} {:.0} MB in {:.0} ms; load {:.0}/s before, {:.0}/s during; longest gap of \
+         the tablet's slots {:.0} ms (before: {:.0} ms); {copied} copied to every backup {:.1} s \
          later; errors {:?}; lost writes {} of {} keys, preloaded keys wrong {}",
         r.bytes as f64 / 1e6,
         r.took.as_secs_f64() * 1e3,
@@ -499,7 +551,7 @@ fn print_split(label: &str, s: &SplitRun) {
         r.during.per_second,
         r.gap.as_secs_f64() * 1e3,
         r.gap_before.as_secs_f64() * 1e3,
-        s.recopy.as_secs_f64(),
+        recopy.as_secs_f64(),
         r.errors,
         r.lost_writes,
         r.checked,

@@ -229,8 +229,8 @@ pub(super) struct RamlogCluster {
 }
 
 impl RamlogCluster {
-    /// Starts a coordinator (`--initial-servers servers --default-replicas 2 --load-min-ops 0`,
-    /// default detection)
+    /// Starts a coordinator (`--initial-servers servers --default-replicas 2 --load-min-ops 0
+    /// --split-mib 0`, default detection)
     /// and `servers` servers of `memory_mib` MiB each under `dir` (the default table `sync`).
     /// Returns once every server serves the whole map and no tablet recovers or waits for a copy.
     pub(super) fn start(
@@ -258,6 +258,10 @@ impl RamlogCluster {
             // Balancing by load is off: a preload makes one server hot on purpose, and a run
             // measures the recovery or the move it starts, not moves the leader would add.
             "--load-min-ops",
+            "0",
+            // Nor does the leader split or merge tablets by itself: the split runs measure the
+            // split and the merge they ask for.
+            "--split-mib",
             "0",
         ]
         .iter()

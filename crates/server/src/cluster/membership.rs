@@ -615,6 +615,12 @@ impl Member {
         self.created.lock().insert((table, first_slot), id);
     }
 
+    /// Forgets the engine tablet of (table, first slot): a merge joined it into the tablet
+    /// before it.
+    pub fn forget_tablet(&self, table: TableId, first_slot: u16) {
+        self.created.lock().remove(&(table, first_slot));
+    }
+
     /// The engine tablet of (table, first slot), if created here.
     pub fn created_tablet(
         &self,

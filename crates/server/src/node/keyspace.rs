@@ -108,6 +108,28 @@ impl Keyspace {
         Ok(redone)
     }
 
+    /// A merge's last step for tablets `lower` and `upper` of table 0 (the engine's
+    /// `merge_finish`, both frozen): `upper`'s slots route to `lower` from the moment the engine
+    /// routes them, and `upper` leaves the tablets SCAN walks.
+    pub fn merge_finish(&self, lower: TabletId, upper: TabletId) -> Result<u64, EngineError> {
+        let mut tablets = self.tablets.write();
+        let range = self
+            .engine
+            .tablets()
+            .into_iter()
+            .find(|t| t.id == upper)
+            .map(|t| (t.first_slot, t.last_slot))
+            .ok_or(EngineError::NoSuchTablet(upper))?;
+        let redone = self.engine.merge_finish(lower, upper, &mut || {
+            for slot in range.0..=range.1 {
+                self.slot_to_tablet[slot as usize].store(lower, Ordering::Release);
+            }
+        })?;
+        let next: Vec<TabletId> = tablets.iter().copied().filter(|&t| t != upper).collect();
+        *tablets = Arc::new(next);
+        Ok(redone)
+    }
+
     /// The tablets of the RESP table on this server.
     pub fn tablet_ids(&self) -> Arc<Vec<TabletId>> {
         self.tablets.read().clone()

@@ -154,8 +154,7 @@ def test_up_add_joins_a_server_that_takes_tablets_and_is_drained_on_ctrl_c(tmp_p
         assert (tmp_path / "ramlog-data" / "server-3").is_dir()
         cluster = int(re.search(r"server 3: routing \d+  cluster (\d+)", text).group(1))
         # It takes a fair share: a quarter of the 48 tablets, within the rebalancer's tolerance.
-        # Once the rebalance is over: redis-cli -c does not retry the -TRYAGAIN of a tablet in its
-        # switch (a few 10 ms heartbeats), which a read during the rebalance may meet.
+        # Once the rebalance is over, every read is answered by the new owners.
         assert wait_until(lambda: len(masters_of(status(), cluster)[1]) >= 8 and not status()["rebalancing"]
                           and status()["migrations"] == 0, timeout=90, interval=0.5), \
             json.dumps(status())[:3000]

@@ -247,3 +247,59 @@ def test_small_split_halves_merge_back_by_themselves_and_the_first_tablets_never
         assert not missing, missing[:5]
     finally:
         c.stop()
+
+
+def test_redis_cli_c_sees_no_error_through_a_split_a_merge_and_a_move(tmp_path):
+    # The switches of a split, a merge and a move hold the cluster port's requests for their
+    # slots a moment instead of answering -TRYAGAIN, which redis-cli -c prints rather than retries.
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "0"])
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        names = keys_in(t, 3000, "c:")
+        preload(c, names, lambda k: (k.encode() * 30)[:300])
+        server = index_of(c, st, t["master"])
+        cli = subprocess.Popen(["redis-cli", "-c", "-p", str(c.servers[server].resp)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stop = threading.Event()
+        sent = [0]
+
+        def feed():
+            i = 0
+            while not stop.is_set():
+                k = names[i % len(names)]
+                cli.stdin.write(f"SET {k} v{i}\nGET {k}\n".encode())
+                sent[0] += 2
+                i += 1
+                if i % 200 == 0:
+                    cli.stdin.flush()
+            cli.stdin.close()
+
+        out = []
+        reader = threading.Thread(target=lambda: out.append(cli.stdout.read()), daemon=True)
+        writer = threading.Thread(target=feed, daemon=True)
+        reader.start()
+        writer.start()
+        try:
+            r = split(c, "0")
+            assert r.returncode == 0, r.stdout + r.stderr
+            wait_settled(c, copies=True, timeout=60)
+            r = subprocess.run([ramlog_bin(), "cluster", "merge", "default", "0", "--coordinator", c.coordinator_addr,
+                                "--timeout", "60"], capture_output=True, text=True, timeout=90)
+            assert r.returncode == 0, r.stdout + r.stderr
+            wait_settled(c, copies=True, timeout=60)
+            st = status(c)
+            to = next(x["id"] for x in st["servers"] if x["state"] == "up" and x["id"] != tablet_at(st, 0)["master"])
+            r = move(c, "0", to)
+            assert r.returncode == 0, r.stdout + r.stderr
+        finally:
+            stop.set()
+            writer.join(timeout=30)
+            reader.join(timeout=60)
+            cli.wait(timeout=30)
+        lines = out[0].decode(errors="replace").splitlines()
+        errors = [x for x in lines if x.startswith("(error)") or "TRYAGAIN" in x or "ERR" in x]
+        assert sent[0] > 2000 and len(lines) >= sent[0], (sent[0], len(lines))
+        assert not errors, errors[:5]
+    finally:
+        c.stop()

@@ -537,7 +537,13 @@ fn push_reshape_rows(
 
 fn print_split(label: &str, s: &SplitRun) {
     print_reshape(label, "split", "both halves", &s.run, s.recopy);
-    print_reshape(label, "merge", "the joined tablet", &s.merge, s.merge_recopy);
+    print_reshape(
+        label,
+        "merge",
+        "the joined tablet",
+        &s.merge,
+        s.merge_recopy,
+    );
 }
 
 fn print_reshape(label: &str, step: &str, copied: &str, r: &Run, recopy: Duration) {

@@ -49,6 +49,10 @@ pub struct ClusterView {
     recovering: Vec<bool>,
     /// Recovering tablets of the default table that wait for memory: (first, last, why).
     waiting: Vec<(u16, u16, String)>,
+    /// True if a tablet of the default table that this server masters switches now (a move's
+    /// switch to its target, a split's or a merge's last step): its requests are held a moment
+    /// on the cluster port ([`ClusterView::switching_here`]).
+    switches_here: bool,
 }
 
 /// Where a slot of the default table is served.
@@ -75,6 +79,14 @@ impl Route {
     }
 }
 
+/// True while `t` switches on `me`: its master, or its move's target (which may hear that the
+/// switch ended after the source has sent clients there).
+fn switches_at(t: &ramlog_cluster::TabletInfo, me: ServerId) -> bool {
+    !t.recovering
+        && t.switching()
+        && (t.master == me || t.migration.is_some_and(|m| m.target == me))
+}
+
 impl ClusterView {
     pub fn new(map: ClusterMap, me: ServerId, epoch: u64) -> ClusterView {
         // A recovering tablet is listed under its restorer (where clients should go next); one
@@ -85,6 +97,7 @@ impl ClusterView {
         let mut recovering = vec![false; SLOT_COUNT as usize];
         let mut mirrors = vec![0; SLOT_COUNT as usize];
         let mut waiting = Vec::new();
+        let mut switches_here = false;
         let is_up = |id: &ServerId| map.server(*id).is_some_and(|s| s.state == ServerState::Up);
         for t in map.tablets_of(DEFAULT_TABLE) {
             if let Some(m) = t.mirror.filter(|_| !t.recovering) {
@@ -108,6 +121,7 @@ impl ClusterView {
             };
             // A tablet switching to its migration's target is served nowhere for that moment.
             let unavailable = t.recovering || t.switching();
+            switches_here |= switches_at(t, me);
             for slot in t.slots() {
                 owners[slot as usize] = owner;
                 recovering[slot as usize] = unavailable;
@@ -145,7 +159,26 @@ impl ClusterView {
             masters,
             recovering,
             waiting,
+            switches_here,
         }
+    }
+
+    /// True if some tablet of the default table switches on this server now.
+    #[inline]
+    pub fn switches_here(&self) -> bool {
+        self.switches_here
+    }
+
+    /// True while `slot`'s tablet of the default table switches on this server, its master or
+    /// its move's target (a move's switch, a split's or a merge's last step: tens of
+    /// milliseconds, at most the drain's bound). Cheap when nothing switches here.
+    #[inline]
+    pub fn switching_here(&self, slot: u16) -> bool {
+        self.switches_here
+            && self
+                .map
+                .tablet_at(DEFAULT_TABLE, slot)
+                .is_some_and(|t| switches_at(t, self.me))
     }
 
     /// The mirror of `slot`'s tablet of the default table (0 = none).
@@ -228,12 +261,14 @@ impl ClusterView {
     }
 
     /// The TRYAGAIN answer for a slot of the default table that no server serves for now
-    /// ([`Route::Recovering`]): its tablet is recovering, switching to its move's target, or
-    /// splitting.
+    /// ([`Route::Recovering`]): its tablet is recovering, switching to its move's target,
+    /// splitting or merging.
     pub fn unavailable_error(&self, slot: u16) -> String {
         let t = self.map.tablet_at(DEFAULT_TABLE, slot);
         if t.is_some_and(|t| t.split.is_some()) {
             format!("TRYAGAIN slot {slot} is in a tablet that splits; retry")
+        } else if t.is_some_and(|t| t.merge_ready) {
+            format!("TRYAGAIN slot {slot} is in a tablet that merges; retry")
         } else if t.is_some_and(|t| t.switching()) {
             format!("TRYAGAIN slot {slot} is switching to the server it moves to; retry")
         } else {

@@ -62,6 +62,7 @@ pub async fn serve_resp(
                 Ok(Some(used)) => {
                     if !request.is_empty() {
                         let args = request.args(&inbuf[pos..]);
+                        hold_through_switch(&session, &args).await;
                         execute(&shared, &mut session, &args, &mut out);
                         batch += 1;
                     }
@@ -108,6 +109,40 @@ pub async fn serve_resp(
             out = Vec::with_capacity(READ_CHUNK_BYTES);
         }
         buffers.update(inbuf.capacity() + out.capacity());
+    }
+}
+
+/// The longest a cluster-port request waits for a switch of its tablet on this server (it is
+/// answered as the map then stands: served, `-MOVED` to a move's target, or `-TRYAGAIN` if the
+/// switch still runs). A switch takes tens of milliseconds; its drain gives up after 5 s.
+const SWITCH_HOLD_MAX: Duration = Duration::from_secs(2);
+const SWITCH_HOLD_POLL: Duration = Duration::from_millis(2);
+
+/// On a cluster server: holds a command whose first key's slot is in a tablet that switches here
+/// now (a move's switch, a split's or a merge's last step) until the switch ends, at most
+/// [`SWITCH_HOLD_MAX`], so that clients see the tablet served (or `-MOVED`) rather than
+/// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries). Only this connection waits.
+async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
+    let Some(member) = session.member() else {
+        return;
+    };
+    let slot = {
+        let view = member.view();
+        if !view.switches_here() {
+            return;
+        }
+        let Some(slot) = crate::front::commands::lookup(args[0])
+            .and_then(|spec| crate::front::commands::command_keys(spec, args).next())
+            .map(ramlog_common::key_slot)
+            .filter(|&slot| view.switching_here(slot))
+        else {
+            return;
+        };
+        slot
+    };
+    let started = std::time::Instant::now();
+    while started.elapsed() < SWITCH_HOLD_MAX && member.view().switching_here(slot) {
+        tokio::time::sleep(SWITCH_HOLD_POLL).await;
     }
 }
 

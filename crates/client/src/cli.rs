@@ -328,18 +328,15 @@ pub fn del(args: &DelArgs) -> anyhow::Result<()> {
 /// `ramlog scan`: prints matching keys, one per line; with filter, projection or aggregate flags, runs a
 /// filtered scan at one snapshot and prints `key<TAB>value` lines (values decoded by the table's
 /// schema when it has one) or one `aggregate value` line per aggregate. Against a cluster, the key
-/// listing covers every server; filtered scans and `--cursor` need a standalone server.
+/// listing covers every server, and a filtered scan every tablet (on its master, merged here);
+/// `--cursor` needs a standalone server.
 pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let cluster = args.connect.cluster_client().await?;
         let pattern = args.pattern.as_bytes();
         if !cluster.is_standalone() {
             if args.filtered() {
-                bail!(
-                    "filtered scans of a cluster table are not supported yet: --prefix, --range, \
-                     --where, --fields, --limit and aggregates need a standalone server; list the \
-                     keys of every server with `ramlog scan --match PATTERN`"
-                );
+                return filtered_scan(args, cluster.seed(), Some(&cluster)).await;
             }
             if args.cursor.is_some() {
                 bail!(
@@ -358,7 +355,7 @@ pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
         }
         let client = cluster.seed();
         if args.filtered() {
-            return filtered_scan(args, client).await;
+            return filtered_scan(args, client, None).await;
         }
         if let Some(cursor) = args.cursor {
             let (next, keys) = client.scan_keys(cursor, args.count, pattern).await?;
@@ -386,11 +383,20 @@ pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn filtered_scan(args: &ScanArgs, client: Client) -> anyhow::Result<()> {
+/// A filtered scan of one server's table, or (`cluster` given) of every tablet of a cluster
+/// table, each on its master, merged here.
+async fn filtered_scan(
+    args: &ScanArgs,
+    client: Client,
+    cluster: Option<&crate::ClusterClient>,
+) -> anyhow::Result<()> {
     if args.cursor.is_some() {
         bail!("--cursor is for key listings; a filtered scan pages by itself");
     }
-    let schema = client.get_schema().await?;
+    let schema = match cluster {
+        Some(cluster) => cluster.schema()?,
+        None => client.get_schema().await?,
+    };
     let query = build_query(args, schema.as_ref())?;
     let mut printed = 0u64;
     let limit = args.limit.unwrap_or(u64::MAX);
@@ -419,7 +425,16 @@ async fn filtered_scan(args: &ScanArgs, client: Client) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
         Ok(())
     };
-    match client.scan_filtered(&query, None, page).await? {
+    let result = match cluster {
+        Some(cluster) if query.aggregates.is_empty() => ScanResult::Records {
+            records: cluster.scan_records(&query, page).await?,
+            more: None,
+            snapshot_version: 0,
+        },
+        Some(cluster) => ScanResult::Aggregates(cluster.scan_aggregates(&query).await?),
+        None => client.scan_filtered(&query, None, page).await?,
+    };
+    match result {
         ScanResult::Aggregates(a) => {
             for (agg, value) in query.aggregates.iter().zip(&a.values) {
                 println!(

@@ -462,6 +462,220 @@ impl ClusterClient {
         }
     }
 
+    /// The schema of this handle's table, from the cluster map (None without one).
+    pub fn schema(&self) -> Result<Option<ramlog_query::Schema>, Error> {
+        let map = self.map();
+        let Some(bytes) = map
+            .tables
+            .iter()
+            .find(|t| t.id == self.table)
+            .and_then(|t| t.schema.clone())
+        else {
+            return Ok(None);
+        };
+        ramlog_query::Schema::from_bytes(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Protocol(format!("the map's schema of table {}: {e}", self.table)))
+    }
+
+    /// The aggregates of `query` over the whole table: each tablet's part on its master, all in
+    /// parallel (SCAN_TABLET), merged here (counts and sums add, min and max take the extreme;
+    /// `matched` and `malformed` add; `snapshot_version` is the highest tablet's). Each tablet is
+    /// read at a snapshot of its own master: the result is not one cut across servers. A
+    /// tablet that is recovering, or that moved, split or merged under the scan, makes the scan
+    /// start again from a newer map (until the recovery wait runs out): no tablet is counted
+    /// twice or left out.
+    pub async fn scan_aggregates(
+        &self,
+        query: &ramlog_query::Query,
+    ) -> Result<crate::ScanAggregates, Error> {
+        if self.shared.map.is_none() {
+            return self.seed().scan_aggregates(query, None).await;
+        }
+        if query.aggregates.is_empty() {
+            return Err(Error::InvalidQuery(
+                "scan_aggregates needs a query with aggregates".into(),
+            ));
+        }
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        self.each_tablet(|map| self.aggregates_once(map, &bytes, &query.aggregates))
+            .await
+    }
+
+    /// Every record `query` (no aggregates) selects in the whole table: each tablet's part on
+    /// its master, in parallel (SCAN_TABLET, then pages of `page_records`), in slot order of the
+    /// tablets. Restarted as [`ClusterClient::scan_aggregates`] is.
+    pub async fn scan_records(
+        &self,
+        query: &ramlog_query::Query,
+        page_records: u32,
+    ) -> Result<Vec<crate::Record>, Error> {
+        if self.shared.map.is_none() {
+            return self.seed().scan_records(query, None, page_records).await;
+        }
+        if !query.aggregates.is_empty() {
+            return Err(Error::InvalidQuery(
+                "scan_records needs a query without aggregates".into(),
+            ));
+        }
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        let page = page_records.max(1);
+        self.each_tablet(|map| self.records_once(map, &bytes, page))
+            .await
+    }
+
+    /// Runs `once` over the cached map, again from a refreshed map after a retryable failure.
+    async fn each_tablet<'a, T, F, Fut>(&'a self, once: F) -> Result<T, Error>
+    where
+        F: Fn(Arc<ClusterMap>) -> Fut,
+        Fut: Future<Output = Result<T, Error>> + 'a,
+    {
+        let cache = self.shared.map.as_ref().expect("a cluster handle");
+        let mut retries = self.retries();
+        loop {
+            let map = cache.get();
+            let version = map.version;
+            match once(map).await {
+                Err(e) if retryable(&e, true) => {
+                    if !self.backoff_and_refresh(&mut retries, version).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "restarted a cluster scan");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Each tablet of the table with its master's native address; WRONG_SERVER (retried after a
+    /// map refresh) for a tablet that is recovering.
+    fn tablet_masters(
+        map: &ClusterMap,
+        table: TableId,
+    ) -> Result<Vec<(TabletInfo, String)>, Error> {
+        let mut out = Vec::new();
+        for t in map.tablets_of(table) {
+            if t.recovering {
+                return Err(Error::Server {
+                    status: Status::WrongServer,
+                    message: format!(
+                        "slots {}-{} of table {table} are being recovered (map version {})",
+                        t.first_slot, t.last_slot, map.version
+                    ),
+                });
+            }
+            let server = map.server(t.master).ok_or_else(|| Error::Server {
+                status: Status::WrongServer,
+                message: format!(
+                    "the cluster map (version {}) names server {} as a master but does not list it",
+                    map.version, t.master
+                ),
+            })?;
+            out.push((t.clone(), server.addresses.native.to_string()));
+        }
+        if out.is_empty() {
+            return Err(Error::Server {
+                status: Status::NoSuchTable,
+                message: format!(
+                    "no tablet of table {table} in the cluster map (version {})",
+                    map.version
+                ),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn aggregates_once(
+        &self,
+        map: Arc<ClusterMap>,
+        query: &[u8],
+        aggregates: &[ramlog_query::Aggregate],
+    ) -> Result<crate::ScanAggregates, Error> {
+        let table = self.table;
+        let parts = Self::tablet_masters(&map, table)?
+            .into_iter()
+            .map(|(t, addr)| async move {
+                let client = self.client_for(&addr).await?;
+                match client
+                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, query, 1)
+                    .await?
+                {
+                    crate::ScanResult::Aggregates(a) => Ok(a),
+                    crate::ScanResult::Records { .. } => Err(Error::Protocol(
+                        "SCAN_TABLET answered records to an aggregate query".into(),
+                    )),
+                }
+            });
+        let mut total: Option<crate::ScanAggregates> = None;
+        for part in join_all(parts.collect()).await {
+            let part = part?;
+            total = Some(match total {
+                None => part,
+                Some(mut t) => {
+                    if t.values.len() != part.values.len() || part.values.len() != aggregates.len()
+                    {
+                        return Err(Error::Protocol(format!(
+                            "SCAN_TABLET answered {} aggregate values for {} aggregates",
+                            part.values.len(),
+                            aggregates.len()
+                        )));
+                    }
+                    for ((acc, v), agg) in t.values.iter_mut().zip(part.values).zip(aggregates) {
+                        *acc = merge_aggregate(
+                            agg,
+                            std::mem::replace(acc, ramlog_query::Value::Null),
+                            v,
+                        )?;
+                    }
+                    t.matched += part.matched;
+                    t.malformed += part.malformed;
+                    t.snapshot_version = t.snapshot_version.max(part.snapshot_version);
+                    t
+                }
+            });
+        }
+        total.ok_or_else(|| Error::Protocol("a cluster scan read no tablet".into()))
+    }
+
+    async fn records_once(
+        &self,
+        map: Arc<ClusterMap>,
+        query: &[u8],
+        page: u32,
+    ) -> Result<Vec<crate::Record>, Error> {
+        let table = self.table;
+        let parts = Self::tablet_masters(&map, table)?
+            .into_iter()
+            .map(|(t, addr)| async move {
+                let client = self.client_for(&addr).await?;
+                match client
+                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, query, page)
+                    .await?
+                {
+                    crate::ScanResult::Records {
+                        mut records, more, ..
+                    } => {
+                        if let Some(mut more) = more {
+                            records.extend(more.collect(page).await?);
+                        }
+                        Ok(records)
+                    }
+                    crate::ScanResult::Aggregates(_) => Err(Error::Protocol(
+                        "SCAN_TABLET answered aggregates to a record query".into(),
+                    )),
+                }
+            });
+        let mut all = Vec::new();
+        for part in join_all(parts.collect()).await {
+            all.extend(part?);
+        }
+        Ok(all)
+    }
+
     async fn scan_all_once(&self, map: &ClusterMap, pattern: &[u8]) -> Result<Vec<Bytes>, Error> {
         let masters = masters_of(map, self.table)?;
         let table = self.table;
@@ -504,6 +718,57 @@ impl ClusterClient {
             }
         })
         .await
+    }
+}
+
+/// Two tablets' values of one aggregate as one: NULL (no value seen) yields to the other;
+/// counts and integer sums add (an overflow of i64 is an error, as on one server), float sums
+/// add; min and max keep the extreme.
+fn merge_aggregate(
+    agg: &ramlog_query::Aggregate,
+    a: ramlog_query::Value,
+    b: ramlog_query::Value,
+) -> Result<ramlog_query::Value, Error> {
+    use ramlog_query::{Aggregate, Value};
+    use std::cmp::Ordering;
+    let (a, b) = match (a, b) {
+        (Value::Null, v) | (v, Value::Null) => return Ok(v),
+        pair => pair,
+    };
+    let mismatch = |a: &Value, b: &Value| {
+        Error::Protocol(format!(
+            "tablets answered {agg:?} values of different types: {a:?} and {b:?}"
+        ))
+    };
+    match agg {
+        Aggregate::Count | Aggregate::Sum(_) => match (&a, &b) {
+            (Value::I64(x), Value::I64(y)) => {
+                x.checked_add(*y)
+                    .map(Value::I64)
+                    .ok_or_else(|| Error::Server {
+                        status: Status::BadRequest,
+                        message: format!("{agg:?} overflows a 64-bit integer over the tablets"),
+                    })
+            }
+            (Value::F64(x), Value::F64(y)) => Ok(Value::F64(x + y)),
+            _ => Err(mismatch(&a, &b)),
+        },
+        Aggregate::Min(_) | Aggregate::Max(_) => {
+            let order = match (&a, &b) {
+                (Value::I32(x), Value::I32(y)) => x.cmp(y),
+                (Value::I64(x), Value::I64(y)) => x.cmp(y),
+                (Value::F64(x), Value::F64(y)) => x.partial_cmp(y).unwrap_or(Ordering::Equal),
+                (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+                (Value::Str(x), Value::Str(y)) => x.cmp(y),
+                (Value::Bytes(x), Value::Bytes(y)) => x.cmp(y),
+                _ => return Err(mismatch(&a, &b)),
+            };
+            let keep_a = match agg {
+                Aggregate::Min(_) => order != Ordering::Greater,
+                _ => order != Ordering::Less,
+            };
+            Ok(if keep_a { a } else { b })
+        }
     }
 }
 

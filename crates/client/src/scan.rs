@@ -354,7 +354,41 @@ impl Client {
             max_records,
             query,
         };
-        match call_on(&conn, &request, self.timeout).await? {
+        self.scan_reply(conn, &request, "SCAN_FILTERED").await
+    }
+
+    /// A cluster scan's part on one tablet (SCAN_TABLET): the query (`Query::to_bytes`) over
+    /// the objects of the tablet of `table` covering `first_slot..=last_slot` at `epoch`, on its
+    /// master at a fresh snapshot. Refused (`Status::WrongServer`) unless this server masters
+    /// exactly that tablet now.
+    pub async fn scan_tablet_raw(
+        &self,
+        table: TableId,
+        (first_slot, last_slot): (u16, u16),
+        epoch: u64,
+        query: &[u8],
+        max_records: u32,
+    ) -> Result<ScanResult, Error> {
+        let conn = self.pooled_connection().await?;
+        let request = Request::ScanTablet {
+            table,
+            first_slot,
+            last_slot,
+            epoch,
+            max_records,
+            query,
+        };
+        self.scan_reply(conn, &request, "SCAN_TABLET").await
+    }
+
+    /// Sends a scan request on `conn` and reads its first reply.
+    async fn scan_reply(
+        &self,
+        conn: Arc<Connection>,
+        request: &Request<'_>,
+        what: &str,
+    ) -> Result<ScanResult, Error> {
+        match call_on(&conn, request, self.timeout).await? {
             Response::ScanPage {
                 cursor,
                 snapshot_version,
@@ -385,7 +419,7 @@ impl Client {
                     snapshot_version,
                 }))
             }
-            other => Err(unexpected("SCAN_FILTERED", other)),
+            other => Err(unexpected(what, other)),
         }
     }
 

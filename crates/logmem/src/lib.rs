@@ -577,8 +577,22 @@ impl Engine {
         table: TableId,
         q: &query::Query,
     ) -> Result<Arc<query::CompiledQuery>, EngineError> {
+        self.compile_in(table, q, None)
+    }
+
+    /// [`Engine::compile`], selecting only keys of the slots `slots` names (first, last).
+    fn compile_in(
+        &self,
+        table: TableId,
+        q: &query::Query,
+        slots: Option<(u16, u16)>,
+    ) -> Result<Arc<query::CompiledQuery>, EngineError> {
         let schema = self.schema(table);
         query::CompiledQuery::new(q.clone(), schema.as_deref())
+            .map(|c| match slots {
+                Some((first, last)) => c.with_slots(first, last),
+                None => c,
+            })
             .map(Arc::new)
             .map_err(|e| EngineError::Query(e.to_string()))
     }
@@ -693,6 +707,57 @@ impl Engine {
         let sink = self.scan_into(tablet, snapshot, method, sink)?;
         snapshot.check()?;
         sink.finish()
+    }
+
+    /// Scans the objects of the slots `first..=last` in one tablet at a snapshot of its table
+    /// (the part of a cluster scan a tablet's master serves): aggregates, or at most
+    /// `max_records` records. Objects of other slots the engine tablet holds for a while (a
+    /// split's copies before their cleanup, a merge's while it copies) are left out.
+    pub fn scan_tablet_slots(
+        &self,
+        tablet: TabletId,
+        snapshot: &Snapshot,
+        q: &query::Query,
+        (first, last): (u16, u16),
+        max_records: usize,
+    ) -> Result<ScanOutput, EngineError> {
+        snapshot.check()?;
+        let table = self.inner.tablet(tablet)?.table;
+        Self::check_scan_use(snapshot, Some(table))?;
+        let compiled = self.compile_in(table, q, Some((first, last)))?;
+        let sink = scan::QuerySink::new(compiled, max_records);
+        let sink = self.scan_into(tablet, snapshot, ScanMethod::Log, sink)?;
+        snapshot.check()?;
+        sink.finish()
+    }
+
+    /// A resumable record scan of the slots `first..=last` in one tablet at `snapshot` (see
+    /// [`Engine::scan_tablet_slots`] and [`Engine::scan_cursor`]).
+    pub fn scan_cursor_slots(
+        &self,
+        tablet: TabletId,
+        snapshot: Snapshot,
+        q: &query::Query,
+        (first, last): (u16, u16),
+    ) -> Result<ScanCursor, EngineError> {
+        snapshot.check()?;
+        let table = self.inner.tablet(tablet)?.table;
+        Self::check_scan_use(&snapshot, Some(table))?;
+        let compiled = self.compile_in(table, q, Some((first, last)))?;
+        if compiled.is_aggregate() {
+            return Err(EngineError::Query(
+                "a paged scan returns records; aggregate with a one-shot scan".into(),
+            ));
+        }
+        Ok(ScanCursor {
+            inner: self.inner.clone(),
+            snapshot,
+            query: compiled,
+            tablets: [tablet].into(),
+            current: None,
+            scratch: Vec::new(),
+            malformed: 0,
+        })
     }
 
     /// Runs one tablet's scan into `sink` by the chosen method.

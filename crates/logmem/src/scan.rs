@@ -1158,7 +1158,8 @@ impl QuerySink {
             && q.projection.is_none()
             && !q.aggregates.is_empty()
             && q.aggregates.iter().all(|a| *a == Aggregate::Count);
-        let all_keys = matches!(q.key_filter, ramlog_query::KeyFilter::All);
+        let all_keys =
+            matches!(q.key_filter, ramlog_query::KeyFilter::All) && query.slots().is_none();
         let batching = !count_only && query.batches();
         QuerySink {
             query,
@@ -1234,7 +1235,7 @@ impl QuerySink {
     /// Whether the key filter lets `key` through.
     #[inline]
     fn key_passes(&self, key: &[u8]) -> bool {
-        self.all_keys || self.query.query().key_filter.matches(key)
+        self.all_keys || self.query.key_selected(key)
     }
 
     /// Evaluates the deferred values. The walker calls this before it leaves their segment.
@@ -1259,7 +1260,7 @@ impl QuerySink {
     #[inline]
     pub fn accept(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
         if self.count_only {
-            if self.all_keys || self.query.query().key_filter.matches(key) {
+            if self.key_passes(key) {
                 self.out.matched += 1;
             }
             return true;

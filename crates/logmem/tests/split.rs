@@ -2,6 +2,7 @@
 //! expiry times; the lower tablet keeps the rest; nothing is lost, nothing is in both.
 
 use ramlog_common::key_slot;
+use ramlog_logmem::query::Value;
 use ramlog_logmem::{Condition, Engine, EngineConfig, EngineError, PutOptions};
 use std::collections::HashMap;
 
@@ -489,4 +490,67 @@ fn a_split_cleanup_that_runs_while_the_halves_merge_back_leaves_the_merged_objec
     e.merge_prepare(a, b).unwrap();
     assert!(e.merge_prepare(a, b).is_err());
     e.merge_cancel(a, b).unwrap();
+}
+
+#[test]
+fn a_scan_of_a_tablets_slots_leaves_out_the_copies_of_a_split_and_a_merge() {
+    use ramlog_logmem::query::{Aggregate, Query};
+    use ramlog_logmem::ScanMethod;
+    let e = engine(256 << 20);
+    let t = e.create_tablet(0, 0, 16383).unwrap();
+    let keys: Vec<Vec<u8>> = (0..6_000u32)
+        .map(|i| format!("s{i}").into_bytes())
+        .collect();
+    for k in &keys {
+        e.put(t, k, b"v", &PutOptions::default()).unwrap();
+    }
+    let lower = keys.iter().filter(|k| key_slot(k) < 8192).count() as i64;
+    let upper = keys.len() as i64 - lower;
+    let count = Query {
+        aggregates: vec![Aggregate::Count],
+        ..Default::default()
+    };
+    let counted = |tablet, slots| {
+        let snap = e.scan_snapshot(0);
+        e.scan_tablet_slots(tablet, &snap, &count, slots, 0)
+            .unwrap()
+            .aggregates
+            .unwrap()
+    };
+    let listed = |tablet, slots| {
+        let mut cursor = e
+            .scan_cursor_slots(tablet, e.scan_snapshot(0), &Query::default(), slots)
+            .unwrap();
+        let mut n = 0;
+        while !cursor.is_done() {
+            n += cursor.next_page(500).unwrap().len() as i64;
+        }
+        n
+    };
+    // Split, the copies of the upper slots still in the old tablet (no cleanup yet).
+    let copy = e.split_prepare(t, 8192).unwrap();
+    e.set_frozen(t, true).unwrap();
+    e.split_finish(&copy, &mut |_| {}).unwrap();
+    let hi = copy.new;
+    e.set_frozen(t, false).unwrap();
+    e.set_frozen(hi, false).unwrap();
+    let whole = e.scan_snapshot(0);
+    assert!(
+        e.scan_tablet(t, &whole, &count, ScanMethod::Log, 0)
+            .unwrap()
+            .aggregates
+            .unwrap()[0]
+            == Value::I64(keys.len() as i64),
+        "the old engine tablet still holds the copies"
+    );
+    assert_eq!(counted(t, (0, 8191)), vec![Value::I64(lower)]);
+    assert_eq!(counted(hi, (8192, 16383)), vec![Value::I64(upper)]);
+    assert_eq!(listed(t, (0, 8191)), lower);
+    assert_eq!(listed(hi, (8192, 16383)), upper);
+    // A merge back, while it copies: the lower tablet holds the upper's copies above its range.
+    e.split_cleanup(t).unwrap();
+    e.merge_prepare(t, hi).unwrap();
+    assert_eq!(counted(t, (0, 8191)), vec![Value::I64(lower)]);
+    assert_eq!(listed(t, (0, 8191)), lower);
+    e.merge_cancel(t, hi).unwrap();
 }

@@ -73,6 +73,9 @@ pub mod opcode {
     pub const SET_SCHEMA: u8 = 0x26;
     /// Read a table's schema.
     pub const GET_SCHEMA: u8 = 0x27;
+    /// A cluster scan's part on one tablet: SCAN_FILTERED of the slots of one tablet on its
+    /// master, refused (WRONG_SERVER) unless this server masters that tablet at that epoch.
+    pub const SCAN_TABLET: u8 = 0x28;
     /// The cluster map this server holds (JSON, `ramlog_cluster::ClusterMap`); empty when the
     /// server is standalone.
     pub const CLUSTER_MAP: u8 = 0x04;
@@ -115,6 +118,7 @@ pub mod opcode {
             SCAN_CLOSE => "SCAN_CLOSE",
             SET_SCHEMA => "SET_SCHEMA",
             GET_SCHEMA => "GET_SCHEMA",
+            SCAN_TABLET => "SCAN_TABLET",
             CLUSTER_MAP => "CLUSTER_MAP",
             RESP_BATCH => "RESP_BATCH",
             REPL_HELLO => "REPL_HELLO",
@@ -405,6 +409,10 @@ impl<'a> Reader<'a> {
     fn u8(&mut self, what: &str) -> Result<u8, DecodeError> {
         Ok(self.take(1, what)?[0])
     }
+    fn u16(&mut self, what: &str) -> Result<u16, DecodeError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
     fn u32(&mut self, what: &str) -> Result<u32, DecodeError> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -588,6 +596,17 @@ pub enum Request<'a> {
         snapshot: u64,
         key: &'a [u8],
     },
+    /// SCAN_FILTERED of the tablet of `table` that covers exactly `first_slot..=last_slot` at
+    /// `epoch`, at a fresh snapshot, on its master (objects of other slots the server holds are
+    /// left out). `query` is `ramlog_query::Query::to_bytes`.
+    ScanTablet {
+        table: TableId,
+        first_slot: u16,
+        last_slot: u16,
+        epoch: u64,
+        max_records: u32,
+        query: &'a [u8],
+    },
     ScanNext {
         cursor: u64,
         max_records: u32,
@@ -629,6 +648,7 @@ impl<'a> Request<'a> {
             Request::SnapshotOpen => opcode::SNAPSHOT_OPEN,
             Request::SnapshotRelease { .. } => opcode::SNAPSHOT_RELEASE,
             Request::ScanFiltered { .. } => opcode::SCAN_FILTERED,
+            Request::ScanTablet { .. } => opcode::SCAN_TABLET,
             Request::GetAt { .. } => opcode::GET_AT,
             Request::ScanNext { .. } => opcode::SCAN_NEXT,
             Request::ScanClose { .. } => opcode::SCAN_CLOSE,
@@ -659,6 +679,7 @@ impl<'a> Request<'a> {
             | Request::MultiPut { table, .. }
             | Request::ScanKeys { table, .. }
             | Request::ScanFiltered { table, .. }
+            | Request::ScanTablet { table, .. }
             | Request::GetAt { table, .. }
             | Request::SetSchema { table, .. }
             | Request::GetSchema { table } => Some(*table),
@@ -747,6 +768,20 @@ impl<'a> Request<'a> {
                 out.put_u64_le(*snapshot);
                 put_bytes(out, key);
             }
+            Request::ScanTablet {
+                first_slot,
+                last_slot,
+                epoch,
+                max_records,
+                query,
+                ..
+            } => {
+                out.put_u16_le(*first_slot);
+                out.put_u16_le(*last_slot);
+                out.put_u64_le(*epoch);
+                out.put_u32_le(*max_records);
+                put_bytes(out, query);
+            }
             Request::ScanNext {
                 cursor,
                 max_records,
@@ -809,6 +844,7 @@ impl<'a> Request<'a> {
                 | opcode::MULTI_PUT
                 | opcode::SCAN_KEYS
                 | opcode::SCAN_FILTERED
+                | opcode::SCAN_TABLET
                 | opcode::GET_AT
                 | opcode::SET_SCHEMA
                 | opcode::GET_SCHEMA
@@ -921,6 +957,25 @@ impl<'a> Request<'a> {
                     table,
                     snapshot,
                     key: r.bytes("key")?,
+                }
+            }
+            opcode::SCAN_TABLET => {
+                let first_slot = r.u16("first slot")?;
+                let last_slot = r.u16("last slot")?;
+                if first_slot > last_slot || last_slot >= 16384 {
+                    return Err(DecodeError::bad(format!(
+                        "slots {first_slot}..={last_slot} are not a slot range"
+                    )));
+                }
+                let epoch = r.u64("epoch")?;
+                let max_records = r.u32("max records")?;
+                Request::ScanTablet {
+                    table,
+                    first_slot,
+                    last_slot,
+                    epoch,
+                    max_records,
+                    query: r.bytes("query")?,
                 }
             }
             opcode::SCAN_NEXT => {
@@ -1326,44 +1381,46 @@ impl Response {
                 Response::RespBatch(replies)
             }
             opcode::GET_AT => Response::GetAt(object(&mut r)?),
-            opcode::SCAN_FILTERED | opcode::SCAN_NEXT => match r.u8("scan reply kind")? {
-                SCAN_REPLY_RECORDS => {
-                    let cursor = r.u64("cursor id")?;
-                    let snapshot_version = r.u64("snapshot version")?;
-                    // Each record takes at least 24 bytes.
-                    let count = r.count("records", 24, u32::MAX)?;
-                    let mut records = Vec::with_capacity(count);
-                    for _ in 0..count {
-                        let key = slice(r.bytes("key")?);
-                        let version = r.u64("version")?;
-                        let expire_at_ms = r.u64("expiry")?;
-                        let value = slice(r.bytes("value")?);
-                        records.push(Record {
-                            key,
-                            value,
-                            version,
-                            expire_at_ms,
-                        });
+            opcode::SCAN_FILTERED | opcode::SCAN_TABLET | opcode::SCAN_NEXT => {
+                match r.u8("scan reply kind")? {
+                    SCAN_REPLY_RECORDS => {
+                        let cursor = r.u64("cursor id")?;
+                        let snapshot_version = r.u64("snapshot version")?;
+                        // Each record takes at least 24 bytes.
+                        let count = r.count("records", 24, u32::MAX)?;
+                        let mut records = Vec::with_capacity(count);
+                        for _ in 0..count {
+                            let key = slice(r.bytes("key")?);
+                            let version = r.u64("version")?;
+                            let expire_at_ms = r.u64("expiry")?;
+                            let value = slice(r.bytes("value")?);
+                            records.push(Record {
+                                key,
+                                value,
+                                version,
+                                expire_at_ms,
+                            });
+                        }
+                        Response::ScanPage {
+                            cursor,
+                            snapshot_version,
+                            records,
+                        }
                     }
-                    Response::ScanPage {
-                        cursor,
-                        snapshot_version,
-                        records,
+                    SCAN_REPLY_AGGREGATES if opcode != opcode::SCAN_NEXT => {
+                        let snapshot_version = r.u64("snapshot version")?;
+                        let matched = r.u64("matched")?;
+                        let malformed = r.u64("malformed")?;
+                        Response::ScanAggregates {
+                            snapshot_version,
+                            matched,
+                            malformed,
+                            values: slice(r.bytes("values")?),
+                        }
                     }
+                    other => return Err(DecodeError::bad(format!("scan reply kind {other}"))),
                 }
-                SCAN_REPLY_AGGREGATES if opcode == opcode::SCAN_FILTERED => {
-                    let snapshot_version = r.u64("snapshot version")?;
-                    let matched = r.u64("matched")?;
-                    let malformed = r.u64("malformed")?;
-                    Response::ScanAggregates {
-                        snapshot_version,
-                        matched,
-                        malformed,
-                        values: slice(r.bytes("values")?),
-                    }
-                }
-                other => return Err(DecodeError::bad(format!("scan reply kind {other}"))),
-            },
+            }
             other => {
                 return Err(DecodeError::bad(format!(
                     "reply to unknown opcode 0x{other:02x}"

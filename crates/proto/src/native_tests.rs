@@ -329,7 +329,7 @@ impl Owned {
     fn request(&self) -> Request<'_> {
         let table = self.table;
         let key = &self.a[..];
-        match self.kind % 21 {
+        match self.kind % 22 {
             0 => Request::Ping { payload: key },
             1 => Request::Auth { password: key },
             2 => Request::Stats,
@@ -402,6 +402,14 @@ impl Owned {
                     .iter()
                     .map(|(k, v)| vec![&k[..], &v[..]])
                     .collect(),
+            },
+            20 => Request::ScanTablet {
+                table,
+                first_slot: (self.n % 16384) as u16,
+                last_slot: ((self.n % 16384) as u16 + (self.m % 8) as u16).min(16383),
+                epoch: self.n,
+                max_records: self.m,
+                query: key,
             },
             _ => Request::GetSchema { table },
         }

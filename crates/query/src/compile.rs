@@ -96,6 +96,10 @@ pub(crate) struct AggPlan {
 pub struct CompiledQuery {
     query: Query,
     key_filter: KeyFilter,
+    /// Only keys of these hash slots (first, last) are selected ([`CompiledQuery::with_slots`]):
+    /// a cluster scan of one tablet, whose engine tablet may also hold copies of other slots for a
+    /// while (a split's before its cleanup, a merge's while it copies).
+    slots: Option<(u16, u16)>,
     pub(crate) schema: Option<Schema>,
     predicates: Vec<CompiledPredicate>,
     /// One bit per OR-clause.
@@ -192,6 +196,7 @@ impl CompiledQuery {
         let fixed = FixedPlan::new(&predicates, &aggs, all_clauses);
         Ok(CompiledQuery {
             key_filter: query.key_filter.clone(),
+            slots: None,
             schema: schema.cloned(),
             predicates,
             all_clauses,
@@ -203,6 +208,27 @@ impl CompiledQuery {
             fixed,
             query,
         })
+    }
+
+    /// Selects only keys whose hash slot lies in `first..=last`.
+    pub fn with_slots(mut self, first: u16, last: u16) -> CompiledQuery {
+        self.slots = Some((first, last));
+        self
+    }
+
+    /// The slot range [`CompiledQuery::with_slots`] set, if any.
+    pub fn slots(&self) -> Option<(u16, u16)> {
+        self.slots
+    }
+
+    /// Whether the key filter and the slot range let `key` through.
+    #[inline]
+    pub fn key_selected(&self, key: &[u8]) -> bool {
+        self.key_filter.matches(key)
+            && self.slots.is_none_or(|(first, last)| {
+                let slot = ramlog_common::key_slot(key);
+                first <= slot && slot <= last
+            })
     }
 
     /// The query this was compiled from.
@@ -242,7 +268,7 @@ impl CompiledQuery {
     /// every field it copies).
     #[inline]
     pub fn matches(&self, key: &[u8], value: &[u8]) -> Result<bool, QueryError> {
-        if !self.key_filter.matches(key) {
+        if !self.key_selected(key) {
             return Ok(false);
         }
         let Some(schema) = &self.schema else {
@@ -264,7 +290,7 @@ impl CompiledQuery {
         key: &[u8],
         value: &[u8],
     ) -> Result<bool, QueryError> {
-        if !self.key_filter.matches(key) {
+        if !self.key_selected(key) {
             return Ok(false);
         }
         self.select_and_aggregate_general(agg, value)

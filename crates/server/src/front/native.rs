@@ -776,6 +776,60 @@ impl Session<'_> {
             .collect()
     }
 
+    /// The engine tablet of a SCAN_TABLET: the tablet of `table` that covers exactly
+    /// `first..=last` at `epoch` and that this server masters now (not recovering, not
+    /// switching); WRONG_SERVER otherwise, so that the client refreshes its map and scans the
+    /// tablets it then names.
+    fn scanned_tablet(
+        &self,
+        table: TableId,
+        first: u16,
+        last: u16,
+        epoch: u64,
+    ) -> Result<TabletId, Failure> {
+        let Some(member) = self.member() else {
+            return Err(Failure(
+                Status::BadRequest,
+                0,
+                "SCAN_TABLET is for cluster servers; a standalone server answers SCAN_FILTERED"
+                    .into(),
+            ));
+        };
+        if let Some(refusal) = member.lease_refusal() {
+            return Err(Failure(Status::WrongServer, 0, refusal));
+        }
+        let view = member.view();
+        let refuse = |why: String| {
+            Err(Failure(
+                Status::WrongServer,
+                0,
+                format!(
+                    "slots {first}-{last} of table {table} at epoch {epoch}: {why} (map version {}); refresh the cluster map",
+                    view.map.version
+                ),
+            ))
+        };
+        let Some(t) = view
+            .map
+            .tablet_at(table, first)
+            .filter(|t| t.first_slot == first && t.last_slot == last && t.epoch == epoch)
+        else {
+            return refuse("no such tablet in this server's map".into());
+        };
+        if t.master != view.me || t.recovering || t.switching() {
+            return refuse(format!(
+                "this server does not serve it now (master {}{}{})",
+                t.master,
+                if t.recovering { ", recovering" } else { "" },
+                if t.switching() { ", switching" } else { "" }
+            ));
+        }
+        match member.created_tablet(table, first) {
+            Some(id) => Ok(id),
+            None => refuse("its tablet is not in this server's memory".into()),
+        }
+    }
+
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
         if let Some(member) = self.member() {
             if let Some(refusal) = member.lease_refusal() {
@@ -1098,9 +1152,29 @@ impl Session<'_> {
                 query,
             } => {
                 self.check_job_room()?;
-                let job = self
-                    .scans
-                    .scan_filtered(id, *table, *snapshot, *max_records, query)?;
+                let job =
+                    self.scans
+                        .scan_filtered(id, *table, *snapshot, *max_records, query, None)?;
+                return self.queue_job(id, op, job);
+            }
+            Request::ScanTablet {
+                table,
+                first_slot,
+                last_slot,
+                epoch,
+                max_records,
+                query,
+            } => {
+                self.check_job_room()?;
+                let tablet = self.scanned_tablet(*table, *first_slot, *last_slot, *epoch)?;
+                let job = self.scans.scan_filtered(
+                    id,
+                    *table,
+                    0,
+                    *max_records,
+                    query,
+                    Some((tablet, *first_slot, *last_slot)),
+                )?;
                 return self.queue_job(id, op, job);
             }
             Request::ScanNext {
@@ -1246,7 +1320,9 @@ fn native_op(opcode_byte: u8) -> Op {
         opcode::INCREMENT => Op::Incr,
         opcode::MULTI_GET => Op::Mget,
         opcode::MULTI_PUT => Op::Mset,
-        opcode::SCAN_KEYS | opcode::SCAN_FILTERED | opcode::SCAN_NEXT => Op::Scan,
+        opcode::SCAN_KEYS | opcode::SCAN_FILTERED | opcode::SCAN_TABLET | opcode::SCAN_NEXT => {
+            Op::Scan
+        }
         opcode::EXPIRE => Op::Expire,
         _ => Op::Other,
     }

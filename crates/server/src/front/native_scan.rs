@@ -187,7 +187,9 @@ impl ScanSession {
         })))
     }
 
-    /// SCAN_FILTERED: decodes and checks the query now, scans on the blocking pool.
+    /// SCAN_FILTERED: decodes and checks the query now, scans on the blocking pool. With
+    /// `tablet` (SCAN_TABLET: engine tablet, first and last slot), only that tablet's objects of
+    /// those slots, at a fresh snapshot.
     pub(super) fn scan_filtered(
         &self,
         id: u64,
@@ -195,6 +197,7 @@ impl ScanSession {
         snapshot: u64,
         max_records: u32,
         query: &[u8],
+        tablet: Option<(TabletId, u16, u16)>,
     ) -> Result<Job, Failure> {
         let query = Query::from_bytes(query)
             .map_err(|e| Failure(Status::BadRequest, 0, format!("bad query: {e}")))?;
@@ -226,12 +229,25 @@ impl ScanSession {
         let max_records = max_records.clamp(1, limits.page_records_max.max(1)) as usize;
         let cursors = self.cursors.clone();
         Ok(Box::new(move || {
-            let op = opcode::SCAN_FILTERED;
+            let op = if tablet.is_some() {
+                opcode::SCAN_TABLET
+            } else {
+                opcode::SCAN_FILTERED
+            };
             if aggregate {
-                let result = aggregate_scan(&engine, table, &snap, &query);
+                let result = aggregate_scan(&engine, table, tablet, &snap, &query);
                 return reply_frame(id, op, result);
             }
-            match record_scan(&engine, table, snap, &query, max_records, limits, &cursors) {
+            match record_scan(
+                &engine,
+                table,
+                tablet,
+                snap,
+                &query,
+                max_records,
+                limits,
+                &cursors,
+            ) {
                 Ok(frame) => frame(id),
                 Err(f) => error_frame(id, op, f),
             }
@@ -329,13 +345,18 @@ fn engine_failure(e: EngineError) -> Failure {
 fn aggregate_scan(
     engine: &Engine,
     table: TableId,
+    tablet: Option<(TabletId, u16, u16)>,
     snap: &Snapshot,
     query: &Query,
 ) -> Result<Response, Failure> {
     let version = snap.version();
-    let out = engine
-        .scan(table, snap, query, ScanMethod::Log, 0)
-        .map_err(engine_failure)?;
+    let out = match tablet {
+        None => engine.scan(table, snap, query, ScanMethod::Log, 0),
+        Some((tablet, first, last)) => {
+            engine.scan_tablet_slots(tablet, snap, query, (first, last), 0)
+        }
+    }
+    .map_err(engine_failure)?;
     let values = out.aggregates.unwrap_or_default();
     let mut encoded = Vec::new();
     encode_values(&values, &mut encoded)
@@ -350,18 +371,22 @@ fn aggregate_scan(
 
 /// Opens a paged scan and produces its first page; registers the scan when it has more pages.
 /// Returns a function that encodes the reply frame for a request id.
+#[allow(clippy::too_many_arguments)]
 fn record_scan(
     engine: &Engine,
     table: TableId,
+    tablet: Option<(TabletId, u16, u16)>,
     snap: Snapshot,
     query: &Query,
     max_records: usize,
     limits: ScanLimits,
     cursors: &CursorMap,
 ) -> Result<impl FnOnce(u64) -> BytesMut, Failure> {
-    let cursor = engine
-        .scan_cursor(table, snap, query)
-        .map_err(engine_failure)?;
+    let cursor = match tablet {
+        None => engine.scan_cursor(table, snap, query),
+        Some((tablet, first, last)) => engine.scan_cursor_slots(tablet, snap, query, (first, last)),
+    }
+    .map_err(engine_failure)?;
     let mut state = CursorState {
         cursor,
         pending: VecDeque::new(),
@@ -380,7 +405,12 @@ fn record_scan(
         map.insert(cursor_id, Arc::new(Mutex::new(state)));
         cursor_id
     };
-    Ok(move |id: u64| page_frame(id, opcode::SCAN_FILTERED, reply_cursor, version, &page))
+    let op = if tablet.is_some() {
+        opcode::SCAN_TABLET
+    } else {
+        opcode::SCAN_FILTERED
+    };
+    Ok(move |id: u64| page_frame(id, op, reply_cursor, version, &page))
 }
 
 /// Records for one page: at most `max` records and (beyond the first) `bytes_max` bytes; records

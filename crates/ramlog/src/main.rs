@@ -59,6 +59,9 @@ struct BenchArgs {
     /// Write the rows as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// `scan` only: scans of a cluster table (3 servers) against Redis Cluster SCAN.
+    #[arg(long)]
+    cluster: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -122,6 +125,9 @@ fn main() -> anyhow::Result<()> {
                 Suite::Resp => ramlog_bench::resp::run(args.quick, args.json.as_deref()),
                 Suite::Native => ramlog_bench::native::run(args.quick, args.json.as_deref()),
                 Suite::Backup => ramlog_bench::backup::run(args.quick, args.json.as_deref()),
+                Suite::Scan if args.cluster => {
+                    ramlog_bench::recovery::cluster_scan::run(args.quick, args.json.as_deref())
+                }
                 Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
                 Suite::Cluster => ramlog_bench::cluster::run(args.quick, args.json.as_deref()),
                 Suite::Recovery => ramlog_bench::recovery::run(args.quick, args.json.as_deref()),

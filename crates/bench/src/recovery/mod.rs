@@ -43,6 +43,7 @@
 
 mod bare_replay;
 mod client;
+pub mod cluster_scan;
 mod load;
 pub mod migration;
 mod plot;

@@ -218,6 +218,7 @@ pub(super) struct RamlogServer {
     pub(super) proc: Proc,
     pub(super) resp: String,
     pub(super) routing: String,
+    pub(super) native: String,
 }
 
 /// A coordinator and its servers, each a child process; all killed -9 when dropped (the servers
@@ -296,6 +297,7 @@ impl RamlogCluster {
                 proc,
                 resp: format!("127.0.0.1:{resp}"),
                 routing: format!("127.0.0.1:{routing}"),
+                native: format!("127.0.0.1:{native}"),
             });
         }
         let cluster = RamlogCluster {

@@ -94,9 +94,18 @@ fn cluster_port(taken: &mut HashSet<u16>) -> anyhow::Result<u16> {
 /// persistence, `cluster-node-timeout` = `node_timeout_ms`; returns once every node says
 /// `cluster_state:ok`, knows every other and every replica has synced.
 pub(super) fn redis_cluster(work: &Path, node_timeout_ms: u64) -> anyhow::Result<Vec<RedisNode>> {
+    redis_cluster_of(work, node_timeout_ms, MASTERS)
+}
+
+/// [`redis_cluster`] with `masters` masters (each with one replica).
+pub(super) fn redis_cluster_of(
+    work: &Path,
+    node_timeout_ms: u64,
+    masters: usize,
+) -> anyhow::Result<Vec<RedisNode>> {
     let mut taken = HashSet::new();
     let mut nodes = Vec::new();
-    for _ in 0..MASTERS * 2 {
+    for _ in 0..masters * 2 {
         let port = cluster_port(&mut taken)?;
         let dir = work.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir)?;

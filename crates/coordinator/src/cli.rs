@@ -502,6 +502,21 @@ fn parse_slots(s: &str) -> anyhow::Result<(u16, u16)> {
     Ok((a, b))
 }
 
+/// The cluster map and the id of the table named `table`.
+async fn table_map(
+    client: &CoordinatorClient,
+    table: &str,
+) -> anyhow::Result<(ClusterMap, ramlog_common::TableId)> {
+    let map = client.status().await?.map;
+    let id = map
+        .tables
+        .iter()
+        .find(|t| t.name == table)
+        .map(|t| t.id)
+        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    Ok((map, id))
+}
+
 /// `ramlog cluster move`: one tablet after another.
 async fn move_tablets(
     client: &CoordinatorClient,
@@ -512,14 +527,9 @@ async fn move_tablets(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let (first, last) = parse_slots(slots)?;
-    let map = client.status().await?.map;
-    let info = map
-        .tables
-        .iter()
-        .find(|t| t.name == table)
-        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let (map, id) = table_map(client, table).await?;
     let tablets: Vec<(u16, u16)> = map
-        .tablets_of(info.id)
+        .tablets_of(id)
         .filter(|t| t.first_slot <= last && t.last_slot >= first)
         .map(|t| (t.first_slot, t.last_slot))
         .collect();
@@ -546,7 +556,7 @@ async fn move_tablets(
         loop {
             tokio::time::sleep(Duration::from_millis(50)).await;
             let map = client.status().await?.map;
-            let Some(t) = map.tablet_at(info.id, first_slot) else {
+            let Some(t) = map.tablet_at(id, first_slot) else {
                 anyhow::bail!("slots {first_slot}-{last_slot}: the tablet is gone");
             };
             if t.master == to && t.migration.is_none() {
@@ -581,14 +591,9 @@ async fn merge_tablets(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     let (slot, _) = parse_slots(slot)?;
-    let map = client.status().await?.map;
-    let info = map
-        .tables
-        .iter()
-        .find(|t| t.name == table)
-        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let (map, id) = table_map(client, table).await?;
     let t = map
-        .tablet_at(info.id, slot)
+        .tablet_at(id, slot)
         .ok_or_else(|| anyhow::anyhow!("no tablet of {table} holds slot {slot}"))?;
     let next = map.next_tablet(t).ok_or_else(|| {
         anyhow::anyhow!(
@@ -609,7 +614,6 @@ async fn merge_tablets(
         println!("slots {first}-{} and {mid}-{last}: merging", mid - 1);
         return Ok(());
     }
-    let id = info.id;
     let mut abandoned = false;
     wait_for(client, timeout, "the merge", |map| {
         let t = map.tablet_at(id, first)?;
@@ -642,14 +646,9 @@ async fn split_tablet(
 ) -> anyhow::Result<()> {
     let (slot, _) = parse_slots(slot)?;
     let at = at.map(|a| parse_slots(a).map(|(a, _)| a)).transpose()?;
-    let map = client.status().await?.map;
-    let info = map
-        .tables
-        .iter()
-        .find(|t| t.name == table)
-        .ok_or_else(|| anyhow::anyhow!("no table named {table:?}"))?;
+    let (map, id) = table_map(client, table).await?;
     let t = map
-        .tablet_at(info.id, slot)
+        .tablet_at(id, slot)
         .ok_or_else(|| anyhow::anyhow!("no tablet of {table} holds slot {slot}"))?;
     let (first, last) = (t.first_slot, t.last_slot);
     let at = at.unwrap_or_else(|| t.middle_slot());
@@ -665,7 +664,6 @@ async fn split_tablet(
         println!("slots {first}-{last}: splitting at slot {at}");
         return Ok(());
     }
-    let id = info.id;
     let mut abandoned = false;
     wait_for(client, timeout, "the split", |map| {
         if let Some(upper) = map.tablet_at(id, at).filter(|t| t.first_slot == at) {

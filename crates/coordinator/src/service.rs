@@ -1484,21 +1484,18 @@ impl Shared {
                 }
             }
             Request::MergeTablets { table, slot } => {
-                let map = self.map();
-                let Some(info) = map.tables.iter().find(|t| t.name == table) else {
-                    return Response::Error(CommandError::NoSuchTable(table).to_string());
-                };
-                let Some(t) = map.tablet_at(info.id, slot) else {
-                    return Response::Error(format!("no tablet of {table} holds slot {slot}"));
+                let (id, t) = match self.named_tablet(&table, slot) {
+                    Ok(found) => found,
+                    Err(e) => return Response::Error(e),
                 };
                 let command = Command::MergeTablets {
-                    table: info.id,
+                    table: id,
                     first_slot: t.first_slot,
                 };
                 match self.propose(command).await {
                     Ok((CommandOutcome::Noted { .. }, _)) => {
                         tracing::warn!(
-                            table = info.id,
+                            table = id,
                             first_slot = t.first_slot,
                             "tablet merge started"
                         );

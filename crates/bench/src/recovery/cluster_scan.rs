@@ -20,12 +20,13 @@
 
 use super::client::{encode, fetch_map, Conn, Nodes, Reply};
 use super::load::{Load, LOAD_KEYS, THREADS};
+use super::migration::slot_tags;
 use super::ramlog::{run_tool, RamlogCluster};
 use super::redis::{redis_cluster_of, require_tools};
 use crate::report::{Report, Row, Target};
 use anyhow::{bail, Context};
 use ramlog_client::{ClientConfig, ClusterClient};
-use ramlog_common::{key_slot, SLOT_COUNT};
+use ramlog_common::SLOT_COUNT;
 use ramlog_query::{Aggregate, Cnf, Field, FieldType, Op, Predicate, Query, Schema, Value};
 use std::collections::HashSet;
 use std::path::Path;
@@ -59,27 +60,15 @@ fn name_of(i: u64) -> String {
     s
 }
 
-/// One tag per slot: `{tag}` hashes to that slot.
-fn slot_tags() -> Vec<String> {
-    let mut tags = vec![String::new(); SLOT_COUNT as usize];
-    let mut left = SLOT_COUNT as usize;
-    let mut n = 0u64;
-    while left > 0 {
-        let tag = n.to_string();
-        let slot = key_slot(format!("{{{tag}}}").as_bytes()) as usize;
-        if tags[slot].is_empty() {
-            tags[slot] = tag;
-            left -= 1;
-        }
-        n += 1;
-    }
-    tags
+/// The slot of batch `b` (consecutive batches spread over every slot: 10 007 is odd, so this
+/// walks all 16 384 slots before it repeats).
+fn batch_slot(b: u64) -> u16 {
+    (b.wrapping_mul(10_007) % u64::from(SLOT_COUNT)) as u16
 }
 
 /// Record `i`'s key: batch `i / BATCH` lies in one slot.
 fn key_of(tags: &[String], i: u64) -> String {
-    let slot = (i / BATCH) % u64::from(SLOT_COUNT);
-    format!("r{{{}}}:{i}", tags[slot as usize])
+    format!("r{{{}}}:{i}", tags[batch_slot(i / BATCH) as usize])
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -468,8 +457,7 @@ fn preload_redis(addrs: &[String], tags: &[String], records: u64) -> anyhow::Res
                     let mut out = Vec::new();
                     let mut pending = 0;
                     for b in 0..batches {
-                        let slot = (b % u64::from(SLOT_COUNT)) as u16;
-                        if master_of(slot)? != master {
+                        if master_of(batch_slot(b))? != master {
                             continue;
                         }
                         for i in b * BATCH..((b + 1) * BATCH).min(records) {

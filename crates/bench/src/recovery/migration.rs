@@ -100,7 +100,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// A hash tag per slot: `tags[s]` is a string whose slot, as `{tag}`, is `s`.
-fn slot_tags() -> Vec<String> {
+pub(super) fn slot_tags() -> Vec<String> {
     let mut tags = vec![String::new(); SLOT_COUNT as usize];
     let mut left = SLOT_COUNT as usize;
     let mut n = 0u64;
@@ -409,28 +409,33 @@ fn split_run(
     );
     let seeds: Vec<String> = cluster.servers.iter().map(|s| s.resp.clone()).collect();
     let coordinator = cluster.coordinator.clone();
-    let (mut run, _) = under_load(
-        &seeds,
-        value_size,
-        &split_slots,
-        keys * value_size as u64,
-        || {
-            run_tool(
-                &[
-                    "cluster",
-                    "split",
-                    "default",
-                    "0",
-                    "--timeout",
-                    "600",
-                    "--coordinator",
-                    &coordinator,
-                ],
-                Duration::from_secs(660),
-            )
-            .map(|_| ())
-        },
-    )?;
+    // `ramlog cluster split|merge default 0` under the load.
+    let step = |verb: &str| {
+        under_load(
+            &seeds,
+            value_size,
+            &split_slots,
+            keys * value_size as u64,
+            || {
+                run_tool(
+                    &[
+                        "cluster",
+                        verb,
+                        "default",
+                        "0",
+                        "--timeout",
+                        "600",
+                        "--coordinator",
+                        &coordinator,
+                    ],
+                    Duration::from_secs(660),
+                )
+                .map(|_| ())
+            },
+        )
+        .map(|(run, _)| run)
+    };
+    let mut run = step("split")?;
     let recopied = |what: &str| -> anyhow::Result<Duration> {
         let started = Instant::now();
         wait_until(what, Duration::from_secs(3600), || {
@@ -441,28 +446,7 @@ fn split_run(
     let recopy = recopied("the split halves' copies did not complete")?;
     run.preload_wrong = check_preload(&seeds, tags, &slots, keys, value_size)?;
     eprintln!("  {label}: the halves merge back");
-    let (mut merge, _) = under_load(
-        &seeds,
-        value_size,
-        &split_slots,
-        keys * value_size as u64,
-        || {
-            run_tool(
-                &[
-                    "cluster",
-                    "merge",
-                    "default",
-                    "0",
-                    "--timeout",
-                    "600",
-                    "--coordinator",
-                    &coordinator,
-                ],
-                Duration::from_secs(660),
-            )
-            .map(|_| ())
-        },
-    )?;
+    let mut merge = step("merge")?;
     let merge_recopy = recopied("the merged tablet's copies did not complete")?;
     merge.preload_wrong = check_preload(&seeds, tags, &slots, keys, value_size)?;
     Ok(SplitRun {

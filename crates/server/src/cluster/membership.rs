@@ -49,9 +49,9 @@ pub struct ClusterView {
     recovering: Vec<bool>,
     /// Recovering tablets of the default table that wait for memory: (first, last, why).
     waiting: Vec<(u16, u16, String)>,
-    /// True if a tablet of the default table that this server masters switches now (a move's
-    /// switch to its target, a split's or a merge's last step): its requests are held a moment
-    /// on the cluster port ([`ClusterView::switching_here`]).
+    /// True if a tablet of the default table switches on this server now (a move's switch, a
+    /// split's or a merge's last step), or moves to this server: its requests are held a moment on
+    /// the cluster port ([`ClusterView::switching_here`], [`ClusterView::moving_here`]).
     switches_here: bool,
 }
 
@@ -85,6 +85,11 @@ fn switches_at(t: &ramlog_cluster::TabletInfo, me: ServerId) -> bool {
     !t.recovering
         && t.switching()
         && (t.master == me || t.migration.is_some_and(|m| m.target == me))
+}
+
+/// True while `t` moves to `me` (not yet mastered by it).
+fn moves_to(t: &ramlog_cluster::TabletInfo, me: ServerId) -> bool {
+    !t.recovering && t.master != me && t.migration.is_some_and(|m| m.target == me)
 }
 
 impl ClusterView {
@@ -121,7 +126,7 @@ impl ClusterView {
             };
             // A tablet switching to its migration's target is served nowhere for that moment.
             let unavailable = t.recovering || t.switching();
-            switches_here |= switches_at(t, me);
+            switches_here |= switches_at(t, me) || moves_to(t, me);
             for slot in t.slots() {
                 owners[slot as usize] = owner;
                 recovering[slot as usize] = unavailable;
@@ -163,7 +168,7 @@ impl ClusterView {
         }
     }
 
-    /// True if some tablet of the default table switches on this server now.
+    /// True if some tablet of the default table switches on this server now, or moves to it.
     #[inline]
     pub fn switches_here(&self) -> bool {
         self.switches_here
@@ -179,6 +184,18 @@ impl ClusterView {
                 .map
                 .tablet_at(DEFAULT_TABLE, slot)
                 .is_some_and(|t| switches_at(t, self.me))
+    }
+
+    /// True while `slot`'s tablet of the default table moves to this server and the source
+    /// still masters it in this server's map: a request for it here was most likely sent by the
+    /// source, whose map already names this server (maps reach servers a heartbeat apart).
+    #[inline]
+    pub fn moving_here(&self, slot: u16) -> bool {
+        self.switches_here
+            && self
+                .map
+                .tablet_at(DEFAULT_TABLE, slot)
+                .is_some_and(|t| moves_to(t, self.me))
     }
 
     /// The mirror of `slot`'s tablet of the default table (0 = none).

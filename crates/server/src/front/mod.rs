@@ -9,3 +9,4 @@ pub mod commands;
 pub mod native;
 pub mod resp_conn;
 pub mod routing;
+pub mod scan_pool;

@@ -178,28 +178,28 @@ struct QueuedJob {
 /// What a finished job hands back: (opcode, start time, reply frame).
 type JobDone = (u8, Instant, BytesMut);
 
-/// Run a job on the blocking pool; a panic becomes an INTERNAL error reply.
+/// Run a job on the scan threads (`scan_pool`: below the request path's priority); a panic
+/// becomes an INTERNAL error reply.
 fn spawn_job(jobs: &mut JoinSet<JobDone>, j: QueuedJob) {
-    jobs.spawn_blocking(move || {
+    jobs.spawn(async move {
         let QueuedJob {
             id,
             op,
             started,
             job,
         } = j;
-        let frame =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or_else(|_| {
-                let mut out = BytesMut::new();
-                encode_error(
-                    &mut out,
-                    id,
-                    op,
-                    Status::Internal,
-                    0,
-                    "the request failed inside the server",
-                );
-                out
-            });
+        let frame = crate::front::scan_pool::run(job).await.unwrap_or_else(|| {
+            let mut out = BytesMut::new();
+            encode_error(
+                &mut out,
+                id,
+                op,
+                Status::Internal,
+                0,
+                "the request failed inside the server",
+            );
+            out
+        });
         (op, started, frame)
     });
 }

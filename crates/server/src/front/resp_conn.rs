@@ -116,12 +116,19 @@ pub async fn serve_resp(
 /// answered as the map then stands: served, `-MOVED` to a move's target, or `-TRYAGAIN` if the
 /// switch still runs). A switch takes tens of milliseconds; its drain gives up after 5 s.
 const SWITCH_HOLD_MAX: Duration = Duration::from_secs(2);
+/// The longest a cluster-port request for a tablet that moves here waits for this server's map
+/// to name it the master (the source, a heartbeat ahead, sent the client here), before it is
+/// answered as the map then stands (`-MOVED` back to the source). Without it, the two servers
+/// redirect the client to each other until their maps agree.
+const MOVE_HOLD_MAX: Duration = Duration::from_millis(100);
 const SWITCH_HOLD_POLL: Duration = Duration::from_millis(2);
 
 /// On a cluster server: holds a command whose first key's slot is in a tablet that switches here
 /// now (a move's switch, a split's or a merge's last step) until the switch ends, at most
 /// [`SWITCH_HOLD_MAX`], so that clients see the tablet served (or `-MOVED`) rather than
-/// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries). Only this connection waits.
+/// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries); and one for a tablet that moves
+/// here until this server's map names it master, at most [`MOVE_HOLD_MAX`]. Only this connection
+/// waits.
 async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
     let Some(member) = session.member() else {
         return;
@@ -134,14 +141,30 @@ async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
         let Some(slot) = crate::front::commands::lookup(args[0])
             .and_then(|spec| crate::front::commands::command_keys(spec, args).next())
             .map(ramlog_common::key_slot)
-            .filter(|&slot| view.switching_here(slot))
         else {
             return;
         };
         slot
     };
     let started = std::time::Instant::now();
-    while started.elapsed() < SWITCH_HOLD_MAX && member.view().switching_here(slot) {
+    let mut asked = false;
+    loop {
+        let view = member.view();
+        let limit = if view.switching_here(slot) {
+            SWITCH_HOLD_MAX
+        } else if view.moving_here(slot) {
+            if !asked {
+                asked = true;
+                member.refresh_map_soon();
+            }
+            MOVE_HOLD_MAX
+        } else {
+            return;
+        };
+        if started.elapsed() >= limit {
+            return;
+        }
+        drop(view);
         tokio::time::sleep(SWITCH_HOLD_POLL).await;
     }
 }

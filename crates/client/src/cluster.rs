@@ -578,13 +578,7 @@ impl ClusterClient {
             out.push((t.clone(), server.addresses.native.to_string()));
         }
         if out.is_empty() {
-            return Err(Error::Server {
-                status: Status::NoSuchTable,
-                message: format!(
-                    "no tablet of table {table} in the cluster map (version {})",
-                    map.version
-                ),
-            });
+            return Err(no_tablet_of(table, map));
         }
         Ok(out)
     }
@@ -958,15 +952,20 @@ pub(crate) fn masters_of(
         masters.insert(tablet.master, addr);
     }
     if masters.is_empty() {
-        return Err(Error::Server {
-            status: Status::NoSuchTable,
-            message: format!(
-                "no tablet of table {table} in the cluster map (version {})",
-                map.version
-            ),
-        });
+        return Err(no_tablet_of(table, map));
     }
     Ok(masters.into_iter().collect())
+}
+
+/// The error for a table the map has no tablet of.
+fn no_tablet_of(table: TableId, map: &ClusterMap) -> Error {
+    Error::Server {
+        status: Status::NoSuchTable,
+        message: format!(
+            "no tablet of table {table} in the cluster map (version {})",
+            map.version
+        ),
+    }
 }
 
 /// Run futures concurrently on the current task; their outputs in the order given.

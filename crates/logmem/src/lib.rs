@@ -740,24 +740,8 @@ impl Engine {
         q: &query::Query,
         (first, last): (u16, u16),
     ) -> Result<ScanCursor, EngineError> {
-        snapshot.check()?;
         let table = self.inner.tablet(tablet)?.table;
-        Self::check_scan_use(&snapshot, Some(table))?;
-        let compiled = self.compile_in(table, q, Some((first, last)))?;
-        if compiled.is_aggregate() {
-            return Err(EngineError::Query(
-                "a paged scan returns records; aggregate with a one-shot scan".into(),
-            ));
-        }
-        Ok(ScanCursor {
-            inner: self.inner.clone(),
-            snapshot,
-            query: compiled,
-            tablets: [tablet].into(),
-            current: None,
-            scratch: Vec::new(),
-            malformed: 0,
-        })
+        self.record_cursor(table, vec![tablet], snapshot, q, Some((first, last)))
     }
 
     /// Runs one tablet's scan into `sink` by the chosen method.
@@ -792,9 +776,23 @@ impl Engine {
         snapshot: Snapshot,
         q: &query::Query,
     ) -> Result<ScanCursor, EngineError> {
+        let tablets = self.table_tablets(table);
+        self.record_cursor(table, tablets, snapshot, q, None)
+    }
+
+    /// A record cursor over `tablets` of `table` at `snapshot`, selecting only keys of `slots`
+    /// when given ([`Engine::scan_cursor`], [`Engine::scan_cursor_slots`]).
+    fn record_cursor(
+        &self,
+        table: TableId,
+        tablets: Vec<TabletId>,
+        snapshot: Snapshot,
+        q: &query::Query,
+        slots: Option<(u16, u16)>,
+    ) -> Result<ScanCursor, EngineError> {
         snapshot.check()?;
         Self::check_scan_use(&snapshot, Some(table))?;
-        let compiled = self.compile(table, q)?;
+        let compiled = self.compile_in(table, q, slots)?;
         if compiled.is_aggregate() {
             return Err(EngineError::Query(
                 "a paged scan returns records; aggregate with a one-shot scan".into(),
@@ -804,7 +802,7 @@ impl Engine {
             inner: self.inner.clone(),
             snapshot,
             query: compiled,
-            tablets: self.table_tablets(table).into(),
+            tablets: tablets.into(),
             current: None,
             scratch: Vec::new(),
             malformed: 0,

@@ -58,6 +58,9 @@ type Key = (u64, u16, u64, Kind);
 #[derive(Debug)]
 struct Job {
     last_slot: u16,
+    /// Its place in the order jobs were registered (the map's order): among the jobs that wait
+    /// for a turn and no client asked for, the lowest goes first.
+    seq: u64,
     started: Instant,
     /// False while it waits for its turn (see [`Jobs::restoring`]).
     running: AtomicBool,
@@ -91,6 +94,8 @@ pub struct Jobs {
     /// being applied): (table, slot, when), at most [`EARLY_DEMANDS_MAX`], for
     /// [`EARLY_DEMAND_KEEP`].
     early: Mutex<Vec<(u64, u16, Instant)>>,
+    /// The next job's [`Job::seq`].
+    next_seq: AtomicU64,
 }
 
 /// Demands remembered for restores not registered yet, at most.
@@ -110,27 +115,27 @@ struct Gate {
 #[derive(Default)]
 struct GateState {
     running: usize,
-    next: u64,
-    waiting: Vec<(u64, Arc<Job>)>,
+    waiting: Vec<Arc<Job>>,
 }
 
 impl Gate {
     fn enter(&self, limit: usize, job: &Arc<Job>) -> GateGuard<'_> {
+        // The order is the jobs' registration order, not the order their threads get here
+        // (a loaded machine runs freshly spawned threads in any order).
+        let me = job.seq;
         let mut state = self.state.lock();
-        let me = state.next;
-        state.next += 1;
-        state.waiting.push((me, job.clone()));
+        state.waiting.push(job.clone());
         loop {
             let first = state
                 .waiting
                 .iter()
-                .min_by_key(|(seq, j)| {
+                .min_by_key(|j| {
                     let demanded = *j.demanded.lock();
-                    (demanded.is_none(), demanded, *seq)
+                    (demanded.is_none(), demanded, j.seq)
                 })
-                .map(|(seq, _)| *seq);
+                .map(|j| j.seq);
             if state.running < limit.max(1) && first == Some(me) {
-                state.waiting.retain(|(seq, _)| *seq != me);
+                state.waiting.retain(|j| j.seq != me);
                 state.running += 1;
                 job.running.store(true, Ordering::Release);
                 return GateGuard(self);
@@ -205,6 +210,7 @@ impl Jobs {
         };
         let job = Arc::new(Job {
             last_slot,
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             started: Instant::now(),
             running: AtomicBool::new(false),
             objects: AtomicU64::new(0),

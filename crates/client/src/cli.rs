@@ -161,6 +161,10 @@ pub struct ScanArgs {
     /// Print keys only (filtered scans print `key<TAB>value` by default).
     #[arg(long)]
     pub keys_only: bool,
+    /// Against a cluster: read each tablet at a snapshot of its own master, not at one
+    /// cluster snapshot (which holds every master's writes for a few milliseconds to cut).
+    #[arg(long)]
+    pub no_snapshot: bool,
 }
 
 impl ScanArgs {
@@ -328,7 +332,8 @@ pub fn del(args: &DelArgs) -> anyhow::Result<()> {
 /// `ramlog scan`: prints matching keys, one per line; with filter, projection or aggregate flags, runs a
 /// filtered scan at one snapshot and prints `key<TAB>value` lines (values decoded by the table's
 /// schema when it has one) or one `aggregate value` line per aggregate. Against a cluster, the key
-/// listing covers every server, and a filtered scan every tablet (on its master, merged here);
+/// listing covers every server, and a filtered scan every tablet (on its master, merged here) at
+/// one cluster snapshot (each tablet at its own master's snapshot with `--no-snapshot`);
 /// `--cursor` needs a standalone server.
 pub fn scan(args: &ScanArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
@@ -427,11 +432,20 @@ async fn filtered_scan(
     };
     let result = match cluster {
         Some(cluster) if query.aggregates.is_empty() => ScanResult::Records {
-            records: cluster.scan_records(&query, page).await?,
+            records: if args.no_snapshot {
+                cluster.scan_records(&query, page).await?
+            } else {
+                cluster.scan_records_consistent(&query, page).await?.0
+            },
             more: None,
             snapshot_version: 0,
         },
-        Some(cluster) => ScanResult::Aggregates(cluster.scan_aggregates(&query).await?),
+        Some(cluster) if args.no_snapshot => {
+            ScanResult::Aggregates(cluster.scan_aggregates(&query).await?)
+        }
+        Some(cluster) => {
+            ScanResult::Aggregates(cluster.scan_aggregates_consistent(&query).await?.0)
+        }
         None => client.scan_filtered(&query, None, page).await?,
     };
     match result {

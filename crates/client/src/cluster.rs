@@ -500,7 +500,7 @@ impl ClusterClient {
         let bytes = query
             .to_bytes()
             .map_err(|e| Error::InvalidQuery(e.to_string()))?;
-        self.each_tablet(|map| self.aggregates_once(map, &bytes, &query.aggregates))
+        self.each_tablet(|map| self.aggregates_once(map, None, &bytes, &query.aggregates))
             .await
     }
 
@@ -524,8 +524,214 @@ impl ClusterClient {
             .to_bytes()
             .map_err(|e| Error::InvalidQuery(e.to_string()))?;
         let page = page_records.max(1);
-        self.each_tablet(|map| self.records_once(map, &bytes, page))
+        self.each_tablet(|map| self.records_once(map, None, &bytes, page))
             .await
+    }
+
+    /// A cluster snapshot of this handle's table: a snapshot on every master of the table, all
+    /// cut while every one of them held its writes at once (SNAPSHOT_CUT at one wall-clock
+    /// instant; the holds are checked to overlap, and the cut taken again, with a longer lead
+    /// and hold, when they do not). See `docs/architecture.md`, "Cluster snapshots", for what
+    /// it sees. A tablet that is recovering makes it wait for a newer map (until the recovery
+    /// wait runs out).
+    pub async fn cluster_snapshot(&self) -> Result<ClusterSnapshot, Error> {
+        let Some(cache) = &self.shared.map else {
+            return Err(Error::Protocol(
+                "a cluster snapshot needs a cluster (this server is standalone)".into(),
+            ));
+        };
+        let mut retries = self.retries();
+        let mut lead = CUT_LEAD_FIRST;
+        let mut hold = CUT_HOLD_FIRST;
+        loop {
+            let map = cache.get();
+            match self.cut_once(map.clone(), lead, hold).await {
+                Ok(Some(snapshot)) => return Ok(snapshot),
+                Ok(None) => {
+                    // The holds did not overlap (a server got the request late, or its cut
+                    // thread woke late): again, with more room.
+                    if lead >= CUT_LEAD_MAX && hold >= CUT_HOLD_MAX {
+                        return Err(Error::Protocol(format!(
+                            "the masters' holds did not overlap even with a lead of {} ms and a hold of {} ms",
+                            lead.as_millis(),
+                            hold.as_millis()
+                        )));
+                    }
+                    lead = (lead * 2).min(CUT_LEAD_MAX);
+                    hold = (hold * 2).min(CUT_HOLD_MAX);
+                }
+                Err(e) if retryable(&e, true) => {
+                    if !self.backoff_and_refresh(&mut retries, map.version).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "took a cluster snapshot again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One try of [`ClusterClient::cluster_snapshot`]: None when the holds did not overlap.
+    async fn cut_once(
+        &self,
+        map: Arc<ClusterMap>,
+        lead: Duration,
+        hold: Duration,
+    ) -> Result<Option<ClusterSnapshot>, Error> {
+        let mut addrs: Vec<String> = Self::tablet_masters(&map, self.table)?
+            .into_iter()
+            .map(|(_, addr)| addr)
+            .collect();
+        addrs.sort();
+        addrs.dedup();
+        // Connected first, so that the lead is not spent connecting.
+        let mut clients = Vec::new();
+        for addr in &addrs {
+            clients.push(self.client_for(addr).await?.with_table(self.table));
+        }
+        let at = ramlog_common::unix_ns() + lead.as_nanos() as u64;
+        let cuts = clients.iter().map(|c| c.snapshot_cut(at, hold));
+        let mut parts = HashMap::new();
+        let (mut from, mut to) = (0u64, u64::MAX);
+        let mut first_error = None;
+        for (addr, cut) in addrs.into_iter().zip(join_all(cuts.collect()).await) {
+            match cut {
+                Ok((snapshot, f, t)) => {
+                    from = from.max(f);
+                    to = to.min(t);
+                    parts.insert(addr, snapshot);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        // Snapshots of a failed try are released as they drop.
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if from >= to {
+            return Ok(None);
+        }
+        Ok(Some(ClusterSnapshot {
+            map,
+            parts,
+            held_from_ns: from,
+            held_to_ns: to,
+        }))
+    }
+
+    /// [`ClusterClient::scan_aggregates`] at a cluster snapshot: every tablet on the master the
+    /// snapshot was cut on, at its part of the snapshot. Fails (`Error::SnapshotTooOld`, or the
+    /// error of a master that is gone) when a tablet changed master, split or merged since:
+    /// the snapshot's versions are not on its new master. Use
+    /// [`ClusterClient::scan_aggregates_consistent`] to take a new snapshot then.
+    pub async fn scan_aggregates_at(
+        &self,
+        snapshot: &ClusterSnapshot,
+        query: &ramlog_query::Query,
+    ) -> Result<crate::ScanAggregates, Error> {
+        if query.aggregates.is_empty() {
+            return Err(Error::InvalidQuery(
+                "scan_aggregates needs a query with aggregates".into(),
+            ));
+        }
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        self.aggregates_once(
+            snapshot.map.clone(),
+            Some(snapshot),
+            &bytes,
+            &query.aggregates,
+        )
+        .await
+    }
+
+    /// [`ClusterClient::scan_records`] at a cluster snapshot (see
+    /// [`ClusterClient::scan_aggregates_at`]).
+    pub async fn scan_records_at(
+        &self,
+        snapshot: &ClusterSnapshot,
+        query: &ramlog_query::Query,
+        page_records: u32,
+    ) -> Result<Vec<crate::Record>, Error> {
+        if !query.aggregates.is_empty() {
+            return Err(Error::InvalidQuery(
+                "scan_records needs a query without aggregates".into(),
+            ));
+        }
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        self.records_once(
+            snapshot.map.clone(),
+            Some(snapshot),
+            &bytes,
+            page_records.max(1),
+        )
+        .await
+    }
+
+    /// The aggregates of `query` at a new cluster snapshot, taken again (and the scan run
+    /// again) when a fail-over, move, split or merge comes between the snapshot and a tablet's
+    /// scan, until the recovery wait runs out. Returns the snapshot it read at too.
+    pub async fn scan_aggregates_consistent(
+        &self,
+        query: &ramlog_query::Query,
+    ) -> Result<(crate::ScanAggregates, ClusterSnapshot), Error> {
+        match self.at_new_snapshot(Wanted::Aggregates(query)).await? {
+            (Scanned::Aggregates(a), snapshot) => Ok((a, snapshot)),
+            (Scanned::Records(_), _) => unreachable!("an aggregate scan answers aggregates"),
+        }
+    }
+
+    /// The records `query` selects at a new cluster snapshot (see
+    /// [`ClusterClient::scan_aggregates_consistent`]).
+    pub async fn scan_records_consistent(
+        &self,
+        query: &ramlog_query::Query,
+        page_records: u32,
+    ) -> Result<(Vec<crate::Record>, ClusterSnapshot), Error> {
+        match self
+            .at_new_snapshot(Wanted::Records(query, page_records))
+            .await?
+        {
+            (Scanned::Records(r), snapshot) => Ok((r, snapshot)),
+            (Scanned::Aggregates(_), _) => unreachable!("a record scan answers records"),
+        }
+    }
+
+    async fn at_new_snapshot(
+        &self,
+        wanted: Wanted<'_>,
+    ) -> Result<(Scanned, ClusterSnapshot), Error> {
+        let mut retries = self.retries();
+        loop {
+            let snapshot = self.cluster_snapshot().await?;
+            let result = match wanted {
+                Wanted::Aggregates(q) => self
+                    .scan_aggregates_at(&snapshot, q)
+                    .await
+                    .map(Scanned::Aggregates),
+                Wanted::Records(q, page) => self
+                    .scan_records_at(&snapshot, q, page)
+                    .await
+                    .map(Scanned::Records),
+            };
+            match result {
+                Ok(scanned) => return Ok((scanned, snapshot)),
+                Err(e) if retryable(&e, true) || snapshot_lost(&e) => {
+                    let seen = snapshot.map.version;
+                    drop(snapshot);
+                    if !self.backoff_and_refresh(&mut retries, seen).await {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, attempt = retries.attempt, "scanned again at a new cluster snapshot");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Runs `once` over the cached map, again from a refreshed map after a retryable failure.
@@ -586,6 +792,7 @@ impl ClusterClient {
     async fn aggregates_once(
         &self,
         map: Arc<ClusterMap>,
+        snapshot: Option<&ClusterSnapshot>,
         query: &[u8],
         aggregates: &[ramlog_query::Aggregate],
     ) -> Result<crate::ScanAggregates, Error> {
@@ -594,8 +801,9 @@ impl ClusterClient {
             .into_iter()
             .map(|(t, addr)| async move {
                 let client = self.client_for(&addr).await?;
+                let part = snapshot.map(|s| s.part(&addr)).transpose()?;
                 match client
-                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, query, 1)
+                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, part, query, 1)
                     .await?
                 {
                     crate::ScanResult::Aggregates(a) => Ok(a),
@@ -638,6 +846,7 @@ impl ClusterClient {
     async fn records_once(
         &self,
         map: Arc<ClusterMap>,
+        snapshot: Option<&ClusterSnapshot>,
         query: &[u8],
         page: u32,
     ) -> Result<Vec<crate::Record>, Error> {
@@ -646,8 +855,16 @@ impl ClusterClient {
             .into_iter()
             .map(|(t, addr)| async move {
                 let client = self.client_for(&addr).await?;
+                let part = snapshot.map(|s| s.part(&addr)).transpose()?;
                 match client
-                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, query, page)
+                    .scan_tablet_raw(
+                        table,
+                        (t.first_slot, t.last_slot),
+                        t.epoch,
+                        part,
+                        query,
+                        page,
+                    )
                     .await?
                 {
                     crate::ScanResult::Records {
@@ -797,6 +1014,93 @@ fn refresh_candidates(seed: &str, map: &ClusterMap) -> Vec<String> {
 
 /// Whether a failed request may be sent again after a map refresh: always when the server refused
 /// it or it was never sent; when the connection broke under it, only if it is idempotent.
+/// What [`ClusterClient::at_new_snapshot`] scans for.
+#[derive(Clone, Copy)]
+enum Wanted<'q> {
+    Aggregates(&'q ramlog_query::Query),
+    Records(&'q ramlog_query::Query, u32),
+}
+
+enum Scanned {
+    Aggregates(crate::ScanAggregates),
+    Records(Vec<crate::Record>),
+}
+
+/// Where a cluster snapshot is cut: this far ahead of the request, first (every master must
+/// have the request before the instant), and at most.
+const CUT_LEAD_FIRST: Duration = Duration::from_millis(5);
+const CUT_LEAD_MAX: Duration = Duration::from_millis(200);
+/// How long each master holds its writes for a cluster snapshot, first and at most.
+const CUT_HOLD_FIRST: Duration = Duration::from_millis(2);
+const CUT_HOLD_MAX: Duration = Duration::from_millis(50);
+
+/// A consistent cut of a table across its masters ([`ClusterClient::cluster_snapshot`]): one
+/// snapshot per master, held by this client's connection to it, each the master's state at one
+/// common instant (between `held_from_ns` and `held_to_ns`, wall clock). Dropping it releases
+/// every part; a master also releases its part when the connection closes, and when it passes
+/// the server's age or retained-bytes bound (then scans at it fail with `SnapshotTooOld`).
+pub struct ClusterSnapshot {
+    /// The map the snapshot was cut with: scans at it read the tablets it names.
+    map: Arc<ClusterMap>,
+    /// Each master's part, by native address.
+    parts: HashMap<String, crate::Snapshot>,
+    /// When every master held its writes: the latest start of a hold.
+    pub held_from_ns: u64,
+    /// The earliest end of a hold.
+    pub held_to_ns: u64,
+}
+
+impl std::fmt::Debug for ClusterSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSnapshot")
+            .field("map_version", &self.map.version)
+            .field("parts", &self.versions())
+            .field("held_from_ns", &self.held_from_ns)
+            .field("held_to_ns", &self.held_to_ns)
+            .finish()
+    }
+}
+
+impl ClusterSnapshot {
+    /// Each master's read version, by native address.
+    pub fn versions(&self) -> BTreeMap<String, Version> {
+        self.parts
+            .iter()
+            .map(|(a, s)| (a.clone(), s.version()))
+            .collect()
+    }
+
+    /// The version of the cluster map the snapshot was cut with.
+    pub fn map_version(&self) -> u64 {
+        self.map.version
+    }
+
+    fn part(&self, addr: &str) -> Result<&crate::Snapshot, Error> {
+        self.parts.get(addr).ok_or_else(|| {
+            Error::Protocol(format!(
+                "the cluster snapshot has no part on {addr}, which its map names as a master"
+            ))
+        })
+    }
+
+    /// Releases every part now.
+    pub async fn release(self) -> Result<(), Error> {
+        for part in self.parts.values() {
+            part.release().await?;
+        }
+        Ok(())
+    }
+}
+
+/// A scan at a cluster snapshot cannot go on: the snapshot lacks a tablet's writes where the
+/// tablet is now (a fail-over, move, split or merge), or its part was released.
+fn snapshot_lost(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::SnapshotTooOld { .. } | Error::NoSuchSnapshot(_) | Error::ConnectionLost(_)
+    )
+}
+
 fn retryable(e: &Error, idempotent: bool) -> bool {
     match e {
         Error::Server { status, .. } => {

@@ -280,6 +280,47 @@ impl Client {
         }
     }
 
+    /// This server's part of a cluster snapshot (SNAPSHOT_CUT): at `at_unix_ns` (wall clock),
+    /// the server holds its writes for `hold` and opens a snapshot on one of the pool's
+    /// connections. Also returns when the server held its writes, from and to (nanoseconds
+    /// since the Unix epoch). See [`crate::ClusterClient::cluster_snapshot`].
+    pub async fn snapshot_cut(
+        &self,
+        at_unix_ns: u64,
+        hold: Duration,
+    ) -> Result<(Snapshot, u64, u64), Error> {
+        let conn = self.pooled_connection().await?;
+        let request = Request::SnapshotCut {
+            table: self.table,
+            at_unix_ns,
+            hold_us: u32::try_from(hold.as_micros()).unwrap_or(u32::MAX),
+        };
+        match call_on(&conn, &request, self.timeout).await? {
+            Response::SnapshotCut {
+                snapshot,
+                version,
+                held_from_ns,
+                held_to_ns,
+            } => Ok((
+                Snapshot {
+                    held: Arc::new(HeldSnapshot {
+                        conn: conn.clone(),
+                        id: snapshot,
+                        timeout: self.timeout,
+                        open: AtomicBool::new(true),
+                    }),
+                    conn,
+                    id: snapshot,
+                    version,
+                    timeout: self.timeout,
+                },
+                held_from_ns,
+                held_to_ns,
+            )),
+            other => Err(unexpected("SNAPSHOT_CUT", other)),
+        }
+    }
+
     /// The object `key` had at the snapshot (None if absent, deleted or expired then).
     pub async fn get_at(&self, snapshot: &Snapshot, key: &[u8]) -> Result<Option<Object>, Error> {
         let request = Request::GetAt {
@@ -366,15 +407,20 @@ impl Client {
         table: TableId,
         (first_slot, last_slot): (u16, u16),
         epoch: u64,
+        snapshot: Option<&Snapshot>,
         query: &[u8],
         max_records: u32,
     ) -> Result<ScanResult, Error> {
-        let conn = self.pooled_connection().await?;
+        let conn = match snapshot {
+            Some(s) => s.conn.clone(),
+            None => self.pooled_connection().await?,
+        };
         let request = Request::ScanTablet {
             table,
             first_slot,
             last_slot,
             epoch,
+            snapshot: snapshot.map_or(0, |s| s.id),
             max_records,
             query,
         };

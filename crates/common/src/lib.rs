@@ -29,3 +29,11 @@ pub const KEY_SIZE_MAX_BYTES_DEFAULT: usize = 64 * 1024;
 
 /// Default limit on value size (DESIGN.md: values up to 1 MiB).
 pub const VALUE_SIZE_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// Wall clock, nanoseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

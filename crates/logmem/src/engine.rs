@@ -46,6 +46,8 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+pub use ramlog_common::unix_ns;
+
 #[inline]
 fn expired(expire_at_ms: u64, now: &mut Option<u64>) -> bool {
     if expire_at_ms == 0 {
@@ -620,6 +622,29 @@ impl Inner {
     /// Opens a snapshot at the current version (see `mvcc`).
     pub fn open_snapshot(self: &Arc<Inner>) -> crate::Snapshot {
         self.open_snapshot_of(None)
+    }
+
+    /// See [`crate::Engine::cut_snapshot`].
+    pub fn cut_snapshot(
+        self: &Arc<Inner>,
+        hold: std::time::Duration,
+    ) -> (crate::Snapshot, u64, u64) {
+        let _creating = self.tablet_create.lock();
+        let tablets: Vec<&Tablet> = (0..self.tablet_count())
+            .filter_map(|id| self.tablet(id).ok())
+            .collect();
+        let heads: Vec<_> = tablets.iter().map(|t| t.head.lock()).collect();
+        let from = unix_ns();
+        let version = self.clock.load(Ordering::SeqCst);
+        let entry = self.snapshots.register(
+            version,
+            self.counters.retained_total.load(Ordering::Relaxed),
+            None,
+        );
+        std::thread::sleep(hold);
+        let to = unix_ns();
+        drop(heads);
+        (crate::Snapshot::new(self.clone(), entry), from, to)
     }
 
     /// Opens a snapshot; with `scan_table`, one that only a single scan of that table reads

@@ -31,7 +31,7 @@ mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::TABLETS_MAX;
+pub use engine::{unix_ns, TABLETS_MAX};
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
@@ -555,6 +555,15 @@ impl Engine {
     /// up to it. Superseded versions it can read stay in memory until it is dropped or too old.
     pub fn snapshot(&self) -> Snapshot {
         self.inner.open_snapshot()
+    }
+
+    /// Holds every write for `hold` and opens a snapshot at the version the clock shows while
+    /// they are held; also returns when the hold began and ended (wall clock, nanoseconds since
+    /// the Unix epoch). No write is applied between the two instants, so the snapshot is the
+    /// engine's state at any instant between them (a cluster snapshot takes one on every master
+    /// and checks that the holds overlap).
+    pub fn cut_snapshot(&self, hold: std::time::Duration) -> (Snapshot, u64, u64) {
+        self.inner.cut_snapshot(hold)
     }
 
     /// The object `key` had at the snapshot (None if absent, deleted or expired then).

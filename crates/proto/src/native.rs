@@ -44,6 +44,9 @@ pub const HELLO_FLAG_REFUSED: u16 = 0x0002;
 /// Largest body of the error frame that follows a refusing hello.
 pub const REFUSAL_BODY_MAX_BYTES: usize = 4096;
 
+/// The longest hold a SNAPSHOT_CUT may ask for, microseconds (writes wait that long).
+pub const SNAPSHOT_CUT_HOLD_MAX_US: u32 = 200_000;
+
 /// Opcodes (byte 12 of a frame header).
 pub mod opcode {
     pub const PING: u8 = 0x01;
@@ -76,6 +79,10 @@ pub mod opcode {
     /// A cluster scan's part on one tablet: SCAN_FILTERED of the slots of one tablet on its
     /// master, refused (WRONG_SERVER) unless this server masters that tablet at that epoch.
     pub const SCAN_TABLET: u8 = 0x28;
+    /// A cluster snapshot's part on one server: at a wall-clock instant, hold every write of
+    /// this server for a moment and open a snapshot held by the connection (see
+    /// `docs/architecture.md`, "Cluster snapshots").
+    pub const SNAPSHOT_CUT: u8 = 0x29;
     /// The cluster map this server holds (JSON, `ramlog_cluster::ClusterMap`); empty when the
     /// server is standalone.
     pub const CLUSTER_MAP: u8 = 0x04;
@@ -119,6 +126,7 @@ pub mod opcode {
             SET_SCHEMA => "SET_SCHEMA",
             GET_SCHEMA => "GET_SCHEMA",
             SCAN_TABLET => "SCAN_TABLET",
+            SNAPSHOT_CUT => "SNAPSHOT_CUT",
             CLUSTER_MAP => "CLUSTER_MAP",
             RESP_BATCH => "RESP_BATCH",
             REPL_HELLO => "REPL_HELLO",
@@ -597,15 +605,27 @@ pub enum Request<'a> {
         key: &'a [u8],
     },
     /// SCAN_FILTERED of the tablet of `table` that covers exactly `first_slot..=last_slot` at
-    /// `epoch`, at a fresh snapshot, on its master (objects of other slots the server holds are
-    /// left out). `query` is `ramlog_query::Query::to_bytes`.
+    /// `epoch`, on its master (objects of other slots the server holds are left out): at a
+    /// fresh snapshot (`snapshot` 0), or at a snapshot of this connection that SNAPSHOT_CUT took
+    /// while this server mastered that tablet at that epoch. `query` is
+    /// `ramlog_query::Query::to_bytes`.
     ScanTablet {
         table: TableId,
         first_slot: u16,
         last_slot: u16,
         epoch: u64,
+        snapshot: u64,
         max_records: u32,
         query: &'a [u8],
+    },
+    /// At `at_unix_ns` (wall clock, nanoseconds since the Unix epoch; at once if past), hold
+    /// every write of this server for `hold_us` microseconds and open a snapshot, held by the
+    /// connection, at the version the clock shows while they are held; then wait until the
+    /// backups of `table`'s tablets here acknowledged every write the snapshot sees.
+    SnapshotCut {
+        table: TableId,
+        at_unix_ns: u64,
+        hold_us: u32,
     },
     ScanNext {
         cursor: u64,
@@ -649,6 +669,7 @@ impl<'a> Request<'a> {
             Request::SnapshotRelease { .. } => opcode::SNAPSHOT_RELEASE,
             Request::ScanFiltered { .. } => opcode::SCAN_FILTERED,
             Request::ScanTablet { .. } => opcode::SCAN_TABLET,
+            Request::SnapshotCut { .. } => opcode::SNAPSHOT_CUT,
             Request::GetAt { .. } => opcode::GET_AT,
             Request::ScanNext { .. } => opcode::SCAN_NEXT,
             Request::ScanClose { .. } => opcode::SCAN_CLOSE,
@@ -680,6 +701,7 @@ impl<'a> Request<'a> {
             | Request::ScanKeys { table, .. }
             | Request::ScanFiltered { table, .. }
             | Request::ScanTablet { table, .. }
+            | Request::SnapshotCut { table, .. }
             | Request::GetAt { table, .. }
             | Request::SetSchema { table, .. }
             | Request::GetSchema { table } => Some(*table),
@@ -772,6 +794,7 @@ impl<'a> Request<'a> {
                 first_slot,
                 last_slot,
                 epoch,
+                snapshot,
                 max_records,
                 query,
                 ..
@@ -779,8 +802,17 @@ impl<'a> Request<'a> {
                 out.put_u16_le(*first_slot);
                 out.put_u16_le(*last_slot);
                 out.put_u64_le(*epoch);
+                out.put_u64_le(*snapshot);
                 out.put_u32_le(*max_records);
                 put_bytes(out, query);
+            }
+            Request::SnapshotCut {
+                at_unix_ns,
+                hold_us,
+                ..
+            } => {
+                out.put_u64_le(*at_unix_ns);
+                out.put_u32_le(*hold_us);
             }
             Request::ScanNext {
                 cursor,
@@ -845,6 +877,7 @@ impl<'a> Request<'a> {
                 | opcode::SCAN_KEYS
                 | opcode::SCAN_FILTERED
                 | opcode::SCAN_TABLET
+                | opcode::SNAPSHOT_CUT
                 | opcode::GET_AT
                 | opcode::SET_SCHEMA
                 | opcode::GET_SCHEMA
@@ -968,14 +1001,30 @@ impl<'a> Request<'a> {
                     )));
                 }
                 let epoch = r.u64("epoch")?;
+                let snapshot = r.u64("snapshot id")?;
                 let max_records = r.u32("max records")?;
                 Request::ScanTablet {
                     table,
                     first_slot,
                     last_slot,
                     epoch,
+                    snapshot,
                     max_records,
                     query: r.bytes("query")?,
+                }
+            }
+            opcode::SNAPSHOT_CUT => {
+                let at_unix_ns = r.u64("instant")?;
+                let hold_us = r.u32("hold")?;
+                if hold_us > SNAPSHOT_CUT_HOLD_MAX_US {
+                    return Err(DecodeError::bad(format!(
+                        "a hold of {hold_us} us is longer than the limit of {SNAPSHOT_CUT_HOLD_MAX_US} us"
+                    )));
+                }
+                Request::SnapshotCut {
+                    table,
+                    at_unix_ns,
+                    hold_us,
                 }
             }
             opcode::SCAN_NEXT => {
@@ -1081,6 +1130,15 @@ pub enum Response {
         version: Version,
     },
     SnapshotReleased,
+    /// A SNAPSHOT_CUT's snapshot (id on this connection, read version) and when this server
+    /// held its writes (wall clock, nanoseconds since the Unix epoch): from when every write was
+    /// held to when they went on.
+    SnapshotCut {
+        snapshot: u64,
+        version: Version,
+        held_from_ns: u64,
+        held_to_ns: u64,
+    },
     /// The key's object at the snapshot.
     GetAt(Option<Object>),
     /// A page of records (reply to SCAN_FILTERED of a record query, and to SCAN_NEXT). `cursor` is the
@@ -1239,6 +1297,17 @@ impl Response {
                 out.put_u64_le(*snapshot);
                 out.put_u64_le(*version);
             }
+            Response::SnapshotCut {
+                snapshot,
+                version,
+                held_from_ns,
+                held_to_ns,
+            } => {
+                out.put_u64_le(*snapshot);
+                out.put_u64_le(*version);
+                out.put_u64_le(*held_from_ns);
+                out.put_u64_le(*held_to_ns);
+            }
             Response::SnapshotReleased | Response::ScanClosed | Response::SchemaSet => {}
             Response::GetAt(object) => put_object(out, object),
             Response::ScanPage {
@@ -1365,6 +1434,17 @@ impl Response {
                 Response::SnapshotOpen {
                     snapshot,
                     version: r.u64("version")?,
+                }
+            }
+            opcode::SNAPSHOT_CUT => {
+                let snapshot = r.u64("snapshot id")?;
+                let version = r.u64("version")?;
+                let held_from_ns = r.u64("held from")?;
+                Response::SnapshotCut {
+                    snapshot,
+                    version,
+                    held_from_ns,
+                    held_to_ns: r.u64("held to")?,
                 }
             }
             opcode::SNAPSHOT_RELEASE => Response::SnapshotReleased,

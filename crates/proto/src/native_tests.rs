@@ -329,7 +329,7 @@ impl Owned {
     fn request(&self) -> Request<'_> {
         let table = self.table;
         let key = &self.a[..];
-        match self.kind % 22 {
+        match self.kind % 23 {
             0 => Request::Ping { payload: key },
             1 => Request::Auth { password: key },
             2 => Request::Stats,
@@ -408,8 +408,14 @@ impl Owned {
                 first_slot: (self.n % 16384) as u16,
                 last_slot: ((self.n % 16384) as u16 + (self.m % 8) as u16).min(16383),
                 epoch: self.n,
+                snapshot: self.n / 3,
                 max_records: self.m,
                 query: key,
+            },
+            21 => Request::SnapshotCut {
+                table,
+                at_unix_ns: self.n,
+                hold_us: self.m % (SNAPSHOT_CUT_HOLD_MAX_US + 1),
             },
             _ => Request::GetSchema { table },
         }
@@ -505,6 +511,17 @@ fn response_strategy() -> impl Strategy<Value = (u8, Response)> {
             opcode::SNAPSHOT_OPEN,
             Response::SnapshotOpen { snapshot, version }
         )),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(snapshot, version, from, to)| (
+                opcode::SNAPSHOT_CUT,
+                Response::SnapshotCut {
+                    snapshot,
+                    version,
+                    held_from_ns: from,
+                    held_to_ns: to
+                }
+            )
+        ),
         Just((opcode::SNAPSHOT_RELEASE, Response::SnapshotReleased)),
         Just((opcode::SCAN_CLOSE, Response::ScanClosed)),
         Just((opcode::SET_SCHEMA, Response::SchemaSet)),
@@ -636,7 +653,7 @@ proptest! {
             opcode::GET, opcode::PUT, opcode::MULTI_GET, opcode::MULTI_PUT, opcode::SCAN_KEYS,
             opcode::SNAPSHOT_OPEN, opcode::SNAPSHOT_RELEASE, opcode::SCAN_FILTERED, opcode::GET_AT,
             opcode::SCAN_NEXT, opcode::SCAN_CLOSE, opcode::SET_SCHEMA, opcode::GET_SCHEMA,
-            opcode::CLUSTER_MAP, opcode::RESP_BATCH,
+            opcode::CLUSTER_MAP, opcode::RESP_BATCH, opcode::SCAN_TABLET, opcode::SNAPSHOT_CUT,
         ] {
             let _ = Request::decode(op, bytes.first().copied().unwrap_or(0) & flag::KNOWN, &bytes);
             let _ = Response::decode(op, 0, Bytes::copy_from_slice(&bytes));

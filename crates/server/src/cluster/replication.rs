@@ -461,8 +461,8 @@ impl Replication {
 
 impl Replication {
     /// Waits until every stream of `tablet` has the backup's acknowledgement of everything
-    /// appended to it so far (for a tablet that takes no more writes: its source before a
-    /// migration's switch). Err after `limit`, naming the backups still behind, or as soon as
+    /// appended to it so far, on disk in `durable` mode (for a tablet that takes no more writes:
+    /// its source before a migration's switch; for a cluster snapshot: the writes it sees). Err after `limit`, naming the backups still behind, or as soon as
     /// `keep_going` says the wait is moot.
     pub fn drain(
         &self,
@@ -474,6 +474,8 @@ impl Replication {
         let Some(Some(route)) = routes.get(tablet as usize) else {
             return Ok(());
         };
+        // In `durable` mode a write is acknowledged once its backups have it on disk.
+        let durable = route.mode == ReplicationMode::Durable;
         let wanted: Vec<(Arc<Stream>, u64)> = route
             .streams
             .iter()
@@ -484,7 +486,10 @@ impl Replication {
         loop {
             let behind: Vec<ServerId> = wanted
                 .iter()
-                .filter(|(s, end)| s.acked_buffered.load(Ordering::Acquire) < *end)
+                .filter(|(s, end)| {
+                    s.acked_buffered.load(Ordering::Acquire) < *end
+                        || (durable && s.acked_durable.load(Ordering::Acquire) < *end)
+                })
                 .map(|(s, _)| s.backup)
                 .collect();
             if behind.is_empty() {

@@ -167,6 +167,9 @@ struct Session<'a> {
     jobs_outstanding: usize,
 }
 
+/// How long a SNAPSHOT_CUT waits for the backups of the writes its snapshot sees.
+const CUT_SETTLE_MAX: Duration = Duration::from_secs(10);
+
 /// A request's blocking work with what the metrics need.
 struct QueuedJob {
     id: u64,
@@ -830,6 +833,52 @@ impl Session<'_> {
         }
     }
 
+    /// SNAPSHOT_CUT (see [`scan::ScanSession::snapshot_cut`]): on a cluster server, the cut
+    /// covers the tablets of `table` it masters and serves, and waits for their backups.
+    fn snapshot_cut(
+        &self,
+        id: u64,
+        table: TableId,
+        at_unix_ns: u64,
+        hold_us: u32,
+    ) -> Result<scan::Job, Failure> {
+        let hold = Duration::from_micros(u64::from(hold_us));
+        let Some(member) = self.member().cloned() else {
+            return self
+                .scans
+                .snapshot_cut(id, at_unix_ns, hold, Vec::new, |_| Ok(()));
+        };
+        if let Some(refusal) = member.lease_refusal() {
+            return Err(Failure(Status::WrongServer, 0, refusal));
+        }
+        let served = {
+            let member = member.clone();
+            move || {
+                let view = member.view();
+                if member.lease_refusal().is_some() {
+                    return Vec::new();
+                }
+                view.map
+                    .tablets_of(table)
+                    .filter(|t| t.master == view.me && !t.recovering && !t.switching())
+                    .map(|t| (t.table, t.first_slot, t.last_slot, t.epoch))
+                    .collect()
+            }
+        };
+        let settle = move |tablets: &[scan::CutTablet]| {
+            for &(table, first, _, _) in tablets {
+                if let Some(engine_tablet) = member.created_tablet(table, first) {
+                    member
+                        .replication
+                        .drain(engine_tablet, CUT_SETTLE_MAX, || true)?;
+                }
+            }
+            Ok(())
+        };
+        self.scans
+            .snapshot_cut(id, at_unix_ns, hold, served, settle)
+    }
+
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
         if let Some(member) = self.member() {
             if let Some(refusal) = member.lease_refusal() {
@@ -1162,19 +1211,33 @@ impl Session<'_> {
                 first_slot,
                 last_slot,
                 epoch,
+                snapshot,
                 max_records,
                 query,
             } => {
                 self.check_job_room()?;
                 let tablet = self.scanned_tablet(*table, *first_slot, *last_slot, *epoch)?;
+                if *snapshot != 0 {
+                    self.scans
+                        .check_cut_covers(*snapshot, (*table, *first_slot, *last_slot, *epoch))?;
+                }
                 let job = self.scans.scan_filtered(
                     id,
                     *table,
-                    0,
+                    *snapshot,
                     *max_records,
                     query,
                     Some((tablet, *first_slot, *last_slot)),
                 )?;
+                return self.queue_job(id, op, job);
+            }
+            Request::SnapshotCut {
+                table,
+                at_unix_ns,
+                hold_us,
+            } => {
+                self.check_job_room()?;
+                let job = self.snapshot_cut(id, *table, *at_unix_ns, *hold_us)?;
                 return self.queue_job(id, op, job);
             }
             Request::ScanNext {

@@ -76,12 +76,26 @@ type CursorMap = Arc<Mutex<HashMap<u64, CursorRef>>>;
 /// A request's work on the blocking pool; returns the reply frame.
 pub(super) type Job = Box<dyn FnOnce() -> BytesMut + Send + 'static>;
 
+/// A tablet as a cut names it: table, first slot, last slot, epoch.
+pub(super) type CutTablet = (TableId, u16, u16, u64);
+
+/// A client's snapshot on this connection.
+#[derive(Clone)]
+pub(super) struct HeldSnapshot {
+    pub snapshot: Snapshot,
+    /// For a SNAPSHOT_CUT's: the tablets (table, first slot, last slot, epoch) this server
+    /// mastered and served at that epoch during the whole hold. A scan of a tablet at it
+    /// (SCAN_TABLET) must be of one of these: only their writes are all in the snapshot.
+    pub tablets: Option<Arc<Vec<CutTablet>>>,
+}
+
 /// The snapshots and paged scans of one connection. Dropped with the connection, which releases them.
 pub(super) struct ScanSession {
     engine: Arc<Engine>,
     limits: ScanLimits,
-    /// The client's snapshots; scans at one work on clones of its handle.
-    snapshots: HashMap<u64, Snapshot>,
+    /// The client's snapshots; scans at one work on clones of its handle. Shared with the jobs
+    /// of SNAPSHOT_CUT, which add theirs when their cut is done.
+    snapshots: Arc<Mutex<HashMap<u64, HeldSnapshot>>>,
     cursors: CursorMap,
 }
 
@@ -118,13 +132,13 @@ impl ScanSession {
         ScanSession {
             engine,
             limits,
-            snapshots: HashMap::new(),
+            snapshots: Arc::new(Mutex::new(HashMap::new())),
             cursors: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
-    pub(super) fn snapshot_open(&mut self) -> Result<Response, Failure> {
-        if self.snapshots.len() >= self.limits.snapshots_max {
+    fn check_snapshot_room(&self) -> Result<(), Failure> {
+        if self.snapshots.lock().len() >= self.limits.snapshots_max {
             return Err(Failure(
                 Status::TooManyOpen,
                 self.limits.snapshots_max as u64,
@@ -134,10 +148,21 @@ impl ScanSession {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    pub(super) fn snapshot_open(&mut self) -> Result<Response, Failure> {
+        self.check_snapshot_room()?;
         let snapshot = self.engine.snapshot();
         let version = snapshot.version();
         let id = next_id();
-        self.snapshots.insert(id, snapshot);
+        self.snapshots.lock().insert(
+            id,
+            HeldSnapshot {
+                snapshot,
+                tablets: None,
+            },
+        );
         Ok(Response::SnapshotOpen {
             snapshot: id,
             version,
@@ -147,14 +172,99 @@ impl ScanSession {
     pub(super) fn snapshot_release(&mut self, id: u64) -> Result<Response, Failure> {
         // Scans at the snapshot (paged ones included) hold clones, which keep it open until they
         // finish or are closed.
-        match self.snapshots.remove(&id) {
+        match self.snapshots.lock().remove(&id) {
             Some(_) => Ok(Response::SnapshotReleased),
             None => Err(no_such_snapshot(id)),
         }
     }
 
-    fn client_snapshot(&self, id: u64) -> Result<&Snapshot, Failure> {
-        self.snapshots.get(&id).ok_or_else(|| no_such_snapshot(id))
+    /// Refuses a SCAN_TABLET at a SNAPSHOT_CUT's snapshot of a tablet the cut did not hold
+    /// on this server at `epoch` (a snapshot SNAPSHOT_OPEN took covers this server's tablets).
+    pub(super) fn check_cut_covers(
+        &self,
+        snapshot: u64,
+        (table, first, last, epoch): CutTablet,
+    ) -> Result<(), Failure> {
+        let held = self.client_snapshot(snapshot)?;
+        match &held.tablets {
+            Some(cut) if !cut.contains(&(table, first, last, epoch)) => Err(Failure(
+                Status::SnapshotTooOld,
+                held.snapshot.version(),
+                format!(
+                    "snapshot {snapshot} was cut while this server did not master slots \
+                     {first}-{last} of table {table} at epoch {epoch} (a fail-over, move, split \
+                     or merge came between): it lacks their writes; take a new cluster snapshot"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) fn client_snapshot(&self, id: u64) -> Result<HeldSnapshot, Failure> {
+        self.snapshots
+            .lock()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| no_such_snapshot(id))
+    }
+
+    /// SNAPSHOT_CUT: at `at_unix_ns`, holds this server's writes for `hold` and opens a
+    /// snapshot (on a thread of normal priority: the scan pool's may start late, and would hold
+    /// the writers' locks at idle priority); then `settle` waits for the backups of what it
+    /// saw. `tablets` is asked before and after the hold, and keeps what it named both times.
+    pub(super) fn snapshot_cut(
+        &self,
+        id: u64,
+        at_unix_ns: u64,
+        hold: std::time::Duration,
+        tablets: impl Fn() -> Vec<CutTablet> + Send + 'static,
+        settle: impl FnOnce(&[CutTablet]) -> Result<(), String> + Send + 'static,
+    ) -> Result<Job, Failure> {
+        self.check_snapshot_room()?;
+        let engine = self.engine.clone();
+        let snapshots = self.snapshots.clone();
+        Ok(Box::new(move || {
+            let cut = std::thread::Builder::new()
+                .name("snapshot-cut".into())
+                .spawn(move || {
+                    let wait = at_unix_ns.saturating_sub(ramlog_logmem::unix_ns());
+                    // Not asked for a time far ahead: at most a second.
+                    std::thread::sleep(std::time::Duration::from_nanos(wait.min(1_000_000_000)));
+                    let before = tablets();
+                    let (snapshot, from, to) = engine.cut_snapshot(hold);
+                    let after = tablets();
+                    let kept: Vec<_> = before.into_iter().filter(|t| after.contains(t)).collect();
+                    (snapshot, from, to, kept)
+                });
+            let result = match cut.map(|h| h.join()) {
+                Ok(Ok(cut)) => Ok(cut),
+                Ok(Err(_)) => Err("the cut's thread failed".to_string()),
+                Err(e) => Err(format!("cannot start the cut's thread: {e}")),
+            };
+            let result = result.and_then(|(snapshot, from, to, kept)| {
+                settle(&kept)?;
+                let version = snapshot.version();
+                let snapshot_id = next_id();
+                snapshots.lock().insert(
+                    snapshot_id,
+                    HeldSnapshot {
+                        snapshot,
+                        tablets: Some(Arc::new(kept)),
+                    },
+                );
+                Ok(Response::SnapshotCut {
+                    snapshot: snapshot_id,
+                    version,
+                    held_from_ns: from,
+                    held_to_ns: to,
+                })
+            });
+            reply_frame(
+                id,
+                opcode::SNAPSHOT_CUT,
+                result.map_err(|e| Failure(Status::Internal, 0, format!("snapshot cut: {e}"))),
+            )
+        }))
     }
 
     pub(super) fn get_schema(&self, table: TableId) -> Response {
@@ -175,10 +285,10 @@ impl ScanSession {
         tablet: TabletId,
         key: &[u8],
     ) -> Result<Response, Failure> {
-        let snap = self.client_snapshot(snapshot)?;
+        let snap = self.client_snapshot(snapshot)?.snapshot;
         let found = self
             .engine
-            .get_at(tablet, key, snap)
+            .get_at(tablet, key, &snap)
             .map_err(engine_failure)?;
         Ok(Response::GetAt(found.map(|o| Object {
             value: o.value.into(),
@@ -222,7 +332,7 @@ impl ScanSession {
             // A snapshot for this one scan: versions stay only while the scan may read them.
             self.engine.scan_snapshot(table)
         } else {
-            self.client_snapshot(snapshot)?.clone()
+            self.client_snapshot(snapshot)?.snapshot
         };
         let engine = self.engine.clone();
         let limits = self.limits;

@@ -165,3 +165,73 @@ def test_a_cluster_scan_started_while_a_master_is_recovering_counts_every_record
         assert sorted(rows) == sorted(f"q{i}" for i in range(300)), len(rows)
     finally:
         c.stop()
+
+
+def test_ramlog_scan_and_agg_from_redis_clients_equal_python(tmp_path):
+    # RAMLOG.AGG and RAMLOG.SCAN through the routing port (plain redis-py, RESP2 and RESP3), the
+    # cluster port (redis-cli) and over the table Redis commands use (the empty key included).
+    import redis
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "0"])
+    try:
+        created = ramlog("table", "create", "points", "--schema", "a:i64,b:i64,c:f64,d:bool",
+                         "--coordinator", c.coordinator_addr).stdout.decode()
+        table_id = created.split(" id=")[1].split()[0]
+        # By name through Redis clients, by id through the CLI.
+        table = "points"
+        rng = random.Random(7)
+        records = {}
+        for i in range(120):
+            r = {"a": rng.randint(-50, 50), "b": rng.randint(-50, 50),
+                 "c": round(rng.uniform(-50, 50), 2), "d": rng.random() < 0.5}
+            records[f"r{i}"] = r
+            ramlog("set", "-p", str(c.servers[i % 3].native), "--table", table_id, f"r{i}", "-",
+                   input=record(r["a"], r["b"], r["c"], r["d"]))
+        chosen = {k: r for k, r in records.items() if r["a"] >= 0 and (r["d"] or r["b"] < 10)}
+        r2 = redis.Redis(host="127.0.0.1", port=c.servers[1].routing, socket_timeout=30, protocol=2)
+        r3 = redis.Redis(host="127.0.0.1", port=c.servers[2].routing, socket_timeout=30, protocol=3)
+        where = ["WHERE", "a >= 0", "WHERE", "d = true | b < 10"]
+        flat = r2.execute_command("RAMLOG.AGG", table, *where, "COUNT", "SUM", "a", "MIN", "b", "MAX", "c")
+        got = dict(zip(flat[0::2], flat[1::2]))
+        assert got[b"count"] == len(chosen), got
+        assert got[b"sum(a)"] == sum(r["a"] for r in chosen.values()), got
+        assert got[b"min(b)"] == min(r["b"] for r in chosen.values()), got
+        assert float(got[b"max(c)"]) == max(r["c"] for r in chosen.values()), got
+        as_map = r3.execute_command("RAMLOG.AGG", table, *where, "COUNT", "NOSNAPSHOT")
+        assert as_map == {b"count": len(chosen)} or as_map == {"count": len(chosen)}, as_map
+
+        matched, rows = r2.execute_command("RAMLOG.SCAN", table, *where, "FIELDS", "a,d", "LIMIT", "7")
+        assert matched == len(chosen), matched
+        assert len(rows) == 7, rows
+        want = {k: f"a={r['a']} d={'true' if r['d'] else 'false'}" for k, r in chosen.items()}
+        for key, value in rows:
+            assert want[key.decode()] == value.decode(), (key, value)
+        matched, rows = r2.execute_command("RAMLOG.SCAN", table, *where, "LIMIT", "1000")
+        assert sorted(k.decode() for k, _ in rows) == sorted(chosen), len(rows)
+
+        out = subprocess.run(["redis-cli", "-p", str(c.servers[0].resp), "RAMLOG.AGG", table, "COUNT"],
+                             capture_output=True, timeout=30).stdout.decode()
+        assert out.split() == ["count", str(len(records))], out
+
+        # The table Redis commands use, the empty key among its keys.
+        plain = redis.Redis(host="127.0.0.1", port=c.servers[0].routing, socket_timeout=30, protocol=2)
+        for n in range(50):
+            plain.set(f"k:{n}", f"v{n}")
+        plain.set("", "empty")
+        matched, rows = plain.execute_command("RAMLOG.SCAN", "0", "LIMIT", "100")
+        assert matched == 51, matched
+        assert dict((k, v) for k, v in rows) == {**{f"k:{n}".encode(): f"v{n}".encode() for n in range(50)},
+                                                 b"": b"empty"}
+        assert plain.execute_command("RAMLOG.AGG", "0", "PREFIX", "k:", "COUNT") == [b"count", 50]
+
+        # Bad input: a clear error, and the connection goes on.
+        for bad in (["RAMLOG.AGG", table], ["RAMLOG.AGG", "nosuch", "COUNT"],
+                    ["RAMLOG.SCAN", table, "WHERE", "zz > 1"], ["RAMLOG.SCAN", table, "LIMIT", "0"],
+                    ["RAMLOG.SCAN", table, "BOGUS", "1"], ["RAMLOG.SCAN"]):
+            try:
+                r2.execute_command(*bad)
+                raise AssertionError(f"{bad} answered no error")
+            except redis.exceptions.ResponseError as e:
+                assert str(e), bad
+        assert r2.ping()
+    finally:
+        c.stop()

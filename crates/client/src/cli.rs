@@ -489,7 +489,8 @@ async fn filtered_scan(
     Ok(())
 }
 
-fn aggregate_name(agg: &Aggregate, schema: Option<&Schema>) -> String {
+/// How `ramlog scan` names an aggregate: `count`, `sum(FIELD)`, ...
+pub fn aggregate_name(agg: &Aggregate, schema: Option<&Schema>) -> String {
     let name = |i: usize| {
         schema
             .and_then(|s| s.fields().get(i))
@@ -685,9 +686,46 @@ pub fn parse_range(text: &str) -> anyhow::Result<KeyFilter> {
 
 /// The query the scan flags describe, with field names resolved through `schema`.
 pub fn build_query(args: &ScanArgs, schema: Option<&Schema>) -> anyhow::Result<Query> {
-    let key_filter = if let Some(p) = &args.prefix {
+    query_of(
+        &QuerySpec {
+            prefix: args.prefix.as_deref(),
+            range: args.range.as_deref(),
+            pattern: &args.pattern,
+            where_: &args.where_,
+            fields: &args.fields,
+            count_records: args.count_records,
+            sum: &args.sum,
+            min: &args.min,
+            max: &args.max,
+        },
+        schema,
+    )
+}
+
+/// What a filtered scan asks for, as `ramlog scan`'s flags (and `RAMLOG.SCAN`/`RAMLOG.AGG`'s
+/// arguments) give it.
+#[derive(Default)]
+pub struct QuerySpec<'a> {
+    /// Keys starting with this.
+    pub prefix: Option<&'a str>,
+    /// Keys in `FROM..TO`.
+    pub range: Option<&'a str>,
+    /// Keys matching this glob (empty: every key).
+    pub pattern: &'a str,
+    /// Clauses, all of which must hold; each is predicates joined by `|`, one of which must.
+    pub where_: &'a [String],
+    pub fields: &'a [String],
+    pub count_records: bool,
+    pub sum: &'a [String],
+    pub min: &'a [String],
+    pub max: &'a [String],
+}
+
+/// The query of `args`, with field names resolved through `schema`.
+pub fn query_of(args: &QuerySpec<'_>, schema: Option<&Schema>) -> anyhow::Result<Query> {
+    let key_filter = if let Some(p) = args.prefix {
         KeyFilter::Prefix(p.as_bytes().to_vec())
-    } else if let Some(r) = &args.range {
+    } else if let Some(r) = args.range {
         parse_range(r)?
     } else if !args.pattern.is_empty() {
         KeyFilter::Glob(args.pattern.as_bytes().to_vec())
@@ -695,7 +733,7 @@ pub fn build_query(args: &ScanArgs, schema: Option<&Schema>) -> anyhow::Result<Q
         KeyFilter::All
     };
     let mut clauses = Vec::new();
-    for w in &args.where_ {
+    for w in args.where_ {
         let clause = w
             .split('|')
             .map(|p| parse_predicate(p, schema))
@@ -716,13 +754,13 @@ pub fn build_query(args: &ScanArgs, schema: Option<&Schema>) -> anyhow::Result<Q
     if args.count_records {
         aggregates.push(Aggregate::Count);
     }
-    for f in &args.sum {
+    for f in args.sum {
         aggregates.push(Aggregate::Sum(field_index(schema, f)?));
     }
-    for f in &args.min {
+    for f in args.min {
         aggregates.push(Aggregate::Min(field_index(schema, f)?));
     }
-    for f in &args.max {
+    for f in args.max {
         aggregates.push(Aggregate::Max(field_index(schema, f)?));
     }
     if projection.is_some() && !aggregates.is_empty() {

@@ -524,7 +524,7 @@ impl ClusterClient {
             .to_bytes()
             .map_err(|e| Error::InvalidQuery(e.to_string()))?;
         let page = page_records.max(1);
-        self.each_tablet(|map| self.records_once(map, None, &bytes, page))
+        self.each_tablet(|map| self.records_once(map, None, &bytes, page, None))
             .await
     }
 
@@ -649,12 +649,14 @@ impl ClusterClient {
     }
 
     /// [`ClusterClient::scan_records`] at a cluster snapshot (see
-    /// [`ClusterClient::scan_aggregates_at`]).
+    /// [`ClusterClient::scan_aggregates_at`]); with `limit`, at most that many records from
+    /// each tablet (so the first `limit` records in tablet order are exact).
     pub async fn scan_records_at(
         &self,
         snapshot: &ClusterSnapshot,
         query: &ramlog_query::Query,
         page_records: u32,
+        limit: Option<usize>,
     ) -> Result<Vec<crate::Record>, Error> {
         if !query.aggregates.is_empty() {
             return Err(Error::InvalidQuery(
@@ -669,6 +671,7 @@ impl ClusterClient {
             Some(snapshot),
             &bytes,
             page_records.max(1),
+            limit,
         )
         .await
     }
@@ -682,7 +685,7 @@ impl ClusterClient {
     ) -> Result<(crate::ScanAggregates, ClusterSnapshot), Error> {
         match self.at_new_snapshot(Wanted::Aggregates(query)).await? {
             (Scanned::Aggregates(a), snapshot) => Ok((a, snapshot)),
-            (Scanned::Records(_), _) => unreachable!("an aggregate scan answers aggregates"),
+            _ => unreachable!("an aggregate scan answers aggregates"),
         }
     }
 
@@ -698,8 +701,44 @@ impl ClusterClient {
             .await?
         {
             (Scanned::Records(r), snapshot) => Ok((r, snapshot)),
-            (Scanned::Aggregates(_), _) => unreachable!("a record scan answers records"),
+            _ => unreachable!("a record scan answers records"),
         }
+    }
+
+    /// How many records `query` selects, and the first `limit` of them in tablet order, at a
+    /// new cluster snapshot (see [`ClusterClient::scan_aggregates_consistent`]).
+    pub async fn scan_page_consistent(
+        &self,
+        query: &ramlog_query::Query,
+        page_records: u32,
+        limit: usize,
+    ) -> Result<(u64, Vec<crate::Record>, ClusterSnapshot), Error> {
+        match self
+            .at_new_snapshot(Wanted::Page(query, page_records, limit))
+            .await?
+        {
+            (Scanned::Page(matched, r), snapshot) => Ok((matched, r, snapshot)),
+            _ => unreachable!("a page scan answers a page"),
+        }
+    }
+
+    /// The first `limit` records `query` selects in tablet order, each tablet at its master's
+    /// own snapshot (as [`ClusterClient::scan_records`]).
+    pub async fn scan_records_limited(
+        &self,
+        query: &ramlog_query::Query,
+        page_records: u32,
+        limit: usize,
+    ) -> Result<Vec<crate::Record>, Error> {
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        let page = page_records.max(1);
+        let mut records = self
+            .each_tablet(|map| self.records_once(map, None, &bytes, page, Some(limit)))
+            .await?;
+        records.truncate(limit);
+        Ok(records)
     }
 
     async fn at_new_snapshot(
@@ -715,9 +754,24 @@ impl ClusterClient {
                     .await
                     .map(Scanned::Aggregates),
                 Wanted::Records(q, page) => self
-                    .scan_records_at(&snapshot, q, page)
+                    .scan_records_at(&snapshot, q, page, None)
                     .await
                     .map(Scanned::Records),
+                Wanted::Page(q, page, limit) => {
+                    let mut count = q.clone();
+                    count.projection = None;
+                    count.aggregates = vec![ramlog_query::Aggregate::Count];
+                    match self.scan_aggregates_at(&snapshot, &count).await {
+                        Ok(a) => self
+                            .scan_records_at(&snapshot, q, page, Some(limit))
+                            .await
+                            .map(|mut r| {
+                                r.truncate(limit);
+                                Scanned::Page(a.matched, r)
+                            }),
+                        Err(e) => Err(e),
+                    }
+                }
             };
             match result {
                 Ok(scanned) => return Ok((scanned, snapshot)),
@@ -849,7 +903,10 @@ impl ClusterClient {
         snapshot: Option<&ClusterSnapshot>,
         query: &[u8],
         page: u32,
+        limit: Option<usize>,
     ) -> Result<Vec<crate::Record>, Error> {
+        let limit = limit.unwrap_or(usize::MAX);
+        let page = page.min(u32::try_from(limit).unwrap_or(u32::MAX)).max(1);
         let table = self.table;
         let parts = Self::tablet_masters(&map, table)?
             .into_iter()
@@ -871,8 +928,18 @@ impl ClusterClient {
                         mut records, more, ..
                     } => {
                         if let Some(mut more) = more {
-                            records.extend(more.collect(page).await?);
+                            if limit == usize::MAX {
+                                records.extend(more.collect(page).await?);
+                            } else {
+                                // At most `limit` from each tablet: the first `limit` of all
+                                // are among them.
+                                while records.len() < limit && !more.is_done() {
+                                    records.extend(more.next_page(page).await?);
+                                }
+                                more.close().await?;
+                            }
                         }
+                        records.truncate(limit);
                         Ok(records)
                     }
                     crate::ScanResult::Aggregates(_) => Err(Error::Protocol(
@@ -1019,11 +1086,13 @@ fn refresh_candidates(seed: &str, map: &ClusterMap) -> Vec<String> {
 enum Wanted<'q> {
     Aggregates(&'q ramlog_query::Query),
     Records(&'q ramlog_query::Query, u32),
+    Page(&'q ramlog_query::Query, u32, usize),
 }
 
 enum Scanned {
     Aggregates(crate::ScanAggregates),
     Records(Vec<crate::Record>),
+    Page(u64, Vec<crate::Record>),
 }
 
 /// Where a cluster snapshot is cut: this far ahead of the request, first (every master must

@@ -5,6 +5,7 @@
 //! the cluster roles only to ask where a key lives and to hand a replication connection to the
 //! backup duty; nothing below them calls them.
 
+pub mod analytic;
 pub mod commands;
 pub mod native;
 pub mod resp_conn;

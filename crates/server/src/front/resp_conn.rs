@@ -62,8 +62,20 @@ pub async fn serve_resp(
                 Ok(Some(used)) => {
                     if !request.is_empty() {
                         let args = request.args(&inbuf[pos..]);
-                        hold_through_switch(&session, &args).await;
-                        execute(&shared, &mut session, &args, &mut out);
+                        if crate::front::analytic::is_analytic(args[0]) {
+                            // A scan across servers: what came before it goes out first.
+                            if let Err(ending) =
+                                flush(&mut stream, &shared, &mut session, &mut out, write_timeout)
+                                    .await
+                            {
+                                return ending;
+                            }
+                            crate::front::analytic::run(&shared, &mut session, &args, &mut out)
+                                .await;
+                        } else {
+                            hold_through_switch(&session, &args).await;
+                            execute(&shared, &mut session, &args, &mut out);
+                        }
                         batch += 1;
                     }
                     pos += used;

@@ -414,6 +414,7 @@ pub async fn serve_routing(
     let config = &node.config;
     let mut session = Session::new(client_id, node.password_required(), cluster);
     session.routed = true;
+    let node_ref = &node;
     let mut router = Router {
         node: &node,
         session,
@@ -443,6 +444,21 @@ pub async fn serve_routing(
                     Ok(Some(used)) => {
                         if !request.is_empty() {
                             let args = request.args(&inbuf[pos..]);
+                            if crate::front::analytic::is_analytic(args[0]) {
+                                // A scan across servers runs here, after what came before it.
+                                if !round.parts.is_empty() {
+                                    break;
+                                }
+                                crate::front::analytic::run(
+                                    node_ref,
+                                    &mut router.session,
+                                    &args,
+                                    &mut out,
+                                )
+                                .await;
+                                pos += used;
+                                continue;
+                            }
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
                             let barrier =
@@ -467,6 +483,12 @@ pub async fn serve_routing(
                 }
             }
             if round.parts.is_empty() {
+                // An analytic command's reply may wait in `out`.
+                if !out.is_empty() {
+                    if let Err(ending) = write_out(&mut stream, &mut out, write_timeout).await {
+                        return ending;
+                    }
+                }
                 break;
             }
             resolve(&mut router, round, &mut out).await;

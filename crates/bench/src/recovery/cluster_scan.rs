@@ -251,6 +251,29 @@ fn measure(work: &Path, records: u64, repeats: usize, report: &mut Report) -> an
         answer.1,
         median(ours.clone()) * 1e3
     );
+    // The same at one cluster snapshot: the cut, then the scans at it.
+    let mut cuts = Vec::new();
+    let mut consistent = Vec::new();
+    for _ in 0..repeats {
+        let t = Instant::now();
+        let snapshot = rt.block_on(client.cluster_snapshot())?;
+        cuts.push(t.elapsed().as_secs_f64());
+        let a = rt.block_on(client.scan_aggregates_at(&snapshot, &selective))?;
+        consistent.push(t.elapsed().as_secs_f64());
+        if a.values[0] != Value::I64(answer.0) {
+            bail!(
+                "at a cluster snapshot the selective aggregate counted {:?}, not {}",
+                a.values[0],
+                answer.0
+            );
+        }
+        rt.block_on(snapshot.release())?;
+    }
+    println!(
+        "  at a cluster snapshot: cut {:.1} ms, cut and selective aggregate {:.1} ms",
+        median(cuts.clone()) * 1e3,
+        median(consistent.clone()) * 1e3
+    );
 
     // The foreground during full scans.
     let seeds: Vec<String> = cluster.servers.iter().map(|s| s.resp.clone()).collect();
@@ -271,6 +294,28 @@ fn measure(work: &Path, records: u64, repeats: usize, report: &mut Report) -> an
     println!(
         "  foreground: {:.0}/s before, {:.0}/s during {scans} full scans",
         before.per_second, during.per_second
+    );
+    // And while cluster snapshots are cut back to back (each holds every master's writes for
+    // its hold), each read by a selective aggregate.
+    let load = Load::start(&seeds, THREADS, LOAD_KEYS / THREADS, 100)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let cut_before_from = Instant::now() - Duration::from_secs(2);
+    let cut_before_to = Instant::now();
+    let cuts_from = Instant::now();
+    let mut snapshots = 0;
+    while cuts_from.elapsed() < Duration::from_secs(3) || snapshots == 0 {
+        rt.block_on(client.scan_aggregates_consistent(&selective))?;
+        snapshots += 1;
+    }
+    let cuts_to = Instant::now();
+    let cut_result = load.stop();
+    let cut_before = cut_result.window(cut_before_from, cut_before_to);
+    let cut_during = cut_result.window(cuts_from, cuts_to);
+    println!(
+        "  foreground: {:.0}/s before, {:.0}/s during {snapshots} snapshot scans ({:.1} per second)",
+        cut_before.per_second,
+        cut_during.per_second,
+        snapshots as f64 / (cuts_to - cuts_from).as_secs_f64()
     );
     drop(cluster);
 
@@ -338,6 +383,23 @@ fn measure(work: &Path, records: u64, repeats: usize, report: &mut Report) -> an
         )
         .with_target(Target::at_least(0.8)),
     );
+    report.push(Row::plain(
+        "cluster_snapshot_cut_ms",
+        median(cuts) * 1e3,
+        "ms",
+    ));
+    report.push(Row::versus(
+        "selective_aggregate_at_cluster_snapshot_ms",
+        median(consistent) * 1e3,
+        "ms",
+        ours * 1e3,
+    ));
+    report.push(Row::versus(
+        "foreground_during_snapshot_scans_over_before",
+        cut_during.per_second,
+        "ops/s",
+        cut_before.per_second,
+    ));
     report.push(
         Row::plain(
             "scan_keys_repeated_or_missed",

@@ -208,6 +208,41 @@ def test_ramlog_scan_and_agg_from_redis_clients_equal_python(tmp_path):
         matched, rows = r2.execute_command("RAMLOG.SCAN", table, *where, "LIMIT", "1000")
         assert sorted(k.decode() for k, _ in rows) == sorted(chosen), len(rows)
 
+        # Averages and groups: each tablet sends sums and counts, merged here and on the server.
+        def mean(xs):
+            return sum(xs) / len(xs) if xs else None
+        groups = r2.execute_command("RAMLOG.AGG", table, *where, "GROUPBY", "d", "COUNT", "AVG", "a", "AVG", "c")
+        want_groups = []
+        for d in (False, True):
+            rows_d = [r for r in chosen.values() if r["d"] == d]
+            if rows_d:
+                want_groups.append((d, len(rows_d), mean([r["a"] for r in rows_d]), mean([r["c"] for r in rows_d])))
+        assert len(groups) == len(want_groups), groups
+        for got_g, (d, n, avg_a, avg_c) in zip(groups, want_groups):
+            assert got_g[0] == (1 if d else 0), got_g
+            assert got_g[1:3] == [b"count", n], got_g
+            assert got_g[3] == b"avg(a)" and abs(float(got_g[4]) - avg_a) < 1e-9, (got_g, avg_a)
+            assert got_g[5] == b"avg(c)" and abs(float(got_g[6]) - avg_c) < 1e-9, (got_g, avg_c)
+        lines = ramlog("scan", "-p", str(c.servers[2].native), "--table", table_id, "--group-by", "b",
+                       "--count-records", "--avg", "c", "--groups-max", "200").stdout.decode().splitlines()
+        by_b = {}
+        for r in records.values():
+            by_b.setdefault(r["b"], []).append(r["c"])
+        assert len(lines) == len(by_b), (len(lines), len(by_b))
+        for line, b in zip(lines, sorted(by_b)):
+            name, count, avg = line.split("\t")
+            assert name == f"b={b}" and count == f"count {len(by_b[b])}", line
+            assert abs(float(avg.split()[1]) - mean(by_b[b])) < 1e-9, (line, mean(by_b[b]))
+        # More groups than the bound: a clear error, not a cut-off answer.
+        too_many = ramlog("scan", "-p", str(c.servers[2].native), "--table", table_id, "--group-by", "b",
+                          "--count-records", "--groups-max", "5", check=False)
+        assert too_many.returncode != 0 and b"groups" in too_many.stderr, too_many
+        try:
+            r2.execute_command("RAMLOG.AGG", table, "GROUPBY", "a", "MAXGROUPS", "3", "COUNT")
+            raise AssertionError("more groups than MAXGROUPS answered no error")
+        except redis.exceptions.ResponseError as e:
+            assert "groups" in str(e), e
+
         out = subprocess.run(["redis-cli", "-p", str(c.servers[0].resp), "RAMLOG.AGG", table, "COUNT"],
                              capture_output=True, timeout=30).stdout.decode()
         assert out.split() == ["count", str(len(records))], out

@@ -236,6 +236,7 @@ fn agg_query(clauses: Vec<Vec<Predicate>>) -> Query {
         predicate: Cnf { clauses },
         projection: None,
         aggregates: vec![Aggregate::Count, Aggregate::Sum(F_A), Aggregate::Max(F_B)],
+        group_by: None,
     }
 }
 
@@ -546,6 +547,7 @@ fn scan_bandwidth(report: &mut Report, t: &Loaded) -> anyhow::Result<()> {
         predicate: Cnf { clauses: vec![] },
         projection: None,
         aggregates: vec![Aggregate::Count],
+        group_by: None,
     };
     let mut scan_secs = Vec::new();
     let mut count_secs = Vec::new();

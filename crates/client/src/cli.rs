@@ -161,6 +161,15 @@ pub struct ScanArgs {
     /// Print keys only (filtered scans print `key<TAB>value` by default).
     #[arg(long)]
     pub keys_only: bool,
+    /// Print the mean of this numeric field's non-NULL values (repeatable).
+    #[arg(long)]
+    pub avg: Vec<String>,
+    /// With aggregates: one line of them per value of this field.
+    #[arg(long)]
+    pub group_by: Option<String>,
+    /// With --group-by: the most groups; more fail the scan.
+    #[arg(long, default_value_t = 1000)]
+    pub groups_max: u32,
     /// Against a cluster: read each tablet at a snapshot of its own master, not at one
     /// cluster snapshot (which holds every master's writes for a few milliseconds to cut).
     #[arg(long)]
@@ -178,6 +187,8 @@ impl ScanArgs {
             || !self.sum.is_empty()
             || !self.min.is_empty()
             || !self.max.is_empty()
+            || !self.avg.is_empty()
+            || self.group_by.is_some()
             || self.limit.is_some()
     }
 }
@@ -449,6 +460,23 @@ async fn filtered_scan(
         None => client.scan_filtered(&query, None, page).await?,
     };
     match result {
+        ScanResult::Aggregates(a) if a.groups.is_some() => {
+            let field = query
+                .group_by
+                .map(|g| field_name(schema.as_ref(), g.field))
+                .unwrap_or_default();
+            for (group, values) in a.groups.iter().flatten() {
+                let mut line = format!("{field}={}", render_value(group));
+                for (agg, value) in query.aggregates.iter().zip(values) {
+                    line.push_str(&format!(
+                        "\t{} {}",
+                        aggregate_name(agg, schema.as_ref()),
+                        render_value(value)
+                    ));
+                }
+                println!("{line}");
+            }
+        }
         ScanResult::Aggregates(a) => {
             for (agg, value) in query.aggregates.iter().zip(&a.values) {
                 println!(
@@ -489,19 +517,24 @@ async fn filtered_scan(
     Ok(())
 }
 
+/// A field's name in the schema (its index without one).
+pub fn field_name(schema: Option<&Schema>, i: usize) -> String {
+    schema
+        .and_then(|s| s.fields().get(i))
+        .map(|f| f.name.clone())
+        .unwrap_or_else(|| i.to_string())
+}
+
 /// How `ramlog scan` names an aggregate: `count`, `sum(FIELD)`, ...
 pub fn aggregate_name(agg: &Aggregate, schema: Option<&Schema>) -> String {
-    let name = |i: usize| {
-        schema
-            .and_then(|s| s.fields().get(i))
-            .map(|f| f.name.clone())
-            .unwrap_or_else(|| i.to_string())
-    };
+    let name = |i: usize| field_name(schema, i);
     match *agg {
         Aggregate::Count => "count".into(),
         Aggregate::Sum(i) => format!("sum({})", name(i)),
         Aggregate::Min(i) => format!("min({})", name(i)),
         Aggregate::Max(i) => format!("max({})", name(i)),
+        Aggregate::CountOf(i) => format!("count({})", name(i)),
+        Aggregate::Avg(i) => format!("avg({})", name(i)),
     }
 }
 
@@ -697,6 +730,9 @@ pub fn build_query(args: &ScanArgs, schema: Option<&Schema>) -> anyhow::Result<Q
             sum: &args.sum,
             min: &args.min,
             max: &args.max,
+            avg: &args.avg,
+            group_by: args.group_by.as_deref(),
+            groups_max: args.groups_max,
         },
         schema,
     )
@@ -719,6 +755,11 @@ pub struct QuerySpec<'a> {
     pub sum: &'a [String],
     pub min: &'a [String],
     pub max: &'a [String],
+    pub avg: &'a [String],
+    /// One set of aggregates per value of this field.
+    pub group_by: Option<&'a str>,
+    /// The most groups.
+    pub groups_max: u32,
 }
 
 /// The query of `args`, with field names resolved through `schema`.
@@ -763,6 +804,19 @@ pub fn query_of(args: &QuerySpec<'_>, schema: Option<&Schema>) -> anyhow::Result
     for f in args.max {
         aggregates.push(Aggregate::Max(field_index(schema, f)?));
     }
+    for f in args.avg {
+        aggregates.push(Aggregate::Avg(field_index(schema, f)?));
+    }
+    let group_by = match args.group_by {
+        None => None,
+        Some(_) if aggregates.is_empty() => {
+            bail!("a group-by needs aggregates (--count-records, --sum, --min, --max, --avg)")
+        }
+        Some(f) => Some(ramlog_query::GroupBy {
+            field: field_index(schema, f.trim())?,
+            groups_max: args.groups_max,
+        }),
+    };
     if projection.is_some() && !aggregates.is_empty() {
         bail!(
             "--fields prints records; it cannot be combined with --count-records/--sum/--min/--max"
@@ -773,6 +827,7 @@ pub fn query_of(args: &QuerySpec<'_>, schema: Option<&Schema>) -> anyhow::Result
         predicate: Cnf { clauses },
         projection,
         aggregates,
+        group_by,
     })
 }
 

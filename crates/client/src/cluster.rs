@@ -497,10 +497,8 @@ impl ClusterClient {
                 "scan_aggregates needs a query with aggregates".into(),
             ));
         }
-        let bytes = query
-            .to_bytes()
-            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
-        self.each_tablet(|map| self.aggregates_once(map, None, &bytes, &query.aggregates))
+        let partial = Partial::of(query)?;
+        self.each_tablet(|map| self.aggregates_once(map, None, &partial))
             .await
     }
 
@@ -636,16 +634,9 @@ impl ClusterClient {
                 "scan_aggregates needs a query with aggregates".into(),
             ));
         }
-        let bytes = query
-            .to_bytes()
-            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
-        self.aggregates_once(
-            snapshot.map.clone(),
-            Some(snapshot),
-            &bytes,
-            &query.aggregates,
-        )
-        .await
+        let partial = Partial::of(query)?;
+        self.aggregates_once(snapshot.map.clone(), Some(snapshot), &partial)
+            .await
     }
 
     /// [`ClusterClient::scan_records`] at a cluster snapshot (see
@@ -847,10 +838,10 @@ impl ClusterClient {
         &self,
         map: Arc<ClusterMap>,
         snapshot: Option<&ClusterSnapshot>,
-        query: &[u8],
-        aggregates: &[ramlog_query::Aggregate],
+        partial: &Partial,
     ) -> Result<crate::ScanAggregates, Error> {
         let table = self.table;
+        let query = &partial.bytes[..];
         let parts = Self::tablet_masters(&map, table)?
             .into_iter()
             .map(|(t, addr)| async move {
@@ -866,26 +857,51 @@ impl ClusterClient {
                     )),
                 }
             });
+        let aggregates = &partial.query.aggregates;
+        let merge_values = |acc: &mut Vec<ramlog_query::Value>,
+                            part: Vec<ramlog_query::Value>|
+         -> Result<(), Error> {
+            if acc.len() != part.len() || part.len() != aggregates.len() {
+                return Err(Error::Protocol(format!(
+                    "SCAN_TABLET answered {} aggregate values for {} aggregates",
+                    part.len(),
+                    aggregates.len()
+                )));
+            }
+            for ((a, v), agg) in acc.iter_mut().zip(part).zip(aggregates) {
+                *a = merge_aggregate(agg, std::mem::replace(a, ramlog_query::Value::Null), v)?;
+            }
+            Ok(())
+        };
         let mut total: Option<crate::ScanAggregates> = None;
+        // A grouped query's groups, by their value's encoding.
+        let mut groups: BTreeMap<Vec<u8>, (ramlog_query::Value, Vec<ramlog_query::Value>)> =
+            BTreeMap::new();
         for part in join_all(parts.collect()).await {
-            let part = part?;
+            let mut part = part?;
+            for (value, values) in part.groups.take().unwrap_or_default() {
+                let mut key = Vec::new();
+                ramlog_query::encode_values(std::slice::from_ref(&value), &mut key)
+                    .map_err(|e| Error::Protocol(format!("a group value: {e}")))?;
+                match groups.get_mut(&key) {
+                    Some((_, acc)) => merge_values(acc, values)?,
+                    None => {
+                        if values.len() != aggregates.len() {
+                            return Err(Error::Protocol(format!(
+                                "SCAN_TABLET answered {} aggregate values for {} aggregates",
+                                values.len(),
+                                aggregates.len()
+                            )));
+                        }
+                        groups.insert(key, (value, values));
+                    }
+                }
+            }
             total = Some(match total {
                 None => part,
                 Some(mut t) => {
-                    if t.values.len() != part.values.len() || part.values.len() != aggregates.len()
-                    {
-                        return Err(Error::Protocol(format!(
-                            "SCAN_TABLET answered {} aggregate values for {} aggregates",
-                            part.values.len(),
-                            aggregates.len()
-                        )));
-                    }
-                    for ((acc, v), agg) in t.values.iter_mut().zip(part.values).zip(aggregates) {
-                        *acc = merge_aggregate(
-                            agg,
-                            std::mem::replace(acc, ramlog_query::Value::Null),
-                            v,
-                        )?;
+                    if partial.query.group_by.is_none() {
+                        merge_values(&mut t.values, part.values)?;
                     }
                     t.matched += part.matched;
                     t.malformed += part.malformed;
@@ -894,7 +910,29 @@ impl ClusterClient {
                 }
             });
         }
-        total.ok_or_else(|| Error::Protocol("a cluster scan read no tablet".into()))
+        let mut total =
+            total.ok_or_else(|| Error::Protocol("a cluster scan read no tablet".into()))?;
+        if let Some(g) = partial.query.group_by {
+            if groups.len() > g.groups_max as usize {
+                return Err(Error::Server {
+                    status: Status::BadRequest,
+                    message: format!(
+                        "bad query: more than {} groups over the tablets (raise the query's bound on groups, or filter more)",
+                        g.groups_max
+                    ),
+                });
+            }
+            let mut finished = groups
+                .into_values()
+                .map(|(value, values)| (value, partial.finish(values)))
+                .collect::<Vec<_>>();
+            finished.sort_by(|a, b| ramlog_query::compare_values(&a.0, &b.0));
+            total.values = Vec::new();
+            total.groups = Some(finished);
+        } else {
+            total.values = partial.finish(std::mem::take(&mut total.values));
+        }
+        Ok(total)
     }
 
     async fn records_once(
@@ -1019,7 +1057,10 @@ fn merge_aggregate(
         ))
     };
     match agg {
-        Aggregate::Count | Aggregate::Sum(_) => match (&a, &b) {
+        Aggregate::Avg(_) => Err(Error::Protocol(
+            "an average is merged from its sum and count, not from tablets' averages".into(),
+        )),
+        Aggregate::Count | Aggregate::CountOf(_) | Aggregate::Sum(_) => match (&a, &b) {
             (Value::I64(x), Value::I64(y)) => {
                 x.checked_add(*y)
                     .map(Value::I64)
@@ -1081,6 +1122,49 @@ fn refresh_candidates(seed: &str, map: &ClusterMap) -> Vec<String> {
 
 /// Whether a failed request may be sent again after a map refresh: always when the server refused
 /// it or it was never sent; when the connection broke under it, only if it is idempotent.
+/// An aggregate query as each tablet computes it ([`ramlog_query::Query::partial`]: averages
+/// as sums and counts), and how to finish the merged values.
+struct Partial {
+    query: ramlog_query::Query,
+    bytes: Vec<u8>,
+    /// For each aggregate asked for: its partial value's index, and for an average its count's.
+    at: Vec<(usize, Option<usize>)>,
+}
+
+impl Partial {
+    fn of(query: &ramlog_query::Query) -> Result<Partial, Error> {
+        let (partial, at) = query.partial();
+        let bytes = partial
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        Ok(Partial {
+            query: partial,
+            bytes,
+            at,
+        })
+    }
+
+    /// The values asked for, from the merged partial values.
+    fn finish(&self, values: Vec<ramlog_query::Value>) -> Vec<ramlog_query::Value> {
+        use ramlog_query::Value;
+        self.at
+            .iter()
+            .map(|&(i, n)| {
+                let v = values.get(i).cloned().unwrap_or(Value::Null);
+                match n {
+                    None => v,
+                    Some(n) => match (v, values.get(n)) {
+                        (_, Some(Value::I64(0))) | (Value::Null, _) => Value::Null,
+                        (Value::I64(s), Some(Value::I64(n))) => Value::F64(s as f64 / *n as f64),
+                        (Value::F64(s), Some(Value::I64(n))) => Value::F64(s / *n as f64),
+                        _ => Value::Null,
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
 /// What [`ClusterClient::at_new_snapshot`] scans for.
 #[derive(Clone, Copy)]
 enum Wanted<'q> {

@@ -115,7 +115,10 @@ impl Snapshot {
 /// The aggregates of an aggregate query, in query order, with the scan's counts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScanAggregates {
+    /// The aggregates' values (empty for a grouped query).
     pub values: Vec<Value>,
+    /// A grouped query's groups: each group's value and its aggregates, in order of the values.
+    pub groups: Option<Vec<(Value, Vec<Value>)>>,
     /// Records that matched.
     pub matched: u64,
     /// Values that are not records of the table's schema (skipped).
@@ -456,10 +459,22 @@ impl Client {
                 malformed,
                 values,
             } => {
-                let values = decode_values(&values, usize::MAX)
-                    .map_err(|e| Error::Protocol(format!("aggregate values: {e}")))?;
+                let (values, groups) = if ramlog_query::is_groups(&values) {
+                    let groups = ramlog_query::decode_groups(
+                        &values,
+                        ramlog_query::GROUPS_MAX as usize,
+                        usize::MAX,
+                    )
+                    .map_err(|e| Error::Protocol(format!("aggregate groups: {e}")))?;
+                    (Vec::new(), Some(groups))
+                } else {
+                    let values = decode_values(&values, usize::MAX)
+                        .map_err(|e| Error::Protocol(format!("aggregate values: {e}")))?;
+                    (values, None)
+                };
                 Ok(ScanResult::Aggregates(ScanAggregates {
                     values,
+                    groups,
                     matched,
                     malformed,
                     snapshot_version,

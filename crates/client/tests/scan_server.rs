@@ -205,6 +205,7 @@ async fn schema_predicates_projection_and_aggregates() {
         },
         projection: Some(vec![1, 0]),
         aggregates: vec![],
+        group_by: None,
     };
     let expected: BTreeMap<Vec<u8>, Vec<Value>> = rows
         .iter()
@@ -243,6 +244,7 @@ async fn schema_predicates_projection_and_aggregates() {
             Aggregate::Min(3),
             Aggregate::Max(1),
         ],
+        group_by: None,
     };
     let in_range: Vec<&Vec<Value>> = rows
         .iter()

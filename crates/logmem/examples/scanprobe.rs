@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         predicate: Cnf { clauses: vec![] },
         projection: None,
         aggregates: vec![Aggregate::Count],
+        group_by: None,
     };
     let agg = Query {
         key_filter: KeyFilter::All,
@@ -73,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         projection: None,
         aggregates: vec![Aggregate::Count, Aggregate::Sum(1), Aggregate::Max(2)],
+        group_by: None,
     };
     let only = std::env::var("SCANPROBE_ONLY").ok();
     let rounds: usize = std::env::var("SCANPROBE_ROUNDS").map_or(Ok(9), |s| s.parse())?;

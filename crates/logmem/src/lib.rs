@@ -141,8 +141,10 @@ pub struct ScanRecord {
 pub struct ScanOutput {
     /// Matching records (empty for an aggregate query).
     pub records: Vec<ScanRecord>,
-    /// The aggregates' values, in query order, for an aggregate query.
+    /// The aggregates' values, in query order, for an aggregate query (empty for a grouped one).
     pub aggregates: Option<Vec<query::Value>>,
+    /// A grouped query's groups: each group's value and its aggregates, in order of the values.
+    pub groups: Option<Vec<(query::Value, Vec<query::Value>)>>,
     /// Records that matched the query.
     pub matched: u64,
     /// Values that are not records of the table's schema (skipped).

@@ -1156,6 +1156,7 @@ impl QuerySink {
         let q = query.query();
         let count_only = q.predicate.clauses.is_empty()
             && q.projection.is_none()
+            && q.group_by.is_none()
             && !q.aggregates.is_empty()
             && q.aggregates.iter().all(|a| *a == Aggregate::Count);
         let all_keys =
@@ -1200,10 +1201,18 @@ impl QuerySink {
             let n = self.out.matched as i64;
             self.out.aggregates = Some(vec![Value::I64(n); self.query.query().aggregates.len()]);
         } else if let Some(agg) = &self.agg {
-            self.out.aggregates = Some(
-                agg.try_finish()
-                    .map_err(|e| EngineError::Query(e.to_string()))?,
-            );
+            if agg.grouped() {
+                self.out.groups = Some(
+                    agg.finish_groups()
+                        .map_err(|e| EngineError::Query(e.to_string()))?,
+                );
+                self.out.aggregates = Some(Vec::new());
+            } else {
+                self.out.aggregates = Some(
+                    agg.try_finish()
+                        .map_err(|e| EngineError::Query(e.to_string()))?,
+                );
+            }
         }
         Ok(self.out)
     }

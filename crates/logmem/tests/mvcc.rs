@@ -623,6 +623,7 @@ mod queries {
             predicate,
             projection,
             aggregates,
+            group_by: None,
         })
     }
 
@@ -815,6 +816,7 @@ fn log_scans_see_exactly_the_visible_entries_of_every_kind() {
         },
         projection: None,
         aggregates: vec![Aggregate::Count, Aggregate::Sum(1)],
+        group_by: None,
     };
     for (name, snap, want) in [("first", &snap1, &first), ("second", &snap2, &second)] {
         let out = e

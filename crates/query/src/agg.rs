@@ -5,6 +5,7 @@ use crate::batch::Columns;
 use crate::codec::QueryError;
 use crate::compile::{AggKind, AggPlan};
 use crate::schema::{FieldRef, FieldType, RecordView, Value};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -20,12 +21,17 @@ pub(crate) enum Acc {
     F64(Option<f64>),
     Bool(Option<bool>),
     Bytes(Option<Vec<u8>>),
+    /// Average: exact integer sum or float sum, and the count of values.
+    AvgInt(i128, u64),
+    AvgF64(f64, u64),
 }
 
 impl Acc {
     pub(crate) fn new(kind: AggKind, ty: FieldType) -> Acc {
         match (kind, ty) {
-            (AggKind::Count, _) => Acc::Count(0),
+            (AggKind::Count | AggKind::CountOf, _) => Acc::Count(0),
+            (AggKind::Avg, FieldType::F64) => Acc::AvgF64(0.0, 0),
+            (AggKind::Avg, _) => Acc::AvgInt(0, 0),
             (AggKind::Sum, FieldType::F64) => Acc::SumF64(0.0, false),
             (AggKind::Sum, _) => Acc::SumInt(0, false),
             (_, FieldType::I32 | FieldType::I64) => Acc::Int(None),
@@ -50,6 +56,19 @@ impl Acc {
             (Acc::SumF64(s, seen), FieldRef::F64(v)) => {
                 *s += v;
                 *seen = true;
+            }
+            (Acc::Count(n), _) => *n += 1,
+            (Acc::AvgInt(s, n), FieldRef::I32(v)) => {
+                *s = s.saturating_add(v as i128);
+                *n += 1;
+            }
+            (Acc::AvgInt(s, n), FieldRef::I64(v)) => {
+                *s = s.saturating_add(v as i128);
+                *n += 1;
+            }
+            (Acc::AvgF64(s, n), FieldRef::F64(v)) => {
+                *s += v;
+                *n += 1;
             }
             (Acc::Int(m), FieldRef::I32(v)) => merge_opt(m, v as i64, |a, b| better(a.cmp(b))),
             (Acc::Int(m), FieldRef::I64(v)) => merge_opt(m, v, |a, b| better(a.cmp(b))),
@@ -76,6 +95,16 @@ impl Acc {
                 }
                 *sa |= *sb;
             }
+            (Acc::AvgInt(a, na), Acc::AvgInt(b, nb)) => {
+                *a = a.saturating_add(*b);
+                *na += *nb;
+            }
+            (Acc::AvgF64(a, na), Acc::AvgF64(b, nb)) => {
+                if *nb > 0 {
+                    *a += *b;
+                }
+                *na += *nb;
+            }
             (Acc::Int(m), Acc::Int(Some(v))) => {
                 merge_opt(m, *v, |a, b| ordering_wins(max, a.cmp(b)))
             }
@@ -88,6 +117,24 @@ impl Acc {
             (Acc::Bytes(m), Acc::Bytes(Some(v))) => merge_bytes(m, v, |o| ordering_wins(max, o)),
             _ => {}
         }
+    }
+}
+
+/// The order of group values: NULL first, then by value (values of one field share a type;
+/// floats by total order).
+pub fn compare_values(a: &Value, b: &Value) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a, b) {
+        (Value::Null, Value::Null) => Ordering::Equal,
+        (Value::Null, _) => Ordering::Less,
+        (_, Value::Null) => Ordering::Greater,
+        (Value::I32(x), Value::I32(y)) => x.cmp(y),
+        (Value::I64(x), Value::I64(y)) => x.cmp(y),
+        (Value::F64(x), Value::F64(y)) => x.total_cmp(y),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Str(x), Value::Str(y)) => x.cmp(y),
+        (Value::Bytes(x), Value::Bytes(y)) => x.cmp(y),
+        _ => Ordering::Equal,
     }
 }
 
@@ -118,6 +165,14 @@ fn merge_bytes(m: &mut Option<Vec<u8>>, v: &[u8], better: impl Fn(std::cmp::Orde
     }
 }
 
+/// A grouped query's groups: by the group value's encoding, the value and its accumulators.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Groups {
+    map: HashMap<Vec<u8>, (Value, Vec<Acc>)>,
+    /// A record of a new group came past the bound: the result is an error.
+    overflow: bool,
+}
+
 /// Running aggregates of one scan (or one tablet's part of it); from
 /// [`CompiledQuery::agg_state`]. Feed it the values that [`CompiledQuery::matches`] selected.
 ///
@@ -127,6 +182,8 @@ fn merge_bytes(m: &mut Option<Vec<u8>>, v: &[u8], better: impl Fn(std::cmp::Orde
 pub struct AggState {
     pub(crate) plan: Arc<AggPlan>,
     pub(crate) acc: Vec<Acc>,
+    /// A grouped query's accumulators per group (`acc` is then unused).
+    pub(crate) groups: Option<Groups>,
     /// Column space of batch evaluation, kept between batches (not part of the result).
     pub(crate) columns: Option<Box<Columns>>,
 }
@@ -162,7 +219,29 @@ impl AggState {
                 view.get(slot)?;
             }
         }
-        for ((kind, slot, _), acc) in self.plan.aggs.iter().zip(&mut self.acc) {
+        let accs = match (&mut self.groups, self.plan.group) {
+            (Some(groups), Some((slot, _, max))) => {
+                let value = view.get(&slot)?.to_value();
+                let mut key = Vec::new();
+                crate::codec::write_value(&mut key, &value);
+                if !groups.map.contains_key(&key) {
+                    if groups.map.len() >= max as usize {
+                        groups.overflow = true;
+                        return Ok(());
+                    }
+                    let fresh = self
+                        .plan
+                        .aggs
+                        .iter()
+                        .map(|(kind, slot, _)| Acc::new(*kind, slot.ty))
+                        .collect();
+                    groups.map.insert(key.clone(), (value, fresh));
+                }
+                &mut groups.map.get_mut(&key).expect("inserted above").1
+            }
+            _ => &mut self.acc,
+        };
+        for ((kind, slot, _), acc) in self.plan.aggs.iter().zip(accs.iter_mut()) {
             match kind {
                 AggKind::Count => {
                     if let Acc::Count(n) = acc {
@@ -184,11 +263,54 @@ impl AggState {
     /// different queries are not mixed: mismatched accumulators are left alone.
     pub fn merge(&mut self, other: &AggState) {
         debug_assert_eq!(self.plan.aggs.len(), other.plan.aggs.len());
-        for (((kind, _, _), acc), theirs) in
-            self.plan.aggs.iter().zip(&mut self.acc).zip(&other.acc)
+        let aggs = &self.plan.aggs;
+        let merge = |mine: &mut [Acc], theirs: &[Acc]| {
+            for (((kind, _, _), acc), theirs) in aggs.iter().zip(mine).zip(theirs) {
+                acc.merge(*kind == AggKind::Max, theirs);
+            }
+        };
+        merge(&mut self.acc, &other.acc);
+        if let (Some(mine), Some(theirs), Some((_, _, max))) =
+            (&mut self.groups, &other.groups, self.plan.group)
         {
-            acc.merge(*kind == AggKind::Max, theirs);
+            mine.overflow |= theirs.overflow;
+            for (key, (value, accs)) in &theirs.map {
+                let full = mine.map.len() >= max as usize;
+                match mine.map.get_mut(key) {
+                    Some((_, acc)) => merge(acc, accs),
+                    None if full => mine.overflow = true,
+                    None => {
+                        mine.map.insert(key.clone(), (value.clone(), accs.clone()));
+                    }
+                }
+            }
         }
+    }
+
+    /// Whether the query groups (then [`AggState::finish_groups`] gives its result).
+    pub fn grouped(&self) -> bool {
+        self.groups.is_some()
+    }
+
+    /// A grouped query's result: each group's value and its aggregates (as
+    /// [`AggState::try_finish`]), groups in order of their values (NULL first). Fails when more
+    /// groups came than the query's bound.
+    pub fn finish_groups(&self) -> Result<Vec<(Value, Vec<Value>)>, QueryError> {
+        let Some(groups) = &self.groups else {
+            return Ok(Vec::new());
+        };
+        if groups.overflow {
+            return Err(QueryError::TooManyGroups {
+                max: self.plan.group.map_or(0, |g| g.2),
+            });
+        }
+        let mut out = groups
+            .map
+            .values()
+            .map(|(value, accs)| Ok((value.clone(), self.results_of(accs, true)?)))
+            .collect::<Result<Vec<_>, QueryError>>()?;
+        out.sort_by(|a, b| compare_values(&a.0, &b.0));
+        Ok(out)
     }
 
     /// The results, one per aggregate: Count → I64; Sum → I64 (saturated if the exact sum is
@@ -204,10 +326,14 @@ impl AggState {
     }
 
     fn results(&self, strict: bool) -> Result<Vec<Value>, QueryError> {
+        self.results_of(&self.acc, strict)
+    }
+
+    fn results_of(&self, accs: &[Acc], strict: bool) -> Result<Vec<Value>, QueryError> {
         self.plan
             .aggs
             .iter()
-            .zip(&self.acc)
+            .zip(accs)
             .map(|((_, slot, field), acc)| {
                 Ok(match acc {
                     Acc::Count(n) => Value::I64((*n).min(i64::MAX as u64) as i64),
@@ -218,6 +344,9 @@ impl AggState {
                         Err(_) => Value::I64(if *s < 0 { i64::MIN } else { i64::MAX }),
                     },
                     Acc::SumF64(s, true) => Value::F64(*s),
+                    Acc::AvgInt(_, 0) | Acc::AvgF64(_, 0) => Value::Null,
+                    Acc::AvgInt(s, n) => Value::F64(*s as f64 / *n as f64),
+                    Acc::AvgF64(s, n) => Value::F64(*s / *n as f64),
                     Acc::Int(None) | Acc::F64(None) | Acc::Bool(None) | Acc::Bytes(None) => {
                         Value::Null
                     }

@@ -434,8 +434,26 @@ impl FixedPlan {
                         }
                     }
                 }
-                // Compilation gives fixed-width fields no byte accumulator; Count is above.
-                Acc::Bytes(_) | Acc::Count(_) => {}
+                // A count of a field's non-NULL values.
+                Acc::Count(k) => *k += take.count_ones() as u64,
+                Acc::AvgInt(s, k) => {
+                    // i32 columns hold their values sign-extended, as the sums above read them.
+                    let (mut sum, mut rest) = (0i128, take);
+                    while rest != 0 {
+                        sum += raws[rest.trailing_zeros() as usize] as i64 as i128;
+                        rest &= rest - 1;
+                    }
+                    *s = s.saturating_add(sum);
+                    *k += take.count_ones() as u64;
+                }
+                Acc::AvgF64(s, k) => {
+                    for (i, &r) in raws.iter().enumerate() {
+                        *s += if bit(i) { f64::from_bits(r) } else { 0.0 };
+                    }
+                    *k += take.count_ones() as u64;
+                }
+                // Compilation gives fixed-width fields no byte accumulator.
+                Acc::Bytes(_) => {}
             }
         }
         (selected, odd & valid)

@@ -117,6 +117,37 @@ pub enum Aggregate {
     Min(usize),
     /// Largest non-NULL value (→ the field's type).
     Max(usize),
+    /// Number of matching records whose field is not NULL (→ I64).
+    CountOf(usize),
+    /// Mean of a numeric field's non-NULL values (→ F64; NULL if none). Over several tablets it
+    /// is computed from their [`Aggregate::Sum`] and [`Aggregate::CountOf`] (see
+    /// [`Query::partial`]).
+    Avg(usize),
+}
+
+impl Aggregate {
+    /// The field it reads (None for Count).
+    pub fn field(&self) -> Option<usize> {
+        match *self {
+            Aggregate::Count => None,
+            Aggregate::Sum(f)
+            | Aggregate::Min(f)
+            | Aggregate::Max(f)
+            | Aggregate::CountOf(f)
+            | Aggregate::Avg(f) => Some(f),
+        }
+    }
+}
+
+/// Most groups a grouped query may ask for.
+pub const GROUPS_MAX: u32 = 100_000;
+
+/// Aggregates per distinct value of one field, at most `groups_max` groups (more fail the scan
+/// with [`QueryError::TooManyGroups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupBy {
+    pub field: usize,
+    pub groups_max: u32,
 }
 
 /// What a scan evaluates: a key filter, a CNF predicate over the schema's fields, and either a
@@ -127,6 +158,8 @@ pub struct Query {
     pub predicate: Cnf,
     pub projection: Option<Vec<usize>>,
     pub aggregates: Vec<Aggregate>,
+    /// With aggregates: one set of them per value of this field.
+    pub group_by: Option<GroupBy>,
 }
 
 /// Errors of queries: compile-time validation, wire decoding, records that do not decode, and
@@ -157,6 +190,10 @@ pub enum QueryError {
     Malformed(&'static str),
     #[error("the sum of field {field} does not fit in an i64")]
     SumOverflow { field: usize },
+    #[error("more than {max} groups (raise the query's bound on groups, or filter more)")]
+    TooManyGroups { max: u32 },
+    #[error("group-by needs aggregates")]
+    GroupWithoutAggregates,
 }
 
 impl Query {
@@ -227,13 +264,54 @@ impl Query {
             ));
         }
         for a in &self.aggregates {
-            if let Aggregate::Sum(f) | Aggregate::Min(f) | Aggregate::Max(f) = a {
-                if *f >= SCHEMA_FIELDS_MAX {
+            if let Some(f) = a.field() {
+                if f >= SCHEMA_FIELDS_MAX {
                     return too_large(format!("field index {f}"));
                 }
             }
         }
+        if let Some(g) = &self.group_by {
+            if g.field >= SCHEMA_FIELDS_MAX {
+                return too_large(format!("field index {}", g.field));
+            }
+            if g.groups_max == 0 || g.groups_max > GROUPS_MAX {
+                return too_large(format!(
+                    "a bound of {} groups (1..={GROUPS_MAX})",
+                    g.groups_max
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// What each tablet of a scan spread over several computes so that the parts merge exactly:
+    /// every [`Aggregate::Avg`] becomes a [`Aggregate::Sum`] and a [`Aggregate::CountOf`] of its
+    /// field (appended once each); the other aggregates stay. Also returns, for each aggregate
+    /// of `self`, where its value is in the partial query's: `(i, None)` as is, `(sum, Some(n))`
+    /// for an average.
+    pub fn partial(&self) -> (Query, Vec<(usize, Option<usize>)>) {
+        let mut q = self.clone();
+        q.aggregates.clear();
+        let mut at = Vec::with_capacity(self.aggregates.len());
+        let index_of = |q: &mut Query, a: Aggregate| match q.aggregates.iter().position(|x| *x == a)
+        {
+            Some(i) => i,
+            None => {
+                q.aggregates.push(a);
+                q.aggregates.len() - 1
+            }
+        };
+        for a in &self.aggregates {
+            match *a {
+                Aggregate::Avg(f) => {
+                    let sum = index_of(&mut q, Aggregate::Sum(f));
+                    let n = index_of(&mut q, Aggregate::CountOf(f));
+                    at.push((sum, Some(n)));
+                }
+                other => at.push((index_of(&mut q, other), None)),
+            }
+        }
+        (q, at)
     }
 
     /// The wire encoding (docs/formats.md, "Schema records"). Fails if a count or length is past
@@ -298,7 +376,15 @@ impl Query {
                 Aggregate::Sum(f) => out.extend_from_slice(&[1, f as u8]),
                 Aggregate::Min(f) => out.extend_from_slice(&[2, f as u8]),
                 Aggregate::Max(f) => out.extend_from_slice(&[3, f as u8]),
+                Aggregate::CountOf(f) => out.extend_from_slice(&[4, f as u8]),
+                Aggregate::Avg(f) => out.extend_from_slice(&[5, f as u8]),
             }
+        }
+        // An optional section: absent in queries without a group-by.
+        if let Some(g) = &self.group_by {
+            out.push(1);
+            out.push(g.field as u8);
+            out.extend_from_slice(&g.groups_max.to_le_bytes());
         }
         Ok(out)
     }
@@ -375,9 +461,24 @@ impl Query {
                 1 => Aggregate::Sum(read_u8(&mut r)? as usize),
                 2 => Aggregate::Min(read_u8(&mut r)? as usize),
                 3 => Aggregate::Max(read_u8(&mut r)? as usize),
+                4 => Aggregate::CountOf(read_u8(&mut r)? as usize),
+                5 => Aggregate::Avg(read_u8(&mut r)? as usize),
                 _ => return Err(QueryError::Malformed("unknown aggregate kind")),
             });
         }
+        let group_by = if r.is_done() {
+            None
+        } else {
+            if read_u8(&mut r)? != 1 {
+                return Err(QueryError::Malformed("unknown query section"));
+            }
+            let field = read_u8(&mut r)? as usize;
+            let max = r.take(4).ok_or(QueryError::Malformed("truncated"))?;
+            Some(GroupBy {
+                field,
+                groups_max: u32::from_le_bytes([max[0], max[1], max[2], max[3]]),
+            })
+        };
         if !r.is_done() {
             return Err(QueryError::Malformed("trailing bytes"));
         }
@@ -386,10 +487,11 @@ impl Query {
             predicate: Cnf { clauses },
             projection,
             aggregates,
+            group_by,
         };
         // Field indexes in one byte can reach 255, one past the largest valid index.
         q.check_limits()
-            .map_err(|_| QueryError::Malformed("field index out of range"))?;
+            .map_err(|_| QueryError::Malformed("field index or group bound out of range"))?;
         Ok(q)
     }
 }
@@ -412,7 +514,7 @@ fn read_bytes<'a>(r: &mut Reader<'a>, max: usize) -> Result<&'a [u8], QueryError
 /// Value encoding shared by query constants and [`encode_values`]: a tag byte, then
 /// 0 NULL, 1 i32 (4), 2 i64 (8), 3 f64 (8, IEEE bits), 4 bool (1: 0 or 1),
 /// 5 string (u32 length + UTF-8), 6 bytes (u32 length + bytes); little-endian.
-fn write_value(out: &mut Vec<u8>, v: &Value) {
+pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Null => out.push(0),
         Value::I32(x) => {
@@ -476,7 +578,71 @@ fn read_value(r: &mut Reader<'_>) -> Result<Value, QueryError> {
 }
 
 /// Most values in [`encode_values`] (a query's aggregates fit).
-pub const VALUES_MAX: usize = 255;
+pub const VALUES_MAX: usize = 254;
+
+/// First byte of [`encode_groups`] (never a count of [`encode_values`]).
+pub const GROUPS_MARK: u8 = 0xFF;
+
+/// Encodes a grouped query's result: [`GROUPS_MARK`], `u32 groups`, then per group its value
+/// (as a constant) and its aggregates ([`encode_values`]).
+pub fn encode_groups(groups: &[(Value, Vec<Value>)], out: &mut Vec<u8>) -> Result<(), QueryError> {
+    if groups.len() > GROUPS_MAX as usize {
+        return Err(QueryError::TooLarge(format!("{} groups", groups.len())));
+    }
+    out.push(GROUPS_MARK);
+    out.extend_from_slice(&(groups.len() as u32).to_le_bytes());
+    for (value, values) in groups {
+        if let Value::Str(s) = value {
+            if s.len() > CONSTANT_BYTES_MAX {
+                return Err(QueryError::TooLarge("a group value past 64 KiB".into()));
+            }
+        }
+        if let Value::Bytes(b) = value {
+            if b.len() > CONSTANT_BYTES_MAX {
+                return Err(QueryError::TooLarge("a group value past 64 KiB".into()));
+            }
+        }
+        write_value(out, value);
+        encode_values(values, out)?;
+    }
+    Ok(())
+}
+
+/// Whether aggregate result bytes are [`encode_groups`]'s.
+pub fn is_groups(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&GROUPS_MARK)
+}
+
+/// Parses [`encode_groups`]; at most `groups_max` groups, string/bytes values bounded by
+/// `value_bytes_max` each.
+pub fn decode_groups(
+    bytes: &[u8],
+    groups_max: usize,
+    value_bytes_max: usize,
+) -> Result<Vec<(Value, Vec<Value>)>, QueryError> {
+    let mut r = Reader::new(bytes);
+    if read_u8(&mut r)? != GROUPS_MARK {
+        return Err(QueryError::Malformed("not a grouped result"));
+    }
+    let n = r.take(4).ok_or(QueryError::Malformed("truncated"))?;
+    let n = u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize;
+    if n > groups_max.min(GROUPS_MAX as usize) {
+        return Err(QueryError::Malformed("too many groups"));
+    }
+    // Each group takes at least 2 bytes: no allocation past what the input can hold.
+    let mut out = Vec::with_capacity(n.min(bytes.len() / 2));
+    for _ in 0..n {
+        let value = read_value(&mut r)?;
+        let rest = &r.bytes[r.pos..];
+        let (values, used) = decode_values_prefix(rest, value_bytes_max)?;
+        r.pos += used;
+        out.push((value, values));
+    }
+    if !r.is_done() {
+        return Err(QueryError::Malformed("trailing bytes"));
+    }
+    Ok(out)
+}
 
 /// Encodes a short list of values (e.g. [`AggState::finish`]'s result) for the wire:
 /// `u8 count` then each value as in a query's constants (docs/formats.md). Fails past 255 values
@@ -503,8 +669,23 @@ pub fn encode_values(values: &[Value], out: &mut Vec<u8>) -> Result<(), QueryErr
 
 /// Parses [`encode_values`]; string/bytes values are bounded by `value_bytes_max` each.
 pub fn decode_values(bytes: &[u8], value_bytes_max: usize) -> Result<Vec<Value>, QueryError> {
+    let (out, used) = decode_values_prefix(bytes, value_bytes_max)?;
+    if used != bytes.len() {
+        return Err(QueryError::Malformed("trailing bytes"));
+    }
+    Ok(out)
+}
+
+/// [`decode_values`] of the start of `bytes`; also returns the bytes it read.
+fn decode_values_prefix(
+    bytes: &[u8],
+    value_bytes_max: usize,
+) -> Result<(Vec<Value>, usize), QueryError> {
     let mut r = Reader::new(bytes);
     let n = read_u8(&mut r)? as usize;
+    if n > VALUES_MAX {
+        return Err(QueryError::Malformed("too many values"));
+    }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let v = match r.bytes.get(r.pos) {
@@ -525,10 +706,7 @@ pub fn decode_values(bytes: &[u8], value_bytes_max: usize) -> Result<Vec<Value>,
         };
         out.push(v);
     }
-    if !r.is_done() {
-        return Err(QueryError::Malformed("trailing bytes"));
-    }
-    Ok(out)
+    Ok((out, r.pos))
 }
 
 #[cfg(test)]
@@ -536,6 +714,67 @@ mod tests {
     use super::*;
     use crate::schema::tests::people;
     use crate::CompiledQuery;
+
+    #[test]
+    fn grouped_queries_and_results_round_trip_within_their_bounds() {
+        let query = Query {
+            aggregates: vec![Aggregate::Avg(0), Aggregate::Count, Aggregate::Sum(0)],
+            group_by: Some(GroupBy {
+                field: 2,
+                groups_max: 10,
+            }),
+            ..Query::default()
+        };
+        let bytes = query.to_bytes().unwrap();
+        assert_eq!(Query::from_bytes(&bytes).unwrap(), query);
+        // Each tablet computes sums and counts; the average comes from them.
+        let (partial, at) = query.partial();
+        assert_eq!(
+            partial.aggregates,
+            vec![Aggregate::Sum(0), Aggregate::CountOf(0), Aggregate::Count]
+        );
+        assert_eq!(at, vec![(0, Some(1)), (2, None), (0, None)]);
+        assert_eq!(partial.group_by, query.group_by);
+        for bad in [0, GROUPS_MAX + 1] {
+            let mut q = query.clone();
+            q.group_by = Some(GroupBy {
+                field: 2,
+                groups_max: bad,
+            });
+            assert!(matches!(q.to_bytes(), Err(QueryError::TooLarge(_))));
+        }
+        let mut unknown = bytes.clone();
+        let at = bytes.len() - 6;
+        unknown[at] = 2;
+        assert!(Query::from_bytes(&unknown).is_err());
+        let mut no_aggs = query.clone();
+        no_aggs.aggregates.clear();
+        assert_eq!(
+            CompiledQuery::new(no_aggs, Some(&people())).err(),
+            Some(QueryError::GroupWithoutAggregates)
+        );
+
+        let groups = vec![
+            (Value::Null, vec![Value::I64(1)]),
+            (Value::Str("a".into()), vec![Value::F64(2.5)]),
+        ];
+        let mut out = Vec::new();
+        encode_groups(&groups, &mut out).unwrap();
+        assert!(is_groups(&out));
+        assert_eq!(decode_groups(&out, 10, 16).unwrap(), groups);
+        assert!(
+            decode_groups(&out, 1, 16).is_err(),
+            "past the bound on groups"
+        );
+        assert!(decode_groups(&out[..out.len() - 1], 10, 16).is_err());
+        let mut values = Vec::new();
+        encode_values(&[Value::I64(1)], &mut values).unwrap();
+        assert!(!is_groups(&values));
+        assert!(
+            decode_values(&out, 16).is_err(),
+            "a grouped result is not a value list"
+        );
+    }
 
     #[test]
     fn query_bytes_round_trip_and_limits() {
@@ -555,6 +794,7 @@ mod tests {
             },
             projection: None,
             aggregates: vec![Aggregate::Count, Aggregate::Max(4)],
+            group_by: None,
         };
         let bytes = query.to_bytes().unwrap();
         assert_eq!(Query::from_bytes(&bytes).unwrap(), query);

@@ -81,6 +81,9 @@ pub(crate) enum AggKind {
     Sum,
     Min,
     Max,
+    /// Count of non-NULL values of a field.
+    CountOf,
+    Avg,
 }
 
 #[derive(Clone, Debug)]
@@ -88,6 +91,8 @@ pub(crate) struct AggPlan {
     pub(crate) schema: Option<Schema>,
     /// (kind, slot of the field; unused for Count, field index for errors).
     pub(crate) aggs: Vec<(AggKind, Slot, usize)>,
+    /// Group-by: the field's slot, its index, and the most groups.
+    pub(crate) group: Option<(Slot, usize, u32)>,
 }
 
 /// A [`Query`] validated against a table's schema and laid out for the scan's hot loop.
@@ -119,12 +124,16 @@ impl CompiledQuery {
         query.check_limits()?;
         let reads_fields = !query.predicate.clauses.is_empty()
             || query.projection.is_some()
+            || query.group_by.is_some()
             || query.aggregates.iter().any(|a| *a != Aggregate::Count);
         if reads_fields && schema.is_none() {
             return Err(QueryError::NoSchema);
         }
         if query.projection.is_some() && !query.aggregates.is_empty() {
             return Err(QueryError::ProjectionWithAggregates);
+        }
+        if query.group_by.is_some() && query.aggregates.is_empty() {
+            return Err(QueryError::GroupWithoutAggregates);
         }
         let slot_of = |index: usize| -> Result<(Slot, FieldType), QueryError> {
             let s = schema.ok_or(QueryError::NoSchema)?;
@@ -185,15 +194,29 @@ impl CompiledQuery {
                 Aggregate::Sum(f) => (AggKind::Sum, f),
                 Aggregate::Min(f) => (AggKind::Min, f),
                 Aggregate::Max(f) => (AggKind::Max, f),
+                Aggregate::CountOf(f) => (AggKind::CountOf, f),
+                Aggregate::Avg(f) => (AggKind::Avg, f),
             };
             let (slot, ty) = slot_of(field)?;
             if kind == AggKind::Sum && !ty.is_numeric() {
                 return Err(bad("sum needs an i32, i64 or f64 field"));
             }
+            if kind == AggKind::Avg && !ty.is_numeric() {
+                return Err(bad("avg needs an i32, i64 or f64 field"));
+            }
             aggs.push((kind, slot, field));
         }
+        let group = match &query.group_by {
+            None => None,
+            Some(g) => Some((slot_of(g.field)?.0, g.field, g.groups_max)),
+        };
 
-        let fixed = FixedPlan::new(&predicates, &aggs, all_clauses);
+        // Groups are kept by the general path only.
+        let fixed = if group.is_some() {
+            None
+        } else {
+            FixedPlan::new(&predicates, &aggs, all_clauses)
+        };
         Ok(CompiledQuery {
             key_filter: query.key_filter.clone(),
             slots: None,
@@ -204,6 +227,7 @@ impl CompiledQuery {
             plan: Arc::new(AggPlan {
                 schema: schema.cloned(),
                 aggs,
+                group,
             }),
             fixed,
             query,
@@ -405,6 +429,7 @@ impl CompiledQuery {
                 .iter()
                 .map(|(kind, slot, _)| Acc::new(*kind, slot.ty))
                 .collect(),
+            groups: self.plan.group.map(|_| Default::default()),
             plan: self.plan.clone(),
             columns: None,
         }

@@ -46,12 +46,13 @@ mod filter;
 mod reader;
 mod schema;
 
-pub use agg::AggState;
+pub use agg::{compare_values, AggState};
 pub use batch::{BatchGroup, GroupMember, BATCH_RECORDS};
 pub use codec::{
-    decode_values, encode_values, Aggregate, Cnf, Op, Predicate, Query, QueryError, AGGREGATES_MAX,
-    CNF_CLAUSES_MAX, CNF_PREDICATES_MAX, CONSTANT_BYTES_MAX, KEY_FILTER_BYTES_MAX,
-    QUERY_FORMAT_VERSION, VALUES_MAX,
+    decode_groups, decode_values, encode_groups, encode_values, is_groups, Aggregate, Cnf, GroupBy,
+    Op, Predicate, Query, QueryError, AGGREGATES_MAX, CNF_CLAUSES_MAX, CNF_PREDICATES_MAX,
+    CONSTANT_BYTES_MAX, GROUPS_MARK, GROUPS_MAX, KEY_FILTER_BYTES_MAX, QUERY_FORMAT_VERSION,
+    VALUES_MAX,
 };
 pub use compile::CompiledQuery;
 pub use filter::KeyFilter;

@@ -111,6 +111,36 @@ fn oracle_aggregates(
                     Value::I64(i64::try_from(s).map_err(|_| f)?)
                 }
             }
+            Aggregate::CountOf(f) => {
+                Value::I64(rows.iter().filter(|r| !matches!(r[f], Value::Null)).count() as i64)
+            }
+            Aggregate::Avg(f) => {
+                let vals: Vec<&Value> = rows
+                    .iter()
+                    .map(|r| &r[f])
+                    .filter(|v| !matches!(v, Value::Null))
+                    .collect();
+                if vals.is_empty() {
+                    Value::Null
+                } else if schema.fields()[f].ty == FieldType::F64 {
+                    let mut s = 0.0;
+                    for v in &vals {
+                        let Value::F64(x) = v else { unreachable!() };
+                        s += x;
+                    }
+                    Value::F64(s / vals.len() as f64)
+                } else {
+                    let mut s: i128 = 0;
+                    for v in &vals {
+                        s += match v {
+                            Value::I32(x) => *x as i128,
+                            Value::I64(x) => *x as i128,
+                            _ => unreachable!(),
+                        };
+                    }
+                    Value::F64(s as f64 / vals.len() as f64)
+                }
+            }
             Aggregate::Min(f) | Aggregate::Max(f) => {
                 let max = matches!(a, Aggregate::Max(_));
                 let mut best: Option<&Value> = None;
@@ -142,6 +172,9 @@ fn oracle_aggregates(
     }
     Ok(out)
 }
+
+/// A group of the oracle: its value's encoding, the value, its rows.
+type OracleGroup<'a> = (Vec<u8>, Value, Vec<&'a Vec<Value>>);
 
 fn cmp_values(a: &Value, b: &Value) -> Ordering {
     match (a, b) {
@@ -306,10 +339,20 @@ fn aggregate(tys: &[FieldType]) -> BoxedStrategy<Aggregate> {
             .boxed(),
         prop::sample::select(all).prop_map(Aggregate::Max).boxed(),
     ];
+    options.push(
+        prop::sample::select((0..tys.len()).collect::<Vec<_>>())
+            .prop_map(Aggregate::CountOf)
+            .boxed(),
+    );
     if !numeric.is_empty() {
         options.push(
-            prop::sample::select(numeric)
+            prop::sample::select(numeric.clone())
                 .prop_map(Aggregate::Sum)
+                .boxed(),
+        );
+        options.push(
+            prop::sample::select(numeric)
+                .prop_map(Aggregate::Avg)
                 .boxed(),
         );
     }
@@ -323,12 +366,17 @@ fn projection(n: usize) -> impl Strategy<Value = Vec<usize>> {
 fn query(tys: Vec<FieldType>) -> impl Strategy<Value = Query> {
     let n = tys.len();
     let aggs = prop::collection::vec(aggregate(&tys), 1..5);
-    (key_filter(), cnf(tys), 0..3u8, projection(n), aggs).prop_map(
-        |(key_filter, predicate, mode, proj, aggregates)| Query {
+    let group = prop::option::of(0..n);
+    (key_filter(), cnf(tys), 0..3u8, projection(n), aggs, group).prop_map(
+        |(key_filter, predicate, mode, proj, aggregates, group)| Query {
             key_filter,
             predicate,
             projection: (mode == 1).then_some(proj),
             aggregates: if mode == 2 { aggregates } else { Vec::new() },
+            group_by: group.filter(|_| mode == 2).map(|field| GroupBy {
+                field,
+                groups_max: 1000,
+            }),
         },
     )
 }
@@ -431,6 +479,40 @@ proptest! {
             merged.merge(&c);
             merged.merge(&b);
             let selected: Vec<&Vec<Value>> = got.iter().map(|k| &rows[k]).collect();
+            if let Some(g) = query.group_by {
+                // Groups: the selected rows by the field's value (bit for bit), each group's
+                // aggregates as the oracle computes them, groups in order of their values.
+                let mut groups: Vec<OracleGroup<'_>> = Vec::new();
+                for row in &selected {
+                    let mut key = Vec::new();
+                    encode_values(std::slice::from_ref(&row[g.field]), &mut key).unwrap();
+                    match groups.iter_mut().find(|x| x.0 == key) {
+                        Some(x) => x.2.push(row),
+                        None => groups.push((key, row[g.field].clone(), vec![row])),
+                    }
+                }
+                let want: Result<Vec<(Value, Vec<Value>)>, usize> = groups
+                    .iter()
+                    .map(|(_, v, rows)| Ok((v.clone(), oracle_aggregates(&query.aggregates, &schema, rows)?)))
+                    .collect();
+                for state in [&one, &merged] {
+                    prop_assert!(state.grouped());
+                    match (&want, state.finish_groups()) {
+                        (Ok(want), Ok(mut got)) => {
+                            let mut want = want.clone();
+                            want.sort_by(|a, b| compare_values(&a.0, &b.0));
+                            got.sort_by(|a, b| compare_values(&a.0, &b.0));
+                            prop_assert_eq!(got.len(), want.len());
+                            for ((gv, gvals), (wv, wvals)) in got.iter().zip(&want) {
+                                prop_assert!(same_results(std::slice::from_ref(gv), std::slice::from_ref(wv)), "{:?} vs {:?}", gv, wv);
+                                prop_assert!(same_results(gvals, wvals), "{:?}: {:?} vs oracle {:?}", gv, gvals, wvals);
+                            }
+                        }
+                        (Err(_), got) => prop_assert!(matches!(got, Err(QueryError::SumOverflow { .. })), "{:?}", got),
+                        (Ok(_), Err(e)) => prop_assert!(false, "groups failed: {e}"),
+                    }
+                }
+            } else {
             let oracle = oracle_aggregates(&query.aggregates, &schema, &selected);
             for state in [&one, &merged] {
                 match &oracle {
@@ -445,6 +527,7 @@ proptest! {
                 }
             }
         }
+            }
 
         // The wire form round-trips and compiles to the same answers.
         let bytes = query.to_bytes().unwrap();
@@ -545,6 +628,8 @@ proptest! {
                     q.aggregates = vec![Aggregate::Count];
                     q.projection = None;
                 }
+                // Grouped queries do not batch.
+                q.group_by = None;
                 CompiledQuery::new(q, Some(&schema)).unwrap()
             })
             .collect();

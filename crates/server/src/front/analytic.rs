@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! RAMLOG.AGG  TABLE [WHERE PRED]... [PREFIX P | MATCH GLOB | RANGE FROM..TO]
-//!             [COUNT] [SUM F]... [MIN F]... [MAX F]... [NOSNAPSHOT]
+//!             [COUNT] [SUM F]... [MIN F]... [MAX F]... [AVG F]...
+//!             [GROUPBY F [MAXGROUPS N]] [NOSNAPSHOT]
 //! RAMLOG.SCAN TABLE [WHERE PRED]... [PREFIX P | MATCH GLOB | RANGE FROM..TO]
 //!             [FIELDS F,G...] [LIMIT N] [NOSNAPSHOT]
 //! ```
@@ -14,7 +15,8 @@
 //! `TABLE` is a table's name or id (0 is the table Redis commands use). `PRED` is `FIELD OP
 //! VALUE` with OP one of `< <= = != >= >`; predicates joined by `|` in one WHERE form a clause
 //! any of which holds; every WHERE must hold. RAMLOG.AGG answers `name value` pairs (a map in
-//! RESP3); RAMLOG.SCAN answers `[matched, [[key, value], ...]]`: how many records match in all,
+//! RESP3), or with GROUPBY one array per group: the group's value, then its `name value` pairs
+//! (at most MAXGROUPS groups, 1000 unless given; more is an error); RAMLOG.SCAN answers `[matched, [[key, value], ...]]`: how many records match in all,
 //! and the first LIMIT of them (1000 unless given), values shown by the table's schema as
 //! `field=value ...`.
 
@@ -26,6 +28,8 @@ use ramlog_client::{ClientConfig, ClusterClient, Record};
 use ramlog_proto::resp::ReplyEncoder;
 use std::sync::Arc;
 
+/// Groups a RAMLOG.AGG ... GROUPBY may have unless MAXGROUPS says otherwise.
+const GROUPS_DEFAULT: u32 = 1000;
 /// Records a RAMLOG.SCAN answers unless LIMIT says otherwise, and at most.
 const LIMIT_DEFAULT: usize = 1000;
 const LIMIT_MAX: usize = 100_000;
@@ -72,6 +76,9 @@ struct Request {
     sum: Vec<String>,
     min: Vec<String>,
     max: Vec<String>,
+    avg: Vec<String>,
+    group_by: Option<String>,
+    groups_max: u32,
     limit: usize,
     no_snapshot: bool,
 }
@@ -94,6 +101,7 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
         aggregate,
         table: text(table)?,
         limit: LIMIT_DEFAULT,
+        groups_max: GROUPS_DEFAULT,
         ..Request::default()
     };
     let mut i = 2;
@@ -128,6 +136,20 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
             "SUM" if aggregate => r.sum.push(value(i)?),
             "MIN" if aggregate => r.min.push(value(i)?),
             "MAX" if aggregate => r.max.push(value(i)?),
+            "AVG" if aggregate => r.avg.push(value(i)?),
+            "GROUPBY" if aggregate => r.group_by = Some(value(i)?),
+            "MAXGROUPS" if aggregate => {
+                r.groups_max = value(i)?
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| (1..=ramlog_client::query::GROUPS_MAX).contains(&n))
+                    .ok_or_else(|| {
+                        format!(
+                            "ERR MAXGROUPS must be 1..={}",
+                            ramlog_client::query::GROUPS_MAX
+                        )
+                    })?
+            }
             "NOSNAPSHOT" => {
                 r.no_snapshot = true;
                 i += 1;
@@ -137,8 +159,14 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
         }
         i += 2;
     }
-    if aggregate && !r.count && r.sum.is_empty() && r.min.is_empty() && r.max.is_empty() {
-        return Err("ERR RAMLOG.AGG needs COUNT, SUM, MIN or MAX".into());
+    if aggregate
+        && !r.count
+        && r.sum.is_empty()
+        && r.min.is_empty()
+        && r.max.is_empty()
+        && r.avg.is_empty()
+    {
+        return Err("ERR RAMLOG.AGG needs COUNT, SUM, MIN, MAX or AVG".into());
     }
     if [r.prefix.is_some(), r.range.is_some(), !r.pattern.is_empty()]
         .iter()
@@ -212,14 +240,37 @@ async fn answer(
         sum: &r.sum,
         min: &r.min,
         max: &r.max,
+        avg: &r.avg,
+        group_by: r.group_by.as_deref(),
+        groups_max: r.groups_max,
     };
     let query = query_of(&spec, schema.as_ref()).map_err(|e| format!("ERR {e:#}"))?;
     if r.aggregate {
-        let values = aggregates(&client, &query, r.no_snapshot).await?;
-        enc.map(values.len());
-        for (agg, value) in query.aggregates.iter().zip(&values) {
-            enc.bulk(aggregate_name(agg, schema.as_ref()).as_bytes());
-            value_reply(enc, value);
+        let result = aggregates(&client, &query, r.no_snapshot).await?;
+        let names: Vec<String> = query
+            .aggregates
+            .iter()
+            .map(|a| aggregate_name(a, schema.as_ref()))
+            .collect();
+        match result.groups {
+            Some(groups) => {
+                enc.array(groups.len());
+                for (group, values) in &groups {
+                    enc.array(1 + 2 * values.len());
+                    value_reply(enc, group);
+                    for (name, value) in names.iter().zip(values) {
+                        enc.bulk(name.as_bytes());
+                        value_reply(enc, value);
+                    }
+                }
+            }
+            None => {
+                enc.map(result.values.len());
+                for (name, value) in names.iter().zip(&result.values) {
+                    enc.bulk(name.as_bytes());
+                    value_reply(enc, value);
+                }
+            }
         }
         return Ok(());
     }
@@ -254,7 +305,7 @@ async fn aggregates(
     client: &ClusterClient,
     query: &Query,
     no_snapshot: bool,
-) -> Result<Vec<Value>, String> {
+) -> Result<ramlog_client::ScanAggregates, String> {
     let result = if client.is_standalone() {
         client.seed().scan_aggregates(query, None).await
     } else if no_snapshot {
@@ -265,7 +316,7 @@ async fn aggregates(
             .await
             .map(|(a, _)| a)
     };
-    result.map(|a| a.values).map_err(reply_error)
+    result.map_err(reply_error)
 }
 
 /// How many records match, and the first `limit` of them, at one snapshot.

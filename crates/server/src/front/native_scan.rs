@@ -467,10 +467,12 @@ fn aggregate_scan(
         }
     }
     .map_err(engine_failure)?;
-    let values = out.aggregates.unwrap_or_default();
     let mut encoded = Vec::new();
-    encode_values(&values, &mut encoded)
-        .map_err(|e| Failure(Status::Internal, 0, format!("encoding aggregates: {e}")))?;
+    match &out.groups {
+        Some(groups) => ramlog_logmem::query::encode_groups(groups, &mut encoded),
+        None => encode_values(&out.aggregates.unwrap_or_default(), &mut encoded),
+    }
+    .map_err(|e| Failure(Status::Internal, 0, format!("encoding aggregates: {e}")))?;
     Ok(Response::ScanAggregates {
         snapshot_version: version,
         matched: out.matched,

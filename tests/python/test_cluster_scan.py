@@ -270,3 +270,49 @@ def test_ramlog_scan_and_agg_from_redis_clients_equal_python(tmp_path):
         assert r2.ping()
     finally:
         c.stop()
+
+
+def test_scans_through_a_tablet_move_count_every_key_once(tmp_path):
+    # 4 servers, R = 2, copies slowed to 256 KiB/s: the tablet of slot 0 (1.5 MB) moves to a
+    # server that neither masters nor backs it up while scans at cluster snapshots (and, every
+    # other one, at each master's own snapshot) run back to back through the copy, the switch
+    # and after. Each counts every key exactly once and lists each key once.
+    from test_failures import status
+    from test_migration import keys_in, outsider, tablet_at
+    from test_recovery_kills import preload
+    config = tmp_path / "slow-copy.toml"
+    config.write_text("recovery_copy_bytes_per_sec = 262144\n")
+    c = Cluster(tmp_path, servers=4, extra_args=("--config", str(config)),
+                coordinator_args=["--default-replicas", "2", "--split-mib", "0"])
+    try:
+        st = status(c)
+        t = tablet_at(st, 0)
+        moving = keys_in(t, 1500, "m:")
+        others = [f"m:o{i}" for i in range(1500)]
+        value = lambda k: (k.encode() * 100)[:1000]  # noqa: E731
+        preload(c, moving + others, value)
+        everything = sorted(moving + others)
+        target = outsider(st, t)
+        out = subprocess.run([ramlog_bin(), "cluster", "move", "default", "0", "--to", str(target), "--no-wait",
+                              "--coordinator", c.coordinator_addr], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        phases = {}
+        n = 0
+        while True:
+            phase = (tablet_at(status(c), 0).get("migration") or {}).get("phase", "done")
+            flags = ["--no-snapshot"] if n % 2 else []
+            port = str(c.servers[n % 4].native)
+            count = ramlog("scan", "-p", port, "--prefix", "m:", "--count-records", *flags).stdout.decode()
+            assert count.strip() == f"count {len(everything)}", (phase, flags, count)
+            keys = ramlog("scan", "-p", port, "--prefix", "m:", "--keys-only", *flags).stdout.decode().split()
+            assert sorted(keys) == everything, (phase, flags, len(keys), len(set(keys)))
+            phases[phase] = phases.get(phase, 0) + 1
+            n += 1
+            if phase == "done" and phases["done"] >= 3:
+                break
+            assert n < 500, phases
+        print("scans per phase of the move", phases)
+        assert tablet_at(status(c), 0)["master"] == target
+        assert phases.get("copying", 0) >= 3, phases
+    finally:
+        c.stop()

@@ -316,3 +316,78 @@ def test_scans_through_a_tablet_move_count_every_key_once(tmp_path):
         assert phases.get("copying", 0) >= 3, phases
     finally:
         c.stop()
+
+
+def test_scans_of_a_mirrored_table_read_the_mirrors_and_equal_python(tmp_path):
+    # A table in `mirror` mode: `--from-mirror` (and RAMLOG.AGG ... MIRROR) read every tablet on
+    # its mirror. The answers equal Python's over the records written (also after more writes),
+    # and the mirrors served every tablet's part (their `ramlog_mirror_scans_total`).
+    import urllib.request
+    import redis
+    from test_failures import status
+    from test_mirror import server_status
+    from conftest import wait_until
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "0"])
+    try:
+        created = ramlog("table", "create", "points", "--mode", "mirror", "--schema", "a:i64,b:i64,c:f64,d:bool",
+                         "--coordinator", c.coordinator_addr).stdout.decode()
+        table_id = created.split(" id=")[1].split()[0]
+
+        def table_of(st):
+            return next(t for t in st["tables"] if t["name"] == "points")
+
+        def mirrors_ready():
+            st = status(c)
+            tablets = table_of(st)["tablets"]
+            if any(t["mirror"] is None for t in tablets):
+                return False
+            ready = set()
+            for i in range(3):
+                for m in server_status(c, i)["metrics"]["replication"]["mirrors"]:
+                    if m["state"] == "ready":
+                        ready.add(m["first_slot"])
+            return all(t["first_slot"] in ready for t in tablets)
+        assert wait_until(mirrors_ready, timeout=30, interval=0.1)
+        records = {}
+        rng = random.Random(9)
+
+        def write(n0, n1):
+            for i in range(n0, n1):
+                r = {"a": rng.randint(-50, 50), "b": rng.randint(-50, 50),
+                     "c": round(rng.uniform(-50, 50), 2), "d": rng.random() < 0.5}
+                records[f"m{i}"] = r
+                ramlog("set", "-p", str(c.servers[i % 3].native), "--table", table_id, f"m{i}", "-",
+                       input=record(r["a"], r["b"], r["c"], r["d"]))
+        write(0, 90)
+        st = status(c)
+        tablets = len(table_of(st)["tablets"])
+        ports = [int(s["addresses"]["admin"].rsplit(":", 1)[1]) for s in st["servers"]]
+
+        def mirror_scans():
+            total = 0
+            for port in ports:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    for line in r.read().decode().splitlines():
+                        if line.startswith("ramlog_mirror_scans_total "):
+                            total += int(line.split()[-1])
+            return total
+
+        def check():
+            before = mirror_scans()
+            chosen = [r for r in records.values() if r["a"] >= 0]
+            out = ramlog("scan", "-p", str(c.servers[0].native), "--table", table_id, "--where", "a >= 0",
+                         "--count-records", "--sum", "b", "--from-mirror").stdout.decode()
+            assert aggregates(out) == {"count": str(len(chosen)), "sum(b)": str(sum(r["b"] for r in chosen))}, out
+            keys = ramlog("scan", "-p", str(c.servers[1].native), "--table", table_id, "--keys-only",
+                          "--fields", "a", "--from-mirror").stdout.decode().split()
+            assert sorted(keys) == sorted(records), len(keys)
+            r2 = redis.Redis(host="127.0.0.1", port=c.servers[2].routing, socket_timeout=30, protocol=2)
+            got = r2.execute_command("RAMLOG.AGG", "points", "COUNT", "MIRROR")
+            assert got == [b"count", len(records)], got
+            # Every tablet of the three scans was read on its mirror (every mirror was ready).
+            assert mirror_scans() - before == 3 * tablets, (before, mirror_scans(), tablets)
+        check()
+        write(90, 150)
+        check()
+    finally:
+        c.stop()

@@ -174,6 +174,10 @@ pub struct ScanArgs {
     /// cluster snapshot (which holds every master's writes for a few milliseconds to cut).
     #[arg(long)]
     pub no_snapshot: bool,
+    /// Against a cluster: read each tablet of a `mirror` table on its mirror, so that its
+    /// master's foreground is left alone (each at a snapshot of its own, as --no-snapshot).
+    #[arg(long)]
+    pub from_mirror: bool,
 }
 
 impl ScanArgs {
@@ -441,9 +445,18 @@ async fn filtered_scan(
         out.write_all(b"\n")?;
         Ok(())
     };
+    let offloaded;
+    let cluster = match cluster {
+        Some(c) if args.from_mirror => {
+            offloaded = c.scanning_mirrors(true);
+            Some(&offloaded)
+        }
+        other => other,
+    };
+    let per_tablet = args.no_snapshot || args.from_mirror;
     let result = match cluster {
         Some(cluster) if query.aggregates.is_empty() => ScanResult::Records {
-            records: if args.no_snapshot {
+            records: if per_tablet {
                 cluster.scan_records(&query, page).await?
             } else {
                 cluster.scan_records_consistent(&query, page).await?.0
@@ -451,7 +464,7 @@ async fn filtered_scan(
             more: None,
             snapshot_version: 0,
         },
-        Some(cluster) if args.no_snapshot => {
+        Some(cluster) if per_tablet => {
             ScanResult::Aggregates(cluster.scan_aggregates(&query).await?)
         }
         Some(cluster) => {

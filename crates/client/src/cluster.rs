@@ -120,6 +120,8 @@ struct Shared {
 pub struct ClusterClient {
     shared: Arc<Shared>,
     table: TableId,
+    /// Scans without a cluster snapshot read each tablet on its mirror when it has one.
+    scan_mirrors: bool,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -142,6 +144,7 @@ impl ClusterClient {
         let map = fetch_map(&seed).await?.map(MapCache::new);
         let clients = HashMap::from([(config.addr.clone(), seed.clone())]);
         Ok(ClusterClient {
+            scan_mirrors: false,
             shared: Arc::new(Shared {
                 config,
                 seed,
@@ -157,6 +160,19 @@ impl ClusterClient {
     pub fn with_table(&self, table: TableId) -> ClusterClient {
         ClusterClient {
             table,
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose scans without a cluster snapshot (`scan_aggregates`, `scan_records`)
+    /// read each tablet on its mirror (tables in `mirror` mode), so that the master's
+    /// foreground does not share its cores with them; on its master when the tablet has no
+    /// mirror or the mirror refuses (its memory still being built, or it stopped mirroring).
+    /// The mirror applies every write before the master acknowledges it: a tablet read there
+    /// shows every write acknowledged before the scan reached it, as on its master.
+    pub fn scanning_mirrors(&self, on: bool) -> ClusterClient {
+        ClusterClient {
+            scan_mirrors: on,
             ..self.clone()
         }
     }
@@ -834,6 +850,46 @@ impl ClusterClient {
         Ok(out)
     }
 
+    /// SCAN_TABLET of tablet `t`: on its master `addr` (at its part of `snapshot` if given), or,
+    /// for a handle [`ClusterClient::scanning_mirrors`] without a snapshot, on its mirror first.
+    async fn scan_part(
+        &self,
+        map: &ClusterMap,
+        t: &TabletInfo,
+        addr: &str,
+        snapshot: Option<&ClusterSnapshot>,
+        query: &[u8],
+        page: u32,
+    ) -> Result<crate::ScanResult, Error> {
+        let slots = (t.first_slot, t.last_slot, t.epoch);
+        let mirror = t
+            .mirror
+            .filter(|_| self.scan_mirrors && snapshot.is_none())
+            .and_then(|m| map.server(m))
+            .filter(|s| s.state == ServerState::Up)
+            .map(|s| s.addresses.native.to_string());
+        if let Some(mirror) = mirror {
+            let client = self.client_for(&mirror).await?;
+            match client
+                .scan_tablet_raw(self.table, slots, crate::ScanAt::Mirror, query, page)
+                .await
+            {
+                Err(e) if retryable(&e, true) => {
+                    tracing::debug!(error = %e, "the mirror refused a scan; reading the master");
+                }
+                other => return other,
+            }
+        }
+        let client = self.client_for(addr).await?;
+        let at = match snapshot {
+            Some(s) => crate::ScanAt::Snapshot(s.part(addr)?),
+            None => crate::ScanAt::Master,
+        };
+        client
+            .scan_tablet_raw(self.table, slots, at, query, page)
+            .await
+    }
+
     async fn aggregates_once(
         &self,
         map: Arc<ClusterMap>,
@@ -842,13 +898,12 @@ impl ClusterClient {
     ) -> Result<crate::ScanAggregates, Error> {
         let table = self.table;
         let query = &partial.bytes[..];
+        let map_ref = &*map;
         let parts = Self::tablet_masters(&map, table)?
             .into_iter()
             .map(|(t, addr)| async move {
-                let client = self.client_for(&addr).await?;
-                let part = snapshot.map(|s| s.part(&addr)).transpose()?;
-                match client
-                    .scan_tablet_raw(table, (t.first_slot, t.last_slot), t.epoch, part, query, 1)
+                match self
+                    .scan_part(map_ref, &t, &addr, snapshot, query, 1)
                     .await?
                 {
                     crate::ScanResult::Aggregates(a) => Ok(a),
@@ -946,20 +1001,12 @@ impl ClusterClient {
         let limit = limit.unwrap_or(usize::MAX);
         let page = page.min(u32::try_from(limit).unwrap_or(u32::MAX)).max(1);
         let table = self.table;
+        let map_ref = &*map;
         let parts = Self::tablet_masters(&map, table)?
             .into_iter()
             .map(|(t, addr)| async move {
-                let client = self.client_for(&addr).await?;
-                let part = snapshot.map(|s| s.part(&addr)).transpose()?;
-                match client
-                    .scan_tablet_raw(
-                        table,
-                        (t.first_slot, t.last_slot),
-                        t.epoch,
-                        part,
-                        query,
-                        page,
-                    )
+                match self
+                    .scan_part(map_ref, &t, &addr, snapshot, query, page)
                     .await?
                 {
                     crate::ScanResult::Records {

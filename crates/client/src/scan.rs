@@ -112,6 +112,17 @@ impl Snapshot {
     }
 }
 
+/// Where a SCAN_TABLET reads ([`Client::scan_tablet_raw`]).
+#[derive(Clone, Copy, Debug)]
+pub enum ScanAt<'a> {
+    /// On the tablet's master, at a fresh snapshot.
+    Master,
+    /// On the tablet's master, at this part of a cluster snapshot.
+    Snapshot(&'a Snapshot),
+    /// On the tablet's mirror, at a fresh snapshot.
+    Mirror,
+}
+
 /// The aggregates of an aggregate query, in query order, with the scan's counts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScanAggregates {
@@ -403,27 +414,31 @@ impl Client {
 
     /// A cluster scan's part on one tablet (SCAN_TABLET): the query (`Query::to_bytes`) over
     /// the objects of the tablet of `table` covering `first_slot..=last_slot` at `epoch`, on its
-    /// master at a fresh snapshot. Refused (`Status::WrongServer`) unless this server masters
-    /// exactly that tablet now.
+    /// master at a fresh snapshot or at `snapshot` (a part of a cluster snapshot), or with
+    /// `from_mirror` on its mirror at a fresh snapshot. Refused (`Status::WrongServer`) unless
+    /// this server masters (mirrors, with its memory complete) exactly that tablet now.
     pub async fn scan_tablet_raw(
         &self,
         table: TableId,
-        (first_slot, last_slot): (u16, u16),
-        epoch: u64,
-        snapshot: Option<&Snapshot>,
+        (first_slot, last_slot, epoch): (u16, u16, u64),
+        at: ScanAt<'_>,
         query: &[u8],
         max_records: u32,
     ) -> Result<ScanResult, Error> {
-        let conn = match snapshot {
-            Some(s) => s.conn.clone(),
-            None => self.pooled_connection().await?,
+        let conn = match at {
+            ScanAt::Snapshot(s) => s.conn.clone(),
+            ScanAt::Master | ScanAt::Mirror => self.pooled_connection().await?,
         };
         let request = Request::ScanTablet {
             table,
             first_slot,
             last_slot,
             epoch,
-            snapshot: snapshot.map_or(0, |s| s.id),
+            snapshot: match at {
+                ScanAt::Snapshot(s) => s.id,
+                ScanAt::Master | ScanAt::Mirror => 0,
+            },
+            from_mirror: matches!(at, ScanAt::Mirror),
             max_records,
             query,
         };

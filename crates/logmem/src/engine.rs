@@ -695,10 +695,21 @@ impl Inner {
         self: &Arc<Inner>,
         tablet: TabletId,
     ) -> Result<crate::Snapshot, EngineError> {
+        self.open_snapshot_of_tablet_at(tablet, u64::MAX)
+    }
+
+    /// [`Inner::open_snapshot_of_tablet`] at `at` (or the clock if lower): for a tablet whose
+    /// versions another server hands out (a mirror's), at the newest version applied to it, so
+    /// that writes applied later (with higher versions) stay out of the scan.
+    pub fn open_snapshot_of_tablet_at(
+        self: &Arc<Inner>,
+        tablet: TabletId,
+        at: u64,
+    ) -> Result<crate::Snapshot, EngineError> {
         let _creating = self.tablet_create.lock();
         let t = self.tablet(tablet)?;
         let head = t.head.lock();
-        let version = self.clock.load(Ordering::SeqCst);
+        let version = self.clock.load(Ordering::SeqCst).min(at);
         let entry = self.snapshots.register(
             version,
             self.counters.retained_total.load(Ordering::Relaxed),

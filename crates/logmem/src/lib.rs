@@ -671,6 +671,19 @@ impl Engine {
         self.inner.open_snapshot_of(Some(table))
     }
 
+    /// A snapshot for one scan of one tablet at version `at` (or the clock if lower): for a
+    /// tablet whose versions another server hands out (a mirror's), opened at the newest
+    /// version applied to it while no write is applied, so that the scan sees exactly what was
+    /// applied before (later writes carry higher versions). Superseded versions stay only in
+    /// the segments the scan has still to read.
+    pub fn scan_snapshot_of_tablet_at(
+        &self,
+        tablet: TabletId,
+        at: Version,
+    ) -> Result<Snapshot, EngineError> {
+        self.inner.open_snapshot_of_tablet_at(tablet, at)
+    }
+
     /// Scans a whole table as of now through a [`Engine::scan_snapshot`] of its own. Returns the
     /// output and the version the scan read at.
     pub fn scan_now(

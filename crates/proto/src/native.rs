@@ -615,6 +615,9 @@ pub enum Request<'a> {
         last_slot: u16,
         epoch: u64,
         snapshot: u64,
+        /// Read the tablet on its mirror (this server must be it, its memory complete) rather
+        /// than on its master; `snapshot` must be 0.
+        from_mirror: bool,
         max_records: u32,
         query: &'a [u8],
     },
@@ -795,6 +798,7 @@ impl<'a> Request<'a> {
                 last_slot,
                 epoch,
                 snapshot,
+                from_mirror,
                 max_records,
                 query,
                 ..
@@ -803,6 +807,7 @@ impl<'a> Request<'a> {
                 out.put_u16_le(*last_slot);
                 out.put_u64_le(*epoch);
                 out.put_u64_le(*snapshot);
+                out.put_u8(u8::from(*from_mirror));
                 out.put_u32_le(*max_records);
                 put_bytes(out, query);
             }
@@ -1002,6 +1007,20 @@ impl<'a> Request<'a> {
                 }
                 let epoch = r.u64("epoch")?;
                 let snapshot = r.u64("snapshot id")?;
+                let from_mirror = match r.u8("from mirror")? {
+                    0 => false,
+                    1 if snapshot == 0 => true,
+                    1 => {
+                        return Err(DecodeError::bad(
+                            "a scan on a mirror reads at a fresh snapshot (snapshot id 0)",
+                        ))
+                    }
+                    other => {
+                        return Err(DecodeError::bad(format!(
+                            "from-mirror is {other}, not 0 or 1"
+                        )))
+                    }
+                };
                 let max_records = r.u32("max records")?;
                 Request::ScanTablet {
                     table,
@@ -1009,6 +1028,7 @@ impl<'a> Request<'a> {
                     last_slot,
                     epoch,
                     snapshot,
+                    from_mirror,
                     max_records,
                     query: r.bytes("query")?,
                 }

@@ -473,7 +473,13 @@ async fn scan_server_alone(
         let bytes = bytes.clone();
         tasks.push(tokio::spawn(async move {
             client
-                .scan_tablet_raw(table, (first, last), epoch, None, &bytes, 1)
+                .scan_tablet_raw(
+                    table,
+                    (first, last, epoch),
+                    ramlog_client::ScanAt::Master,
+                    &bytes,
+                    1,
+                )
                 .await
         }));
     }

@@ -21,9 +21,9 @@ use crate::node::Node;
 use parking_lot::{Condvar, Mutex};
 use ramlog_cluster::{ClusterMap, MigrationPhase, ReplicationMode, ServerId};
 use ramlog_common::TableId;
-use ramlog_logmem::TabletId;
+use ramlog_logmem::{Engine, TabletId};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,9 @@ enum Phase {
 pub struct MirrorTablet {
     pub engine_tablet: TabletId,
     phase: Mutex<Phase>,
+    /// The newest version applied to the tablet (from the logs while building, then from the
+    /// stream, which comes in version order).
+    applied: AtomicU64,
     settled: Condvar,
     started: Instant,
 }
@@ -68,6 +71,19 @@ impl MirrorTablet {
 
     pub fn is_ready(&self) -> bool {
         matches!(*self.phase.lock(), Phase::Ready)
+    }
+
+    /// A snapshot for one scan of the mirrored tablet, once its memory is complete: at the
+    /// newest version applied, taken while no unit is being applied (units apply under the
+    /// phase lock), so the scan sees every write applied before and none after.
+    pub fn scan_snapshot(&self, engine: &Engine) -> Result<ramlog_logmem::Snapshot, String> {
+        let phase = self.phase.lock();
+        if !matches!(*phase, Phase::Ready) {
+            return Err("the mirror's memory is not complete yet".into());
+        }
+        engine
+            .scan_snapshot_of_tablet_at(self.engine_tablet, self.applied.load(Ordering::Acquire))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -157,6 +173,7 @@ impl Mirrors {
             engine
                 .restore(mirror.engine_tablet, e.key, e.value, e.version, e.expiry)
                 .map_err(|err| format!("the mirror cannot apply the write: {err}"))?;
+            mirror.applied.fetch_max(e.version, Ordering::AcqRel);
             if e.value.is_none() {
                 if let Phase::Building { deletes } = &mut *phase {
                     let v = deletes.entry(e.key.to_vec()).or_insert(0);
@@ -224,6 +241,7 @@ pub fn apply(
         node.keyspace.set_hidden(engine_tablet, true);
         let mirror = Arc::new(MirrorTablet {
             engine_tablet,
+            applied: AtomicU64::new(0),
             phase: Mutex::new(if held_before {
                 Phase::Clearing
             } else {
@@ -296,6 +314,7 @@ fn build(
                     }
                 }
                 objects += 1;
+                mirror.applied.fetch_max(e.version, Ordering::AcqRel);
                 if let Err(err) = engine.restore(
                     mirror.engine_tablet,
                     e.key,

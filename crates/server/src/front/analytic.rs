@@ -7,9 +7,9 @@
 //! ```text
 //! RAMLOG.AGG  TABLE [WHERE PRED]... [PREFIX P | MATCH GLOB | RANGE FROM..TO]
 //!             [COUNT] [SUM F]... [MIN F]... [MAX F]... [AVG F]...
-//!             [GROUPBY F [MAXGROUPS N]] [NOSNAPSHOT]
+//!             [GROUPBY F [MAXGROUPS N]] [NOSNAPSHOT | MIRROR]
 //! RAMLOG.SCAN TABLE [WHERE PRED]... [PREFIX P | MATCH GLOB | RANGE FROM..TO]
-//!             [FIELDS F,G...] [LIMIT N] [NOSNAPSHOT]
+//!             [FIELDS F,G...] [LIMIT N] [NOSNAPSHOT | MIRROR]
 //! ```
 //!
 //! `TABLE` is a table's name or id (0 is the table Redis commands use). `PRED` is `FIELD OP
@@ -81,6 +81,7 @@ struct Request {
     groups_max: u32,
     limit: usize,
     no_snapshot: bool,
+    from_mirror: bool,
 }
 
 fn parse(args: &[&[u8]]) -> Result<Request, String> {
@@ -155,6 +156,12 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
                 i += 1;
                 continue;
             }
+            "MIRROR" => {
+                r.from_mirror = true;
+                r.no_snapshot = true;
+                i += 1;
+                continue;
+            }
             _ => return Err(format!("ERR syntax error near '{word}' in {name}")),
         }
         i += 2;
@@ -224,7 +231,7 @@ async fn answer(
     let r = parse(args)?;
     let base = client(node).await?;
     let id = table_id(&base, &r.table)?;
-    let client = base.with_table(id);
+    let client = base.with_table(id).scanning_mirrors(r.from_mirror);
     let schema = if client.is_standalone() {
         client.seed().get_schema().await.map_err(reply_error)?
     } else {

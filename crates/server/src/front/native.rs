@@ -879,6 +879,57 @@ impl Session<'_> {
             .snapshot_cut(id, at_unix_ns, hold, served, settle)
     }
 
+    /// SCAN_TABLET on a mirror: the engine tablet holding the mirrored tablet of `table` at
+    /// exactly `first..=last` and `epoch`, with a snapshot for the scan; WRONG_SERVER unless
+    /// this server mirrors it now with its memory complete.
+    fn mirrored_tablet(
+        &self,
+        table: TableId,
+        first: u16,
+        last: u16,
+        epoch: u64,
+    ) -> Result<(TabletId, ramlog_logmem::Snapshot), Failure> {
+        let refuse = |why: String| {
+            Failure(
+                Status::WrongServer,
+                0,
+                format!("slots {first}-{last} of table {table} at epoch {epoch}: {why}; read its master"),
+            )
+        };
+        let member = self.member().ok_or_else(|| {
+            Failure(
+                Status::BadRequest,
+                0,
+                "SCAN_TABLET is for cluster servers; a standalone server answers SCAN_FILTERED"
+                    .into(),
+            )
+        })?;
+        if let Some(refusal) = member.lease_refusal() {
+            return Err(Failure(Status::WrongServer, 0, refusal));
+        }
+        let view = member.view();
+        let mirrored = view.map.tablet_at(table, first).is_some_and(|t| {
+            t.first_slot == first
+                && t.last_slot == last
+                && t.epoch == epoch
+                && t.mirror == Some(view.me)
+                && !t.recovering
+        });
+        if !mirrored {
+            return Err(refuse(format!(
+                "this server does not mirror it (map version {})",
+                view.map.version
+            )));
+        }
+        let mirror = member
+            .mirrors
+            .get(table, first)
+            .ok_or_else(|| refuse("its mirror is not set up here yet".into()))?;
+        let snapshot = mirror.scan_snapshot(self.node.engine()).map_err(refuse)?;
+        crate::node::metrics::Metrics::add(&self.node.metrics.mirror_scans, 1);
+        Ok((mirror.engine_tablet, snapshot))
+    }
+
     fn tablet(&self, table: TableId, key: &[u8]) -> Result<TabletId, Failure> {
         if let Some(member) = self.member() {
             if let Some(refusal) = member.lease_refusal() {
@@ -1201,9 +1252,15 @@ impl Session<'_> {
                 query,
             } => {
                 self.check_job_room()?;
-                let job =
-                    self.scans
-                        .scan_filtered(id, *table, *snapshot, *max_records, query, None)?;
+                let job = self.scans.scan_filtered(
+                    id,
+                    *table,
+                    *snapshot,
+                    None,
+                    *max_records,
+                    query,
+                    None,
+                )?;
                 return self.queue_job(id, op, job);
             }
             Request::ScanTablet {
@@ -1212,11 +1269,19 @@ impl Session<'_> {
                 last_slot,
                 epoch,
                 snapshot,
+                from_mirror,
                 max_records,
                 query,
             } => {
                 self.check_job_room()?;
-                let tablet = self.scanned_tablet(*table, *first_slot, *last_slot, *epoch)?;
+                let (tablet, fresh) = if *from_mirror {
+                    let (tablet, snap) =
+                        self.mirrored_tablet(*table, *first_slot, *last_slot, *epoch)?;
+                    (tablet, Some(snap))
+                } else {
+                    let tablet = self.scanned_tablet(*table, *first_slot, *last_slot, *epoch)?;
+                    (tablet, None)
+                };
                 if *snapshot != 0 {
                     self.scans
                         .check_cut_covers(*snapshot, (*table, *first_slot, *last_slot, *epoch))?;
@@ -1225,6 +1290,7 @@ impl Session<'_> {
                     id,
                     *table,
                     *snapshot,
+                    fresh,
                     *max_records,
                     query,
                     Some((tablet, *first_slot, *last_slot)),

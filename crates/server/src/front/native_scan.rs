@@ -300,11 +300,13 @@ impl ScanSession {
     /// SCAN_FILTERED: decodes and checks the query now, scans on the blocking pool. With
     /// `tablet` (SCAN_TABLET: engine tablet, first and last slot), only that tablet's objects of
     /// those slots, at a fresh snapshot.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn scan_filtered(
         &self,
         id: u64,
         table: TableId,
         snapshot: u64,
+        fresh: Option<Snapshot>,
         max_records: u32,
         query: &[u8],
         tablet: Option<(TabletId, u16, u16)>,
@@ -328,11 +330,14 @@ impl ScanSession {
         // A fresh snapshot is taken now, so that the scan sees exactly the requests before it.
         // A client snapshot is cloned: the scan keeps it open for as long as it runs, even if the
         // client releases its handle meanwhile.
-        let snap = if snapshot == 0 {
+        let snap = if snapshot != 0 {
+            self.client_snapshot(snapshot)?.snapshot
+        } else if let Some(fresh) = fresh {
+            // Opened by the caller (a mirror's, at the version its tablet reached).
+            fresh
+        } else {
             // A snapshot for this one scan: versions stay only while the scan may read them.
             self.engine.scan_snapshot(table)
-        } else {
-            self.client_snapshot(snapshot)?.snapshot
         };
         let engine = self.engine.clone();
         let limits = self.limits;

@@ -367,6 +367,8 @@ pub struct Metrics {
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Scans of a tablet this server mirrors (SCAN_TABLET from a mirror).
+    pub mirror_scans: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub keyspace_hits: AtomicU64,
@@ -512,6 +514,7 @@ pub struct Snapshot {
     pub connections_total: u64,
     pub connections_rejected: u64,
     pub protocol_errors: u64,
+    pub mirror_scans: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub keyspace_hits: u64,
@@ -610,6 +613,7 @@ impl Snapshot {
             connections_total: load(&metrics.connections_total),
             connections_rejected: load(&metrics.connections_rejected),
             protocol_errors: load(&metrics.protocol_errors),
+            mirror_scans: load(&metrics.mirror_scans),
             bytes_in: load(&metrics.bytes_in),
             bytes_out: load(&metrics.bytes_out),
             keyspace_hits: load(&metrics.keyspace_hits),
@@ -771,6 +775,12 @@ impl Snapshot {
             "Connections closed for a protocol error.",
             "counter",
             self.protocol_errors.to_string(),
+        );
+        gauge(
+            "ramlog_mirror_scans_total",
+            "Scans of a tablet served on this server as its mirror (the master left alone).",
+            "counter",
+            self.mirror_scans.to_string(),
         );
         gauge(
             "ramlog_errors_total",

@@ -391,3 +391,61 @@ def test_scans_of_a_mirrored_table_read_the_mirrors_and_equal_python(tmp_path):
         check()
     finally:
         c.stop()
+
+
+def test_a_resumable_scan_continues_through_other_servers_and_a_kill(tmp_path):
+    # RAMLOG.SCAN ... CURSOR steps through the table like Redis SCAN. Each step goes to another
+    # server's port (routing ports and a cluster port: other processes continue the cursor,
+    # which no server holds), and a master is killed -9 after a third of the steps: every key
+    # comes back exactly once.
+    import redis
+    from redis.cluster import RedisCluster
+    from test_failures import server_id_of, status, wait_declared_dead
+    c = Cluster(tmp_path, servers=3, coordinator_args=["--split-mib", "0"])
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+        pipe = rc.pipeline(transaction=False)
+        expected = [f"c:{n}" for n in range(3000)]
+        for k in expected:
+            pipe.set(k, k)
+        pipe.execute()
+        rc.set("other", "x")
+        st = status(c)
+        victim = 0
+        victim_id = server_id_of(c, st, victim)
+        ports = [("routing", 1), ("resp", 2), ("routing", 2), ("routing", 0)]
+        got = []
+        cursor = b"0"
+        steps = 0
+        killed = False
+        while True:
+            kind, i = ports[steps % len(ports)]
+            if killed and i == victim:
+                kind, i = "routing", 1
+            r = redis.Redis(host="127.0.0.1", port=getattr(c.servers[i], kind), socket_timeout=60, protocol=2)
+            cursor, rows = r.execute_command("RAMLOG.SCAN", "0", "PREFIX", "c:", "CURSOR", cursor, "COUNT", "100")
+            r.close()
+            got.extend(k.decode() for k, v in rows)
+            assert all(k == v for k, v in rows)
+            steps += 1
+            if cursor == b"0":
+                break
+            if steps == 6 and not killed:
+                c.servers[victim].proc.send_signal(signal.SIGKILL)
+                c.servers[victim].proc.wait(timeout=5)
+                wait_declared_dead(c, victim_id)
+                killed = True
+            assert steps < 2000
+        assert killed
+        assert len(got) == len(set(got)), len(got) - len(set(got))
+        assert sorted(got) == sorted(expected), (len(got), len(expected))
+        print("steps", steps)
+        # A cursor no scan gave out is an error, not a scan from somewhere.
+        r = redis.Redis(host="127.0.0.1", port=c.servers[1].routing, socket_timeout=30, protocol=2)
+        try:
+            r.execute_command("RAMLOG.SCAN", "0", "CURSOR", str(1 << 40))
+            raise AssertionError("a bad cursor answered no error")
+        except redis.exceptions.ResponseError as e:
+            assert "cursor" in str(e), e
+    finally:
+        c.stop()

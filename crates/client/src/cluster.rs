@@ -542,6 +542,115 @@ impl ClusterClient {
             .await
     }
 
+    /// One step of a resumable scan of the records `query` selects (no aggregates), Redis
+    /// SCAN-style: `cursor` 0 starts; the answer is the cursor to continue with (0 at the end)
+    /// and at least `count` records unless the end came first. The cursor names a hash slot
+    /// and a number of slots per step, nothing held by a server: any process can continue it,
+    /// through fail-overs and moves. Each step reads whole slots, each group of slots at one
+    /// snapshot of its tablet's master, so a key that exists for the whole scan is returned
+    /// exactly once; a key written or deleted meanwhile may or may not be.
+    pub async fn scan_step(
+        &self,
+        query: &ramlog_query::Query,
+        cursor: u64,
+        count: usize,
+    ) -> Result<(u64, Vec<crate::Record>), Error> {
+        if !query.aggregates.is_empty() {
+            return Err(Error::InvalidQuery(
+                "a resumable scan returns records; aggregates come whole (scan_aggregates)".into(),
+            ));
+        }
+        let (mut slot, mut chunk) =
+            ramlog_query::scan_position(cursor).map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        if self.shared.map.is_none() {
+            return Err(Error::InvalidQuery(
+                "a resumable scan steps through a cluster's slots; this server is standalone"
+                    .into(),
+            ));
+        }
+        let bytes = query
+            .to_bytes()
+            .map_err(|e| Error::InvalidQuery(e.to_string()))?;
+        let count = count.max(1);
+        let mut out = Vec::new();
+        loop {
+            let (last, records) = self
+                .each_tablet(|map| self.step_once(map, slot, chunk, &bytes))
+                .await?;
+            // Steps of about `count` records: fewer slots where they are dense.
+            if records.len() > count.saturating_mul(2) {
+                chunk = (chunk / 2).max(1);
+            } else if records.len() < count / 2 {
+                chunk = chunk.saturating_mul(2).min(ramlog_query::SCAN_CHUNK_MAX);
+            }
+            out.extend(records);
+            if last + 1 >= ramlog_common::slot::SLOT_COUNT {
+                return Ok((0, out));
+            }
+            slot = last + 1;
+            if out.len() >= count {
+                return Ok((ramlog_query::scan_cursor(slot, chunk), out));
+            }
+        }
+    }
+
+    /// Reads slots `slot..` (at most `chunk`, within one tablet) on the tablet's master: the
+    /// last slot read and the records.
+    async fn step_once(
+        &self,
+        map: Arc<ClusterMap>,
+        slot: u16,
+        chunk: u16,
+        query: &[u8],
+    ) -> Result<(u16, Vec<crate::Record>), Error> {
+        let t = map
+            .tablet_at(self.table, slot)
+            .ok_or_else(|| no_tablet_of(self.table, &map))?;
+        if t.recovering {
+            return Err(Error::Server {
+                status: Status::WrongServer,
+                message: format!(
+                    "slots {}-{} of table {} are being recovered (map version {})",
+                    t.first_slot, t.last_slot, self.table, map.version
+                ),
+            });
+        }
+        let addr = map
+            .server(t.master)
+            .map(|s| s.addresses.native.to_string())
+            .ok_or_else(|| Error::Server {
+                status: Status::WrongServer,
+                message: format!(
+                    "the cluster map (version {}) names server {} as a master but does not list it",
+                    map.version, t.master
+                ),
+            })?;
+        let last = slot.saturating_add(chunk - 1).min(t.last_slot);
+        let tablet = crate::TabletScan {
+            first_slot: t.first_slot,
+            last_slot: t.last_slot,
+            epoch: t.epoch,
+            only_slots: (slot, last),
+        };
+        let client = self.client_for(&addr).await?;
+        match client
+            .scan_tablet_raw(self.table, tablet, crate::ScanAt::Master, query, 1000)
+            .await?
+        {
+            crate::ScanResult::Records {
+                mut records, more, ..
+            } => {
+                if let Some(mut more) = more {
+                    records.extend(more.collect(1000).await?);
+                }
+                Ok((last, records))
+            }
+            crate::ScanResult::Aggregates(_) => Err(Error::Protocol(
+                "SCAN_TABLET answered aggregates to a record query".into(),
+            )),
+        }
+    }
+
     /// A cluster snapshot of this handle's table: a snapshot on every master of the table, all
     /// cut while every one of them held its writes at once (SNAPSHOT_CUT at one wall-clock
     /// instant; the holds are checked to overlap, and the cut taken again, with a longer lead
@@ -861,7 +970,7 @@ impl ClusterClient {
         query: &[u8],
         page: u32,
     ) -> Result<crate::ScanResult, Error> {
-        let slots = (t.first_slot, t.last_slot, t.epoch);
+        let slots = crate::TabletScan::whole(t.first_slot, t.last_slot, t.epoch);
         let mirror = t
             .mirror
             .filter(|_| self.scan_mirrors && snapshot.is_none())

@@ -37,7 +37,7 @@ pub use ramlog_proto::native::{
 /// Queries, schemas and values of filtered scans, and their wire forms (the `ramlog-query` crate,
 /// which the server's engine evaluates).
 pub use ramlog_query as query;
-pub use scan::{PagedScan, ScanAggregates, ScanAt, ScanResult, Snapshot};
+pub use scan::{PagedScan, ScanAggregates, ScanAt, ScanResult, Snapshot, TabletScan};
 
 use bytes::Bytes;
 use connection::Connection;

@@ -112,6 +112,29 @@ impl Snapshot {
     }
 }
 
+/// The tablet a SCAN_TABLET reads ([`Client::scan_tablet_raw`]): its slots and epoch as the map
+/// names them, and the slots of it to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TabletScan {
+    pub first_slot: u16,
+    pub last_slot: u16,
+    pub epoch: u64,
+    /// Within `first_slot..=last_slot`.
+    pub only_slots: (u16, u16),
+}
+
+impl TabletScan {
+    /// Every slot of the tablet.
+    pub fn whole(first_slot: u16, last_slot: u16, epoch: u64) -> TabletScan {
+        TabletScan {
+            first_slot,
+            last_slot,
+            epoch,
+            only_slots: (first_slot, last_slot),
+        }
+    }
+}
+
 /// Where a SCAN_TABLET reads ([`Client::scan_tablet_raw`]).
 #[derive(Clone, Copy, Debug)]
 pub enum ScanAt<'a> {
@@ -420,7 +443,7 @@ impl Client {
     pub async fn scan_tablet_raw(
         &self,
         table: TableId,
-        (first_slot, last_slot, epoch): (u16, u16, u64),
+        tablet: TabletScan,
         at: ScanAt<'_>,
         query: &[u8],
         max_records: u32,
@@ -431,9 +454,10 @@ impl Client {
         };
         let request = Request::ScanTablet {
             table,
-            first_slot,
-            last_slot,
-            epoch,
+            first_slot: tablet.first_slot,
+            last_slot: tablet.last_slot,
+            epoch: tablet.epoch,
+            only_slots: tablet.only_slots,
             snapshot: match at {
                 ScanAt::Snapshot(s) => s.id,
                 ScanAt::Master | ScanAt::Mirror => 0,

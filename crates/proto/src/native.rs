@@ -618,6 +618,8 @@ pub enum Request<'a> {
         /// Read the tablet on its mirror (this server must be it, its memory complete) rather
         /// than on its master; `snapshot` must be 0.
         from_mirror: bool,
+        /// Only keys of these slots (within the tablet's): one step of a resumable scan.
+        only_slots: (u16, u16),
         max_records: u32,
         query: &'a [u8],
     },
@@ -799,6 +801,7 @@ impl<'a> Request<'a> {
                 epoch,
                 snapshot,
                 from_mirror,
+                only_slots,
                 max_records,
                 query,
                 ..
@@ -808,6 +811,8 @@ impl<'a> Request<'a> {
                 out.put_u64_le(*epoch);
                 out.put_u64_le(*snapshot);
                 out.put_u8(u8::from(*from_mirror));
+                out.put_u16_le(only_slots.0);
+                out.put_u16_le(only_slots.1);
                 out.put_u32_le(*max_records);
                 put_bytes(out, query);
             }
@@ -1021,6 +1026,13 @@ impl<'a> Request<'a> {
                         )))
                     }
                 };
+                let only = (r.u16("first slot scanned")?, r.u16("last slot scanned")?);
+                if only.0 < first_slot || only.0 > only.1 || only.1 > last_slot {
+                    return Err(DecodeError::bad(format!(
+                        "slots {}..={} are not a range of the tablet's {first_slot}..={last_slot}",
+                        only.0, only.1
+                    )));
+                }
                 let max_records = r.u32("max records")?;
                 Request::ScanTablet {
                     table,
@@ -1029,6 +1041,7 @@ impl<'a> Request<'a> {
                     epoch,
                     snapshot,
                     from_mirror,
+                    only_slots: only,
                     max_records,
                     query: r.bytes("query")?,
                 }

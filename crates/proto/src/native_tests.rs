@@ -410,6 +410,11 @@ impl Owned {
                 epoch: self.n,
                 snapshot: if self.m % 2 == 1 { 0 } else { self.n / 3 },
                 from_mirror: self.m % 2 == 1,
+                only_slots: {
+                    let first = (self.n % 16384) as u16;
+                    let last = (first + (self.m % 8) as u16).min(16383);
+                    (first + (last - first) / 2, last)
+                },
                 max_records: self.m,
                 query: key,
             },

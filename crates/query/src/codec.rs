@@ -139,6 +139,31 @@ impl Aggregate {
     }
 }
 
+/// Most slots one step of a resumable scan reads ([`scan_cursor`]).
+pub const SCAN_CHUNK_MAX: u16 = 16384;
+/// Slots per step of a resumable scan that starts (cursor 0).
+pub const SCAN_CHUNK_FIRST: u16 = 64;
+
+/// A resumable scan's cursor for the next step: the next hash slot to read, above the number of
+/// slots per step (never 0, which starts and ends a scan).
+pub fn scan_cursor(slot: u16, chunk: u16) -> u64 {
+    (u64::from(slot) << 16) | u64::from(chunk.clamp(1, SCAN_CHUNK_MAX))
+}
+
+/// The (slot, slots per step) of a [`scan_cursor`]; 0 is the start. A cursor no scan gave out
+/// is an error.
+pub fn scan_position(cursor: u64) -> Result<(u16, u16), QueryError> {
+    if cursor == 0 {
+        return Ok((0, SCAN_CHUNK_FIRST));
+    }
+    let slot = cursor >> 16;
+    let chunk = (cursor & 0xFFFF) as u16;
+    if slot >= 16384 || chunk == 0 || chunk > SCAN_CHUNK_MAX {
+        return Err(QueryError::Malformed("not a scan cursor"));
+    }
+    Ok((slot as u16, chunk))
+}
+
 /// Most groups a grouped query may ask for.
 pub const GROUPS_MAX: u32 = 100_000;
 
@@ -714,6 +739,19 @@ mod tests {
     use super::*;
     use crate::schema::tests::people;
     use crate::CompiledQuery;
+
+    #[test]
+    fn scan_cursors_round_trip_and_refuse_what_no_scan_gave() {
+        assert_eq!(scan_position(0).unwrap(), (0, SCAN_CHUNK_FIRST));
+        for (slot, chunk) in [(0, 1), (1, 64), (16383, 16384), (100, 3)] {
+            let c = scan_cursor(slot, chunk);
+            assert_ne!(c, 0);
+            assert_eq!(scan_position(c).unwrap(), (slot, chunk));
+        }
+        for bad in [1 << 16, (16384 << 16) | 1, (1 << 16) | 16385, u64::MAX] {
+            assert!(scan_position(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn grouped_queries_and_results_round_trip_within_their_bounds() {

@@ -49,10 +49,10 @@ mod schema;
 pub use agg::{compare_values, AggState};
 pub use batch::{BatchGroup, GroupMember, BATCH_RECORDS};
 pub use codec::{
-    decode_groups, decode_values, encode_groups, encode_values, is_groups, Aggregate, Cnf, GroupBy,
-    Op, Predicate, Query, QueryError, AGGREGATES_MAX, CNF_CLAUSES_MAX, CNF_PREDICATES_MAX,
-    CONSTANT_BYTES_MAX, GROUPS_MARK, GROUPS_MAX, KEY_FILTER_BYTES_MAX, QUERY_FORMAT_VERSION,
-    VALUES_MAX,
+    decode_groups, decode_values, encode_groups, encode_values, is_groups, scan_cursor,
+    scan_position, Aggregate, Cnf, GroupBy, Op, Predicate, Query, QueryError, AGGREGATES_MAX,
+    CNF_CLAUSES_MAX, CNF_PREDICATES_MAX, CONSTANT_BYTES_MAX, GROUPS_MARK, GROUPS_MAX,
+    KEY_FILTER_BYTES_MAX, QUERY_FORMAT_VERSION, SCAN_CHUNK_FIRST, SCAN_CHUNK_MAX, VALUES_MAX,
 };
 pub use compile::CompiledQuery;
 pub use filter::KeyFilter;

@@ -475,7 +475,7 @@ async fn scan_server_alone(
             client
                 .scan_tablet_raw(
                     table,
-                    (first, last, epoch),
+                    ramlog_client::TabletScan::whole(first, last, epoch),
                     ramlog_client::ScanAt::Master,
                     &bytes,
                     1,

@@ -1,13 +1,25 @@
 //! Fuzzes the decoders of scan results as a client reads them from a reply: a value list
 //! (`decode_values`) and a grouped result (`decode_groups`), with the bound on groups and on
 //! each value's length taken from the first two bytes. Nothing may panic, a result never holds
-//! more groups than the bound, and whatever decodes re-encodes to the same bytes.
+//! more groups than the bound, and whatever decodes re-encodes to the same bytes. The first
+//! eight bytes also go through `scan_position` as a resumable scan's cursor: a position it
+//! accepts gives back the same cursor.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_query::{decode_groups, decode_values, encode_groups, encode_values, is_groups};
+use ramlog_query::{
+    decode_groups, decode_values, encode_groups, encode_values, is_groups, scan_cursor, scan_position,
+};
 
 fuzz_target!(|data: &[u8]| {
+    if let Some(head) = data.get(..8) {
+        let cursor = u64::from_le_bytes(head.try_into().expect("eight bytes"));
+        if let Ok((slot, chunk)) = scan_position(cursor) {
+            if cursor != 0 {
+                assert_eq!(scan_cursor(slot, chunk), cursor);
+            }
+        }
+    }
     if data.len() < 2 {
         return;
     }

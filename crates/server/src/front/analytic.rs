@@ -10,6 +10,7 @@
 //!             [GROUPBY F [MAXGROUPS N]] [NOSNAPSHOT | MIRROR]
 //! RAMLOG.SCAN TABLE [WHERE PRED]... [PREFIX P | MATCH GLOB | RANGE FROM..TO]
 //!             [FIELDS F,G...] [LIMIT N] [NOSNAPSHOT | MIRROR]
+//! RAMLOG.SCAN TABLE [WHERE PRED]... [...] [FIELDS F,G...] CURSOR C [COUNT N]
 //! ```
 //!
 //! `TABLE` is a table's name or id (0 is the table Redis commands use). `PRED` is `FIELD OP
@@ -18,7 +19,10 @@
 //! RESP3), or with GROUPBY one array per group: the group's value, then its `name value` pairs
 //! (at most MAXGROUPS groups, 1000 unless given; more is an error); RAMLOG.SCAN answers `[matched, [[key, value], ...]]`: how many records match in all,
 //! and the first LIMIT of them (1000 unless given), values shown by the table's schema as
-//! `field=value ...`.
+//! `field=value ...`. With CURSOR (a cluster), RAMLOG.SCAN steps like Redis SCAN: `[next cursor,
+//! [[key, value], ...]]`, about COUNT records (100 unless given) per step, cursor 0 to start and
+//! at the end; the cursor is held by no server, so any client can continue it
+//! (`ClusterClient::scan_step`).
 
 use crate::front::commands::Session;
 use crate::node::Node;
@@ -28,6 +32,16 @@ use ramlog_client::{ClientConfig, ClusterClient, Record};
 use ramlog_proto::resp::ReplyEncoder;
 use std::sync::Arc;
 
+/// What leads a RAMLOG.SCAN reply.
+enum Head {
+    /// The cursor of the next step (0 at the end).
+    Cursor(u64),
+    /// How many records match in all.
+    Matched(u64),
+}
+
+/// Records per step of a RAMLOG.SCAN ... CURSOR unless COUNT says otherwise.
+const STEP_DEFAULT: usize = 100;
 /// Groups a RAMLOG.AGG ... GROUPBY may have unless MAXGROUPS says otherwise.
 const GROUPS_DEFAULT: u32 = 1000;
 /// Records a RAMLOG.SCAN answers unless LIMIT says otherwise, and at most.
@@ -82,6 +96,8 @@ struct Request {
     limit: usize,
     no_snapshot: bool,
     from_mirror: bool,
+    cursor: Option<u64>,
+    step: usize,
 }
 
 fn parse(args: &[&[u8]]) -> Result<Request, String> {
@@ -102,6 +118,7 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
         aggregate,
         table: text(table)?,
         limit: LIMIT_DEFAULT,
+        step: STEP_DEFAULT,
         groups_max: GROUPS_DEFAULT,
         ..Request::default()
     };
@@ -128,6 +145,20 @@ fn parse(args: &[&[u8]]) -> Result<Request, String> {
                     .ok()
                     .filter(|&n| (1..=LIMIT_MAX).contains(&n))
                     .ok_or_else(|| format!("ERR LIMIT must be 1..={LIMIT_MAX}"))?
+            }
+            "CURSOR" if !aggregate => {
+                r.cursor = Some(
+                    value(i)?
+                        .parse::<u64>()
+                        .map_err(|_| "ERR invalid cursor".to_string())?,
+                )
+            }
+            "COUNT" if !aggregate => {
+                r.step = value(i)?
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=LIMIT_MAX).contains(&n))
+                    .ok_or_else(|| format!("ERR COUNT must be 1..={LIMIT_MAX}"))?
             }
             "COUNT" if aggregate => {
                 r.count = true;
@@ -281,14 +312,35 @@ async fn answer(
         }
         return Ok(());
     }
-    let (matched, records) = records(&client, &query, r.limit, r.no_snapshot).await?;
     let shown = match (&schema, &query.projection) {
         (Some(s), Some(fields)) => Some(s.project(fields).map_err(|e| format!("ERR {e}"))?),
         (Some(s), None) => Some(s.clone()),
         (None, _) => None,
     };
+    let (head, records) = match r.cursor {
+        Some(cursor) => {
+            if client.is_standalone() {
+                return Err(
+                    "ERR CURSOR steps through a cluster's slots; on a standalone server use LIMIT"
+                        .into(),
+                );
+            }
+            let (next, records) = client
+                .scan_step(&query, cursor, r.step)
+                .await
+                .map_err(reply_error)?;
+            (Head::Cursor(next), records)
+        }
+        None => {
+            let (matched, records) = records(&client, &query, r.limit, r.no_snapshot).await?;
+            (Head::Matched(matched), records)
+        }
+    };
     enc.array(2);
-    enc.integer(matched as i64);
+    match head {
+        Head::Cursor(next) => enc.bulk(next.to_string().as_bytes()),
+        Head::Matched(matched) => enc.integer(matched as i64),
+    }
     enc.array(records.len());
     for record in &records {
         enc.array(2);

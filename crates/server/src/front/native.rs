@@ -1270,6 +1270,7 @@ impl Session<'_> {
                 epoch,
                 snapshot,
                 from_mirror,
+                only_slots,
                 max_records,
                 query,
             } => {
@@ -1293,7 +1294,7 @@ impl Session<'_> {
                     fresh,
                     *max_records,
                     query,
-                    Some((tablet, *first_slot, *last_slot)),
+                    Some((tablet, only_slots.0, only_slots.1)),
                 )?;
                 return self.queue_job(id, op, job);
             }

@@ -86,6 +86,22 @@ impl std::fmt::Debug for Snapshot {
 }
 
 impl Snapshot {
+    /// The handle of snapshot `id` that the server opened for `conn`.
+    fn held_on(conn: Arc<Connection>, id: u64, version: Version, timeout: Duration) -> Snapshot {
+        Snapshot {
+            held: Arc::new(HeldSnapshot {
+                conn: conn.clone(),
+                id,
+                timeout,
+                open: AtomicBool::new(true),
+            }),
+            conn,
+            id,
+            version,
+            timeout,
+        }
+    }
+
     /// The server's id of the snapshot (valid on its connection only).
     pub fn id(&self) -> u64 {
         self.id
@@ -301,18 +317,9 @@ impl Client {
     pub async fn snapshot_open(&self) -> Result<Snapshot, Error> {
         let conn = self.pooled_connection().await?;
         match call_on(&conn, &Request::SnapshotOpen, self.timeout).await? {
-            Response::SnapshotOpen { snapshot, version } => Ok(Snapshot {
-                held: Arc::new(HeldSnapshot {
-                    conn: conn.clone(),
-                    id: snapshot,
-                    timeout: self.timeout,
-                    open: AtomicBool::new(true),
-                }),
-                conn,
-                id: snapshot,
-                version,
-                timeout: self.timeout,
-            }),
+            Response::SnapshotOpen { snapshot, version } => {
+                Ok(Snapshot::held_on(conn, snapshot, version, self.timeout))
+            }
             other => Err(unexpected("SNAPSHOT_OPEN", other)),
         }
     }
@@ -339,18 +346,7 @@ impl Client {
                 held_from_ns,
                 held_to_ns,
             } => Ok((
-                Snapshot {
-                    held: Arc::new(HeldSnapshot {
-                        conn: conn.clone(),
-                        id: snapshot,
-                        timeout: self.timeout,
-                        open: AtomicBool::new(true),
-                    }),
-                    conn,
-                    id: snapshot,
-                    version,
-                    timeout: self.timeout,
-                },
+                Snapshot::held_on(conn, snapshot, version, self.timeout),
                 held_from_ns,
                 held_to_ns,
             )),

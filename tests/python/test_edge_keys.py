@@ -59,7 +59,7 @@ def dump_entries(data_dir) -> dict:
         [ramlog_bin(), "backup", "dump", "--data-dir", str(data_dir)],
         capture_output=True, text=True, timeout=300,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[:3000]
     keys = {}
     for line in out.stdout.splitlines():
         e = json.loads(line)

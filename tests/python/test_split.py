@@ -234,7 +234,10 @@ def test_small_split_halves_merge_back_by_themselves_and_the_first_tablets_never
         preload(c, names, value)
         out = split(c, "0")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert tablet_at(status(c), 0)["last_slot"] < t["last_slot"]
+        # The leader may merge the halves back before this status is read: then the epoch shows
+        # both steps (split, merge) instead of the lower half.
+        seen = tablet_at(status(c), 0)
+        assert seen["last_slot"] < t["last_slot"] or seen["epoch"] >= t["epoch"] + 2, (seen, t)
         assert wait_until(lambda: tablet_at(status(c), 0)["last_slot"] == t["last_slot"], timeout=60), tablet_at(status(c), 0)
         st = status(c)
         m = tablet_at(st, 0)

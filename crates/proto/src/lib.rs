@@ -8,3 +8,4 @@
 pub mod native;
 pub mod repl;
 pub mod resp;
+pub mod types;

@@ -181,6 +181,9 @@ pub enum Status {
     NoSuchCursor,
     /// The connection holds as many snapshots or paged scans as allowed. Detail: the limit.
     TooManyOpen,
+    /// The key holds a collection (a hash, list, set or sorted set written through RESP), which
+    /// the native data operations do not read or change as a string.
+    WrongType,
     /// The body does not follow the layout of its opcode.
     BadRequest,
     UnknownOpcode,
@@ -229,6 +232,7 @@ impl Status {
             Status::NoSuchSnapshot => 0x0B,
             Status::NoSuchCursor => 0x0C,
             Status::TooManyOpen => 0x0D,
+            Status::WrongType => 0x0E,
             Status::BadRequest => 0x10,
             Status::UnknownOpcode => 0x11,
             Status::Unsupported => 0x12,
@@ -260,6 +264,7 @@ impl Status {
             0x0B => Status::NoSuchSnapshot,
             0x0C => Status::NoSuchCursor,
             0x0D => Status::TooManyOpen,
+            0x0E => Status::WrongType,
             // 0x0E (SNAPSHOT_IN_USE) is reserved: no longer sent, and not to be reused.
             0x10 => Status::BadRequest,
             0x11 => Status::UnknownOpcode,

@@ -145,7 +145,7 @@ impl BackupService {
         let dir = config.data_dir.join("backup");
         let store_config = ramlog_backup::Config {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
-            value_max_bytes: config.value_size_max_bytes as usize,
+            value_max_bytes: config.stored_value_max_bytes() as usize,
             sync_hold_file: std::env::var_os("RAMLOG_TEST_HOLD_SYNC").map(PathBuf::from),
             ..ramlog_backup::Config::for_memory_budget(config.memory_bytes)
         };

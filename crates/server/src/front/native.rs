@@ -1082,10 +1082,13 @@ impl Session<'_> {
                 "authentication required: send AUTH first".into(),
             ));
         }
-        let object = |o: ramlog_logmem::Object| Object {
-            value: o.value.into(),
-            version: o.version,
-            expire_at_ms: o.expire_at_ms,
+        // The old value a PUT returns, if it was a string (a collection is absent to it).
+        let string_object = |o: ramlog_logmem::Object| {
+            ramlog_proto::types::string_of(&o.value).map(|s| Object {
+                value: bytes::Bytes::copy_from_slice(s),
+                version: o.version,
+                expire_at_ms: o.expire_at_ms,
+            })
         };
         let reply = match request {
             Request::Ping { payload } => Response::Pong(bytes::Bytes::copy_from_slice(payload)),
@@ -1106,10 +1109,18 @@ impl Session<'_> {
                     tablet,
                     key,
                     &mut self.acks,
-                    |value, version, expire_at_ms| get_reply(out, id, value, version, expire_at_ms),
+                    |value, version, expire_at_ms| match ramlog_proto::types::string_of(value) {
+                        Some(s) => {
+                            get_reply(out, id, s, version, expire_at_ms);
+                            true
+                        }
+                        None => false,
+                    },
                 )?;
-                if found.is_none() {
-                    Response::Get(None).encode(id, op, out);
+                match found {
+                    None => Response::Get(None).encode(id, op, out),
+                    Some(false) => return Err(wrong_type()),
+                    Some(true) => {}
                 }
                 return Ok(());
             }
@@ -1122,6 +1133,10 @@ impl Session<'_> {
                 return_old,
             } => {
                 let tablet = self.tablet(*table, key)?;
+                let stored = self
+                    .node
+                    .stored_string(value)
+                    .map_err(|e| self.failure(tablet, key, e))?;
                 let options = ramlog_logmem::PutOptions {
                     condition: engine_condition(*condition),
                     expire_at_ms: self.node.expire_at_ms(*expiry),
@@ -1130,11 +1145,11 @@ impl Session<'_> {
                 };
                 let outcome = self
                     .node
-                    .put(tablet, key, value, &options, &mut self.acks)
+                    .put(tablet, key, &stored, &options, &mut self.acks)
                     .map_err(|e| self.failure(tablet, key, e))?;
                 Response::Put {
                     version: outcome.version,
-                    old: outcome.old.map(object),
+                    old: outcome.old.and_then(string_object),
                 }
             }
             Request::Delete {
@@ -1168,8 +1183,10 @@ impl Session<'_> {
                         tablet,
                         key,
                         &mut self.acks,
-                        |value, version, expire_at_ms| {
-                            put_present_object(out, value, version, expire_at_ms)
+                        |value, version, expire_at_ms| match ramlog_proto::types::string_of(value) {
+                            Some(s) => put_present_object(out, s, version, expire_at_ms),
+                            // A collection is absent to a string read.
+                            None => out.extend_from_slice(&[0]),
                         },
                     )?;
                     if found.is_none() {
@@ -1200,8 +1217,17 @@ impl Session<'_> {
                         ));
                     }
                 }
+                let stored: Vec<std::borrow::Cow<'_, [u8]>> = items
+                    .iter()
+                    .map(|(_, v)| self.node.stored_string(v))
+                    .collect::<Result<_, _>>()?;
+                let items: Vec<(&[u8], &[u8])> = items
+                    .iter()
+                    .zip(&stored)
+                    .map(|((k, _), v)| (*k, v.as_ref()))
+                    .collect();
                 Response::MultiPut {
-                    version: self.node.multi_put(tablet, items, &mut self.acks)?,
+                    version: self.node.multi_put(tablet, &items, &mut self.acks)?,
                 }
             }
             Request::ScanKeys {
@@ -1418,6 +1444,15 @@ fn begin_frame(out: &mut BytesMut, id: u64, op: u8) -> usize {
 fn finish_frame(out: &mut BytesMut, start: usize) {
     let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// A native read of a key that holds a collection.
+fn wrong_type() -> Failure {
+    Failure(
+        Status::WrongType,
+        0,
+        "the key holds a collection (hash, list, set or sorted set); read it with the RESP commands".into(),
+    )
 }
 
 fn put_present_object(out: &mut BytesMut, value: &[u8], version: u64, expire_at_ms: u64) {

@@ -275,6 +275,13 @@ pub struct ConfigOverrides {
 }
 
 impl ServerConfig {
+    /// The largest value the engine, the backups and the persistence log hold: the largest value
+    /// a client may write, plus what the typed-value encoding puts in front of a string that
+    /// begins with its tag byte (docs/formats.md, "Typed values").
+    pub fn stored_value_max_bytes(&self) -> u64 {
+        self.value_size_max_bytes + ramlog_proto::types::TAG_BYTES as u64
+    }
+
     /// Defaults, then the file (if any), then the overrides; checked before it is returned.
     pub fn load(
         file: Option<&Path>,

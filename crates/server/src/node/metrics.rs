@@ -24,11 +24,16 @@ pub enum Op {
     Scan,
     Expire,
     Ttl,
+    /// The commands of each collection type, reads and writes.
+    Hash,
+    List,
+    SetType,
+    ZSet,
     Other,
 }
 
 impl Op {
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 16] = [
         Op::Get,
         Op::Set,
         Op::Mget,
@@ -40,6 +45,10 @@ impl Op {
         Op::Scan,
         Op::Expire,
         Op::Ttl,
+        Op::Hash,
+        Op::List,
+        Op::SetType,
+        Op::ZSet,
         Op::Other,
     ];
 
@@ -56,6 +65,10 @@ impl Op {
             Op::Scan => "scan",
             Op::Expire => "expire",
             Op::Ttl => "ttl",
+            Op::Hash => "hash",
+            Op::List => "list",
+            Op::SetType => "set_type",
+            Op::ZSet => "zset",
             Op::Other => "other",
         }
     }

@@ -149,7 +149,7 @@ impl Node {
             write_observer,
             memory_bytes: config.memory_bytes,
             key_size_max_bytes: config.key_size_max_bytes as usize,
-            value_size_max_bytes: config.value_size_max_bytes as usize,
+            value_size_max_bytes: config.stored_value_max_bytes() as usize,
             snapshot_max_age_ms: config.snapshot_max_age_ms,
             snapshot_max_retained_bytes: config.snapshot_max_retained_bytes,
             scan_threads: config.scan_threads,
@@ -524,6 +524,21 @@ impl Node {
             h.read_barrier(tablet);
             h.collect(acks);
         }
+    }
+
+    /// What to store for a client's string `value`: checked against the value size limit, then
+    /// escaped if it begins with the typed-value tag (docs/formats.md, "Typed values").
+    pub fn stored_string<'v>(
+        &self,
+        value: &'v [u8],
+    ) -> Result<std::borrow::Cow<'v, [u8]>, NodeError> {
+        if value.len() as u64 > self.config.value_size_max_bytes {
+            return Err(NodeError::Engine(EngineError::ValueTooLarge {
+                len: value.len(),
+                max: self.config.value_size_max_bytes as usize,
+            }));
+        }
+        Ok(ramlog_proto::types::store_string(value))
     }
 
     pub fn get(

@@ -167,7 +167,7 @@ impl Persistence {
         // The store's buffers are sized from the server's budget, which they are charged to.
         let backup_config = BackupConfig {
             flush_interval: Duration::from_millis(config.flush_interval_ms),
-            value_max_bytes: config.value_size_max_bytes as usize,
+            value_max_bytes: config.stored_value_max_bytes() as usize,
             ..BackupConfig::for_memory_budget(config.memory_bytes)
         };
         let dir = store_dir(&config.data_dir, generation);

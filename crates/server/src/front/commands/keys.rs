@@ -34,15 +34,6 @@ pub(super) fn cmd_exists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     ctx.enc.integer(found);
 }
 
-pub(super) fn cmd_type(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let node = ctx.node;
-    match node.get(node.tablet_of(args[1]), args[1], &mut ctx.session.acks) {
-        Ok(Some(_)) => ctx.enc.simple("string"),
-        Ok(None) => ctx.enc.simple("none"),
-        Err(e) => engine_error(ctx, &e),
-    }
-}
-
 /// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]
 pub(super) fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let cursor = match std::str::from_utf8(args[1])
@@ -54,7 +45,7 @@ pub(super) fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     let mut count: usize = 10;
     let mut pattern: Option<&[u8]> = None;
-    let mut type_matches = true;
+    let mut type_wanted: Option<&[u8]> = None;
     let mut i = 2;
     while i < args.len() {
         if i + 1 >= args.len() {
@@ -71,7 +62,7 @@ pub(super) fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             // "*" matches everything: skip the matcher, as Redis does.
             pattern = if value == b"*" { None } else { Some(value) };
         } else if eq_ignore_case(args[i], "type") {
-            type_matches = eq_ignore_case(value, "string");
+            type_wanted = Some(value);
         } else {
             return ctx.enc.error(ERR_SYNTAX);
         }
@@ -83,8 +74,22 @@ pub(super) fn cmd_scan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         Ok(None) => 0, // a cursor we never handed out: Redis answers an empty last page
         Err(e) => return engine_error(ctx, &e.into()),
     };
-    if !type_matches {
-        keys.clear();
+    if let Some(wanted) = type_wanted {
+        // The type is in each key's value (docs/formats.md, "Typed values"): read it.
+        let node = ctx.node;
+        keys.retain(|key| {
+            node.read_with(
+                node.tablet_of(key),
+                key,
+                &mut ctx.session.acks,
+                |v, _, _| {
+                    ramlog_proto::types::kind_of(v).is_ok_and(|k| eq_ignore_case(wanted, k.name()))
+                },
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+        });
     }
     let mut digits = Vec::with_capacity(20);
     ramlog_proto::resp::push_decimal(&mut digits, next as i64);

@@ -23,13 +23,23 @@ use std::time::Instant;
 
 mod admin;
 mod connection;
+mod hashes;
 mod keys;
+mod lists;
+mod sets;
 mod strings;
+mod typed;
+mod zsets;
 
 use admin::*;
 use connection::*;
+use hashes::*;
 use keys::*;
+use lists::*;
+use sets::*;
 use strings::*;
+use typed::cmd_type;
+use zsets::*;
 
 /// Per-connection state that commands read and change.
 #[derive(Debug)]
@@ -459,6 +469,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             cmd_shutdown
         ),
     ];
+    v.extend(collection_specs());
     let mut auth = spec!(
         "auth",
         -2,
@@ -498,6 +509,301 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
     v.extend([auth, hello, quit]);
     v
 });
+
+/// The commands of the collection types: hashes, lists, sets, sorted sets.
+fn collection_specs() -> Vec<Spec> {
+    let h = &["@hash"][..];
+    let l = &["@list"][..];
+    let st = &["@set"][..];
+    let z = &["@sortedset"][..];
+    let rs: &[&str] = &["readonly"];
+    let wf: &[&str] = &["write", "denyoom", "fast"];
+    let wr: &[&str] = &["write"];
+    vec![
+        spec!("hset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hset),
+        spec!("hmset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hmset),
+        spec!("hsetnx", 4, wf, 1, 1, 1, h, Op::Hash, cmd_hsetnx),
+        spec!("hget", 3, R, 1, 1, 1, h, Op::Hash, cmd_hget),
+        spec!("hmget", -3, R, 1, 1, 1, h, Op::Hash, cmd_hmget),
+        spec!("hgetall", 2, rs, 1, 1, 1, h, Op::Hash, cmd_hgetall),
+        spec!("hkeys", 2, rs, 1, 1, 1, h, Op::Hash, cmd_hkeys),
+        spec!("hvals", 2, rs, 1, 1, 1, h, Op::Hash, cmd_hvals),
+        spec!("hlen", 2, R, 1, 1, 1, h, Op::Hash, cmd_hlen),
+        spec!("hexists", 3, R, 1, 1, 1, h, Op::Hash, cmd_hexists),
+        spec!("hstrlen", 3, R, 1, 1, 1, h, Op::Hash, cmd_hstrlen),
+        spec!(
+            "hdel",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            h,
+            Op::Hash,
+            cmd_hdel
+        ),
+        spec!("hincrby", 4, wf, 1, 1, 1, h, Op::Hash, cmd_hincrby),
+        spec!(
+            "hincrbyfloat",
+            4,
+            wf,
+            1,
+            1,
+            1,
+            h,
+            Op::Hash,
+            cmd_hincrbyfloat
+        ),
+        spec!("hrandfield", -2, rs, 1, 1, 1, h, Op::Hash, cmd_hrandfield),
+        spec!("hscan", -3, rs, 1, 1, 1, h, Op::Hash, cmd_hscan),
+        spec!("lpush", -3, wf, 1, 1, 1, l, Op::List, cmd_lpush),
+        spec!("rpush", -3, wf, 1, 1, 1, l, Op::List, cmd_rpush),
+        spec!("lpushx", -3, wf, 1, 1, 1, l, Op::List, cmd_lpushx),
+        spec!("rpushx", -3, wf, 1, 1, 1, l, Op::List, cmd_rpushx),
+        spec!(
+            "lpop",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            l,
+            Op::List,
+            cmd_lpop
+        ),
+        spec!(
+            "rpop",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            l,
+            Op::List,
+            cmd_rpop
+        ),
+        spec!("llen", 2, R, 1, 1, 1, l, Op::List, cmd_llen),
+        spec!("lrange", 4, rs, 1, 1, 1, l, Op::List, cmd_lrange),
+        spec!("lindex", 3, rs, 1, 1, 1, l, Op::List, cmd_lindex),
+        spec!("lset", 4, W, 1, 1, 1, l, Op::List, cmd_lset),
+        spec!("lrem", 4, wr, 1, 1, 1, l, Op::List, cmd_lrem),
+        spec!("ltrim", 4, wr, 1, 1, 1, l, Op::List, cmd_ltrim),
+        spec!("linsert", 5, W, 1, 1, 1, l, Op::List, cmd_linsert),
+        spec!("lpos", -3, rs, 1, 1, 1, l, Op::List, cmd_lpos),
+        spec!("lmove", 5, W, 1, 2, 1, l, Op::List, cmd_lmove),
+        spec!("rpoplpush", 3, W, 1, 2, 1, l, Op::List, cmd_rpoplpush),
+        spec!("sadd", -3, wf, 1, 1, 1, st, Op::SetType, cmd_sadd),
+        spec!(
+            "srem",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            st,
+            Op::SetType,
+            cmd_srem
+        ),
+        spec!("smembers", 2, rs, 1, 1, 1, st, Op::SetType, cmd_smembers),
+        spec!("sismember", 3, R, 1, 1, 1, st, Op::SetType, cmd_sismember),
+        spec!(
+            "smismember",
+            -3,
+            R,
+            1,
+            1,
+            1,
+            st,
+            Op::SetType,
+            cmd_smismember
+        ),
+        spec!("scard", 2, R, 1, 1, 1, st, Op::SetType, cmd_scard),
+        spec!(
+            "spop",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            st,
+            Op::SetType,
+            cmd_spop
+        ),
+        spec!(
+            "srandmember",
+            -2,
+            rs,
+            1,
+            1,
+            1,
+            st,
+            Op::SetType,
+            cmd_srandmember
+        ),
+        spec!(
+            "smove",
+            4,
+            &["write", "fast"],
+            1,
+            2,
+            1,
+            st,
+            Op::SetType,
+            cmd_smove
+        ),
+        spec!("sinter", -2, rs, 1, -1, 1, st, Op::SetType, cmd_sinter),
+        spec!("sunion", -2, rs, 1, -1, 1, st, Op::SetType, cmd_sunion),
+        spec!("sdiff", -2, rs, 1, -1, 1, st, Op::SetType, cmd_sdiff),
+        spec!(
+            "sinterstore",
+            -3,
+            W,
+            1,
+            -1,
+            1,
+            st,
+            Op::SetType,
+            cmd_sinterstore
+        ),
+        spec!(
+            "sunionstore",
+            -3,
+            W,
+            1,
+            -1,
+            1,
+            st,
+            Op::SetType,
+            cmd_sunionstore
+        ),
+        spec!(
+            "sdiffstore",
+            -3,
+            W,
+            1,
+            -1,
+            1,
+            st,
+            Op::SetType,
+            cmd_sdiffstore
+        ),
+        spec!("sscan", -3, rs, 1, 1, 1, st, Op::SetType, cmd_sscan),
+        spec!("zadd", -4, wf, 1, 1, 1, z, Op::ZSet, cmd_zadd),
+        spec!("zincrby", 4, wf, 1, 1, 1, z, Op::ZSet, cmd_zincrby),
+        spec!("zscore", 3, R, 1, 1, 1, z, Op::ZSet, cmd_zscore),
+        spec!("zmscore", -3, R, 1, 1, 1, z, Op::ZSet, cmd_zmscore),
+        spec!("zcard", 2, R, 1, 1, 1, z, Op::ZSet, cmd_zcard),
+        spec!("zcount", 4, R, 1, 1, 1, z, Op::ZSet, cmd_zcount),
+        spec!("zlexcount", 4, R, 1, 1, 1, z, Op::ZSet, cmd_zlexcount),
+        spec!("zrank", -3, R, 1, 1, 1, z, Op::ZSet, cmd_zrank),
+        spec!("zrevrank", -3, R, 1, 1, 1, z, Op::ZSet, cmd_zrevrank),
+        spec!(
+            "zrem",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zrem
+        ),
+        spec!("zrange", -4, rs, 1, 1, 1, z, Op::ZSet, cmd_zrange),
+        spec!("zrevrange", -4, rs, 1, 1, 1, z, Op::ZSet, cmd_zrevrange),
+        spec!(
+            "zrangebyscore",
+            -4,
+            rs,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zrangebyscore
+        ),
+        spec!(
+            "zrevrangebyscore",
+            -4,
+            rs,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zrevrangebyscore
+        ),
+        spec!("zrangebylex", -4, rs, 1, 1, 1, z, Op::ZSet, cmd_zrangebylex),
+        spec!(
+            "zrevrangebylex",
+            -4,
+            rs,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zrevrangebylex
+        ),
+        spec!("zrangestore", -5, W, 1, 2, 1, z, Op::ZSet, cmd_zrangestore),
+        spec!(
+            "zremrangebyrank",
+            4,
+            wr,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zremrangebyrank
+        ),
+        spec!(
+            "zremrangebyscore",
+            4,
+            wr,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zremrangebyscore
+        ),
+        spec!(
+            "zremrangebylex",
+            4,
+            wr,
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zremrangebylex
+        ),
+        spec!(
+            "zpopmin",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zpopmin
+        ),
+        spec!(
+            "zpopmax",
+            -2,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            z,
+            Op::ZSet,
+            cmd_zpopmax
+        ),
+        spec!("zrandmember", -2, rs, 1, 1, 1, z, Op::ZSet, cmd_zrandmember),
+        spec!("zscan", -3, rs, 1, 1, 1, z, Op::ZSet, cmd_zscan),
+    ]
+}
 
 /// FNV-1a: command names are a few bytes and fixed at start-up, so the table needs neither
 /// SipHash's cost (about 190 instructions a lookup, 5% of a pipelined SET's work in the server)

@@ -1,7 +1,42 @@
 //! String commands (Redis's `t_string.c`): GET, SET and its options, SETNX/SETEX/PSETEX, GETSET,
 //! GETDEL, GETEX, APPEND, MGET, MSET, INCR/DECR/INCRBY/DECRBY, STRLEN, GETRANGE.
+//!
+//! A string is stored as is unless it begins with the typed-value tag (escaped, see
+//! `ramlog_proto::types`); the commands here store through [`Node::stored_string`], read through
+//! `types::string_of`, and answer WRONGTYPE for a key that holds a collection.
 
+use super::typed::{string_or_wrongtype, Replied, ERR_WRONGTYPE};
 use super::*;
+use ramlog_proto::types;
+
+/// The string stored for a client's value, or the error answered.
+fn stored<'v>(ctx: &mut Ctx<'_>, value: &'v [u8]) -> Result<std::borrow::Cow<'v, [u8]>, Replied> {
+    ctx.node.stored_string(value).map_err(|e| {
+        engine_error(ctx, &e);
+        Replied
+    })
+}
+
+/// Whether the key holds something other than a string (the error is answered if so).
+fn holds_other_type(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<bool, Replied> {
+    let node = ctx.node;
+    match node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, _, _| types::string_of(v).is_none(),
+    ) {
+        Ok(Some(true)) => {
+            ctx.enc.error(ERR_WRONGTYPE);
+            Ok(true)
+        }
+        Ok(_) => Ok(false),
+        Err(e) => {
+            engine_error(ctx, &e);
+            Err(Replied)
+        }
+    }
+}
 
 pub(super) fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let key = args[1];
@@ -13,7 +48,10 @@ pub(super) fn cmd_get(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         node.tablet_of(key),
         key,
         &mut ctx.session.acks,
-        |value, _, _| enc.bulk(value),
+        |value, _, _| match types::string_of(value) {
+            Some(s) => enc.bulk(s),
+            None => enc.error(ERR_WRONGTYPE),
+        },
     ) {
         Ok(Some(())) => {
             metrics.keyspace_hits.fetch_add(1, Ordering::Relaxed);
@@ -103,27 +141,36 @@ pub(super) fn cmd_set(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         keep_ttl: set.keep_ttl,
         return_old: set.get,
     };
-    let (key, value) = (args[1], args[2]);
+    let key = args[1];
+    let Ok(value) = stored(ctx, args[2]) else {
+        return;
+    };
+    // SET ... GET on a collection is refused before anything is written, as Redis does.
+    if set.get && holds_other_type(ctx, key).unwrap_or(true) {
+        return;
+    }
     let node = ctx.node;
+    let old_string = |o: &Option<Object>| -> Option<Vec<u8>> {
+        o.as_ref()
+            .and_then(|o| types::string_of(&o.value).map(<[u8]>::to_vec))
+    };
     match node.put(
         node.tablet_of(key),
         key,
-        value,
+        &value,
         &opts,
         &mut ctx.session.acks,
     ) {
         Ok(outcome) => {
             if set.get {
-                ctx.enc
-                    .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice()));
+                ctx.enc.bulk_or_null(old_string(&outcome.old).as_deref());
             } else {
                 ctx.enc.ok();
             }
         }
         Err(NodeError::Engine(EngineError::ConditionFailed { current })) => {
             if set.get {
-                ctx.enc
-                    .bulk_or_null(current.as_ref().map(|o| o.value.as_slice()));
+                ctx.enc.bulk_or_null(old_string(&current).as_deref());
             } else {
                 ctx.enc.null();
             }
@@ -139,10 +186,11 @@ pub(super) fn set_with(
     opts: PutOptions,
 ) -> Result<bool, NodeError> {
     let node = ctx.node;
+    let value = node.stored_string(value)?;
     match node.put(
         node.tablet_of(key),
         key,
-        value,
+        &value,
         &opts,
         &mut ctx.session.acks,
     ) {
@@ -206,16 +254,25 @@ pub(super) fn cmd_getset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return_old: true,
         ..Default::default()
     };
+    let Ok(value) = stored(ctx, args[2]) else {
+        return;
+    };
+    if holds_other_type(ctx, args[1]).unwrap_or(true) {
+        return;
+    }
     match node.put(
         node.tablet_of(args[1]),
         args[1],
-        args[2],
+        &value,
         &opts,
         &mut ctx.session.acks,
     ) {
-        Ok(outcome) => ctx
-            .enc
-            .bulk_or_null(outcome.old.as_ref().map(|o| o.value.as_slice())),
+        Ok(outcome) => ctx.enc.bulk_or_null(
+            outcome
+                .old
+                .as_ref()
+                .and_then(|o| types::string_of(&o.value)),
+        ),
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -233,6 +290,10 @@ pub(super) fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         let Some(object) = found else {
             return ctx.enc.null();
         };
+        let Ok(value) = string_or_wrongtype(ctx, &object.value) else {
+            return;
+        };
+        let value = value.to_vec();
         match node.delete(
             tablet,
             key,
@@ -240,7 +301,7 @@ pub(super) fn cmd_getdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             &mut ctx.session.acks,
         ) {
             Ok(Some(_)) => {
-                return ctx.enc.bulk(&object.value);
+                return ctx.enc.bulk(&value);
             }
             Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
             Err(e) => return engine_error(ctx, &e),
@@ -260,7 +321,10 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Err(e) => return engine_error(ctx, &e),
         };
         let (mut value, condition) = match found {
-            Some(o) => (o.value, Condition::IfVersion(o.version)),
+            Some(o) => match string_or_wrongtype(ctx, &o.value) {
+                Ok(s) => (s.to_vec(), Condition::IfVersion(o.version)),
+                Err(Replied) => return,
+            },
             None => (Vec::new(), Condition::IfAbsent),
         };
         value.extend_from_slice(suffix);
@@ -269,7 +333,10 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             keep_ttl: true,
             ..Default::default()
         };
-        match node.put(tablet, key, &value, &opts, &mut ctx.session.acks) {
+        let Ok(bytes) = stored(ctx, &value) else {
+            return;
+        };
+        match node.put(tablet, key, &bytes, &opts, &mut ctx.session.acks) {
             Ok(_) => {
                 return ctx.enc.integer(value.len() as i64);
             }
@@ -291,8 +358,10 @@ pub(super) fn cmd_mget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     }
     ctx.enc.array(values.len());
+    // A key holding a collection reads as nil, as in Redis.
     for v in &values {
-        ctx.enc.bulk_or_null(v.as_ref().map(|o| o.value.as_slice()));
+        ctx.enc
+            .bulk_or_null(v.as_ref().and_then(|o| types::string_of(&o.value)));
     }
 }
 
@@ -325,15 +394,20 @@ pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     }
     let node = ctx.node;
+    let values: Vec<std::borrow::Cow<'_, [u8]>> = args[2..]
+        .iter()
+        .step_by(2)
+        .map(|v| types::store_string(v))
+        .collect();
     // Group by tablet: each group is one atomic multi-put. Redis keeps the last of repeated keys;
     // so does a multi-put applied in order.
     type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
     let mut groups: Vec<(u32, Items<'_>)> = Vec::new();
-    for pair in args[1..].chunks_exact(2) {
+    for (pair, value) in args[1..].chunks_exact(2).zip(&values) {
         let tablet = node.tablet_of(pair[0]);
         match groups.iter_mut().find(|g| g.0 == tablet) {
-            Some(g) => g.1.push((pair[0], pair[1])),
-            None => groups.push((tablet, vec![(pair[0], pair[1])])),
+            Some(g) => g.1.push((pair[0], value)),
+            None => groups.push((tablet, vec![(pair[0], value)])),
         }
     }
     for (tablet, items) in &groups {
@@ -348,6 +422,12 @@ pub(super) fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {
     let node = ctx.node;
     match node.increment(node.tablet_of(key), key, delta, &mut ctx.session.acks) {
         Ok((value, _)) => ctx.enc.integer(value),
+        // A collection is not an integer to the engine: Redis answers WRONGTYPE.
+        Err(e @ NodeError::Engine(EngineError::NotAnInteger)) => {
+            if !holds_other_type(ctx, key).unwrap_or(true) {
+                engine_error(ctx, &e)
+            }
+        }
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -377,9 +457,12 @@ pub(super) fn cmd_decrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 pub(super) fn cmd_strlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match read(ctx, args[1]) {
-        Ok(found) => ctx
-            .enc
-            .integer(found.map(|o| o.value.len() as i64).unwrap_or(0)),
+        Ok(Some(o)) => {
+            if let Ok(s) = string_or_wrongtype(ctx, &o.value) {
+                ctx.enc.integer(s.len() as i64)
+            }
+        }
+        Ok(None) => ctx.enc.integer(0),
         Err(e) => engine_error(ctx, &e),
     }
 }
@@ -389,9 +472,12 @@ pub(super) fn cmd_getrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (Some(mut start), Some(mut end)) = (parse_i64(args[2]), parse_i64(args[3])) else {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
-    let value = match read(ctx, args[1]) {
+    let found = match read(ctx, args[1]) {
         Ok(found) => found.map(|o| o.value).unwrap_or_default(),
         Err(e) => return engine_error(ctx, &e),
+    };
+    let Ok(value) = string_or_wrongtype(ctx, &found) else {
+        return;
     };
     let len = value.len() as i64;
     if start < 0 && end < 0 && start > end {
@@ -455,6 +541,9 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let Some(object) = found else {
         return ctx.enc.null();
     };
+    if string_or_wrongtype(ctx, &object.value).is_err() {
+        return;
+    }
     if let Some(at) = expire_at {
         let node = ctx.node;
         let tablet = node.tablet_of(key);
@@ -476,5 +565,6 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Err(e) => return engine_error(ctx, &e),
         }
     }
-    ctx.enc.bulk(&object.value);
+    ctx.enc
+        .bulk(types::string_of(&object.value).unwrap_or_default());
 }

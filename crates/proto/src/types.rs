@@ -1,0 +1,536 @@
+//! Stored values of the Redis data types (docs/formats.md, "Typed values").
+//!
+//! The engine, replication, the backups, recovery, mirrors and migration carry an object's value
+//! as opaque bytes. The type of a Redis key lives in those bytes, so that a hash or a sorted set is
+//! replicated, recovered, migrated and scanned exactly like a string, with no format of its own
+//! on any of those paths:
+//!
+//! ```text
+//! first byte != 0xFF          a string, stored as is (every UTF-8 text, every schema record)
+//! 0xFF 0x00 bytes             a string that begins with 0xFF (escaped: 2 more bytes)
+//! 0xFF kind count items...    a collection: kind 1 hash, 2 list, 3 set, 4 sorted set
+//! ```
+//!
+//! `count` is a LEB128 varint; then `count` items, each:
+//! - hash: field, value (each a varint length and its bytes), in insertion order;
+//! - list: element (varint length, bytes), head first;
+//! - set: member (varint length, bytes), in insertion order;
+//! - sorted set: score (f64, little-endian IEEE-754, never NaN), member (varint length, bytes),
+//!   ordered by score, then by member bytes.
+//!
+//! Nothing may follow the last item. The decoders take untrusted bytes (a damaged value, or a
+//! value a native client wrote with a leading 0xFF): they never panic, never read out of bounds
+//! and never allocate by a count read from the bytes beyond what the bytes can hold (fuzz target
+//! `typed_value`).
+
+use ramlog_common::varint;
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use thiserror::Error;
+
+/// First byte of every value that is not a plain string.
+pub const TAG: u8 = 0xFF;
+/// Bytes an escaped string or a collection's header adds in front.
+pub const TAG_BYTES: usize = 2;
+
+/// The Redis type of a stored value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    String = 0,
+    Hash = 1,
+    List = 2,
+    Set = 3,
+    ZSet = 4,
+}
+
+impl Kind {
+    /// The name TYPE answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::String => "string",
+            Kind::Hash => "hash",
+            Kind::List => "list",
+            Kind::Set => "set",
+            Kind::ZSet => "zset",
+        }
+    }
+
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            0 => Kind::String,
+            1 => Kind::Hash,
+            2 => Kind::List,
+            3 => Kind::Set,
+            4 => Kind::ZSet,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq, Clone, Copy)]
+pub enum TypedError {
+    #[error("stored value has an unknown type tag {0:#04x}")]
+    UnknownKind(u8),
+    #[error("stored value is truncated")]
+    Truncated,
+    #[error("stored value has a malformed varint")]
+    BadVarint,
+    #[error("stored value has bytes after its last item")]
+    Trailing,
+    #[error("stored sorted set has a NaN score or is out of order")]
+    BadOrder,
+    #[error("stored value is of another type")]
+    WrongKind,
+}
+
+/// The type of a stored value. A lone 0xFF byte, or an unknown kind, is an error.
+pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
+    match stored {
+        [TAG, k, ..] => Kind::from_byte(*k).ok_or(TypedError::UnknownKind(*k)),
+        [TAG] => Err(TypedError::Truncated),
+        _ => Ok(Kind::String),
+    }
+}
+
+/// The string a stored value holds; None if it holds another type (or is damaged).
+#[inline]
+pub fn string_of(stored: &[u8]) -> Option<&[u8]> {
+    match stored.first() {
+        Some(&TAG) => match stored.get(1) {
+            Some(0) => Some(&stored[2..]),
+            _ => None,
+        },
+        _ => Some(stored),
+    }
+}
+
+/// What to store for the string `value`: itself, or escaped when it begins with 0xFF.
+#[inline]
+pub fn store_string(value: &[u8]) -> Cow<'_, [u8]> {
+    if value.first() == Some(&TAG) {
+        let mut out = Vec::with_capacity(value.len() + TAG_BYTES);
+        out.extend_from_slice(&[TAG, 0]);
+        out.extend_from_slice(value);
+        Cow::Owned(out)
+    } else {
+        Cow::Borrowed(value)
+    }
+}
+
+/// Reads the parts of a collection's encoding.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Result<u64, TypedError> {
+        let mut value: u64 = 0;
+        for i in 0..10 {
+            let b = *self.buf.get(self.pos).ok_or(TypedError::Truncated)?;
+            self.pos += 1;
+            if i == 9 && b > 1 {
+                return Err(TypedError::BadVarint);
+            }
+            value |= u64::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                // Only the shortest form: every value has one encoding.
+                if b == 0 && i > 0 {
+                    return Err(TypedError::BadVarint);
+                }
+                return Ok(value);
+            }
+        }
+        Err(TypedError::BadVarint)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], TypedError> {
+        let len = self.varint()?;
+        let rest = self.buf.len() - self.pos;
+        if len > rest as u64 {
+            return Err(TypedError::Truncated);
+        }
+        let out = &self.buf[self.pos..self.pos + len as usize];
+        self.pos += len as usize;
+        Ok(out)
+    }
+
+    fn f64(&mut self) -> Result<f64, TypedError> {
+        let raw = self
+            .buf
+            .get(self.pos..self.pos + 8)
+            .ok_or(TypedError::Truncated)?;
+        self.pos += 8;
+        Ok(f64::from_le_bytes(raw.try_into().expect("8 bytes")))
+    }
+
+    /// A count, bounded by what the remaining bytes can hold at `min_item` bytes an item.
+    fn count(&mut self, min_item: usize) -> Result<usize, TypedError> {
+        let n = self.varint()?;
+        let room = (self.buf.len() - self.pos) / min_item.max(1);
+        if n > room as u64 {
+            return Err(TypedError::Truncated);
+        }
+        Ok(n as usize)
+    }
+
+    fn end(&self) -> Result<(), TypedError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(TypedError::Trailing)
+        }
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_varint(out: &mut Vec<u8>, v: u64) {
+    let at = out.len();
+    out.resize(at + varint::len(v), 0);
+    varint::put(out, at, v);
+}
+
+/// The payload of a stored collection of `kind`, after its header.
+fn payload(stored: &[u8], kind: Kind) -> Result<Reader<'_>, TypedError> {
+    if kind_of(stored)? != kind {
+        return Err(TypedError::WrongKind);
+    }
+    Ok(Reader {
+        buf: stored,
+        pos: TAG_BYTES,
+    })
+}
+
+fn header(kind: Kind, count: usize, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + TAG_BYTES + 10);
+    out.extend_from_slice(&[TAG, kind as u8]);
+    put_varint(&mut out, count as u64);
+    out
+}
+
+/// A hash: fields and values in insertion order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hash {
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Hash {
+    pub fn decode(stored: &[u8]) -> Result<Hash, TypedError> {
+        let mut r = payload(stored, Kind::Hash)?;
+        let n = r.count(2)?;
+        let mut fields = Vec::with_capacity(n);
+        for _ in 0..n {
+            let f = r.bytes()?.to_vec();
+            let v = r.bytes()?.to_vec();
+            fields.push((f, v));
+        }
+        r.end()?;
+        Ok(Hash { fields })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.fields.iter().map(|(f, v)| f.len() + v.len() + 4).sum();
+        let mut out = header(Kind::Hash, self.fields.len(), size);
+        for (f, v) in &self.fields {
+            put_bytes(&mut out, f);
+            put_bytes(&mut out, v);
+        }
+        out
+    }
+
+    pub fn position(&self, field: &[u8]) -> Option<usize> {
+        self.fields.iter().position(|(f, _)| f == field)
+    }
+
+    pub fn get(&self, field: &[u8]) -> Option<&[u8]> {
+        self.position(field).map(|i| self.fields[i].1.as_slice())
+    }
+
+    /// Sets a field; true if it is new.
+    pub fn set(&mut self, field: &[u8], value: &[u8]) -> bool {
+        match self.position(field) {
+            Some(i) => {
+                self.fields[i].1 = value.to_vec();
+                false
+            }
+            None => {
+                self.fields.push((field.to_vec(), value.to_vec()));
+                true
+            }
+        }
+    }
+
+    /// Removes a field; true if it was there.
+    pub fn remove(&mut self, field: &[u8]) -> bool {
+        match self.position(field) {
+            Some(i) => {
+                self.fields.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A list, head first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct List {
+    pub items: VecDeque<Vec<u8>>,
+}
+
+impl List {
+    pub fn decode(stored: &[u8]) -> Result<List, TypedError> {
+        let mut r = payload(stored, Kind::List)?;
+        let n = r.count(1)?;
+        let mut items = VecDeque::with_capacity(n);
+        for _ in 0..n {
+            items.push_back(r.bytes()?.to_vec());
+        }
+        r.end()?;
+        Ok(List { items })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.items.iter().map(|e| e.len() + 2).sum();
+        let mut out = header(Kind::List, self.items.len(), size);
+        for e in &self.items {
+            put_bytes(&mut out, e);
+        }
+        out
+    }
+}
+
+/// A set, in insertion order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Set {
+    pub members: Vec<Vec<u8>>,
+}
+
+impl Set {
+    pub fn decode(stored: &[u8]) -> Result<Set, TypedError> {
+        let mut r = payload(stored, Kind::Set)?;
+        let n = r.count(1)?;
+        let mut members = Vec::with_capacity(n);
+        for _ in 0..n {
+            members.push(r.bytes()?.to_vec());
+        }
+        r.end()?;
+        Ok(Set { members })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.members.iter().map(|e| e.len() + 2).sum();
+        let mut out = header(Kind::Set, self.members.len(), size);
+        for e in &self.members {
+            put_bytes(&mut out, e);
+        }
+        out
+    }
+
+    pub fn contains(&self, member: &[u8]) -> bool {
+        self.members.iter().any(|m| m == member)
+    }
+
+    /// Adds a member; true if it is new.
+    pub fn add(&mut self, member: &[u8]) -> bool {
+        if self.contains(member) {
+            return false;
+        }
+        self.members.push(member.to_vec());
+        true
+    }
+
+    /// Removes a member; true if it was there.
+    pub fn remove(&mut self, member: &[u8]) -> bool {
+        match self.members.iter().position(|m| m == member) {
+            Some(i) => {
+                self.members.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A sorted set: (score, member) ordered by score, then member.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ZSet {
+    pub entries: Vec<(f64, Vec<u8>)>,
+}
+
+/// Redis's order of sorted-set entries.
+pub fn zset_order(a: &(f64, Vec<u8>), b: &(f64, Vec<u8>)) -> std::cmp::Ordering {
+    a.0.partial_cmp(&b.0)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then_with(|| a.1.cmp(&b.1))
+}
+
+impl ZSet {
+    pub fn decode(stored: &[u8]) -> Result<ZSet, TypedError> {
+        let mut r = payload(stored, Kind::ZSet)?;
+        let n = r.count(9)?;
+        let mut entries: Vec<(f64, Vec<u8>)> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let score = r.f64()?;
+            if score.is_nan() {
+                return Err(TypedError::BadOrder);
+            }
+            let member = r.bytes()?.to_vec();
+            let entry = (score, member);
+            if let Some(last) = entries.last() {
+                if zset_order(last, &entry) != std::cmp::Ordering::Less {
+                    return Err(TypedError::BadOrder);
+                }
+            }
+            entries.push(entry);
+        }
+        r.end()?;
+        Ok(ZSet { entries })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.entries.iter().map(|(_, m)| m.len() + 10).sum();
+        let mut out = header(Kind::ZSet, self.entries.len(), size);
+        for (score, member) in &self.entries {
+            out.extend_from_slice(&score.to_le_bytes());
+            put_bytes(&mut out, member);
+        }
+        out
+    }
+
+    pub fn position(&self, member: &[u8]) -> Option<usize> {
+        self.entries.iter().position(|(_, m)| m == member)
+    }
+
+    pub fn score(&self, member: &[u8]) -> Option<f64> {
+        self.position(member).map(|i| self.entries[i].0)
+    }
+
+    /// Sets a member's score (inserting it in order); true if it is new.
+    pub fn insert(&mut self, score: f64, member: &[u8]) -> bool {
+        let new = match self.position(member) {
+            Some(i) => {
+                self.entries.remove(i);
+                false
+            }
+            None => true,
+        };
+        let entry = (score, member.to_vec());
+        let at = self
+            .entries
+            .binary_search_by(|e| zset_order(e, &entry))
+            .unwrap_or_else(|i| i);
+        self.entries.insert(at, entry);
+        new
+    }
+
+    /// Removes a member; true if it was there.
+    pub fn remove(&mut self, member: &[u8]) -> bool {
+        match self.position(member) {
+            Some(i) => {
+                self.entries.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Decodes any stored value fully (what the fuzz target drives): its kind and item count.
+pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
+    let kind = kind_of(stored)?;
+    let count = match kind {
+        Kind::String => {
+            string_of(stored).ok_or(TypedError::WrongKind)?;
+            1
+        }
+        Kind::Hash => Hash::decode(stored)?.fields.len(),
+        Kind::List => List::decode(stored)?.items.len(),
+        Kind::Set => Set::decode(stored)?.members.len(),
+        Kind::ZSet => ZSet::decode(stored)?.entries.len(),
+    };
+    Ok((kind, count))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_stored_as_is_unless_they_begin_with_the_tag() {
+        assert!(matches!(store_string(b"abc"), Cow::Borrowed(_)));
+        assert!(matches!(store_string(b""), Cow::Borrowed(_)));
+        let escaped = store_string(b"\xffx");
+        assert_eq!(&*escaped, b"\xff\x00\xffx");
+        assert_eq!(string_of(&escaped), Some(&b"\xffx"[..]));
+        assert_eq!(string_of(b"plain"), Some(&b"plain"[..]));
+        assert_eq!(string_of(b""), Some(&b""[..]));
+        assert_eq!(kind_of(&escaped), Ok(Kind::String));
+        assert_eq!(kind_of(b"\xff"), Err(TypedError::Truncated));
+        assert_eq!(kind_of(b"\xff\x09"), Err(TypedError::UnknownKind(9)));
+    }
+
+    #[test]
+    fn collections_round_trip() {
+        let mut h = Hash::default();
+        assert!(h.set(b"f", b"1"));
+        assert!(h.set(b"", b""));
+        assert!(!h.set(b"f", b"2"));
+        let back = Hash::decode(&h.encode()).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.get(b"f"), Some(&b"2"[..]));
+        assert_eq!(kind_of(&h.encode()), Ok(Kind::Hash));
+        assert_eq!(string_of(&h.encode()), None);
+
+        let l = List {
+            items: [b"a".to_vec(), vec![], vec![0xff; 300]].into(),
+        };
+        assert_eq!(List::decode(&l.encode()).unwrap(), l);
+
+        let mut s = Set::default();
+        assert!(s.add(b"x") && s.add(b"y") && !s.add(b"x"));
+        assert!(s.remove(b"x") && !s.remove(b"x"));
+        assert_eq!(Set::decode(&s.encode()).unwrap(), s);
+
+        let mut z = ZSet::default();
+        z.insert(2.0, b"b");
+        z.insert(1.0, b"c");
+        z.insert(1.0, b"a");
+        z.insert(f64::NEG_INFINITY, b"low");
+        assert!(!z.insert(3.0, b"a"));
+        let order: Vec<&[u8]> = z.entries.iter().map(|e| e.1.as_slice()).collect();
+        assert_eq!(order, [&b"low"[..], b"c", b"b", b"a"]);
+        assert_eq!(ZSet::decode(&z.encode()).unwrap(), z);
+    }
+
+    #[test]
+    fn damaged_values_are_errors() {
+        let h = Hash {
+            fields: vec![(b"f".to_vec(), b"v".to_vec())],
+        }
+        .encode();
+        for cut in 2..h.len() {
+            assert!(Hash::decode(&h[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = h.clone();
+        long.push(0);
+        assert_eq!(Hash::decode(&long), Err(TypedError::Trailing));
+        assert_eq!(List::decode(&h), Err(TypedError::WrongKind));
+        // A count far beyond the bytes is refused before anything is allocated.
+        let huge = [TAG, Kind::List as u8, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert_eq!(List::decode(&huge), Err(TypedError::Truncated));
+        let mut z = ZSet::default();
+        z.insert(1.0, b"a");
+        z.insert(2.0, b"b");
+        let mut bytes = z.encode();
+        // Swap the scores: out of order.
+        bytes[3..11].copy_from_slice(&3.0f64.to_le_bytes());
+        assert_eq!(ZSet::decode(&bytes), Err(TypedError::BadOrder));
+        bytes[3..11].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert_eq!(ZSet::decode(&bytes), Err(TypedError::BadOrder));
+    }
+}

@@ -1,0 +1,442 @@
+//! List commands (Redis's `t_list.c`): LPUSH, RPUSH, LPUSHX, RPUSHX, LPOP, RPOP, LLEN, LRANGE,
+//! LINDEX, LSET, LREM, LTRIM, LINSERT, LPOS, LMOVE, RPOPLPUSH.
+
+use super::typed::*;
+use super::*;
+use ramlog_proto::types::List;
+
+fn push(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool, only_existing: bool) {
+    let items = &args[2..];
+    if let Ok(n) = update::<List, i64>(ctx, args[1], |l, existed| {
+        if only_existing && !existed {
+            return Ok((0, false));
+        }
+        for item in items {
+            if left {
+                l.items.push_front(item.to_vec());
+            } else {
+                l.items.push_back(item.to_vec());
+            }
+        }
+        Ok((l.items.len() as i64, true))
+    }) {
+        ctx.enc.integer(n)
+    }
+}
+
+pub(super) fn cmd_lpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    push(ctx, args, true, false)
+}
+pub(super) fn cmd_rpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    push(ctx, args, false, false)
+}
+pub(super) fn cmd_lpushx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    push(ctx, args, true, true)
+}
+pub(super) fn cmd_rpushx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    push(ctx, args, false, true)
+}
+
+/// LPOP/RPOP key [count]
+fn pop(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool) {
+    let count = match args.get(2) {
+        None => None,
+        Some(c) => match parse_i64(c) {
+            Some(n) if n >= 0 => Some(n as usize),
+            _ => return ctx.enc.error("ERR value is out of range, must be positive"),
+        },
+    };
+    if args.len() > 3 {
+        return ctx.enc.error(ERR_SYNTAX);
+    }
+    let popped = update::<List, Option<Vec<Vec<u8>>>>(ctx, args[1], |l, existed| {
+        if !existed {
+            return Ok((None, false));
+        }
+        let n = count.unwrap_or(1).min(l.items.len());
+        let out: Vec<Vec<u8>> = (0..n)
+            .filter_map(|_| {
+                if left {
+                    l.items.pop_front()
+                } else {
+                    l.items.pop_back()
+                }
+            })
+            .collect();
+        let changed = !out.is_empty();
+        Ok((Some(out), changed))
+    });
+    let Ok(popped) = popped else {
+        return;
+    };
+    match (popped, count) {
+        (None, None) => ctx.enc.null(),
+        (None, Some(_)) => ctx.enc.null_array(),
+        (Some(items), None) => ctx.enc.bulk_or_null(items.first().map(|i| i.as_slice())),
+        (Some(items), Some(_)) => {
+            ctx.enc.array(items.len());
+            for i in &items {
+                ctx.enc.bulk(i);
+            }
+        }
+    }
+}
+
+pub(super) fn cmd_lpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    pop(ctx, args, true)
+}
+pub(super) fn cmd_rpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    pop(ctx, args, false)
+}
+
+pub(super) fn cmd_llen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Ok(l) = load_or_empty::<List>(ctx, args[1]) {
+        ctx.enc.integer(l.items.len() as i64)
+    }
+}
+
+pub(super) fn cmd_lrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(start), Some(stop)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let Ok(l) = load_or_empty::<List>(ctx, args[1]) else {
+        return;
+    };
+    match index_range(start, stop, l.items.len()) {
+        None => ctx.enc.array(0),
+        Some((a, b)) => {
+            ctx.enc.array(b - a + 1);
+            for i in l.items.range(a..=b) {
+                ctx.enc.bulk(i);
+            }
+        }
+    }
+}
+
+/// A list index with Redis's negative indexes; None when out of range.
+fn list_index(index: i64, len: usize) -> Option<usize> {
+    let i = if index < 0 { index + len as i64 } else { index };
+    (0..len as i64).contains(&i).then_some(i as usize)
+}
+
+pub(super) fn cmd_lindex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(index) = parse_i64(args[2]) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    if let Ok(l) = load_or_empty::<List>(ctx, args[1]) {
+        ctx.enc
+            .bulk_or_null(list_index(index, l.items.len()).map(|i| l.items[i].as_slice()))
+    }
+}
+
+pub(super) fn cmd_lset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(index) = parse_i64(args[2]) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let value = args[3];
+    if update::<List, ()>(ctx, args[1], |l, existed| {
+        if !existed {
+            return Err("ERR no such key".into());
+        }
+        let i = list_index(index, l.items.len()).ok_or("ERR index out of range")?;
+        l.items[i] = value.to_vec();
+        Ok(((), true))
+    })
+    .is_ok()
+    {
+        ctx.enc.ok()
+    }
+}
+
+/// LREM key count element: count > 0 from the head, < 0 from the tail, 0 all.
+pub(super) fn cmd_lrem(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(count) = parse_i64(args[2]) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    let element = args[3];
+    if let Ok(n) = update::<List, i64>(ctx, args[1], |l, _| {
+        let limit = if count == 0 {
+            usize::MAX
+        } else {
+            count.unsigned_abs().min(usize::MAX as u64) as usize
+        };
+        let mut removed = 0usize;
+        let positions: Vec<usize> = if count < 0 {
+            (0..l.items.len()).rev().collect()
+        } else {
+            (0..l.items.len()).collect()
+        };
+        let mut drop = vec![false; l.items.len()];
+        for i in positions {
+            if removed == limit {
+                break;
+            }
+            if l.items[i] == element {
+                drop[i] = true;
+                removed += 1;
+            }
+        }
+        let mut i = 0;
+        l.items.retain(|_| {
+            i += 1;
+            !drop[i - 1]
+        });
+        Ok((removed as i64, removed > 0))
+    }) {
+        ctx.enc.integer(n)
+    }
+}
+
+pub(super) fn cmd_ltrim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(start), Some(stop)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    if update::<List, ()>(ctx, args[1], |l, existed| {
+        if !existed {
+            return Ok(((), false));
+        }
+        let before = l.items.len();
+        match index_range(start, stop, before) {
+            None => l.items.clear(),
+            Some((a, b)) => {
+                l.items.truncate(b + 1);
+                l.items.drain(..a);
+            }
+        }
+        Ok(((), l.items.len() != before))
+    })
+    .is_ok()
+    {
+        ctx.enc.ok()
+    }
+}
+
+/// LINSERT key BEFORE|AFTER pivot element
+pub(super) fn cmd_linsert(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let after = if eq_ignore_case(args[2], "after") {
+        true
+    } else if eq_ignore_case(args[2], "before") {
+        false
+    } else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    let (pivot, element) = (args[3], args[4]);
+    if let Ok(n) = update::<List, i64>(ctx, args[1], |l, existed| {
+        if !existed {
+            return Ok((0, false));
+        }
+        match l.items.iter().position(|i| i == pivot) {
+            None => Ok((-1, false)),
+            Some(p) => {
+                l.items
+                    .insert(if after { p + 1 } else { p }, element.to_vec());
+                Ok((l.items.len() as i64, true))
+            }
+        }
+    }) {
+        ctx.enc.integer(n)
+    }
+}
+
+/// LPOS key element [RANK rank] [COUNT num-matches] [MAXLEN len]
+pub(super) fn cmd_lpos(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let mut rank: i64 = 1;
+    let mut count: Option<usize> = None;
+    let mut maxlen: usize = 0;
+    let mut i = 3;
+    while i < args.len() {
+        if i + 1 >= args.len() {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        let Some(n) = parse_i64(args[i + 1]) else {
+            return ctx.enc.error(ERR_NOT_INTEGER);
+        };
+        if eq_ignore_case(args[i], "rank") {
+            if n == 0 || n == i64::MIN {
+                return ctx.enc.error("ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list");
+            }
+            rank = n;
+        } else if eq_ignore_case(args[i], "count") {
+            if n < 0 {
+                return ctx.enc.error("ERR COUNT can't be negative");
+            }
+            count = Some(n as usize);
+        } else if eq_ignore_case(args[i], "maxlen") {
+            if n < 0 {
+                return ctx.enc.error("ERR MAXLEN can't be negative");
+            }
+            maxlen = n as usize;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        i += 2;
+    }
+    let Ok(l) = load_or_empty::<List>(ctx, args[1]) else {
+        return;
+    };
+    let element = args[2];
+    let len = l.items.len();
+    let order: Box<dyn Iterator<Item = usize>> = if rank > 0 {
+        Box::new(0..len)
+    } else {
+        Box::new((0..len).rev())
+    };
+    let limit = if maxlen == 0 { len } else { maxlen.min(len) };
+    let want = match count {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => 1,
+    };
+    let mut skip = rank.unsigned_abs() - 1;
+    let mut found = Vec::new();
+    for i in order.take(limit) {
+        if l.items[i] == element {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            found.push(i as i64);
+            if found.len() >= want {
+                break;
+            }
+        }
+    }
+    match count {
+        None => match found.first() {
+            Some(&p) => ctx.enc.integer(p),
+            None => ctx.enc.null(),
+        },
+        Some(_) => {
+            ctx.enc.array(found.len());
+            for p in found {
+                ctx.enc.integer(p);
+            }
+        }
+    }
+}
+
+fn side(arg: &[u8]) -> Option<bool> {
+    if eq_ignore_case(arg, "left") {
+        Some(true)
+    } else if eq_ignore_case(arg, "right") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Moves one element from `src` to `dst`: pushed on the destination first, then popped from the
+/// source only if it is still the element at that end (otherwise the destination's push is
+/// taken back and it starts again). A crash between the two leaves the element in both lists,
+/// never in neither.
+fn lmove(ctx: &mut Ctx<'_>, src: &[u8], dst: &[u8], from_left: bool, to_left: bool) {
+    for _ in 0..64 {
+        let Ok(source) = load::<List>(ctx, src) else {
+            return;
+        };
+        let Some(element) = source.and_then(|l| {
+            if from_left {
+                l.items.front().cloned()
+            } else {
+                l.items.back().cloned()
+            }
+        }) else {
+            return ctx.enc.null();
+        };
+        if src == dst {
+            let moved = update::<List, bool>(ctx, src, |l, _| {
+                let e = if from_left {
+                    l.items.pop_front()
+                } else {
+                    l.items.pop_back()
+                };
+                match e {
+                    Some(e) if e == element => {
+                        if to_left {
+                            l.items.push_front(e);
+                        } else {
+                            l.items.push_back(e);
+                        }
+                        Ok((true, true))
+                    }
+                    _ => Ok((false, false)),
+                }
+            });
+            match moved {
+                Ok(true) => return ctx.enc.bulk(&element),
+                Ok(false) => continue,
+                Err(Replied) => return,
+            }
+        }
+        // The destination must be a list (or absent) before anything moves.
+        if load::<List>(ctx, dst).is_err() {
+            return;
+        }
+        let pushed = update::<List, ()>(ctx, dst, |l, _| {
+            if to_left {
+                l.items.push_front(element.clone());
+            } else {
+                l.items.push_back(element.clone());
+            }
+            Ok(((), true))
+        });
+        if pushed.is_err() {
+            return;
+        }
+        let popped = update::<List, bool>(ctx, src, |l, _| {
+            let end = if from_left {
+                l.items.front()
+            } else {
+                l.items.back()
+            };
+            if end != Some(&element) {
+                return Ok((false, false));
+            }
+            if from_left {
+                l.items.pop_front();
+            } else {
+                l.items.pop_back();
+            }
+            Ok((true, true))
+        });
+        match popped {
+            Ok(true) => return ctx.enc.bulk(&element),
+            Ok(false) => {
+                // Someone took the element first: take the copy back from the destination.
+                let undone = update::<List, ()>(ctx, dst, |l, _| {
+                    let at = if to_left {
+                        l.items.iter().position(|e| *e == element)
+                    } else {
+                        l.items.iter().rposition(|e| *e == element)
+                    };
+                    match at {
+                        Some(i) => {
+                            l.items.remove(i);
+                            Ok(((), true))
+                        }
+                        None => Ok(((), false)),
+                    }
+                });
+                if undone.is_err() {
+                    return;
+                }
+            }
+            Err(Replied) => return,
+        }
+    }
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
+}
+
+/// LMOVE source destination LEFT|RIGHT LEFT|RIGHT
+pub(super) fn cmd_lmove(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(from_left), Some(to_left)) = (side(args[3]), side(args[4])) else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    lmove(ctx, args[1], args[2], from_left, to_left)
+}
+
+/// RPOPLPUSH source destination
+pub(super) fn cmd_rpoplpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    lmove(ctx, args[1], args[2], false, true)
+}

@@ -1,0 +1,625 @@
+//! Sorted-set commands (Redis's `t_zset.c`): ZADD (NX/XX/GT/LT/CH/INCR), ZINCRBY, ZSCORE,
+//! ZMSCORE, ZCARD, ZCOUNT, ZLEXCOUNT, ZRANK, ZREVRANK, ZREM, ZRANGE (BYSCORE/BYLEX/REV/LIMIT/
+//! WITHSCORES) and its older forms, ZRANGESTORE, ZPOPMIN, ZPOPMAX, ZREMRANGEBY{RANK,SCORE,LEX},
+//! ZRANDMEMBER, ZSCAN.
+
+use super::typed::*;
+use super::*;
+use ramlog_proto::types::ZSet;
+
+const ERR_FLOAT: &str = "ERR value is not a valid float";
+const ERR_MINMAX_FLOAT: &str = "ERR min or max is not a float";
+const ERR_MINMAX_LEX: &str = "ERR min or max not valid string range item";
+
+/// ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]
+pub(super) fn cmd_zadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (mut nx, mut xx, mut gt, mut lt, mut ch, mut incr) =
+        (false, false, false, false, false, false);
+    let mut i = 2;
+    while i < args.len() {
+        let o = args[i];
+        if eq_ignore_case(o, "nx") {
+            nx = true;
+        } else if eq_ignore_case(o, "xx") {
+            xx = true;
+        } else if eq_ignore_case(o, "gt") {
+            gt = true;
+        } else if eq_ignore_case(o, "lt") {
+            lt = true;
+        } else if eq_ignore_case(o, "ch") {
+            ch = true;
+        } else if eq_ignore_case(o, "incr") {
+            incr = true;
+        } else {
+            break;
+        }
+        i += 1;
+    }
+    let pairs = &args[i..];
+    if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
+        return ctx.enc.error(ERR_SYNTAX);
+    }
+    if nx && xx {
+        return ctx
+            .enc
+            .error("ERR XX and NX options at the same time are not compatible");
+    }
+    if ((gt || lt) && nx) || (gt && lt) {
+        return ctx
+            .enc
+            .error("ERR GT, LT, and/or NX options at the same time are not compatible");
+    }
+    if incr && pairs.len() > 2 {
+        return ctx
+            .enc
+            .error("ERR INCR option supports a single increment-element pair");
+    }
+    let mut scores = Vec::with_capacity(pairs.len() / 2);
+    for p in pairs.chunks_exact(2) {
+        match parse_f64(p[0]) {
+            Some(s) => scores.push((s, p[1])),
+            None => return ctx.enc.error(ERR_FLOAT),
+        }
+    }
+    // (added, changed, the INCR result: None when NX/XX/GT/LT held it back)
+    type Out = (i64, i64, Option<f64>);
+    let done = update::<ZSet, Out>(ctx, args[1], |z, _| {
+        let (mut added, mut changed, mut last) = (0, 0, None);
+        for &(score, member) in &scores {
+            let current = z.score(member);
+            if (nx && current.is_some()) || (xx && current.is_none()) {
+                continue;
+            }
+            let new = match (incr, current) {
+                (true, Some(c)) => c + score,
+                _ => score,
+            };
+            if new.is_nan() {
+                return Err("ERR resulting score is not a number (NaN)".into());
+            }
+            if let Some(c) = current {
+                if (gt && new <= c) || (lt && new >= c) {
+                    continue;
+                }
+                if new != c {
+                    z.insert(new, member);
+                    changed += 1;
+                }
+            } else {
+                z.insert(new, member);
+                added += 1;
+            }
+            last = Some(new);
+        }
+        Ok(((added, changed, last), added + changed > 0))
+    });
+    let Ok((added, changed, last)) = done else {
+        return;
+    };
+    if incr {
+        match last {
+            Some(s) => ctx.enc.double(s),
+            None => ctx.enc.null(),
+        }
+    } else {
+        ctx.enc.integer(if ch { added + changed } else { added })
+    }
+}
+
+pub(super) fn cmd_zincrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(delta) = parse_f64(args[2]) else {
+        return ctx.enc.error(ERR_FLOAT);
+    };
+    let member = args[3];
+    if let Ok(s) = update::<ZSet, f64>(ctx, args[1], |z, _| {
+        let new = z.score(member).unwrap_or(0.0) + delta;
+        if new.is_nan() {
+            return Err("ERR resulting score is not a number (NaN)".into());
+        }
+        z.insert(new, member);
+        Ok((new, true))
+    }) {
+        ctx.enc.double(s)
+    }
+}
+
+pub(super) fn cmd_zscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
+        match z.score(args[2]) {
+            Some(s) => ctx.enc.double(s),
+            None => ctx.enc.null(),
+        }
+    }
+}
+
+pub(super) fn cmd_zmscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
+        ctx.enc.array(args.len() - 2);
+        for m in &args[2..] {
+            match z.score(m) {
+                Some(s) => ctx.enc.double(s),
+                None => ctx.enc.null(),
+            }
+        }
+    }
+}
+
+pub(super) fn cmd_zcard(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
+        ctx.enc.integer(z.entries.len() as i64)
+    }
+}
+
+pub(super) fn cmd_zrem(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let members = &args[2..];
+    if let Ok(n) = update::<ZSet, i64>(ctx, args[1], |z, _| {
+        let removed = members.iter().filter(|m| z.remove(m)).count();
+        Ok((removed as i64, removed > 0))
+    }) {
+        ctx.enc.integer(n)
+    }
+}
+
+/// ZRANK/ZREVRANK key member [WITHSCORE]
+fn rank(ctx: &mut Ctx<'_>, args: &[&[u8]], rev: bool) {
+    let with_score = match args.get(3) {
+        None => false,
+        Some(o) if eq_ignore_case(o, "withscore") && args.len() == 4 => true,
+        Some(_) => return ctx.enc.error(ERR_SYNTAX),
+    };
+    let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
+        return;
+    };
+    match z.position(args[2]) {
+        None if with_score => ctx.enc.null_array(),
+        None => ctx.enc.null(),
+        Some(i) => {
+            let r = if rev { z.entries.len() - 1 - i } else { i };
+            if with_score {
+                ctx.enc.array(2);
+                ctx.enc.integer(r as i64);
+                ctx.enc.double(z.entries[i].0);
+            } else {
+                ctx.enc.integer(r as i64)
+            }
+        }
+    }
+}
+
+pub(super) fn cmd_zrank(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    rank(ctx, args, false)
+}
+pub(super) fn cmd_zrevrank(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    rank(ctx, args, true)
+}
+
+#[derive(Clone, Copy)]
+struct ScoreBound {
+    value: f64,
+    exclusive: bool,
+}
+
+fn parse_score_bound(arg: &[u8]) -> Option<ScoreBound> {
+    let (exclusive, rest) = match arg.first() {
+        Some(b'(') => (true, &arg[1..]),
+        _ => (false, arg),
+    };
+    parse_f64(rest).map(|value| ScoreBound { value, exclusive })
+}
+
+fn above(s: f64, min: ScoreBound) -> bool {
+    if min.exclusive {
+        s > min.value
+    } else {
+        s >= min.value
+    }
+}
+
+fn below(s: f64, max: ScoreBound) -> bool {
+    if max.exclusive {
+        s < max.value
+    } else {
+        s <= max.value
+    }
+}
+
+#[derive(Clone)]
+enum LexBound {
+    Least,
+    Most,
+    Inclusive(Vec<u8>),
+    Exclusive(Vec<u8>),
+}
+
+fn parse_lex_bound(arg: &[u8]) -> Option<LexBound> {
+    match arg {
+        b"-" => Some(LexBound::Least),
+        b"+" => Some(LexBound::Most),
+        [b'[', rest @ ..] => Some(LexBound::Inclusive(rest.to_vec())),
+        [b'(', rest @ ..] => Some(LexBound::Exclusive(rest.to_vec())),
+        _ => None,
+    }
+}
+
+fn lex_above(m: &[u8], min: &LexBound) -> bool {
+    match min {
+        LexBound::Least => true,
+        LexBound::Most => false,
+        LexBound::Inclusive(b) => m >= b.as_slice(),
+        LexBound::Exclusive(b) => m > b.as_slice(),
+    }
+}
+
+fn lex_below(m: &[u8], max: &LexBound) -> bool {
+    match max {
+        LexBound::Least => false,
+        LexBound::Most => true,
+        LexBound::Inclusive(b) => m <= b.as_slice(),
+        LexBound::Exclusive(b) => m < b.as_slice(),
+    }
+}
+
+enum By {
+    Rank(i64, i64),
+    Score(ScoreBound, ScoreBound),
+    Lex(LexBound, LexBound),
+}
+
+/// What a range query selects: the entries' indexes, in reply order.
+fn select(z: &ZSet, by: &By, rev: bool, limit: Option<(i64, i64)>) -> Vec<usize> {
+    let len = z.entries.len();
+    let mut out: Vec<usize> = match by {
+        By::Rank(start, stop) => {
+            return match index_range(*start, *stop, len) {
+                None => Vec::new(),
+                Some((a, b)) if rev => (a..=b).map(|r| len - 1 - r).collect(),
+                Some((a, b)) => (a..=b).collect(),
+            };
+        }
+        By::Score(min, max) => (0..len)
+            .filter(|&i| above(z.entries[i].0, *min) && below(z.entries[i].0, *max))
+            .collect(),
+        By::Lex(min, max) => (0..len)
+            .filter(|&i| lex_above(&z.entries[i].1, min) && lex_below(&z.entries[i].1, max))
+            .collect(),
+    };
+    if rev {
+        out.reverse();
+    }
+    if let Some((offset, count)) = limit {
+        if offset < 0 {
+            return Vec::new();
+        }
+        let skip = (offset as u64).min(out.len() as u64) as usize;
+        out.drain(..skip);
+        if count >= 0 {
+            out.truncate(count as usize);
+        }
+    }
+    out
+}
+
+fn reply_entries(ctx: &mut Ctx<'_>, z: &ZSet, picks: &[usize], with_scores: bool) {
+    if with_scores && ctx.enc.resp3() {
+        ctx.enc.array(picks.len());
+        for &i in picks {
+            ctx.enc.array(2);
+            ctx.enc.bulk(&z.entries[i].1);
+            ctx.enc.double(z.entries[i].0);
+        }
+        return;
+    }
+    ctx.enc.array(picks.len() * if with_scores { 2 } else { 1 });
+    for &i in picks {
+        ctx.enc.bulk(&z.entries[i].1);
+        if with_scores {
+            ctx.enc.double(z.entries[i].0);
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum RangeForm {
+    /// ZRANGE (and ZRANGESTORE): BYSCORE/BYLEX/REV/LIMIT as options.
+    General,
+    /// ZREVRANGE, ZRANGEBYSCORE, ZREVRANGEBYSCORE, ZRANGEBYLEX, ZREVRANGEBYLEX.
+    RankRev,
+    ScoreFwd,
+    ScoreRev,
+    LexFwd,
+    LexRev,
+}
+
+struct RangeQuery {
+    by: By,
+    rev: bool,
+    limit: Option<(i64, i64)>,
+    with_scores: bool,
+}
+
+/// Parses `min max [options]` (args from the range's first bound on) for a range form.
+fn parse_range(args: &[&[u8]], form: RangeForm, store: bool) -> Result<RangeQuery, &'static str> {
+    let (mut by_score, mut by_lex, mut rev) = match form {
+        RangeForm::General => (false, false, false),
+        RangeForm::RankRev => (false, false, true),
+        RangeForm::ScoreFwd => (true, false, false),
+        RangeForm::ScoreRev => (true, false, true),
+        RangeForm::LexFwd => (false, true, false),
+        RangeForm::LexRev => (false, true, true),
+    };
+    let mut limit = None;
+    let mut with_scores = false;
+    let mut i = 2;
+    while i < args.len() {
+        let o = args[i];
+        if eq_ignore_case(o, "withscores")
+            && !store
+            && !matches!(form, RangeForm::LexFwd | RangeForm::LexRev)
+        {
+            with_scores = true;
+        } else if eq_ignore_case(o, "limit") && form != RangeForm::RankRev && i + 2 < args.len() {
+            let (Some(off), Some(cnt)) = (parse_i64(args[i + 1]), parse_i64(args[i + 2])) else {
+                return Err(ERR_NOT_INTEGER);
+            };
+            limit = Some((off, cnt));
+            i += 2;
+        } else if form == RangeForm::General && eq_ignore_case(o, "byscore") {
+            by_score = true;
+        } else if form == RangeForm::General && eq_ignore_case(o, "bylex") {
+            by_lex = true;
+        } else if form == RangeForm::General && eq_ignore_case(o, "rev") {
+            rev = true;
+        } else {
+            return Err(ERR_SYNTAX);
+        }
+        i += 1;
+    }
+    if by_score && by_lex {
+        return Err(ERR_SYNTAX);
+    }
+    if limit.is_some() && !by_score && !by_lex {
+        return Err(
+            "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX",
+        );
+    }
+    if with_scores && by_lex {
+        return Err("ERR syntax error, WITHSCORES not supported in combination with BYLEX");
+    }
+    // In the REV forms the first bound is the maximum.
+    let (lo, hi) = if rev && (by_score || by_lex) {
+        (args[1], args[0])
+    } else {
+        (args[0], args[1])
+    };
+    let by = if by_score {
+        match (parse_score_bound(lo), parse_score_bound(hi)) {
+            (Some(a), Some(b)) => By::Score(a, b),
+            _ => return Err(ERR_MINMAX_FLOAT),
+        }
+    } else if by_lex {
+        match (parse_lex_bound(lo), parse_lex_bound(hi)) {
+            (Some(a), Some(b)) => By::Lex(a, b),
+            _ => return Err(ERR_MINMAX_LEX),
+        }
+    } else {
+        match (parse_i64(lo), parse_i64(hi)) {
+            (Some(a), Some(b)) => By::Rank(a, b),
+            _ => return Err(ERR_NOT_INTEGER),
+        }
+    };
+    Ok(RangeQuery {
+        by,
+        rev,
+        limit,
+        with_scores,
+    })
+}
+
+fn range(ctx: &mut Ctx<'_>, args: &[&[u8]], form: RangeForm) {
+    let q = match parse_range(&args[2..], form, false) {
+        Ok(q) => q,
+        Err(e) => return ctx.enc.error(e),
+    };
+    let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
+        return;
+    };
+    let picks = select(&z, &q.by, q.rev, q.limit);
+    reply_entries(ctx, &z, &picks, q.with_scores)
+}
+
+pub(super) fn cmd_zrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::General)
+}
+pub(super) fn cmd_zrevrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::RankRev)
+}
+pub(super) fn cmd_zrangebyscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::ScoreFwd)
+}
+pub(super) fn cmd_zrevrangebyscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::ScoreRev)
+}
+pub(super) fn cmd_zrangebylex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::LexFwd)
+}
+pub(super) fn cmd_zrevrangebylex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    range(ctx, args, RangeForm::LexRev)
+}
+
+/// ZRANGESTORE dst src min max [BYSCORE|BYLEX] [REV] [LIMIT offset count]
+pub(super) fn cmd_zrangestore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let q = match parse_range(&args[3..], RangeForm::General, true) {
+        Ok(q) => q,
+        Err(e) => return ctx.enc.error(e),
+    };
+    let Ok(z) = load_or_empty::<ZSet>(ctx, args[2]) else {
+        return;
+    };
+    let picks = select(&z, &q.by, q.rev, q.limit);
+    let mut out = ZSet::default();
+    for i in picks {
+        out.insert(z.entries[i].0, &z.entries[i].1);
+    }
+    if store(ctx, args[1], &out).is_ok() {
+        ctx.enc.integer(out.entries.len() as i64)
+    }
+}
+
+/// ZCOUNT key min max
+pub(super) fn cmd_zcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(min), Some(max)) = (parse_score_bound(args[2]), parse_score_bound(args[3])) else {
+        return ctx.enc.error(ERR_MINMAX_FLOAT);
+    };
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
+        let n = select(&z, &By::Score(min, max), false, None).len();
+        ctx.enc.integer(n as i64)
+    }
+}
+
+/// ZLEXCOUNT key min max
+pub(super) fn cmd_zlexcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(min), Some(max)) = (parse_lex_bound(args[2]), parse_lex_bound(args[3])) else {
+        return ctx.enc.error(ERR_MINMAX_LEX);
+    };
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
+        let n = select(&z, &By::Lex(min, max), false, None).len();
+        ctx.enc.integer(n as i64)
+    }
+}
+
+fn remove_range(ctx: &mut Ctx<'_>, key: &[u8], by: By) {
+    if let Ok(n) = update::<ZSet, i64>(ctx, key, |z, _| {
+        let mut picks = select(z, &by, false, None);
+        picks.sort_unstable();
+        for &i in picks.iter().rev() {
+            z.entries.remove(i);
+        }
+        Ok((picks.len() as i64, !picks.is_empty()))
+    }) {
+        ctx.enc.integer(n)
+    }
+}
+
+pub(super) fn cmd_zremrangebyrank(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(a), Some(b)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    remove_range(ctx, args[1], By::Rank(a, b))
+}
+
+pub(super) fn cmd_zremrangebyscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(min), Some(max)) = (parse_score_bound(args[2]), parse_score_bound(args[3])) else {
+        return ctx.enc.error(ERR_MINMAX_FLOAT);
+    };
+    remove_range(ctx, args[1], By::Score(min, max))
+}
+
+pub(super) fn cmd_zremrangebylex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(min), Some(max)) = (parse_lex_bound(args[2]), parse_lex_bound(args[3])) else {
+        return ctx.enc.error(ERR_MINMAX_LEX);
+    };
+    remove_range(ctx, args[1], By::Lex(min, max))
+}
+
+/// ZPOPMIN/ZPOPMAX key [count]
+fn zpop(ctx: &mut Ctx<'_>, args: &[&[u8]], max: bool) {
+    let count = match args.get(2) {
+        None => None,
+        Some(c) => match parse_i64(c) {
+            Some(n) if n >= 0 => Some(n as usize),
+            _ => return ctx.enc.error("ERR value is out of range, must be positive"),
+        },
+    };
+    if args.len() > 3 {
+        return ctx.enc.error(ERR_SYNTAX);
+    }
+    let popped = update::<ZSet, Vec<(f64, Vec<u8>)>>(ctx, args[1], |z, _| {
+        let n = count.unwrap_or(1).min(z.entries.len());
+        let out: Vec<(f64, Vec<u8>)> = if max {
+            let at = z.entries.len() - n;
+            z.entries.drain(at..).rev().collect()
+        } else {
+            z.entries.drain(..n).collect()
+        };
+        let changed = !out.is_empty();
+        Ok((out, changed))
+    });
+    let Ok(popped) = popped else {
+        return;
+    };
+    if count.is_some() && ctx.enc.resp3() {
+        ctx.enc.array(popped.len());
+        for (s, m) in &popped {
+            ctx.enc.array(2);
+            ctx.enc.bulk(m);
+            ctx.enc.double(*s);
+        }
+        return;
+    }
+    ctx.enc.array(popped.len() * 2);
+    for (s, m) in &popped {
+        ctx.enc.bulk(m);
+        ctx.enc.double(*s);
+    }
+}
+
+pub(super) fn cmd_zpopmin(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zpop(ctx, args, false)
+}
+pub(super) fn cmd_zpopmax(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zpop(ctx, args, true)
+}
+
+/// ZRANDMEMBER key [count [WITHSCORES]]
+pub(super) fn cmd_zrandmember(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let count = match args.get(2) {
+        None => None,
+        Some(c) => match parse_i64(c) {
+            Some(n) if n.unsigned_abs() <= (i64::MAX as u64) / 2 => Some(n),
+            Some(_) => return ctx.enc.error("ERR value is out of range"),
+            None => return ctx.enc.error(ERR_NOT_INTEGER),
+        },
+    };
+    let with_scores = match args.get(3) {
+        None => false,
+        Some(o) if eq_ignore_case(o, "withscores") && args.len() == 4 => true,
+        Some(_) => return ctx.enc.error(ERR_SYNTAX),
+    };
+    let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
+        return;
+    };
+    match count {
+        None => {
+            let pick = random_picks(z.entries.len(), 1);
+            ctx.enc
+                .bulk_or_null(pick.first().map(|&i| z.entries[i].1.as_slice()))
+        }
+        Some(n) => {
+            let picks = random_picks(z.entries.len(), n);
+            reply_entries(ctx, &z, &picks, with_scores)
+        }
+    }
+}
+
+/// ZSCAN key cursor [MATCH pattern] [COUNT count]
+pub(super) fn cmd_zscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Ok(opts) = parse_scan_options(ctx, args, false) else {
+        return;
+    };
+    let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
+        return;
+    };
+    let hits: Vec<&(f64, Vec<u8>)> = z
+        .entries
+        .iter()
+        .filter(|(_, m)| scan_matches(opts.pattern, m))
+        .collect();
+    ctx.enc.array(2);
+    ctx.enc.bulk(b"0");
+    ctx.enc.array(hits.len() * 2);
+    for (s, m) in hits {
+        ctx.enc.bulk(m);
+        // ZSCAN's scores are bulk strings in both protocols.
+        ctx.enc.bulk(float_text(*s).as_bytes());
+    }
+}

@@ -32,6 +32,10 @@ def edge_cases(mode: str):
         (b"k" * KEY_MAX, mode.encode(), None),                  # the longest key
         (b"k" * (KEY_MAX - 1), b"", FAR_FUTURE_MS),             # one below, expiring far ahead
         (f"max-value:{mode}".encode(), bytes([7]) * VALUE_MAX, None),  # the largest value
+        # The largest value that begins with the typed-value tag byte (stored escaped, 2 bytes
+        # longer: docs/formats.md, "Typed values"), and the shortest.
+        (f"tag-max:{mode}".encode(), b"\xff" + bytes([7]) * (VALUE_MAX - 1), None),
+        (f"tag:{mode}".encode(), b"\xff", None),
         (f"expiry:{mode}".encode(), b"soon", int(time.time() * 1000) + 3_600_000),
     ]
 
@@ -123,6 +127,30 @@ def test_edge_keys_and_values_on_every_cluster_path_and_through_a_master_crash(t
         assert rc.delete(b"\x00") == 1
         expected[b"\x00"] = (None, None)
 
+        # Collections with edge fields, members and elements, in the empty key's slot (so on the
+        # tablet killed below), written through the cluster port and read back through both.
+        tag = next(f"{{c{i}}}" for i in range(10**6) if key_slot(f"c{i}".encode()) == key_slot(b""))
+        hkey, lkey, skey, zkey = (f"{tag}{t}:{mode}".encode() for t in ("hash", "list", "set", "zset"))
+        fields = {b"": b"\xff", b"\x00": b"", b"\xff\x00": bytes(range(256)), b"k" * 1000: b"v"}
+        assert rc.hset(hkey, mapping=fields) == 4
+        assert rc.rpush(lkey, b"", b"\xff", b"\r\n", bytes(range(256))) == 4
+        assert rc.sadd(skey, b"", b"\xff", b"m") == 3
+        assert rc.zadd(zkey, {b"": 0, b"\xff": float("inf"), b"neg": float("-inf"), b"half": 0.5}) == 4
+        assert routing.hdel(hkey, b"k" * 1000) == 1
+        del fields[b"k" * 1000]
+        assert routing.lpop(lkey) == b""
+        assert routing.type(hkey) == b"hash" and routing.get(f"tag:{mode}".encode()) == b"\xff/routed"
+
+        def collections_read_back(client):
+            assert client.hgetall(hkey) == fields, mode
+            assert client.lrange(lkey, 0, -1) == [b"\xff", b"\r\n", bytes(range(256))], mode
+            assert client.smembers(skey) == {b"", b"\xff", b"m"}, mode
+            assert client.zrange(zkey, 0, -1, withscores=True) == [
+                (b"neg", float("-inf")), (b"", 0.0), (b"half", 0.5), (b"\xff", float("inf"))], mode
+            assert [client.type(k) for k in (hkey, lkey, skey, zkey)] == [b"hash", b"list", b"set", b"zset"]
+        collections_read_back(rc)
+        collections_read_back(routing)
+
         # kill -9 the master of the empty key's tablet; its backups restore it.
         st = status(c)
         victim = master_of(c, st, b"")
@@ -140,6 +168,8 @@ def test_edge_keys_and_values_on_every_cluster_path_and_through_a_master_crash(t
         for key, (value, at) in expected.items():
             assert rc.get(key) == value, (mode, key[:40])
             assert routing.get(key) == value, (mode, key[:40])
+        collections_read_back(rc)
+        collections_read_back(routing)
         assert rc.pttl(f"expiry:{mode}".encode()) > 3_000_000
         assert rc.pttl(b"k" * (KEY_MAX - 1)) > 10**12 // 2
 
@@ -158,7 +188,9 @@ def test_edge_keys_and_values_on_every_cluster_path_and_through_a_master_crash(t
                     assert entry is None, (mode, b, key[:40])
                     continue
                 assert entry is not None, (mode, b, key[:40])
-                assert entry[0] == value, (mode, b, key[:40])
+                # A string that begins with the tag byte is stored escaped.
+                stored = b"\xff\x00" + value if value[:1] == b"\xff" else value
+                assert entry[0] == stored, (mode, b, key[:40])
                 if at is not None:
                     assert entry[2] == at, (mode, b, key[:40], entry[2], at)
     finally:

@@ -4,16 +4,13 @@ ports, strings that begin with the typed-value tag byte, and collections through
 
 import random
 import shutil
-import signal
 import subprocess
-import time
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from conftest import Cluster, Server, free_port, wait_until
-from test_commands import clustered, tagged
+from conftest import Server, free_port, ramlog_bin, wait_until
 
 KEYS = ["h1", "h2", "l1", "l2", "s1", "s2", "z1", "z2", "str"]
 WORDS = ["a", "b", "c", "d", "e", "10", "-3", "2.5", "", "x y"]
@@ -200,3 +197,89 @@ def test_random_commands_answer_as_redis_does(server_both_ways, redis_peer, seed
             assert ours.smembers(key) == redis_peer.smembers(key)
         elif kind == b"zset":
             assert ours.zrange(key, 0, -1, withscores=True) == redis_peer.zrange(key, 0, -1, withscores=True)
+
+
+def test_collections_survive_a_kill_9_of_a_durable_standalone_server(tmp_path):
+    """Every acknowledged change of a collection is in the persistence log: after kill -9 and a
+    restart the collections read back as they were, expiry included."""
+    s = Server(tmp_path, ["--persistence", "durable"])
+    c = s.client()
+    for i in range(300):
+        c.hset("h", f"f{i}", i)
+        c.rpush("l", i)
+        c.sadd("s", i % 50)
+        c.zadd("z", {f"m{i % 40}": i})
+    c.hdel("h", "f0")
+    c.lpop("l")
+    c.srem("s", 0)
+    c.zrem("z", "m0")
+    c.expire("h", 1000)
+    want = (c.hgetall("h"), c.lrange("l", 0, -1), c.smembers("s"), c.zrange("z", 0, -1, withscores=True))
+    s.proc.kill()
+    s.proc.wait()
+    s2 = Server(tmp_path, ["--persistence", "durable"])
+    try:
+        c2 = s2.client()
+        got = (c2.hgetall("h"), c2.lrange("l", 0, -1), c2.smembers("s"), c2.zrange("z", 0, -1, withscores=True))
+        assert got == want
+        assert len(want[0]) == 299 and len(want[1]) == 299 and len(want[2]) == 49 and len(want[3]) == 39
+        assert 900 < c2.ttl("h") <= 1000
+    finally:
+        s2.stop()
+
+
+def test_writes_keep_the_expiry_and_collections_stay_within_the_value_limit(make_server, tmp_path):
+    config = tmp_path / "small-values.toml"
+    config.write_text('value_size_max_bytes = "4KiB"\n')
+    s = make_server("--config", str(config))
+    c = s.client()
+    c.hset("h", "a", "1")
+    c.expire("h", 100)
+    c.hset("h", "b", "2")
+    c.hincrby("h", "a", 5)
+    assert 90 < c.ttl("h") <= 100
+    # A write that would grow a collection past the value size limit is refused whole.
+    with pytest.raises(redis.ResponseError, match="more than the value size limit"):
+        c.rpush("big", *[b"x" * 1000 for _ in range(5)])
+    assert c.exists("big") == 0
+    c.rpush("big", *[b"x" * 1000 for _ in range(3)])
+    with pytest.raises(redis.ResponseError, match="more than the value size limit"):
+        c.rpush("big", b"x" * 1500)
+    assert c.llen("big") == 3
+    # Strings at the limit, with and without the tag byte in front; one byte more is refused.
+    limit = 4096
+    for v in (b"\xff" * limit, b"a" * limit, b"\xff\x00" + b"z" * (limit - 2)):
+        assert c.set("s", v) and c.get("s") == v and c.strlen("s") == limit
+        assert c.getrange("s", 0, 1) == v[:2]
+    with pytest.raises(redis.ResponseError, match="value too large"):
+        c.set("s", b"\xff" * (limit + 1))
+    assert c.append("t", b"\xff") == 1 and c.append("t", b"\xfe") == 2 and c.get("t") == b"\xff\xfe"
+    assert c.type("t") == b"string" and c.type("h") == b"hash"
+    # SCAN's TYPE filter reads each key's type.
+    c.sadd("set", "m")
+    c.zadd("zs", {"m": 1})
+    c.rpush("list", "e")
+    found = {t: sorted(c.scan_iter(_type=t)) for t in ("string", "hash", "list", "set", "zset")}
+    assert found == {"string": [b"s", b"t"], "hash": [b"h"], "list": [b"big", b"list"], "set": [b"set"], "zset": [b"zs"]}
+
+
+def test_native_clients_see_strings_and_refuse_collections(shared_cluster):
+    """The native protocol reads and writes strings as RESP does (a leading 0xFF included); a
+    native read of a collection is a clear error, not its bytes."""
+    c = shared_cluster
+    rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+
+    def native(*args, value=None):
+        return subprocess.run([ramlog_bin(), *args[:1], "-p", str(c.servers[1].native), *args[1:]],
+                              input=value, capture_output=True, timeout=30)
+
+    out = native("set", "native:tag", "-", value=b"\xff\x00\x01")
+    assert out.returncode == 0, out.stderr
+    assert rc.get("native:tag") == b"\xff\x00\x01" and rc.strlen("native:tag") == 3
+    rc.set("resp:tag", b"\xffresp")
+    out = native("get", "resp:tag")
+    assert out.returncode == 0 and out.stdout.rstrip(b"\n") == b"\xffresp", out
+    rc.hset("native:hash", "f", "v")
+    out = native("get", "native:hash")
+    assert out.returncode != 0 and b"holds a collection" in out.stderr, out
+    assert rc.hgetall("native:hash") == {b"f": b"v"}

@@ -4,7 +4,10 @@ ports, strings that begin with the typed-value tag byte, and collections through
 
 import random
 import shutil
+import socket
 import subprocess
+import threading
+import time
 
 import pytest
 import redis
@@ -283,3 +286,99 @@ def test_native_clients_see_strings_and_refuse_collections(shared_cluster):
     out = native("get", "native:hash")
     assert out.returncode != 0 and b"holds a collection" in out.stderr, out
     assert rc.hgetall("native:hash") == {b"f": b"v"}
+
+
+@pytest.fixture(params=["standalone", "routing", "cluster"])
+def blocking_target(request, tmp_path):
+    """A standalone server, a cluster's routing port, or the cluster port of the key's master."""
+    if request.param == "standalone":
+        s = Server(tmp_path)
+        yield lambda: s.client(), s.port
+        s.stop()
+    elif request.param == "routing":
+        c = request.getfixturevalue("shared_cluster")
+        port = c.servers[1].routing
+        redis.Redis(port=port).delete("{q}", "{q}2", "{q}z", "{q}s")
+        yield lambda: redis.Redis(port=port, socket_timeout=10), port
+    else:
+        c = request.getfixturevalue("shared_cluster")
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+        rc.delete("{q}", "{q}2", "{q}z", "{q}s")
+        port = rc.get_node_from_key("{q}").port
+        yield lambda: redis.Redis(port=port, socket_timeout=10), port
+
+
+def test_blocking_pops_wait_for_a_push_and_time_out_with_nil(blocking_target):
+    make, port = blocking_target
+    a, b = make(), make()
+    # Nothing arrives: nil after the timeout.
+    t0 = time.monotonic()
+    assert a.blpop(["{q}"], timeout=0.3) is None
+    assert 0.25 <= time.monotonic() - t0 < 3
+    # A push from another client wakes the blocked one at once.
+    for pop, push, want in ((a.blpop, b.rpush, [b"{q}", b"x"]), (a.brpop, b.lpush, [b"{q}", b"x"])):
+        got = []
+        th = threading.Thread(target=lambda: got.append(pop(["{q}2", "{q}"], timeout=10)))
+        th.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        push("{q}", "x")
+        th.join(timeout=10)
+        assert got and list(got[0]) == want, got
+        assert time.monotonic() - t0 < 1.0
+    assert b.llen("{q}") == 0
+    # BLMOVE and BRPOPLPUSH, woken by a push to the source.
+    got = []
+    th = threading.Thread(target=lambda: got.append(a.blmove("{q}", "{q}2", 10, "RIGHT", "LEFT")))
+    th.start()
+    time.sleep(0.2)
+    b.rpush("{q}", "m")
+    th.join(timeout=10)
+    assert got == [b"m"] and b.lrange("{q}2", 0, -1) == [b"m"] and b.exists("{q}") == 0
+    # BZPOPMIN and BZPOPMAX, woken by ZADD.
+    got = []
+    th = threading.Thread(target=lambda: got.append(a.bzpopmin("{q}z", timeout=10)))
+    th.start()
+    time.sleep(0.2)
+    b.zadd("{q}z", {"low": 1, "high": 2})
+    th.join(timeout=10)
+    assert got == [(b"{q}z", b"low", 1.0)], got
+    assert a.bzpopmax("{q}z", timeout=1) == (b"{q}z", b"high", 2.0)
+    # A key of another type answers WRONGTYPE at once; a bad timeout is an error.
+    b.set("{q}s", "v")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        a.blpop(["{q}s"], timeout=5)
+    with pytest.raises(redis.ResponseError, match="timeout is negative"):
+        a.blpop(["{q}"], timeout=-1)
+    b.delete("{q}s", "{q}2")
+
+
+def test_a_blocked_client_that_leaves_takes_nothing_and_pipelined_requests_follow(blocking_target):
+    make, port = blocking_target
+    b = make()
+    # The client closes while blocked: a later push stays in the list.
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"*3\r\n$5\r\nBLPOP\r\n$3\r\n{q}\r\n$1\r\n0\r\n")
+    time.sleep(0.3)
+    s.close()
+    time.sleep(0.3)
+    b.rpush("{q}", "kept")
+    time.sleep(0.3)
+    assert b.lrange("{q}", 0, -1) == [b"kept"]
+    b.delete("{q}")
+    # BLPOP then PING in one write: PING's reply follows the pop's, once a push came.
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"*3\r\n$5\r\nBLPOP\r\n$3\r\n{q}\r\n$1\r\n0\r\n*1\r\n$4\r\nPING\r\n")
+    time.sleep(0.3)
+    b.rpush("{q}", "v")
+    data = b""
+    want = b"*2\r\n$3\r\n{q}\r\n$1\r\nv\r\n+PONG\r\n"
+    deadline = time.time() + 5
+    while len(data) < len(want) and time.time() < deadline:
+        data += s.recv(4096)
+    s.close()
+    assert data == want
+    # Inside MULTI a blocking pop answers at once.
+    p = b.pipeline(transaction=True)
+    p.blpop(["{q}"], timeout=0)
+    assert p.execute() == [None]

@@ -6,6 +6,7 @@
 //! backup duty; nothing below them calls them.
 
 pub mod analytic;
+pub mod blocking;
 pub mod commands;
 pub mod native;
 pub mod resp_conn;

@@ -72,6 +72,34 @@ pub async fn serve_resp(
                             }
                             crate::front::analytic::run(&shared, &mut session, &args, &mut out)
                                 .await;
+                        } else if crate::front::blocking::is_blocking(args[0])
+                            && session.multi.is_none()
+                        {
+                            // A blocking command: what came before it goes out first.
+                            let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+                            if let Err(ending) =
+                                flush(&mut stream, &shared, &mut session, &mut out, write_timeout)
+                                    .await
+                            {
+                                return ending;
+                            }
+                            let args: Vec<&[u8]> = owned.iter().map(|a| a.as_slice()).collect();
+                            hold_through_switch(&session, &args).await;
+                            let mut ahead = Vec::new();
+                            let done = crate::front::blocking::run(
+                                &shared,
+                                &mut session,
+                                &args,
+                                &mut out,
+                                &mut stream,
+                                &mut ahead,
+                            )
+                            .await;
+                            // Requests read while blocked are served next, in order.
+                            inbuf.extend_from_slice(&ahead);
+                            if let Err(ending) = done {
+                                return ending;
+                            }
                         } else {
                             hold_through_switch(&session, &args).await;
                             execute(&shared, &mut session, &args, &mut out);

@@ -459,6 +459,31 @@ pub async fn serve_routing(
                                 pos += used;
                                 continue;
                             }
+                            if crate::front::blocking::is_blocking(args[0])
+                                && router.session.multi.is_none()
+                            {
+                                // A blocking command runs alone, after what came before it.
+                                if !round.parts.is_empty() {
+                                    break;
+                                }
+                                let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+                                let args: Vec<&[u8]> = owned.iter().map(|a| a.as_slice()).collect();
+                                let mut ahead = Vec::new();
+                                let done = routed_blocking(
+                                    &mut router,
+                                    &args,
+                                    &mut out,
+                                    &mut stream,
+                                    &mut ahead,
+                                )
+                                .await;
+                                inbuf.extend_from_slice(&ahead);
+                                if let Err(ending) = done {
+                                    return ending;
+                                }
+                                pos += used;
+                                continue;
+                            }
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
                             let barrier =
@@ -509,6 +534,32 @@ pub async fn serve_routing(
             let _ = write_out(&mut stream, &mut out, write_timeout).await;
             return Ending::ProtocolError;
         }
+    }
+}
+
+/// A blocking command through the routing port: tried at the key's master (which answers at
+/// once), and tried again every [`crate::front::blocking::ROUTED_RETRY_INTERVAL`] while it
+/// answers the null of "nothing yet", until the command's timeout.
+async fn routed_blocking(
+    router: &mut Router<'_>,
+    args: &[&[u8]],
+    out: &mut Vec<u8>,
+    stream: &mut TcpStream,
+    read_ahead: &mut Vec<u8>,
+) -> Result<(), Ending> {
+    use crate::front::blocking::{deadline_of, is_null, pause, ROUTED_RETRY_INTERVAL};
+    let deadline = deadline_of(args);
+    let before = out.len();
+    loop {
+        let mut round = Round::new();
+        let part = router.route(&mut round, args);
+        round.parts.push(part);
+        resolve(router, round, out).await;
+        if !is_null(&out[before..]) || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(());
+        }
+        out.truncate(before);
+        pause(deadline, ROUTED_RETRY_INTERVAL, None, stream, read_ahead).await?;
     }
 }
 

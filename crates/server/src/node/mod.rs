@@ -30,6 +30,7 @@ pub mod figures;
 pub mod keyspace;
 pub mod metrics;
 pub mod persistence;
+pub mod waiters;
 
 pub use acks::{refused_replies, Acks, ClusterHooks, HeldReply, RefusedWrite, RolesMemory};
 
@@ -111,6 +112,8 @@ pub struct Node {
     /// configuration); with the resident code and libraries, the `process` part.
     process_base_bytes: u64,
     stopping: std::sync::atomic::AtomicBool,
+    /// Clients blocked on keys (BLPOP and the other blocking commands).
+    pub waiters: waiters::KeyWaiters,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -257,6 +260,7 @@ impl Node {
             failure: parking_lot::Mutex::new(None),
             process_base_bytes,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            waiters: Default::default(),
         });
         node.charge_memory();
         start_memory_charger(&node);

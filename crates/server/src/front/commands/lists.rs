@@ -440,3 +440,69 @@ pub(super) fn cmd_lmove(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 pub(super) fn cmd_rpoplpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     lmove(ctx, args[1], args[2], false, true)
 }
+
+/// A blocking command's timeout in seconds (0 = for ever), as Redis parses it.
+pub(crate) fn parse_timeout(arg: &[u8]) -> Result<f64, &'static str> {
+    match parse_f64(arg) {
+        Some(t) if t < 0.0 => Err("ERR timeout is negative"),
+        Some(t) if t.is_finite() && t <= 1e12 => Ok(t),
+        _ => Err("ERR timeout is not a float or out of range"),
+    }
+}
+
+/// BLPOP/BRPOP key [key ...] timeout, one try: the first non-empty list's end element as
+/// [key, element], or a null array. The connection blocks and tries again
+/// (`front::blocking`); inside MULTI it answers at once.
+fn bpop(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool) {
+    if let Err(e) = parse_timeout(args[args.len() - 1]) {
+        return ctx.enc.error(e);
+    }
+    for key in &args[1..args.len() - 1] {
+        let popped = update::<List, Option<Vec<u8>>>(ctx, key, |l, _| {
+            let e = if left {
+                l.items.pop_front()
+            } else {
+                l.items.pop_back()
+            };
+            let changed = e.is_some();
+            Ok((e, changed))
+        });
+        match popped {
+            Ok(Some(e)) => {
+                ctx.enc.array(2);
+                ctx.enc.bulk(key);
+                ctx.enc.bulk(&e);
+                return;
+            }
+            Ok(None) => {}
+            Err(Replied) => return,
+        }
+    }
+    ctx.enc.null_array()
+}
+
+pub(super) fn cmd_blpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    bpop(ctx, args, true)
+}
+pub(super) fn cmd_brpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    bpop(ctx, args, false)
+}
+
+/// BLMOVE source destination LEFT|RIGHT LEFT|RIGHT timeout, one try.
+pub(super) fn cmd_blmove(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (Some(from_left), Some(to_left)) = (side(args[3]), side(args[4])) else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    if let Err(e) = parse_timeout(args[5]) {
+        return ctx.enc.error(e);
+    }
+    lmove(ctx, args[1], args[2], from_left, to_left)
+}
+
+/// BRPOPLPUSH source destination timeout, one try.
+pub(super) fn cmd_brpoplpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Err(e) = parse_timeout(args[3]) {
+        return ctx.enc.error(e);
+    }
+    lmove(ctx, args[1], args[2], false, true)
+}

@@ -35,6 +35,7 @@ use admin::*;
 use connection::*;
 use hashes::*;
 use keys::*;
+pub(crate) use lists::parse_timeout;
 use lists::*;
 use sets::*;
 use strings::*;
@@ -519,6 +520,7 @@ fn collection_specs() -> Vec<Spec> {
     let rs: &[&str] = &["readonly"];
     let wf: &[&str] = &["write", "denyoom", "fast"];
     let wr: &[&str] = &["write"];
+    let bl: &[&str] = &["write", "blocking"];
     vec![
         spec!("hset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hset),
         spec!("hmset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hmset),
@@ -802,6 +804,12 @@ fn collection_specs() -> Vec<Spec> {
         ),
         spec!("zrandmember", -2, rs, 1, 1, 1, z, Op::ZSet, cmd_zrandmember),
         spec!("zscan", -3, rs, 1, 1, 1, z, Op::ZSet, cmd_zscan),
+        spec!("blpop", -3, bl, 1, -2, 1, l, Op::List, cmd_blpop),
+        spec!("brpop", -3, bl, 1, -2, 1, l, Op::List, cmd_brpop),
+        spec!("blmove", 6, bl, 1, 2, 1, l, Op::List, cmd_blmove),
+        spec!("brpoplpush", 4, bl, 1, 2, 1, l, Op::List, cmd_brpoplpush),
+        spec!("bzpopmin", -3, bl, 1, -2, 1, z, Op::ZSet, cmd_bzpopmin),
+        spec!("bzpopmax", -3, bl, 1, -2, 1, z, Op::ZSet, cmd_bzpopmax),
     ]
 }
 

@@ -195,7 +195,12 @@ pub(super) fn update<C: Collection, R>(
                 .map(|_| ())
         };
         match done {
-            Ok(()) => return Ok(result),
+            Ok(()) => {
+                if c.len() > 0 {
+                    node.waiters.wake(key);
+                }
+                return Ok(result);
+            }
             Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
             Err(e) => {
                 engine_error(ctx, &e);
@@ -230,6 +235,9 @@ pub(super) fn store<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8], c: &C) -> Resu
         )
         .map(|_| ())
     };
+    if done.is_ok() && c.len() > 0 {
+        node.waiters.wake(key);
+    }
     done.map_err(|e| {
         engine_error(ctx, &e);
         Replied

@@ -623,3 +623,43 @@ pub(super) fn cmd_zscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ctx.enc.bulk(float_text(*s).as_bytes());
     }
 }
+
+/// BZPOPMIN/BZPOPMAX key [key ...] timeout, one try: [key, member, score] of the first
+/// non-empty sorted set, or a null array (the connection blocks and tries again).
+fn bzpop(ctx: &mut Ctx<'_>, args: &[&[u8]], max: bool) {
+    if let Err(e) = super::lists::parse_timeout(args[args.len() - 1]) {
+        return ctx.enc.error(e);
+    }
+    for key in &args[1..args.len() - 1] {
+        let popped = update::<ZSet, Option<(f64, Vec<u8>)>>(ctx, key, |z, _| {
+            let e = if z.entries.is_empty() {
+                None
+            } else if max {
+                z.entries.pop()
+            } else {
+                Some(z.entries.remove(0))
+            };
+            let changed = e.is_some();
+            Ok((e, changed))
+        });
+        match popped {
+            Ok(Some((score, member))) => {
+                ctx.enc.array(3);
+                ctx.enc.bulk(key);
+                ctx.enc.bulk(&member);
+                ctx.enc.double(score);
+                return;
+            }
+            Ok(None) => {}
+            Err(Replied) => return,
+        }
+    }
+    ctx.enc.null_array()
+}
+
+pub(super) fn cmd_bzpopmin(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    bzpop(ctx, args, false)
+}
+pub(super) fn cmd_bzpopmax(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    bzpop(ctx, args, true)
+}

@@ -1,0 +1,167 @@
+//! The blocking commands on a RESP connection: BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BZPOPMIN,
+//! BZPOPMAX.
+//!
+//! Each command's handler (in `commands`) makes one try and answers a null when its keys hold
+//! nothing. Outside MULTI, the connection does not send that null: it registers for its keys'
+//! wakes ([`crate::node::waiters`]), waits for a write of one of them (or [`RETRY_INTERVAL`],
+//! or the command's timeout), and tries again, until the handler answers something else (an
+//! element, an error such as WRONGTYPE or `-MOVED` after its slot moved) or the timeout passes
+//! (then the null goes out, as Redis answers a timed-out blocking command). Each try runs through
+//! [`execute`] like any command, so routing checks, metrics and the replication wait of the pop's
+//! write apply as usual. While blocked, the connection still reads: a client that closes ends
+//! the wait, and requests it pipelined behind are served after it, in order.
+
+use crate::front::commands::{command_keys, execute, lookup, Session};
+use crate::front::resp_conn::Ending;
+use crate::node::Node;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+/// How often a blocked client tries again with no wake (writes by other paths, a moved slot).
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Bytes a blocked connection reads ahead (pipelined requests behind the blocking one).
+const READ_AHEAD_MAX: usize = 1 << 20;
+
+/// Whether `name` is a command this module blocks for.
+pub fn is_blocking(name: &[u8]) -> bool {
+    [
+        &b"blpop"[..],
+        b"brpop",
+        b"blmove",
+        b"brpoplpush",
+        b"bzpopmin",
+        b"bzpopmax",
+    ]
+    .iter()
+    .any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// The timeout argument's position.
+fn timeout_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
+    let name = args[0].to_ascii_lowercase();
+    match name.as_slice() {
+        b"blmove" => args.get(5).copied(),
+        b"brpoplpush" => args.get(3).copied(),
+        _ => args.last().copied(),
+    }
+}
+
+/// Whether a reply is the null a blocking command's try answers when its keys hold nothing.
+pub fn is_null(reply: &[u8]) -> bool {
+    matches!(reply, b"*-1\r\n" | b"$-1\r\n" | b"_\r\n")
+}
+
+struct Registration<'a> {
+    node: &'a Node,
+    keys: Vec<Vec<u8>>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.node.waiters.unregister(&self.keys, &self.notify);
+    }
+}
+
+/// Runs a blocking command to its answer (see the module comment). Bytes the client sends
+/// meanwhile are appended to `read_ahead`; a client that closes ends it with its [`Ending`].
+pub async fn run(
+    node: &Arc<Node>,
+    session: &mut Session,
+    args: &[&[u8]],
+    out: &mut Vec<u8>,
+    stream: &mut TcpStream,
+    read_ahead: &mut Vec<u8>,
+) -> Result<(), Ending> {
+    let before = out.len();
+    let held = session.write_replies.len();
+    execute(node, session, args, out);
+    if !is_null(&out[before..]) || session.multi.is_some() {
+        return Ok(());
+    }
+    let deadline = deadline_of(args);
+    let keys: Vec<Vec<u8>> = match lookup(args[0]) {
+        Some(spec) => command_keys(spec, args).map(<[u8]>::to_vec).collect(),
+        None => return Ok(()),
+    };
+    let registration = Registration {
+        node,
+        keys,
+        notify: Arc::new(tokio::sync::Notify::new()),
+    };
+    node.waiters
+        .register(&registration.keys, &registration.notify);
+    loop {
+        // Nothing yet: take the null back and try again after a wake.
+        out.truncate(before);
+        session.write_replies.truncate(held);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            // Timed out: the null answer stands.
+            execute(node, session, args, out);
+            return Ok(());
+        }
+        pause(
+            deadline,
+            RETRY_INTERVAL,
+            Some(&registration.notify),
+            stream,
+            read_ahead,
+        )
+        .await?;
+        execute(node, session, args, out);
+        if !is_null(&out[before..]) {
+            return Ok(());
+        }
+    }
+}
+
+/// When a blocking command (`args`) times out; None for ever (timeout 0, or one its handler
+/// refuses, which then answers the error itself).
+pub fn deadline_of(args: &[&[u8]]) -> Option<Instant> {
+    let timeout = timeout_arg(args)
+        .and_then(|t| crate::front::commands::parse_timeout(t).ok())
+        .unwrap_or(0.0);
+    (timeout > 0.0).then(|| Instant::now() + Duration::from_secs_f64(timeout))
+}
+
+/// How often the routing port tries a blocking command again at the key's master (no wake
+/// reaches it from another server).
+pub const ROUTED_RETRY_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Waits for a wake (if `notify`), `interval` or the deadline, whichever comes first,
+/// reading what the client sends meanwhile into `read_ahead`; the client closing ends it.
+pub async fn pause(
+    deadline: Option<Instant>,
+    interval: Duration,
+    notify: Option<&tokio::sync::Notify>,
+    stream: &mut TcpStream,
+    read_ahead: &mut Vec<u8>,
+) -> Result<(), Ending> {
+    let wait = match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()).min(interval),
+        None => interval,
+    };
+    let woken = async {
+        match notify {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    if read_ahead.len() >= READ_AHEAD_MAX {
+        tokio::select! {
+            _ = woken => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+        return Ok(());
+    }
+    tokio::select! {
+        _ = woken => Ok(()),
+        _ = tokio::time::sleep(wait) => Ok(()),
+        read = stream.read_buf(read_ahead) => match read {
+            Ok(0) | Err(_) => Err(Ending::ClientClosed),
+            Ok(_) => Ok(()),
+        },
+    }
+}

@@ -1,0 +1,87 @@
+//! Clients blocked on keys (BLPOP, BLMOVE, BZPOPMIN, ...): each blocked connection has its own
+//! [`Notify`], registered under each of its keys; a write that may give them something wakes the
+//! key's waiters.
+//!
+//! A write of a collection calls [`KeyWaiters::wake`]; when nobody waits (the common case) that
+//! costs one atomic load. A wake is `notify_one` on each waiter's own notifier, which keeps a
+//! permit when the waiter is not waiting yet: a push between a waiter's try and its wait is not
+//! missed. Waiters also retry on their own every `front::blocking::RETRY_INTERVAL`, which covers
+//! what reaches a key by other paths (a restore, a migration's import) and notices a slot that
+//! moved away.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+#[derive(Default)]
+pub struct KeyWaiters {
+    /// Per key with blocked clients, their notifiers.
+    keys: Mutex<HashMap<Vec<u8>, Vec<Arc<Notify>>>>,
+    count: AtomicUsize,
+}
+
+impl KeyWaiters {
+    /// Registers `notify` under every key (until [`unregister`](Self::unregister)).
+    pub fn register(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
+        let mut map = self.keys.lock();
+        for k in keys {
+            map.entry(k.clone()).or_default().push(notify.clone());
+        }
+        self.count.store(map.len(), Ordering::Release);
+    }
+
+    pub fn unregister(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
+        let mut map = self.keys.lock();
+        for k in keys {
+            if let Some(list) = map.get_mut(k) {
+                list.retain(|n| !Arc::ptr_eq(n, notify));
+                if list.is_empty() {
+                    map.remove(k);
+                }
+            }
+        }
+        self.count.store(map.len(), Ordering::Release);
+    }
+
+    /// Wakes the clients blocked on `key`, if any.
+    #[inline]
+    pub fn wake(&self, key: &[u8]) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Some(list) = self.keys.lock().get(key) {
+            for n in list {
+                n.notify_one();
+            }
+        }
+    }
+
+    /// Keys with blocked clients (INFO's `blocked_keys`).
+    pub fn keys(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wake_before_the_wait_is_kept_and_keys_are_forgotten_after() {
+        let w = KeyWaiters::default();
+        let n = Arc::new(Notify::new());
+        let keys = vec![b"a".to_vec(), b"b".to_vec()];
+        w.register(&keys, &n);
+        assert_eq!(w.keys(), 2);
+        w.wake(b"other");
+        w.wake(b"b");
+        tokio::time::timeout(std::time::Duration::from_secs(5), n.notified())
+            .await
+            .expect("the wake before the wait is kept");
+        w.unregister(&keys, &n);
+        assert_eq!(w.keys(), 0);
+        w.wake(b"a");
+    }
+}

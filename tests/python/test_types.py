@@ -120,6 +120,14 @@ def random_command():
         lambda: ["DEL", k],
         lambda: ["EXPIRE", k, "100"],
         lambda: ["TTL", k],
+        lambda: ["RENAME", k, k2],
+        lambda: ["RENAMENX", k, k2],
+        lambda: ["COPY", k, k2] + random.choice([[], ["REPLACE"]]),
+        lambda: ["INCRBYFLOAT", k, random.choice(["1.5", "-2", "x", "1e3"])],
+        lambda: ["SETRANGE", k, str(random.randint(0, 6)), w()],
+        lambda: ["GETBIT", k, str(random.randint(0, 40))],
+        lambda: ["SETBIT", k, str(random.randint(0, 40)), random.choice(["0", "1"])],
+        lambda: ["BITCOUNT", k] + random.choice([[], ["0", "-1"], ["1", "2", "BYTE"], ["3", "17", "BIT"]]),
     ]
     # Collections far more often than strings, so that the types grow.
     return random.choice(choices)()

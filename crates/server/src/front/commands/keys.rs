@@ -323,3 +323,261 @@ pub(super) fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     ctx.enc.ok();
 }
+
+/// Writes `value` (a stored value of any type) with `expire_at_ms` at `key`, on `condition`;
+/// false when the condition failed.
+fn put_stored(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    value: &[u8],
+    expire_at_ms: u64,
+    condition: Condition,
+) -> Result<bool, NodeError> {
+    let node = ctx.node;
+    let opts = PutOptions {
+        condition,
+        expire_at_ms,
+        ..Default::default()
+    };
+    match node.put(
+        node.tablet_of(key),
+        key,
+        value,
+        &opts,
+        &mut ctx.session.acks,
+    ) {
+        Ok(_) => Ok(true),
+        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// RENAME/RENAMENX: the value (of any type) and its expiry go to the new name, which is
+/// written first; the old name is then deleted if it still holds what was read (a crash in
+/// between leaves both names, never neither).
+fn rename(ctx: &mut Ctx<'_>, args: &[&[u8]], only_new: bool) {
+    let (src, dst) = (args[1], args[2]);
+    let node = ctx.node;
+    for _ in 0..64 {
+        let found = match node.get(node.tablet_of(src), src, &mut ctx.session.acks) {
+            Ok(f) => f,
+            Err(e) => return engine_error(ctx, &e),
+        };
+        let Some(object) = found else {
+            return ctx.enc.error("ERR no such key");
+        };
+        if src == dst {
+            return if only_new {
+                ctx.enc.integer(0)
+            } else {
+                ctx.enc.ok()
+            };
+        }
+        let condition = if only_new {
+            Condition::IfAbsent
+        } else {
+            Condition::None
+        };
+        match put_stored(ctx, dst, &object.value, object.expire_at_ms, condition) {
+            Ok(true) => {}
+            Ok(false) => return ctx.enc.integer(0),
+            Err(e) => return engine_error(ctx, &e),
+        }
+        match node.delete(
+            node.tablet_of(src),
+            src,
+            Condition::IfVersion(object.version),
+            &mut ctx.session.acks,
+        ) {
+            Ok(Some(_)) => {
+                node.waiters.wake(dst);
+                return if only_new {
+                    ctx.enc.integer(1)
+                } else {
+                    ctx.enc.ok()
+                };
+            }
+            // The source changed after it was read: read it again (the new name is rewritten).
+            Ok(None) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc
+        .error("ERR too much contention on the key, try again")
+}
+
+pub(super) fn cmd_rename(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    rename(ctx, args, false)
+}
+
+pub(super) fn cmd_renamenx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    rename(ctx, args, true)
+}
+
+/// COPY source destination [DB 0] [REPLACE]
+pub(super) fn cmd_copy(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let mut replace = false;
+    let mut i = 3;
+    while i < args.len() {
+        if eq_ignore_case(args[i], "replace") {
+            replace = true;
+        } else if eq_ignore_case(args[i], "db") && i + 1 < args.len() {
+            match parse_i64(args[i + 1]) {
+                Some(0) => {}
+                Some(_) => return ctx.enc.error("ERR DB index is out of range"),
+                None => return ctx.enc.error(ERR_NOT_INTEGER),
+            }
+            i += 1;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        i += 1;
+    }
+    let (src, dst) = (args[1], args[2]);
+    if src == dst {
+        return ctx
+            .enc
+            .error("ERR source and destination objects are the same");
+    }
+    let found = match read(ctx, src) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(object) = found else {
+        return ctx.enc.integer(0);
+    };
+    let condition = if replace {
+        Condition::None
+    } else {
+        Condition::IfAbsent
+    };
+    match put_stored(ctx, dst, &object.value, object.expire_at_ms, condition) {
+        Ok(done) => {
+            if done {
+                ctx.node.waiters.wake(dst);
+            }
+            ctx.enc.integer(i64::from(done))
+        }
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+/// RANDOMKEY: a key of a random tablet (nil when there is none).
+pub(super) fn cmd_randomkey(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    let tablets = ctx.node.keyspace.tablet_ids().len().max(1) as u64;
+    let start = super::typed::random_u64() % tablets;
+    let mut keys = Vec::new();
+    // From a random tablet on, the first that holds keys; then a random one of its first keys.
+    for step in 0..tablets {
+        let cursor = (start + step) % tablets;
+        keys.clear();
+        match ctx.node.keyspace.scan(cursor, 64, None, &mut keys) {
+            Ok(_) => {}
+            Err(e) => return engine_error(ctx, &e.into()),
+        }
+        if !keys.is_empty() {
+            let pick = (super::typed::random_u64() % keys.len() as u64) as usize;
+            return ctx.enc.bulk(&keys[pick]);
+        }
+    }
+    ctx.enc.null()
+}
+
+/// The encoding OBJECT ENCODING names: Redis's for the same value (a collection is one compact
+/// object, Redis's listpack).
+fn encoding_of(stored: &[u8]) -> &'static str {
+    use ramlog_proto::types::{kind_of, string_of, Kind};
+    match kind_of(stored) {
+        Ok(Kind::String) => {
+            let s = string_of(stored).unwrap_or_default();
+            if s.len() <= 20 && parse_i64(s).is_some() {
+                "int"
+            } else if s.len() <= 44 {
+                "embstr"
+            } else {
+                "raw"
+            }
+        }
+        Ok(_) => "listpack",
+        Err(_) => "unknown",
+    }
+}
+
+/// OBJECT ENCODING|REFCOUNT|IDLETIME|FREQ|HELP key
+pub(super) fn cmd_object(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let sub = args[1];
+    if eq_ignore_case(sub, "help") {
+        let lines = [
+            "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "ENCODING <key>",
+            "    Return the kind of internal representation used in order to store the value",
+            "    associated with a <key>.",
+            "FREQ <key>",
+            "IDLETIME <key>",
+            "REFCOUNT <key>",
+            "HELP",
+            "    Print this help.",
+        ];
+        ctx.enc.array(lines.len());
+        for l in lines {
+            ctx.enc.simple(l);
+        }
+        return;
+    }
+    if args.len() != 3 {
+        return unknown_subcommand(ctx, "object", sub);
+    }
+    let found = match read(ctx, args[2]) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(object) = found else {
+        return ctx.enc.null();
+    };
+    if eq_ignore_case(sub, "encoding") {
+        ctx.enc.bulk(encoding_of(&object.value).as_bytes())
+    } else if eq_ignore_case(sub, "refcount") {
+        ctx.enc.integer(1)
+    } else if eq_ignore_case(sub, "idletime") || eq_ignore_case(sub, "freq") {
+        ctx.enc.integer(0)
+    } else {
+        unknown_subcommand(ctx, "object", sub)
+    }
+}
+
+/// MEMORY USAGE key [SAMPLES n]: the bytes the key takes in the log (its entry: header, key and
+/// value, a collection's encoded elements included) and its hash-index slot.
+pub(super) fn cmd_memory(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let sub = args[1];
+    if eq_ignore_case(sub, "usage") && args.len() >= 3 {
+        let key = args[2];
+        let node = ctx.node;
+        let found = node.read_with(
+            node.tablet_of(key),
+            key,
+            &mut ctx.session.acks,
+            |v, version, expiry| {
+                ramlog_logmem::entry::encoded_len(
+                    ramlog_logmem::entry::KIND_OBJECT,
+                    version,
+                    key.len(),
+                    v.len(),
+                    expiry,
+                )
+            },
+        );
+        match found {
+            Ok(Some(bytes)) => ctx.enc.integer((bytes + INDEX_SLOT_BYTES) as i64),
+            Ok(None) => ctx.enc.null(),
+            Err(e) => engine_error(ctx, &e),
+        }
+    } else if eq_ignore_case(sub, "help") {
+        ctx.enc.array(1);
+        ctx.enc.simple("MEMORY USAGE <key> [SAMPLES <count>]");
+    } else {
+        unknown_subcommand(ctx, "memory", sub)
+    }
+}
+
+/// What one object's slot in the hash index takes (docs/formats.md, "Hash index").
+const INDEX_SLOT_BYTES: usize = 8;

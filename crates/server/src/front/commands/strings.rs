@@ -568,3 +568,216 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     ctx.enc
         .bulk(types::string_of(&object.value).unwrap_or_default());
 }
+
+/// Reads the key's string, lets `f` compute its result and the new string (None: no write),
+/// and writes that on the condition that the key did not change since it was read (keeping its
+/// expiry); a concurrent write makes it start again.
+fn update_string<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    mut f: impl FnMut(Option<&[u8]>) -> Result<(R, Option<Vec<u8>>), String>,
+) -> Result<R, Replied> {
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
+    for _ in 0..64 {
+        let found = node.get(tablet, key, &mut ctx.session.acks).map_err(|e| {
+            engine_error(ctx, &e);
+            Replied
+        })?;
+        let (current, condition) = match &found {
+            Some(o) => (
+                Some(string_or_wrongtype(ctx, &o.value)?),
+                Condition::IfVersion(o.version),
+            ),
+            None => (None, Condition::IfAbsent),
+        };
+        let (result, new) = f(current).map_err(|m| {
+            ctx.enc.error(&m);
+            Replied
+        })?;
+        let Some(new) = new else {
+            return Ok(result);
+        };
+        let bytes = stored(ctx, &new)?;
+        let opts = PutOptions {
+            condition,
+            keep_ttl: true,
+            ..Default::default()
+        };
+        match node.put(tablet, key, &bytes, &opts, &mut ctx.session.acks) {
+            Ok(_) => return Ok(result),
+            Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => continue,
+            Err(e) => {
+                engine_error(ctx, &e);
+                return Err(Replied);
+            }
+        }
+    }
+    ctx.enc
+        .error("ERR too much contention on the key, try again");
+    Err(Replied)
+}
+
+/// INCRBYFLOAT key increment
+pub(super) fn cmd_incrbyfloat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    // As Redis: the key's type is checked before the increment is parsed.
+    let delta = super::typed::parse_f64(args[2]);
+    if let Ok(text) = update_string(ctx, args[1], |current| {
+        let delta = delta.ok_or("ERR value is not a valid float")?;
+        let base = match current {
+            Some(v) => super::typed::parse_f64(v).ok_or("ERR value is not a valid float")?,
+            None => 0.0,
+        };
+        let next = base + delta;
+        if !next.is_finite() {
+            return Err("ERR increment would produce NaN or Infinity".into());
+        }
+        let text = super::typed::float_text(next);
+        Ok((text.clone(), Some(text.into_bytes())))
+    }) {
+        ctx.enc.bulk(text.as_bytes())
+    }
+}
+
+/// SETRANGE key offset value: zero-padded as needed; the new length.
+pub(super) fn cmd_setrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let offset = match parse_i64(args[2]) {
+        Some(o) if o >= 0 => o as u64,
+        Some(_) => return ctx.enc.error("ERR offset is out of range"),
+        None => return ctx.enc.error(ERR_NOT_INTEGER),
+    };
+    let value = args[3];
+    let max = ctx.node.config.value_size_max_bytes;
+    if value.is_empty() {
+        // Nothing to write: the length as it is (0 if absent).
+        return match read(ctx, args[1]) {
+            Ok(Some(o)) => {
+                if let Ok(s) = string_or_wrongtype(ctx, &o.value) {
+                    ctx.enc.integer(s.len() as i64)
+                }
+            }
+            Ok(None) => ctx.enc.integer(0),
+            Err(e) => engine_error(ctx, &e),
+        };
+    }
+    if offset + value.len() as u64 > max {
+        return ctx.enc.error(&format!(
+            "ERR string exceeds maximum allowed size (the value size limit, {max} bytes)"
+        ));
+    }
+    let offset = offset as usize;
+    if let Ok(len) = update_string(ctx, args[1], |current| {
+        let mut s = current.map(<[u8]>::to_vec).unwrap_or_default();
+        if s.len() < offset + value.len() {
+            s.resize(offset + value.len(), 0);
+        }
+        s[offset..offset + value.len()].copy_from_slice(value);
+        Ok((s.len() as i64, Some(s)))
+    }) {
+        ctx.enc.integer(len)
+    }
+}
+
+fn bit_offset(ctx: &mut Ctx<'_>, arg: &[u8]) -> Option<u64> {
+    let max_bits = ctx.node.config.value_size_max_bytes * 8;
+    match parse_i64(arg) {
+        Some(o) if o >= 0 && (o as u64) < max_bits => Some(o as u64),
+        _ => {
+            ctx.enc
+                .error("ERR bit offset is not an integer or out of range");
+            None
+        }
+    }
+}
+
+/// GETBIT key offset
+pub(super) fn cmd_getbit(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(bit) = bit_offset(ctx, args[2]) else {
+        return;
+    };
+    let found = match read(ctx, args[1]) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(o) = found else {
+        return ctx.enc.integer(0);
+    };
+    let Ok(s) = string_or_wrongtype(ctx, &o.value) else {
+        return;
+    };
+    let byte = s.get((bit / 8) as usize).copied().unwrap_or(0);
+    ctx.enc.integer(i64::from((byte >> (7 - (bit % 8))) & 1))
+}
+
+/// SETBIT key offset 0|1: the bit's previous value.
+pub(super) fn cmd_setbit(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Some(bit) = bit_offset(ctx, args[2]) else {
+        return;
+    };
+    let on = match args[3] {
+        b"0" => false,
+        b"1" => true,
+        _ => return ctx.enc.error("ERR bit is not an integer or out of range"),
+    };
+    let (index, mask) = ((bit / 8) as usize, 1u8 << (7 - (bit % 8)));
+    if let Ok(old) = update_string(ctx, args[1], |current| {
+        let mut s = current.map(<[u8]>::to_vec).unwrap_or_default();
+        if s.len() <= index {
+            s.resize(index + 1, 0);
+        }
+        let old = s[index] & mask != 0;
+        if on {
+            s[index] |= mask;
+        } else {
+            s[index] &= !mask;
+        }
+        let changed = current.is_none_or(|c| c.len() != s.len() || old != on);
+        Ok((old, changed.then_some(s)))
+    }) {
+        ctx.enc.integer(i64::from(old))
+    }
+}
+
+/// BITCOUNT key [start end [BYTE|BIT]]
+pub(super) fn cmd_bitcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let range = match args.len() {
+        2 => None,
+        4 | 5 => {
+            let (Some(a), Some(b)) = (parse_i64(args[2]), parse_i64(args[3])) else {
+                return ctx.enc.error(ERR_NOT_INTEGER);
+            };
+            let bits = match args.get(4) {
+                None => false,
+                Some(u) if eq_ignore_case(u, "byte") => false,
+                Some(u) if eq_ignore_case(u, "bit") => true,
+                Some(_) => return ctx.enc.error(ERR_SYNTAX),
+            };
+            Some((a, b, bits))
+        }
+        _ => return ctx.enc.error(ERR_SYNTAX),
+    };
+    let found = match read(ctx, args[1]) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(o) = found else {
+        return ctx.enc.integer(0);
+    };
+    let Ok(s) = string_or_wrongtype(ctx, &o.value) else {
+        return;
+    };
+    let count = match range {
+        None => s.iter().map(|b| b.count_ones() as i64).sum(),
+        Some((a, b, false)) => match super::typed::index_range(a, b, s.len()) {
+            None => 0,
+            Some((x, y)) => s[x..=y].iter().map(|b| b.count_ones() as i64).sum(),
+        },
+        Some((a, b, true)) => match super::typed::index_range(a, b, s.len() * 8) {
+            None => 0,
+            Some((x, y)) => (x..=y)
+                .filter(|&i| s[i / 8] & (1 << (7 - i % 8)) != 0)
+                .count() as i64,
+        },
+    };
+    ctx.enc.integer(count)
+}

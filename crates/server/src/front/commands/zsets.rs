@@ -259,6 +259,35 @@ fn lex_below(m: &[u8], max: &LexBound) -> bool {
     }
 }
 
+/// Redis's first test of a lex range (`zzlIsInLexRange`): not empty, the last member at or
+/// above the minimum and the first at or below the maximum.
+fn lex_range_reachable(z: &ZSet, min: &LexBound, max: &LexBound) -> bool {
+    use std::cmp::Ordering;
+    let (lo, lo_ex) = match min {
+        LexBound::Least => (None, false),
+        LexBound::Most => return false,
+        LexBound::Inclusive(b) => (Some(b.as_slice()), false),
+        LexBound::Exclusive(b) => (Some(b.as_slice()), true),
+    };
+    let (hi, hi_ex) = match max {
+        LexBound::Most => (None, false),
+        LexBound::Least => return false,
+        LexBound::Inclusive(b) => (Some(b.as_slice()), false),
+        LexBound::Exclusive(b) => (Some(b.as_slice()), true),
+    };
+    if let (Some(a), Some(b)) = (lo, hi) {
+        match a.cmp(b) {
+            Ordering::Greater => return false,
+            Ordering::Equal if lo_ex || hi_ex => return false,
+            _ => {}
+        }
+    }
+    match (z.entries.first(), z.entries.last()) {
+        (Some(first), Some(last)) => lex_above(&last.1, min) && lex_below(&first.1, max),
+        _ => false,
+    }
+}
+
 enum By {
     Rank(i64, i64),
     Score(ScoreBound, ScoreBound),
@@ -279,11 +308,36 @@ fn select(z: &ZSet, by: &By, rev: bool, limit: Option<(i64, i64)>) -> Vec<usize>
         By::Score(min, max) => (0..len)
             .filter(|&i| above(z.entries[i].0, *min) && below(z.entries[i].0, *max))
             .collect(),
-        By::Lex(min, max) => (0..len)
-            .filter(|&i| lex_above(&z.entries[i].1, min) && lex_below(&z.entries[i].1, max))
-            .collect(),
+        // As Redis, which assumes that the members of a lex query all have one score: from the
+        // first member at or above the minimum (the last at or below the maximum, reversed),
+        // on while the members stay in range.
+        By::Lex(min, max) if !lex_range_reachable(z, min, max) => Vec::new(),
+        By::Lex(min, max) if rev => {
+            let mut out = Vec::new();
+            if let Some(last) = (0..len).rev().find(|&i| lex_below(&z.entries[i].1, max)) {
+                for i in (0..=last).rev() {
+                    if !lex_above(&z.entries[i].1, min) {
+                        break;
+                    }
+                    out.push(i);
+                }
+            }
+            out
+        }
+        By::Lex(min, max) => {
+            let mut out = Vec::new();
+            if let Some(first) = (0..len).find(|&i| lex_above(&z.entries[i].1, min)) {
+                for i in first..len {
+                    if !lex_below(&z.entries[i].1, max) {
+                        break;
+                    }
+                    out.push(i);
+                }
+            }
+            out
+        }
     };
-    if rev {
+    if rev && !matches!(by, By::Lex(..)) {
         out.reverse();
     }
     if let Some((offset, count)) = limit {

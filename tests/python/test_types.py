@@ -390,3 +390,57 @@ def test_a_blocked_client_that_leaves_takes_nothing_and_pipelined_requests_follo
     p = b.pipeline(transaction=True)
     p.blpop(["{q}"], timeout=0)
     assert p.execute() == [None]
+
+
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
+    if where == "standalone":
+        s = Server(tmp_path)
+        make = s.client
+        routing = None
+    else:
+        c = request.getfixturevalue("shared_cluster")
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+        port = rc.get_node_from_key("{w}").port
+        make = lambda **kw: redis.Redis(port=port, socket_timeout=10, **kw)  # noqa: E731
+        routing = redis.Redis(port=c.servers[0].routing, socket_timeout=10)
+    a, b = make(), make()
+    a.delete("{w}k", "{w}h", "{w}n")
+    a.set("{w}k", "1")
+    # Nothing changed: EXEC runs.
+    p = a.pipeline(transaction=True)
+    p.watch("{w}k", "{w}n")
+    assert p.get("{w}k") == b"1"
+    p.multi()
+    p.set("{w}k", "2")
+    assert p.execute() == [True]
+    # Another client changes a watched key (a string, a hash field, an absent key created):
+    # EXEC answers nil and runs nothing.
+    for change in (lambda: b.set("{w}k", "x"), lambda: b.hset("{w}h", "f", "v"), lambda: b.set("{w}n", "new")):
+        p = a.pipeline(transaction=True)
+        p.watch("{w}k", "{w}h", "{w}n")
+        change()
+        p.multi()
+        p.set("{w}k", "mine")
+        with pytest.raises(redis.WatchError):
+            p.execute()
+        assert a.get("{w}k") != b"mine"
+        b.delete("{w}n")
+    # UNWATCH forgets; WATCH inside MULTI aborts the transaction (one connection throughout).
+    a = make(single_connection_client=True)
+    assert a.execute_command("WATCH", "{w}k")
+    b.set("{w}k", "y")
+    assert a.execute_command("UNWATCH")
+    assert a.execute_command("MULTI")
+    a.execute_command("SET", "{w}k", "z")  # +QUEUED (redis-py's SET callback reads it as False)
+    assert a.execute_command("EXEC") == [b"OK"] and a.get("{w}k") == b"z"
+    a.execute_command("MULTI")
+    with pytest.raises(redis.ResponseError, match="not allowed inside a transaction"):
+        a.execute_command("WATCH", "{w}k")
+    with pytest.raises(redis.ResponseError, match="Transaction discarded because of previous errors"):
+        a.execute_command("EXEC")
+    if routing is not None:
+        with pytest.raises(redis.ResponseError, match="not supported through the routing port"):
+            routing.execute_command("WATCH", "{w}k")
+    if where == "standalone":
+        s.stop()

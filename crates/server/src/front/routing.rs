@@ -264,6 +264,14 @@ impl Router<'_> {
                 .collect()
         };
         match spec.name {
+            // The routing port shares its connections to each master between its clients, so a
+            // master cannot keep one client's watched keys.
+            "watch" => {
+                return Part::Ready(error_reply(
+                    self.session.protocol,
+                    "ERR WATCH is not supported through the routing port: send it to the key's master (its cluster port)",
+                ))
+            }
             "dbsize" => return Part::Sum(to_every_master(self)),
             "keys" => return Part::Concat(to_every_master(self)),
             "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),

@@ -48,10 +48,21 @@ pub(super) fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     let Some(queue) = ctx.session.multi.take() else {
         return ctx.enc.error("ERR EXEC without MULTI");
     };
+    let watched = std::mem::take(&mut ctx.session.watched);
     if std::mem::take(&mut ctx.session.multi_failed) {
         return ctx
             .enc
             .error("EXECABORT Transaction discarded because of previous errors.");
+    }
+    // WATCH: a watched key that changed since aborts the transaction (a null reply). The check
+    // and the queued commands are not one atomic step: a write that lands between them is not
+    // seen (docs/protocol.md, MULTI/EXEC).
+    for (key, version) in &watched {
+        match watched_version(ctx, key) {
+            Ok(now) if now == *version => {}
+            Ok(_) => return ctx.enc.null_array(),
+            Err(e) => return engine_error(ctx, &e),
+        }
     }
     ctx.enc.array(queue.len());
     let out = ctx.enc.buffer();
@@ -61,7 +72,38 @@ pub(super) fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     }
 }
 
+/// The version of a key as WATCH records it (None: absent).
+fn watched_version(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<u64>, NodeError> {
+    let node = ctx.node;
+    node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |_, version, _| version,
+    )
+}
+
+/// WATCH key [key ...]
+pub(super) fn cmd_watch(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    for key in &args[1..] {
+        if ctx.session.watched.iter().any(|(k, _)| k == key) {
+            continue;
+        }
+        match watched_version(ctx, key) {
+            Ok(v) => ctx.session.watched.push((key.to_vec(), v)),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.ok()
+}
+
+pub(super) fn cmd_unwatch(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    ctx.session.watched.clear();
+    ctx.enc.ok()
+}
+
 pub(super) fn cmd_discard(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    ctx.session.watched.clear();
     if ctx.session.multi.take().is_none() {
         return ctx.enc.error("ERR DISCARD without MULTI");
     }

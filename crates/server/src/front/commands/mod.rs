@@ -84,6 +84,8 @@ pub struct Session {
     pub refused_slots: std::collections::HashSet<u16>,
     /// READONLY was sent (replica reads; mirrors serve them).
     pub readonly: bool,
+    /// WATCHed keys with the version each had when watched (None: absent).
+    pub watched: Vec<(Vec<u8>, Option<u64>)>,
 }
 
 impl Session {
@@ -115,6 +117,7 @@ impl Session {
             forwarded: false,
             refused_slots: std::collections::HashSet::new(),
             readonly: false,
+            watched: Vec::new(),
         }
     }
 }
@@ -507,6 +510,28 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             &["@transaction"],
             Op::Other,
             cmd_exec
+        ),
+        spec!(
+            "watch",
+            -2,
+            &["noscript", "loading", "stale", "fast", "no_multi"],
+            1,
+            -1,
+            1,
+            &["@transaction"],
+            Op::Other,
+            cmd_watch
+        ),
+        spec!(
+            "unwatch",
+            1,
+            &["noscript", "loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            &["@transaction"],
+            Op::Other,
+            cmd_unwatch
         ),
         spec!(
             "discard",

@@ -444,3 +444,82 @@ def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
             routing.execute_command("WATCH", "{w}k")
     if where == "standalone":
         s.stop()
+
+
+def _messages(p, want, timeout=10):
+    got = []
+    deadline = time.time() + timeout
+    while len(got) < want and time.time() < deadline:
+        m = p.get_message(timeout=0.2)
+        if m and m["type"] in ("message", "pmessage", "smessage"):
+            got.append(m)
+    return got
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_publish_reaches_channel_and_pattern_subscribers_on_a_standalone_server(tmp_path, protocol):
+    s = Server(tmp_path)
+    try:
+        sub = s.client(protocol=protocol).pubsub()
+        sub.subscribe("news")
+        sub.psubscribe("n*")
+        c = s.client()
+        assert wait_until(lambda: c.pubsub_numsub("news") == [(b"news", 1)])
+        assert c.pubsub_numpat() == 1 and c.pubsub_channels() == [b"news"]
+        assert c.publish("news", "hello") == 2
+        assert c.publish("other", "x") == 0
+        got = _messages(sub, 2)
+        assert sorted((m["type"], m["channel"], m["data"]) for m in got) == [
+            ("message", b"news", b"hello"), ("pmessage", b"news", b"hello")]
+        sub.unsubscribe("news")
+        sub.punsubscribe("n*")
+        assert wait_until(lambda: c.pubsub_numsub("news") == [(b"news", 0)])
+        assert c.publish("news", "gone") == 0
+        sub.close()
+        # A subscribed RESP2 connection refuses other commands, as Redis does.
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        raw.sendall(b"SUBSCRIBE a\r\nGET k\r\nPING\r\n")
+        want = b"*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n"
+        data = b""
+        deadline = time.time() + 5
+        while data.count(b"\r\n") < 9 and time.time() < deadline:
+            data += raw.recv(4096)
+        raw.close()
+        assert data.startswith(want), data
+        assert b"-ERR Can't execute 'get'" in data and data.endswith(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"), data
+    finally:
+        s.stop()
+
+
+def test_publish_reaches_subscribers_on_every_server_of_a_cluster_in_order(shared_cluster):
+    """Subscribers on two servers' cluster ports and on a routing port receive what is published
+    on any server (cluster port or routing port), each publisher's messages in order."""
+    c = shared_cluster
+    subs = [redis.Redis(port=c.servers[0].resp).pubsub(), redis.Redis(port=c.servers[2].resp).pubsub(),
+            redis.Redis(port=c.servers[1].routing).pubsub()]
+    for p in subs:
+        p.subscribe("events")
+    time.sleep(0.3)
+    pub_a = redis.Redis(port=c.servers[1].resp)
+    pub_b = redis.Redis(port=c.servers[2].routing)
+    for i in range(50):
+        pub_a.publish("events", f"a{i}")
+        pub_b.publish("events", f"b{i}")
+    for p in subs:
+        got = [m["data"].decode() for m in _messages(p, 100)]
+        assert len(got) == 100, got
+        assert [x for x in got if x[0] == "a"] == [f"a{i}" for i in range(50)]
+        assert [x for x in got if x[0] == "b"] == [f"b{i}" for i in range(50)]
+        p.close()
+    # Sharded pub/sub stays at the channel's slot's master.
+    rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+    master = redis.Redis(port=rc.get_node_from_key("shard-ch").port)
+    sp = master.pubsub()
+    sp.ssubscribe("shard-ch")
+    time.sleep(0.2)
+    assert master.execute_command("SPUBLISH", "shard-ch", "s1") == 1
+    got = _messages(sp, 1)
+    assert [(m["type"], m["data"]) for m in got] == [("smessage", b"s1")]
+    sp.close()
+    with pytest.raises(redis.ResponseError, match="not supported through the routing port"):
+        redis.Redis(port=c.servers[0].routing).execute_command("SSUBSCRIBE", "shard-ch")

@@ -28,6 +28,8 @@ pub enum Ending {
     WriteTimeout,
     ProtocolError,
     IoError,
+    /// A subscriber let more than `node::pubsub::QUEUE_MAX_BYTES` of messages wait.
+    SubscriberTooSlow,
 }
 
 pub async fn serve_resp(
@@ -50,8 +52,26 @@ pub async fn serve_resp(
     let depth_max = config.pipeline_depth_max;
     let mut buffers = BufferGauge::new(&shared.metrics);
     loop {
-        if let Err(ending) = read_more(&mut stream, &mut inbuf, idle, &shared.metrics).await {
-            return ending;
+        match wait_input(
+            &mut stream,
+            &mut inbuf,
+            idle,
+            &shared.metrics,
+            &mut session,
+            &mut out,
+        )
+        .await
+        {
+            Ok(Woke::Input) => {}
+            Ok(Woke::Delivered) => {
+                if let Err(ending) =
+                    flush(&mut stream, &shared, &mut session, &mut out, write_timeout).await
+                {
+                    return ending;
+                }
+                continue;
+            }
+            Err(ending) => return ending,
         }
         buffers.update(inbuf.capacity() + out.capacity());
         let mut pos = 0;
@@ -206,6 +226,51 @@ async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
         }
         drop(view);
         tokio::time::sleep(SWITCH_HOLD_POLL).await;
+    }
+}
+
+/// What ended a wait for input.
+pub(crate) enum Woke {
+    /// Request bytes arrived.
+    Input,
+    /// Messages for a subscribed connection were encoded into `out`.
+    Delivered,
+}
+
+/// Waits for request bytes (within the idle timeout, which a subscribed connection does not
+/// have, as in Redis) or, once the connection subscribed, for messages, which it encodes into
+/// `out`.
+pub(crate) async fn wait_input(
+    stream: &mut TcpStream,
+    inbuf: &mut Vec<u8>,
+    idle: Option<Duration>,
+    metrics: &Metrics,
+    session: &mut Session,
+    out: &mut Vec<u8>,
+) -> Result<Woke, Ending> {
+    let protocol = session.protocol;
+    let Some(mailbox) = session.mailbox.as_mut() else {
+        read_more(stream, inbuf, idle, metrics).await?;
+        return Ok(Woke::Input);
+    };
+    tokio::select! {
+        read = read_more(stream, inbuf, None, metrics) => read.map(|()| Woke::Input),
+        message = mailbox.next() => {
+            let Some(m) = message else {
+                return Err(Ending::IoError);
+            };
+            crate::front::commands::pubsub::encode_message(out, protocol, &m);
+            while out.len() < READ_CHUNK_BYTES * 16 {
+                match mailbox.try_next() {
+                    Some(m) => crate::front::commands::pubsub::encode_message(out, protocol, &m),
+                    None => break,
+                }
+            }
+            if mailbox.overflowed() {
+                return Err(Ending::SubscriberTooSlow);
+            }
+            Ok(Woke::Delivered)
+        }
     }
 }
 

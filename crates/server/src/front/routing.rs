@@ -30,7 +30,7 @@
 use crate::cluster::membership::{ClusterView, LEASE_REFUSAL_PREFIX};
 use crate::cluster::Member;
 use crate::front::commands::{command_keys, execute, lookup, Session};
-use crate::front::resp_conn::{read_more, request_limits, Ending};
+use crate::front::resp_conn::{request_limits, wait_input, Ending, Woke};
 use crate::node::metrics::{BufferGauge, Metrics};
 use crate::node::Node;
 use bytes::Bytes;
@@ -438,8 +438,24 @@ pub async fn serve_routing(
     let depth_max = config.pipeline_depth_max;
     let mut buffers = BufferGauge::new(&node.metrics);
     loop {
-        if let Err(ending) = read_more(&mut stream, &mut inbuf, idle, &node.metrics).await {
-            return ending;
+        match wait_input(
+            &mut stream,
+            &mut inbuf,
+            idle,
+            &node.metrics,
+            &mut router.session,
+            &mut out,
+        )
+        .await
+        {
+            Ok(Woke::Input) => {}
+            Ok(Woke::Delivered) => {
+                if let Err(ending) = write_out(&mut stream, &mut out, write_timeout).await {
+                    return ending;
+                }
+                continue;
+            }
+            Err(ending) => return ending,
         }
         buffers.update(inbuf.capacity() + out.capacity());
         let mut pos = 0;

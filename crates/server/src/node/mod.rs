@@ -30,6 +30,7 @@ pub mod figures;
 pub mod keyspace;
 pub mod metrics;
 pub mod persistence;
+pub mod pubsub;
 pub mod waiters;
 
 pub use acks::{refused_replies, Acks, ClusterHooks, HeldReply, RefusedWrite, RolesMemory};
@@ -114,6 +115,11 @@ pub struct Node {
     stopping: std::sync::atomic::AtomicBool,
     /// Clients blocked on keys (BLPOP and the other blocking commands).
     pub waiters: waiters::KeyWaiters,
+    /// Publish/subscribe on this server.
+    pub pubsub: pubsub::PubSub,
+    /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
+    pub pubsub_broadcast:
+        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Vec<u8>, Vec<u8>)>>,
 }
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
@@ -261,6 +267,8 @@ impl Node {
             process_base_bytes,
             stopping: std::sync::atomic::AtomicBool::new(false),
             waiters: Default::default(),
+            pubsub: Default::default(),
+            pubsub_broadcast: Default::default(),
         });
         node.charge_memory();
         start_memory_charger(&node);

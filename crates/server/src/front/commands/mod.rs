@@ -26,6 +26,7 @@ mod connection;
 mod hashes;
 mod keys;
 mod lists;
+pub(crate) mod pubsub;
 mod sets;
 mod strings;
 mod typed;
@@ -37,6 +38,10 @@ use hashes::*;
 use keys::*;
 pub(crate) use lists::parse_timeout;
 use lists::*;
+use pubsub::{
+    cmd_psubscribe, cmd_publish, cmd_pubsub, cmd_punsubscribe, cmd_spublish, cmd_ssubscribe,
+    cmd_subscribe, cmd_sunsubscribe, cmd_unsubscribe,
+};
 use sets::*;
 use strings::*;
 use typed::cmd_type;
@@ -86,6 +91,17 @@ pub struct Session {
     pub readonly: bool,
     /// WATCHed keys with the version each had when watched (None: absent).
     pub watched: Vec<(Vec<u8>, Option<u64>)>,
+    /// The connection's subscriptions and the messages waiting for it (once it subscribed).
+    pub mailbox: Option<crate::node::pubsub::Mailbox>,
+}
+
+impl Session {
+    /// In RESP2, a connection with subscriptions accepts only the pub/sub commands.
+    pub fn subscribed(&self) -> bool {
+        self.mailbox
+            .as_ref()
+            .is_some_and(|m| m.count() + m.shard_channels.len() > 0)
+    }
 }
 
 impl Session {
@@ -118,6 +134,7 @@ impl Session {
             refused_slots: std::collections::HashSet::new(),
             readonly: false,
             watched: Vec::new(),
+            mailbox: None,
         }
     }
 }
@@ -557,6 +574,99 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         ),
     ];
     v.extend(collection_specs());
+    let ps = &["@pubsub"][..];
+    let psf: &[&str] = &["pubsub", "noscript", "loading", "stale"];
+    v.extend([
+        spec!("subscribe", -2, psf, 0, 0, 0, ps, Op::Other, cmd_subscribe),
+        spec!(
+            "unsubscribe",
+            -1,
+            psf,
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_unsubscribe
+        ),
+        spec!(
+            "psubscribe",
+            -2,
+            psf,
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_psubscribe
+        ),
+        spec!(
+            "punsubscribe",
+            -1,
+            psf,
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_punsubscribe
+        ),
+        spec!(
+            "ssubscribe",
+            -2,
+            psf,
+            1,
+            -1,
+            1,
+            ps,
+            Op::Other,
+            cmd_ssubscribe
+        ),
+        spec!(
+            "sunsubscribe",
+            -1,
+            psf,
+            1,
+            -1,
+            1,
+            ps,
+            Op::Other,
+            cmd_sunsubscribe
+        ),
+        spec!(
+            "publish",
+            3,
+            &["pubsub", "loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_publish
+        ),
+        spec!(
+            "spublish",
+            3,
+            &["pubsub", "loading", "stale", "fast"],
+            1,
+            1,
+            1,
+            ps,
+            Op::Other,
+            cmd_spublish
+        ),
+        spec!(
+            "pubsub",
+            -2,
+            &["pubsub", "loading", "stale"],
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_pubsub
+        ),
+    ]);
     let mut auth = spec!(
         "auth",
         -2,
@@ -1166,6 +1276,34 @@ fn run_checked(
     wrote: &mut bool,
 ) {
     let node = ctx.node;
+    // RESP2: a subscribed connection takes only the pub/sub commands, PING, QUIT and RESET.
+    if ctx.session.subscribed()
+        && ctx.session.protocol == 2
+        && !matches!(
+            spec.name,
+            "subscribe"
+                | "unsubscribe"
+                | "psubscribe"
+                | "punsubscribe"
+                | "ssubscribe"
+                | "sunsubscribe"
+                | "ping"
+                | "quit"
+                | "reset"
+        )
+    {
+        return ctx.enc.error(&format!(
+            "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
+            spec.name
+        ));
+    }
+    if ctx.session.subscribed() && ctx.session.protocol == 2 && spec.name == "ping" {
+        // A subscribed RESP2 connection's PING answers ["pong", message].
+        ctx.enc.array(2);
+        ctx.enc.bulk(b"pong");
+        ctx.enc.bulk(args.get(1).copied().unwrap_or_default());
+        return;
+    }
     // Redis's CMD_NO_MULTI (SHUTDOWN): refused inside a transaction, which EXEC then aborts.
     if in_multi && spec.flags.contains(&"no_multi") {
         ctx.session.multi_failed = true;

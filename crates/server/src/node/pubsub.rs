@@ -1,0 +1,328 @@
+//! Publish/subscribe on this server: who subscribes to which channels and patterns, and the
+//! delivery of a message to them.
+//!
+//! Each subscribed connection has one [`Mailbox`]: an unbounded queue its connection task drains
+//! into its socket, with the bytes queued counted. A subscriber whose queue passes
+//! [`QUEUE_MAX_BYTES`] (it does not read fast enough) is dropped from every channel and its
+//! connection closed, as Redis closes a pub/sub client past its output buffer limit. So what this
+//! module holds is bounded: per subscriber, its subscriptions and at most `QUEUE_MAX_BYTES`.
+//! Delivery is at most once, as in Redis: a message reaches the subscribers present when it is
+//! published, on this server (cluster servers forward PUBLISH to each other,
+//! `front::commands::pubsub`).
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// The most bytes of messages a subscriber may have waiting before it is disconnected.
+pub const QUEUE_MAX_BYTES: usize = 32 << 20;
+
+/// What a subscriber receives.
+#[derive(Debug, Clone)]
+pub enum Message {
+    /// A message on a channel it subscribed to (`sharded`: SSUBSCRIBE's).
+    Channel {
+        channel: Arc<[u8]>,
+        payload: Arc<[u8]>,
+        sharded: bool,
+    },
+    /// A message on a channel that matches a pattern it subscribed to.
+    Pattern {
+        pattern: Arc<[u8]>,
+        channel: Arc<[u8]>,
+        payload: Arc<[u8]>,
+    },
+}
+
+impl Message {
+    fn bytes(&self) -> usize {
+        match self {
+            Message::Channel {
+                channel, payload, ..
+            } => channel.len() + payload.len() + 32,
+            Message::Pattern {
+                pattern,
+                channel,
+                payload,
+            } => pattern.len() + channel.len() + payload.len() + 40,
+        }
+    }
+}
+
+/// The sending half a subscription is registered with.
+#[derive(Clone)]
+struct Sender {
+    id: u64,
+    tx: mpsc::UnboundedSender<Message>,
+    queued: Arc<AtomicUsize>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Sender {
+    fn send(&self, m: Message) -> bool {
+        if self.overflowed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let n = m.bytes();
+        if self.queued.fetch_add(n, Ordering::Relaxed) + n > QUEUE_MAX_BYTES {
+            self.overflowed.store(true, Ordering::Relaxed);
+            return false;
+        }
+        self.tx.send(m).is_ok()
+    }
+}
+
+/// One connection's subscriptions and its queue of messages.
+pub struct Mailbox {
+    registry: Arc<Mutex<Registry>>,
+    sender: Sender,
+    rx: mpsc::UnboundedReceiver<Message>,
+    pub channels: HashSet<Vec<u8>>,
+    pub patterns: HashSet<Vec<u8>>,
+    pub shard_channels: HashSet<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("channels", &self.channels.len())
+            .field("patterns", &self.patterns.len())
+            .field("shard_channels", &self.shard_channels.len())
+            .finish()
+    }
+}
+
+impl Mailbox {
+    /// Subscriptions of every kind (what the subscribe replies count).
+    pub fn count(&self) -> usize {
+        self.channels.len() + self.patterns.len()
+    }
+
+    /// The next message, once one is queued.
+    pub async fn next(&mut self) -> Option<Message> {
+        let m = self.rx.recv().await?;
+        self.sender.queued.fetch_sub(m.bytes(), Ordering::Relaxed);
+        Some(m)
+    }
+
+    /// A message already queued, if any.
+    pub fn try_next(&mut self) -> Option<Message> {
+        let m = self.rx.try_recv().ok()?;
+        self.sender.queued.fetch_sub(m.bytes(), Ordering::Relaxed);
+        Some(m)
+    }
+
+    /// The subscriber fell too far behind: the connection must close.
+    pub fn overflowed(&self) -> bool {
+        self.sender.overflowed.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    channels: HashMap<Vec<u8>, Vec<Sender>>,
+    patterns: HashMap<Vec<u8>, Vec<Sender>>,
+    shard_channels: HashMap<Vec<u8>, Vec<Sender>>,
+}
+
+#[derive(Default)]
+pub struct PubSub {
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl Drop for Mailbox {
+    /// A connection that ends leaves every channel.
+    fn drop(&mut self) {
+        let mut r = self.registry.lock();
+        let id = self.sender.id;
+        for (kind, names) in [
+            (Kind::Channel, &self.channels),
+            (Kind::Pattern, &self.patterns),
+            (Kind::Shard, &self.shard_channels),
+        ] {
+            let table = PubSub::table(&mut r, kind);
+            for name in names {
+                if let Some(list) = table.get_mut(name) {
+                    list.retain(|s| s.id != id);
+                    if list.is_empty() {
+                        table.remove(name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Channel,
+    Pattern,
+    Shard,
+}
+
+impl PubSub {
+    pub fn mailbox(&self, id: u64) -> Mailbox {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Mailbox {
+            registry: self.registry.clone(),
+            sender: Sender {
+                id,
+                tx,
+                queued: Arc::default(),
+                overflowed: Arc::default(),
+            },
+            rx,
+            channels: HashSet::new(),
+            patterns: HashSet::new(),
+            shard_channels: HashSet::new(),
+        }
+    }
+
+    fn table<'a>(r: &'a mut Registry, kind: Kind) -> &'a mut HashMap<Vec<u8>, Vec<Sender>> {
+        match kind {
+            Kind::Channel => &mut r.channels,
+            Kind::Pattern => &mut r.patterns,
+            Kind::Shard => &mut r.shard_channels,
+        }
+    }
+
+    /// Subscribes `mailbox` to `name`; false if it already was.
+    pub fn subscribe(&self, mailbox: &mut Mailbox, kind: Kind, name: &[u8]) -> bool {
+        let set = match kind {
+            Kind::Channel => &mut mailbox.channels,
+            Kind::Pattern => &mut mailbox.patterns,
+            Kind::Shard => &mut mailbox.shard_channels,
+        };
+        if !set.insert(name.to_vec()) {
+            return false;
+        }
+        let mut r = self.registry.lock();
+        Self::table(&mut r, kind)
+            .entry(name.to_vec())
+            .or_default()
+            .push(mailbox.sender.clone());
+        true
+    }
+
+    /// Unsubscribes `mailbox` from `name`; false if it was not subscribed.
+    pub fn unsubscribe(&self, mailbox: &mut Mailbox, kind: Kind, name: &[u8]) -> bool {
+        let set = match kind {
+            Kind::Channel => &mut mailbox.channels,
+            Kind::Pattern => &mut mailbox.patterns,
+            Kind::Shard => &mut mailbox.shard_channels,
+        };
+        if !set.remove(name) {
+            return false;
+        }
+        let id = mailbox.sender.id;
+        let mut r = self.registry.lock();
+        let table = Self::table(&mut r, kind);
+        if let Some(list) = table.get_mut(name) {
+            list.retain(|s| s.id != id);
+            if list.is_empty() {
+                table.remove(name);
+            }
+        }
+        true
+    }
+
+    /// Delivers a message to this server's subscribers of `channel` (and of patterns that
+    /// match it; `sharded`: to SSUBSCRIBE's subscribers only); how many received it.
+    pub fn publish(&self, channel: &[u8], payload: &[u8], sharded: bool) -> usize {
+        let r = self.registry.lock();
+        let channel_arc: Arc<[u8]> = Arc::from(channel);
+        let payload_arc: Arc<[u8]> = Arc::from(payload);
+        let mut n = 0;
+        let table = if sharded {
+            &r.shard_channels
+        } else {
+            &r.channels
+        };
+        if let Some(list) = table.get(channel) {
+            for s in list {
+                let m = Message::Channel {
+                    channel: channel_arc.clone(),
+                    payload: payload_arc.clone(),
+                    sharded,
+                };
+                n += usize::from(s.send(m));
+            }
+        }
+        if !sharded {
+            for (pattern, list) in &r.patterns {
+                if !ramlog_common::glob_match(pattern, channel) {
+                    continue;
+                }
+                let pattern: Arc<[u8]> = Arc::from(pattern.as_slice());
+                for s in list {
+                    let m = Message::Pattern {
+                        pattern: pattern.clone(),
+                        channel: channel_arc.clone(),
+                        payload: payload_arc.clone(),
+                    };
+                    n += usize::from(s.send(m));
+                }
+            }
+        }
+        n
+    }
+
+    /// Channels (of `kind`, matching `pattern`) with subscribers here.
+    pub fn channels(&self, kind: Kind, pattern: Option<&[u8]>) -> Vec<Vec<u8>> {
+        let mut r = self.registry.lock();
+        Self::table(&mut r, kind)
+            .keys()
+            .filter(|c| pattern.is_none_or(|p| ramlog_common::glob_match(p, c)))
+            .cloned()
+            .collect()
+    }
+
+    /// Subscribers of a channel here.
+    pub fn subscribers(&self, kind: Kind, channel: &[u8]) -> usize {
+        let mut r = self.registry.lock();
+        Self::table(&mut r, kind).get(channel).map_or(0, Vec::len)
+    }
+
+    /// Pattern subscriptions here.
+    pub fn patterns(&self) -> usize {
+        self.registry.lock().patterns.values().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn messages_reach_channel_and_pattern_subscribers_once_each() {
+        let ps = PubSub::default();
+        let mut a = ps.mailbox(1);
+        let mut b = ps.mailbox(2);
+        assert!(ps.subscribe(&mut a, Kind::Channel, b"news"));
+        assert!(!ps.subscribe(&mut a, Kind::Channel, b"news"));
+        assert!(ps.subscribe(&mut b, Kind::Pattern, b"n*"));
+        assert_eq!(ps.publish(b"news", b"hi", false), 2);
+        assert_eq!(ps.publish(b"other", b"x", false), 0);
+        assert!(matches!(a.next().await, Some(Message::Channel { .. })));
+        assert!(matches!(b.next().await, Some(Message::Pattern { .. })));
+        assert!(a.try_next().is_none());
+        drop(a);
+        assert_eq!(ps.publish(b"news", b"again", false), 1);
+        assert_eq!(ps.channels(Kind::Channel, None).len(), 0);
+    }
+
+    #[test]
+    fn a_subscriber_that_falls_behind_is_cut_off() {
+        let ps = PubSub::default();
+        let mut a = ps.mailbox(1);
+        ps.subscribe(&mut a, Kind::Channel, b"c");
+        let big = vec![0u8; 1 << 20];
+        let mut delivered = 0;
+        for _ in 0..40 {
+            delivered += ps.publish(b"c", &big, false);
+        }
+        assert!(delivered < 40 && a.overflowed());
+    }
+}

@@ -180,7 +180,7 @@ impl PubSub {
         }
     }
 
-    fn table<'a>(r: &'a mut Registry, kind: Kind) -> &'a mut HashMap<Vec<u8>, Vec<Sender>> {
+    fn table(r: &mut Registry, kind: Kind) -> &mut HashMap<Vec<u8>, Vec<Sender>> {
         match kind {
             Kind::Channel => &mut r.channels,
             Kind::Pattern => &mut r.patterns,

@@ -238,7 +238,7 @@ async fn broadcaster(
                 .collect()
         };
         for peer in peers {
-            if !clients.contains_key(&peer) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = clients.entry(peer) {
                 let mut config = ClientConfig::new(peer.1.to_string());
                 config.password = password.clone().map(String::into_bytes);
                 config.connections = 1;
@@ -246,7 +246,7 @@ async fn broadcaster(
                 config.retry_idempotent = false;
                 match Client::connect(config).await {
                     Ok(c) => {
-                        clients.insert(peer, c);
+                        slot.insert(c);
                     }
                     Err(e) => {
                         tracing::debug!("PUBLISH to server {} not sent: {e}", peer.0);

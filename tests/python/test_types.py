@@ -128,6 +128,14 @@ def random_command():
         lambda: ["GETBIT", k, str(random.randint(0, 40))],
         lambda: ["SETBIT", k, str(random.randint(0, 40)), random.choice(["0", "1"])],
         lambda: ["BITCOUNT", k] + random.choice([[], ["0", "-1"], ["1", "2", "BYTE"], ["3", "17", "BIT"]]),
+        lambda: ["XADD", k] + random.choice([[], ["MAXLEN", "3"], ["MAXLEN", "=", "2"], ["NOMKSTREAM"]])
+        + [random.choice(["1-1", "2-*", "3", f"{random.randint(1, 9)}-{random.randint(0, 3)}", "0-0", "x"]), w(), w()],
+        lambda: ["XLEN", k],
+        lambda: ["XRANGE", k, random.choice(["-", "2", "(1-1"]), random.choice(["+", "5", "(9-0"])] + random.choice([[], ["COUNT", "2"]]),
+        lambda: ["XREVRANGE", k, random.choice(["+", "5"]), random.choice(["-", "2"])] + random.choice([[], ["COUNT", "1"]]),
+        lambda: ["XDEL", k, f"{random.randint(1, 9)}-{random.randint(0, 3)}"],
+        lambda: ["XTRIM", k, random.choice(["MAXLEN", "MINID"]), str(random.randint(0, 5))],
+        lambda: ["XREAD", "COUNT", "2", "STREAMS", k, random.choice(["0-0", "3-0", "$"])],
     ]
     # Collections far more often than strings, so that the types grow.
     return random.choice(choices)()
@@ -440,8 +448,22 @@ def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
     with pytest.raises(redis.ResponseError, match="Transaction discarded because of previous errors"):
         a.execute_command("EXEC")
     if routing is not None:
-        with pytest.raises(redis.ResponseError, match="not supported through the routing port"):
-            routing.execute_command("WATCH", "{w}k")
+        # Through the routing port: the versions are read at the keys' masters.
+        for changed in (False, True):
+            p = routing.pipeline(transaction=True)
+            p.watch("{w}k", "other-slot-key")
+            if changed:
+                b.set("{w}k", "by-b")
+            p.multi()
+            p.set("{w}k", "routed")
+            p.set("other-slot-key", "routed")
+            if changed:
+                with pytest.raises(redis.WatchError):
+                    p.execute()
+                assert routing.get("{w}k") == b"by-b"
+            else:
+                assert p.execute() == [True, True]
+                assert routing.get("{w}k") == b"routed"
     if where == "standalone":
         s.stop()
 

@@ -9,6 +9,7 @@
 //! first byte != 0xFF          a string, stored as is (every UTF-8 text, every schema record)
 //! 0xFF 0x00 bytes             a string that begins with 0xFF (escaped: 2 more bytes)
 //! 0xFF kind count items...    a collection: kind 1 hash, 2 list, 3 set, 4 sorted set
+//! 0xFF 5 last_ms last_seq count entries...   a stream
 //! ```
 //!
 //! `count` is a LEB128 varint; then `count` items, each:
@@ -16,7 +17,10 @@
 //! - list: element (varint length, bytes), head first;
 //! - set: member (varint length, bytes), in insertion order;
 //! - sorted set: score (f64, little-endian IEEE-754, never NaN), member (varint length, bytes),
-//!   ordered by score, then by member bytes.
+//!   ordered by score, then by member bytes;
+//! - stream (its header also holds the last id it generated, as varints `last_ms`, `last_seq`):
+//!   id (varints `ms`, `seq`), a varint field count, then each field and value (varint length,
+//!   bytes); ids strictly increasing and none above the last id.
 //!
 //! Nothing may follow the last item. The decoders take untrusted bytes (a damaged value, or a
 //! value a native client wrote with a leading 0xFF): they never panic, never read out of bounds
@@ -41,6 +45,7 @@ pub enum Kind {
     List = 2,
     Set = 3,
     ZSet = 4,
+    Stream = 5,
 }
 
 impl Kind {
@@ -52,6 +57,7 @@ impl Kind {
             Kind::List => "list",
             Kind::Set => "set",
             Kind::ZSet => "zset",
+            Kind::Stream => "stream",
         }
     }
 
@@ -62,6 +68,7 @@ impl Kind {
             2 => Kind::List,
             3 => Kind::Set,
             4 => Kind::ZSet,
+            5 => Kind::Stream,
             _ => return None,
         })
     }
@@ -440,6 +447,68 @@ impl ZSet {
     }
 }
 
+/// A stream entry's id: milliseconds and sequence.
+pub type StreamId = (u64, u64);
+/// A stream entry's fields and values, in order.
+pub type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+/// A stream entry.
+pub type StreamEntry = (StreamId, Fields);
+
+/// A stream: entries in id order, and the last id it generated (which deletes do not lower).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stream {
+    pub last: StreamId,
+    pub entries: Vec<StreamEntry>,
+}
+
+impl Stream {
+    pub fn decode(stored: &[u8]) -> Result<Stream, TypedError> {
+        let mut r = payload(stored, Kind::Stream)?;
+        let last = (r.varint()?, r.varint()?);
+        let n = r.count(3)?;
+        let mut entries: Vec<StreamEntry> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = (r.varint()?, r.varint()?);
+            if id > last || entries.last().is_some_and(|(prev, _)| *prev >= id) {
+                return Err(TypedError::BadOrder);
+            }
+            let fields = r.count(2)?;
+            let mut fv = Vec::with_capacity(fields);
+            for _ in 0..fields {
+                let f = r.bytes()?.to_vec();
+                let v = r.bytes()?.to_vec();
+                fv.push((f, v));
+            }
+            entries.push((id, fv));
+        }
+        r.end()?;
+        Ok(Stream { last, entries })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self
+            .entries
+            .iter()
+            .map(|(_, fv)| 24 + fv.iter().map(|(f, v)| f.len() + v.len() + 4).sum::<usize>())
+            .sum();
+        let mut out = Vec::with_capacity(size + 32);
+        out.extend_from_slice(&[TAG, Kind::Stream as u8]);
+        put_varint(&mut out, self.last.0);
+        put_varint(&mut out, self.last.1);
+        put_varint(&mut out, self.entries.len() as u64);
+        for ((ms, seq), fv) in &self.entries {
+            put_varint(&mut out, *ms);
+            put_varint(&mut out, *seq);
+            put_varint(&mut out, fv.len() as u64);
+            for (f, v) in fv {
+                put_bytes(&mut out, f);
+                put_bytes(&mut out, v);
+            }
+        }
+        out
+    }
+}
+
 /// Decodes any stored value fully (what the fuzz target drives): its kind and item count.
 pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
     let kind = kind_of(stored)?;
@@ -452,6 +521,7 @@ pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
         Kind::List => List::decode(stored)?.items.len(),
         Kind::Set => Set::decode(stored)?.members.len(),
         Kind::ZSet => ZSet::decode(stored)?.entries.len(),
+        Kind::Stream => Stream::decode(stored)?.entries.len(),
     };
     Ok((kind, count))
 }
@@ -505,6 +575,18 @@ mod tests {
         let order: Vec<&[u8]> = z.entries.iter().map(|e| e.1.as_slice()).collect();
         assert_eq!(order, [&b"low"[..], b"c", b"b", b"a"]);
         assert_eq!(ZSet::decode(&z.encode()).unwrap(), z);
+
+        let st = Stream {
+            last: (5, 1),
+            entries: vec![
+                ((1, 0), vec![(b"f".to_vec(), b"v".to_vec())]),
+                ((5, 1), vec![]),
+            ],
+        };
+        assert_eq!(Stream::decode(&st.encode()).unwrap(), st);
+        let mut bad = st.clone();
+        bad.last = (4, 0);
+        assert_eq!(Stream::decode(&bad.encode()), Err(TypedError::BadOrder));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_proto::types::{check, Hash, Kind, List, Set, ZSet};
+use ramlog_proto::types::{check, Hash, Kind, List, Set, Stream, ZSet};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok((kind, _)) = check(data) {
@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
             Kind::List => List::decode(data).map(|l| l.encode()),
             Kind::Set => Set::decode(data).map(|s| s.encode()),
             Kind::ZSet => ZSet::decode(data).map(|z| z.encode()),
+            Kind::Stream => Stream::decode(data).map(|s| s.encode()),
         };
         assert_eq!(again.as_deref(), Ok(data), "a decoded value re-encodes to its bytes");
     }

@@ -1,5 +1,5 @@
 //! The blocking commands on a RESP connection: BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BZPOPMIN,
-//! BZPOPMAX.
+//! BZPOPMAX, and XREAD with BLOCK.
 //!
 //! Each command's handler (in `commands`) makes one try and answers a null when its keys hold
 //! nothing. Outside MULTI, the connection does not send that null: it registers for its keys'
@@ -24,8 +24,12 @@ pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Bytes a blocked connection reads ahead (pipelined requests behind the blocking one).
 const READ_AHEAD_MAX: usize = 1 << 20;
 
-/// Whether `name` is a command this module blocks for.
-pub fn is_blocking(name: &[u8]) -> bool {
+/// Whether a request is one this module blocks for.
+pub fn is_blocking(args: &[&[u8]]) -> bool {
+    let name = args[0];
+    if name.eq_ignore_ascii_case(b"xread") {
+        return xread_block(args).is_some();
+    }
     [
         &b"blpop"[..],
         b"brpop",
@@ -36,6 +40,36 @@ pub fn is_blocking(name: &[u8]) -> bool {
     ]
     .iter()
     .any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// XREAD's BLOCK milliseconds, if it has the option (before STREAMS).
+fn xread_block(args: &[&[u8]]) -> Option<u64> {
+    let end = args
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(b"streams"))
+        .unwrap_or(args.len());
+    let at = args[..end]
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(b"block"))?;
+    let ms = args.get(at + 1)?;
+    std::str::from_utf8(ms).ok()?.parse().ok()
+}
+
+/// XREAD's `$` ids turned into each stream's last id now, so that the tries that follow wait
+/// for entries added after the command arrived.
+fn xread_resolved(node: &Node, session: &mut Session, args: &[&[u8]]) -> Option<Vec<Vec<u8>>> {
+    if !args[0].eq_ignore_ascii_case(b"xread") {
+        return None;
+    }
+    let (first, n) = crate::front::commands::streams::xread_streams(args).ok()?;
+    let mut owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    for k in 0..n {
+        if args[first + n + k] == b"$" {
+            owned[first + n + k] =
+                crate::front::commands::streams::last_id_text(node, session, args[first + k]);
+        }
+    }
+    Some(owned)
 }
 
 /// The timeout argument's position.
@@ -75,6 +109,15 @@ pub async fn run(
     stream: &mut TcpStream,
     read_ahead: &mut Vec<u8>,
 ) -> Result<(), Ending> {
+    let resolved = xread_resolved(node, session, args);
+    let resolved_args: Vec<&[u8]>;
+    let args = match &resolved {
+        Some(owned) => {
+            resolved_args = owned.iter().map(|a| a.as_slice()).collect();
+            &resolved_args[..]
+        }
+        None => args,
+    };
     let before = out.len();
     let held = session.write_replies.len();
     execute(node, session, args, out);
@@ -120,6 +163,11 @@ pub async fn run(
 /// When a blocking command (`args`) times out; None for ever (timeout 0, or one its handler
 /// refuses, which then answers the error itself).
 pub fn deadline_of(args: &[&[u8]]) -> Option<Instant> {
+    if args[0].eq_ignore_ascii_case(b"xread") {
+        return xread_block(args)
+            .filter(|&ms| ms > 0)
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
+    }
     let timeout = timeout_arg(args)
         .and_then(|t| crate::front::commands::parse_timeout(t).ok())
         .unwrap_or(0.0);

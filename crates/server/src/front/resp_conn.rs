@@ -41,6 +41,8 @@ pub async fn serve_resp(
     let _ = stream.set_nodelay(true);
     let config = &shared.config;
     let mut session = Session::new(client_id, shared.password_required(), cluster);
+    session.addr = stream.peer_addr().ok();
+    session.laddr = stream.local_addr().ok();
     let decoder = RequestDecoder::new(request_limits(config));
     let mut request = Request::default();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -92,7 +94,7 @@ pub async fn serve_resp(
                             }
                             crate::front::analytic::run(&shared, &mut session, &args, &mut out)
                                 .await;
-                        } else if crate::front::blocking::is_blocking(args[0])
+                        } else if crate::front::blocking::is_blocking(&args)
                             && session.multi.is_none()
                         {
                             // A blocking command: what came before it goes out first.

@@ -264,14 +264,6 @@ impl Router<'_> {
                 .collect()
         };
         match spec.name {
-            // The routing port shares its connections to each master between its clients, so a
-            // master cannot keep one client's watched keys.
-            "watch" => {
-                return Part::Ready(error_reply(
-                    self.session.protocol,
-                    "ERR WATCH is not supported through the routing port: send it to the key's master (its cluster port)",
-                ))
-            }
             "dbsize" => return Part::Sum(to_every_master(self)),
             "keys" => return Part::Concat(to_every_master(self)),
             "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),
@@ -317,7 +309,7 @@ impl Router<'_> {
             }
             _ => {}
         }
-        if spec.first_key <= 0 {
+        if !spec.has_keys() {
             return self.local(round, args);
         }
         let step = spec.step.max(1) as usize;
@@ -421,6 +413,8 @@ pub async fn serve_routing(
     let _ = stream.set_nodelay(true);
     let config = &node.config;
     let mut session = Session::new(client_id, node.password_required(), cluster);
+    session.addr = stream.peer_addr().ok();
+    session.laddr = stream.local_addr().ok();
     session.routed = true;
     let node_ref = &node;
     let mut router = Router {
@@ -483,7 +477,7 @@ pub async fn serve_routing(
                                 pos += used;
                                 continue;
                             }
-                            if crate::front::blocking::is_blocking(args[0])
+                            if crate::front::blocking::is_blocking(&args)
                                 && router.session.multi.is_none()
                             {
                                 // A blocking command runs alone, after what came before it.
@@ -507,6 +501,32 @@ pub async fn serve_routing(
                                 }
                                 pos += used;
                                 continue;
+                            }
+                            // WATCH, and EXEC after it: the watched keys' versions are read at
+                            // their masters (the connections to them are shared, so no master
+                            // keeps this client's watch), alone, after what came before.
+                            let name = lookup(args[0]).map(|s| s.name);
+                            let watching = name == Some("watch")
+                                && router.session.multi.is_none()
+                                && router.session.authenticated;
+                            let exec_watched = name == Some("exec")
+                                && router.session.multi.is_some()
+                                && !router.session.watched.is_empty();
+                            if watching || exec_watched {
+                                if !round.parts.is_empty() {
+                                    break;
+                                }
+                                let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+                                let args: Vec<&[u8]> = owned.iter().map(|a| a.as_slice()).collect();
+                                if watching {
+                                    routed_watch(&mut router, &args, &mut out).await;
+                                    pos += used;
+                                    continue;
+                                }
+                                if !routed_watch_holds(&mut router, &mut out).await {
+                                    pos += used;
+                                    continue;
+                                }
                             }
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
@@ -561,6 +581,95 @@ pub async fn serve_routing(
     }
 }
 
+/// The versions of `keys` at their masters (None: absent), read with RAMLOG.VERSIONS.
+async fn versions_at_masters(
+    router: &mut Router<'_>,
+    keys: &[Vec<u8>],
+) -> Result<Vec<Option<u64>>, String> {
+    let mut round = Round::new();
+    for key in keys {
+        let args: [&[u8]; 2] = [b"ramlog.versions", key];
+        let part = router.route(&mut round, &args);
+        round.parts.push(part);
+    }
+    let mut replies = Vec::new();
+    resolve(router, round, &mut replies).await;
+    let decoder = ramlog_proto::resp::ReplyDecoder::default();
+    let mut at = 0;
+    let mut out = Vec::with_capacity(keys.len());
+    for _ in keys {
+        let (reply, used) = match decoder.decode(&replies[at..]) {
+            Ok(Some(r)) => r,
+            _ => {
+                return Err("ERR a master answered a version lookup with a malformed reply".into())
+            }
+        };
+        at += used;
+        match reply {
+            ramlog_proto::resp::Reply::Array(mut v) if v.len() == 1 => match v.pop() {
+                Some(ramlog_proto::resp::Reply::Integer(n)) => out.push(Some(n as u64)),
+                Some(ramlog_proto::resp::Reply::Null) => out.push(None),
+                other => return Err(format!("ERR unexpected version reply {other:?}")),
+            },
+            ramlog_proto::resp::Reply::Error(e) => return Err(e),
+            other => return Err(format!("ERR unexpected version reply {other:?}")),
+        }
+    }
+    Ok(out)
+}
+
+/// WATCH through the routing port: records each key's version at its master.
+async fn routed_watch(router: &mut Router<'_>, args: &[&[u8]], out: &mut Vec<u8>) {
+    let protocol = router.session.protocol;
+    if !crate::front::commands::arity_ok(-2, args.len()) {
+        ReplyEncoder::new(out, protocol).error("ERR wrong number of arguments for 'watch' command");
+        return;
+    }
+    let keys: Vec<Vec<u8>> = args[1..]
+        .iter()
+        .filter(|k| !router.session.watched.iter().any(|(w, _)| w == *k))
+        .map(|k| k.to_vec())
+        .collect();
+    match versions_at_masters(router, &keys).await {
+        Ok(versions) => {
+            router
+                .session
+                .watched
+                .extend(keys.into_iter().zip(versions));
+            ReplyEncoder::new(out, protocol).ok();
+        }
+        Err(e) => ReplyEncoder::new(out, protocol).error(&e),
+    }
+}
+
+/// Before an EXEC through the routing port: whether every watched key still has the version
+/// WATCH read (then the EXEC goes on). Otherwise the transaction is dropped and its null reply
+/// (or the lookup's error) written. The watch is over either way.
+async fn routed_watch_holds(router: &mut Router<'_>, out: &mut Vec<u8>) -> bool {
+    let protocol = router.session.protocol;
+    let watched = std::mem::take(&mut router.session.watched);
+    if router.session.multi_failed {
+        return true;
+    }
+    let keys: Vec<Vec<u8>> = watched.iter().map(|(k, _)| k.clone()).collect();
+    // The lookup is not part of the transaction: it runs with the queue set aside.
+    let queued = router.session.multi.take();
+    match versions_at_masters(router, &keys).await {
+        Ok(now) if now.iter().zip(&watched).all(|(n, (_, w))| n == w) => {
+            router.session.multi = queued;
+            true
+        }
+        Ok(_) => {
+            ReplyEncoder::new(out, protocol).null_array();
+            false
+        }
+        Err(e) => {
+            ReplyEncoder::new(out, protocol).error(&e);
+            false
+        }
+    }
+}
+
 /// A blocking command through the routing port: tried at the key's master (which answers at
 /// once), and tried again every [`crate::front::blocking::ROUTED_RETRY_INTERVAL`] while it
 /// answers the null of "nothing yet", until the command's timeout.
@@ -574,6 +683,13 @@ async fn routed_blocking(
     use crate::front::blocking::{deadline_of, is_null, pause, ROUTED_RETRY_INTERVAL};
     let deadline = deadline_of(args);
     let before = out.len();
+    if args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]) {
+        // `$` must be read at the stream's master when the command arrives; give the id.
+        ReplyEncoder::new(out, router.session.protocol).error(
+            "ERR XREAD BLOCK with $ is not supported through the routing port: pass the stream's last id (or use the cluster port)",
+        );
+        return Ok(());
+    }
     loop {
         let mut round = Round::new();
         let part = router.route(&mut round, args);

@@ -201,18 +201,10 @@ pub(super) fn cmd_command(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return ctx.enc.error("ERR Invalid command specified");
         };
         let cmd = &args[2..];
-        if spec.first_key <= 0 || !arity_ok(spec.arity, cmd.len()) {
+        if !spec.has_keys() || !arity_ok(spec.arity, cmd.len()) {
             return ctx.enc.error("ERR The command has no key arguments");
         }
-        let last = if spec.last_key < 0 {
-            cmd.len() as i32 + spec.last_key
-        } else {
-            spec.last_key
-        };
-        let keys: Vec<&[u8]> = (spec.first_key..=last)
-            .step_by(spec.step.max(1) as usize)
-            .filter_map(|i| cmd.get(i as usize).copied())
-            .collect();
+        let keys: Vec<&[u8]> = command_keys(spec, cmd).collect();
         ctx.enc.array(keys.len());
         for k in keys {
             ctx.enc.bulk(k);

@@ -83,6 +83,25 @@ fn watched_version(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<u64>, NodeErr
     )
 }
 
+/// RAMLOG.VERSIONS key [key ...]: each key's version (nil when absent). The routing port's
+/// WATCH reads the versions of keys at their masters with it.
+pub(super) fn cmd_ramlog_versions(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let mut versions = Vec::with_capacity(args.len() - 1);
+    for key in &args[1..] {
+        match watched_version(ctx, key) {
+            Ok(v) => versions.push(v),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.array(versions.len());
+    for v in versions {
+        match v {
+            Some(v) => ctx.enc.integer(v as i64),
+            None => ctx.enc.null(),
+        }
+    }
+}
+
 /// WATCH key [key ...]
 pub(super) fn cmd_watch(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     for key in &args[1..] {
@@ -230,9 +249,22 @@ pub(super) fn client_info_line(session: &Session) -> String {
         .as_deref()
         .map(String::from_utf8_lossy)
         .unwrap_or_default();
+    let addr = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string()).unwrap_or_default();
+    let (sub, psub, ssub) = session.mailbox.as_ref().map_or((0, 0, 0), |m| {
+        (m.channels.len(), m.patterns.len(), m.shard_channels.len())
+    });
+    let multi = session.multi.as_ref().map_or(-1, |q| q.len() as i64);
     format!(
-        "id={} name={} db=0 resp={} lib-name={} lib-ver={}\n",
-        session.id, name, session.protocol, lib_name, lib_ver
+        "id={} addr={} laddr={} name={} age={} idle=0 flags={} db=0 sub={sub} psub={psub} ssub={ssub} multi={multi} resp={} lib-name={} lib-ver={}\n",
+        session.id,
+        addr(session.addr),
+        addr(session.laddr),
+        name,
+        session.connected.elapsed().as_secs(),
+        if sub + psub + ssub > 0 { "P" } else { "N" },
+        session.protocol,
+        lib_name,
+        lib_ver
     )
 }
 

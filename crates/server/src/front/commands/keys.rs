@@ -498,6 +498,7 @@ fn encoding_of(stored: &[u8]) -> &'static str {
                 "raw"
             }
         }
+        Ok(Kind::Stream) => "stream",
         Ok(_) => "listpack",
         Err(_) => "unknown",
     }

@@ -28,6 +28,7 @@ mod keys;
 mod lists;
 pub(crate) mod pubsub;
 mod sets;
+pub(crate) mod streams;
 mod strings;
 mod typed;
 mod zsets;
@@ -43,6 +44,7 @@ use pubsub::{
     cmd_subscribe, cmd_sunsubscribe, cmd_unsubscribe,
 };
 use sets::*;
+use streams::{cmd_xadd, cmd_xdel, cmd_xlen, cmd_xrange, cmd_xread, cmd_xrevrange, cmd_xtrim};
 use strings::*;
 use typed::cmd_type;
 use zsets::*;
@@ -93,6 +95,10 @@ pub struct Session {
     pub watched: Vec<(Vec<u8>, Option<u64>)>,
     /// The connection's subscriptions and the messages waiting for it (once it subscribed).
     pub mailbox: Option<crate::node::pubsub::Mailbox>,
+    /// The client's address and the server's, as CLIENT INFO and CLIENT LIST show them.
+    pub addr: Option<std::net::SocketAddr>,
+    pub laddr: Option<std::net::SocketAddr>,
+    pub connected: std::time::Instant,
 }
 
 impl Session {
@@ -135,6 +141,9 @@ impl Session {
             readonly: false,
             watched: Vec::new(),
             mailbox: None,
+            addr: None,
+            laddr: None,
+            connected: std::time::Instant::now(),
         }
     }
 }
@@ -173,6 +182,11 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Whether the command names keys (at fixed positions, or movable ones).
+    pub fn has_keys(&self) -> bool {
+        self.first_key > 0 || self.flags.contains(&"movablekeys")
+    }
+
     /// Whether the command may change data (Redis's `write` flag).
     pub fn is_write(&self) -> bool {
         self.flags.contains(&"write")
@@ -540,6 +554,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             cmd_watch
         ),
         spec!(
+            "ramlog.versions",
+            -2,
+            &["readonly", "fast"],
+            1,
+            -1,
+            1,
+            &["@transaction"],
+            Op::Other,
+            cmd_ramlog_versions
+        ),
+        spec!(
             "unwatch",
             1,
             &["noscript", "loading", "stale", "fast"],
@@ -574,6 +599,57 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         ),
     ];
     v.extend(collection_specs());
+    let x = &["@stream"][..];
+    v.extend([
+        spec!("xadd", -5, W, 1, 1, 1, x, Op::Other, cmd_xadd),
+        spec!("xlen", 2, R, 1, 1, 1, x, Op::Other, cmd_xlen),
+        spec!(
+            "xrange",
+            -4,
+            &["readonly"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xrange
+        ),
+        spec!(
+            "xrevrange",
+            -4,
+            &["readonly"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xrevrange
+        ),
+        spec!(
+            "xdel",
+            -3,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xdel
+        ),
+        spec!("xtrim", -4, &["write"], 1, 1, 1, x, Op::Other, cmd_xtrim),
+        // Movable keys: `command_keys` finds them after STREAMS.
+        spec!(
+            "xread",
+            -4,
+            &["readonly", "blocking", "movablekeys"],
+            0,
+            0,
+            0,
+            x,
+            Op::Other,
+            cmd_xread
+        ),
+    ]);
     let ps = &["@pubsub"][..];
     let psf: &[&str] = &["pubsub", "noscript", "loading", "stale"];
     v.extend([
@@ -1117,7 +1193,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             // -CROSSSLOT (inside MULTI too, which EXEC then aborts).
             Some(spec)
                 if (!ctx.session.routed || ctx.session.forwarded)
-                    && spec.first_key > 0
+                    && spec.has_keys()
                     && ctx.session.member().is_some() =>
             {
                 match cluster_check(
@@ -1165,6 +1241,19 @@ pub fn command_keys<'a, 'b>(
     spec: &Spec,
     args: &'b [&'a [u8]],
 ) -> impl Iterator<Item = &'a [u8]> + 'b {
+    let (first, end, step) = key_positions(spec, args);
+    (first..end).step_by(step).map(move |i| args[i])
+}
+
+/// Where a command's keys are: `first..end` by `step` (an empty range for none). Movable keys
+/// (XREAD's, after STREAMS) are found in the arguments.
+fn key_positions(spec: &Spec, args: &[&[u8]]) -> (usize, usize, usize) {
+    if spec.name == "xread" {
+        return match streams::xread_streams(args) {
+            Ok((first, n)) => (first, first + n, 1),
+            Err(_) => (0, 0, 1),
+        };
+    }
     let first = spec.first_key.max(0) as usize;
     let last = if spec.last_key < 0 {
         (args.len() as i64 + i64::from(spec.last_key)).max(0) as usize
@@ -1177,7 +1266,7 @@ pub fn command_keys<'a, 'b>(
     } else {
         (last + 1).min(args.len())
     };
-    (first..end).step_by(step).map(move |i| args[i])
+    (first, end, step)
 }
 
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
@@ -1196,7 +1285,7 @@ fn cluster_check(
     };
     if forwarded {
         let view = member.view();
-        if spec.first_key > 0 {
+        if spec.has_keys() {
             if let Some(refusal) = member.lease_refusal() {
                 return Err(refusal);
             }

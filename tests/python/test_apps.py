@@ -1,0 +1,81 @@
+"""A real application on ramlog: rq (Redis Queue), its worker process and its client, against a
+standalone server and through a cluster's routing port. rq uses hashes, lists with blocking
+pops (BLMOVE), sets, sorted sets (its registries), streams (its results, XADD and XREAD BLOCK),
+pub/sub (worker commands) and MULTI/EXEC pipelines."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from conftest import Server
+
+
+JOBS = '''
+def add(a, b):
+    return a + b
+
+def fail():
+    raise ValueError("on purpose")
+'''
+
+
+@pytest.fixture(params=["standalone", "routing"])
+def rq_port(request, tmp_path):
+    if request.param == "standalone":
+        s = Server(tmp_path)
+        yield s.port
+        s.stop()
+    else:
+        c = request.getfixturevalue("shared_cluster")
+        redis.Redis(port=c.servers[0].routing).flushall()
+        yield c.servers[0].routing
+
+
+def test_rq_workers_run_jobs_and_clients_wait_for_results(rq_port, tmp_path):
+    import rq  # installed by scripts/test; missing, the test fails
+    from rq.job import Job
+
+    (tmp_path / "rqjobs.py").write_text(JOBS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import rqjobs
+        conn = redis.Redis(port=rq_port, socket_timeout=30)
+        q = rq.Queue("default", connection=conn)
+        # A worker process that blocks waiting for work (BLMOVE), started before the jobs exist.
+        env = dict(os.environ, PYTHONPATH=str(tmp_path))
+        worker = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{rq_port}",
+                                   "--name", "w1", "default"], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(1.5)
+            jobs = [q.enqueue(rqjobs.add, i, 1) for i in range(30)]
+            bad = q.enqueue(rqjobs.fail)
+            # The client waits on each job's result stream (XREAD BLOCK).
+            for i, job in enumerate(jobs):
+                result = job.latest_result(timeout=30)
+                assert result is not None and result.type == result.Type.SUCCESSFUL, (i, job.get_status(), result and result.exc_string)
+                assert result.return_value == i + 1
+            result = bad.latest_result(timeout=30)
+            assert result is not None and result.type == result.Type.FAILED
+            assert "on purpose" in result.exc_string
+            assert rq.registry.FinishedJobRegistry(queue=q).count == 30
+            assert rq.registry.FailedJobRegistry(queue=q).count == 1
+            assert Job.fetch(jobs[3].id, connection=conn).get_status() == "finished"
+            assert [w.name for w in rq.Worker.all(connection=conn)] == ["w1"]
+            # rq's worker commands go over pub/sub: shut the worker down through it.
+            rq.command.send_shutdown_command(conn, "w1")
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            out = worker.communicate(timeout=30)[0]
+        assert "Successfully completed" in out, out[-3000:]
+        # Nothing the server answered made the worker fail (the failed job's own ValueError aside).
+        assert "redis.exceptions" not in out and "ResponseError" not in out, out[-3000:]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("rqjobs", None)

@@ -117,10 +117,18 @@ pub struct Node {
     pub waiters: waiters::KeyWaiters,
     /// Publish/subscribe on this server.
     pub pubsub: pubsub::PubSub,
+    /// Striped locks that serialize this server's read-modify-writes of one key (collection
+    /// changes, APPEND, SETRANGE, ...), so that writers of a hot key queue instead of retrying
+    /// each other's conditional writes. Writes that do not read first do not take them; the
+    /// conditional write still guards against those.
+    rmw_locks: Vec<parking_lot::Mutex<()>>,
     /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
     pub pubsub_broadcast:
         std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Vec<u8>, Vec<u8>)>>,
 }
+
+/// Stripes of [`Node::rmw_lock`].
+const RMW_LOCK_STRIPES: usize = 1024;
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
 pub fn now_ms() -> u64 {
@@ -269,6 +277,9 @@ impl Node {
             waiters: Default::default(),
             pubsub: Default::default(),
             pubsub_broadcast: Default::default(),
+            rmw_locks: (0..RMW_LOCK_STRIPES)
+                .map(|_| parking_lot::Mutex::new(()))
+                .collect(),
         });
         node.charge_memory();
         start_memory_charger(&node);
@@ -536,6 +547,15 @@ impl Node {
             h.read_barrier(tablet);
             h.collect(acks);
         }
+    }
+
+    /// The read-modify-write lock of `key` (see `rmw_locks`).
+    pub fn rmw_lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in key {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.rmw_locks[(h % RMW_LOCK_STRIPES as u64) as usize].lock()
     }
 
     /// What to store for a client's string `value`: checked against the value size limit, then

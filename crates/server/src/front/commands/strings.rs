@@ -315,6 +315,7 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (key, suffix) = (args[1], args[2]);
     let node = ctx.node;
     let tablet = node.tablet_of(key);
+    let _serialized = node.rmw_lock(key);
     for _ in 0..64 {
         let found = match node.get(tablet, key, &mut ctx.session.acks) {
             Ok(f) => f,
@@ -579,6 +580,7 @@ fn update_string<R>(
 ) -> Result<R, Replied> {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
+    let _serialized = node.rmw_lock(key);
     for _ in 0..64 {
         let found = node.get(tablet, key, &mut ctx.session.acks).map_err(|e| {
             engine_error(ctx, &e);

@@ -147,6 +147,7 @@ pub(super) fn update<C: Collection, R>(
 ) -> Result<R, Replied> {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
+    let _serialized = node.rmw_lock(key);
     for _ in 0..64 {
         let found = match node.get(tablet, key, &mut ctx.session.acks) {
             Ok(f) => f,

@@ -123,8 +123,7 @@ pub struct Node {
     /// conditional write still guards against those.
     rmw_locks: Vec<parking_lot::Mutex<()>>,
     /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
-    pub pubsub_broadcast:
-        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(Vec<u8>, Vec<u8>)>>,
+    pub pubsub_broadcast: std::sync::OnceLock<pubsub::BroadcastQueue>,
 }
 
 /// Stripes of [`Node::rmw_lock`].

@@ -18,6 +18,32 @@ use tokio::sync::mpsc;
 
 /// The most bytes of messages a subscriber may have waiting before it is disconnected.
 pub const QUEUE_MAX_BYTES: usize = 32 << 20;
+/// The most bytes of PUBLISHes a cluster server holds for the other servers; past it (a peer slow
+/// to answer) new ones are not sent to them (counted in `dropped`), as pub/sub is at most once.
+pub const BROADCAST_MAX_BYTES: usize = 64 << 20;
+
+/// A cluster server's PUBLISHes on their way to the other servers.
+pub struct BroadcastQueue {
+    pub tx: mpsc::UnboundedSender<(Vec<u8>, Vec<u8>)>,
+    /// Bytes of channel and payload queued and not sent yet.
+    pub queued: Arc<AtomicUsize>,
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+impl BroadcastQueue {
+    /// Queues a message for the other servers, unless [`BROADCAST_MAX_BYTES`] are waiting.
+    pub fn send(&self, channel: &[u8], payload: &[u8]) {
+        let n = channel.len() + payload.len();
+        if self.queued.fetch_add(n, Ordering::Relaxed) + n > BROADCAST_MAX_BYTES {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.tx.send((channel.to_vec(), payload.to_vec())).is_err() {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+}
 
 /// What a subscriber receives.
 #[derive(Debug, Clone)]

@@ -192,14 +192,19 @@ fn broadcast(
     channel: &[u8],
     payload: &[u8],
 ) {
-    let tx = node.pubsub_broadcast.get_or_init(|| {
+    let queue = node.pubsub_broadcast.get_or_init(|| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Vec<u8>, Vec<u8>)>();
+        let queued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let member = member.clone();
         let password = node.config.password.clone();
-        tokio::spawn(broadcaster(rx, member, password));
-        tx
+        tokio::spawn(broadcaster(rx, queued.clone(), member, password));
+        crate::node::pubsub::BroadcastQueue {
+            tx,
+            queued,
+            dropped: Default::default(),
+        }
     });
-    let _ = tx.send((channel.to_vec(), payload.to_vec()));
+    queue.send(channel, payload);
 }
 
 /// Messages a broadcast batch carries at most.
@@ -207,6 +212,7 @@ const BROADCAST_BATCH: usize = 1024;
 
 async fn broadcaster(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(Vec<u8>, Vec<u8>)>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     member: std::sync::Arc<crate::cluster::Member>,
     password: Option<String>,
 ) {
@@ -224,6 +230,8 @@ async fn broadcaster(
                 Err(_) => break,
             }
         }
+        let taken: usize = batch.iter().map(|(c, p)| c.len() + p.len()).sum();
+        queued.fetch_sub(taken, std::sync::atomic::Ordering::Relaxed);
         let commands: Vec<Vec<&[u8]>> = batch
             .iter()
             .map(|(c, p)| vec![&b"PUBLISH"[..], c.as_slice(), p.as_slice()])

@@ -1504,6 +1504,18 @@ impl Inner {
         tablet_id: TabletId,
         items: &[(&[u8], &[u8])],
     ) -> Result<Version, EngineError> {
+        self.multi_put_if(tablet_id, items, &[])
+    }
+
+    /// [`Self::multi_put`] if every item's condition holds (`conditions[i]` for `items[i]`;
+    /// missing ones are [`Condition::None`]), checked under the tablet's write lock; nothing is
+    /// written otherwise ([`EngineError::ConditionFailed`]).
+    pub fn multi_put_if(
+        &self,
+        tablet_id: TabletId,
+        items: &[(&[u8], &[u8])],
+        conditions: &[Condition],
+    ) -> Result<Version, EngineError> {
         let tablet = self.tablet(tablet_id)?;
         for (k, v) in items {
             self.check_sizes(k, v)?;
@@ -1528,6 +1540,28 @@ impl Inner {
             let full = tablet.full_limit.load(Ordering::Acquire);
             if full > 0 {
                 return Err(EngineError::TabletFull { limit_bytes: full });
+            }
+            let mut now = None;
+            for (i, condition) in conditions.iter().enumerate() {
+                if matches!(condition, Condition::None) {
+                    continue;
+                }
+                let (k, _) = items[i];
+                let current = self.find_locked(tablet, hashes[i], k, early[i]);
+                early[i] = current;
+                let visible = current
+                    .as_ref()
+                    .filter(|(_, _, h)| !expired(h.expire_at_ms, &mut now))
+                    .map(|(_, _, h)| h.version);
+                let ok = match condition {
+                    Condition::None => true,
+                    Condition::IfAbsent => visible.is_none(),
+                    Condition::IfExists => visible.is_some(),
+                    Condition::IfVersion(v) => visible == Some(*v),
+                };
+                if !ok {
+                    return Err(EngineError::ConditionFailed { current: None });
+                }
             }
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut bytes = Vec::new();

@@ -320,6 +320,18 @@ impl Engine {
         self.inner.multi_put(tablet, items)
     }
 
+    /// [`Self::multi_put`] if each item's condition holds (`conditions[i]` for `items[i]`),
+    /// checked atomically with the write; otherwise nothing is written
+    /// ([`EngineError::ConditionFailed`]).
+    pub fn multi_put_if(
+        &self,
+        tablet: TabletId,
+        items: &[(&[u8], &[u8])],
+        conditions: &[Condition],
+    ) -> Result<Version, EngineError> {
+        self.inner.multi_put_if(tablet, items, conditions)
+    }
+
     /// Moves the clock to at least `version`: every later write takes a higher version (a
     /// server that takes over a tablet continues above whatever its previous master gave out).
     pub fn advance_clock(&self, version: Version) {

@@ -1011,3 +1011,32 @@ fn a_frozen_tablet_refuses_writes_until_thawed() {
     e.put(t, b"", b"after", &PutOptions::default()).unwrap();
     assert_eq!(&e.get(t, b"").unwrap().unwrap().value[..], b"after");
 }
+
+/// A conditional multi-put writes all of its items, or none when any condition fails; an expired
+/// object counts as absent.
+#[test]
+fn a_conditional_multi_put_is_all_or_nothing() {
+    let e = engine(16 << 20, 4, |_| {});
+    let t = tablet(&e, b"");
+    let v1 = e
+        .put(t, b"a", b"1", &PutOptions::default())
+        .unwrap()
+        .version;
+    let items: Vec<(&[u8], &[u8])> = vec![(b"a", b"2"), (b"b", b"2")];
+    let refused = e.multi_put_if(t, &items, &[Condition::IfAbsent, Condition::IfAbsent]);
+    assert!(matches!(refused, Err(EngineError::ConditionFailed { .. })));
+    assert_eq!(e.get(t, b"a").unwrap().unwrap().value, b"1");
+    assert!(e.get(t, b"b").unwrap().is_none());
+    e.multi_put_if(t, &items, &[Condition::IfVersion(v1), Condition::IfAbsent])
+        .unwrap();
+    assert_eq!(e.get(t, b"a").unwrap().unwrap().value, b"2");
+    assert_eq!(e.get(t, b"b").unwrap().unwrap().value, b"2");
+    let gone = PutOptions {
+        expire_at_ms: 1,
+        ..PutOptions::default()
+    };
+    e.put(t, b"c", b"old", &gone).unwrap();
+    let items: Vec<(&[u8], &[u8])> = vec![(b"c", b"new")];
+    e.multi_put_if(t, &items, &[Condition::IfAbsent]).unwrap();
+    assert_eq!(e.get(t, b"c").unwrap().unwrap().value, b"new");
+}

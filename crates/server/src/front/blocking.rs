@@ -37,6 +37,8 @@ pub fn is_blocking(args: &[&[u8]]) -> bool {
         b"brpoplpush",
         b"bzpopmin",
         b"bzpopmax",
+        b"blmpop",
+        b"bzmpop",
     ]
     .iter()
     .any(|n| n.eq_ignore_ascii_case(name))
@@ -78,6 +80,7 @@ fn timeout_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
     match name.as_slice() {
         b"blmove" => args.get(5).copied(),
         b"brpoplpush" => args.get(3).copied(),
+        b"blmpop" | b"bzmpop" => args.get(1).copied(),
         _ => args.last().copied(),
     }
 }
@@ -95,7 +98,13 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.node.waiters.unregister(&self.keys, &self.notify);
+        self.node
+            .waiters
+            .unregister_and_pass(&self.keys, &self.notify);
+        self.node
+            .metrics
+            .blocked_clients
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -136,6 +145,9 @@ pub async fn run(
     };
     node.waiters
         .register(&registration.keys, &registration.notify);
+    node.metrics
+        .blocked_clients
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     loop {
         // Nothing yet: take the null back and try again after a wake.
         out.truncate(before);
@@ -154,7 +166,12 @@ pub async fn run(
         )
         .await?;
         execute(node, session, args, out);
-        if !is_null(&out[before..]) {
+        // As Redis: a source key that became another type meanwhile does not end the wait
+        // (only the first try answers WRONGTYPE for it). BLMOVE's and BRPOPLPUSH's WRONGTYPE
+        // after a wake is their destination's, which Redis answers.
+        let moves =
+            args[0].eq_ignore_ascii_case(b"blmove") || args[0].eq_ignore_ascii_case(b"brpoplpush");
+        if !is_null(&out[before..]) && (moves || !out[before..].starts_with(b"-WRONGTYPE")) {
             return Ok(());
         }
     }

@@ -377,6 +377,8 @@ pub struct Metrics {
     /// `durable` writes whose acknowledgement was withdrawn.
     pub writes_refused: AtomicU64,
     pub connections_current: AtomicU64,
+    /// Connections waiting in a blocking command (BLPOP, BZPOPMIN, XREAD BLOCK, ...).
+    pub blocked_clients: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
@@ -524,6 +526,7 @@ pub struct Snapshot {
     pub errors: u64,
     pub writes_refused: u64,
     pub connections_current: u64,
+    pub blocked_clients: u64,
     pub connections_total: u64,
     pub connections_rejected: u64,
     pub protocol_errors: u64,
@@ -623,6 +626,7 @@ impl Snapshot {
             errors: load(&metrics.errors),
             writes_refused: load(&metrics.writes_refused),
             connections_current: load(&metrics.connections_current),
+            blocked_clients: load(&metrics.blocked_clients),
             connections_total: load(&metrics.connections_total),
             connections_rejected: load(&metrics.connections_rejected),
             protocol_errors: load(&metrics.protocol_errors),
@@ -882,8 +886,8 @@ impl Snapshot {
         if wants("clients") {
             let _ = write!(
                 s,
-                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
-                self.connections_current, self.process.connections_max
+                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n\r\n",
+                self.connections_current, self.process.connections_max, self.blocked_clients
             );
         }
         if wants("memory") {

@@ -31,6 +31,7 @@ pub mod keyspace;
 pub mod metrics;
 pub mod persistence;
 pub mod pubsub;
+pub mod settings;
 pub mod waiters;
 
 pub use acks::{refused_replies, Acks, ClusterHooks, HeldReply, RefusedWrite, RolesMemory};
@@ -124,10 +125,20 @@ pub struct Node {
     rmw_locks: Vec<parking_lot::Mutex<()>>,
     /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
     pub pubsub_broadcast: std::sync::OnceLock<pubsub::BroadcastQueue>,
+    /// What CONFIG SET may change at run time.
+    pub settings: settings::RuntimeSettings,
 }
 
 /// Stripes of [`Node::rmw_lock`].
 const RMW_LOCK_STRIPES: usize = 1024;
+
+fn rmw_stripe(key: &[u8]) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % RMW_LOCK_STRIPES as u64) as usize
+}
 
 /// Milliseconds since the Unix epoch: the one clock that expiry times are read against.
 pub fn now_ms() -> u64 {
@@ -276,6 +287,7 @@ impl Node {
             waiters: Default::default(),
             pubsub: Default::default(),
             pubsub_broadcast: Default::default(),
+            settings: settings::RuntimeSettings::default(),
             rmw_locks: (0..RMW_LOCK_STRIPES)
                 .map(|_| parking_lot::Mutex::new(()))
                 .collect(),
@@ -550,11 +562,19 @@ impl Node {
 
     /// The read-modify-write lock of `key` (see `rmw_locks`).
     pub fn rmw_lock(&self, key: &[u8]) -> parking_lot::MutexGuard<'_, ()> {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in key {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.rmw_locks[(h % RMW_LOCK_STRIPES as u64) as usize].lock()
+        self.rmw_locks[rmw_stripe(key)].lock()
+    }
+
+    /// The read-modify-write locks of every key in `keys`, taken in stripe order (so that two
+    /// multi-key writers never wait on each other in a cycle).
+    pub fn rmw_locks(&self, keys: &[&[u8]]) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = keys.iter().map(|k| rmw_stripe(k)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|i| self.rmw_locks[i].lock())
+            .collect()
     }
 
     /// What to store for a client's string `value`: checked against the value size limit, then
@@ -661,6 +681,20 @@ impl Node {
     ) -> Result<u64, NodeError> {
         self.admit_write()?;
         let done = self.engine().multi_put(tablet, items);
+        self.collect(acks);
+        Ok(done?)
+    }
+
+    /// [`Self::multi_put`] if each item's condition holds, checked atomically with the write.
+    pub fn multi_put_if(
+        &self,
+        tablet: TabletId,
+        items: &[(&[u8], &[u8])],
+        conditions: &[Condition],
+        acks: &mut Acks,
+    ) -> Result<u64, NodeError> {
+        self.admit_write()?;
+        let done = self.engine().multi_put_if(tablet, items, conditions);
         self.collect(acks);
         Ok(done?)
     }

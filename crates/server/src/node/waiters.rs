@@ -45,16 +45,27 @@ impl KeyWaiters {
         self.count.store(map.len(), Ordering::Release);
     }
 
-    /// Wakes the clients blocked on `key`, if any.
+    /// Wakes the longest-waiting client blocked on `key`, if any. Clients are served in the
+    /// order they blocked, as Redis serves them: the one woken tries first, and when it leaves
+    /// (served, or answered otherwise) it wakes the next (see [`unregister_and_pass`]).
+    ///
+    /// [`unregister_and_pass`]: Self::unregister_and_pass
     #[inline]
     pub fn wake(&self, key: &[u8]) {
         if self.count.load(Ordering::Acquire) == 0 {
             return;
         }
-        if let Some(list) = self.keys.lock().get(key) {
-            for n in list {
-                n.notify_one();
-            }
+        if let Some(first) = self.keys.lock().get(key).and_then(|list| list.first()) {
+            first.notify_one();
+        }
+    }
+
+    /// [`unregister`](Self::unregister), then wakes the next client in line on each key, which
+    /// then sees what this one left (a push of several elements serves several clients).
+    pub fn unregister_and_pass(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
+        self.unregister(keys, notify);
+        for k in keys {
+            self.wake(k);
         }
     }
 
@@ -83,5 +94,24 @@ mod tests {
         w.unregister(&keys, &n);
         assert_eq!(w.keys(), 0);
         w.wake(b"a");
+    }
+
+    #[tokio::test]
+    async fn clients_are_woken_in_the_order_they_blocked() {
+        let w = KeyWaiters::default();
+        let (first, second) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let keys = vec![b"k".to_vec()];
+        w.register(&keys, &first);
+        w.register(&keys, &second);
+        w.wake(b"k");
+        let wait = std::time::Duration::from_millis(50);
+        tokio::time::timeout(wait, first.notified())
+            .await
+            .expect("the first to block is woken");
+        assert!(tokio::time::timeout(wait, second.notified()).await.is_err());
+        w.unregister_and_pass(&keys, &first);
+        tokio::time::timeout(wait, second.notified())
+            .await
+            .expect("the next in line is woken when the first leaves");
     }
 }

@@ -87,6 +87,9 @@ pub(super) fn config_params(shared: &Node, cluster_node: bool) -> Vec<(&'static 
         ),
         ("dir", c.data_dir.display().to_string()),
     ]
+    .into_iter()
+    .chain(shared.settings.all())
+    .collect()
 }
 
 pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -117,10 +120,47 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 .enc
                 .error("ERR wrong number of arguments for 'config|set' command");
         }
-        let name = String::from_utf8_lossy(args[2]);
-        ctx.enc.error(&format!(
-            "ERR Unknown option or number of arguments for CONFIG SET - '{name}' (ramlog is configured by file, flags and environment at start)"
-        ));
+        let pairs: Vec<(String, String)> = args[2..]
+            .chunks(2)
+            .map(|p| {
+                (
+                    String::from_utf8_lossy(p[0]).into_owned(),
+                    String::from_utf8_lossy(p[1]).into_owned(),
+                )
+            })
+            .collect();
+        let fixed = config_params(ctx.node, ctx.cluster_node());
+        for (name, value) in &pairs {
+            if crate::node::settings::RuntimeSettings::is_settable(name) {
+                continue;
+            }
+            // `save ""`: ramlog takes no snapshots on a schedule, so there is none to turn off.
+            if name.eq_ignore_ascii_case("save") && value.is_empty() {
+                continue;
+            }
+            return ctx.enc.error(&if fixed.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{name}') - ramlog sets '{name}' at start (file, flags, environment), not at run time"
+                )
+            } else {
+                format!("ERR Unknown option or number of arguments for CONFIG SET - '{name}'")
+            });
+        }
+        let pairs: Vec<(String, String)> = pairs
+            .into_iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case("save"))
+            .collect();
+        let pairs: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        match ctx.node.settings.set_all(&pairs) {
+            Ok(()) => ctx.enc.ok(),
+            Err(e) => ctx.enc.error(&format!(
+                "ERR CONFIG SET failed (possibly related to argument '{}') - {e}",
+                pairs[0].0
+            )),
+        }
     } else if eq_ignore_case(sub, "resetstat") {
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
@@ -135,6 +175,46 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     } else {
         unknown_subcommand(ctx, "config", sub);
+    }
+}
+
+/// FUNCTION: ramlog runs no server-side functions, so there is never a library to list or flush;
+/// FLUSH and LIST answer as Redis does for an empty library set, LOAD and the rest are refused.
+pub(super) fn cmd_function(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let sub = args[1];
+    if eq_ignore_case(sub, "flush") {
+        if args.len() > 3
+            || (args.len() == 3
+                && !eq_ignore_case(args[2], "async")
+                && !eq_ignore_case(args[2], "sync"))
+        {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        ctx.enc.ok();
+    } else if eq_ignore_case(sub, "list") {
+        ctx.enc.array(0);
+    } else if eq_ignore_case(sub, "help") {
+        let lines = [
+            "FUNCTION <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "LIST",
+            "    Return the function libraries (ramlog runs none).",
+            "FLUSH [ASYNC|SYNC]",
+            "    Delete all function libraries (there are none).",
+        ];
+        ctx.enc.array(lines.len());
+        for l in lines {
+            ctx.enc.simple(l);
+        }
+    } else if ["load", "delete", "restore", "dump", "stats", "kill"]
+        .iter()
+        .any(|s| eq_ignore_case(sub, s))
+    {
+        let sub = String::from_utf8_lossy(sub).to_ascii_uppercase();
+        ctx.enc.error(&format!(
+            "ERR FUNCTION {sub} is not supported: ramlog runs no server-side functions"
+        ));
+    } else {
+        unknown_subcommand(ctx, "function", sub);
     }
 }
 

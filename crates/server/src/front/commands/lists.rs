@@ -47,7 +47,10 @@ fn pop(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool) {
         },
     };
     if args.len() > 3 {
-        return ctx.enc.error(ERR_SYNTAX);
+        let name = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
+        return ctx.enc.error(&format!(
+            "ERR wrong number of arguments for '{name}' command"
+        ));
     }
     let popped = update::<List, Option<Vec<Vec<u8>>>>(ctx, args[1], |l, existed| {
         if !existed {
@@ -252,7 +255,10 @@ pub(super) fn cmd_lpos(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return ctx.enc.error(ERR_NOT_INTEGER);
         };
         if eq_ignore_case(args[i], "rank") {
-            if n == 0 || n == i64::MIN {
+            if n == i64::MIN {
+                return ctx.enc.error("ERR value is out of range, value must be between -9223372036854775807 and 9223372036854775807");
+            }
+            if n == 0 {
                 return ctx.enc.error("ERR RANK can't be zero: use 1 to start from the first match, 2 from the second ... or use negative to start from the end of the list");
             }
             rank = n;
@@ -505,4 +511,74 @@ pub(super) fn cmd_brpoplpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.error(e);
     }
     lmove(ctx, args[1], args[2], false, true)
+}
+
+/// LMPOP/BLMPOP from `at` (the numkeys argument): pops up to COUNT elements from the first
+/// non-empty list, answering [key, [element, ...]], or a null array.
+fn lmpop(ctx: &mut Ctx<'_>, args: &[&[u8]], at: usize) {
+    let Ok(n) = parse_numkeys(
+        ctx,
+        args,
+        at,
+        "ERR numkeys should be greater than 0",
+        ERR_SYNTAX,
+    ) else {
+        return;
+    };
+    let Some(which) = args.get(at + 1 + n) else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    let left = if eq_ignore_case(which, "left") {
+        true
+    } else if eq_ignore_case(which, "right") {
+        false
+    } else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    let Ok(count) = parse_mpop_count(ctx, &args[at + 2 + n..]) else {
+        return;
+    };
+    for key in &args[at + 1..at + 1 + n] {
+        let popped = update::<List, Vec<Vec<u8>>>(ctx, key, |l, _| {
+            let k = count.min(l.items.len());
+            let out: Vec<Vec<u8>> = (0..k)
+                .filter_map(|_| {
+                    if left {
+                        l.items.pop_front()
+                    } else {
+                        l.items.pop_back()
+                    }
+                })
+                .collect();
+            let changed = !out.is_empty();
+            Ok((out, changed))
+        });
+        match popped {
+            Ok(out) if out.is_empty() => {}
+            Ok(out) => {
+                ctx.enc.array(2);
+                ctx.enc.bulk(key);
+                ctx.enc.array(out.len());
+                for e in &out {
+                    ctx.enc.bulk(e);
+                }
+                return;
+            }
+            Err(Replied) => return,
+        }
+    }
+    ctx.enc.null_array()
+}
+
+/// LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]
+pub(super) fn cmd_lmpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    lmpop(ctx, args, 1)
+}
+
+/// BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT count], one try (see `bpop`).
+pub(super) fn cmd_blmpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Err(e) = parse_timeout(args[1]) {
+        return ctx.enc.error(e);
+    }
+    lmpop(ctx, args, 2)
 }

@@ -231,6 +231,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("append", 3, W, 1, 1, 1, s, Op::Set, cmd_append),
         spec!("mget", -2, R, 1, -1, 1, s, Op::Mget, cmd_mget),
         spec!("mset", -3, W, 1, -1, 2, s, Op::Mset, cmd_mset),
+        spec!("msetnx", -3, W, 1, -1, 2, s, Op::Mset, cmd_msetnx),
         spec!("del", -2, &["write"], 1, -1, 1, k, Op::Del, cmd_del),
         spec!(
             "unlink",
@@ -454,6 +455,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         ),
         spec!("config", -2, A, 0, 0, 0, a, Op::Other, cmd_config),
         spec!(
+            "function",
+            -2,
+            &["noscript"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_function
+        ),
+        spec!(
             "command",
             -1,
             &["loading", "stale"],
@@ -545,7 +557,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!(
             "watch",
             -2,
-            &["noscript", "loading", "stale", "fast", "no_multi"],
+            &["noscript", "loading", "stale", "fast", "allow_busy"],
             1,
             -1,
             1,
@@ -793,6 +805,9 @@ fn collection_specs() -> Vec<Spec> {
     let wf: &[&str] = &["write", "denyoom", "fast"];
     let wr: &[&str] = &["write"];
     let bl: &[&str] = &["write", "blocking"];
+    let rm: &[&str] = &["readonly", "movablekeys"];
+    let wm: &[&str] = &["write", "movablekeys"];
+    let blm: &[&str] = &["write", "blocking", "movablekeys"];
     vec![
         spec!("hset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hset),
         spec!("hmset", -4, wf, 1, 1, 1, h, Op::Hash, cmd_hmset),
@@ -1082,6 +1097,29 @@ fn collection_specs() -> Vec<Spec> {
         spec!("brpoplpush", 4, bl, 1, 2, 1, l, Op::List, cmd_brpoplpush),
         spec!("bzpopmin", -3, bl, 1, -2, 1, z, Op::ZSet, cmd_bzpopmin),
         spec!("bzpopmax", -3, bl, 1, -2, 1, z, Op::ZSet, cmd_bzpopmax),
+        // `numkeys` commands: their keys are found by `key_positions`.
+        spec!(
+            "sintercard",
+            -3,
+            rm,
+            0,
+            0,
+            0,
+            st,
+            Op::SetType,
+            cmd_sintercard
+        ),
+        spec!("zintercard", -3, rm, 0, 0, 0, z, Op::ZSet, cmd_zintercard),
+        spec!("zunion", -3, rm, 0, 0, 0, z, Op::ZSet, cmd_zunion),
+        spec!("zinter", -3, rm, 0, 0, 0, z, Op::ZSet, cmd_zinter),
+        spec!("zdiff", -3, rm, 0, 0, 0, z, Op::ZSet, cmd_zdiff),
+        spec!("zunionstore", -4, wm, 0, 0, 0, z, Op::ZSet, cmd_zunionstore),
+        spec!("zinterstore", -4, wm, 0, 0, 0, z, Op::ZSet, cmd_zinterstore),
+        spec!("zdiffstore", -4, wm, 0, 0, 0, z, Op::ZSet, cmd_zdiffstore),
+        spec!("lmpop", -4, wm, 0, 0, 0, l, Op::List, cmd_lmpop),
+        spec!("zmpop", -4, wm, 0, 0, 0, z, Op::ZSet, cmd_zmpop),
+        spec!("blmpop", -5, blm, 0, 0, 0, l, Op::List, cmd_blmpop),
+        spec!("bzmpop", -5, blm, 0, 0, 0, z, Op::ZSet, cmd_bzmpop),
     ]
 }
 
@@ -1241,18 +1279,38 @@ pub fn command_keys<'a, 'b>(
     spec: &Spec,
     args: &'b [&'a [u8]],
 ) -> impl Iterator<Item = &'a [u8]> + 'b {
-    let (first, end, step) = key_positions(spec, args);
-    (first..end).step_by(step).map(move |i| args[i])
+    let (dest, first, end, step) = key_positions(spec, args);
+    dest.into_iter()
+        .chain((first..end).step_by(step))
+        .map(move |i| args[i])
 }
 
-/// Where a command's keys are: `first..end` by `step` (an empty range for none). Movable keys
-/// (XREAD's, after STREAMS) are found in the arguments.
-fn key_positions(spec: &Spec, args: &[&[u8]]) -> (usize, usize, usize) {
+/// Where a command's keys are: a destination key's position, then `first..end` by `step` (an
+/// empty range for none). Movable keys (XREAD's after STREAMS, and those counted by a
+/// `numkeys` argument) are found in the arguments.
+fn key_positions(spec: &Spec, args: &[&[u8]]) -> (Option<usize>, usize, usize, usize) {
     if spec.name == "xread" {
         return match streams::xread_streams(args) {
-            Ok((first, n)) => (first, first + n, 1),
-            Err(_) => (0, 0, 1),
+            Ok((first, n)) => (None, first, first + n, 1),
+            Err(_) => (None, 0, 0, 1),
         };
+    }
+    // (destination, position of numkeys) of the `numkeys key [key ...]` commands.
+    let numkeys = match spec.name {
+        "sintercard" | "zintercard" | "zunion" | "zinter" | "zdiff" | "lmpop" | "zmpop" => {
+            Some((None, 1))
+        }
+        "blmpop" | "bzmpop" => Some((None, 2)),
+        "zunionstore" | "zinterstore" | "zdiffstore" => Some((Some(1), 2)),
+        _ => None,
+    };
+    if let Some((dest, at)) = numkeys {
+        let n = args
+            .get(at)
+            .and_then(|a| parse_i64(a))
+            .filter(|&n| n > 0)
+            .map_or(0, |n| (n as u64).min((args.len() - at - 1) as u64) as usize);
+        return (dest.filter(|&d| d < args.len()), at + 1, at + 1 + n, 1);
     }
     let first = spec.first_key.max(0) as usize;
     let last = if spec.last_key < 0 {
@@ -1266,7 +1324,7 @@ fn key_positions(spec: &Spec, args: &[&[u8]]) -> (usize, usize, usize) {
     } else {
         (last + 1).min(args.len())
     };
-    (first, end, step)
+    (None, first, end, step)
 }
 
 /// Redis Cluster's routing answer for a command's keys on a cluster server: Ok when every key is
@@ -1413,6 +1471,10 @@ fn run_checked(
             };
             return ctx.enc.error(&misconf(reason));
         }
+    }
+    // As Redis: WATCH inside MULTI is answered at once with an error, and the transaction goes on.
+    if in_multi && spec.name == "watch" {
+        return ctx.enc.error("ERR WATCH inside MULTI is not allowed");
     }
     if in_multi && !matches!(spec.name, "exec" | "discard" | "multi" | "quit") {
         if let Some(queue) = ctx.session.multi.as_mut() {

@@ -253,3 +253,39 @@ pub(super) fn cmd_sscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ctx.enc.bulk(m);
     }
 }
+
+/// SINTERCARD numkeys key [key ...] [LIMIT limit]
+pub(super) fn cmd_sintercard(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let Ok(n) = parse_numkeys(
+        ctx,
+        args,
+        1,
+        "ERR numkeys should be greater than 0",
+        "ERR Number of keys can't be greater than number of args",
+    ) else {
+        return;
+    };
+    let Ok(limit) = parse_card_limit(ctx, &args[2 + n..]) else {
+        return;
+    };
+    let mut sets = Vec::with_capacity(n);
+    for k in &args[2..2 + n] {
+        let Ok(s) = load_or_empty::<Set>(ctx, k) else {
+            return;
+        };
+        sets.push(s);
+    }
+    // Walk the smallest set, as Redis does.
+    sets.sort_by_key(|s| s.members.len());
+    let (first, rest) = sets.split_first().expect("numkeys >= 1");
+    let mut count = 0usize;
+    for m in &first.members {
+        if rest.iter().all(|s| s.contains(m)) {
+            count += 1;
+            if limit > 0 && count >= limit {
+                break;
+            }
+        }
+    }
+    ctx.enc.integer(count as i64)
+}

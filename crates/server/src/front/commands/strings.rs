@@ -366,57 +366,123 @@ pub(super) fn cmd_mget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
-pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+/// Checks MSET/MSETNX's arguments: Err(reply) for a wrong count or an oversized key or value
+/// (refused before anything is written, so that neither is ever half applied for that reason).
+fn mset_check(ctx: &mut Ctx<'_>, args: &[&[u8]], name: &str) -> bool {
     if args.len().is_multiple_of(2) {
-        return ctx
-            .enc
-            .error("ERR wrong number of arguments for 'mset' command");
+        ctx.enc.error(&format!(
+            "ERR wrong number of arguments for '{name}' command"
+        ));
+        return false;
     }
     let config = &ctx.node.config;
-    // Refuse oversized items before writing anything, so that MSET is never half applied for that reason.
     for pair in args[1..].chunks_exact(2) {
-        if pair[0].len() as u64 > config.key_size_max_bytes {
-            return engine_error(
-                ctx,
-                &NodeError::Engine(EngineError::KeyTooLarge {
-                    len: pair[0].len(),
-                    max: config.key_size_max_bytes as usize,
-                }),
-            );
-        }
-        if pair[1].len() as u64 > config.value_size_max_bytes {
-            return engine_error(
-                ctx,
-                &NodeError::Engine(EngineError::ValueTooLarge {
-                    len: pair[1].len(),
-                    max: config.value_size_max_bytes as usize,
-                }),
-            );
-        }
+        let e = if pair[0].len() as u64 > config.key_size_max_bytes {
+            EngineError::KeyTooLarge {
+                len: pair[0].len(),
+                max: config.key_size_max_bytes as usize,
+            }
+        } else if pair[1].len() as u64 > config.value_size_max_bytes {
+            EngineError::ValueTooLarge {
+                len: pair[1].len(),
+                max: config.value_size_max_bytes as usize,
+            }
+        } else {
+            continue;
+        };
+        engine_error(ctx, &NodeError::Engine(e));
+        return false;
     }
-    let node = ctx.node;
-    let values: Vec<std::borrow::Cow<'_, [u8]>> = args[2..]
-        .iter()
-        .step_by(2)
-        .map(|v| types::store_string(v))
-        .collect();
-    // Group by tablet: each group is one atomic multi-put. Redis keeps the last of repeated keys;
-    // so does a multi-put applied in order.
-    type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
-    let mut groups: Vec<(u32, Items<'_>)> = Vec::new();
-    for (pair, value) in args[1..].chunks_exact(2).zip(&values) {
+    true
+}
+
+type Items<'a> = Vec<(&'a [u8], &'a [u8])>;
+
+/// MSET's pairs grouped by tablet, values as stored. Redis keeps the last of repeated keys; so
+/// does a multi-put applied in order.
+fn mset_groups<'a>(
+    node: &Node,
+    args: &'a [&'a [u8]],
+    values: &'a [std::borrow::Cow<'a, [u8]>],
+) -> Vec<(u32, Items<'a>)> {
+    let mut groups: Vec<(u32, Items<'a>)> = Vec::new();
+    for (pair, value) in args[1..].chunks_exact(2).zip(values) {
         let tablet = node.tablet_of(pair[0]);
         match groups.iter_mut().find(|g| g.0 == tablet) {
             Some(g) => g.1.push((pair[0], value)),
             None => groups.push((tablet, vec![(pair[0], value)])),
         }
     }
-    for (tablet, items) in &groups {
+    groups
+}
+
+fn stored_values<'a>(args: &'a [&'a [u8]]) -> Vec<std::borrow::Cow<'a, [u8]>> {
+    args[2..]
+        .iter()
+        .step_by(2)
+        .map(|v| types::store_string(v))
+        .collect()
+}
+
+pub(super) fn cmd_mset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if !mset_check(ctx, args, "mset") {
+        return;
+    }
+    let node = ctx.node;
+    let values = stored_values(args);
+    // Each group is one atomic multi-put.
+    for (tablet, items) in &mset_groups(node, args, &values) {
         if let Err(e) = node.multi_put(*tablet, items, &mut ctx.session.acks) {
             return engine_error(ctx, &e);
         }
     }
     ctx.enc.ok();
+}
+
+/// MSETNX: sets every pair if none of the keys exists (1), else nothing (0). Keys of one tablet
+/// (always so in a cluster, where they share a slot) are checked and written as one atomic
+/// conditional multi-put. Across tablets of a standalone server, the keys' read-modify-write
+/// locks are held throughout, and a group refused because a plain SET raced in takes back the
+/// groups already written.
+pub(super) fn cmd_msetnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if !mset_check(ctx, args, "msetnx") {
+        return;
+    }
+    let node = ctx.node;
+    let keys: Vec<&[u8]> = args[1..].iter().step_by(2).copied().collect();
+    let _locks = node.rmw_locks(&keys);
+    let values = stored_values(args);
+    let groups = mset_groups(node, args, &values);
+    let mut written: Vec<(u32, u64, &Items<'_>)> = Vec::new();
+    for (tablet, items) in &groups {
+        let conditions = vec![Condition::IfAbsent; items.len()];
+        // A key given twice is absent for its first copy only: check each key once.
+        let mut seen = std::collections::HashSet::new();
+        let conditions: Vec<Condition> = items
+            .iter()
+            .zip(conditions)
+            .map(|((k, _), c)| if seen.insert(*k) { c } else { Condition::None })
+            .collect();
+        match node.multi_put_if(*tablet, items, &conditions, &mut ctx.session.acks) {
+            Ok(version) => written.push((*tablet, version, items)),
+            Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => {
+                for (tablet, version, items) in written {
+                    for (k, _) in items.iter() {
+                        // Only what this MSETNX wrote (a later writer's value stays).
+                        let _ = node.delete(
+                            tablet,
+                            k,
+                            Condition::IfVersion(version),
+                            &mut ctx.session.acks,
+                        );
+                    }
+                }
+                return ctx.enc.integer(0);
+            }
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    ctx.enc.integer(1);
 }
 
 pub(super) fn incr_by(ctx: &mut Ctx<'_>, key: &[u8], delta: i64) {

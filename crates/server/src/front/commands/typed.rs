@@ -405,6 +405,72 @@ pub(super) fn scan_matches(pattern: Option<&[u8]>, item: &[u8]) -> bool {
     pattern.is_none_or(|p| ramlog_common::glob::glob_match(p, item))
 }
 
+/// The key count of a `numkeys key [key ...]` command at `args[at]`: at least 1 (`nonpositive`
+/// answers otherwise) and no more than the arguments after it (`too_many`).
+pub(super) fn parse_numkeys(
+    ctx: &mut Ctx<'_>,
+    args: &[&[u8]],
+    at: usize,
+    nonpositive: &str,
+    too_many: &str,
+) -> Result<usize, Replied> {
+    match parse_i64(args[at]) {
+        Some(n) if n >= 1 => {
+            if n as u64 > (args.len() - at - 1) as u64 {
+                ctx.enc.error(too_many);
+                Err(Replied)
+            } else {
+                Ok(n as usize)
+            }
+        }
+        // Redis answers the same for a count that is not a number.
+        _ => {
+            ctx.enc.error(nonpositive);
+            Err(Replied)
+        }
+    }
+}
+
+/// Parses `[COUNT count]` options from `args` (the only option allowed): Ok(count), 1 if absent.
+pub(super) fn parse_mpop_count(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<usize, Replied> {
+    let mut count = None;
+    let mut i = 0;
+    while i < args.len() {
+        if eq_ignore_case(args[i], "count") && count.is_none() && i + 1 < args.len() {
+            match parse_i64(args[i + 1]) {
+                Some(n) if n >= 1 => count = Some(n as usize),
+                _ => {
+                    ctx.enc.error("ERR count should be greater than 0");
+                    return Err(Replied);
+                }
+            }
+            i += 2;
+        } else {
+            ctx.enc.error(ERR_SYNTAX);
+            return Err(Replied);
+        }
+    }
+    Ok(count.unwrap_or(1))
+}
+
+/// Parses a `LIMIT limit` tail (SINTERCARD, ZINTERCARD); 0 = no limit.
+pub(super) fn parse_card_limit(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<usize, Replied> {
+    match args {
+        [] => Ok(0),
+        [opt, n] if eq_ignore_case(opt, "limit") => match parse_i64(n) {
+            Some(n) if n >= 0 => Ok(n as usize),
+            _ => {
+                ctx.enc.error("ERR LIMIT can't be negative");
+                Err(Replied)
+            }
+        },
+        _ => {
+            ctx.enc.error(ERR_SYNTAX);
+            Err(Replied)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -717,3 +717,306 @@ pub(super) fn cmd_bzpopmin(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 pub(super) fn cmd_bzpopmax(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     bzpop(ctx, args, true)
 }
+
+#[derive(Clone, Copy, PartialEq)]
+enum ZOp {
+    Union,
+    Inter,
+    Diff,
+}
+
+#[derive(Clone, Copy)]
+enum Aggregate {
+    Sum,
+    Min,
+    Max,
+}
+
+fn aggregate(into: &mut f64, value: f64, how: Aggregate) {
+    match how {
+        Aggregate::Sum => {
+            *into += value;
+            // inf + -inf: Redis answers 0.
+            if into.is_nan() {
+                *into = 0.0;
+            }
+        }
+        Aggregate::Min => *into = into.min(value),
+        Aggregate::Max => *into = into.max(value),
+    }
+}
+
+/// The entries of the set or sorted set at `key` (a set's members score 1), empty if absent;
+/// WRONGTYPE for any other type.
+fn load_scored(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Vec<(f64, Vec<u8>)>, Replied> {
+    let found = match read(ctx, key) {
+        Ok(f) => f,
+        Err(e) => {
+            engine_error(ctx, &e);
+            return Err(Replied);
+        }
+    };
+    let Some(o) = found else {
+        return Ok(Vec::new());
+    };
+    if ramlog_proto::types::kind_of(&o.value) == Ok(ramlog_proto::types::Kind::Set) {
+        let s = decode_as::<ramlog_proto::types::Set>(ctx, &o.value)?;
+        return Ok(s.members.into_iter().map(|m| (1.0, m)).collect());
+    }
+    Ok(decode_as::<ZSet>(ctx, &o.value)?.entries)
+}
+
+/// ZUNION/ZINTER/ZDIFF and their STORE forms: `store` has the destination at args[1].
+fn zalgebra(ctx: &mut Ctx<'_>, args: &[&[u8]], op: ZOp, store: bool) {
+    let at = if store { 2 } else { 1 };
+    let name = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
+    let n = match parse_i64(args[at]) {
+        Some(n) if n >= 1 => n as u64,
+        Some(_) => {
+            return ctx.enc.error(&format!(
+                "ERR at least 1 input key is needed for '{name}' command"
+            ))
+        }
+        None => return ctx.enc.error(ERR_NOT_INTEGER),
+    };
+    if n > (args.len() - at - 1) as u64 {
+        return ctx.enc.error(ERR_SYNTAX);
+    }
+    let n = n as usize;
+    let keys = &args[at + 1..at + 1 + n];
+    let mut weights = vec![1.0; n];
+    let mut how = Aggregate::Sum;
+    let mut with_scores = false;
+    let mut i = at + 1 + n;
+    while i < args.len() {
+        let rest = args.len() - i - 1;
+        if op != ZOp::Diff && eq_ignore_case(args[i], "weights") && rest >= n {
+            for (w, arg) in weights.iter_mut().zip(&args[i + 1..i + 1 + n]) {
+                match parse_f64(arg) {
+                    Some(v) => *w = v,
+                    None => return ctx.enc.error("ERR weight value is not a float"),
+                }
+            }
+            i += 1 + n;
+        } else if op != ZOp::Diff && eq_ignore_case(args[i], "aggregate") && rest >= 1 {
+            how = if eq_ignore_case(args[i + 1], "sum") {
+                Aggregate::Sum
+            } else if eq_ignore_case(args[i + 1], "min") {
+                Aggregate::Min
+            } else if eq_ignore_case(args[i + 1], "max") {
+                Aggregate::Max
+            } else {
+                return ctx.enc.error(ERR_SYNTAX);
+            };
+            i += 2;
+        } else if !store && eq_ignore_case(args[i], "withscores") {
+            with_scores = true;
+            i += 1;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+    }
+    let mut inputs = Vec::with_capacity(n);
+    for k in keys {
+        let Ok(entries) = load_scored(ctx, k) else {
+            return;
+        };
+        inputs.push(entries);
+    }
+    let weighted = |score: f64, w: f64| {
+        let v = score * w;
+        if v.is_nan() {
+            0.0
+        } else {
+            v
+        }
+    };
+    let mut out: Vec<(f64, Vec<u8>)> = Vec::new();
+    match op {
+        ZOp::Union => {
+            let mut acc: HashMap<Vec<u8>, f64> = HashMap::new();
+            for (entries, &w) in inputs.iter().zip(&weights) {
+                for (s, m) in entries {
+                    let v = weighted(*s, w);
+                    match acc.get_mut(m) {
+                        Some(into) => aggregate(into, v, how),
+                        None => {
+                            acc.insert(m.clone(), v);
+                        }
+                    }
+                }
+            }
+            out.extend(acc.into_iter().map(|(m, s)| (s, m)));
+        }
+        ZOp::Inter => {
+            let maps: Vec<HashMap<&[u8], f64>> = inputs
+                .iter()
+                .map(|e| e.iter().map(|(s, m)| (m.as_slice(), *s)).collect())
+                .collect();
+            // Walk the smallest input, as Redis does.
+            let smallest = (0..n).min_by_key(|&j| inputs[j].len()).unwrap_or(0);
+            'members: for (s, m) in &inputs[smallest] {
+                let mut score = weighted(*s, weights[smallest]);
+                for j in (0..n).filter(|&j| j != smallest) {
+                    match maps[j].get(m.as_slice()) {
+                        Some(&other) => aggregate(&mut score, weighted(other, weights[j]), how),
+                        None => continue 'members,
+                    }
+                }
+                out.push((score, m.clone()));
+            }
+        }
+        ZOp::Diff => {
+            let others: std::collections::HashSet<&[u8]> = inputs[1..]
+                .iter()
+                .flat_map(|e| e.iter().map(|(_, m)| m.as_slice()))
+                .collect();
+            out.extend(
+                inputs[0]
+                    .iter()
+                    .filter(|(_, m)| !others.contains(m.as_slice()))
+                    .cloned(),
+            );
+        }
+    }
+    out.sort_by(ramlog_proto::types::zset_order);
+    let z = ZSet { entries: out };
+    if store {
+        if super::typed::store(ctx, args[1], &z).is_ok() {
+            ctx.enc.integer(z.entries.len() as i64)
+        }
+        return;
+    }
+    let picks: Vec<usize> = (0..z.entries.len()).collect();
+    reply_entries(ctx, &z, &picks, with_scores)
+}
+
+pub(super) fn cmd_zunion(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Union, false)
+}
+pub(super) fn cmd_zinter(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Inter, false)
+}
+pub(super) fn cmd_zdiff(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Diff, false)
+}
+pub(super) fn cmd_zunionstore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Union, true)
+}
+pub(super) fn cmd_zinterstore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Inter, true)
+}
+pub(super) fn cmd_zdiffstore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zalgebra(ctx, args, ZOp::Diff, true)
+}
+
+/// ZINTERCARD numkeys key [key ...] [LIMIT limit]
+pub(super) fn cmd_zintercard(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let n = match parse_i64(args[1]) {
+        Some(n) if n >= 1 => n as u64,
+        Some(_) => {
+            return ctx
+                .enc
+                .error("ERR at least 1 input key is needed for 'zintercard' command")
+        }
+        None => return ctx.enc.error(ERR_NOT_INTEGER),
+    };
+    if n > (args.len() - 2) as u64 {
+        return ctx.enc.error(ERR_SYNTAX);
+    }
+    let n = n as usize;
+    let Ok(limit) = parse_card_limit(ctx, &args[2 + n..]) else {
+        return;
+    };
+    let mut inputs = Vec::with_capacity(n);
+    for k in &args[2..2 + n] {
+        let Ok(entries) = load_scored(ctx, k) else {
+            return;
+        };
+        inputs.push(entries);
+    }
+    inputs.sort_by_key(|e| e.len());
+    let others: Vec<std::collections::HashSet<&[u8]>> = inputs[1..]
+        .iter()
+        .map(|e| e.iter().map(|(_, m)| m.as_slice()).collect())
+        .collect();
+    let mut count = 0usize;
+    for (_, m) in &inputs[0] {
+        if others.iter().all(|o| o.contains(m.as_slice())) {
+            count += 1;
+            if limit > 0 && count >= limit {
+                break;
+            }
+        }
+    }
+    ctx.enc.integer(count as i64)
+}
+
+/// ZMPOP/BZMPOP from `at` (the numkeys argument): pops up to COUNT entries from the first
+/// non-empty sorted set, answering [key, [[member, score], ...]], or a null array.
+fn zmpop(ctx: &mut Ctx<'_>, args: &[&[u8]], at: usize) {
+    let Ok(n) = parse_numkeys(
+        ctx,
+        args,
+        at,
+        "ERR numkeys should be greater than 0",
+        ERR_SYNTAX,
+    ) else {
+        return;
+    };
+    let Some(which) = args.get(at + 1 + n) else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    let max = if eq_ignore_case(which, "max") {
+        true
+    } else if eq_ignore_case(which, "min") {
+        false
+    } else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    let Ok(count) = parse_mpop_count(ctx, &args[at + 2 + n..]) else {
+        return;
+    };
+    for key in &args[at + 1..at + 1 + n] {
+        let popped = update::<ZSet, Vec<(f64, Vec<u8>)>>(ctx, key, |z, _| {
+            let k = count.min(z.entries.len());
+            let out: Vec<(f64, Vec<u8>)> = if max {
+                let from = z.entries.len() - k;
+                z.entries.drain(from..).rev().collect()
+            } else {
+                z.entries.drain(..k).collect()
+            };
+            let changed = !out.is_empty();
+            Ok((out, changed))
+        });
+        match popped {
+            Ok(out) if out.is_empty() => {}
+            Ok(out) => {
+                ctx.enc.array(2);
+                ctx.enc.bulk(key);
+                ctx.enc.array(out.len());
+                for (s, m) in &out {
+                    ctx.enc.array(2);
+                    ctx.enc.bulk(m);
+                    ctx.enc.double(*s);
+                }
+                return;
+            }
+            Err(Replied) => return,
+        }
+    }
+    ctx.enc.null_array()
+}
+
+/// ZMPOP numkeys key [key ...] MIN|MAX [COUNT count]
+pub(super) fn cmd_zmpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    zmpop(ctx, args, 1)
+}
+
+/// BZMPOP timeout numkeys key [key ...] MIN|MAX [COUNT count], one try (see `bzpop`).
+pub(super) fn cmd_bzmpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    if let Err(e) = super::lists::parse_timeout(args[1]) {
+        return ctx.enc.error(e);
+    }
+    zmpop(ctx, args, 2)
+}

@@ -1,0 +1,187 @@
+//! Settings a client may change at run time with CONFIG SET (everything else is configured by
+//! file, flags and environment at start and is read-only to CONFIG).
+//!
+//! These are Redis's collection encoding thresholds. Redis clients and tools (and Redis's own test
+//! suite) set them. ramlog keeps every collection as one compact object (docs/architecture.md, "The
+//! Redis data types"), so today they are recorded and reported by CONFIG GET without changing how
+//! a value is stored.
+
+use parking_lot::Mutex;
+
+/// A settable parameter: its name, the Redis 6 alias, its default and how a value is checked.
+struct Param {
+    name: &'static str,
+    alias: Option<&'static str>,
+    default: i64,
+    min: i64,
+    max: i64,
+}
+
+const PARAMS: &[Param] = &[
+    Param {
+        name: "hash-max-listpack-entries",
+        alias: Some("hash-max-ziplist-entries"),
+        default: 128,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "hash-max-listpack-value",
+        alias: Some("hash-max-ziplist-value"),
+        default: 64,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "set-max-intset-entries",
+        alias: None,
+        default: 512,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "set-max-listpack-entries",
+        alias: None,
+        default: 128,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "set-max-listpack-value",
+        alias: None,
+        default: 64,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "zset-max-listpack-entries",
+        alias: Some("zset-max-ziplist-entries"),
+        default: 128,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "zset-max-listpack-value",
+        alias: Some("zset-max-ziplist-value"),
+        default: 64,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "list-max-listpack-size",
+        alias: Some("list-max-ziplist-size"),
+        default: -2,
+        min: -5,
+        max: i64::MAX,
+    },
+    Param {
+        name: "list-compress-depth",
+        alias: None,
+        default: 0,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "stream-node-max-bytes",
+        alias: None,
+        default: 4096,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "stream-node-max-entries",
+        alias: None,
+        default: 100,
+        min: 0,
+        max: i64::MAX,
+    },
+];
+
+/// The current values of [`PARAMS`], in its order.
+pub struct RuntimeSettings {
+    values: Mutex<Vec<i64>>,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings {
+            values: Mutex::new(PARAMS.iter().map(|p| p.default).collect()),
+        }
+    }
+}
+
+fn index_of(name: &str) -> Option<usize> {
+    PARAMS.iter().position(|p| {
+        p.name.eq_ignore_ascii_case(name) || p.alias.is_some_and(|a| a.eq_ignore_ascii_case(name))
+    })
+}
+
+impl RuntimeSettings {
+    /// Every parameter with its value, aliases included (CONFIG GET matches either name).
+    pub fn all(&self) -> Vec<(&'static str, String)> {
+        let values = self.values.lock();
+        let mut out = Vec::new();
+        for (p, v) in PARAMS.iter().zip(values.iter()) {
+            out.push((p.name, v.to_string()));
+            if let Some(alias) = p.alias {
+                out.push((alias, v.to_string()));
+            }
+        }
+        out
+    }
+
+    /// Whether `name` is a parameter CONFIG SET may change.
+    pub fn is_settable(name: &str) -> bool {
+        index_of(name).is_some()
+    }
+
+    /// Sets every `(name, value)` pair, or none of them: the first bad pair's error otherwise.
+    pub fn set_all(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
+        let mut parsed = Vec::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            let i = index_of(name).ok_or_else(|| format!("Unknown option '{name}'"))?;
+            let p = &PARAMS[i];
+            let v: i64 = value
+                .parse()
+                .map_err(|_| format!("argument couldn't be parsed into an integer ('{name}')"))?;
+            if v < p.min || v > p.max {
+                return Err(format!(
+                    "argument must be between {} and {} inclusive ('{name}')",
+                    p.min, p.max
+                ));
+            }
+            parsed.push((i, v));
+        }
+        let mut values = self.values.lock();
+        for (i, v) in parsed {
+            values[i] = v;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_is_all_or_nothing_and_aliases_share_a_value() {
+        let s = RuntimeSettings::default();
+        s.set_all(&[("hash-max-ziplist-entries", "7")]).unwrap();
+        let all = s.all();
+        assert!(all.contains(&("hash-max-listpack-entries", "7".to_string())));
+        assert!(all.contains(&("hash-max-ziplist-entries", "7".to_string())));
+        let err = s
+            .set_all(&[
+                ("zset-max-listpack-entries", "3"),
+                ("list-max-listpack-size", "-9"),
+            ])
+            .unwrap_err();
+        assert!(err.contains("between -5"), "{err}");
+        assert!(s
+            .all()
+            .contains(&("zset-max-listpack-entries", "128".to_string())));
+        assert!(s.set_all(&[("maxmemory", "1")]).is_err());
+        assert!(s.set_all(&[("set-max-intset-entries", "x")]).is_err());
+    }
+}

@@ -12,4 +12,5 @@ pub mod recovery;
 pub mod report;
 pub mod resp;
 pub mod scan;
+pub mod types;
 pub mod util;

@@ -121,7 +121,7 @@ impl Drop for Peer {
 }
 
 impl Peer {
-    fn redis(work: &Path, persistence: bool) -> anyhow::Result<Peer> {
+    pub(crate) fn redis(work: &Path, persistence: bool) -> anyhow::Result<Peer> {
         let port = free_port()?;
         let dir = work.join(format!("redis-{port}"));
         std::fs::create_dir_all(&dir)?;
@@ -154,7 +154,7 @@ impl Peer {
         Ok(peer)
     }
 
-    fn ramlog(work: &Path, persistence: &str) -> anyhow::Result<Peer> {
+    pub(crate) fn ramlog(work: &Path, persistence: &str) -> anyhow::Result<Peer> {
         Peer::ramlog_with(work, persistence, &[])
     }
 
@@ -206,7 +206,7 @@ impl Peer {
         Ok(peer)
     }
 
-    fn rss_bytes(&self) -> u64 {
+    pub(crate) fn rss_bytes(&self) -> u64 {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
         text.lines()
@@ -234,7 +234,7 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn connect(port: u16) -> anyhow::Result<TcpStream> {
+pub(crate) fn connect(port: u16) -> anyhow::Result<TcpStream> {
     let s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -296,7 +296,7 @@ pub(crate) fn info_text(port: u16, section: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-fn flush(port: u16) -> anyhow::Result<()> {
+pub(crate) fn flush(port: u16) -> anyhow::Result<()> {
     let reply = command(port, "FLUSHALL")?;
     if reply != "+OK" {
         bail!("FLUSHALL on port {port}: {reply}");

@@ -82,6 +82,8 @@ enum Suite {
     Recovery,
     /// A tablet moved between live servers under load (`ramlog cluster move`), against `redis-cli --cluster reshard`.
     Migration,
+    /// The Redis data types against Redis: redis-benchmark's hash, list, set and sorted-set tests, memory per element.
+    Types,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -131,6 +133,7 @@ fn main() -> anyhow::Result<()> {
                 Suite::Scan => ramlog_bench::scan::run(args.quick, args.json.as_deref()),
                 Suite::Cluster => ramlog_bench::cluster::run(args.quick, args.json.as_deref()),
                 Suite::Recovery => ramlog_bench::recovery::run(args.quick, args.json.as_deref()),
+                Suite::Types => ramlog_bench::types::run(args.quick, args.json.as_deref()),
                 Suite::Migration => {
                     ramlog_bench::recovery::migration::run(args.quick, args.json.as_deref())
                 }

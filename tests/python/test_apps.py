@@ -79,3 +79,78 @@ def test_rq_workers_run_jobs_and_clients_wait_for_results(rq_port, tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("rqjobs", None)
+
+
+CELERY_TASKS = '''
+import os
+from celery import Celery
+
+url = os.environ["RAMLOG_URL"]
+app = Celery("celerytasks", broker=url, backend=url)
+app.conf.update(broker_connection_retry_on_startup=True, result_expires=600,
+                task_acks_late=True, worker_prefetch_multiplier=1)
+
+@app.task
+def square(x):
+    return x * x
+
+@app.task
+def total(values):
+    return sum(values)
+
+@app.task(bind=True, max_retries=2, default_retry_delay=0.1)
+def flaky(self, key):
+    # Fails twice, then succeeds: Celery's retries go through the broker again.
+    import redis
+    r = redis.Redis.from_url(url)
+    if r.incr(key) < 3:
+        raise self.retry(exc=ValueError("not yet"))
+    return "done after retries"
+'''
+
+
+def test_celery_runs_a_chord_with_its_redis_broker_and_backend(rq_port, tmp_path, request):
+    """Celery 5 with the Redis broker (kombu: lists, BRPOP over its priority queues, sorted sets,
+    MULTI, Lua) and the Redis result backend, whose chords count their parts in a Lua script
+    (EVALSHA). Through the routing port, groups and retries run; a chord does not: its script
+    touches six keys of six slots, which no one server holds (as on a Redis Cluster, whose
+    clients Celery does not support)."""
+    routing = "routing" in request.node.callspec.id
+    url = f"redis://127.0.0.1:{rq_port}/0"
+    (tmp_path / "celerytasks.py").write_text(CELERY_TASKS)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), RAMLOG_URL=url)
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "celerytasks", "worker", "--pool=solo",
+                               "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    os.environ["RAMLOG_URL"] = url
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import celery
+        import celerytasks
+        parts = 20
+        if routing:
+            result = celery.group(celerytasks.square.s(i) for i in range(parts))()
+            expected = [i * i for i in range(parts)]
+        else:
+            result = celery.chord(celerytasks.square.s(i) for i in range(parts))(celerytasks.total.s())
+            expected = sum(i * i for i in range(parts))
+        retried = celerytasks.flaky.delay("celery:flaky")
+        try:
+            assert result.get(timeout=60) == expected
+            assert retried.get(timeout=60) == "done after retries"
+        except celery.exceptions.TimeoutError:
+            worker.terminate()
+            pytest.fail("no result in time; the worker said:\n" + worker.communicate(timeout=30)[0][-4000:])
+        assert int(redis.Redis(port=rq_port).get("celery:flaky")) == 3
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("celerytasks", None)
+        out = ""
+        if worker.poll() is None:
+            worker.terminate()
+            try:
+                out = worker.communicate(timeout=30)[0]
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                out = worker.communicate(timeout=30)[0]
+    assert "ResponseError" not in out, out[-3000:]

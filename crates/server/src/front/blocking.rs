@@ -101,10 +101,6 @@ impl Drop for Registration<'_> {
         self.node
             .waiters
             .unregister_and_pass(&self.keys, &self.notify);
-        self.node
-            .metrics
-            .blocked_clients
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -145,9 +141,7 @@ pub async fn run(
     };
     node.waiters
         .register(&registration.keys, &registration.notify);
-    node.metrics
-        .blocked_clients
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let _blocked = Blocked::new(node);
     loop {
         // Nothing yet: take the null back and try again after a wake.
         out.truncate(before);
@@ -166,14 +160,40 @@ pub async fn run(
         )
         .await?;
         execute(node, session, args, out);
-        // As Redis: a source key that became another type meanwhile does not end the wait
-        // (only the first try answers WRONGTYPE for it). BLMOVE's and BRPOPLPUSH's WRONGTYPE
-        // after a wake is their destination's, which Redis answers.
-        let moves =
-            args[0].eq_ignore_ascii_case(b"blmove") || args[0].eq_ignore_ascii_case(b"brpoplpush");
-        if !is_null(&out[before..]) && (moves || !out[before..].starts_with(b"-WRONGTYPE")) {
+        if retry_ends(args, &out[before..]) {
             return Ok(());
         }
+    }
+}
+
+/// Whether the reply of a blocking command's try after the first ends the wait. As Redis: a
+/// source key that became another type meanwhile does not (only the first try answers
+/// WRONGTYPE for it); BLMOVE's and BRPOPLPUSH's WRONGTYPE then is their destination's, which
+/// Redis answers.
+pub fn retry_ends(args: &[&[u8]], reply: &[u8]) -> bool {
+    let moves =
+        args[0].eq_ignore_ascii_case(b"blmove") || args[0].eq_ignore_ascii_case(b"brpoplpush");
+    !is_null(reply) && (moves || !reply.starts_with(b"-WRONGTYPE"))
+}
+
+/// Counts a connection in INFO's `blocked_clients` while it lives.
+pub struct Blocked<'a>(&'a Node);
+
+impl<'a> Blocked<'a> {
+    pub fn new(node: &'a Node) -> Self {
+        node.metrics
+            .blocked_clients
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Blocked(node)
+    }
+}
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .blocked_clients
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

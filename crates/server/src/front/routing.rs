@@ -267,6 +267,15 @@ impl Router<'_> {
             "dbsize" => return Part::Sum(to_every_master(self)),
             "keys" => return Part::Concat(to_every_master(self)),
             "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),
+            // Scripts are loaded on (and flushed from) every master, so that EVALSHA finds its
+            // script wherever its keys are. LOAD answers the first reply that is not +OK: the SHA1.
+            "script"
+                if args.len() >= 2
+                    && (args[1].eq_ignore_ascii_case(b"load")
+                        || args[1].eq_ignore_ascii_case(b"flush")) =>
+            {
+                return Part::AllOk(to_every_master(self))
+            }
             "info" => {
                 let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
                 let text = self.node.snapshot().info(section.as_deref(), false);
@@ -680,7 +689,9 @@ async fn routed_blocking(
     stream: &mut TcpStream,
     read_ahead: &mut Vec<u8>,
 ) -> Result<(), Ending> {
-    use crate::front::blocking::{deadline_of, is_null, pause, ROUTED_RETRY_INTERVAL};
+    use crate::front::blocking::{
+        deadline_of, is_null, pause, retry_ends, Blocked, ROUTED_RETRY_INTERVAL,
+    };
     let deadline = deadline_of(args);
     let before = out.len();
     if args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]) {
@@ -690,14 +701,52 @@ async fn routed_blocking(
         );
         return Ok(());
     }
+    let node = router.node.clone();
+    let mut blocked = None;
+    // BLPOP, BRPOP, BZPOPMIN and BZPOPMAX over keys of several slots (as queue libraries block
+    // on several queues): each try asks each key's master in turn, the keys in their order, and
+    // the first key with an element answers. Each key's pop is atomic; the order among keys is
+    // as of each ask, not one instant.
+    let per_key = ["blpop", "brpop", "bzpopmin", "bzpopmax"]
+        .iter()
+        .any(|n| args[0].eq_ignore_ascii_case(n.as_bytes()))
+        && args.len() > 3
+        && args[1..args.len() - 1]
+            .iter()
+            .any(|k| ramlog_common::key_slot(k) != ramlog_common::key_slot(args[1]));
     loop {
-        let mut round = Round::new();
-        let part = router.route(&mut round, args);
-        round.parts.push(part);
-        resolve(router, round, out).await;
-        if !is_null(&out[before..]) || deadline.is_some_and(|d| Instant::now() >= d) {
+        if per_key {
+            let timeout = args[args.len() - 1];
+            for key in &args[1..args.len() - 1] {
+                let one: [&[u8]; 3] = [args[0], key, timeout];
+                let mut round = Round::new();
+                let part = router.route(&mut round, &one);
+                round.parts.push(part);
+                resolve(router, round, out).await;
+                if !is_null(&out[before..]) {
+                    break;
+                }
+                out.truncate(before);
+            }
+        } else {
+            let mut round = Round::new();
+            let part = router.route(&mut round, args);
+            round.parts.push(part);
+            resolve(router, round, out).await;
+        }
+        if out.len() == before {
+            // Every key answered null: stand for that answer if this is the last try.
+            ReplyEncoder::new(out, router.session.protocol).null_array();
+        }
+        let ends = if blocked.is_none() {
+            !is_null(&out[before..])
+        } else {
+            retry_ends(args, &out[before..])
+        };
+        if ends || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(());
         }
+        blocked.get_or_insert_with(|| Blocked::new(&node));
         out.truncate(before);
         pause(deadline, ROUTED_RETRY_INTERVAL, None, stream, read_ahead).await?;
     }

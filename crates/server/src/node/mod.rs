@@ -127,6 +127,10 @@ pub struct Node {
     pub pubsub_broadcast: std::sync::OnceLock<pubsub::BroadcastQueue>,
     /// What CONFIG SET may change at run time.
     pub settings: settings::RuntimeSettings,
+    /// The Lua scripts this server knows (EVAL, SCRIPT LOAD).
+    pub scripts: crate::front::commands::scripting::Scripts,
+    /// Held alone by a running script or EXEC, shared by every other command.
+    pub script_gate: parking_lot::RwLock<()>,
 }
 
 /// Stripes of [`Node::rmw_lock`].
@@ -288,6 +292,8 @@ impl Node {
             pubsub: Default::default(),
             pubsub_broadcast: Default::default(),
             settings: settings::RuntimeSettings::default(),
+            scripts: Default::default(),
+            script_gate: parking_lot::RwLock::new(()),
             rmw_locks: (0..RMW_LOCK_STRIPES)
                 .map(|_| parking_lot::Mutex::new(()))
                 .collect(),

@@ -452,7 +452,8 @@ pub(crate) fn parse_timeout(arg: &[u8]) -> Result<f64, &'static str> {
     match parse_f64(arg) {
         Some(t) if t < 0.0 => Err("ERR timeout is negative"),
         Some(t) if t.is_finite() && t <= 1e12 => Ok(t),
-        _ => Err("ERR timeout is not a float or out of range"),
+        Some(_) => Err("ERR timeout is out of range"),
+        None => Err("ERR timeout is not a float or out of range"),
     }
 }
 

@@ -27,6 +27,7 @@ mod hashes;
 mod keys;
 mod lists;
 pub(crate) mod pubsub;
+pub(crate) mod scripting;
 mod sets;
 pub(crate) mod streams;
 mod strings;
@@ -43,6 +44,7 @@ use pubsub::{
     cmd_psubscribe, cmd_publish, cmd_pubsub, cmd_punsubscribe, cmd_spublish, cmd_ssubscribe,
     cmd_subscribe, cmd_sunsubscribe, cmd_unsubscribe,
 };
+use scripting::{cmd_eval, cmd_evalsha, cmd_script};
 use sets::*;
 use streams::{cmd_xadd, cmd_xdel, cmd_xlen, cmd_xrange, cmd_xread, cmd_xrevrange, cmd_xtrim};
 use strings::*;
@@ -454,6 +456,61 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             cmd_info
         ),
         spec!("config", -2, A, 0, 0, 0, a, Op::Other, cmd_config),
+        spec!(
+            "eval",
+            -3,
+            &["noscript", "movablekeys"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_eval
+        ),
+        spec!(
+            "evalsha",
+            -3,
+            &["noscript", "movablekeys"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_evalsha
+        ),
+        spec!(
+            "eval_ro",
+            -3,
+            &["noscript", "readonly", "movablekeys"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_eval
+        ),
+        spec!(
+            "evalsha_ro",
+            -3,
+            &["noscript", "readonly", "movablekeys"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_evalsha
+        ),
+        spec!(
+            "script",
+            -2,
+            &["noscript"],
+            0,
+            0,
+            0,
+            &["@scripting"],
+            Op::Other,
+            cmd_script
+        ),
         spec!(
             "function",
             -2,
@@ -1192,12 +1249,66 @@ pub fn misconf(reason: &str) -> String {
     )
 }
 
+// Which hold of the server's script gate this thread has (0: none, 1: shared, 2: alone).
+thread_local! {
+    static GATE_HELD: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// A command's hold of [`Node::script_gate`]: scripts and EXEC run alone (exclusive), every
+/// other command shares it, so that nothing runs between a script's (or a transaction's)
+/// commands, as in Redis. A command run from inside one (redis.call, EXEC's queue) is already
+/// covered and takes nothing.
+struct Gate<'a> {
+    _shared: Option<parking_lot::RwLockReadGuard<'a, ()>>,
+    _alone: Option<parking_lot::RwLockWriteGuard<'a, ()>>,
+    entered: bool,
+}
+
+impl<'a> Gate<'a> {
+    fn enter(node: &'a Node, alone: bool) -> Gate<'a> {
+        if GATE_HELD.with(|g| g.get()) != 0 {
+            return Gate {
+                _shared: None,
+                _alone: None,
+                entered: false,
+            };
+        }
+        let (shared, exclusive) = if alone {
+            (None, Some(node.script_gate.write()))
+        } else {
+            (Some(node.script_gate.read_recursive()), None)
+        };
+        GATE_HELD.with(|g| g.set(if alone { 2 } else { 1 }));
+        Gate {
+            _shared: shared,
+            _alone: exclusive,
+            entered: true,
+        }
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        if self.entered {
+            GATE_HELD.with(|g| g.set(0));
+        }
+    }
+}
+
 /// Runs one request and appends its reply to `out`.
 pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec<u8>) {
     debug_assert!(!args.is_empty());
     let before = out.len();
     let started = Instant::now();
     let spec = lookup(args[0]);
+    let alone = session.multi.is_none()
+        && spec.is_some_and(|s| {
+            matches!(
+                s.name,
+                "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "exec"
+            )
+        });
+    let _gate = Gate::enter(node, alone);
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
     let mut wrote = false;
     let (changes_before, units_from) = (session.acks.changes(), session.acks.units_len());
@@ -1300,7 +1411,7 @@ fn key_positions(spec: &Spec, args: &[&[u8]]) -> (Option<usize>, usize, usize, u
         "sintercard" | "zintercard" | "zunion" | "zinter" | "zdiff" | "lmpop" | "zmpop" => {
             Some((None, 1))
         }
-        "blmpop" | "bzmpop" => Some((None, 2)),
+        "blmpop" | "bzmpop" | "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => Some((None, 2)),
         "zunionstore" | "zinterstore" | "zdiffstore" => Some((Some(1), 2)),
         _ => None,
     };

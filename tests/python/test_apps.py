@@ -20,6 +20,13 @@ def add(a, b):
 
 def fail():
     raise ValueError("on purpose")
+
+def flaky(key):
+    # Fails on its first two tries; rq's Retry runs it again.
+    from rq import get_current_job
+    if get_current_job().connection.incr(key) < 3:
+        raise RuntimeError("not yet")
+    return "done"
 '''
 
 
@@ -35,7 +42,7 @@ def rq_port(request, tmp_path):
         yield c.servers[0].routing
 
 
-def test_rq_workers_run_jobs_and_clients_wait_for_results(rq_port, tmp_path):
+def test_rq_workers_run_a_thousand_jobs_with_retries_and_failures(rq_port, tmp_path):
     import rq  # installed by scripts/test; missing, the test fails
     from rq.job import Job
 
@@ -47,23 +54,34 @@ def test_rq_workers_run_jobs_and_clients_wait_for_results(rq_port, tmp_path):
         q = rq.Queue("default", connection=conn)
         # A worker process that blocks waiting for work (BLMOVE), started before the jobs exist.
         env = dict(os.environ, PYTHONPATH=str(tmp_path))
+        # rq's SimpleWorker runs jobs in the worker process (the default forks a child per job).
+        # Its log goes to a file: a pipe read only at the end would fill and stop the worker.
+        log_path = tmp_path / "worker.log"
+        log = open(log_path, "w")
         worker = subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", f"redis://127.0.0.1:{rq_port}",
-                                   "--name", "w1", "default"], cwd=tmp_path, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                   "--name", "w1", "--worker-class", "rq.worker.SimpleWorker", "default"], cwd=tmp_path, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             time.sleep(1.5)
-            jobs = [q.enqueue(rqjobs.add, i, 1) for i in range(30)]
-            bad = q.enqueue(rqjobs.fail)
+            # 1,000 jobs: 970 that succeed, 20 that fail, 10 that fail twice and succeed on retry.
+            jobs = [q.enqueue(rqjobs.add, i, 1) for i in range(970)]
+            bad = [q.enqueue(rqjobs.fail) for _ in range(20)]
+            retried = [q.enqueue(rqjobs.flaky, f"rq:flaky:{i}", retry=rq.Retry(max=3)) for i in range(10)]
             # The client waits on each job's result stream (XREAD BLOCK).
             for i, job in enumerate(jobs):
-                result = job.latest_result(timeout=30)
+                result = job.latest_result(timeout=60)
                 assert result is not None and result.type == result.Type.SUCCESSFUL, (i, job.get_status(), result and result.exc_string)
                 assert result.return_value == i + 1
-            result = bad.latest_result(timeout=30)
-            assert result is not None and result.type == result.Type.FAILED
-            assert "on purpose" in result.exc_string
-            assert rq.registry.FinishedJobRegistry(queue=q).count == 30
-            assert rq.registry.FailedJobRegistry(queue=q).count == 1
+            for job in bad:
+                result = job.latest_result(timeout=60)
+                assert result is not None and result.type == result.Type.FAILED
+                assert "on purpose" in result.exc_string
+            for i, job in enumerate(retried):
+                assert _wait(lambda: job.get_status(refresh=True) == "finished", 60), job.get_status()
+                assert job.return_value() == "done"
+                assert int(conn.get(f"rq:flaky:{i}")) == 3
+            assert rq.registry.FinishedJobRegistry(queue=q).count == 980
+            assert rq.registry.FailedJobRegistry(queue=q).count == 20
             assert Job.fetch(jobs[3].id, connection=conn).get_status() == "finished"
             assert [w.name for w in rq.Worker.all(connection=conn)] == ["w1"]
             # rq's worker commands go over pub/sub: shut the worker down through it.
@@ -72,13 +90,24 @@ def test_rq_workers_run_jobs_and_clients_wait_for_results(rq_port, tmp_path):
         finally:
             if worker.poll() is None:
                 worker.kill()
-            out = worker.communicate(timeout=30)[0]
+            worker.wait(timeout=30)
+            log.close()
+        out = log_path.read_text()
         assert "Successfully completed" in out, out[-3000:]
         # Nothing the server answered made the worker fail (the failed job's own ValueError aside).
         assert "redis.exceptions" not in out and "ResponseError" not in out, out[-3000:]
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("rqjobs", None)
+
+
+def _wait(predicate, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
 
 
 CELERY_TASKS = '''
@@ -119,9 +148,12 @@ def test_celery_runs_a_chord_with_its_redis_broker_and_backend(rq_port, tmp_path
     url = f"redis://127.0.0.1:{rq_port}/0"
     (tmp_path / "celerytasks.py").write_text(CELERY_TASKS)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), RAMLOG_URL=url)
+    # Its log goes to a file: a pipe read only at the end could fill and stop the worker.
+    log_path = tmp_path / "celery.log"
+    log = open(log_path, "w")
     worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "celerytasks", "worker", "--pool=solo",
                                "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     os.environ["RAMLOG_URL"] = url
     sys.path.insert(0, str(tmp_path))
     try:
@@ -139,18 +171,19 @@ def test_celery_runs_a_chord_with_its_redis_broker_and_backend(rq_port, tmp_path
             assert result.get(timeout=60) == expected
             assert retried.get(timeout=60) == "done after retries"
         except celery.exceptions.TimeoutError:
-            worker.terminate()
-            pytest.fail("no result in time; the worker said:\n" + worker.communicate(timeout=30)[0][-4000:])
+            pytest.fail("no result in time; the worker said:\n" + log_path.read_text()[-4000:])
         assert int(redis.Redis(port=rq_port).get("celery:flaky")) == 3
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("celerytasks", None)
-        out = ""
         if worker.poll() is None:
             worker.terminate()
             try:
-                out = worker.communicate(timeout=30)[0]
+                worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 worker.kill()
-                out = worker.communicate(timeout=30)[0]
+                worker.wait(timeout=30)
+        log.close()
+    out = log_path.read_text()
+    assert "succeeded in" in out, out[-3000:]
     assert "ResponseError" not in out, out[-3000:]

@@ -42,7 +42,7 @@ pub fn run(quick: bool, json: Option<&Path>) -> anyhow::Result<()> {
     }
     let sizes = if quick {
         Sizes {
-            requests: 5_000,
+            requests: 2_000,
             repeats: 1,
             small_keys: 20_000,
             large_keys: 10,

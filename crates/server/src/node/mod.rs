@@ -31,6 +31,7 @@ pub mod keyspace;
 pub mod metrics;
 pub mod persistence;
 pub mod pubsub;
+pub mod scripts;
 pub mod settings;
 pub mod waiters;
 
@@ -128,7 +129,7 @@ pub struct Node {
     /// What CONFIG SET may change at run time.
     pub settings: settings::RuntimeSettings,
     /// The Lua scripts this server knows (EVAL, SCRIPT LOAD).
-    pub scripts: crate::front::commands::scripting::Scripts,
+    pub scripts: scripts::Scripts,
     /// Held alone by a running script or EXEC, shared by every other command.
     pub script_gate: parking_lot::RwLock<()>,
 }
@@ -381,6 +382,7 @@ impl Node {
                 self.process_base_bytes + status_kib("RssFile:") * 1024,
             ),
             ("allocator_free", allocator_free_bytes()),
+            ("scripts", self.scripts.bytes()),
         ]);
         MemoryBreakdown::new(parts, stats.total_bytes, stats.log_capacity_bytes)
     }

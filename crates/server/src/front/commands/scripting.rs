@@ -19,48 +19,9 @@ use super::*;
 use mlua::{Lua, LuaOptions, MultiValue, RegistryKey, StdLib, Table, Value};
 use ramlog_proto::resp::{Reply, ReplyDecoder};
 use std::cell::RefCell;
-use std::sync::atomic::AtomicU64;
 
-/// The script bodies this server knows, by lower-case hex SHA1.
-#[derive(Default)]
-pub struct Scripts {
-    bodies: parking_lot::Mutex<HashMap<String, std::sync::Arc<[u8]>>>,
-    /// Bumped by SCRIPT FLUSH: each thread's compiled cache is dropped when it sees a new one.
-    epoch: AtomicU64,
-}
-
-impl Scripts {
-    fn add(&self, body: &[u8]) -> String {
-        let sha = sha1_hex(body);
-        self.bodies
-            .lock()
-            .entry(sha.clone())
-            .or_insert_with(|| body.into());
-        sha
-    }
-
-    fn get(&self, sha: &str) -> Option<std::sync::Arc<[u8]>> {
-        self.bodies.lock().get(sha).cloned()
-    }
-
-    fn flush(&self) {
-        self.bodies.lock().clear();
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Bytes of script bodies held (they count in INFO memory's `scripts` part).
-    pub fn bytes(&self) -> u64 {
-        self.bodies
-            .lock()
-            .values()
-            .map(|b| b.len() as u64 + 40)
-            .sum()
-    }
-}
-
-pub(super) fn sha1_hex(body: &[u8]) -> String {
-    sha1_smol::Sha1::from(body).digest().to_string()
-}
+pub(super) use crate::node::scripts::sha1_hex;
+use crate::node::scripts::SCRIPT_BYTES_MAX;
 
 /// The library every script sees, in Lua over two functions the server gives it:
 /// `__ramlog_command` (set for each script run) and `__ramlog_sha1hex`.
@@ -122,6 +83,7 @@ impl Vm {
             lua.create_function(|lua, s: mlua::String| lua.create_string(sha1_hex(&s.as_bytes())))?,
         )?;
         lua.load(PRELUDE).set_name("=ramlog").exec()?;
+        lua.set_memory_limit(LUA_MEMORY_MAX)?;
         Ok(Vm {
             lua,
             compiled: HashMap::new(),
@@ -134,19 +96,16 @@ thread_local! {
     static VM: RefCell<Option<Vm>> = const { RefCell::new(None) };
 }
 
-/// Script bodies larger than this are refused (they are held in memory on every server).
-const SCRIPT_BYTES_MAX: usize = 4 << 20;
+/// Most memory one worker thread's Lua state may take (its compiled scripts and a running
+/// script's data); past it the script fails with Lua's "not enough memory".
+const LUA_MEMORY_MAX: usize = 64 << 20;
 
 /// EVAL script numkeys [key ...] [arg ...]
 pub(super) fn cmd_eval(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    if args[1].len() > SCRIPT_BYTES_MAX {
-        return ctx.enc.error(&format!(
-            "ERR script of {} bytes is over the limit of {SCRIPT_BYTES_MAX}",
-            args[1].len()
-        ));
+    match ctx.node.scripts.add(args[1]) {
+        Ok(sha) => run(ctx, args, &sha, args[1].into()),
+        Err(e) => ctx.enc.error(&e),
     }
-    let sha = ctx.node.scripts.add(args[1]);
-    run(ctx, args, &sha, args[1].into())
 }
 
 /// EVALSHA sha1 numkeys [key ...] [arg ...]
@@ -180,7 +139,7 @@ fn run(ctx: &mut Ctx<'_>, args: &[&[u8]], sha: &str, body: std::sync::Arc<[u8]>)
             *slot = Some(Vm::new()?);
         }
         let vm = slot.as_mut().expect("created above");
-        let epoch = ctx.node.scripts.epoch.load(Ordering::Acquire);
+        let epoch = ctx.node.scripts.epoch();
         if vm.epoch != epoch {
             vm.compiled.clear();
             vm.epoch = epoch;
@@ -447,8 +406,10 @@ pub(super) fn cmd_script(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 .enc
                 .error(&format!("ERR Error compiling script (new function): {e}"));
         }
-        let sha = ctx.node.scripts.add(args[2]);
-        ctx.enc.bulk(sha.as_bytes())
+        match ctx.node.scripts.add(args[2]) {
+            Ok(sha) => ctx.enc.bulk(sha.as_bytes()),
+            Err(e) => ctx.enc.error(&e),
+        }
     } else if eq_ignore_case(sub, "exists") && args.len() >= 3 {
         ctx.enc.array(args.len() - 2);
         for sha in &args[2..] {
@@ -486,15 +447,6 @@ pub(super) fn cmd_script(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sha1_matches_redis() {
-        // `redis-cli SCRIPT LOAD "return 1"`.
-        assert_eq!(
-            sha1_hex(b"return 1"),
-            "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
-        );
-    }
 
     #[test]
     fn numbers_as_arguments_read_as_lua_prints_them() {

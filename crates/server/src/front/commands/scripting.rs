@@ -4,7 +4,7 @@
 //! - Each worker thread keeps one Lua state with the `redis` library (`call`, `pcall`,
 //!   `error_reply`, `status_reply`, `sha1hex`, `log`, ...) and the base, table, string and math
 //!   libraries (no `io`, `os` or `require`); compiled scripts are cached in it by SHA1.
-//! - The script bodies live in the server ([`Scripts`]): EVAL and SCRIPT LOAD add them, EVALSHA
+//! - The script bodies live in the server (`node::scripts`): EVAL and SCRIPT LOAD add them, EVALSHA
 //!   finds them, SCRIPT FLUSH forgets them (every thread's cache follows by an epoch).
 //! - `redis.call` runs the command as a client's command on this connection's session, in RESP2
 //!   (what a script sees in Redis by default), and converts the reply as Redis does: integers to

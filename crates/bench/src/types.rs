@@ -180,9 +180,14 @@ fn throughput_rows(
 
 /// Sends `commands` pipelined (in batches) and reads every reply, failing on an error reply.
 fn pipeline(port: u16, commands: &[Vec<Vec<u8>>]) -> anyhow::Result<()> {
+    pipeline_deep(port, commands, 256)
+}
+
+/// [`pipeline`] with `depth` commands in flight at a time.
+fn pipeline_deep(port: u16, commands: &[Vec<Vec<u8>>], depth: usize) -> anyhow::Result<()> {
     let mut s = connect(port)?;
     let mut reader = BufReader::new(s.try_clone()?);
-    for batch in commands.chunks(256) {
+    for batch in commands.chunks(depth) {
         let mut out = Vec::new();
         for args in batch {
             out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
@@ -333,23 +338,7 @@ fn hset_us(port: u16, key: &str, fields: u64, ops: u64) -> anyhow::Result<f64> {
         })
         .collect();
     let started = Instant::now();
-    let mut s = connect(port)?;
-    let mut reader = BufReader::new(s.try_clone()?);
-    for batch in commands.chunks(16) {
-        let mut out = Vec::new();
-        for args in batch {
-            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-            for a in args {
-                out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-                out.extend_from_slice(a);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        s.write_all(&out)?;
-        for _ in batch {
-            read_reply(&mut reader)?;
-        }
-    }
+    pipeline_deep(port, &commands, 16)?;
     Ok(started.elapsed().as_secs_f64() * 1e6 / ops as f64)
 }
 

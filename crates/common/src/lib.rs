@@ -16,7 +16,7 @@ pub use glob::{glob_match, glob_match_nocase};
 pub use int::parse_redis_i64;
 pub use limits::{EntryLimits, LimitError, KEY_SIZE_FORMAT_MAX_BYTES};
 pub use size::{parse_size_bytes, SizeParseError};
-pub use slot::{key_slot, SLOT_COUNT};
+pub use slot::{is_internal, is_reserved, key_slot, INTERNAL_PREFIX, SLOT_COUNT};
 
 /// A table's 64-bit identifier.
 pub type TableId = u64;

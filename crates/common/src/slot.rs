@@ -19,8 +19,30 @@ pub fn crc16_xmodem(data: &[u8]) -> u16 {
     crc
 }
 
+/// The first bytes of every internal key: the chunks of large collections (docs/formats.md,
+/// "Large collections"). Clients may not use keys that begin with them.
+pub const INTERNAL_PREFIX: [u8; 3] = [0xFF, b'r', 0x00];
+
+/// Whether `key` is an internal key ([`INTERNAL_PREFIX`] and the 2-byte slot it belongs to).
+#[inline]
+pub fn is_internal(key: &[u8]) -> bool {
+    key.len() >= INTERNAL_PREFIX.len() + 2 && key[..INTERNAL_PREFIX.len()] == INTERNAL_PREFIX
+}
+
+/// Whether a client's key begins with the reserved [`INTERNAL_PREFIX`] (and must be refused).
+#[inline]
+pub fn is_reserved(key: &[u8]) -> bool {
+    key.starts_with(&INTERNAL_PREFIX)
+}
+
 /// The slot of `key`: CRC16 of the key, or of the first non-empty `{...}` section (a hash tag).
+/// An internal key names its slot (big-endian, after the prefix), so that it lives with the
+/// collection it belongs to.
 pub fn key_slot(key: &[u8]) -> u16 {
+    if is_internal(key) {
+        let at = INTERNAL_PREFIX.len();
+        return u16::from_be_bytes([key[at], key[at + 1]]) % SLOT_COUNT;
+    }
     let hashed = hash_tag(key).unwrap_or(key);
     crc16_xmodem(hashed) % SLOT_COUNT
 }
@@ -61,5 +83,17 @@ mod tests {
         );
         // Only the first tag counts.
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+    }
+
+    #[test]
+    fn internal_keys_name_their_slot() {
+        let mut k = INTERNAL_PREFIX.to_vec();
+        k.extend_from_slice(&12182u16.to_be_bytes());
+        k.extend_from_slice(b"anything after it");
+        assert!(is_internal(&k) && is_reserved(&k));
+        assert_eq!(key_slot(&k), 12182);
+        // Too short to name a slot: hashed as any key, but still reserved.
+        assert!(!is_internal(&INTERNAL_PREFIX) && is_reserved(&INTERNAL_PREFIX));
+        assert!(!is_reserved(b"\xffr") && !is_reserved(b"foo"));
     }
 }

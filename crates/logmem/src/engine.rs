@@ -16,7 +16,10 @@ use crate::mvcc::{PinSet, Snapshots};
 use crate::pool::{AllocClass, SegletPool, NO_SEGLET, SEGLET_BYTES};
 use crate::segment::{AppendError, SegmentTable, SegmentWriter};
 use crate::stats::Counters;
-use crate::{Condition, LoggedWrite, Object, PutOptions, PutOutcome, TabletId, TabletInfo};
+use crate::{
+    Condition, LoggedWrite, MultiOp, MultiWrite, Object, PutOptions, PutOutcome, TabletId,
+    TabletInfo,
+};
 use crossbeam_epoch as epoch;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -35,8 +38,18 @@ pub const TABLETS_MAX: usize = SLOT_COUNT as usize;
 const HEAD_SHARE_DIVISOR: usize = 16;
 
 #[inline]
+/// The index hash of `key`. Its tag bits (`index::tag_of`) are 0 exactly for internal keys
+/// (`ramlog_common::is_internal`: the chunks of large collections), so that the index counts
+/// them apart and DBSIZE stays O(1).
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(key)
+    let hash = xxhash_rust::xxh3::xxh3_64(key);
+    if ramlog_common::is_internal(key) {
+        hash & !crate::index::TAG_BITS
+    } else if hash & crate::index::TAG_BITS == 0 {
+        hash | crate::index::TAG_LOWEST
+    } else {
+        hash
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -1516,63 +1529,107 @@ impl Inner {
         items: &[(&[u8], &[u8])],
         conditions: &[Condition],
     ) -> Result<Version, EngineError> {
+        let writes: Vec<MultiWrite<'_>> = items
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| MultiWrite {
+                key,
+                op: MultiOp::Put {
+                    value,
+                    expire_at_ms: Some(0),
+                },
+                condition: conditions.get(i).copied().unwrap_or_default(),
+            })
+            .collect();
+        let version = self.multi_write_if(tablet_id, &writes)?;
+        Ok(version.expect("a multi-put writes every item"))
+    }
+
+    /// Puts, deletes and checks of several distinct keys of one tablet as one unit
+    /// ([`crate::Engine::multi_write_if`]).
+    pub fn multi_write_if(
+        &self,
+        tablet_id: TabletId,
+        items: &[MultiWrite<'_>],
+    ) -> Result<Option<Version>, EngineError> {
         let tablet = self.tablet(tablet_id)?;
-        for (k, v) in items {
-            self.check_sizes(k, v)?;
+        for item in items {
+            match item.op {
+                MultiOp::Put { value, .. } => self.check_sizes(item.key, value)?,
+                MultiOp::Delete | MultiOp::Check => self.check_sizes(item.key, b"")?,
+            }
         }
-        let hashes: Vec<u64> = items.iter().map(|(k, _)| hash_key(k)).collect();
-        let mut early = Vec::with_capacity(items.len());
+        let puts = items.iter().any(|i| matches!(i.op, MultiOp::Put { .. }));
+        let hashes: Vec<u64> = items.iter().map(|i| hash_key(i.key)).collect();
+        let mut current = Vec::with_capacity(items.len());
+        let mut written: Vec<(usize, u8, u64)> = Vec::with_capacity(items.len());
         let mut started = None;
         loop {
             let guard = epoch::pin();
             // Each key's current object, looked up before the lock (see `find_locked`).
-            early.clear();
-            early.extend(
+            current.clear();
+            current.extend(
                 items
                     .iter()
                     .zip(&hashes)
-                    .map(|((k, _), &hash)| self.find(tablet, hash, k)),
+                    .map(|(i, &hash)| self.find(tablet, hash, i.key)),
             );
             let mut head = tablet.head.lock();
             if tablet.frozen.load(Ordering::Acquire) {
                 return Err(EngineError::Frozen);
             }
             let full = tablet.full_limit.load(Ordering::Acquire);
-            if full > 0 {
+            if full > 0 && puts {
                 return Err(EngineError::TabletFull { limit_bytes: full });
             }
             let mut now = None;
-            for (i, condition) in conditions.iter().enumerate() {
-                if matches!(condition, Condition::None) {
-                    continue;
-                }
-                let (k, _) = items[i];
-                let current = self.find_locked(tablet, hashes[i], k, early[i]);
-                early[i] = current;
-                let visible = current
+            written.clear();
+            for (i, item) in items.iter().enumerate() {
+                let found = self.find_locked(tablet, hashes[i], item.key, current[i].take());
+                current[i] = found;
+                let visible = current[i]
                     .as_ref()
                     .filter(|(_, _, h)| !expired(h.expire_at_ms, &mut now))
-                    .map(|(_, _, h)| h.version);
-                let ok = match condition {
+                    .map(|(_, _, h)| (h.version, h.expire_at_ms));
+                let ok = match item.condition {
                     Condition::None => true,
                     Condition::IfAbsent => visible.is_none(),
                     Condition::IfExists => visible.is_some(),
-                    Condition::IfVersion(v) => visible == Some(*v),
+                    Condition::IfVersion(v) => visible.map(|(version, _)| version) == Some(v),
                 };
                 if !ok {
                     return Err(EngineError::ConditionFailed { current: None });
                 }
+                match item.op {
+                    MultiOp::Put { expire_at_ms, .. } => {
+                        let expire =
+                            expire_at_ms.unwrap_or_else(|| visible.map_or(0, |(_, expire)| expire));
+                        written.push((i, KIND_OBJECT, expire));
+                    }
+                    MultiOp::Delete if visible.is_some() => {
+                        written.push((i, KIND_TOMBSTONE, 0));
+                    }
+                    MultiOp::Delete | MultiOp::Check => {}
+                }
+            }
+            if written.is_empty() {
+                return Ok(None);
             }
             let version = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             let mut bytes = Vec::new();
-            let mut offsets = Vec::with_capacity(items.len());
-            for (k, v) in items {
+            let mut offsets = Vec::with_capacity(written.len());
+            for &(i, kind, expire) in &written {
+                let key = items[i].key;
+                let value = match items[i].op {
+                    MultiOp::Put { value, .. } => value,
+                    _ => &[][..],
+                };
                 let mut header = [0u8; HEADER_BYTES_MAX];
-                let hl = encode_header(&mut header, KIND_OBJECT, version, k, v, 0);
-                offsets.push((bytes.len(), hl + k.len() + v.len()));
+                let hl = encode_header(&mut header, kind, version, key, value, expire);
+                offsets.push((bytes.len(), hl + key.len() + value.len()));
                 bytes.extend_from_slice(&header[..hl]);
-                bytes.extend_from_slice(k);
-                bytes.extend_from_slice(v);
+                bytes.extend_from_slice(key);
+                bytes.extend_from_slice(value);
             }
             if bytes.len() > self.segment_capacity {
                 return Err(EngineError::BatchTooLarge {
@@ -1580,34 +1637,39 @@ impl Inner {
                     max: self.segment_capacity,
                 });
             }
-            let (start, segment) = match self.append(
-                &mut head,
-                tablet_id,
-                &[&bytes],
-                bytes.len(),
-                AllocClass::Writer,
-            ) {
-                Ok(placed) => placed,
-                Err(AppendError::NoMemory) => {
-                    drop(head);
-                    drop(guard);
-                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
-                    continue;
-                }
-                Err(AppendError::SegmentFull) => unreachable!("append retries on a new segment"),
+            let class = if puts {
+                AllocClass::Writer
+            } else {
+                AllocClass::Delete
             };
-            for (k, _) in items {
-                self.note_for_split(tablet, k);
+            let (start, segment) =
+                match self.append(&mut head, tablet_id, &[&bytes], bytes.len(), class) {
+                    Ok(placed) => placed,
+                    Err(AppendError::NoMemory) => {
+                        drop(head);
+                        drop(guard);
+                        self.wait_for_memory(&mut started, class)?;
+                        continue;
+                    }
+                    Err(AppendError::SegmentFull) => {
+                        unreachable!("append retries on a new segment")
+                    }
+                };
+            for &(i, _, _) in &written {
+                self.note_for_split(tablet, items[i].key);
             }
             // As in `write`: the observer first, then the index.
             if let Some(obs) = &self.config.write_observer {
-                let records: Vec<LoggedWrite<'_>> = items
+                let records: Vec<LoggedWrite<'_>> = written
                     .iter()
-                    .map(|(k, v)| LoggedWrite {
+                    .map(|&(i, kind, expire)| LoggedWrite {
                         version,
-                        key: k,
-                        value: Some(v),
-                        expire_at_ms: 0,
+                        key: items[i].key,
+                        value: match items[i].op {
+                            MultiOp::Put { value, .. } if kind == KIND_OBJECT => Some(value),
+                            _ => None,
+                        },
+                        expire_at_ms: expire,
                     })
                     .collect();
                 obs.on_writes(tablet_id, &records);
@@ -1615,18 +1677,26 @@ impl Inner {
             self.counters.new_bytes.add(bytes.len() as i64);
             let start_seglet = loc_seglet(start);
             let start_offset = loc_offset(start);
-            for (((k, _), (off, len)), (&hash, early)) in items
-                .iter()
-                .zip(&offsets)
-                .zip(hashes.iter().zip(early.drain(..)))
-            {
-                let loc = self.advance(start_seglet, start_offset, *off);
-                self.mark_live(segment, *len);
-                // A key given twice finds its first copy here: the early result no longer holds.
-                let current = self.find_locked(tablet, hash, k, early);
-                self.point_index_at(tablet, hash, k, current, loc, version, 0);
+            for (&(i, kind, expire), &(off, len)) in written.iter().zip(&offsets) {
+                let key = items[i].key;
+                if kind == KIND_OBJECT {
+                    let loc = self.advance(start_seglet, start_offset, off);
+                    self.mark_live(segment, len);
+                    self.note_expiry(segment, expire);
+                    let now_current = current[i].take();
+                    self.point_index_at(tablet, hashes[i], key, now_current, loc, version, expire);
+                } else {
+                    // As a single delete's tombstone: dead from the start.
+                    self.counters
+                        .tombstone_bytes
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                    let c = current[i]
+                        .take()
+                        .expect("a delete is written for a visible key");
+                    self.supersede(tablet, hashes[i], key, c, None, version);
+                }
             }
-            return Ok(version);
+            return Ok(Some(version));
         }
     }
 

@@ -41,6 +41,16 @@ const HISTORIC: u64 = 1 << 61;
 const TAG_SHIFT: u32 = 40;
 const TAG_MASK: u64 = (1 << 21) - 1;
 const LOC_MASK: u64 = (1 << 40) - 1;
+/// The bits of a key hash that become a reference's tag.
+pub(crate) const TAG_BITS: u64 = TAG_MASK << TAG_SHIFT;
+/// The lowest tag bit: `hash_key` sets it on user keys whose tag would be 0, the internal keys' tag.
+pub(crate) const TAG_LOWEST: u64 = 1 << TAG_SHIFT;
+
+/// Whether a reference (or a hash) carries the internal keys' tag, 0.
+#[inline]
+fn internal_ref(v: u64) -> bool {
+    (v >> TAG_SHIFT) & TAG_MASK == 0
+}
 
 /// A location in the log: seglet id (24 bits) and offset inside it (16 bits).
 pub type Loc = u64;
@@ -107,6 +117,8 @@ pub struct HashIndex {
     entries: AtomicU64,
     /// How many of `entries` are HISTORIC.
     historic: AtomicU64,
+    /// How many of `entries` are current references to internal keys (tag 0).
+    internal: AtomicU64,
     /// While non-zero, inserts do not split buckets (a full index walk is running, and references
     /// must not move between buckets under it); growth catches up afterwards.
     split_hold: std::sync::atomic::AtomicU32,
@@ -266,6 +278,7 @@ impl HashIndex {
             overflow_in_use: AtomicU64::new(0),
             entries: AtomicU64::new(0),
             historic: AtomicU64::new(0),
+            internal: AtomicU64::new(0),
             split_hold: std::sync::atomic::AtomicU32::new(0),
         }
     }
@@ -275,6 +288,11 @@ impl HashIndex {
         self.entries
             .load(Ordering::Relaxed)
             .saturating_sub(self.historic.load(Ordering::Relaxed))
+    }
+
+    /// Number of current references to internal keys (counted in [`HashIndex::len`]).
+    pub fn internal_len(&self) -> u64 {
+        self.internal.load(Ordering::Relaxed)
     }
 
     /// Number of HISTORIC references (versions kept for snapshots).
@@ -485,6 +503,9 @@ impl HashIndex {
         debug_assert!(old & VALID != 0 && old & HISTORIC == 0);
         slot.get().store(old | HISTORIC, Ordering::Release);
         self.historic.fetch_add(1, Ordering::Relaxed);
+        if internal_ref(old) {
+            self.internal.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Clears an existing slot. Caller holds the write lock.
@@ -496,6 +517,8 @@ impl HashIndex {
         self.entries.fetch_sub(1, Ordering::Relaxed);
         if old & HISTORIC != 0 {
             self.historic.fetch_sub(1, Ordering::Relaxed);
+        } else if internal_ref(old) {
+            self.internal.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -514,6 +537,9 @@ impl HashIndex {
         let shape = self.shape.load(Ordering::Relaxed);
         let bucket = self.bucket(Self::bucket_of(shape, hash));
         self.place(bucket, make_ref(hash, loc));
+        if internal_ref(hash) {
+            self.internal.fetch_add(1, Ordering::Relaxed);
+        }
         let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
         if n as f64 > self.bucket_count() as f64 * SLOTS as f64 * LOAD_MAX
             && self.split_hold.load(Ordering::Acquire) == 0

@@ -98,6 +98,28 @@ pub enum Condition {
     IfVersion(Version),
 }
 
+/// What one key of an atomic multi-key write ([`Engine::multi_write_if`]) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultiOp<'a> {
+    /// Writes `value`; `expire_at_ms` None keeps the key's current expiry (none if absent).
+    Put {
+        value: &'a [u8],
+        expire_at_ms: Option<u64>,
+    },
+    /// Deletes the key (nothing is written when it is absent).
+    Delete,
+    /// Writes nothing: the item is there for its condition only.
+    Check,
+}
+
+/// One key of an atomic multi-key write: what it does, on what condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiWrite<'a> {
+    pub key: &'a [u8],
+    pub op: MultiOp<'a>,
+    pub condition: Condition,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct PutOptions {
     pub condition: Condition,
@@ -332,6 +354,19 @@ impl Engine {
         self.inner.multi_put_if(tablet, items, conditions)
     }
 
+    /// Puts, deletes and checks of several keys of one tablet as one unit: every condition is
+    /// checked under the tablet's write lock, then everything is written with one version in one
+    /// append (all or nothing), and replication gets it as one unit. Keys must be distinct.
+    /// Returns the version, or None when nothing needed writing (checks only, deletes of absent
+    /// keys).
+    pub fn multi_write_if(
+        &self,
+        tablet: TabletId,
+        items: &[MultiWrite<'_>],
+    ) -> Result<Option<Version>, EngineError> {
+        self.inner.multi_write_if(tablet, items)
+    }
+
     /// Moves the clock to at least `version`: every later write takes a higher version (a
     /// server that takes over a tablet continues above whatever its previous master gave out).
     pub fn advance_clock(&self, version: Version) {
@@ -530,6 +565,20 @@ impl Engine {
             .filter_map(|id| self.inner.tablet(id).ok())
             .map(|t| t.index.len())
             .sum()
+    }
+
+    /// Keys in all tablets: [`Engine::object_count`] less the internal objects (the chunks of
+    /// large collections; `ramlog_common::is_internal`). What DBSIZE answers.
+    pub fn key_count(&self) -> u64 {
+        (0..self.inner.tablet_count())
+            .filter_map(|id| self.inner.tablet(id).ok())
+            .map(|t| t.index.len().saturating_sub(t.index.internal_len()))
+            .sum()
+    }
+
+    /// Internal objects (chunks of large collections) in `tablet`.
+    pub fn internal_count(&self, tablet: TabletId) -> Result<u64, EngineError> {
+        Ok(self.inner.tablet(tablet)?.index.internal_len())
     }
 
     pub fn stats(&self) -> EngineStats {

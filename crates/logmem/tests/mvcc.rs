@@ -1040,3 +1040,119 @@ fn a_conditional_multi_put_is_all_or_nothing() {
     e.multi_put_if(t, &items, &[Condition::IfAbsent]).unwrap();
     assert_eq!(e.get(t, b"c").unwrap().unwrap().value, b"new");
 }
+
+/// A multi-write puts, deletes and checks in one unit: one version for all, expiries as asked (or
+/// kept), deletes of absent keys write nothing, and a failed check writes nothing at all.
+#[test]
+fn a_multi_write_puts_deletes_and_checks_in_one_unit() {
+    use ramlog_logmem::{MultiOp, MultiWrite};
+    let e = engine(16 << 20, 4, |_| {});
+    let t = tablet(&e, b"");
+    let far = 4_000_000_000_000u64;
+    let with_ttl = PutOptions {
+        expire_at_ms: far,
+        ..PutOptions::default()
+    };
+    let vh = e.put(t, b"head", b"h1", &with_ttl).unwrap().version;
+    e.put(t, b"old", b"x", &PutOptions::default()).unwrap();
+    let put = |key: &'static [u8], value: &'static [u8], expire: Option<u64>| MultiWrite {
+        key,
+        op: MultiOp::Put {
+            value,
+            expire_at_ms: expire,
+        },
+        condition: Condition::None,
+    };
+    let del = |key: &'static [u8]| MultiWrite {
+        key,
+        op: MultiOp::Delete,
+        condition: Condition::None,
+    };
+    // A stale check refuses the whole unit.
+    let mut stale = put(b"head", b"h2", None);
+    stale.condition = Condition::IfVersion(vh + 100);
+    let refused = e.multi_write_if(t, &[stale, put(b"c1", b"one", Some(0)), del(b"old")]);
+    assert!(matches!(refused, Err(EngineError::ConditionFailed { .. })));
+    assert!(e.get(t, b"c1").unwrap().is_none());
+    assert!(e.get(t, b"old").unwrap().is_some());
+    // The current version: everything lands with one version.
+    let mut head = put(b"head", b"h2", None);
+    head.condition = Condition::IfVersion(vh);
+    let v = e
+        .multi_write_if(
+            t,
+            &[
+                head,
+                put(b"c1", b"one", Some(0)),
+                del(b"old"),
+                del(b"never"),
+            ],
+        )
+        .unwrap()
+        .expect("it wrote");
+    let h = e.get(t, b"head").unwrap().unwrap();
+    assert_eq!(
+        (&h.value[..], h.version, h.expire_at_ms),
+        (&b"h2"[..], v, far)
+    );
+    let c1 = e.get(t, b"c1").unwrap().unwrap();
+    assert_eq!((c1.version, c1.expire_at_ms), (v, 0));
+    assert!(e.get(t, b"old").unwrap().is_none());
+    // Checks alone, and deletes of absent keys, write nothing.
+    let check = MultiWrite {
+        key: b"head",
+        op: MultiOp::Check,
+        condition: Condition::IfVersion(v),
+    };
+    assert_eq!(e.multi_write_if(t, &[check, del(b"old")]).unwrap(), None);
+    assert_eq!(e.get(t, b"head").unwrap().unwrap().version, v);
+    // A check that fails stops a delete.
+    let check = MultiWrite {
+        key: b"head",
+        op: MultiOp::Check,
+        condition: Condition::IfAbsent,
+    };
+    assert!(e.multi_write_if(t, &[check, del(b"c1")]).is_err());
+    assert!(e.get(t, b"c1").unwrap().is_some());
+    // The deleted key's tombstone survives cleaning: it stays deleted.
+    e.clean_until_idle(4);
+    assert!(e.get(t, b"old").unwrap().is_none());
+    assert_eq!(e.object_count(), 2);
+}
+
+/// Internal keys (the chunks of large collections) are objects like any other but are counted
+/// apart: `key_count` leaves them out through puts, overwrites, deletes and cleaning.
+#[test]
+fn internal_keys_are_counted_apart() {
+    use ramlog_common::INTERNAL_PREFIX;
+    let e = engine(16 << 20, 4, |_| {});
+    let t = tablet(&e, b"");
+    let slot = ramlog_common::key_slot(b"");
+    let internal = |n: u32| {
+        let mut k = INTERNAL_PREFIX.to_vec();
+        k.extend_from_slice(&slot.to_be_bytes());
+        k.extend_from_slice(&n.to_be_bytes());
+        k
+    };
+    let keys: Vec<Vec<u8>> = (0..50).map(internal).collect();
+    for k in &keys {
+        assert_eq!(
+            tablet(&e, k),
+            t,
+            "an internal key lives in its named slot's tablet"
+        );
+        e.put(t, k, b"chunk", &PutOptions::default()).unwrap();
+    }
+    e.put(t, b"", b"user", &PutOptions::default()).unwrap();
+    assert_eq!((e.object_count(), e.key_count()), (51, 1));
+    assert_eq!(e.internal_count(t).unwrap(), 50);
+    for k in &keys[..10] {
+        e.put(t, k, b"again", &PutOptions::default()).unwrap();
+    }
+    for k in &keys[10..30] {
+        e.delete(t, k, Condition::None).unwrap();
+    }
+    e.clean_until_idle(4);
+    assert_eq!((e.object_count(), e.key_count()), (31, 1));
+    assert_eq!(e.internal_count(t).unwrap(), 30);
+}

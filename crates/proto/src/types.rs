@@ -90,13 +90,24 @@ pub enum TypedError {
     WrongKind,
 }
 
-/// The type of a stored value. A lone 0xFF byte, or an unknown kind, is an error.
+/// The type of a stored value. A lone 0xFF byte, or an unknown kind, is an error. The header of a
+/// large collection ([`LARGE`]) is of its collection's type.
 pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
     match stored {
+        [TAG, k, ..] if k & LARGE != 0 => match Kind::from_byte(k & !LARGE) {
+            Some(Kind::List) => Ok(Kind::List),
+            _ => Err(TypedError::UnknownKind(*k)),
+        },
         [TAG, k, ..] => Kind::from_byte(*k).ok_or(TypedError::UnknownKind(*k)),
         [TAG] => Err(TypedError::Truncated),
         _ => Ok(Kind::String),
     }
+}
+
+/// Whether a stored value is the header of a large collection (its items live in chunks).
+#[inline]
+pub fn is_large(stored: &[u8]) -> bool {
+    matches!(stored, [TAG, k, ..] if k & LARGE != 0)
 }
 
 /// The string a stored value holds; None if it holds another type (or is damaged).
@@ -203,7 +214,7 @@ fn put_varint(out: &mut Vec<u8>, v: u64) {
 
 /// The payload of a stored collection of `kind`, after its header.
 fn payload(stored: &[u8], kind: Kind) -> Result<Reader<'_>, TypedError> {
-    if kind_of(stored)? != kind {
+    if kind_of(stored)? != kind || is_large(stored) {
         return Err(TypedError::WrongKind);
     }
     Ok(Reader {
@@ -509,6 +520,164 @@ impl Stream {
     }
 }
 
+/// The flag on a collection's kind byte that marks the header of its large form.
+pub const LARGE: u8 = 0x10;
+
+/// The header of a large list, at the user's key; its items live in chunk objects at internal
+/// keys ([`chunk_key`]), linked head to tail (docs/formats.md, "Large collections"):
+///
+/// ```text
+/// 0xFF 0x12 gen(8, little-endian) len head tail next_id chunks bytes   (varints after gen)
+/// ```
+///
+/// `gen` is drawn at random when the large form is made, so that the chunks of an earlier
+/// collection at the same key are never taken for this one's. Chunk ids start at 1; 0 is none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LargeList {
+    pub gen: u64,
+    /// Items.
+    pub len: u64,
+    /// The first and last chunk's ids.
+    pub head: u64,
+    pub tail: u64,
+    /// The id the next new chunk takes.
+    pub next_id: u64,
+    /// Chunks.
+    pub chunks: u64,
+    /// The items' bytes.
+    pub bytes: u64,
+}
+
+impl LargeList {
+    pub fn decode(stored: &[u8]) -> Result<LargeList, TypedError> {
+        match stored {
+            [TAG, k, ..] if *k == Kind::List as u8 | LARGE => {}
+            [TAG, k, ..] => return Err(TypedError::UnknownKind(*k)),
+            _ => return Err(TypedError::WrongKind),
+        }
+        let gen = stored
+            .get(TAG_BYTES..TAG_BYTES + 8)
+            .ok_or(TypedError::Truncated)?;
+        let mut r = Reader {
+            buf: stored,
+            pos: TAG_BYTES + 8,
+        };
+        let h = LargeList {
+            gen: u64::from_le_bytes(gen.try_into().expect("8 bytes")),
+            len: r.varint()?,
+            head: r.varint()?,
+            tail: r.varint()?,
+            next_id: r.varint()?,
+            chunks: r.varint()?,
+            bytes: r.varint()?,
+        };
+        r.end()?;
+        Ok(h)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&[TAG, Kind::List as u8 | LARGE]);
+        out.extend_from_slice(&self.gen.to_le_bytes());
+        for v in [
+            self.len,
+            self.head,
+            self.tail,
+            self.next_id,
+            self.chunks,
+            self.bytes,
+        ] {
+            put_varint(&mut out, v);
+        }
+        out
+    }
+}
+
+/// One chunk of a large list: its neighbours' ids (0 at an end) and its items, head first.
+///
+/// ```text
+/// prev next count items...   (varints; each item a varint length and its bytes)
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListChunk {
+    pub prev: u64,
+    pub next: u64,
+    pub items: VecDeque<Vec<u8>>,
+}
+
+impl ListChunk {
+    pub fn decode(stored: &[u8]) -> Result<ListChunk, TypedError> {
+        let mut r = Reader {
+            buf: stored,
+            pos: 0,
+        };
+        let prev = r.varint()?;
+        let next = r.varint()?;
+        let n = r.count(1)?;
+        let mut items = VecDeque::with_capacity(n);
+        for _ in 0..n {
+            items.push_back(r.bytes()?.to_vec());
+        }
+        r.end()?;
+        Ok(ListChunk { prev, next, items })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self.items.iter().map(|i| i.len() + 3).sum();
+        let mut out = Vec::with_capacity(size + 24);
+        put_varint(&mut out, self.prev);
+        put_varint(&mut out, self.next);
+        put_varint(&mut out, self.items.len() as u64);
+        for i in &self.items {
+            put_bytes(&mut out, i);
+        }
+        out
+    }
+
+    /// The items' bytes (what the header's `bytes` counts).
+    pub fn item_bytes(&self) -> u64 {
+        self.items.iter().map(|i| i.len() as u64).sum()
+    }
+}
+
+/// Bytes a chunk key adds to its collection's key.
+pub const CHUNK_KEY_OVERHEAD: usize = 3 + 2 + 10 + 8 + 8;
+
+/// The internal key of chunk `id` of generation `gen` of the collection at `key` (in `slot`):
+/// `FF 'r' 00`, the slot (big-endian), the key's length (varint) and bytes, `gen` and `id`
+/// (big-endian). `ramlog_common::key_slot` reads the slot back, so a chunk lives in its
+/// collection's tablet.
+pub fn chunk_key(slot: u16, key: &[u8], gen: u64, id: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + CHUNK_KEY_OVERHEAD);
+    out.extend_from_slice(&ramlog_common::INTERNAL_PREFIX);
+    out.extend_from_slice(&slot.to_be_bytes());
+    put_bytes(&mut out, key);
+    out.extend_from_slice(&gen.to_be_bytes());
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+/// A chunk key's parts: (slot, collection key, gen, id); None if `key` is not one.
+pub fn parse_chunk_key(key: &[u8]) -> Option<(u16, &[u8], u64, u64)> {
+    if !ramlog_common::is_internal(key) {
+        return None;
+    }
+    let at = ramlog_common::INTERNAL_PREFIX.len();
+    let slot = u16::from_be_bytes([key[at], key[at + 1]]);
+    let mut r = Reader {
+        buf: key,
+        pos: at + 2,
+    };
+    let user = r.bytes().ok()?;
+    let rest = key.get(r.pos..)?;
+    if rest.len() != 16 {
+        return None;
+    }
+    let gen = u64::from_be_bytes(rest[..8].try_into().ok()?);
+    let id = u64::from_be_bytes(rest[8..].try_into().ok()?);
+    Some((slot, user, gen, id))
+}
+
 /// Decodes any stored value fully (what the fuzz target drives): its kind and item count.
 pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
     let kind = kind_of(stored)?;
@@ -516,6 +685,10 @@ pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
         Kind::String => {
             string_of(stored).ok_or(TypedError::WrongKind)?;
             1
+        }
+        Kind::List if is_large(stored) => {
+            let h = LargeList::decode(stored)?;
+            usize::try_from(h.len).map_err(|_| TypedError::Truncated)?
         }
         Kind::Hash => Hash::decode(stored)?.fields.len(),
         Kind::List => List::decode(stored)?.items.len(),
@@ -542,6 +715,48 @@ mod tests {
         assert_eq!(kind_of(&escaped), Ok(Kind::String));
         assert_eq!(kind_of(b"\xff"), Err(TypedError::Truncated));
         assert_eq!(kind_of(b"\xff\x09"), Err(TypedError::UnknownKind(9)));
+    }
+
+    #[test]
+    fn large_lists_round_trip() {
+        let h = LargeList {
+            gen: 0xDEAD_BEEF_0123_4567,
+            len: 1_000_000,
+            head: 3,
+            tail: 900,
+            next_id: 901,
+            chunks: 898,
+            bytes: 100_000_000,
+        };
+        let stored = h.encode();
+        assert!(is_large(&stored));
+        assert_eq!(kind_of(&stored), Ok(Kind::List));
+        assert_eq!(LargeList::decode(&stored), Ok(h));
+        assert_eq!(check(&stored), Ok((Kind::List, 1_000_000)));
+        // The small decoders refuse it, and it refuses a small list.
+        assert_eq!(List::decode(&stored), Err(TypedError::WrongKind));
+        let small = List::default().encode();
+        assert!(!is_large(&small));
+        assert!(LargeList::decode(&small).is_err());
+        assert!(LargeList::decode(&stored[..stored.len() - 1]).is_err());
+        // A large flag on another kind is unknown.
+        assert_eq!(kind_of(b"\xff\x11"), Err(TypedError::UnknownKind(0x11)));
+
+        let c = ListChunk {
+            prev: 0,
+            next: 7,
+            items: [b"a".to_vec(), vec![], vec![0xff; 300]].into(),
+        };
+        assert_eq!(ListChunk::decode(&c.encode()), Ok(c.clone()));
+        assert_eq!(c.item_bytes(), 301);
+
+        for key in [&b""[..], b"k", &[0xffu8; 300][..]] {
+            let ck = chunk_key(12182, key, 42, 9);
+            assert_eq!(ramlog_common::key_slot(&ck), 12182);
+            assert_eq!(parse_chunk_key(&ck), Some((12182, key, 42, 9)));
+            assert!(ck.len() <= key.len() + CHUNK_KEY_OVERHEAD);
+        }
+        assert_eq!(parse_chunk_key(b"plain"), None);
     }
 
     #[test]

@@ -148,6 +148,7 @@ impl Server {
             roles.set_member(member.clone());
             member.start_heartbeats(&node);
         }
+        crate::front::commands::start_sweeper(&node, roles.clone());
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
         if let Some(listener) = routing_listener {

@@ -1,15 +1,26 @@
 //! Feeds arbitrary bytes to the decoders of typed values, as a server reads a stored value back
-//! (a damaged one, or one a native client wrote with a leading 0xFF). A value that decodes must
-//! re-encode to the same bytes; no input may panic.
+//! (a damaged one, or one a native client wrote with a leading 0xFF), and to the decoders of a
+//! large list's chunks and chunk keys. A value that decodes must re-encode to the same bytes; no
+//! input may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ramlog_proto::types::{check, Hash, Kind, List, Set, Stream, ZSet};
+use ramlog_proto::types::{
+    check, chunk_key, is_large, parse_chunk_key, Hash, Kind, LargeList, List, ListChunk, Set,
+    Stream, ZSet,
+};
 
 fuzz_target!(|data: &[u8]| {
+    if let Ok(chunk) = ListChunk::decode(data) {
+        assert_eq!(chunk.encode(), data, "a decoded chunk re-encodes to its bytes");
+    }
+    if let Some((slot, key, gen, id)) = parse_chunk_key(data) {
+        assert_eq!(chunk_key(slot, key, gen, id), data, "a chunk key re-encodes");
+    }
     if let Ok((kind, _)) = check(data) {
         let again = match kind {
             Kind::String => return,
+            Kind::List if is_large(data) => LargeList::decode(data).map(|h| h.encode()),
             Kind::Hash => Hash::decode(data).map(|h| h.encode()),
             Kind::List => List::decode(data).map(|l| l.encode()),
             Kind::Set => Set::decode(data).map(|s| s.encode()),

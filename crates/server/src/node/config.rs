@@ -191,6 +191,9 @@ pub struct ServerConfig {
     /// write (or a read that waited on writes in flight) fails with an error saying its outcome
     /// is unknown, as for any write in doubt.
     pub replication_ack_timeout_ms: u64,
+    /// How often the chunks of large collections that no key names any more (the collection
+    /// was overwritten or expired, or a rewrite stopped half way) are looked for and deleted.
+    pub large_sweep_interval_ms: u64,
     /// Re-protection: the most bytes per second the copy of one tablet to one backup may send
     /// (after a recovery or a backup's replacement). Below it the copy is paced by the clients'
     /// latency: it halves its rate after every 100 ms in which this server's command p99 was
@@ -250,6 +253,7 @@ impl Default for ServerConfig {
             replication_in_flight_bytes: 16 << 20,
             backup_timeout_ms: 200,
             replication_ack_timeout_ms: 5000,
+            large_sweep_interval_ms: 30_000,
             recovery_copy_bytes_per_sec: 128 << 20,
             tablet_max_bytes: tablet_max_bytes_limit(),
         }
@@ -387,6 +391,9 @@ impl ServerConfig {
                 "routing_recovery_wait_ms",
                 &format!("must be 0..={ROUTING_RECOVERY_WAIT_MAX_MS}"),
             );
+        }
+        if self.large_sweep_interval_ms == 0 {
+            return invalid("large_sweep_interval_ms", "must be at least 1");
         }
         if self.replication_ack_timeout_ms == 0 {
             return invalid("replication_ack_timeout_ms", "must be at least 1");

@@ -163,7 +163,10 @@ impl Keyspace {
             .tablets()
             .iter()
             .filter(|t| hidden.contains(&t.id))
-            .map(|t| t.objects)
+            .map(|t| {
+                let internal = self.engine.internal_count(t.id).unwrap_or(0);
+                t.objects.saturating_sub(internal)
+            })
             .sum()
     }
 
@@ -205,6 +208,10 @@ impl Keyspace {
             };
             visited += batch.len().max(1);
             for key in batch.drain(..) {
+                // The chunks of large collections are not keys of their own.
+                if ramlog_common::is_internal(&key) {
+                    continue;
+                }
                 if pattern.is_none_or(|p| glob_match(p, &key)) {
                     out.push(key);
                 }

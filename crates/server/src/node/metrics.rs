@@ -496,7 +496,10 @@ pub struct ProcessInfo {
 /// The engine's figures, as reported to operators.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct EngineFigures {
+    /// Keys (what DBSIZE counts).
     pub objects: u64,
+    /// Chunk objects of large collections (internal keys; not in `objects`).
+    pub chunks: u64,
     /// Objects with an expiry time, and the mean time they have left in milliseconds (0 when
     /// none), as Redis's INFO keyspace `expires` and `avg_ttl`.
     pub objects_expiring: u64,
@@ -681,9 +684,15 @@ impl Snapshot {
         );
         gauge(
             "ramlog_objects",
-            "Objects stored in memory.",
+            "Keys stored in memory (the chunks of large collections are counted apart).",
             "gauge",
             self.engine.objects.to_string(),
+        );
+        gauge(
+            "ramlog_large_collection_chunks",
+            "Chunk objects that hold the items of large collections.",
+            "gauge",
+            self.engine.chunks.to_string(),
         );
         gauge(
             "ramlog_objects_expiring",

@@ -707,6 +707,20 @@ impl Node {
         Ok(done?)
     }
 
+    /// Puts, deletes and checks of several keys of one tablet as one atomic unit
+    /// ([`Engine::multi_write_if`]); None when nothing needed writing.
+    pub fn multi_write_if(
+        &self,
+        tablet: TabletId,
+        items: &[ramlog_logmem::MultiWrite<'_>],
+        acks: &mut Acks,
+    ) -> Result<Option<u64>, NodeError> {
+        self.admit_write()?;
+        let done = self.engine().multi_write_if(tablet, items);
+        self.collect(acks);
+        Ok(done?)
+    }
+
     /// Records a table's schema durably (when persistence is on), then applies it.
     pub fn set_schema(
         &self,
@@ -741,7 +755,8 @@ impl Node {
         let engine = self.engine();
         let stats = engine.stats();
         let figures = EngineFigures {
-            objects: engine.object_count(),
+            objects: engine.key_count(),
+            chunks: engine.object_count().saturating_sub(engine.key_count()),
             objects_expiring: stats.expiring_objects,
             objects_expiring_avg_ttl_ms: stats.expiring_mean_expire_at_ms.saturating_sub(now_ms()),
             memory_bytes_total: stats.total_bytes,

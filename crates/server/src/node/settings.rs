@@ -97,6 +97,13 @@ const PARAMS: &[Param] = &[
     },
 ];
 
+/// When a list leaves its compact form ([`RuntimeSettings::list_limit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListLimit {
+    Bytes(usize),
+    Entries(usize),
+}
+
 /// The current values of [`PARAMS`], in its order.
 pub struct RuntimeSettings {
     values: Mutex<Vec<i64>>,
@@ -128,6 +135,20 @@ impl RuntimeSettings {
             }
         }
         out
+    }
+
+    /// The current value of parameter `name` (its default if there is no such parameter).
+    pub fn value(&self, name: &str) -> i64 {
+        index_of(name).map_or(0, |i| self.values.lock()[i])
+    }
+
+    /// The bytes past which a list takes the large form, or its element count when
+    /// `list-max-listpack-size` is positive (Redis's rule: -1 to -5 are 4 to 64 KiB).
+    pub fn list_limit(&self) -> ListLimit {
+        match self.value("list-max-listpack-size") {
+            n if n > 0 => ListLimit::Entries(n as usize),
+            n => ListLimit::Bytes(4096usize << ((-n).clamp(1, 5) - 1)),
+        }
     }
 
     /// Whether `name` is a parameter CONFIG SET may change.

@@ -1,12 +1,22 @@
 //! Keyspace and expiry commands (Redis's `db.c` and `expire.c`): DEL/UNLINK, EXISTS, TYPE, SCAN,
 //! KEYS, DBSIZE, TTL/PTTL/EXPIRETIME/PEXPIRETIME, EXPIRE/PEXPIRE/EXPIREAT/PEXPIREAT, PERSIST, FLUSHALL.
 
+use super::large_list;
+use super::typed::Replied;
 use super::*;
 
 pub(super) fn cmd_del(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let node = ctx.node;
     let mut deleted = 0;
     for key in &args[1..] {
+        match large_list::delete_if_large(ctx, key) {
+            Ok(true) => {
+                deleted += 1;
+                continue;
+            }
+            Ok(false) => {}
+            Err(Replied) => return,
+        }
         match node.delete(
             node.tablet_of(key),
             key,
@@ -127,7 +137,7 @@ pub(super) fn cmd_dbsize(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     let n = ctx
         .node
         .engine()
-        .object_count()
+        .key_count()
         .saturating_sub(ctx.node.keyspace.hidden_objects());
     ctx.enc.integer(n as i64);
 }
@@ -378,6 +388,26 @@ fn rename(ctx: &mut Ctx<'_>, args: &[&[u8]], only_new: bool) {
         } else {
             Condition::None
         };
+        if ramlog_proto::types::is_large(&object.value) {
+            match large_list::copy_to(ctx, src, &object, dst, condition).and_then(|written| {
+                if !written {
+                    return Ok(None);
+                }
+                large_list::delete_at_version(ctx, src, &object).map(Some)
+            }) {
+                Ok(None) => return ctx.enc.integer(0),
+                Ok(Some(true)) => {
+                    node.waiters.wake(dst);
+                    return if only_new {
+                        ctx.enc.integer(1)
+                    } else {
+                        ctx.enc.ok()
+                    };
+                }
+                Ok(Some(false)) | Err(large_list::LargeError::Changed) => continue,
+                Err(e) => return large_list::reply_error(ctx, e),
+            }
+        }
         match put_stored(ctx, dst, &object.value, object.expire_at_ms, condition) {
             Ok(true) => {}
             Ok(false) => return ctx.enc.integer(0),
@@ -451,6 +481,17 @@ pub(super) fn cmd_copy(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     } else {
         Condition::IfAbsent
     };
+    if ramlog_proto::types::is_large(&object.value) {
+        return match large_list::copy_to(ctx, src, &object, dst, condition) {
+            Ok(done) => {
+                if done {
+                    ctx.node.waiters.wake(dst);
+                }
+                ctx.enc.integer(i64::from(done))
+            }
+            Err(e) => large_list::reply_error(ctx, e),
+        };
+    }
     match put_stored(ctx, dst, &object.value, object.expire_at_ms, condition) {
         Ok(done) => {
             if done {
@@ -499,6 +540,7 @@ fn encoding_of(stored: &[u8]) -> &'static str {
             }
         }
         Ok(Kind::Stream) => "stream",
+        Ok(Kind::List) if ramlog_proto::types::is_large(stored) => "quicklist",
         Ok(_) => "listpack",
         Err(_) => "unknown",
     }
@@ -567,8 +609,14 @@ pub(super) fn cmd_memory(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
                 )
             },
         );
+        let chunks = match large_list::memory_of(ctx, key) {
+            Ok(bytes) => bytes,
+            Err(Replied) => return,
+        };
         match found {
-            Ok(Some(bytes)) => ctx.enc.integer((bytes + INDEX_SLOT_BYTES) as i64),
+            Ok(Some(bytes)) => ctx
+                .enc
+                .integer((bytes + INDEX_SLOT_BYTES) as i64 + chunks as i64),
             Ok(None) => ctx.enc.null(),
             Err(e) => engine_error(ctx, &e),
         }

@@ -1,13 +1,88 @@
 //! List commands (Redis's `t_list.c`): LPUSH, RPUSH, LPUSHX, RPUSHX, LPOP, RPOP, LLEN, LRANGE,
 //! LINDEX, LSET, LREM, LTRIM, LINSERT, LPOS, LMOVE, RPOPLPUSH.
 
+use super::large_list::{self, Large, LargeError, Place};
 use super::typed::*;
 use super::*;
-use ramlog_proto::types::List;
+use ramlog_proto::types::{self, List};
 
-fn push(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool, only_existing: bool) {
-    let items = &args[2..];
-    if let Ok(n) = update::<List, i64>(ctx, args[1], |l, existed| {
+/// The key's large list, if it holds one (None: absent, small, or another type).
+fn large_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Large>, Replied> {
+    let node = ctx.node;
+    let is_large = node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, _, _| types::is_large(v),
+    );
+    match is_large {
+        Ok(Some(true)) => {}
+        Ok(_) => return Ok(None),
+        Err(e) => {
+            engine_error(ctx, &e);
+            return Err(Replied);
+        }
+    }
+    match read(ctx, key) {
+        Ok(Some(o)) if types::is_large(&o.value) => match Large::decode(&o) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) => {
+                large_list::reply_error(ctx, e);
+                Err(Replied)
+            }
+        },
+        Ok(_) => Ok(None),
+        Err(e) => {
+            engine_error(ctx, &e);
+            Err(Replied)
+        }
+    }
+}
+
+/// Runs `op` on the key's large list while it holds one, again while the list changes under it;
+/// None when the key holds no large list (the caller takes the compact path).
+fn on_large<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    mut op: impl FnMut(&mut Ctx<'_>, Place<'_>, Large) -> Result<R, LargeError>,
+) -> Result<Option<R>, Replied> {
+    for _ in 0..64 {
+        let Some(large) = large_of(ctx, key)? else {
+            return Ok(None);
+        };
+        let place = Place::of(ctx, key);
+        match op(ctx, place, large) {
+            Ok(r) => return Ok(Some(r)),
+            Err(LargeError::Changed) => continue,
+            Err(e) => {
+                large_list::reply_error(ctx, e);
+                return Err(Replied);
+            }
+        }
+    }
+    large_list::reply_error(ctx, LargeError::Changed);
+    Err(Replied)
+}
+
+/// Pushes `items` at one end; the new length, or 0 if `only_existing` and the key is absent.
+fn push_items(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    left: bool,
+    only_existing: bool,
+    items: &[&[u8]],
+) -> Result<i64, Replied> {
+    {
+        let _serialized = ctx.node.rmw_lock(key);
+        let pushed = on_large(ctx, key, |ctx, place, large| {
+            large_list::push(ctx, place, large, left, items)
+        })?;
+        if let Some(n) = pushed {
+            ctx.node.waiters.wake(key);
+            return Ok(n as i64);
+        }
+    }
+    update::<List, i64>(ctx, key, |l, existed| {
         if only_existing && !existed {
             return Ok((0, false));
         }
@@ -19,7 +94,58 @@ fn push(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool, only_existing: bool) {
             }
         }
         Ok((l.items.len() as i64, true))
-    }) {
+    })
+}
+
+/// Pops up to `count` items from one end (with `expect`, one item only if it is that one); None
+/// when the key is absent.
+fn pop_items(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    left: bool,
+    count: usize,
+    expect: Option<&[u8]>,
+) -> Result<Option<Vec<Vec<u8>>>, Replied> {
+    {
+        let _serialized = ctx.node.rmw_lock(key);
+        let popped = on_large(ctx, key, |ctx, place, large| {
+            large_list::pop(ctx, place, large, left, count, expect)
+        })?;
+        if popped.is_some() {
+            return Ok(popped);
+        }
+    }
+    update::<List, Option<Vec<Vec<u8>>>>(ctx, key, |l, existed| {
+        if !existed {
+            return Ok((None, false));
+        }
+        if let Some(e) = expect {
+            let end = if left {
+                l.items.front()
+            } else {
+                l.items.back()
+            };
+            if end.map(Vec::as_slice) != Some(e) {
+                return Ok((Some(Vec::new()), false));
+            }
+        }
+        let n = count.min(l.items.len());
+        let out: Vec<Vec<u8>> = (0..n)
+            .filter_map(|_| {
+                if left {
+                    l.items.pop_front()
+                } else {
+                    l.items.pop_back()
+                }
+            })
+            .collect();
+        let changed = !out.is_empty();
+        Ok((Some(out), changed))
+    })
+}
+
+fn push(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool, only_existing: bool) {
+    if let Ok(n) = push_items(ctx, args[1], left, only_existing, &args[2..]) {
         ctx.enc.integer(n)
     }
 }
@@ -52,23 +178,7 @@ fn pop(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool) {
             "ERR wrong number of arguments for '{name}' command"
         ));
     }
-    let popped = update::<List, Option<Vec<Vec<u8>>>>(ctx, args[1], |l, existed| {
-        if !existed {
-            return Ok((None, false));
-        }
-        let n = count.unwrap_or(1).min(l.items.len());
-        let out: Vec<Vec<u8>> = (0..n)
-            .filter_map(|_| {
-                if left {
-                    l.items.pop_front()
-                } else {
-                    l.items.pop_back()
-                }
-            })
-            .collect();
-        let changed = !out.is_empty();
-        Ok((Some(out), changed))
-    });
+    let popped = pop_items(ctx, args[1], left, count.unwrap_or(1), None);
     let Ok(popped) = popped else {
         return;
     };
@@ -93,15 +203,46 @@ pub(super) fn cmd_rpop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_llen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match on_large(ctx, args[1], |_, _, large| Ok(large.header.len)) {
+        Ok(Some(n)) => return ctx.enc.integer(n as i64),
+        Ok(None) => {}
+        Err(Replied) => return,
+    }
     if let Ok(l) = load_or_empty::<List>(ctx, args[1]) {
         ctx.enc.integer(l.items.len() as i64)
     }
+}
+
+/// Items `start..=stop` (Redis's index rules) of a large list; None if the key holds none.
+fn large_range(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    start: i64,
+    stop: i64,
+) -> Result<Option<Vec<Vec<u8>>>, Replied> {
+    on_large(ctx, key, |ctx, place, large| {
+        match index_range(start, stop, large.header.len as usize) {
+            None => Ok(Vec::new()),
+            Some((a, b)) => large_list::range(ctx, place, large, a as u64, b as u64),
+        }
+    })
 }
 
 pub(super) fn cmd_lrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (Some(start), Some(stop)) = (parse_i64(args[2]), parse_i64(args[3])) else {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
+    match large_range(ctx, args[1], start, stop) {
+        Ok(Some(items)) => {
+            ctx.enc.array(items.len());
+            for i in &items {
+                ctx.enc.bulk(i);
+            }
+            return;
+        }
+        Ok(None) => {}
+        Err(Replied) => return,
+    }
     let Ok(l) = load_or_empty::<List>(ctx, args[1]) else {
         return;
     };
@@ -126,6 +267,11 @@ pub(super) fn cmd_lindex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let Some(index) = parse_i64(args[2]) else {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
+    match large_range(ctx, args[1], index, index) {
+        Ok(Some(items)) => return ctx.enc.bulk_or_null(items.first().map(Vec::as_slice)),
+        Ok(None) => {}
+        Err(Replied) => return,
+    }
     if let Ok(l) = load_or_empty::<List>(ctx, args[1]) {
         ctx.enc
             .bulk_or_null(list_index(index, l.items.len()).map(|i| l.items[i].as_slice()))
@@ -334,22 +480,33 @@ fn side(arg: &[u8]) -> Option<bool> {
 /// Moves one element from `src` to `dst`: pushed on the destination first, then popped from the
 /// source only if it is still the element at that end (otherwise the destination's push is
 /// taken back and it starts again). A crash between the two leaves the element in both lists,
-/// never in neither.
+/// never in neither. A compact list moved within itself is one atomic change; a large one moves
+/// as two lists do.
 fn lmove(ctx: &mut Ctx<'_>, src: &[u8], dst: &[u8], from_left: bool, to_left: bool) {
     for _ in 0..64 {
-        let Ok(source) = load::<List>(ctx, src) else {
-            return;
+        let end = if from_left { 0 } else { -1 };
+        let element = match large_range(ctx, src, end, end) {
+            Ok(Some(mut items)) => items.pop(),
+            Ok(None) => match load::<List>(ctx, src) {
+                Ok(source) => source.and_then(|l| {
+                    if from_left {
+                        l.items.front().cloned()
+                    } else {
+                        l.items.back().cloned()
+                    }
+                }),
+                Err(Replied) => return,
+            },
+            Err(Replied) => return,
         };
-        let Some(element) = source.and_then(|l| {
-            if from_left {
-                l.items.front().cloned()
-            } else {
-                l.items.back().cloned()
-            }
-        }) else {
+        let Some(element) = element else {
             return ctx.enc.null();
         };
-        if src == dst {
+        let large_src = match large_of(ctx, src) {
+            Ok(l) => l.is_some(),
+            Err(Replied) => return,
+        };
+        if src == dst && !large_src {
             let moved = update::<List, bool>(ctx, src, |l, _| {
                 let e = if from_left {
                     l.items.pop_front()
@@ -375,39 +532,15 @@ fn lmove(ctx: &mut Ctx<'_>, src: &[u8], dst: &[u8], from_left: bool, to_left: bo
             }
         }
         // The destination must be a list (or absent) before anything moves.
-        if load::<List>(ctx, dst).is_err() {
+        if !list_or_absent(ctx, dst) {
             return;
         }
-        let pushed = update::<List, ()>(ctx, dst, |l, _| {
-            if to_left {
-                l.items.push_front(element.clone());
-            } else {
-                l.items.push_back(element.clone());
-            }
-            Ok(((), true))
-        });
-        if pushed.is_err() {
+        if push_items(ctx, dst, to_left, false, &[&element]).is_err() {
             return;
         }
-        let popped = update::<List, bool>(ctx, src, |l, _| {
-            let end = if from_left {
-                l.items.front()
-            } else {
-                l.items.back()
-            };
-            if end != Some(&element) {
-                return Ok((false, false));
-            }
-            if from_left {
-                l.items.pop_front();
-            } else {
-                l.items.pop_back();
-            }
-            Ok((true, true))
-        });
-        match popped {
-            Ok(true) => return ctx.enc.bulk(&element),
-            Ok(false) => {
+        match pop_items(ctx, src, from_left, 1, Some(&element)) {
+            Ok(Some(popped)) if !popped.is_empty() => return ctx.enc.bulk(&element),
+            Ok(_) => {
                 // Someone took the element first: take the copy back from the destination.
                 let undone = update::<List, ()>(ctx, dst, |l, _| {
                     let at = if to_left {
@@ -432,6 +565,33 @@ fn lmove(ctx: &mut Ctx<'_>, src: &[u8], dst: &[u8], from_left: bool, to_left: bo
     }
     ctx.enc
         .error("ERR too much contention on the key, try again")
+}
+
+/// Whether the key holds a list or nothing (else WRONGTYPE, or the read's error, is answered).
+fn list_or_absent(ctx: &mut Ctx<'_>, key: &[u8]) -> bool {
+    let node = ctx.node;
+    let kind = node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, _, _| types::kind_of(v),
+    );
+    match kind {
+        Ok(None) | Ok(Some(Ok(types::Kind::List))) => true,
+        Ok(Some(Ok(_))) => {
+            ctx.enc.error(ERR_WRONGTYPE);
+            false
+        }
+        Ok(Some(Err(e))) => {
+            ctx.enc
+                .error(&format!("ERR the stored value of this key is damaged: {e}"));
+            false
+        }
+        Err(e) => {
+            engine_error(ctx, &e);
+            false
+        }
+    }
 }
 
 /// LMOVE source destination LEFT|RIGHT LEFT|RIGHT
@@ -465,15 +625,7 @@ fn bpop(ctx: &mut Ctx<'_>, args: &[&[u8]], left: bool) {
         return ctx.enc.error(e);
     }
     for key in &args[1..args.len() - 1] {
-        let popped = update::<List, Option<Vec<u8>>>(ctx, key, |l, _| {
-            let e = if left {
-                l.items.pop_front()
-            } else {
-                l.items.pop_back()
-            };
-            let changed = e.is_some();
-            Ok((e, changed))
-        });
+        let popped = pop_items(ctx, key, left, 1, None).map(|p| p.and_then(|mut p| p.pop()));
         match popped {
             Ok(Some(e)) => {
                 ctx.enc.array(2);
@@ -540,20 +692,7 @@ fn lmpop(ctx: &mut Ctx<'_>, args: &[&[u8]], at: usize) {
         return;
     };
     for key in &args[at + 1..at + 1 + n] {
-        let popped = update::<List, Vec<Vec<u8>>>(ctx, key, |l, _| {
-            let k = count.min(l.items.len());
-            let out: Vec<Vec<u8>> = (0..k)
-                .filter_map(|_| {
-                    if left {
-                        l.items.pop_front()
-                    } else {
-                        l.items.pop_back()
-                    }
-                })
-                .collect();
-            let changed = !out.is_empty();
-            Ok((out, changed))
-        });
+        let popped = pop_items(ctx, key, left, count, None).map(Option::unwrap_or_default);
         match popped {
             Ok(out) if out.is_empty() => {}
             Ok(out) => {

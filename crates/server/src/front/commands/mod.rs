@@ -25,6 +25,7 @@ mod admin;
 mod connection;
 mod hashes;
 mod keys;
+mod large_list;
 mod lists;
 pub(crate) mod pubsub;
 pub(crate) mod scripting;
@@ -38,6 +39,7 @@ use admin::*;
 use connection::*;
 use hashes::*;
 use keys::*;
+pub(crate) use large_list::start_sweeper;
 pub(crate) use lists::parse_timeout;
 use lists::*;
 use pubsub::{
@@ -1338,6 +1340,15 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                 spec.name
             )),
             Some(spec) if !ctx.session.authenticated && !spec.no_auth => ctx.enc.error(ERR_NOAUTH),
+            // Keys with the internal keys' prefix would name a slot of their own.
+            Some(spec)
+                if spec.has_keys() && command_keys(spec, args).any(ramlog_common::is_reserved) =>
+            {
+                if in_multi {
+                    ctx.session.multi_failed = true;
+                }
+                ctx.enc.error(ERR_RESERVED_KEY)
+            }
             // Redis Cluster: keys in another server's slots get -MOVED, keys in several slots
             // -CROSSSLOT (inside MULTI too, which EXEC then aborts).
             Some(spec)
@@ -1384,6 +1395,9 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     }
     node.record(op, started.elapsed(), !failed);
 }
+
+/// The answer to a key that begins with the internal keys' prefix (`ramlog_common::INTERNAL_PREFIX`).
+const ERR_RESERVED_KEY: &str = "ERR keys that begin with the bytes 0xFF 0x72 0x00 are reserved for the chunks of large collections";
 
 /// The keys of a command, by its key positions (Redis's first key, last key, step).
 pub fn command_keys<'a, 'b>(

@@ -8,15 +8,16 @@
 //! newest (a concurrent writer makes it read again), keeping the key's expiry. A collection left
 //! empty is deleted, as Redis deletes empty collections.
 
+use super::large_list;
 use super::*;
-use ramlog_proto::types::{self, Kind, TypedError};
+use ramlog_proto::types::{self, Kind, List, TypedError};
 use std::sync::atomic::AtomicU64;
 
 pub(super) const ERR_WRONGTYPE: &str =
     "WRONGTYPE Operation against a key holding the wrong kind of value";
 
 /// A collection type as the commands use it.
-pub(super) trait Collection: Default + Sized {
+pub(super) trait Collection: Default + Sized + 'static {
     const KIND: Kind;
     fn decode(stored: &[u8]) -> Result<Self, TypedError>;
     fn encode(&self) -> Vec<u8>;
@@ -96,16 +97,53 @@ pub(super) fn decode_as<C: Collection>(ctx: &mut Ctx<'_>, stored: &[u8]) -> Resu
     }
 }
 
-/// The key's collection of type `C`; None if the key is absent.
+/// The key's collection of type `C`; None if the key is absent. A large list is read whole.
 pub(super) fn load<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<C>, Replied> {
-    match read(ctx, key) {
-        Ok(None) => Ok(None),
-        Ok(Some(o)) => decode_as::<C>(ctx, &o.value).map(Some),
-        Err(e) => {
-            engine_error(ctx, &e);
-            Err(Replied)
+    for _ in 0..64 {
+        match read(ctx, key) {
+            Ok(None) => return Ok(None),
+            Ok(Some(o)) if types::is_large(&o.value) && C::KIND == Kind::List => {
+                match read_large(ctx, key, &o) {
+                    Ok((list, _)) => return Ok(Some(from_list(list))),
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
+            Ok(Some(o)) => return decode_as::<C>(ctx, &o.value).map(Some),
+            Err(e) => {
+                engine_error(ctx, &e);
+                return Err(Replied);
+            }
         }
     }
+    large_list::reply_error(ctx, large_list::LargeError::Changed);
+    Err(Replied)
+}
+
+/// A large list read whole, with its generation and chunk ids (to delete when it is rewritten).
+fn read_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    stored: &Object,
+) -> Result<(List, (u64, Vec<u64>)), large_list::LargeError> {
+    let large = large_list::Large::decode(stored)?;
+    let place = large_list::Place::of(ctx, key);
+    let (list, ids) = large_list::materialize(ctx, place, large)?;
+    Ok((list, (large.header.gen, ids)))
+}
+
+/// `list` as the collection type `C` (which is `List`: only lists have a large form).
+fn from_list<C: Collection>(list: List) -> C {
+    let boxed: Box<dyn std::any::Any> = Box::new(list);
+    *boxed.downcast::<C>().expect("only lists have a large form")
+}
+
+/// `c` as a list, when `C` is `List`.
+fn as_list<C: Collection>(c: &C) -> Option<&List> {
+    (c as &dyn std::any::Any).downcast_ref::<List>()
 }
 
 /// The key's collection of type `C`, empty if the key is absent.
@@ -156,7 +194,21 @@ pub(super) fn update<C: Collection, R>(
                 return Err(Replied);
             }
         };
+        let mut old_large = None;
         let (mut c, condition, existed) = match found {
+            Some(o) if types::is_large(&o.value) && C::KIND == Kind::List => {
+                match read_large(ctx, key, &o) {
+                    Ok((list, old)) => {
+                        old_large = Some(old);
+                        (from_list::<C>(list), Condition::IfVersion(o.version), true)
+                    }
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
             Some(o) => (
                 decode_as::<C>(ctx, &o.value)?,
                 Condition::IfVersion(o.version),
@@ -173,6 +225,24 @@ pub(super) fn update<C: Collection, R>(
         };
         if !changed || (!existed && c.len() == 0) {
             return Ok(result);
+        }
+        if let Some(list) = as_list(&c) {
+            if old_large.is_some() || large_list::wants_large(ctx, &list.items) {
+                let place = large_list::Place::of(ctx, key);
+                match large_list::write(ctx, place, list, condition, None, old_large) {
+                    Ok(()) => {
+                        if c.len() > 0 {
+                            node.waiters.wake(key);
+                        }
+                        return Ok(result);
+                    }
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
         }
         let done = if c.len() == 0 {
             match node.delete(tablet, key, condition, &mut ctx.session.acks) {

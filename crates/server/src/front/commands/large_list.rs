@@ -1,0 +1,1051 @@
+//! The large form of a list (docs/architecture.md, "The large form"; docs/formats.md, "Large
+//! collections"). A list past `list-max-listpack-size` becomes a header at the user's key
+//! ([`LargeList`]) and chunks of about [`CHUNK_BYTES`] at internal keys in the same tablet
+//! ([`types::chunk_key`]), linked head to tail. A push or a pop rewrites the end chunk and the
+//! header in one atomic unit ([`Node::multi_write_if`], conditional on the header's version), so
+//! its cost does not grow with the list; LLEN reads the header alone, LINDEX and LRANGE read the
+//! chunks they need.
+//!
+//! Readers take no lock: they read the header, the chunks, and the header again, and start over
+//! if its version moved (every change rewrites the header in the unit that changes chunks).
+//! Writers hold the key's read-modify-write lock; a write of the key by a command that does not
+//! (DEL, SET, EXPIRE) fails the header's condition and the change starts again.
+//!
+//! Chunks carry no expiry: the header's governs the list. Chunks that no header names any more
+//! (the list was overwritten or expired, or a server stopped in the middle of rewriting a list
+//! larger than one unit) are found and deleted by [`sweep`].
+
+use super::*;
+use parking_lot::Mutex;
+use ramlog_logmem::{MultiOp, MultiWrite, TabletId};
+use ramlog_proto::types::{self, LargeList, List, ListChunk};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// Item bytes a chunk takes before the next item starts a new chunk (an item larger than this
+/// has a chunk of its own).
+pub(super) const CHUNK_BYTES: usize = 4096;
+
+/// The item bytes of one chunk on this server: [`CHUNK_BYTES`], or less under a small value
+/// size limit (a chunk is one object).
+fn chunk_bytes(ctx: &Ctx<'_>) -> usize {
+    CHUNK_BYTES.min(ctx.node.config.value_size_max_bytes as usize / 2)
+}
+
+/// The most bytes one atomic unit of a large list's change writes; a rewrite of a larger list
+/// writes its new chunks in several units before the one that switches the header.
+const UNIT_BYTES: usize = 4 << 20;
+
+/// A collection's key and generation.
+type Generation = (Vec<u8>, u64);
+
+/// Collections being rewritten in several units: [`sweep`] leaves their chunks.
+static BUILDING: LazyLock<Mutex<HashSet<Generation>>> =
+    LazyLock::new(|| Mutex::new(HashSet::new()));
+
+/// Why a large list's operation did not complete.
+pub(super) enum LargeError {
+    Node(NodeError),
+    /// The list changed under the operation (its header's version moved): start again.
+    Changed,
+    /// A chunk the header names is missing or does not decode.
+    Damaged(String),
+}
+
+impl From<NodeError> for LargeError {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::Engine(EngineError::ConditionFailed { .. }) => LargeError::Changed,
+            e => LargeError::Node(e),
+        }
+    }
+}
+
+/// Answers a [`LargeError`] that is not [`LargeError::Changed`].
+pub(super) fn reply_error(ctx: &mut Ctx<'_>, e: LargeError) {
+    match e {
+        LargeError::Node(e) => engine_error(ctx, &e),
+        LargeError::Changed => ctx
+            .enc
+            .error("ERR too much contention on the key, try again"),
+        LargeError::Damaged(m) => ctx
+            .enc
+            .error(&format!("ERR the stored value of this key is damaged: {m}")),
+    }
+}
+
+/// A large list as read: its header and the header's version.
+#[derive(Clone, Copy)]
+pub(super) struct Large {
+    pub header: LargeList,
+    pub version: u64,
+}
+
+impl Large {
+    pub fn decode(stored: &Object) -> Result<Large, LargeError> {
+        let header =
+            LargeList::decode(&stored.value).map_err(|e| LargeError::Damaged(e.to_string()))?;
+        Ok(Large {
+            header,
+            version: stored.version,
+        })
+    }
+}
+
+/// Whether a list of these items belongs in the large form.
+pub(super) fn wants_large(ctx: &Ctx<'_>, items: &VecDeque<Vec<u8>>) -> bool {
+    use crate::node::settings::ListLimit;
+    // Never past what one object may hold, whatever the setting.
+    let size = encoded_size(items);
+    if size as u64 > ctx.node.config.value_size_max_bytes / 2 {
+        return true;
+    }
+    match ctx.node.settings.list_limit() {
+        // Redis's count limit comes with a size limit of 8 KiB as well.
+        ListLimit::Entries(n) => items.len() > n || size > SIZE_SAFETY_LIMIT,
+        ListLimit::Bytes(b) => size > b,
+    }
+}
+
+/// The bytes past which a list counted by entries takes the large form anyway.
+const SIZE_SAFETY_LIMIT: usize = 8192;
+
+/// Whether a large list of `h` may go back to the compact form: one chunk under half the limit
+/// (Redis converts back at half, so that a list at the limit does not flip at every change).
+fn fits_small(ctx: &Ctx<'_>, h: &LargeList) -> bool {
+    use crate::node::settings::ListLimit;
+    h.chunks <= 1
+        && h.bytes + 3 * h.len + 8 <= ctx.node.config.value_size_max_bytes / 4
+        && match ctx.node.settings.list_limit() {
+            ListLimit::Entries(n) => {
+                h.len <= (n / 2) as u64 && h.bytes + 3 * h.len + 8 <= (SIZE_SAFETY_LIMIT / 2) as u64
+            }
+            ListLimit::Bytes(b) => h.bytes + 3 * h.len + 8 <= (b / 2) as u64,
+        }
+}
+
+/// About what the compact encoding of these items takes.
+fn encoded_size(items: &VecDeque<Vec<u8>>) -> usize {
+    items
+        .iter()
+        .map(|i| i.len() + varint_len(i.len()))
+        .sum::<usize>()
+        + 8
+}
+
+fn varint_len(n: usize) -> usize {
+    ramlog_common::varint::len(n as u64)
+}
+
+/// A generation unlikely to have been used at any key before: the fast generator mixed with
+/// the time and the process. Never 0.
+fn random_gen() -> u64 {
+    let mixed = super::typed::random_u64()
+        ^ ramlog_common::unix_ns().rotate_left(17)
+        ^ (u64::from(std::process::id()) << 40);
+    mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+/// Where a large list lives, for building its chunk keys.
+#[derive(Clone, Copy)]
+pub(super) struct Place<'k> {
+    pub tablet: TabletId,
+    pub slot: u16,
+    pub key: &'k [u8],
+}
+
+impl<'k> Place<'k> {
+    pub fn of(ctx: &Ctx<'_>, key: &'k [u8]) -> Place<'k> {
+        Place {
+            tablet: ctx.node.tablet_of(key),
+            slot: key_slot(key),
+            key,
+        }
+    }
+
+    fn chunk_key(&self, gen: u64, id: u64) -> Vec<u8> {
+        types::chunk_key(self.slot, self.key, gen, id)
+    }
+}
+
+/// Reads chunk `id`.
+fn read_chunk(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    gen: u64,
+    id: u64,
+) -> Result<ListChunk, LargeError> {
+    let key = place.chunk_key(gen, id);
+    let found = ctx
+        .node
+        .read_with(place.tablet, &key, &mut ctx.session.acks, |v, _, _| {
+            ListChunk::decode(v)
+        })?;
+    match found {
+        Some(Ok(c)) => Ok(c),
+        Some(Err(e)) => Err(LargeError::Damaged(format!("chunk {id}: {e}"))),
+        // A writer changed the list between the header and this read; the caller checks.
+        None => Err(LargeError::Changed),
+    }
+}
+
+/// The header's current version (None if the key no longer holds this large list).
+fn header_version(ctx: &mut Ctx<'_>, place: Place<'_>) -> Result<Option<u64>, LargeError> {
+    Ok(ctx.node.read_with(
+        place.tablet,
+        place.key,
+        &mut ctx.session.acks,
+        |_, version, _| version,
+    )?)
+}
+
+/// Runs a read of a large list again while the list changes under it (at most 64 times).
+fn consistent<R>(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    mut read: impl FnMut(&mut Ctx<'_>, Large) -> Result<R, LargeError>,
+) -> Result<R, LargeError> {
+    let mut large = large;
+    for _ in 0..64 {
+        match read(ctx, large) {
+            Ok(r) if header_version(ctx, place)? == Some(large.version) => return Ok(r),
+            Ok(_) | Err(LargeError::Changed) => {}
+            Err(e) => return Err(e),
+        }
+        match super::read(ctx, place.key)? {
+            Some(o) if types::is_large(&o.value) => large = Large::decode(&o)?,
+            // It is no longer a large list: the caller reads it again from the start.
+            _ => return Err(LargeError::Changed),
+        }
+    }
+    Err(LargeError::Changed)
+}
+
+/// Items `from..=to` (0-based from the head), walking from the nearer end.
+pub(super) fn range(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    from: u64,
+    to: u64,
+) -> Result<Vec<Vec<u8>>, LargeError> {
+    consistent(ctx, place, large, |ctx, large| {
+        let h = large.header;
+        let mut out = Vec::with_capacity((to - from + 1).min(1 << 16) as usize);
+        if from >= h.len || from > to {
+            return Ok(out);
+        }
+        let to = to.min(h.len - 1);
+        if h.len - 1 - to < from {
+            // Nearer the tail: walk back to the chunk holding `to`, then collect backwards.
+            let mut id = h.tail;
+            let mut last = h.len; // index after the current chunk's last item
+            let mut rev = Vec::new();
+            while id != 0 && last > from {
+                let c = read_chunk(ctx, place, h.gen, id)?;
+                let first = last - c.items.len() as u64;
+                for (i, item) in c.items.iter().enumerate().rev() {
+                    let at = first + i as u64;
+                    if at >= from && at <= to {
+                        rev.push(item.clone());
+                    }
+                }
+                last = first;
+                id = c.prev;
+            }
+            rev.reverse();
+            return Ok(rev);
+        }
+        let mut id = h.head;
+        let mut first = 0u64;
+        while id != 0 && first <= to {
+            let c = read_chunk(ctx, place, h.gen, id)?;
+            let end = first + c.items.len() as u64;
+            if end > from {
+                for (i, item) in c.items.iter().enumerate() {
+                    let at = first + i as u64;
+                    if at >= from && at <= to {
+                        out.push(item.clone());
+                    }
+                }
+            }
+            first = end;
+            id = c.next;
+        }
+        Ok(out)
+    })
+}
+
+/// Every item, head first, and the ids of its chunks.
+pub(super) fn materialize(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+) -> Result<(List, Vec<u64>), LargeError> {
+    consistent(ctx, place, large, |ctx, large| {
+        let h = large.header;
+        let mut items = VecDeque::with_capacity(h.len.min(1 << 20) as usize);
+        let mut ids = Vec::with_capacity(h.chunks.min(1 << 20) as usize);
+        let mut id = h.head;
+        while id != 0 {
+            if ids.len() as u64 > h.chunks {
+                return Err(LargeError::Damaged("the chunks form a loop".into()));
+            }
+            let c = read_chunk(ctx, place, h.gen, id)?;
+            ids.push(id);
+            items.extend(c.items);
+            id = c.next;
+        }
+        if items.len() as u64 != h.len {
+            return Err(LargeError::Damaged(format!(
+                "the header counts {} items, the chunks hold {}",
+                h.len,
+                items.len()
+            )));
+        }
+        Ok((List { items }, ids))
+    })
+}
+
+/// What becomes of the header in a change.
+enum HeaderWrite {
+    Large(LargeList),
+    Small(Vec<u8>),
+    Delete,
+}
+
+/// One atomic change of a large list: the header, chunks written and chunks deleted, on the
+/// condition that the header is still at `condition`.
+struct Change {
+    header: HeaderWrite,
+    /// The header's expiry: None keeps the key's.
+    expire: Option<u64>,
+    condition: Condition,
+    gen: u64,
+    puts: Vec<(u64, ListChunk)>,
+    deletes: Vec<u64>,
+}
+
+/// Writes a change as one unit; returns the header's new version (None if nothing was written).
+fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option<u64>, LargeError> {
+    let header_bytes = match &change.header {
+        HeaderWrite::Large(h) => Some(h.encode()),
+        HeaderWrite::Small(b) => Some(b.clone()),
+        HeaderWrite::Delete => None,
+    };
+    let chunk_keys: Vec<Vec<u8>> = change
+        .puts
+        .iter()
+        .map(|(id, _)| place.chunk_key(change.gen, *id))
+        .collect();
+    let chunk_values: Vec<Vec<u8>> = change.puts.iter().map(|(_, c)| c.encode()).collect();
+    let delete_keys: Vec<Vec<u8>> = change
+        .deletes
+        .iter()
+        .map(|id| place.chunk_key(change.gen, *id))
+        .collect();
+    let mut items = Vec::with_capacity(1 + chunk_keys.len() + delete_keys.len());
+    items.push(MultiWrite {
+        key: place.key,
+        op: match &header_bytes {
+            Some(b) => MultiOp::Put {
+                value: b,
+                expire_at_ms: change.expire,
+            },
+            None => MultiOp::Delete,
+        },
+        condition: change.condition,
+    });
+    for (k, v) in chunk_keys.iter().zip(&chunk_values) {
+        items.push(MultiWrite {
+            key: k,
+            op: MultiOp::Put {
+                value: v,
+                expire_at_ms: Some(0),
+            },
+            condition: Condition::None,
+        });
+    }
+    for k in &delete_keys {
+        items.push(MultiWrite {
+            key: k,
+            op: MultiOp::Delete,
+            condition: Condition::None,
+        });
+    }
+    let version = ctx
+        .node
+        .multi_write_if(place.tablet, &items, &mut ctx.session.acks)?;
+    Ok(version)
+}
+
+fn unit_bytes(puts: &[(u64, ListChunk)]) -> usize {
+    puts.iter()
+        .map(|(_, c)| c.item_bytes() as usize + 3 * c.items.len() + 64)
+        .sum()
+}
+
+/// Pushes `items` at one end (each in turn, as LPUSH and RPUSH do); returns the new length. A
+/// push of more than one unit's bytes is written in steps of a unit.
+pub(super) fn push(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    left: bool,
+    items: &[&[u8]],
+) -> Result<u64, LargeError> {
+    let mut h = large.header;
+    let mut version = large.version;
+    let mut cur_id = if left { h.head } else { h.tail };
+    let mut cur = read_chunk(ctx, place, h.gen, cur_id)?;
+    let mut cur_bytes = cur.item_bytes() as usize;
+    let mut puts: Vec<(u64, ListChunk)> = Vec::new();
+    let mut pending = 0usize;
+    let chunk = chunk_bytes(ctx);
+    for (n, item) in items.iter().enumerate() {
+        if cur_bytes + item.len() > chunk && !cur.items.is_empty() {
+            let id = h.next_id;
+            h.next_id += 1;
+            h.chunks += 1;
+            let mut fresh = ListChunk::default();
+            if left {
+                fresh.next = cur_id;
+                cur.prev = id;
+                h.head = id;
+            } else {
+                fresh.prev = cur_id;
+                cur.next = id;
+                h.tail = id;
+            }
+            pending += cur_bytes;
+            puts.push((cur_id, std::mem::replace(&mut cur, fresh)));
+            cur_id = id;
+            cur_bytes = 0;
+        }
+        if left {
+            cur.items.push_front(item.to_vec());
+        } else {
+            cur.items.push_back(item.to_vec());
+        }
+        cur_bytes += item.len();
+        h.len += 1;
+        h.bytes += item.len() as u64;
+        if pending + cur_bytes > UNIT_BYTES && n + 1 < items.len() {
+            puts.push((cur_id, cur.clone()));
+            let change = Change {
+                header: HeaderWrite::Large(h),
+                expire: None,
+                condition: Condition::IfVersion(version),
+                gen: h.gen,
+                puts: std::mem::take(&mut puts),
+                deletes: Vec::new(),
+            };
+            version = commit(ctx, place, &change)?.expect("a push writes");
+            pending = 0;
+        }
+    }
+    puts.push((cur_id, cur));
+    let change = Change {
+        header: HeaderWrite::Large(h),
+        expire: None,
+        condition: Condition::IfVersion(version),
+        gen: h.gen,
+        puts,
+        deletes: Vec::new(),
+    };
+    commit(ctx, place, &change)?;
+    Ok(h.len)
+}
+
+/// Pops up to `count` items from one end, nearest first. With `expect`, pops one item only if
+/// it is that one (else nothing, and an empty answer). A list left empty is deleted; one left
+/// small goes back to the compact form.
+pub(super) fn pop(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    left: bool,
+    count: usize,
+    expect: Option<&[u8]>,
+) -> Result<Vec<Vec<u8>>, LargeError> {
+    let mut h = large.header;
+    let mut cur_id = if left { h.head } else { h.tail };
+    let mut cur = read_chunk(ctx, place, h.gen, cur_id)?;
+    if let Some(e) = expect {
+        let end = if left {
+            cur.items.front()
+        } else {
+            cur.items.back()
+        };
+        if end.map(Vec::as_slice) != Some(e) {
+            return Ok(Vec::new());
+        }
+    }
+    let mut out = Vec::with_capacity(count.min(1 << 16));
+    let mut deletes = Vec::new();
+    while out.len() < count && h.len > 0 {
+        if cur.items.is_empty() {
+            deletes.push(cur_id);
+            h.chunks -= 1;
+            cur_id = if left { cur.next } else { cur.prev };
+            if cur_id == 0 {
+                return Err(LargeError::Damaged(
+                    "the chunks end before the header's count".into(),
+                ));
+            }
+            cur = read_chunk(ctx, place, h.gen, cur_id)?;
+            continue;
+        }
+        let item = if left {
+            cur.items.pop_front()
+        } else {
+            cur.items.pop_back()
+        }
+        .expect("not empty");
+        h.len -= 1;
+        h.bytes = h.bytes.saturating_sub(item.len() as u64);
+        out.push(item);
+    }
+    let mut puts = Vec::new();
+    let header = if h.len == 0 {
+        deletes.push(cur_id);
+        HeaderWrite::Delete
+    } else {
+        if cur.items.is_empty() {
+            // Never leave an empty chunk: unlink it from its neighbour.
+            deletes.push(cur_id);
+            h.chunks -= 1;
+            cur_id = if left { cur.next } else { cur.prev };
+            cur = read_chunk(ctx, place, h.gen, cur_id)?;
+            if left {
+                cur.prev = 0;
+                h.head = cur_id;
+            } else {
+                cur.next = 0;
+                h.tail = cur_id;
+            }
+        } else if left {
+            h.head = cur_id;
+            cur.prev = 0;
+        } else {
+            h.tail = cur_id;
+            cur.next = 0;
+        }
+        if fits_small(ctx, &h) {
+            deletes.push(cur_id);
+            HeaderWrite::Small(List { items: cur.items }.encode())
+        } else {
+            puts.push((cur_id, cur));
+            HeaderWrite::Large(h)
+        }
+    };
+    let change = Change {
+        header,
+        expire: None,
+        condition: Condition::IfVersion(large.version),
+        gen: h.gen,
+        puts,
+        deletes,
+    };
+    commit(ctx, place, &change)?;
+    Ok(out)
+}
+
+/// Writes `list` at the key in whichever form its size calls for, replacing what the key holds
+/// at `condition` (the chunks `old` of a large list there are deleted). A list larger than one
+/// unit is written as new chunks first and switched to by a last unit with the header.
+pub(super) fn write(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    list: &List,
+    condition: Condition,
+    expire: Option<u64>,
+    old: Option<(u64, Vec<u64>)>,
+) -> Result<(), LargeError> {
+    let (old_gen, old_ids) = old.unwrap_or((0, Vec::new()));
+    if !wants_large(ctx, &list.items) {
+        let mut change = Change {
+            header: if list.items.is_empty() {
+                HeaderWrite::Delete
+            } else {
+                HeaderWrite::Small(list.encode())
+            },
+            expire,
+            condition,
+            gen: old_gen,
+            puts: Vec::new(),
+            deletes: old_ids,
+        };
+        return delete_in_units(ctx, place, &mut change);
+    }
+    let gen = random_gen();
+    let mut h = LargeList {
+        gen,
+        len: list.items.len() as u64,
+        ..LargeList::default()
+    };
+    let mut chunks: Vec<ListChunk> = Vec::new();
+    let mut cur = ListChunk::default();
+    let mut cur_bytes = 0usize;
+    let chunk = chunk_bytes(ctx);
+    for item in &list.items {
+        if cur_bytes + item.len() > chunk && !cur.items.is_empty() {
+            chunks.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.items.push_back(item.clone());
+        cur_bytes += item.len();
+        h.bytes += item.len() as u64;
+    }
+    chunks.push(cur);
+    let n = chunks.len() as u64;
+    h.chunks = n;
+    h.head = 1;
+    h.tail = n;
+    h.next_id = n + 1;
+    let puts: Vec<(u64, ListChunk)> = chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            let id = i as u64 + 1;
+            c.prev = id - 1;
+            c.next = if id == n { 0 } else { id + 1 };
+            (id, c)
+        })
+        .collect();
+    if unit_bytes(&puts) <= UNIT_BYTES {
+        // One unit: the new chunks and header; the old chunks go in the same unit or after it.
+        let change = Change {
+            header: HeaderWrite::Large(h),
+            expire,
+            condition,
+            gen,
+            puts,
+            deletes: Vec::new(),
+        };
+        commit(ctx, place, &change)?;
+    } else {
+        let building = (place.key.to_vec(), gen);
+        BUILDING.lock().insert(building.clone());
+        let written = write_chunks(ctx, place, gen, &puts);
+        let switched = written.and_then(|()| {
+            let change = Change {
+                header: HeaderWrite::Large(h),
+                expire,
+                condition,
+                gen,
+                puts: Vec::new(),
+                deletes: Vec::new(),
+            };
+            commit(ctx, place, &change)
+        });
+        BUILDING.lock().remove(&building);
+        if let Err(e) = switched {
+            // Nothing names the new chunks: take them back (the sweep would, later).
+            let ids: Vec<u64> = puts.iter().map(|(id, _)| *id).collect();
+            delete_chunks(ctx, place, gen, &ids);
+            return Err(e);
+        }
+    }
+    if !old_ids.is_empty() {
+        delete_chunks(ctx, place, old_gen, &old_ids);
+    }
+    Ok(())
+}
+
+/// Writes chunks with no header change, a unit at a time.
+fn write_chunks(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    gen: u64,
+    puts: &[(u64, ListChunk)],
+) -> Result<(), LargeError> {
+    let mut start = 0;
+    while start < puts.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < puts.len() && (end == start || bytes < UNIT_BYTES) {
+            bytes += unit_bytes(&puts[end..end + 1]);
+            end += 1;
+        }
+        let keys: Vec<Vec<u8>> = puts[start..end]
+            .iter()
+            .map(|(id, _)| place.chunk_key(gen, *id))
+            .collect();
+        let values: Vec<Vec<u8>> = puts[start..end].iter().map(|(_, c)| c.encode()).collect();
+        let items: Vec<MultiWrite<'_>> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| MultiWrite {
+                key: k,
+                op: MultiOp::Put {
+                    value: v,
+                    expire_at_ms: Some(0),
+                },
+                condition: Condition::None,
+            })
+            .collect();
+        ctx.node
+            .multi_write_if(place.tablet, &items, &mut ctx.session.acks)?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Tombstones (a key and a header) per unit of deletes.
+const DELETES_PER_UNIT: usize = 16 * 1024;
+
+/// A change whose deletes may not fit one unit: the first unit carries the header and as many
+/// deletes as fit, the rest follow (chunks no header names any more).
+fn delete_in_units(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    change: &mut Change,
+) -> Result<(), LargeError> {
+    let rest = if change.deletes.len() > DELETES_PER_UNIT {
+        change.deletes.split_off(DELETES_PER_UNIT)
+    } else {
+        Vec::new()
+    };
+    commit(ctx, place, change)?;
+    delete_chunks(ctx, place, change.gen, &rest);
+    Ok(())
+}
+
+/// Deletes chunks that no header names (best effort: what a failure leaves, [`sweep`] finds).
+fn delete_chunks(ctx: &mut Ctx<'_>, place: Place<'_>, gen: u64, ids: &[u64]) {
+    for part in ids.chunks(DELETES_PER_UNIT) {
+        let keys: Vec<Vec<u8>> = part.iter().map(|id| place.chunk_key(gen, *id)).collect();
+        let items: Vec<MultiWrite<'_>> = keys
+            .iter()
+            .map(|k| MultiWrite {
+                key: k,
+                op: MultiOp::Delete,
+                condition: Condition::None,
+            })
+            .collect();
+        if let Err(e) = ctx
+            .node
+            .multi_write_if(place.tablet, &items, &mut ctx.session.acks)
+        {
+            tracing::warn!(error = %e, "deleting a large list's old chunks failed; the sweep will");
+            return;
+        }
+    }
+}
+
+/// Deletes a large list: its header and chunks (DEL, UNLINK, and the commands that replace a
+/// key). `condition` is the header's.
+pub(super) fn delete(ctx: &mut Ctx<'_>, place: Place<'_>, large: Large) -> Result<(), LargeError> {
+    let (_, ids) = materialize_ids(ctx, place, large)?;
+    let mut change = Change {
+        header: HeaderWrite::Delete,
+        expire: None,
+        condition: Condition::IfVersion(large.version),
+        gen: large.header.gen,
+        puts: Vec::new(),
+        deletes: ids,
+    };
+    delete_in_units(ctx, place, &mut change)
+}
+
+/// The chunk ids of a large list, head first, read from the chunks' links (no items copied).
+fn materialize_ids(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+) -> Result<(Large, Vec<u64>), LargeError> {
+    consistent(ctx, place, large, |ctx, large| {
+        let h = large.header;
+        let mut ids = Vec::with_capacity(h.chunks.min(1 << 20) as usize);
+        let mut id = h.head;
+        while id != 0 {
+            if ids.len() as u64 > h.chunks {
+                return Err(LargeError::Damaged("the chunks form a loop".into()));
+            }
+            let key = place.chunk_key(h.gen, id);
+            let next =
+                ctx.node
+                    .read_with(place.tablet, &key, &mut ctx.session.acks, |v, _, _| {
+                        ListChunk::decode(v).map(|c| c.next)
+                    })?;
+            ids.push(id);
+            id = match next {
+                Some(Ok(n)) => n,
+                Some(Err(e)) => return Err(LargeError::Damaged(format!("chunk {id}: {e}"))),
+                None => return Err(LargeError::Changed),
+            };
+        }
+        Ok((large, ids))
+    })
+}
+
+/// The bytes a large list takes in the log: its header's entry and every chunk's.
+pub(super) fn memory_usage(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+) -> Result<u64, LargeError> {
+    let (large, ids) = materialize_ids(ctx, place, large)?;
+    let mut total = 0u64;
+    for id in ids {
+        let key = place.chunk_key(large.header.gen, id);
+        let len = ctx.node.read_with(
+            place.tablet,
+            &key,
+            &mut ctx.session.acks,
+            |v, version, expiry| {
+                ramlog_logmem::entry::encoded_len(
+                    ramlog_logmem::entry::KIND_OBJECT,
+                    version,
+                    key.len(),
+                    v.len(),
+                    expiry,
+                )
+            },
+        )?;
+        total += len.unwrap_or(0) as u64 + 8;
+    }
+    Ok(total)
+}
+
+/// Deletes the chunks in `tablet` that no header names: the key holds no large list of their
+/// generation (it was deleted, overwritten or expired, or a rewrite stopped half way). Each
+/// group is deleted in a unit conditional on the header's state as checked, so a list written
+/// in between keeps its chunks. Returns the chunks deleted.
+pub fn sweep(node: &Node, tablet: TabletId) -> Result<u64, NodeError> {
+    let engine = node.engine();
+    let mut acks = crate::node::Acks::default();
+    let mut cursor = 0u64;
+    let mut groups: HashMap<(Vec<u8>, u64, u16), Vec<Vec<u8>>> = HashMap::new();
+    let mut batch = Vec::new();
+    loop {
+        batch.clear();
+        cursor = engine.scan_keys(tablet, cursor, 1024, &mut batch)?;
+        for k in batch.drain(..) {
+            if let Some((slot, key, gen, _)) = types::parse_chunk_key(&k) {
+                groups
+                    .entry((key.to_vec(), gen, slot))
+                    .or_default()
+                    .push(k.clone());
+            }
+        }
+        if cursor == 0 {
+            break;
+        }
+    }
+    let mut deleted = 0u64;
+    for ((key, gen, _slot), chunks) in groups {
+        let header = node.read_with(tablet, &key, &mut acks, |v, version, _| {
+            let live = types::is_large(v) && LargeList::decode(v).is_ok_and(|h| h.gen == gen);
+            (live, version)
+        })?;
+        let condition = match header {
+            Some((true, _)) => continue,
+            Some((false, version)) => Condition::IfVersion(version),
+            None => Condition::IfAbsent,
+        };
+        if BUILDING.lock().contains(&(key.clone(), gen)) {
+            continue;
+        }
+        for part in chunks.chunks(DELETES_PER_UNIT) {
+            let mut items = Vec::with_capacity(part.len() + 1);
+            items.push(MultiWrite {
+                key: &key,
+                op: MultiOp::Check,
+                condition,
+            });
+            items.extend(part.iter().map(|k| MultiWrite {
+                key: k,
+                op: MultiOp::Delete,
+                condition: Condition::None,
+            }));
+            match node.multi_write_if(tablet, &items, &mut acks) {
+                Ok(_) => deleted += part.len() as u64,
+                Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => break,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The key's large list, if it holds one; Err(Changed) when it changed while being read.
+fn large_at(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<(Object, Large)>, LargeError> {
+    match super::read(ctx, key)? {
+        Some(o) if types::is_large(&o.value) => {
+            let large = Large::decode(&o)?;
+            Ok(Some((o, large)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Runs `op` on the key's large list (again while it changes); None if it holds none. Errors
+/// are answered.
+fn with_large<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    mut op: impl FnMut(&mut Ctx<'_>, Place<'_>, &Object, Large) -> Result<R, LargeError>,
+) -> Result<Option<R>, super::typed::Replied> {
+    for _ in 0..64 {
+        let found = match large_at(ctx, key) {
+            Ok(f) => f,
+            Err(LargeError::Changed) => continue,
+            Err(e) => {
+                reply_error(ctx, e);
+                return Err(super::typed::Replied);
+            }
+        };
+        let Some((object, large)) = found else {
+            return Ok(None);
+        };
+        let place = Place::of(ctx, key);
+        match op(ctx, place, &object, large) {
+            Ok(r) => return Ok(Some(r)),
+            Err(LargeError::Changed) => continue,
+            Err(e) => {
+                reply_error(ctx, e);
+                return Err(super::typed::Replied);
+            }
+        }
+    }
+    reply_error(ctx, LargeError::Changed);
+    Err(super::typed::Replied)
+}
+
+/// DEL and UNLINK of a large list: its header and chunks. False if the key holds none.
+pub(super) fn delete_if_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+) -> Result<bool, super::typed::Replied> {
+    let node = ctx.node;
+    let large = node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, _, _| types::is_large(v),
+    );
+    match large {
+        Ok(Some(true)) => {}
+        Ok(_) => return Ok(false),
+        Err(e) => {
+            engine_error(ctx, &e);
+            return Err(super::typed::Replied);
+        }
+    }
+    with_large(ctx, key, |ctx, place, _, large| delete(ctx, place, large)).map(|r| r.is_some())
+}
+
+/// What a large list's chunks take in the log (0 for any other value), for MEMORY USAGE.
+pub(super) fn memory_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<u64, super::typed::Replied> {
+    with_large(ctx, key, |ctx, place, _, large| {
+        memory_usage(ctx, place, large)
+    })
+    .map(Option::unwrap_or_default)
+}
+
+/// RENAME and COPY of a large list: its items written at `dst` in the form their size calls
+/// for, with `expire_at_ms`, on `condition` at `dst`. Some(false) when that condition failed,
+/// None when `src` holds no large list.
+pub(super) fn copy_to(
+    ctx: &mut Ctx<'_>,
+    src: &[u8],
+    src_object: &Object,
+    dst: &[u8],
+    condition: Condition,
+) -> Result<bool, LargeError> {
+    let large = Large::decode(src_object)?;
+    let (list, _) = materialize(ctx, Place::of(ctx, src), large)?;
+    let expire = Some(src_object.expire_at_ms);
+    if condition == Condition::None {
+        // What the destination held goes; a large list there takes its chunks along.
+        if let Some((_, old)) = large_at(ctx, dst)? {
+            delete(ctx, Place::of(ctx, dst), old)?;
+        }
+    }
+    match write(ctx, Place::of(ctx, dst), &list, condition, expire, None) {
+        Ok(()) => Ok(true),
+        Err(LargeError::Changed) if condition == Condition::IfAbsent => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the large list at `key` if it is still at `version` (RENAME's last step); false if
+/// it changed.
+pub(super) fn delete_at_version(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    object: &Object,
+) -> Result<bool, LargeError> {
+    let large = Large::decode(object)?;
+    match delete(ctx, Place::of(ctx, key), large) {
+        Ok(()) => Ok(true),
+        Err(LargeError::Changed) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Starts the thread that runs [`sweep`] every `large_sweep_interval_ms` over the tablets this server
+/// serves as their master and that hold chunks (a mirror's copy follows its master; a tablet
+/// being restored, moved, split or merged is left until it is served whole). It ends with the
+/// node.
+pub(crate) fn start_sweeper(
+    node: &std::sync::Arc<Node>,
+    roles: Option<std::sync::Arc<crate::cluster::Roles>>,
+) {
+    let weak = std::sync::Arc::downgrade(node);
+    let interval = std::time::Duration::from_millis(node.config.large_sweep_interval_ms);
+    let spawned = std::thread::Builder::new()
+        .name("ramlog-sweep".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            let Some(node) = weak.upgrade() else {
+                return;
+            };
+            for tablet in node.keyspace.tablets().iter().copied() {
+                if node.keyspace.is_hidden(tablet)
+                    || node.engine().internal_count(tablet).unwrap_or(0) == 0
+                    || !served_whole(&node, roles.as_deref(), tablet)
+                {
+                    continue;
+                }
+                match sweep(&node, tablet) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(tablet, chunks = n, "deleted chunks of large lists that no key names any more"),
+                    Err(e) => tracing::warn!(tablet, error = %e, "the sweep of unnamed chunks failed; it runs again later"),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the sweep of unnamed chunks; they stay until the key's tablet is rewritten");
+    }
+}
+
+/// Whether this server masters `tablet` and serves it whole: standalone, always; in a cluster,
+/// when the map names it master of exactly that range with no restore, move, split or merge
+/// under way.
+fn served_whole(node: &Node, roles: Option<&crate::cluster::Roles>, tablet: TabletId) -> bool {
+    let Some(roles) = roles else {
+        return true;
+    };
+    let Some(member) = roles.member() else {
+        return false;
+    };
+    let Some(info) = node.engine().tablets().into_iter().find(|t| t.id == tablet) else {
+        return false;
+    };
+    let view = member.view();
+    view.map.tablets.iter().any(|t| {
+        t.table == info.table
+            && t.first_slot == info.first_slot
+            && t.last_slot == info.last_slot
+            && t.master == view.me
+            && !t.recovering
+            && t.restorer.is_none()
+            && t.migration.is_none()
+            && t.split.is_none()
+            && t.merge.is_none()
+            && t.logs_from.is_none()
+    })
+}

@@ -234,6 +234,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("mget", -2, R, 1, -1, 1, s, Op::Mget, cmd_mget),
         spec!("mset", -3, W, 1, -1, 2, s, Op::Mset, cmd_mset),
         spec!("msetnx", -3, W, 1, -1, 2, s, Op::Mset, cmd_msetnx),
+        spec!("lcs", -3, &["readonly"], 1, 2, 1, s, Op::Get, cmd_lcs),
         spec!("del", -2, &["write"], 1, -1, 1, k, Op::Del, cmd_del),
         spec!(
             "unlink",

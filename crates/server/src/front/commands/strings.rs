@@ -849,3 +849,131 @@ pub(super) fn cmd_bitcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     ctx.enc.integer(count)
 }
+
+/// Most bytes of LCS's table (4 bytes per pair of positions) a command may take; more answers an
+/// error, as Redis refuses a table past its own bound.
+const LCS_TABLE_BYTES_MAX: u64 = 256 << 20;
+
+/// LCS key1 key2 [LEN] [IDX] [MINMATCHLEN len] [WITHMATCHLEN]: the longest common subsequence of
+/// two strings (absent keys are empty), by Redis's dynamic program and its walk back for IDX.
+pub(super) fn cmd_lcs(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let (mut get_len, mut get_idx, mut with_match_len, mut min_match_len) = (false, false, false, 0u64);
+    let mut i = 3;
+    while i < args.len() {
+        if eq_ignore_case(args[i], "len") {
+            get_len = true;
+        } else if eq_ignore_case(args[i], "idx") {
+            get_idx = true;
+        } else if eq_ignore_case(args[i], "withmatchlen") {
+            with_match_len = true;
+        } else if eq_ignore_case(args[i], "minmatchlen") && i + 1 < args.len() {
+            match parse_i64(args[i + 1]) {
+                Some(n) => min_match_len = n.max(0) as u64,
+                None => return ctx.enc.error(ERR_NOT_INTEGER),
+            }
+            i += 1;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        i += 1;
+    }
+    if get_len && get_idx {
+        return ctx
+            .enc
+            .error("ERR If you want both the length and indexes, please just use IDX.");
+    }
+    let mut strings = Vec::with_capacity(2);
+    for key in &args[1..3] {
+        match read(ctx, key) {
+            Ok(Some(o)) => match string_or_wrongtype(ctx, &o.value) {
+                Ok(s) => strings.push(s.to_vec()),
+                Err(_) => return,
+            },
+            Ok(None) => strings.push(Vec::new()),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    let (a, b) = (&strings[0], &strings[1]);
+    let (alen, blen) = (a.len(), b.len());
+    if (alen as u64 + 1) * (blen as u64 + 1) * 4 > LCS_TABLE_BYTES_MAX {
+        return ctx.enc.error(&format!(
+            "ERR Insufficient memory, transient memory for LCS exceeds {LCS_TABLE_BYTES_MAX} bytes"
+        ));
+    }
+    let width = blen + 1;
+    let mut dp = vec![0u32; (alen + 1) * width];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            dp[i * width + j] = if a[i - 1] == b[j - 1] {
+                dp[(i - 1) * width + j - 1] + 1
+            } else {
+                dp[(i - 1) * width + j].max(dp[i * width + j - 1])
+            };
+        }
+    }
+    let total = dp[alen * width + blen] as usize;
+    if get_len {
+        return ctx.enc.integer(total as i64);
+    }
+    let mut result = vec![0u8; total];
+    // Matches as ((a_start, a_end), (b_start, b_end), length), found from the strings' ends.
+    let mut matches: Vec<((usize, usize), (usize, usize), usize)> = Vec::new();
+    let (mut i, mut j, mut idx) = (alen, blen, total);
+    let none = alen;
+    let (mut a_start, mut a_end, mut b_start, mut b_end) = (none, 0, 0, 0);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            if a_start == none {
+                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
+            } else if a_start == i && b_start == j {
+                a_start -= 1;
+                b_start -= 1;
+            } else {
+                emit = true;
+            }
+            if a_start == 0 || b_start == 0 {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if dp[(i - 1) * width + j] > dp[i * width + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            if a_start != none {
+                emit = true;
+            }
+        }
+        if emit {
+            let len = a_end - a_start + 1;
+            if min_match_len == 0 || len as u64 >= min_match_len {
+                matches.push(((a_start, a_end), (b_start, b_end), len));
+            }
+            a_start = none;
+        }
+    }
+    if !get_idx {
+        return ctx.enc.bulk(&result);
+    }
+    ctx.enc.map(2);
+    ctx.enc.bulk(b"matches");
+    ctx.enc.array(matches.len());
+    for ((a0, a1), (b0, b1), len) in &matches {
+        ctx.enc.array(if with_match_len { 3 } else { 2 });
+        for (s, e) in [(a0, a1), (b0, b1)] {
+            ctx.enc.array(2);
+            ctx.enc.integer(*s as i64);
+            ctx.enc.integer(*e as i64);
+        }
+        if with_match_len {
+            ctx.enc.integer(*len as i64);
+        }
+    }
+    ctx.enc.bulk(b"len");
+    ctx.enc.integer(total as i64);
+}

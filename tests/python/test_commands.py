@@ -1,11 +1,15 @@
 """Every supported command against Redis 7's documented replies, through redis-py (RESP2 and RESP3)."""
 
+import random
 import socket
 import time
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+
+from conftest import RoutingPort
+from test_types import redis_peer  # noqa: F401  (the redis-server fixture)
 
 
 @pytest.fixture
@@ -586,3 +590,93 @@ def test_getrange_getex(r):
         r.execute_command("GETEX", "s", "EX", "10", "PX", "10")
     with pytest.raises(redis.ResponseError, match="^invalid expire time in 'getex' command$"):
         r.execute_command("GETEX", "s", "EX", "0")
+
+
+def _reply(client, cmd):
+    try:
+        return client.execute_command(*cmd)
+    except redis.ResponseError as e:
+        return ("error", str(e))
+
+
+def _answers_as_redis(server, redis_peer, protocol, setup, commands, final_keys):
+    """Runs `setup` then `commands` on ramlog and on redis-server with the same protocol and
+    returns the differences: replies, then each of `final_keys`' type, value and TTL. Through the
+    routing port and on the cluster ports the keys share a {hash tag} (one slot)."""
+    tag = "{t}" if isinstance(server, RoutingPort) else ""
+    ours = server.client(protocol=protocol)
+    theirs = redis.Redis(port=redis_peer.connection_pool.connection_kwargs["port"], protocol=protocol,
+                         socket_timeout=10)
+    theirs.flushall()
+
+    def tagged_cmd(cmd):
+        names = set(final_keys) | {"missing", "missing2"}
+        return [f"{tag}{a}" if a in names else a for a in cmd]
+
+    for cmd in setup:
+        assert _reply(ours, tagged_cmd(cmd)) == _reply(theirs, tagged_cmd(cmd)), cmd
+    diffs = []
+    for cmd in commands:
+        cmd = tagged_cmd(cmd)
+        want = _reply(theirs, cmd)
+        if clustered(server) and "wrong number of arguments" in str(want):
+            continue  # RedisCluster finds no keys in it to route by
+        got = _reply(ours, cmd)
+        if got != want:
+            diffs.append((cmd, want, got))
+    for k in final_keys:
+        key = f"{tag}{k}"
+        kind = theirs.type(key)
+        if ours.type(key) != kind or (kind == b"string" and ours.get(key) != theirs.get(key)):
+            diffs.append(("final", key, kind, theirs.get(key) if kind == b"string" else None, ours.type(key)))
+        if ours.ttl(key) != theirs.ttl(key):
+            diffs.append(("ttl", key, theirs.ttl(key), ours.ttl(key)))
+    ours.close()
+    theirs.close()
+    return diffs
+
+
+BIT_STRINGS = {
+    "mix": b"\x00\xff\xf0",
+    "ones": b"\xff\xff\xff",
+    "zeros": b"\x00\x00",
+    "short": b"\xf0",
+    "long": b"\x0f\xaa\x55\xff\x01",
+    "e": b"",
+    "a": b"ohmytext",
+    "b": b"mynewtext",
+}
+BIT_SETUP = [["SET", k, v] for k, v in BIT_STRINGS.items()] + [["RPUSH", "l", "x"]]
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_lcs_answers_as_redis_does(server, redis_peer, protocol):
+    """LCS plain, LEN, IDX (MINMATCHLEN, WITHMATCHLEN), empty and absent keys, a list, and option
+    errors: every reply as redis-server's, RESP2 and RESP3; then random strings with IDX."""
+    commands = [
+        ["LCS", "a", "b"], ["LCS", "a", "b", "LEN"], ["LCS", "a", "b", "IDX"],
+        ["LCS", "a", "b", "IDX", "MINMATCHLEN", "4"],
+        ["LCS", "a", "b", "idx", "minmatchlen", "4", "withmatchlen"],
+        ["LCS", "a", "b", "WITHMATCHLEN", "IDX"], ["LCS", "a", "b", "IDX", "MINMATCHLEN", "-3", "WITHMATCHLEN"],
+        ["LCS", "b", "a", "IDX", "WITHMATCHLEN"], ["LCS", "a", "a", "IDX", "WITHMATCHLEN"],
+        ["LCS", "a", "b", "MINMATCHLEN", "2"], ["LCS", "a", "b", "LEN", "MINMATCHLEN", "2", "WITHMATCHLEN"],
+        ["LCS", "a", "e"], ["LCS", "e", "a", "IDX"], ["LCS", "e", "e", "LEN"],
+        ["LCS", "a", "missing"], ["LCS", "missing", "a", "IDX", "WITHMATCHLEN"],
+        ["LCS", "missing", "missing2"], ["LCS", "missing", "missing2", "LEN"],
+        ["LCS", "missing", "missing2", "IDX"],
+        ["LCS", "mix", "long", "IDX", "WITHMATCHLEN"], ["LCS", "mix", "long"],
+        ["LCS", "a", "l"], ["LCS", "l", "a", "LEN"], ["LCS", "l", "missing"], ["LCS", "a", "l", "FOO"],
+        ["LCS", "a", "b", "FOO"], ["LCS", "a", "b", "LEN", "IDX"], ["LCS", "a", "b", "IDX", "LEN"],
+        ["LCS", "a", "b", "IDX", "MINMATCHLEN", "x"], ["LCS", "a", "b", "IDX", "MINMATCHLEN"],
+        ["LCS", "a"],
+    ]
+    rng = random.Random(7)
+    setup = list(BIT_SETUP)
+    for i in range(40):
+        x = "".join(rng.choice("abc") for _ in range(rng.randrange(0, 25)))
+        y = "".join(rng.choice("abc") for _ in range(rng.randrange(0, 25)))
+        setup += [["SET", f"x{i}", x], ["SET", f"y{i}", y]]
+        commands.append(["LCS", f"x{i}", f"y{i}", "IDX", "WITHMATCHLEN", "MINMATCHLEN", str(i % 3)])
+        commands.append(["LCS", f"x{i}", f"y{i}"])
+    keys = [*BIT_STRINGS, "l"] + [f"{p}{i}" for i in range(40) for p in "xy"]
+    assert _answers_as_redis(server, redis_peer, protocol, setup, commands, keys) == []

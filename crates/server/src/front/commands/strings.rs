@@ -851,19 +851,111 @@ pub(super) fn cmd_bitcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 /// Most bytes of LCS's table (4 bytes per pair of positions) a command may take; more answers an
-/// error, as Redis refuses a table past its own bound.
+/// error, as Redis refuses a table past its own bound (its proto-max-bulk-len).
 const LCS_TABLE_BYTES_MAX: u64 = 256 << 20;
 
+/// One match of LCS's IDX reply: the ranges (first and last index) in each string, and length.
+#[derive(Debug, PartialEq)]
+struct LcsMatch {
+    a: (usize, usize),
+    b: (usize, usize),
+    len: usize,
+}
+
+/// The longest common subsequence of `a` and `b` and its matches (contiguous runs, found from
+/// the strings' ends, those shorter than `min_match_len` left out), by Redis's dynamic program
+/// and its walk back; `walk`: false for the length alone (then both are empty).
+fn lcs(a: &[u8], b: &[u8], min_match_len: u64, walk: bool) -> (usize, Vec<u8>, Vec<LcsMatch>) {
+    let (alen, blen) = (a.len(), b.len());
+    let width = blen + 1;
+    let mut dp = vec![0u32; (alen + 1) * width];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            dp[i * width + j] = if a[i - 1] == b[j - 1] {
+                dp[(i - 1) * width + j - 1] + 1
+            } else {
+                dp[(i - 1) * width + j].max(dp[i * width + j - 1])
+            };
+        }
+    }
+    let total = dp[alen * width + blen] as usize;
+    if !walk {
+        return (total, Vec::new(), Vec::new());
+    }
+    let mut result = vec![0u8; total];
+    let mut matches = Vec::new();
+    // The current run, from its first index in each string to its last (None: no run).
+    let mut run: Option<(usize, usize, usize, usize)> = None;
+    let (mut i, mut j, mut idx) = (alen, blen, total);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            run = match run {
+                None => Some((i - 1, i - 1, j - 1, j - 1)),
+                // The run goes on backwards while the match is next to its start in both.
+                Some((a0, a1, b0, b1)) if a0 == i && b0 == j => Some((a0 - 1, a1, b0 - 1, b1)),
+                other => {
+                    emit = true;
+                    other
+                }
+            };
+            // A match at the start of either string ends the walk: emit its run.
+            if matches!(run, Some((a0, _, b0, _)) if a0 == 0 || b0 == 0) {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if dp[(i - 1) * width + j] > dp[i * width + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            emit = run.is_some();
+        }
+        if emit {
+            if let Some((a0, a1, b0, b1)) = run.take() {
+                let len = a1 - a0 + 1;
+                if len as u64 >= min_match_len {
+                    matches.push(LcsMatch {
+                        a: (a0, a1),
+                        b: (b0, b1),
+                        len,
+                    });
+                }
+            }
+        }
+    }
+    (total, result, matches)
+}
+
 /// LCS key1 key2 [LEN] [IDX] [MINMATCHLEN len] [WITHMATCHLEN]: the longest common subsequence of
-/// two strings (absent keys are empty), by Redis's dynamic program and its walk back for IDX.
+/// two strings (absent keys are empty). As in Redis, the keys' types are checked before the
+/// options are read, and a key of another type answers its own error, not WRONGTYPE.
 pub(super) fn cmd_lcs(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let (mut get_len, mut get_idx, mut with_match_len, mut min_match_len) = (false, false, false, 0u64);
+    let mut strings = Vec::with_capacity(2);
+    for key in &args[1..3] {
+        match read(ctx, key) {
+            Ok(Some(o)) => strings.push(o.value),
+            Ok(None) => strings.push(Vec::new()),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    let (Some(a), Some(b)) = (types::string_of(&strings[0]), types::string_of(&strings[1])) else {
+        return ctx
+            .enc
+            .error("ERR The specified keys must contain string values");
+    };
+    let (mut get_len, mut get_idx, mut with_match_len, mut min_match_len) =
+        (false, false, false, 0u64);
     let mut i = 3;
     while i < args.len() {
-        if eq_ignore_case(args[i], "len") {
-            get_len = true;
-        } else if eq_ignore_case(args[i], "idx") {
+        if eq_ignore_case(args[i], "idx") {
             get_idx = true;
+        } else if eq_ignore_case(args[i], "len") {
+            get_len = true;
         } else if eq_ignore_case(args[i], "withmatchlen") {
             with_match_len = true;
         } else if eq_ignore_case(args[i], "minmatchlen") && i + 1 < args.len() {
@@ -882,80 +974,14 @@ pub(super) fn cmd_lcs(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             .enc
             .error("ERR If you want both the length and indexes, please just use IDX.");
     }
-    let mut strings = Vec::with_capacity(2);
-    for key in &args[1..3] {
-        match read(ctx, key) {
-            Ok(Some(o)) => match string_or_wrongtype(ctx, &o.value) {
-                Ok(s) => strings.push(s.to_vec()),
-                Err(_) => return,
-            },
-            Ok(None) => strings.push(Vec::new()),
-            Err(e) => return engine_error(ctx, &e),
-        }
-    }
-    let (a, b) = (&strings[0], &strings[1]);
-    let (alen, blen) = (a.len(), b.len());
-    if (alen as u64 + 1) * (blen as u64 + 1) * 4 > LCS_TABLE_BYTES_MAX {
+    if (a.len() as u64 + 1) * (b.len() as u64 + 1) * 4 > LCS_TABLE_BYTES_MAX {
         return ctx.enc.error(&format!(
             "ERR Insufficient memory, transient memory for LCS exceeds {LCS_TABLE_BYTES_MAX} bytes"
         ));
     }
-    let width = blen + 1;
-    let mut dp = vec![0u32; (alen + 1) * width];
-    for i in 1..=alen {
-        for j in 1..=blen {
-            dp[i * width + j] = if a[i - 1] == b[j - 1] {
-                dp[(i - 1) * width + j - 1] + 1
-            } else {
-                dp[(i - 1) * width + j].max(dp[i * width + j - 1])
-            };
-        }
-    }
-    let total = dp[alen * width + blen] as usize;
+    let (total, result, matches) = lcs(a, b, min_match_len, !get_len);
     if get_len {
         return ctx.enc.integer(total as i64);
-    }
-    let mut result = vec![0u8; total];
-    // Matches as ((a_start, a_end), (b_start, b_end), length), found from the strings' ends.
-    let mut matches: Vec<((usize, usize), (usize, usize), usize)> = Vec::new();
-    let (mut i, mut j, mut idx) = (alen, blen, total);
-    let none = alen;
-    let (mut a_start, mut a_end, mut b_start, mut b_end) = (none, 0, 0, 0);
-    while i > 0 && j > 0 {
-        let mut emit = false;
-        if a[i - 1] == b[j - 1] {
-            result[idx - 1] = a[i - 1];
-            if a_start == none {
-                (a_start, a_end, b_start, b_end) = (i - 1, i - 1, j - 1, j - 1);
-            } else if a_start == i && b_start == j {
-                a_start -= 1;
-                b_start -= 1;
-            } else {
-                emit = true;
-            }
-            if a_start == 0 || b_start == 0 {
-                emit = true;
-            }
-            idx -= 1;
-            i -= 1;
-            j -= 1;
-        } else {
-            if dp[(i - 1) * width + j] > dp[i * width + j - 1] {
-                i -= 1;
-            } else {
-                j -= 1;
-            }
-            if a_start != none {
-                emit = true;
-            }
-        }
-        if emit {
-            let len = a_end - a_start + 1;
-            if min_match_len == 0 || len as u64 >= min_match_len {
-                matches.push(((a_start, a_end), (b_start, b_end), len));
-            }
-            a_start = none;
-        }
     }
     if !get_idx {
         return ctx.enc.bulk(&result);
@@ -963,17 +989,46 @@ pub(super) fn cmd_lcs(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     ctx.enc.map(2);
     ctx.enc.bulk(b"matches");
     ctx.enc.array(matches.len());
-    for ((a0, a1), (b0, b1), len) in &matches {
+    for m in &matches {
         ctx.enc.array(if with_match_len { 3 } else { 2 });
-        for (s, e) in [(a0, a1), (b0, b1)] {
+        for (first, last) in [m.a, m.b] {
             ctx.enc.array(2);
-            ctx.enc.integer(*s as i64);
-            ctx.enc.integer(*e as i64);
+            ctx.enc.integer(first as i64);
+            ctx.enc.integer(last as i64);
         }
         if with_match_len {
-            ctx.enc.integer(*len as i64);
+            ctx.enc.integer(m.len as i64);
         }
     }
     ctx.enc.bulk(b"len");
     ctx.enc.integer(total as i64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lcs_matches_redis_examples() {
+        let (total, s, m) = lcs(b"ohmytext", b"mynewtext", 0, true);
+        assert_eq!((total, s.as_slice()), (6, &b"mytext"[..]));
+        assert_eq!(
+            m,
+            vec![
+                LcsMatch {
+                    a: (4, 7),
+                    b: (5, 8),
+                    len: 4
+                },
+                LcsMatch {
+                    a: (2, 3),
+                    b: (0, 1),
+                    len: 2
+                },
+            ]
+        );
+        assert_eq!(lcs(b"ohmytext", b"mynewtext", 4, true).2.len(), 1);
+        assert_eq!(lcs(b"", b"abc", 0, true), (0, Vec::new(), Vec::new()));
+        assert_eq!(lcs(b"abc", b"abc", 0, false).0, 3);
+    }
 }

@@ -2,13 +2,14 @@
 
 import random
 import socket
+import subprocess
 import time
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from conftest import RoutingPort
+from conftest import ClusterPort, RoutingPort
 from test_types import redis_peer  # noqa: F401  (the redis-server fixture)
 
 
@@ -680,3 +681,101 @@ def test_lcs_answers_as_redis_does(server, redis_peer, protocol):
         commands.append(["LCS", f"x{i}", f"y{i}"])
     keys = [*BIT_STRINGS, "l"] + [f"{p}{i}" for i in range(40) for p in "xy"]
     assert _answers_as_redis(server, redis_peer, protocol, setup, commands, keys) == []
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_bitop_answers_as_redis_does(server, redis_peer, protocol):
+    """BITOP AND/OR/XOR/NOT over strings of different lengths and absent keys; the destination
+    replaced whatever it held (a list, a key with a TTL) and deleted by an empty result; NOT with
+    more than one key, an unknown operation and a list among the sources refused."""
+    setup = BIT_SETUP + [["RPUSH", "dl", "x"], ["SET", "dt", "v", "EX", "1000"], ["SET", "de", "v"]]
+    commands = []
+    for op in ["AND", "OR", "XOR", "and", "Or"]:
+        for sources in [["short", "long"], ["long", "short"], ["mix", "long", "short"], ["short", "missing"],
+                        ["missing", "long"], ["a"], ["a", "b", "ones"], ["e", "short"]]:
+            commands += [["BITOP", op, "dest", *sources], ["GET", "dest"]]
+    for source in ["long", "ones", "zeros", "short", "a"]:
+        commands += [["BITOP", "NOT", "dest", source], ["GET", "dest"]]
+    commands += [
+        ["BITOP", "OR", "dl", "short"], ["TYPE", "dl"], ["GET", "dl"],
+        ["BITOP", "AND", "dt", "long", "mix"], ["TTL", "dt"], ["GET", "dt"],
+        ["BITOP", "OR", "de", "missing", "missing2"], ["EXISTS", "de"],
+        ["BITOP", "AND", "dest", "e", "e"], ["EXISTS", "dest"],
+        ["BITOP", "NOT", "dest", "long"], ["BITOP", "NOT", "dest", "missing"], ["EXISTS", "dest"],
+        ["BITOP", "XOR", "zeros", "zeros", "long"], ["GET", "zeros"],
+        ["BITOP", "NOT", "dest", "a", "b"], ["BITOP", "not", "dest", "a", "missing"],
+        ["BITOP", "FOO", "dest", "a"], ["BITOP", "AND", "dest", "a", "l"], ["BITOP", "NOT", "dest", "l"],
+        ["BITOP", "FOO", "dest", "l"], ["BITOP", "AND", "dest"], ["EXISTS", "dest"],
+    ]
+    keys = [*BIT_STRINGS, "l", "dest", "dl", "dt", "de"]
+    assert _answers_as_redis(server, redis_peer, protocol, setup, commands, keys) == []
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_bitpos_answers_as_redis_does(server, redis_peer, protocol):
+    """BITPOS for bit 0 and 1 over strings of ones, zeros and both, empty and absent keys, with
+    start and end (negative, past the end, reversed) in BYTE and BIT units, and its errors."""
+    ranges = [[], ["0"], ["1"], ["-1"], ["2"], ["5"], ["-100"], ["0", "-1"], ["1", "1"], ["-2", "-1"],
+              ["2", "1"], ["0", "-100"], ["-100", "100"], ["5", "10"], ["0", "0", "BYTE"], ["1", "-1", "byte"],
+              ["0", "-1", "BIT"], ["3", "5", "BIT"], ["9", "22", "bit"], ["-5", "-1", "BIT"], ["7", "7", "BIT"],
+              ["0", "100", "BIT"], ["12", "3", "BIT"], ["-100", "-20", "BIT"], ["8", "15", "BIT"],
+              ["16", "-1", "BIT"], ["1", "0", "BIT"], ["17", "19", "BIT"]]
+    commands = [["BITPOS", key, bit, *r] for key in [*BIT_STRINGS, "missing"] for bit in "01" for r in ranges]
+    commands += [
+        ["BITPOS", "mix", "2"], ["BITPOS", "mix", "x"], ["BITPOS", "l", "1"], ["BITPOS", "l", "2"],
+        ["BITPOS", "l", "0", "x"], ["BITPOS", "missing", "2"], ["BITPOS", "missing", "0", "a", "b", "c", "d"],
+        ["BITPOS", "mix", "1", "x"], ["BITPOS", "mix", "1", "0", "x"], ["BITPOS", "mix", "1", "x", "1", "FOO"],
+        ["BITPOS", "mix", "1", "0", "x", "FOO"], ["BITPOS", "mix", "1", "0", "1", "FOO"],
+        ["BITPOS", "mix", "1", "0", "1", "BIT", "x"], ["BITPOS", "mix"],
+    ]
+    keys = [*BIT_STRINGS, "l"]
+    assert _answers_as_redis(server, redis_peer, protocol, BIT_SETUP, commands, keys) == []
+
+
+def test_lcs_bitop_bitpos_over_keys_of_several_slots(shared_cluster):
+    """Keys of several slots: the routing port serves LCS and BITOP when one server masters all
+    their slots (as a standalone Redis would) and answers -CROSSSLOT when they are on several
+    servers; a cluster port answers -CROSSSLOT even for slots it masters all of (as Redis
+    Cluster), and serves keys with one {hash tag}."""
+    routing = RoutingPort(shared_cluster).client()
+    routing.flushall()
+    finder = ClusterPort(shared_cluster).client()
+    masters = {}
+    for n in range(200):
+        masters.setdefault(finder.get_node_from_key(f"k{n}").port, []).append(f"k{n}")
+    finder.close()
+    assert len(masters) == 3
+    (port, here), elsewhere = next(iter(masters.items())), list(masters.values())[1]
+    a, b, dest = here[:3]
+    far = elsewhere[0]
+    routing.set(a, "ohmytext")
+    routing.set(b, "mynewtext")
+    routing.set(far, "text")
+    assert routing.execute_command("LCS", a, b) == b"mytext"
+    assert routing.execute_command("LCS", a, b, "LEN") == 6
+    assert routing.execute_command("BITOP", "OR", dest, a, b) == 9
+    assert routing.get(dest) == bytes(x | y for x, y in zip(b"ohmytext\0", b"mynewtext"))
+    assert routing.execute_command("BITPOS", a, 1, 2, -1) == 17
+    for cmd in [["LCS", a, far], ["BITOP", "AND", dest, a, far], ["BITOP", "AND", far, a, b]]:
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError, match="^Keys in request don't hash to the same slot$"):
+            routing.execute_command(*cmd)
+
+    def direct(*args):
+        out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.rstrip("\n")
+
+    for cmd in [["LCS", a, b], ["BITOP", "XOR", dest, a, b], ["BITOP", "NOT", dest, b]]:
+        assert direct(*cmd) == CROSSSLOT
+    assert direct("LCS", far, far).startswith("MOVED ")
+    assert direct("LCS", a, a) == "ohmytext"
+    assert direct("BITPOS", a, 0) == "0"
+    cluster = ClusterPort(shared_cluster).client()
+    cluster.set("{t}a", "ohmytext")
+    cluster.set("{t}b", "mynewtext")
+    assert cluster.execute_command("LCS", "{t}a", "{t}b", "IDX", "MINMATCHLEN", "4") == \
+        [b"matches", [[[4, 7], [5, 8]]], b"len", 6]
+    assert cluster.execute_command("BITOP", "AND", "{t}d", "{t}a", "{t}b") == 9
+    assert cluster.get("{t}d") == bytes(x & y for x, y in zip(b"ohmytext\0", b"mynewtext"))
+    cluster.close()
+    routing.close()

@@ -1,11 +1,16 @@
 """Every supported command against Redis 7's documented replies, through redis-py (RESP2 and RESP3)."""
 
+import random
 import socket
+import subprocess
 import time
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+
+from conftest import ClusterPort, RoutingPort
+from test_types import redis_peer  # noqa: F401  (the redis-server fixture)
 
 
 @pytest.fixture
@@ -586,3 +591,191 @@ def test_getrange_getex(r):
         r.execute_command("GETEX", "s", "EX", "10", "PX", "10")
     with pytest.raises(redis.ResponseError, match="^invalid expire time in 'getex' command$"):
         r.execute_command("GETEX", "s", "EX", "0")
+
+
+def _reply(client, cmd):
+    try:
+        return client.execute_command(*cmd)
+    except redis.ResponseError as e:
+        return ("error", str(e))
+
+
+def _answers_as_redis(server, redis_peer, protocol, setup, commands, final_keys):
+    """Runs `setup` then `commands` on ramlog and on redis-server with the same protocol and
+    returns the differences: replies, then each of `final_keys`' type, value and TTL. Through the
+    routing port and on the cluster ports the keys share a {hash tag} (one slot)."""
+    tag = "{t}" if isinstance(server, RoutingPort) else ""
+    ours = server.client(protocol=protocol)
+    theirs = redis.Redis(port=redis_peer.connection_pool.connection_kwargs["port"], protocol=protocol,
+                         socket_timeout=10)
+    theirs.flushall()
+
+    def tagged_cmd(cmd):
+        names = set(final_keys) | {"missing", "missing2"}
+        return [f"{tag}{a}" if a in names else a for a in cmd]
+
+    for cmd in setup:
+        assert _reply(ours, tagged_cmd(cmd)) == _reply(theirs, tagged_cmd(cmd)), cmd
+    diffs = []
+    for cmd in commands:
+        cmd = tagged_cmd(cmd)
+        want = _reply(theirs, cmd)
+        if clustered(server) and "wrong number of arguments" in str(want):
+            continue  # RedisCluster finds no keys in it to route by
+        got = _reply(ours, cmd)
+        if got != want:
+            diffs.append((cmd, want, got))
+    for k in final_keys:
+        key = f"{tag}{k}"
+        kind = theirs.type(key)
+        if ours.type(key) != kind or (kind == b"string" and ours.get(key) != theirs.get(key)):
+            diffs.append(("final", key, kind, theirs.get(key) if kind == b"string" else None, ours.type(key)))
+        if ours.ttl(key) != theirs.ttl(key):
+            diffs.append(("ttl", key, theirs.ttl(key), ours.ttl(key)))
+    ours.close()
+    theirs.close()
+    return diffs
+
+
+BIT_STRINGS = {
+    "mix": b"\x00\xff\xf0",
+    "ones": b"\xff\xff\xff",
+    "zeros": b"\x00\x00",
+    "short": b"\xf0",
+    "long": b"\x0f\xaa\x55\xff\x01",
+    "e": b"",
+    "a": b"ohmytext",
+    "b": b"mynewtext",
+}
+BIT_SETUP = [["SET", k, v] for k, v in BIT_STRINGS.items()] + [["RPUSH", "l", "x"]]
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_lcs_answers_as_redis_does(server, redis_peer, protocol):
+    """LCS plain, LEN, IDX (MINMATCHLEN, WITHMATCHLEN), empty and absent keys, a list, and option
+    errors: every reply as redis-server's, RESP2 and RESP3; then random strings with IDX."""
+    commands = [
+        ["LCS", "a", "b"], ["LCS", "a", "b", "LEN"], ["LCS", "a", "b", "IDX"],
+        ["LCS", "a", "b", "IDX", "MINMATCHLEN", "4"],
+        ["LCS", "a", "b", "idx", "minmatchlen", "4", "withmatchlen"],
+        ["LCS", "a", "b", "WITHMATCHLEN", "IDX"], ["LCS", "a", "b", "IDX", "MINMATCHLEN", "-3", "WITHMATCHLEN"],
+        ["LCS", "b", "a", "IDX", "WITHMATCHLEN"], ["LCS", "a", "a", "IDX", "WITHMATCHLEN"],
+        ["LCS", "a", "b", "MINMATCHLEN", "2"], ["LCS", "a", "b", "LEN", "MINMATCHLEN", "2", "WITHMATCHLEN"],
+        ["LCS", "a", "e"], ["LCS", "e", "a", "IDX"], ["LCS", "e", "e", "LEN"],
+        ["LCS", "a", "missing"], ["LCS", "missing", "a", "IDX", "WITHMATCHLEN"],
+        ["LCS", "missing", "missing2"], ["LCS", "missing", "missing2", "LEN"],
+        ["LCS", "missing", "missing2", "IDX"],
+        ["LCS", "mix", "long", "IDX", "WITHMATCHLEN"], ["LCS", "mix", "long"],
+        ["LCS", "a", "l"], ["LCS", "l", "a", "LEN"], ["LCS", "l", "missing"], ["LCS", "a", "l", "FOO"],
+        ["LCS", "a", "b", "FOO"], ["LCS", "a", "b", "LEN", "IDX"], ["LCS", "a", "b", "IDX", "LEN"],
+        ["LCS", "a", "b", "IDX", "MINMATCHLEN", "x"], ["LCS", "a", "b", "IDX", "MINMATCHLEN"],
+        ["LCS", "a"],
+    ]
+    rng = random.Random(7)
+    setup = list(BIT_SETUP)
+    for i in range(40):
+        x = "".join(rng.choice("abc") for _ in range(rng.randrange(0, 25)))
+        y = "".join(rng.choice("abc") for _ in range(rng.randrange(0, 25)))
+        setup += [["SET", f"x{i}", x], ["SET", f"y{i}", y]]
+        commands.append(["LCS", f"x{i}", f"y{i}", "IDX", "WITHMATCHLEN", "MINMATCHLEN", str(i % 3)])
+        commands.append(["LCS", f"x{i}", f"y{i}"])
+    keys = [*BIT_STRINGS, "l"] + [f"{p}{i}" for i in range(40) for p in "xy"]
+    assert _answers_as_redis(server, redis_peer, protocol, setup, commands, keys) == []
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_bitop_answers_as_redis_does(server, redis_peer, protocol):
+    """BITOP AND/OR/XOR/NOT over strings of different lengths and absent keys; the destination
+    replaced whatever it held (a list, a key with a TTL) and deleted by an empty result; NOT with
+    more than one key, an unknown operation and a list among the sources refused."""
+    setup = BIT_SETUP + [["RPUSH", "dl", "x"], ["SET", "dt", "v", "EX", "1000"], ["SET", "de", "v"]]
+    commands = []
+    for op in ["AND", "OR", "XOR", "and", "Or"]:
+        for sources in [["short", "long"], ["long", "short"], ["mix", "long", "short"], ["short", "missing"],
+                        ["missing", "long"], ["a"], ["a", "b", "ones"], ["e", "short"]]:
+            commands += [["BITOP", op, "dest", *sources], ["GET", "dest"]]
+    for source in ["long", "ones", "zeros", "short", "a"]:
+        commands += [["BITOP", "NOT", "dest", source], ["GET", "dest"]]
+    commands += [
+        ["BITOP", "OR", "dl", "short"], ["TYPE", "dl"], ["GET", "dl"],
+        ["BITOP", "AND", "dt", "long", "mix"], ["TTL", "dt"], ["GET", "dt"],
+        ["BITOP", "OR", "de", "missing", "missing2"], ["EXISTS", "de"],
+        ["BITOP", "AND", "dest", "e", "e"], ["EXISTS", "dest"],
+        ["BITOP", "NOT", "dest", "long"], ["BITOP", "NOT", "dest", "missing"], ["EXISTS", "dest"],
+        ["BITOP", "XOR", "zeros", "zeros", "long"], ["GET", "zeros"],
+        ["BITOP", "NOT", "dest", "a", "b"], ["BITOP", "not", "dest", "a", "missing"],
+        ["BITOP", "FOO", "dest", "a"], ["BITOP", "AND", "dest", "a", "l"], ["BITOP", "NOT", "dest", "l"],
+        ["BITOP", "FOO", "dest", "l"], ["BITOP", "AND", "dest"], ["EXISTS", "dest"],
+    ]
+    keys = [*BIT_STRINGS, "l", "dest", "dl", "dt", "de"]
+    assert _answers_as_redis(server, redis_peer, protocol, setup, commands, keys) == []
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_bitpos_answers_as_redis_does(server, redis_peer, protocol):
+    """BITPOS for bit 0 and 1 over strings of ones, zeros and both, empty and absent keys, with
+    start and end (negative, past the end, reversed) in BYTE and BIT units, and its errors."""
+    ranges = [[], ["0"], ["1"], ["-1"], ["2"], ["5"], ["-100"], ["0", "-1"], ["1", "1"], ["-2", "-1"],
+              ["2", "1"], ["0", "-100"], ["-100", "100"], ["5", "10"], ["0", "0", "BYTE"], ["1", "-1", "byte"],
+              ["0", "-1", "BIT"], ["3", "5", "BIT"], ["9", "22", "bit"], ["-5", "-1", "BIT"], ["7", "7", "BIT"],
+              ["0", "100", "BIT"], ["12", "3", "BIT"], ["-100", "-20", "BIT"], ["8", "15", "BIT"],
+              ["16", "-1", "BIT"], ["1", "0", "BIT"], ["17", "19", "BIT"]]
+    commands = [["BITPOS", key, bit, *r] for key in [*BIT_STRINGS, "missing"] for bit in "01" for r in ranges]
+    commands += [
+        ["BITPOS", "mix", "2"], ["BITPOS", "mix", "x"], ["BITPOS", "l", "1"], ["BITPOS", "l", "2"],
+        ["BITPOS", "l", "0", "x"], ["BITPOS", "missing", "2"], ["BITPOS", "missing", "0", "a", "b", "c", "d"],
+        ["BITPOS", "mix", "1", "x"], ["BITPOS", "mix", "1", "0", "x"], ["BITPOS", "mix", "1", "x", "1", "FOO"],
+        ["BITPOS", "mix", "1", "0", "x", "FOO"], ["BITPOS", "mix", "1", "0", "1", "FOO"],
+        ["BITPOS", "mix", "1", "0", "1", "BIT", "x"], ["BITPOS", "mix"],
+    ]
+    keys = [*BIT_STRINGS, "l"]
+    assert _answers_as_redis(server, redis_peer, protocol, BIT_SETUP, commands, keys) == []
+
+
+def test_lcs_bitop_bitpos_over_keys_of_several_slots(shared_cluster):
+    """Keys of several slots: the routing port serves LCS and BITOP when one server masters all
+    their slots (as a standalone Redis would) and answers -CROSSSLOT when they are on several
+    servers; a cluster port answers -CROSSSLOT even for slots it masters all of (as Redis
+    Cluster), and serves keys with one {hash tag}."""
+    routing = RoutingPort(shared_cluster).client()
+    routing.flushall()
+    finder = ClusterPort(shared_cluster).client()
+    masters = {}
+    for n in range(200):
+        masters.setdefault(finder.get_node_from_key(f"k{n}").port, []).append(f"k{n}")
+    finder.close()
+    assert len(masters) == 3
+    (port, here), elsewhere = next(iter(masters.items())), list(masters.values())[1]
+    a, b, dest = here[:3]
+    far = elsewhere[0]
+    routing.set(a, "ohmytext")
+    routing.set(b, "mynewtext")
+    routing.set(far, "text")
+    assert routing.execute_command("LCS", a, b) == b"mytext"
+    assert routing.execute_command("LCS", a, b, "LEN") == 6
+    assert routing.execute_command("BITOP", "OR", dest, a, b) == 9
+    assert routing.get(dest) == bytes(x | y for x, y in zip(b"ohmytext\0", b"mynewtext"))
+    assert routing.execute_command("BITPOS", a, 1, 2, -1) == 17
+    for cmd in [["LCS", a, far], ["BITOP", "AND", dest, a, far], ["BITOP", "AND", far, a, b]]:
+        with pytest.raises(redis.exceptions.ClusterCrossSlotError, match="^Keys in request don't hash to the same slot$"):
+            routing.execute_command(*cmd)
+
+    def direct(*args):
+        out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout.rstrip("\n")
+
+    for cmd in [["LCS", a, b], ["BITOP", "XOR", dest, a, b], ["BITOP", "NOT", dest, b]]:
+        assert direct(*cmd) == CROSSSLOT
+    assert direct("LCS", far, far).startswith("MOVED ")
+    assert direct("LCS", a, a) == "ohmytext"
+    assert direct("BITPOS", a, 0) == "0"
+    cluster = ClusterPort(shared_cluster).client()
+    cluster.set("{t}a", "ohmytext")
+    cluster.set("{t}b", "mynewtext")
+    assert cluster.execute_command("LCS", "{t}a", "{t}b", "IDX", "MINMATCHLEN", "4") == \
+        [b"matches", [[[4, 7], [5, 8]]], b"len", 6]
+    assert cluster.execute_command("BITOP", "AND", "{t}d", "{t}a", "{t}b") == 9
+    assert cluster.get("{t}d") == bytes(x & y for x, y in zip(b"ohmytext\0", b"mynewtext"))
+    cluster.close()
+    routing.close()

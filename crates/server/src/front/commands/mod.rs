@@ -221,6 +221,7 @@ macro_rules! spec {
 
 static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
     let s = &["@string"][..];
+    let b = &["@bitmap"][..];
     let k = &["@keyspace"][..];
     let c = &["@connection"][..];
     let a = &["@admin", "@dangerous"][..];
@@ -236,6 +237,7 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("mget", -2, R, 1, -1, 1, s, Op::Mget, cmd_mget),
         spec!("mset", -3, W, 1, -1, 2, s, Op::Mset, cmd_mset),
         spec!("msetnx", -3, W, 1, -1, 2, s, Op::Mset, cmd_msetnx),
+        spec!("lcs", -3, &["readonly"], 1, 2, 1, s, Op::Get, cmd_lcs),
         spec!("del", -2, &["write"], 1, -1, 1, k, Op::Del, cmd_del),
         spec!(
             "unlink",
@@ -256,8 +258,8 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("strlen", 2, R, 1, 1, 1, s, Op::Strlen, cmd_strlen),
         spec!("incrbyfloat", 3, W, 1, 1, 1, s, Op::Incr, cmd_incrbyfloat),
         spec!("setrange", 4, W, 1, 1, 1, s, Op::Set, cmd_setrange),
-        spec!("getbit", 3, R, 1, 1, 1, s, Op::Get, cmd_getbit),
-        spec!("setbit", 4, W, 1, 1, 1, s, Op::Set, cmd_setbit),
+        spec!("getbit", 3, R, 1, 1, 1, b, Op::Get, cmd_getbit),
+        spec!("setbit", 4, W, 1, 1, 1, b, Op::Set, cmd_setbit),
         spec!(
             "bitcount",
             -2,
@@ -265,10 +267,12 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             1,
             1,
             1,
-            s,
+            b,
             Op::Get,
             cmd_bitcount
         ),
+        spec!("bitpos", -3, &["readonly"], 1, 1, 1, b, Op::Get, cmd_bitpos),
+        spec!("bitop", -4, W, 2, -1, 1, b, Op::Set, cmd_bitop),
         spec!("rename", 3, &["write"], 1, 2, 1, k, Op::Set, cmd_rename),
         spec!(
             "renamenx",

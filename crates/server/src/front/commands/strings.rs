@@ -849,3 +849,403 @@ pub(super) fn cmd_bitcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     };
     ctx.enc.integer(count)
 }
+
+/// Most bytes of LCS's table (4 bytes per pair of positions) a command may take; more answers an
+/// error, as Redis refuses a table past its own bound (its proto-max-bulk-len).
+const LCS_TABLE_BYTES_MAX: u64 = 256 << 20;
+
+/// One match of LCS's IDX reply: the ranges (first and last index) in each string, and length.
+#[derive(Debug, PartialEq)]
+struct LcsMatch {
+    a: (usize, usize),
+    b: (usize, usize),
+    len: usize,
+}
+
+/// The longest common subsequence of `a` and `b` and its matches (contiguous runs, found from
+/// the strings' ends, those shorter than `min_match_len` left out), by Redis's dynamic program
+/// and its walk back; `walk`: false for the length alone (then both are empty).
+fn lcs(a: &[u8], b: &[u8], min_match_len: u64, walk: bool) -> (usize, Vec<u8>, Vec<LcsMatch>) {
+    let (alen, blen) = (a.len(), b.len());
+    let width = blen + 1;
+    let mut dp = vec![0u32; (alen + 1) * width];
+    for i in 1..=alen {
+        for j in 1..=blen {
+            dp[i * width + j] = if a[i - 1] == b[j - 1] {
+                dp[(i - 1) * width + j - 1] + 1
+            } else {
+                dp[(i - 1) * width + j].max(dp[i * width + j - 1])
+            };
+        }
+    }
+    let total = dp[alen * width + blen] as usize;
+    if !walk {
+        return (total, Vec::new(), Vec::new());
+    }
+    let mut result = vec![0u8; total];
+    let mut matches = Vec::new();
+    // The current run, from its first index in each string to its last (None: no run).
+    let mut run: Option<(usize, usize, usize, usize)> = None;
+    let (mut i, mut j, mut idx) = (alen, blen, total);
+    while i > 0 && j > 0 {
+        let mut emit = false;
+        if a[i - 1] == b[j - 1] {
+            result[idx - 1] = a[i - 1];
+            run = match run {
+                None => Some((i - 1, i - 1, j - 1, j - 1)),
+                // The run goes on backwards while the match is next to its start in both.
+                Some((a0, a1, b0, b1)) if a0 == i && b0 == j => Some((a0 - 1, a1, b0 - 1, b1)),
+                other => {
+                    emit = true;
+                    other
+                }
+            };
+            // A match at the start of either string ends the walk: emit its run.
+            if matches!(run, Some((a0, _, b0, _)) if a0 == 0 || b0 == 0) {
+                emit = true;
+            }
+            idx -= 1;
+            i -= 1;
+            j -= 1;
+        } else {
+            if dp[(i - 1) * width + j] > dp[i * width + j - 1] {
+                i -= 1;
+            } else {
+                j -= 1;
+            }
+            emit = run.is_some();
+        }
+        if emit {
+            if let Some((a0, a1, b0, b1)) = run.take() {
+                let len = a1 - a0 + 1;
+                if len as u64 >= min_match_len {
+                    matches.push(LcsMatch {
+                        a: (a0, a1),
+                        b: (b0, b1),
+                        len,
+                    });
+                }
+            }
+        }
+    }
+    (total, result, matches)
+}
+
+/// LCS key1 key2 [LEN] [IDX] [MINMATCHLEN len] [WITHMATCHLEN]: the longest common subsequence of
+/// two strings (absent keys are empty). As in Redis, the keys' types are checked before the
+/// options are read, and a key of another type answers its own error, not WRONGTYPE.
+pub(super) fn cmd_lcs(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let mut strings = Vec::with_capacity(2);
+    for key in &args[1..3] {
+        match read(ctx, key) {
+            Ok(Some(o)) => strings.push(o.value),
+            Ok(None) => strings.push(Vec::new()),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    let (Some(a), Some(b)) = (types::string_of(&strings[0]), types::string_of(&strings[1])) else {
+        return ctx
+            .enc
+            .error("ERR The specified keys must contain string values");
+    };
+    let (mut get_len, mut get_idx, mut with_match_len, mut min_match_len) =
+        (false, false, false, 0u64);
+    let mut i = 3;
+    while i < args.len() {
+        if eq_ignore_case(args[i], "idx") {
+            get_idx = true;
+        } else if eq_ignore_case(args[i], "len") {
+            get_len = true;
+        } else if eq_ignore_case(args[i], "withmatchlen") {
+            with_match_len = true;
+        } else if eq_ignore_case(args[i], "minmatchlen") && i + 1 < args.len() {
+            match parse_i64(args[i + 1]) {
+                Some(n) => min_match_len = n.max(0) as u64,
+                None => return ctx.enc.error(ERR_NOT_INTEGER),
+            }
+            i += 1;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        i += 1;
+    }
+    if get_len && get_idx {
+        return ctx
+            .enc
+            .error("ERR If you want both the length and indexes, please just use IDX.");
+    }
+    if (a.len() as u64 + 1) * (b.len() as u64 + 1) * 4 > LCS_TABLE_BYTES_MAX {
+        return ctx.enc.error(&format!(
+            "ERR Insufficient memory, transient memory for LCS exceeds {LCS_TABLE_BYTES_MAX} bytes"
+        ));
+    }
+    let (total, result, matches) = lcs(a, b, min_match_len, !get_len);
+    if get_len {
+        return ctx.enc.integer(total as i64);
+    }
+    if !get_idx {
+        return ctx.enc.bulk(&result);
+    }
+    ctx.enc.map(2);
+    ctx.enc.bulk(b"matches");
+    ctx.enc.array(matches.len());
+    for m in &matches {
+        ctx.enc.array(if with_match_len { 3 } else { 2 });
+        for (first, last) in [m.a, m.b] {
+            ctx.enc.array(2);
+            ctx.enc.integer(first as i64);
+            ctx.enc.integer(last as i64);
+        }
+        if with_match_len {
+            ctx.enc.integer(m.len as i64);
+        }
+    }
+    ctx.enc.bulk(b"len");
+    ctx.enc.integer(total as i64);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum BitOp {
+    And,
+    Or,
+    Xor,
+    Not,
+}
+
+/// BITOP's result over `sources` (absent keys are empty strings): as long as the longest, the
+/// shorter ones read as padded with zero bytes.
+fn bitop(op: BitOp, sources: &[&[u8]]) -> Vec<u8> {
+    let len = sources.iter().map(|s| s.len()).max().unwrap_or(0);
+    let byte = |s: &[u8], j: usize| s.get(j).copied().unwrap_or(0);
+    let Some((first, rest)) = sources.split_first() else {
+        return Vec::new();
+    };
+    (0..len)
+        .map(|j| {
+            let start = byte(first, j);
+            match op {
+                BitOp::Not => !start,
+                BitOp::And => rest.iter().fold(start, |acc, s| acc & byte(s, j)),
+                BitOp::Or => rest.iter().fold(start, |acc, s| acc | byte(s, j)),
+                BitOp::Xor => rest.iter().fold(start, |acc, s| acc ^ byte(s, j)),
+            }
+        })
+        .collect()
+}
+
+/// BITOP AND|OR|XOR|NOT destkey key [key ...]: the result's length. The destination is
+/// replaced as by the *STORE commands (whatever it held, no expiry), or deleted when the result
+/// is empty.
+pub(super) fn cmd_bitop(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let op = if eq_ignore_case(args[1], "and") {
+        BitOp::And
+    } else if eq_ignore_case(args[1], "or") {
+        BitOp::Or
+    } else if eq_ignore_case(args[1], "xor") {
+        BitOp::Xor
+    } else if eq_ignore_case(args[1], "not") {
+        BitOp::Not
+    } else {
+        return ctx.enc.error(ERR_SYNTAX);
+    };
+    if op == BitOp::Not && args.len() != 4 {
+        return ctx
+            .enc
+            .error("ERR BITOP NOT must be called with a single source key.");
+    }
+    let mut found = Vec::with_capacity(args.len() - 3);
+    for key in &args[3..] {
+        match read(ctx, key) {
+            Ok(Some(o)) => {
+                if string_or_wrongtype(ctx, &o.value).is_err() {
+                    return;
+                }
+                found.push(o.value);
+            }
+            Ok(None) => found.push(Vec::new()),
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    let sources: Vec<&[u8]> = found
+        .iter()
+        .map(|v| types::string_of(v).unwrap_or_default())
+        .collect();
+    let result = bitop(op, &sources);
+    drop(found);
+    let (node, dest) = (ctx.node, args[2]);
+    let tablet = node.tablet_of(dest);
+    let done = if result.is_empty() {
+        node.delete(tablet, dest, Condition::None, &mut ctx.session.acks)
+            .map(|_| ())
+    } else {
+        let Ok(value) = stored(ctx, &result) else {
+            return;
+        };
+        node.put(
+            tablet,
+            dest,
+            &value,
+            &PutOptions::default(),
+            &mut ctx.session.acks,
+        )
+        .map(|_| ())
+    };
+    match done {
+        Ok(()) => ctx.enc.integer(result.len() as i64),
+        Err(e) => engine_error(ctx, &e),
+    }
+}
+
+/// The first bit equal to `bit` among bits `lo..=hi` of `s` (bit 0 is the first byte's most
+/// significant bit).
+fn first_bit(s: &[u8], lo: usize, hi: usize, bit: bool) -> Option<usize> {
+    let (first, last) = (lo / 8, hi / 8);
+    // The bits of a byte that are in the range and equal to `bit`.
+    let hits = |i: usize| {
+        let mut mask = 0xffu8;
+        if i == first {
+            mask &= 0xff >> (lo % 8);
+        }
+        if i == last {
+            mask &= 0xff << (7 - hi % 8);
+        }
+        (if bit { s[i] } else { !s[i] }) & mask
+    };
+    if hits(first) != 0 {
+        return Some(first * 8 + hits(first).leading_zeros() as usize);
+    }
+    if first == last {
+        return None;
+    }
+    let miss = if bit { 0x00 } else { 0xff };
+    let i = s[first + 1..last]
+        .iter()
+        .position(|&b| b != miss)
+        .map_or(last, |p| first + 1 + p);
+    let h = hits(i);
+    (h != 0).then(|| i * 8 + h.leading_zeros() as usize)
+}
+
+/// BITPOS key bit [start [end [BYTE|BIT]]]: the first bit set (1) or clear (0) in the range, with
+/// Redis's rules: an absent key is all zeros (0 for a clear bit, -1 for a set one); without an
+/// end, a string of ones has its first clear bit just past its end; with one, -1.
+pub(super) fn cmd_bitpos(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let bit = match parse_i64(args[2]) {
+        Some(b @ (0 | 1)) => b == 1,
+        Some(_) => return ctx.enc.error("ERR The bit argument must be 1 or 0."),
+        None => return ctx.enc.error(ERR_NOT_INTEGER),
+    };
+    let found = match read(ctx, args[1]) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(o) = found else {
+        return ctx.enc.integer(if bit { -1 } else { 0 });
+    };
+    let Ok(s) = string_or_wrongtype(ctx, &o.value) else {
+        return;
+    };
+    let len = s.len() as i64;
+    // The range in bits, first and last; whether an end was given.
+    let (lo, hi, end_given) = match args.len() {
+        3 => (0, len * 8 - 1, false),
+        4..=6 => {
+            let Some(mut start) = parse_i64(args[3]) else {
+                return ctx.enc.error(ERR_NOT_INTEGER);
+            };
+            let in_bits = match args.get(5) {
+                None => false,
+                Some(u) if eq_ignore_case(u, "bit") => true,
+                Some(u) if eq_ignore_case(u, "byte") => false,
+                Some(_) => return ctx.enc.error(ERR_SYNTAX),
+            };
+            let total = if in_bits { len * 8 } else { len };
+            let mut end = match args.get(4) {
+                Some(e) => match parse_i64(e) {
+                    Some(e) => e,
+                    None => return ctx.enc.error(ERR_NOT_INTEGER),
+                },
+                None => total - 1,
+            };
+            // Redis's clamping: negative counts from the end, then at least 0 (the end too).
+            if start < 0 {
+                start += total;
+            }
+            if end < 0 {
+                end += total;
+            }
+            start = start.max(0);
+            end = end.max(0).min(total - 1);
+            if start > end {
+                return ctx.enc.integer(-1);
+            }
+            if in_bits {
+                (start, end, args.len() >= 5)
+            } else {
+                (start * 8, end * 8 + 7, args.len() >= 5)
+            }
+        }
+        _ => return ctx.enc.error(ERR_SYNTAX),
+    };
+    if lo > hi {
+        return ctx.enc.integer(-1);
+    }
+    let pos = match first_bit(s, lo as usize, hi as usize, bit) {
+        Some(p) => p as i64,
+        // Past the end, the string reads as zeros, unless the range has an end.
+        None if !bit && !end_given => (hi / 8 + 1) * 8,
+        None => -1,
+    };
+    ctx.enc.integer(pos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lcs_matches_redis_examples() {
+        let (total, s, m) = lcs(b"ohmytext", b"mynewtext", 0, true);
+        assert_eq!((total, s.as_slice()), (6, &b"mytext"[..]));
+        assert_eq!(
+            m,
+            vec![
+                LcsMatch {
+                    a: (4, 7),
+                    b: (5, 8),
+                    len: 4
+                },
+                LcsMatch {
+                    a: (2, 3),
+                    b: (0, 1),
+                    len: 2
+                },
+            ]
+        );
+        assert_eq!(lcs(b"ohmytext", b"mynewtext", 4, true).2.len(), 1);
+        assert_eq!(lcs(b"", b"abc", 0, true), (0, Vec::new(), Vec::new()));
+        assert_eq!(lcs(b"abc", b"abc", 0, false).0, 3);
+    }
+
+    #[test]
+    fn bitop_pads_shorter_strings_with_zeros() {
+        let (a, b) = (&b"\xff\x0f"[..], &b"\xf0"[..]);
+        assert_eq!(bitop(BitOp::And, &[a, b]), b"\xf0\x00");
+        assert_eq!(bitop(BitOp::Or, &[a, b]), b"\xff\x0f");
+        assert_eq!(bitop(BitOp::Xor, &[a, b]), b"\x0f\x0f");
+        assert_eq!(bitop(BitOp::Not, &[b]), b"\x0f");
+        assert_eq!(bitop(BitOp::And, &[b"", b""]), b"");
+    }
+
+    #[test]
+    fn first_bit_respects_the_range() {
+        let s = b"\x00\xff\xf0";
+        assert_eq!(first_bit(s, 0, 23, true), Some(8));
+        assert_eq!(first_bit(s, 0, 23, false), Some(0));
+        assert_eq!(first_bit(s, 8, 15, false), None);
+        assert_eq!(first_bit(s, 9, 22, false), Some(20));
+        assert_eq!(first_bit(s, 17, 19, false), None);
+        assert_eq!(first_bit(s, 3, 7, true), None);
+        assert_eq!(first_bit(b"\x01", 7, 7, true), Some(7));
+    }
+}

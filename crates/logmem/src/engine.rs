@@ -1679,20 +1679,21 @@ impl Inner {
             let start_offset = loc_offset(start);
             for (&(i, kind, expire), &(off, len)) in written.iter().zip(&offsets) {
                 let key = items[i].key;
+                // The items before this one may have moved references (an insert splits a
+                // bucket, a removal shortens a chain): find the key's again (cheap when its slot
+                // still holds it).
+                let now_current = self.find_locked(tablet, hashes[i], key, current[i].take());
                 if kind == KIND_OBJECT {
                     let loc = self.advance(start_seglet, start_offset, off);
                     self.mark_live(segment, len);
                     self.note_expiry(segment, expire);
-                    let now_current = current[i].take();
                     self.point_index_at(tablet, hashes[i], key, now_current, loc, version, expire);
                 } else {
                     // As a single delete's tombstone: dead from the start.
                     self.counters
                         .tombstone_bytes
                         .fetch_add(len as u64, Ordering::Relaxed);
-                    let c = current[i]
-                        .take()
-                        .expect("a delete is written for a visible key");
+                    let c = now_current.expect("a delete is written for a visible key");
                     self.supersede(tablet, hashes[i], key, c, None, version);
                 }
             }

@@ -1156,3 +1156,69 @@ fn internal_keys_are_counted_apart() {
     assert_eq!((e.object_count(), e.key_count()), (31, 1));
     assert_eq!(e.internal_count(t).unwrap(), 30);
 }
+
+/// One unit of thousands of puts and deletes: the index grows and shrinks under it (bucket
+/// splits, shorter chains), and every key ends where the unit put it, counted once.
+#[test]
+fn a_large_multi_write_leaves_every_key_findable() {
+    use ramlog_logmem::{MultiOp, MultiWrite};
+    let e = engine(64 << 20, 32, |_| {});
+    let t = tablet(&e, b"");
+    let keys: Vec<Vec<u8>> = (0..6000)
+        .map(|i| format!("k{i}").into_bytes())
+        .filter(|k| tablet(&e, k) == t)
+        .collect();
+    let puts: Vec<MultiWrite<'_>> = keys
+        .iter()
+        .map(|k| MultiWrite {
+            key: k,
+            op: MultiOp::Put {
+                value: b"first",
+                expire_at_ms: Some(0),
+            },
+            condition: Condition::IfAbsent,
+        })
+        .collect();
+    e.multi_write_if(t, &puts).unwrap();
+    assert_eq!(e.key_count(), keys.len() as u64);
+    let more: Vec<Vec<u8>> = (0..keys.len()).map(|i| format!("m{i}").into_bytes()).collect();
+    let more: Vec<&Vec<u8>> = more.iter().filter(|k| tablet(&e, k) == t).collect();
+    let mut mixed: Vec<MultiWrite<'_>> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        mixed.push(MultiWrite {
+            key: k,
+            op: if i % 2 == 0 {
+                MultiOp::Delete
+            } else {
+                MultiOp::Put {
+                    value: b"second",
+                    expire_at_ms: None,
+                }
+            },
+            condition: Condition::None,
+        });
+    }
+    for k in &more {
+        mixed.push(MultiWrite {
+            key: k,
+            op: MultiOp::Put {
+                value: b"new",
+                expire_at_ms: Some(0),
+            },
+            condition: Condition::None,
+        });
+    }
+    e.multi_write_if(t, &mixed).unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let got = e.get(t, k).unwrap().map(|o| o.value);
+        if i % 2 == 0 {
+            assert_eq!(got, None, "{i}");
+        } else {
+            assert_eq!(got.as_deref(), Some(&b"second"[..]), "{i}");
+        }
+    }
+    for k in &more {
+        assert_eq!(e.get(t, k).unwrap().unwrap().value, b"new");
+    }
+    assert_eq!(e.key_count(), (keys.len() / 2 + more.len()) as u64);
+}

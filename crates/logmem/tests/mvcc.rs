@@ -1181,7 +1181,9 @@ fn a_large_multi_write_leaves_every_key_findable() {
         .collect();
     e.multi_write_if(t, &puts).unwrap();
     assert_eq!(e.key_count(), keys.len() as u64);
-    let more: Vec<Vec<u8>> = (0..keys.len()).map(|i| format!("m{i}").into_bytes()).collect();
+    let more: Vec<Vec<u8>> = (0..keys.len())
+        .map(|i| format!("m{i}").into_bytes())
+        .collect();
     let more: Vec<&Vec<u8>> = more.iter().filter(|k| tablet(&e, k) == t).collect();
     let mut mixed: Vec<MultiWrite<'_>> = Vec::new();
     for (i, k) in keys.iter().enumerate() {

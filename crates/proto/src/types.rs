@@ -640,6 +640,137 @@ impl ListChunk {
     }
 }
 
+/// A list chunk kept encoded: its links and count parsed, its elements as their encoded bytes,
+/// so that a push or a pop at an end copies bytes instead of decoding every element.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RawChunk {
+    pub prev: u64,
+    pub next: u64,
+    pub count: u64,
+    /// The elements, each a varint length and its bytes, head first.
+    pub items: Vec<u8>,
+}
+
+impl RawChunk {
+    /// Parses a stored chunk, checking every element's length (as [`ListChunk::decode`] does,
+    /// without copying the elements one by one).
+    pub fn decode(stored: &[u8]) -> Result<RawChunk, TypedError> {
+        let mut r = Reader {
+            buf: stored,
+            pos: 0,
+        };
+        let prev = r.varint()?;
+        let next = r.varint()?;
+        let count = r.count(1)?;
+        let start = r.pos;
+        for _ in 0..count {
+            r.bytes()?;
+        }
+        r.end()?;
+        Ok(RawChunk {
+            prev,
+            next,
+            count: count as u64,
+            items: stored[start..].to_vec(),
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.items.len() + 30);
+        put_varint(&mut out, self.prev);
+        put_varint(&mut out, self.next);
+        put_varint(&mut out, self.count);
+        out.extend_from_slice(&self.items);
+        out
+    }
+
+    /// The encoded size ([`RawChunk::encode`]'s length).
+    pub fn encoded_len(&self) -> usize {
+        varint::len(self.prev) + varint::len(self.next) + varint::len(self.count) + self.items.len()
+    }
+
+    pub fn push_front(&mut self, item: &[u8]) {
+        let mut enc = Vec::with_capacity(item.len() + 10);
+        put_bytes(&mut enc, item);
+        self.items.splice(0..0, enc);
+        self.count += 1;
+    }
+
+    pub fn push_back(&mut self, item: &[u8]) {
+        put_bytes(&mut self.items, item);
+        self.count += 1;
+    }
+
+    /// The start of each element in `items` (they were checked at decode).
+    fn offsets(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.count as usize);
+        let mut r = Reader {
+            buf: &self.items,
+            pos: 0,
+        };
+        while r.pos < self.items.len() {
+            out.push(r.pos);
+            if r.bytes().is_err() {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Removes up to `n` elements from the head, returned head first.
+    pub fn pop_front(&mut self, n: usize) -> Vec<Vec<u8>> {
+        let mut out = Vec::with_capacity(n.min(self.count as usize));
+        let mut r = Reader {
+            buf: &self.items,
+            pos: 0,
+        };
+        while out.len() < n && r.pos < self.items.len() {
+            match r.bytes() {
+                Ok(b) => out.push(b.to_vec()),
+                Err(_) => break,
+            }
+        }
+        let end = r.pos;
+        self.items.drain(..end);
+        self.count -= out.len() as u64;
+        out
+    }
+
+    /// Removes up to `n` elements from the tail, returned tail first.
+    pub fn pop_back(&mut self, n: usize) -> Vec<Vec<u8>> {
+        let offsets = self.offsets();
+        let keep = offsets.len().saturating_sub(n);
+        let cut = offsets.get(keep).copied().unwrap_or(self.items.len());
+        let mut out = Vec::with_capacity(offsets.len() - keep);
+        for &at in offsets[keep..].iter().rev() {
+            let mut r = Reader {
+                buf: &self.items,
+                pos: at,
+            };
+            if let Ok(b) = r.bytes() {
+                out.push(b.to_vec());
+            }
+        }
+        self.items.truncate(cut);
+        self.count -= out.len() as u64;
+        out
+    }
+
+    /// The element at the head (or tail), if any.
+    pub fn end(&self, front: bool) -> Option<&[u8]> {
+        let at = if front {
+            (!self.items.is_empty()).then_some(0)?
+        } else {
+            *self.offsets().last()?
+        };
+        let mut r = Reader {
+            buf: &self.items,
+            pos: at,
+        };
+        r.bytes().ok()
+    }
+}
+
 /// Bytes a chunk key adds to its collection's key.
 pub const CHUNK_KEY_OVERHEAD: usize = 3 + 2 + 10 + 8 + 8;
 
@@ -749,6 +880,25 @@ mod tests {
         };
         assert_eq!(ListChunk::decode(&c.encode()), Ok(c.clone()));
         assert_eq!(c.item_bytes(), 301);
+
+        // The encoded form takes the same pushes and pops.
+        let mut raw = RawChunk::decode(&c.encode()).unwrap();
+        assert_eq!((raw.prev, raw.next, raw.count), (0, 7, 3));
+        raw.push_front(b"front");
+        raw.push_back(&[1u8; 200]);
+        assert_eq!(raw.end(true), Some(&b"front"[..]));
+        assert_eq!(raw.end(false), Some(&[1u8; 200][..]));
+        let mut model = c.clone();
+        model.items.push_front(b"front".to_vec());
+        model.items.push_back(vec![1u8; 200]);
+        assert_eq!(ListChunk::decode(&raw.encode()), Ok(model.clone()));
+        assert_eq!(raw.encoded_len(), raw.encode().len());
+        assert_eq!(raw.pop_back(2), vec![vec![1u8; 200], vec![0xff; 300]]);
+        assert_eq!(raw.pop_front(2), vec![b"front".to_vec(), b"a".to_vec()]);
+        assert_eq!(raw.pop_front(5), vec![Vec::<u8>::new()]);
+        assert_eq!((raw.count, raw.items.len()), (0, 0));
+        assert_eq!(raw.end(true), None);
+        assert!(RawChunk::decode(&[0, 0, 2, 1, 0]).is_err());
 
         for key in [&b""[..], b"k", &[0xffu8; 300][..]] {
             let ck = chunk_key(12182, key, 42, 9);

@@ -6,13 +6,26 @@
 
 use libfuzzer_sys::fuzz_target;
 use ramlog_proto::types::{
-    check, chunk_key, is_large, parse_chunk_key, Hash, Kind, LargeList, List, ListChunk, Set,
-    Stream, ZSet,
+    check, chunk_key, is_large, parse_chunk_key, Hash, Kind, LargeList, List, ListChunk, RawChunk,
+    Set, Stream, ZSet,
 };
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(chunk) = ListChunk::decode(data) {
+    let decoded = ListChunk::decode(data);
+    if let Ok(chunk) = &decoded {
         assert_eq!(chunk.encode(), data, "a decoded chunk re-encodes to its bytes");
+    }
+    // The encoded form accepts exactly what the decoder does, and its pops return the elements.
+    match RawChunk::decode(data) {
+        Ok(mut raw) => {
+            assert_eq!(raw.encode(), data, "a raw chunk re-encodes to its bytes");
+            let chunk = decoded.expect("both decoders agree");
+            let mut back = raw.pop_back(usize::MAX);
+            back.reverse();
+            assert_eq!(back, Vec::from(chunk.items), "the pops return every element");
+            assert_eq!(raw.count, 0);
+        }
+        Err(_) => assert!(decoded.is_err(), "both decoders agree"),
     }
     if let Some((slot, key, gen, id)) = parse_chunk_key(data) {
         assert_eq!(chunk_key(slot, key, gen, id), data, "a chunk key re-encodes");

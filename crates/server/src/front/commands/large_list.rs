@@ -18,7 +18,7 @@
 use super::*;
 use parking_lot::Mutex;
 use ramlog_logmem::{MultiOp, MultiWrite, TabletId};
-use ramlog_proto::types::{self, LargeList, List, ListChunk};
+use ramlog_proto::types::{self, LargeList, List, ListChunk, RawChunk};
 use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Item bytes a chunk takes before the next item starts a new chunk (an item larger than this
@@ -109,11 +109,11 @@ pub(super) fn wants_large(ctx: &Ctx<'_>, items: &VecDeque<Vec<u8>>) -> bool {
 /// The bytes past which a list counted by entries takes the large form anyway.
 const SIZE_SAFETY_LIMIT: usize = 8192;
 
-/// Whether a large list of `h` may go back to the compact form: one chunk under half the limit
+/// Whether a large list of `h` may go back to the compact form: one or two chunks under half the limit
 /// (Redis converts back at half, so that a list at the limit does not flip at every change).
 fn fits_small(ctx: &Ctx<'_>, h: &LargeList) -> bool {
     use crate::node::settings::ListLimit;
-    h.chunks <= 1
+    h.chunks <= 2
         && h.bytes + 3 * h.len + 8 <= ctx.node.config.value_size_max_bytes / 4
         && match ctx.node.settings.list_limit() {
             ListLimit::Entries(n) => {
@@ -322,7 +322,8 @@ struct Change {
     expire: Option<u64>,
     condition: Condition,
     gen: u64,
-    puts: Vec<(u64, ListChunk)>,
+    /// Chunks written: id and encoded chunk.
+    puts: Vec<(u64, Vec<u8>)>,
     deletes: Vec<u64>,
 }
 
@@ -338,7 +339,7 @@ fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option
         .iter()
         .map(|(id, _)| place.chunk_key(change.gen, *id))
         .collect();
-    let chunk_values: Vec<Vec<u8>> = change.puts.iter().map(|(_, c)| c.encode()).collect();
+    let chunk_values: Vec<&[u8]> = change.puts.iter().map(|(_, c)| c.as_slice()).collect();
     let delete_keys: Vec<Vec<u8>> = change
         .deletes
         .iter()
@@ -379,10 +380,31 @@ fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option
     Ok(version)
 }
 
-fn unit_bytes(puts: &[(u64, ListChunk)]) -> usize {
-    puts.iter()
-        .map(|(_, c)| c.item_bytes() as usize + 3 * c.items.len() + 64)
-        .sum()
+fn unit_bytes(puts: &[(u64, Vec<u8>)]) -> usize {
+    puts.iter().map(|(_, c)| c.len() + 64).sum()
+}
+
+/// Most elements a chunk holds (a pop from the tail scans its elements' lengths).
+const CHUNK_ITEMS_MAX: u64 = 512;
+
+/// Reads chunk `id` encoded.
+fn read_raw(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    gen: u64,
+    id: u64,
+) -> Result<RawChunk, LargeError> {
+    let key = place.chunk_key(gen, id);
+    let found = ctx
+        .node
+        .read_with(place.tablet, &key, &mut ctx.session.acks, |v, _, _| {
+            RawChunk::decode(v)
+        })?;
+    match found {
+        Some(Ok(c)) => Ok(c),
+        Some(Err(e)) => Err(LargeError::Damaged(format!("chunk {id}: {e}"))),
+        None => Err(LargeError::Changed),
+    }
 }
 
 /// Pushes `items` at one end (each in turn, as LPUSH and RPUSH do); returns the new length. A
@@ -397,17 +419,17 @@ pub(super) fn push(
     let mut h = large.header;
     let mut version = large.version;
     let mut cur_id = if left { h.head } else { h.tail };
-    let mut cur = read_chunk(ctx, place, h.gen, cur_id)?;
-    let mut cur_bytes = cur.item_bytes() as usize;
-    let mut puts: Vec<(u64, ListChunk)> = Vec::new();
+    let mut cur = read_raw(ctx, place, h.gen, cur_id)?;
+    let mut puts: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut pending = 0usize;
     let chunk = chunk_bytes(ctx);
     for (n, item) in items.iter().enumerate() {
-        if cur_bytes + item.len() > chunk && !cur.items.is_empty() {
+        let full = cur.encoded_len() + item.len() > chunk || cur.count >= CHUNK_ITEMS_MAX;
+        if full && cur.count > 0 {
             let id = h.next_id;
             h.next_id += 1;
             h.chunks += 1;
-            let mut fresh = ListChunk::default();
+            let mut fresh = RawChunk::default();
             if left {
                 fresh.next = cur_id;
                 cur.prev = id;
@@ -417,21 +439,20 @@ pub(super) fn push(
                 cur.next = id;
                 h.tail = id;
             }
-            pending += cur_bytes;
-            puts.push((cur_id, std::mem::replace(&mut cur, fresh)));
+            let done = std::mem::replace(&mut cur, fresh).encode();
+            pending += done.len();
+            puts.push((cur_id, done));
             cur_id = id;
-            cur_bytes = 0;
         }
         if left {
-            cur.items.push_front(item.to_vec());
+            cur.push_front(item);
         } else {
-            cur.items.push_back(item.to_vec());
+            cur.push_back(item);
         }
-        cur_bytes += item.len();
         h.len += 1;
         h.bytes += item.len() as u64;
-        if pending + cur_bytes > UNIT_BYTES && n + 1 < items.len() {
-            puts.push((cur_id, cur.clone()));
+        if pending + cur.encoded_len() > UNIT_BYTES && n + 1 < items.len() {
+            puts.push((cur_id, cur.encode()));
             let change = Change {
                 header: HeaderWrite::Large(h),
                 expire: None,
@@ -444,7 +465,7 @@ pub(super) fn push(
             pending = 0;
         }
     }
-    puts.push((cur_id, cur));
+    puts.push((cur_id, cur.encode()));
     let change = Change {
         header: HeaderWrite::Large(h),
         expire: None,
@@ -470,21 +491,16 @@ pub(super) fn pop(
 ) -> Result<Vec<Vec<u8>>, LargeError> {
     let mut h = large.header;
     let mut cur_id = if left { h.head } else { h.tail };
-    let mut cur = read_chunk(ctx, place, h.gen, cur_id)?;
+    let mut cur = read_raw(ctx, place, h.gen, cur_id)?;
     if let Some(e) = expect {
-        let end = if left {
-            cur.items.front()
-        } else {
-            cur.items.back()
-        };
-        if end.map(Vec::as_slice) != Some(e) {
+        if cur.end(left) != Some(e) {
             return Ok(Vec::new());
         }
     }
     let mut out = Vec::with_capacity(count.min(1 << 16));
     let mut deletes = Vec::new();
     while out.len() < count && h.len > 0 {
-        if cur.items.is_empty() {
+        if cur.count == 0 {
             deletes.push(cur_id);
             h.chunks -= 1;
             cur_id = if left { cur.next } else { cur.prev };
@@ -493,30 +509,32 @@ pub(super) fn pop(
                     "the chunks end before the header's count".into(),
                 ));
             }
-            cur = read_chunk(ctx, place, h.gen, cur_id)?;
+            cur = read_raw(ctx, place, h.gen, cur_id)?;
             continue;
         }
-        let item = if left {
-            cur.items.pop_front()
+        let want = (count - out.len()).min(h.len as usize);
+        let got = if left {
+            cur.pop_front(want)
         } else {
-            cur.items.pop_back()
+            cur.pop_back(want)
+        };
+        for item in got {
+            h.len -= 1;
+            h.bytes = h.bytes.saturating_sub(item.len() as u64);
+            out.push(item);
         }
-        .expect("not empty");
-        h.len -= 1;
-        h.bytes = h.bytes.saturating_sub(item.len() as u64);
-        out.push(item);
     }
     let mut puts = Vec::new();
     let header = if h.len == 0 {
         deletes.push(cur_id);
         HeaderWrite::Delete
     } else {
-        if cur.items.is_empty() {
+        if cur.count == 0 {
             // Never leave an empty chunk: unlink it from its neighbour.
             deletes.push(cur_id);
             h.chunks -= 1;
             cur_id = if left { cur.next } else { cur.prev };
-            cur = read_chunk(ctx, place, h.gen, cur_id)?;
+            cur = read_raw(ctx, place, h.gen, cur_id)?;
             if left {
                 cur.prev = 0;
                 h.head = cur_id;
@@ -533,9 +551,25 @@ pub(super) fn pop(
         }
         if fits_small(ctx, &h) {
             deletes.push(cur_id);
-            HeaderWrite::Small(List { items: cur.items }.encode())
+            let mut items = ListChunk::decode(&cur.encode())
+                .map_err(|e| LargeError::Damaged(e.to_string()))?
+                .items;
+            if h.chunks == 2 {
+                // The other chunk's elements join them (it lies beyond this end's chunk).
+                let other_id = if left { cur.next } else { cur.prev };
+                let other = read_chunk(ctx, place, h.gen, other_id)?;
+                deletes.push(other_id);
+                if left {
+                    items.extend(other.items);
+                } else {
+                    let mut all = other.items;
+                    all.extend(items);
+                    items = all;
+                }
+            }
+            HeaderWrite::Small(List { items }.encode())
         } else {
-            puts.push((cur_id, cur));
+            puts.push((cur_id, cur.encode()));
             HeaderWrite::Large(h)
         }
     };
@@ -589,7 +623,8 @@ pub(super) fn write(
     let mut cur_bytes = 0usize;
     let chunk = chunk_bytes(ctx);
     for item in &list.items {
-        if cur_bytes + item.len() > chunk && !cur.items.is_empty() {
+        let full = cur_bytes + item.len() > chunk || cur.items.len() as u64 >= CHUNK_ITEMS_MAX;
+        if full && !cur.items.is_empty() {
             chunks.push(std::mem::take(&mut cur));
             cur_bytes = 0;
         }
@@ -603,14 +638,14 @@ pub(super) fn write(
     h.head = 1;
     h.tail = n;
     h.next_id = n + 1;
-    let puts: Vec<(u64, ListChunk)> = chunks
+    let puts: Vec<(u64, Vec<u8>)> = chunks
         .into_iter()
         .enumerate()
         .map(|(i, mut c)| {
             let id = i as u64 + 1;
             c.prev = id - 1;
             c.next = if id == n { 0 } else { id + 1 };
-            (id, c)
+            (id, c.encode())
         })
         .collect();
     if unit_bytes(&puts) <= UNIT_BYTES {
@@ -658,7 +693,7 @@ fn write_chunks(
     ctx: &mut Ctx<'_>,
     place: Place<'_>,
     gen: u64,
-    puts: &[(u64, ListChunk)],
+    puts: &[(u64, Vec<u8>)],
 ) -> Result<(), LargeError> {
     let mut start = 0;
     while start < puts.len() {
@@ -672,7 +707,7 @@ fn write_chunks(
             .iter()
             .map(|(id, _)| place.chunk_key(gen, *id))
             .collect();
-        let values: Vec<Vec<u8>> = puts[start..end].iter().map(|(_, c)| c.encode()).collect();
+        let values: Vec<&[u8]> = puts[start..end].iter().map(|(_, c)| c.as_slice()).collect();
         let items: Vec<MultiWrite<'_>> = keys
             .iter()
             .zip(&values)
@@ -1048,4 +1083,179 @@ fn served_whole(node: &Node, roles: Option<&crate::cluster::Roles>, tablet: Tabl
             && t.merge.is_none()
             && t.logs_from.is_none()
     })
+}
+
+/// A chunk found by an element's index: its id, the index of its first element, and the chunk.
+struct Found {
+    id: u64,
+    first: u64,
+    chunk: ListChunk,
+}
+
+/// The chunk that holds element `index` (< len), walking from the head or from the tail; the
+/// chunks passed on the way (id, item bytes) are added to `passed`.
+fn locate(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    h: &LargeList,
+    index: u64,
+    from_head: bool,
+    passed: &mut Vec<(u64, u64)>,
+) -> Result<Found, LargeError> {
+    if from_head {
+        let (mut id, mut first) = (h.head, 0u64);
+        loop {
+            let chunk = read_chunk(ctx, place, h.gen, id)?;
+            let end = first + chunk.items.len() as u64;
+            if index < end {
+                return Ok(Found { id, first, chunk });
+            }
+            passed.push((id, chunk.item_bytes()));
+            if chunk.next == 0 || passed.len() as u64 > h.chunks {
+                return Err(LargeError::Damaged(
+                    "the chunks end before the header's count".into(),
+                ));
+            }
+            (id, first) = (chunk.next, end);
+        }
+    }
+    let (mut id, mut end) = (h.tail, h.len);
+    loop {
+        let chunk = read_chunk(ctx, place, h.gen, id)?;
+        let first = end.checked_sub(chunk.items.len() as u64).ok_or_else(|| {
+            LargeError::Damaged("the chunks hold more than the header's count".into())
+        })?;
+        if index >= first {
+            return Ok(Found { id, first, chunk });
+        }
+        passed.push((id, chunk.item_bytes()));
+        if chunk.prev == 0 || passed.len() as u64 > h.chunks {
+            return Err(LargeError::Damaged(
+                "the chunks end before the header's count".into(),
+            ));
+        }
+        (id, end) = (chunk.prev, first);
+    }
+}
+
+/// LSET of a large list: rewrites the element's chunk and the header. False (nothing written)
+/// when the new element would make its chunk larger than one object may be.
+pub(super) fn set(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    index: u64,
+    value: &[u8],
+) -> Result<bool, LargeError> {
+    let mut h = large.header;
+    let from_head = index < h.len / 2;
+    let mut found = locate(ctx, place, &h, index, from_head, &mut Vec::new())?;
+    let at = (index - found.first) as usize;
+    let old = std::mem::replace(&mut found.chunk.items[at], value.to_vec());
+    if found.chunk.item_bytes() as usize + 3 * found.chunk.items.len() + 32
+        > ctx.node.config.value_size_max_bytes as usize
+    {
+        return Ok(false);
+    }
+    h.bytes = h.bytes.saturating_sub(old.len() as u64) + value.len() as u64;
+    let change = Change {
+        header: HeaderWrite::Large(h),
+        expire: None,
+        condition: Condition::IfVersion(large.version),
+        gen: h.gen,
+        puts: vec![(found.id, found.chunk.encode())],
+        deletes: Vec::new(),
+    };
+    commit(ctx, place, &change)?;
+    Ok(true)
+}
+
+/// LTRIM of a large list to elements `a..=b` (a <= b < len): the chunks wholly outside are
+/// deleted, the two at the edges cut, the rest untouched.
+pub(super) fn trim(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    large: Large,
+    a: u64,
+    b: u64,
+) -> Result<(), LargeError> {
+    let mut h = large.header;
+    let mut before = Vec::new();
+    let head = locate(ctx, place, &h, a, true, &mut before)?;
+    // From the tail too, so that the chunks after `b` are deleted even when `b` is in the
+    // head's chunk.
+    let mut after = Vec::new();
+    let tail = locate(ctx, place, &h, b, false, &mut after)?;
+    let tail = (tail.id != head.id).then_some(tail);
+    let mut deletes = Vec::with_capacity(before.len() + after.len());
+    for (id, bytes) in before.iter().chain(&after) {
+        deletes.push(*id);
+        h.bytes = h.bytes.saturating_sub(*bytes);
+        h.chunks -= 1;
+    }
+    let cut = |chunk: &mut ListChunk, keep_from: usize, keep_to: usize, bytes: &mut u64| {
+        let dropped: u64 = chunk
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < keep_from || *i > keep_to)
+            .map(|(_, item)| item.len() as u64)
+            .sum();
+        *bytes = bytes.saturating_sub(dropped);
+        chunk.items.truncate(keep_to + 1);
+        chunk.items.drain(..keep_from);
+    };
+    let mut puts = Vec::new();
+    let mut head_chunk = head.chunk;
+    head_chunk.prev = 0;
+    h.head = head.id;
+    let mut tail_items = None;
+    match tail {
+        None => {
+            let from = (a - head.first) as usize;
+            let to = (b - head.first) as usize;
+            cut(&mut head_chunk, from, to, &mut h.bytes);
+            head_chunk.next = 0;
+            h.tail = head.id;
+        }
+        Some(mut t) => {
+            let last = head_chunk.items.len() - 1;
+            cut(
+                &mut head_chunk,
+                (a - head.first) as usize,
+                last,
+                &mut h.bytes,
+            );
+            cut(&mut t.chunk, 0, (b - t.first) as usize, &mut h.bytes);
+            t.chunk.next = 0;
+            h.tail = t.id;
+            tail_items = Some((t.id, t.chunk));
+        }
+    }
+    h.len = b - a + 1;
+    // The chunks between the two edges stay as they are; `h.chunks` counts what is left.
+    let header = if fits_small(ctx, &h) {
+        deletes.push(head.id);
+        let mut items = head_chunk.items;
+        if let Some((id, t)) = tail_items {
+            deletes.push(id);
+            items.extend(t.items);
+        }
+        HeaderWrite::Small(List { items }.encode())
+    } else {
+        if let Some((id, t)) = tail_items {
+            puts.push((id, t.encode()));
+        }
+        puts.push((head.id, head_chunk.encode()));
+        HeaderWrite::Large(h)
+    };
+    let mut change = Change {
+        header,
+        expire: None,
+        condition: Condition::IfVersion(large.version),
+        gen: h.gen,
+        puts,
+        deletes,
+    };
+    delete_in_units(ctx, place, &mut change)
 }

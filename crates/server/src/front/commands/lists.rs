@@ -283,6 +283,22 @@ pub(super) fn cmd_lset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
     let value = args[3];
+    {
+        let _serialized = ctx.node.rmw_lock(args[1]);
+        let done = on_large(ctx, args[1], |ctx, place, large| {
+            match list_index(index, large.header.len as usize) {
+                None => Ok(Err(())),
+                Some(i) => large_list::set(ctx, place, large, i as u64, value).map(Ok),
+            }
+        });
+        match done {
+            Ok(Some(Ok(true))) => return ctx.enc.ok(),
+            Ok(Some(Err(()))) => return ctx.enc.error("ERR index out of range"),
+            // Not large, or an element too large for its chunk: the general path below.
+            Ok(None) | Ok(Some(Ok(false))) => {}
+            Err(Replied) => return,
+        }
+    }
     if update::<List, ()>(ctx, args[1], |l, existed| {
         if !existed {
             return Err("ERR no such key".into());
@@ -340,6 +356,21 @@ pub(super) fn cmd_ltrim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (Some(start), Some(stop)) = (parse_i64(args[2]), parse_i64(args[3])) else {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
+    {
+        let _serialized = ctx.node.rmw_lock(args[1]);
+        let done = on_large(ctx, args[1], |ctx, place, large| {
+            match index_range(start, stop, large.header.len as usize) {
+                None => large_list::delete(ctx, place, large),
+                Some((a, b)) if a == 0 && b + 1 == large.header.len as usize => Ok(()),
+                Some((a, b)) => large_list::trim(ctx, place, large, a as u64, b as u64),
+            }
+        });
+        match done {
+            Ok(Some(())) => return ctx.enc.ok(),
+            Ok(None) => {}
+            Err(Replied) => return,
+        }
+    }
     if update::<List, ()>(ctx, args[1], |l, existed| {
         if !existed {
             return Ok(((), false));

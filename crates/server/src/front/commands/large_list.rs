@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Item bytes a chunk takes before the next item starts a new chunk (an item larger than this
 /// has a chunk of its own).
-pub(super) const CHUNK_BYTES: usize = 4096;
+pub(super) const CHUNK_BYTES: usize = 2048;
 
 /// The item bytes of one chunk on this server: [`CHUNK_BYTES`], or less under a small value
 /// size limit (a chunk is one object).
@@ -385,7 +385,7 @@ fn unit_bytes(puts: &[(u64, Vec<u8>)]) -> usize {
 }
 
 /// Most elements a chunk holds (a pop from the tail scans its elements' lengths).
-const CHUNK_ITEMS_MAX: u64 = 512;
+const CHUNK_ITEMS_MAX: u64 = 256;
 
 /// Reads chunk `id` encoded.
 fn read_raw(

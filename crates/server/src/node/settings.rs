@@ -71,7 +71,7 @@ const PARAMS: &[Param] = &[
         name: "list-max-listpack-size",
         alias: Some("list-max-ziplist-size"),
         default: -2,
-        min: -5,
+        min: i64::MIN,
         max: i64::MAX,
     },
     Param {
@@ -145,9 +145,11 @@ impl RuntimeSettings {
     /// The bytes past which a list takes the large form, or its element count when
     /// `list-max-listpack-size` is positive (Redis's rule: -1 to -5 are 4 to 64 KiB).
     pub fn list_limit(&self) -> ListLimit {
+        // As Redis: 0 counts as 1 entry, and below -5 as -5.
         match self.value("list-max-listpack-size") {
             n if n > 0 => ListLimit::Entries(n as usize),
-            n => ListLimit::Bytes(4096usize << ((-n).clamp(1, 5) - 1)),
+            0 => ListLimit::Entries(1),
+            n => ListLimit::Bytes(4096usize << (n.unsigned_abs().min(5) - 1)),
         }
     }
 
@@ -195,14 +197,21 @@ mod tests {
         let err = s
             .set_all(&[
                 ("zset-max-listpack-entries", "3"),
-                ("list-max-listpack-size", "-9"),
+                ("zset-max-listpack-value", "-1"),
             ])
             .unwrap_err();
-        assert!(err.contains("between -5"), "{err}");
+        assert!(err.contains("between 0"), "{err}");
         assert!(s
             .all()
             .contains(&("zset-max-listpack-entries", "128".to_string())));
         assert!(s.set_all(&[("maxmemory", "1")]).is_err());
         assert!(s.set_all(&[("set-max-intset-entries", "x")]).is_err());
+        // Redis's list rules: 0 is one entry, below -5 is -5.
+        s.set_all(&[("list-max-listpack-size", "0")]).unwrap();
+        assert_eq!(s.list_limit(), ListLimit::Entries(1));
+        s.set_all(&[("list-max-listpack-size", "-6")]).unwrap();
+        assert_eq!(s.list_limit(), ListLimit::Bytes(65536));
+        s.set_all(&[("list-max-listpack-size", "-2")]).unwrap();
+        assert_eq!(s.list_limit(), ListLimit::Bytes(8192));
     }
 }

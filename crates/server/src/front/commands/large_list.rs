@@ -92,16 +92,22 @@ impl Large {
 }
 
 /// Whether a list of these items belongs in the large form.
-pub(super) fn wants_large(ctx: &Ctx<'_>, items: &VecDeque<Vec<u8>>) -> bool {
+pub(super) fn wants_large(
+    ctx: &Ctx<'_>,
+    items: &VecDeque<Vec<u8>>,
+    growing: Option<&[u8]>,
+) -> bool {
     use crate::node::settings::ListLimit;
+    let extra = growing.map_or(0, |g| g.len() + varint_len(g.len()));
+    let count = items.len() + usize::from(growing.is_some());
     // Never past what one object may hold, whatever the setting.
-    let size = encoded_size(items);
+    let size = encoded_size(items) + extra;
     if size as u64 > ctx.node.config.value_size_max_bytes / 2 {
         return true;
     }
     match ctx.node.settings.list_limit() {
         // Redis's count limit comes with a size limit of 8 KiB as well.
-        ListLimit::Entries(n) => items.len() > n || size > SIZE_SAFETY_LIMIT,
+        ListLimit::Entries(n) => count > n || size > SIZE_SAFETY_LIMIT,
         ListLimit::Bytes(b) => size > b,
     }
 }
@@ -586,7 +592,8 @@ pub(super) fn pop(
 }
 
 /// Writes `list` at the key in whichever form its size calls for, replacing what the key holds
-/// at `condition` (the chunks `old` of a large list there are deleted). A list larger than one
+/// at `condition` (the chunks `old` of a large list there are deleted; `growing` as for
+/// [`wants_large`]). A list larger than one
 /// unit is written as new chunks first and switched to by a last unit with the header.
 pub(super) fn write(
     ctx: &mut Ctx<'_>,
@@ -595,9 +602,10 @@ pub(super) fn write(
     condition: Condition,
     expire: Option<u64>,
     old: Option<(u64, Vec<u64>)>,
+    growing: Option<&[u8]>,
 ) -> Result<(), LargeError> {
     let (old_gen, old_ids) = old.unwrap_or((0, Vec::new()));
-    if !wants_large(ctx, &list.items) {
+    if !wants_large(ctx, &list.items, growing) {
         let mut change = Change {
             header: if list.items.is_empty() {
                 HeaderWrite::Delete
@@ -999,7 +1007,15 @@ pub(super) fn copy_to(
             delete(ctx, Place::of(ctx, dst), old)?;
         }
     }
-    match write(ctx, Place::of(ctx, dst), &list, condition, expire, None) {
+    match write(
+        ctx,
+        Place::of(ctx, dst),
+        &list,
+        condition,
+        expire,
+        None,
+        None,
+    ) {
         Ok(()) => Ok(true),
         Err(LargeError::Changed) if condition == Condition::IfAbsent => Ok(false),
         Err(e) => Err(e),
@@ -1158,13 +1174,30 @@ pub(super) fn set(
         return Ok(false);
     }
     h.bytes = h.bytes.saturating_sub(old.len() as u64) + value.len() as u64;
-    let change = Change {
-        header: HeaderWrite::Large(h),
-        expire: None,
-        condition: Condition::IfVersion(large.version),
-        gen: h.gen,
-        puts: vec![(found.id, found.chunk.encode())],
-        deletes: Vec::new(),
+    let change = if h.chunks == 1 && fits_small(ctx, &h) {
+        // Smaller now: back to the compact form (as Redis converts after LSET).
+        Change {
+            header: HeaderWrite::Small(
+                List {
+                    items: found.chunk.items,
+                }
+                .encode(),
+            ),
+            expire: None,
+            condition: Condition::IfVersion(large.version),
+            gen: h.gen,
+            puts: Vec::new(),
+            deletes: vec![found.id],
+        }
+    } else {
+        Change {
+            header: HeaderWrite::Large(h),
+            expire: None,
+            condition: Condition::IfVersion(large.version),
+            gen: h.gen,
+            puts: vec![(found.id, found.chunk.encode())],
+            deletes: Vec::new(),
+        }
     };
     commit(ctx, place, &change)?;
     Ok(true)

@@ -299,7 +299,7 @@ pub(super) fn cmd_lset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Err(Replied) => return,
         }
     }
-    if update::<List, ()>(ctx, args[1], |l, existed| {
+    if update_growing::<List, ()>(ctx, args[1], Some(value), |l, existed| {
         if !existed {
             return Err("ERR no such key".into());
         }
@@ -640,6 +640,18 @@ pub(super) fn cmd_rpoplpush(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 /// A blocking command's timeout in seconds (0 = for ever), as Redis parses it.
 pub(crate) fn parse_timeout(arg: &[u8]) -> Result<f64, &'static str> {
+    // Redis reads it with strtold, which takes hexadecimal too (`0x7FFFFFFFFFFFFF`).
+    let hex = std::str::from_utf8(arg)
+        .ok()
+        .and_then(|t| t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")))
+        .and_then(|digits| u128::from_str_radix(digits, 16).ok());
+    if let Some(seconds) = hex {
+        return if seconds as f64 <= 1e12 {
+            Ok(seconds as f64)
+        } else {
+            Err("ERR timeout is out of range")
+        };
+    }
     match parse_f64(arg) {
         Some(t) if t < 0.0 => Err("ERR timeout is negative"),
         Some(t) if t.is_finite() && t <= 1e12 => Ok(t),

@@ -181,6 +181,17 @@ fn too_large(ctx: &mut Ctx<'_>, kind: Kind, len: usize) -> Replied {
 pub(super) fn update<C: Collection, R>(
     ctx: &mut Ctx<'_>,
     key: &[u8],
+    f: impl FnMut(&mut C, bool) -> Result<(R, bool), String>,
+) -> Result<R, Replied> {
+    update_growing(ctx, key, None, f)
+}
+
+/// [`update`], where a list's form is decided as if `growing` were added to it (LSET: Redis
+/// counts the new element as one more when it decides whether a list leaves its compact form).
+pub(super) fn update_growing<C: Collection, R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    growing: Option<&[u8]>,
     mut f: impl FnMut(&mut C, bool) -> Result<(R, bool), String>,
 ) -> Result<R, Replied> {
     let node = ctx.node;
@@ -227,9 +238,9 @@ pub(super) fn update<C: Collection, R>(
             return Ok(result);
         }
         if let Some(list) = as_list(&c) {
-            if old_large.is_some() || large_list::wants_large(ctx, &list.items) {
+            if old_large.is_some() || large_list::wants_large(ctx, &list.items, growing) {
                 let place = large_list::Place::of(ctx, key);
-                match large_list::write(ctx, place, list, condition, None, old_large) {
+                match large_list::write(ctx, place, list, condition, None, old_large, growing) {
                     Ok(()) => {
                         if c.len() > 0 {
                             node.waiters.wake(key);

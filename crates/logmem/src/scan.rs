@@ -1227,6 +1227,10 @@ impl QuerySink {
     /// [`QuerySink::accept_entry`] from an entry's parts.
     #[inline(always)]
     pub fn accept_parts(&mut self, h: &Header, key: &[u8], value: &[u8], stable: bool) -> bool {
+        if ramlog_common::is_internal(key) {
+            // The chunks of large collections are not records.
+            return true;
+        }
         if !(self.batching && stable) {
             return self.accept(key, value, h.version, h.expire_at_ms);
         }
@@ -1268,6 +1272,9 @@ impl QuerySink {
     /// Handles one visible object; false once the record limit is reached.
     #[inline]
     pub fn accept(&mut self, key: &[u8], value: &[u8], version: u64, expire_at_ms: u64) -> bool {
+        if ramlog_common::is_internal(key) {
+            return true;
+        }
         if self.count_only {
             if self.key_passes(key) {
                 self.out.matched += 1;

@@ -1146,6 +1146,14 @@ fn internal_keys_are_counted_apart() {
     e.put(t, b"", b"user", &PutOptions::default()).unwrap();
     assert_eq!((e.object_count(), e.key_count()), (51, 1));
     assert_eq!(e.internal_count(t).unwrap(), 50);
+    // Scans return records, and chunks are none, by either method.
+    for method in [ScanMethod::Log, ScanMethod::HashIndex] {
+        let out = e
+            .scan(TABLE, &e.snapshot(), &all(), method, usize::MAX)
+            .unwrap();
+        let keys: Vec<Vec<u8>> = out.records.into_iter().map(|r| r.key).collect();
+        assert_eq!(keys, vec![b"".to_vec()], "{method:?}");
+    }
     for k in &keys[..10] {
         e.put(t, k, b"again", &PutOptions::default()).unwrap();
     }

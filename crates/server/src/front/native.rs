@@ -1393,11 +1393,10 @@ impl Session<'_> {
                 batch,
             )?;
             visited += batch.len().max(1);
-            matched.extend(
-                batch
-                    .drain(..)
-                    .filter(|k| pattern.is_empty() || glob_match(pattern, k)),
-            );
+            matched.extend(batch.drain(..).filter(|k| {
+                // The chunks of large collections are not keys of their own.
+                !ramlog_common::is_internal(k) && (pattern.is_empty() || glob_match(pattern, k))
+            }));
             if next == 0 {
                 position += 1;
                 inner = 0;

@@ -549,3 +549,45 @@ def test_publish_reaches_subscribers_on_every_server_of_a_cluster_in_order(share
     sp.close()
     with pytest.raises(redis.ResponseError, match="not supported through the routing port"):
         redis.Redis(port=c.servers[0].routing).execute_command("SSUBSCRIBE", "shard-ch")
+
+
+def test_client_unblock_ends_a_blocked_pop_as_redis_does(server, redis_peer):
+    """CLIENT UNBLOCK id [TIMEOUT|ERROR] ends a blocked BLPOP/BLMOVE with the null of a timeout
+    or the UNBLOCKED error, answers 0 for a client that is not blocked, and refuses a bad id or
+    reason; the same replies from ramlog and from redis-server."""
+
+    def run(port):
+        seen = []
+        for how, cmd in ((None, ["BLPOP", "ub", "0"]), ("ERROR", ["BLPOP", "ub", "0"]),
+                         ("TIMEOUT", ["BLMOVE", "ub", "ub2", "LEFT", "RIGHT", "0"])):
+            blocked = redis.Redis(port=port, socket_timeout=10)
+            other = redis.Redis(port=port, socket_timeout=10)
+            cid = blocked.client_id()
+            got = {}
+
+            def pop():
+                try:
+                    got["reply"] = blocked.execute_command(*cmd)
+                except redis.ResponseError as e:
+                    got["reply"] = ("error", str(e))
+
+            t = threading.Thread(target=pop, daemon=True)
+            t.start()
+            assert wait_until(lambda: other.info("clients")["blocked_clients"] >= 1, timeout=10)
+            args = ["CLIENT", "UNBLOCK", cid] + ([how] if how else [])
+            seen.append(other.execute_command(*args))
+            t.join(timeout=10)
+            seen.append(got.get("reply", "no reply"))
+            seen.append(other.execute_command("CLIENT", "UNBLOCK", cid))
+        probe = redis.Redis(port=port, socket_timeout=10)
+        for bad in (["CLIENT", "UNBLOCK", "asd"], ["CLIENT", "UNBLOCK", "1", "LATER"]):
+            try:
+                seen.append(probe.execute_command(*bad))
+            except redis.ResponseError as e:
+                seen.append(("error", str(e)))
+        return seen
+
+    ours = run(server.port)
+    theirs = run(redis_peer.connection_pool.connection_kwargs["port"])
+    assert ours == theirs, (ours, theirs)
+    assert ours[1] is None and ours[4][0] == "error" and ours[7] is None, ours

@@ -13,6 +13,7 @@
 
 use crate::front::commands::{command_keys, execute, lookup, Session};
 use crate::front::resp_conn::Ending;
+use crate::node::waiters::UnblockAs;
 use crate::node::Node;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,10 +143,27 @@ pub async fn run(
     node.waiters
         .register(&registration.keys, &registration.notify);
     let _blocked = Blocked::new(node);
+    let null_reply = out[before..].to_vec();
+    let unblock = ClientHandle {
+        node,
+        id: session.id,
+        handle: node.waiters.block_client(session.id, &registration.notify),
+    };
     loop {
         // Nothing yet: take the null back and try again after a wake.
         out.truncate(before);
         session.write_replies.truncate(held);
+        match unblock.handle.asked() {
+            Some(UnblockAs::Timeout) => {
+                out.extend_from_slice(&null_reply);
+                return Ok(());
+            }
+            Some(UnblockAs::Error) => {
+                out.extend_from_slice(b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n");
+                return Ok(());
+            }
+            None => {}
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             // Timed out: the null answer stands.
             execute(node, session, args, out);
@@ -163,6 +181,19 @@ pub async fn run(
         if retry_ends(args, &out[before..]) {
             return Ok(());
         }
+    }
+}
+
+/// A blocked client's entry for CLIENT UNBLOCK, removed when its wait ends.
+struct ClientHandle<'a> {
+    node: &'a Node,
+    id: u64,
+    handle: Arc<crate::node::waiters::Unblock>,
+}
+
+impl Drop for ClientHandle<'_> {
+    fn drop(&mut self) {
+        self.node.waiters.forget_client(self.id);
     }
 }
 

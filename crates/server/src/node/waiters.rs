@@ -20,9 +20,63 @@ pub struct KeyWaiters {
     /// Per key with blocked clients, their notifiers.
     keys: Mutex<HashMap<Vec<u8>, Vec<Arc<Notify>>>>,
     count: AtomicUsize,
+    /// Blocked clients by client id, for CLIENT UNBLOCK.
+    clients: Mutex<HashMap<u64, Arc<Unblock>>>,
+}
+
+/// How CLIENT UNBLOCK ends a blocked client's wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnblockAs {
+    /// As if its timeout had passed (the null reply).
+    Timeout,
+    /// With `-UNBLOCKED client unblocked via CLIENT UNBLOCK`.
+    Error,
+}
+
+/// A blocked client's handle: its notifier and how CLIENT UNBLOCK asked it to end.
+pub struct Unblock {
+    notify: Arc<Notify>,
+    asked: Mutex<Option<UnblockAs>>,
+}
+
+impl Unblock {
+    /// How the client was asked to end its wait, if it was.
+    pub fn asked(&self) -> Option<UnblockAs> {
+        *self.asked.lock()
+    }
 }
 
 impl KeyWaiters {
+    /// Records a blocked client (until [`forget_client`](Self::forget_client)), woken through
+    /// `notify` by [`unblock`](Self::unblock).
+    pub fn block_client(&self, id: u64, notify: &Arc<Notify>) -> Arc<Unblock> {
+        let handle = Arc::new(Unblock {
+            notify: notify.clone(),
+            asked: Mutex::new(None),
+        });
+        self.clients.lock().insert(id, handle.clone());
+        handle
+    }
+
+    pub fn forget_client(&self, id: u64) {
+        self.clients.lock().remove(&id);
+    }
+
+    /// CLIENT UNBLOCK: ends client `id`'s wait as `how`; false if it is not blocked.
+    pub fn unblock(&self, id: u64, how: UnblockAs) -> bool {
+        let clients = self.clients.lock();
+        let Some(handle) = clients.get(&id) else {
+            return false;
+        };
+        let mut asked = handle.asked.lock();
+        if asked.is_some() {
+            return false;
+        }
+        *asked = Some(how);
+        handle.notify.notify_one();
+        true
+    }
+
     /// Registers `notify` under every key (until [`unregister`](Self::unregister)).
     pub fn register(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
         let mut map = self.keys.lock();

@@ -1,6 +1,7 @@
 //! Connection commands: PING, ECHO, SELECT, QUIT, MULTI/EXEC/DISCARD, AUTH, HELLO, CLIENT.
 
 use super::*;
+use crate::node::waiters::UnblockAs;
 
 pub(super) fn cmd_ping(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     match args.len() {
@@ -320,6 +321,28 @@ pub(super) fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     } else if eq_ignore_case(sub, "info") {
         let line = client_info_line(ctx.session);
         ctx.enc.verbatim("txt", line.as_bytes());
+    } else if eq_ignore_case(sub, "unblock") {
+        // CLIENT UNBLOCK client-id [TIMEOUT|ERROR]
+        if args.len() != 3 && args.len() != 4 {
+            return ctx
+                .enc
+                .error("ERR wrong number of arguments for 'client|unblock' command");
+        }
+        let Some(id) = parse_i64(args[2]) else {
+            return ctx.enc.error(ERR_NOT_INTEGER);
+        };
+        let how = match args.get(3) {
+            None => UnblockAs::Timeout,
+            Some(a) if eq_ignore_case(a, "timeout") => UnblockAs::Timeout,
+            Some(a) if eq_ignore_case(a, "error") => UnblockAs::Error,
+            Some(_) => {
+                return ctx
+                    .enc
+                    .error("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+            }
+        };
+        let done = u64::try_from(id).is_ok_and(|id| ctx.node.waiters.unblock(id, how));
+        ctx.enc.integer(i64::from(done));
     } else if eq_ignore_case(sub, "no-evict") || eq_ignore_case(sub, "no-touch") {
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
@@ -330,6 +353,7 @@ pub(super) fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             "SETNAME <name>",
             "SETINFO <LIB-NAME|LIB-VER> <value>",
             "INFO",
+            "UNBLOCK <clientid> [TIMEOUT|ERROR]",
         ];
         ctx.enc.array(lines.len());
         for l in lines {

@@ -180,11 +180,22 @@ fn read_chunk(
     gen: u64,
     id: u64,
 ) -> Result<ListChunk, LargeError> {
+    read_decoded(ctx, place, gen, id, ListChunk::decode)
+}
+
+/// Reads chunk `id` through `decode` (decoded, or kept encoded).
+fn read_decoded<T>(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    gen: u64,
+    id: u64,
+    decode: impl FnOnce(&[u8]) -> Result<T, types::TypedError>,
+) -> Result<T, LargeError> {
     let key = place.chunk_key(gen, id);
     let found = ctx
         .node
         .read_with(place.tablet, &key, &mut ctx.session.acks, |v, _, _| {
-            ListChunk::decode(v)
+            decode(v)
         })?;
     match found {
         Some(Ok(c)) => Ok(c),
@@ -400,17 +411,7 @@ fn read_raw(
     gen: u64,
     id: u64,
 ) -> Result<RawChunk, LargeError> {
-    let key = place.chunk_key(gen, id);
-    let found = ctx
-        .node
-        .read_with(place.tablet, &key, &mut ctx.session.acks, |v, _, _| {
-            RawChunk::decode(v)
-        })?;
-    match found {
-        Some(Ok(c)) => Ok(c),
-        Some(Err(e)) => Err(LargeError::Damaged(format!("chunk {id}: {e}"))),
-        None => Err(LargeError::Changed),
-    }
+    read_decoded(ctx, place, gen, id, RawChunk::decode)
 }
 
 /// Pushes `items` at one end (each in turn, as LPUSH and RPUSH do); returns the new length. A

@@ -958,11 +958,9 @@ fn with_large<R>(
     Err(super::typed::Replied)
 }
 
-/// DEL and UNLINK of a large list: its header and chunks. False if the key holds none.
-pub(super) fn delete_if_large(
-    ctx: &mut Ctx<'_>,
-    key: &[u8],
-) -> Result<bool, super::typed::Replied> {
+/// Whether the key holds a large list: one index lookup, no value copied (the check the
+/// commands make before taking a large list's path). A read error is answered.
+pub(super) fn holds_large(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<bool, super::typed::Replied> {
     let node = ctx.node;
     let large = node.read_with(
         node.tablet_of(key),
@@ -971,12 +969,21 @@ pub(super) fn delete_if_large(
         |v, _, _| types::is_large(v),
     );
     match large {
-        Ok(Some(true)) => {}
-        Ok(_) => return Ok(false),
+        Ok(found) => Ok(found == Some(true)),
         Err(e) => {
             engine_error(ctx, &e);
-            return Err(super::typed::Replied);
+            Err(super::typed::Replied)
         }
+    }
+}
+
+/// DEL and UNLINK of a large list: its header and chunks. False if the key holds none.
+pub(super) fn delete_if_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+) -> Result<bool, super::typed::Replied> {
+    if !holds_large(ctx, key)? {
+        return Ok(false);
     }
     with_large(ctx, key, |ctx, place, _, large| delete(ctx, place, large)).map(|r| r.is_some())
 }

@@ -8,20 +8,8 @@ use ramlog_proto::types::{self, List};
 
 /// The key's large list, if it holds one (None: absent, small, or another type).
 fn large_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Large>, Replied> {
-    let node = ctx.node;
-    let is_large = node.read_with(
-        node.tablet_of(key),
-        key,
-        &mut ctx.session.acks,
-        |v, _, _| types::is_large(v),
-    );
-    match is_large {
-        Ok(Some(true)) => {}
-        Ok(_) => return Ok(None),
-        Err(e) => {
-            engine_error(ctx, &e);
-            return Err(Replied);
-        }
+    if !large_list::holds_large(ctx, key)? {
+        return Ok(None);
     }
     match read(ctx, key) {
         Ok(Some(o)) if types::is_large(&o.value) => match Large::decode(&o) {

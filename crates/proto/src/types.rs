@@ -95,7 +95,7 @@ pub enum TypedError {
 pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
     match stored {
         [TAG, k, ..] if k & LARGE != 0 => match Kind::from_byte(k & !LARGE) {
-            Some(Kind::List) => Ok(Kind::List),
+            Some(kind @ (Kind::List | Kind::Hash | Kind::Set)) => Ok(kind),
             _ => Err(TypedError::UnknownKind(*k)),
         },
         [TAG, k, ..] => Kind::from_byte(*k).ok_or(TypedError::UnknownKind(*k)),
@@ -771,6 +771,306 @@ impl RawChunk {
     }
 }
 
+/// The header of a large hash or set, at the user's key; its members live in buckets at
+/// internal keys ([`chunk_key`], bucket `b` at id `b + 1`), addressed by linear hashing
+/// (docs/formats.md, "Large collections"):
+///
+/// ```text
+/// 0xFF 0x11|0x13 gen(8, little-endian) len bytes level split   (varints after gen)
+/// ```
+///
+/// There are `2^level + split` buckets. A member whose hash ([`member_hash`]) is `h` lives in
+/// bucket `h mod 2^level`, or `h mod 2^(level+1)` when that is below `split` (those buckets
+/// have split already). `gen` is random per large form and also seeds the member hash, so a
+/// client cannot choose members that crowd one bucket without knowing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LargeTable {
+    /// [`Kind::Hash`] or [`Kind::Set`].
+    pub kind: Kind,
+    pub gen: u64,
+    /// Members.
+    pub len: u64,
+    /// The buckets' encoded member (and value) bytes, all buckets together.
+    pub bytes: u64,
+    pub level: u32,
+    pub split: u64,
+}
+
+/// The most levels a large table has (2^40 buckets).
+const TABLE_LEVEL_MAX: u64 = 40;
+
+impl LargeTable {
+    pub fn new(kind: Kind, gen: u64) -> LargeTable {
+        LargeTable {
+            kind,
+            gen,
+            len: 0,
+            bytes: 0,
+            level: 0,
+            split: 0,
+        }
+    }
+
+    pub fn decode(stored: &[u8]) -> Result<LargeTable, TypedError> {
+        let kind = match stored {
+            [TAG, k, ..] if *k == Kind::Hash as u8 | LARGE => Kind::Hash,
+            [TAG, k, ..] if *k == Kind::Set as u8 | LARGE => Kind::Set,
+            [TAG, k, ..] => return Err(TypedError::UnknownKind(*k)),
+            _ => return Err(TypedError::WrongKind),
+        };
+        let gen = stored
+            .get(TAG_BYTES..TAG_BYTES + 8)
+            .ok_or(TypedError::Truncated)?;
+        let mut r = Reader {
+            buf: stored,
+            pos: TAG_BYTES + 8,
+        };
+        let len = r.varint()?;
+        let bytes = r.varint()?;
+        let level = r.varint()?;
+        let split = r.varint()?;
+        r.end()?;
+        if level > TABLE_LEVEL_MAX || split >= 1u64 << level {
+            return Err(TypedError::BadOrder);
+        }
+        Ok(LargeTable {
+            kind,
+            gen: u64::from_le_bytes(gen.try_into().expect("8 bytes")),
+            len,
+            bytes,
+            level: level as u32,
+            split,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(TAG_BYTES + 8 + 30);
+        out.extend_from_slice(&[TAG, self.kind as u8 | LARGE]);
+        out.extend_from_slice(&self.gen.to_le_bytes());
+        for v in [self.len, self.bytes, u64::from(self.level), self.split] {
+            put_varint(&mut out, v);
+        }
+        out
+    }
+
+    /// The number of buckets.
+    pub fn buckets(&self) -> u64 {
+        (1u64 << self.level) + self.split
+    }
+
+    /// The bucket of a member whose [`member_hash`] is `hash`.
+    pub fn bucket_of(&self, hash: u64) -> u64 {
+        let low = hash & ((1u64 << self.level) - 1);
+        if low < self.split {
+            hash & ((1u64 << (self.level + 1)) - 1)
+        } else {
+            low
+        }
+    }
+
+    /// The hash bits that address bucket `b` (it holds the members whose hash ends in `b`'s
+    /// low bits).
+    pub fn bucket_bits(&self, b: u64) -> u32 {
+        if b < self.split || b >= 1u64 << self.level {
+            self.level + 1
+        } else {
+            self.level
+        }
+    }
+
+    /// Splits the next bucket: returns (the bucket split, the new bucket). Members of the first
+    /// whose hash has bit `level` set move to the second.
+    pub fn grow(&mut self) -> Option<(u64, u64)> {
+        if u64::from(self.level) >= TABLE_LEVEL_MAX {
+            return None;
+        }
+        let from = self.split;
+        let to = (1u64 << self.level) + self.split;
+        self.split += 1;
+        if self.split == 1u64 << self.level {
+            self.level += 1;
+            self.split = 0;
+        }
+        Some((from, to))
+    }
+
+    /// Undoes the last split: returns (the bucket that takes the members, the last bucket,
+    /// which goes). None with one bucket.
+    pub fn shrink(&mut self) -> Option<(u64, u64)> {
+        if self.split == 0 {
+            if self.level == 0 {
+                return None;
+            }
+            self.level -= 1;
+            self.split = 1u64 << self.level;
+        }
+        self.split -= 1;
+        Some((self.split, (1u64 << self.level) + self.split))
+    }
+}
+
+/// The hash of a member of a large hash or set of generation `gen`.
+#[inline]
+pub fn member_hash(gen: u64, member: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(member, gen)
+}
+
+/// The position of a member in the order HSCAN and SSCAN walk a large table: its hash with the
+/// bits reversed, so that every bucket is one interval of positions whatever the table's size
+/// (a split halves an interval, a merge joins two), and a cursor that is a position neither
+/// repeats nor misses a member present throughout the scan.
+#[inline]
+pub fn scan_position(hash: u64) -> u64 {
+    hash.reverse_bits()
+}
+
+/// One bucket of a large hash or set, kept encoded. Its bytes are exactly a compact hash's or
+/// set's ([`Hash::encode`], [`Set::encode`]), so a bucket is checked as one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawBucket {
+    pub kind: Kind,
+    pub count: u64,
+    /// The members (each a varint length and bytes, followed for a hash by its value the same
+    /// way).
+    pub items: Vec<u8>,
+}
+
+impl RawBucket {
+    pub fn empty(kind: Kind) -> RawBucket {
+        RawBucket {
+            kind,
+            count: 0,
+            items: Vec::new(),
+        }
+    }
+
+    /// Parses a stored bucket of `kind`, checking every length.
+    pub fn decode(stored: &[u8], kind: Kind) -> Result<RawBucket, TypedError> {
+        let mut r = payload(stored, kind)?;
+        let per = if kind == Kind::Hash { 2 } else { 1 };
+        let count = r.count(per)?;
+        let start = r.pos;
+        for _ in 0..count * per {
+            r.bytes()?;
+        }
+        r.end()?;
+        Ok(RawBucket {
+            kind,
+            count: count as u64,
+            items: stored[start..].to_vec(),
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = header(self.kind, self.count as usize, self.items.len());
+        out.extend_from_slice(&self.items);
+        out
+    }
+
+    fn pairs(&self) -> bool {
+        self.kind == Kind::Hash
+    }
+
+    /// Every member and its value (empty for a set), with each entry's byte range.
+    pub fn entries(&self) -> BucketEntries<'_> {
+        BucketEntries {
+            r: Reader {
+                buf: &self.items,
+                pos: 0,
+            },
+            pairs: self.pairs(),
+        }
+    }
+
+    /// The member's value (empty for a set) and its entry's range; None if it is not here.
+    pub fn find(&self, member: &[u8]) -> Option<(&[u8], std::ops::Range<usize>)> {
+        self.entries()
+            .find(|(m, _, _)| *m == member)
+            .map(|(_, v, range)| (v, range))
+    }
+
+    pub fn get(&self, member: &[u8]) -> Option<&[u8]> {
+        self.find(member).map(|(v, _)| v)
+    }
+
+    /// Sets a member (and its value, for a hash): the encoded bytes of its entry before and
+    /// after; the first is 0 when the member is new.
+    pub fn set(&mut self, member: &[u8], value: &[u8]) -> (usize, usize) {
+        let mut entry = Vec::with_capacity(member.len() + value.len() + 10);
+        put_bytes(&mut entry, member);
+        if self.pairs() {
+            put_bytes(&mut entry, value);
+        }
+        let added = entry.len();
+        match self.find(member).map(|(_, r)| r) {
+            Some(range) => {
+                let before = range.len();
+                self.items.splice(range, entry);
+                (before, added)
+            }
+            None => {
+                self.items.extend_from_slice(&entry);
+                self.count += 1;
+                (0, added)
+            }
+        }
+    }
+
+    /// Removes a member: the encoded bytes its entry took, or None if it was not here.
+    pub fn remove(&mut self, member: &[u8]) -> Option<usize> {
+        let range = self.find(member)?.1;
+        let len = range.len();
+        self.items.drain(range);
+        self.count -= 1;
+        Some(len)
+    }
+
+    /// Appends an entry's encoded bytes (taken from another bucket's [`RawBucket::entries`]).
+    pub fn push_encoded(&mut self, entry: &[u8]) {
+        self.items.extend_from_slice(entry);
+        self.count += 1;
+    }
+}
+
+/// The entries of a [`RawBucket`]: (member, value, the entry's byte range).
+pub struct BucketEntries<'a> {
+    r: Reader<'a>,
+    pairs: bool,
+}
+
+impl<'a> Iterator for BucketEntries<'a> {
+    type Item = (&'a [u8], &'a [u8], std::ops::Range<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.r.pos >= self.r.buf.len() {
+            return None;
+        }
+        let start = self.r.pos;
+        let member = self.r.bytes().ok()?;
+        let value = if self.pairs {
+            self.r.bytes().ok()?
+        } else {
+            &[]
+        };
+        Some((member, value, start..self.r.pos))
+    }
+}
+
+/// The kind of a large collection's header; None if `stored` is not one.
+pub fn large_kind(stored: &[u8]) -> Option<Kind> {
+    match stored {
+        [TAG, k, ..] if k & LARGE != 0 => Kind::from_byte(k & !LARGE),
+        _ => None,
+    }
+}
+
+/// The generation of a large collection's header (every kind keeps it at the same place).
+pub fn large_gen(stored: &[u8]) -> Option<u64> {
+    large_kind(stored)?;
+    let gen = stored.get(TAG_BYTES..TAG_BYTES + 8)?;
+    Some(u64::from_le_bytes(gen.try_into().ok()?))
+}
+
 /// Bytes a chunk key adds to its collection's key.
 pub const CHUNK_KEY_OVERHEAD: usize = 3 + 2 + 10 + 8 + 8;
 
@@ -819,6 +1119,10 @@ pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
         }
         Kind::List if is_large(stored) => {
             let h = LargeList::decode(stored)?;
+            usize::try_from(h.len).map_err(|_| TypedError::Truncated)?
+        }
+        Kind::Hash | Kind::Set if is_large(stored) => {
+            let h = LargeTable::decode(stored)?;
             usize::try_from(h.len).map_err(|_| TypedError::Truncated)?
         }
         Kind::Hash => Hash::decode(stored)?.fields.len(),
@@ -871,7 +1175,7 @@ mod tests {
         assert!(LargeList::decode(&small).is_err());
         assert!(LargeList::decode(&stored[..stored.len() - 1]).is_err());
         // A large flag on another kind is unknown.
-        assert_eq!(kind_of(b"\xff\x11"), Err(TypedError::UnknownKind(0x11)));
+        assert_eq!(kind_of(b"\xff\x14"), Err(TypedError::UnknownKind(0x14)));
 
         let c = ListChunk {
             prev: 0,
@@ -980,4 +1284,66 @@ mod tests {
         bytes[3..11].copy_from_slice(&f64::NAN.to_le_bytes());
         assert_eq!(ZSet::decode(&bytes), Err(TypedError::BadOrder));
     }
+    #[test]
+    fn a_large_table_addresses_every_member_through_splits_and_merges() {
+        let mut t = LargeTable::new(Kind::Set, 77);
+        let hashes: Vec<u64> = (0..2000u32).map(|i| member_hash(77, &i.to_le_bytes())).collect();
+        let mut buckets: Vec<Vec<u64>> = vec![hashes.clone()];
+        for _ in 0..300 {
+            let (from, to) = t.grow().unwrap();
+            assert_eq!(to as usize, buckets.len());
+            let (stay, go): (Vec<u64>, Vec<u64>) =
+                buckets[from as usize].iter().partition(|&&h| t.bucket_of(h) == from);
+            assert!(go.iter().all(|&h| t.bucket_of(h) == to));
+            buckets[from as usize] = stay;
+            buckets.push(go);
+            assert_eq!(t.buckets() as usize, buckets.len());
+            for (b, members) in buckets.iter().enumerate() {
+                assert!(members.iter().all(|&h| t.bucket_of(h) == b as u64));
+            }
+        }
+        // Scan positions: each bucket is one interval of reversed hashes.
+        for (b, members) in buckets.iter().enumerate() {
+            let bits = t.bucket_bits(b as u64);
+            let start = scan_position(b as u64) & !(u64::MAX >> bits);
+            for &h in members {
+                assert_eq!(scan_position(h) & !(u64::MAX >> bits), start);
+            }
+        }
+        while let Some((into, last)) = t.shrink() {
+            let moved = buckets.pop().unwrap();
+            assert_eq!(last as usize, buckets.len());
+            buckets[into as usize].extend(moved);
+            for (b, members) in buckets.iter().enumerate() {
+                assert!(members.iter().all(|&h| t.bucket_of(h) == b as u64));
+            }
+        }
+        assert_eq!((t.level, t.split, t.buckets()), (0, 0, 1));
+        let header = LargeTable { len: 5, bytes: 99, ..t };
+        assert_eq!(LargeTable::decode(&header.encode()), Ok(header));
+        assert_eq!(large_kind(&header.encode()), Some(Kind::Set));
+        assert_eq!(large_gen(&header.encode()), Some(77));
+        assert_eq!(check(&header.encode()), Ok((Kind::Set, 5)));
+    }
+
+    #[test]
+    fn a_bucket_is_a_compact_hash_and_edits_in_place() {
+        let mut b = RawBucket::empty(Kind::Hash);
+        assert_eq!(b.set(b"f1", b"v1"), (0, 6));
+        assert_eq!(b.set(b"", b"empty"), (0, 7));
+        assert_eq!(b.set(b"f1", b"longer"), (6, 10));
+        assert_eq!(b.get(b"f1"), Some(&b"longer"[..]));
+        assert_eq!(b.get(b""), Some(&b"empty"[..]));
+        let h = Hash::decode(&b.encode()).unwrap();
+        assert_eq!(h.fields.len(), 2);
+        assert_eq!(RawBucket::decode(&b.encode(), Kind::Hash), Ok(b.clone()));
+        assert_eq!(b.remove(b"f1"), Some(10));
+        assert_eq!(b.remove(b"f1"), None);
+        assert_eq!(b.count, 1);
+        let mut s = RawBucket::empty(Kind::Set);
+        s.set(b"m", b"");
+        assert_eq!(Set::decode(&s.encode()).unwrap().members, vec![b"m".to_vec()]);
+        assert!(RawBucket::decode(&s.encode(), Kind::Hash).is_err());
+    }
+
 }

@@ -98,6 +98,7 @@ pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
             Some(kind @ (Kind::List | Kind::Hash | Kind::Set)) => Ok(kind),
             _ => Err(TypedError::UnknownKind(*k)),
         },
+        [TAG, k, ..] if *k == Kind::Set as u8 | SET_LISTPACK => Ok(Kind::Set),
         [TAG, k, ..] => Kind::from_byte(*k).ok_or(TypedError::UnknownKind(*k)),
         [TAG] => Err(TypedError::Truncated),
         _ => Ok(Kind::String),
@@ -326,6 +327,25 @@ impl List {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Set {
     pub members: Vec<Vec<u8>>,
+    /// The set has held a member that is not an integer while compact, so Redis would keep it
+    /// in its listpack encoding even when only integers are left (its intset encoding is never
+    /// taken back). Written as the kind byte [`SET_LISTPACK`].
+    pub listpack: bool,
+}
+
+/// The kind byte of a compact set that has held a member that is not an integer: 0x03 with this
+/// flag (0x23).
+pub const SET_LISTPACK: u8 = 0x20;
+
+/// Whether a member is an integer as Redis's intset takes it: the canonical text of an i64.
+pub fn is_integer_member(m: &[u8]) -> bool {
+    if m.is_empty() || m.len() > 20 {
+        return false;
+    }
+    let Ok(text) = std::str::from_utf8(m) else {
+        return false;
+    };
+    text.parse::<i64>().is_ok_and(|v| v.to_string() == text)
 }
 
 impl Set {
@@ -337,12 +357,20 @@ impl Set {
             members.push(r.bytes()?.to_vec());
         }
         r.end()?;
-        Ok(Set { members })
+        Ok(Set {
+            members,
+            listpack: stored.get(1) == Some(&(Kind::Set as u8 | SET_LISTPACK)),
+        })
     }
 
+    /// The compact encoding; the kind byte says whether the set has held a member that is not
+    /// an integer (then or now).
     pub fn encode(&self) -> Vec<u8> {
         let size: usize = self.members.iter().map(|e| e.len() + 2).sum();
         let mut out = header(Kind::Set, self.members.len(), size);
+        if self.listpack || !self.members.iter().all(|m| is_integer_member(m)) {
+            out[1] |= SET_LISTPACK;
+        }
         for e in &self.members {
             put_bytes(&mut out, e);
         }
@@ -1233,7 +1261,21 @@ mod tests {
         let mut s = Set::default();
         assert!(s.add(b"x") && s.add(b"y") && !s.add(b"x"));
         assert!(s.remove(b"x") && !s.remove(b"x"));
-        assert_eq!(Set::decode(&s.encode()).unwrap(), s);
+        // A set that held a member that is not an integer comes back flagged (Redis's listpack).
+        let back = Set::decode(&s.encode()).unwrap();
+        assert!(back.listpack && back.members == s.members);
+        assert_eq!(Set::decode(&back.encode()).unwrap(), back);
+        let ints = Set {
+            members: vec![b"1".to_vec(), b"-20".to_vec()],
+            listpack: false,
+        };
+        assert_eq!(Set::decode(&ints.encode()).unwrap(), ints);
+        let mut sticky = Set::decode(&back.encode()).unwrap();
+        sticky.members = vec![b"7".to_vec()];
+        assert_eq!(sticky.encode()[1], Kind::Set as u8 | SET_LISTPACK);
+        assert_eq!(kind_of(&sticky.encode()), Ok(Kind::Set));
+        assert!(is_integer_member(b"-9223372036854775808") && !is_integer_member(b"01"));
+        assert!(!is_integer_member(b"") && !is_integer_member(b"+1") && !is_integer_member(b"1 "));
 
         let mut z = ZSet::default();
         z.insert(2.0, b"b");

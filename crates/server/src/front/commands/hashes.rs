@@ -1,9 +1,37 @@
 //! Hash commands (Redis's `t_hash.c`): HSET, HSETNX, HMSET, HGET, HMGET, HGETALL, HKEYS, HVALS,
 //! HLEN, HEXISTS, HSTRLEN, HDEL, HINCRBY, HINCRBYFLOAT, HRANDFIELD, HSCAN.
 
+use super::large_list::{LargeError, Place};
+use super::large_table::{self, Edit, Table};
 use super::typed::*;
 use super::*;
-use ramlog_proto::types::Hash;
+use ramlog_proto::types::{Hash, Kind};
+
+/// Runs a read on the key's large hash; None when it holds none (the compact path answers).
+fn read_large<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    op: impl FnMut(&mut Ctx<'_>, Place<'_>, Table) -> Result<R, LargeError>,
+) -> Result<Option<R>, Replied> {
+    large_table::on_table(ctx, key, Kind::Hash, false, op)
+}
+
+fn change_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    fields: &[&[u8]],
+    edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
+) -> Result<Option<()>, Replied> {
+    large_table::change_at(ctx, key, Kind::Hash, fields, edit)
+}
+
+fn get_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    fields: &[&[u8]],
+) -> Result<Option<Vec<Option<Vec<u8>>>>, Replied> {
+    large_table::get_at(ctx, key, Kind::Hash, fields)
+}
 
 pub(super) fn cmd_hset(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     hset(ctx, args, true)
@@ -21,10 +49,22 @@ fn hset(ctx: &mut Ctx<'_>, args: &[&[u8]], count_reply: bool) {
         ));
     }
     let pairs = &args[2..];
-    let added = update::<Hash, i64>(ctx, args[1], |h, _| {
-        let added = pairs.chunks_exact(2).filter(|p| h.set(p[0], p[1])).count();
-        Ok((added as i64, true))
-    });
+    let fields: Vec<&[u8]> = pairs.chunks_exact(2).map(|p| p[0]).collect();
+    let mut new = 0i64;
+    let large = change_large(
+        ctx,
+        args[1],
+        &fields,
+        |i, current| {
+            new = if i == 0 { 0 } else { new } + i64::from(current.is_none());
+            Ok(Edit::Set(pairs[2 * i + 1].to_vec()))
+        },
+    );
+    let added = match large {
+        Err(Replied) => return,
+        Ok(Some(())) => Ok(new),
+        Ok(None) => hset_compact(ctx, args[1], pairs),
+    };
     if let Ok(n) = added {
         if count_reply {
             ctx.enc.integer(n)
@@ -34,8 +74,29 @@ fn hset(ctx: &mut Ctx<'_>, args: &[&[u8]], count_reply: bool) {
     }
 }
 
+fn hset_compact(ctx: &mut Ctx<'_>, key: &[u8], pairs: &[&[u8]]) -> Result<i64, Replied> {
+    update::<Hash, i64>(ctx, key, |h, _| {
+        let added = pairs.chunks_exact(2).filter(|p| h.set(p[0], p[1])).count();
+        Ok((added as i64, true))
+    })
+}
+
 pub(super) fn cmd_hsetnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (field, value) = (args[2], args[3]);
+    let mut set = false;
+    match change_large(
+        ctx,
+        args[1],
+        &[field],
+        |_, current| {
+            set = current.is_none();
+            Ok(if set { Edit::Set(value.to_vec()) } else { Edit::Keep })
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(())) => return ctx.enc.integer(i64::from(set)),
+        Ok(None) => {}
+    }
     if let Ok(set) = update::<Hash, bool>(ctx, args[1], |h, _| {
         if h.get(field).is_some() {
             return Ok((false, false));
@@ -48,12 +109,28 @@ pub(super) fn cmd_hsetnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_hget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match get_large(ctx, args[1], &args[2..3]) {
+        Err(Replied) => return,
+        Ok(Some(values)) => return ctx.enc.bulk_or_null(values[0].as_deref()),
+        Ok(None) => {}
+    }
     if let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) {
         ctx.enc.bulk_or_null(h.get(args[2]))
     }
 }
 
 pub(super) fn cmd_hmget(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match get_large(ctx, args[1], &args[2..]) {
+        Err(Replied) => return,
+        Ok(Some(values)) => {
+            ctx.enc.array(values.len());
+            for v in values {
+                ctx.enc.bulk_or_null(v.as_deref());
+            }
+            return;
+        }
+        Ok(None) => {}
+    }
     if let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) {
         ctx.enc.array(args.len() - 2);
         for f in &args[2..] {
@@ -91,18 +168,37 @@ pub(super) fn cmd_hvals(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_hlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match read_large(ctx, args[1], |_, _, table| Ok(table.header.len)) {
+        Err(Replied) => return,
+        Ok(Some(len)) => return ctx.enc.integer(len as i64),
+        Ok(None) => {}
+    }
     if let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) {
         ctx.enc.integer(h.fields.len() as i64)
     }
 }
 
 pub(super) fn cmd_hexists(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match get_large(ctx, args[1], &args[2..3]) {
+        Err(Replied) => return,
+        Ok(Some(values)) => return ctx.enc.integer(i64::from(values[0].is_some())),
+        Ok(None) => {}
+    }
     if let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) {
         ctx.enc.integer(i64::from(h.get(args[2]).is_some()))
     }
 }
 
 pub(super) fn cmd_hstrlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match get_large(ctx, args[1], &args[2..3]) {
+        Err(Replied) => return,
+        Ok(Some(values)) => {
+            return ctx
+                .enc
+                .integer(values[0].as_ref().map_or(0, |v| v.len() as i64))
+        }
+        Ok(None) => {}
+    }
     if let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) {
         ctx.enc
             .integer(h.get(args[2]).map(|v| v.len() as i64).unwrap_or(0))
@@ -111,6 +207,20 @@ pub(super) fn cmd_hstrlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 pub(super) fn cmd_hdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let fields = &args[2..];
+    let mut removed = 0i64;
+    match change_large(
+        ctx,
+        args[1],
+        fields,
+        |i, current| {
+            removed = if i == 0 { 0 } else { removed } + i64::from(current.is_some());
+            Ok(Edit::Remove)
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(())) => return ctx.enc.integer(removed),
+        Ok(None) => {}
+    }
     if let Ok(n) = update::<Hash, i64>(ctx, args[1], |h, _| {
         let removed = fields.iter().filter(|f| h.remove(f)).count();
         Ok((removed as i64, removed > 0))
@@ -124,12 +234,29 @@ pub(super) fn cmd_hincrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.error(ERR_NOT_INTEGER);
     };
     let field = args[2];
-    if let Ok(n) = update::<Hash, i64>(ctx, args[1], |h, _| {
-        let current = match h.get(field) {
+    let incr = |current: Option<&[u8]>| -> Result<i64, String> {
+        let current = match current {
             Some(v) => parse_i64(v).ok_or("ERR hash value is not an integer")?,
             None => 0,
         };
-        let next = current.checked_add(delta).ok_or(ERR_OVERFLOW)?;
+        Ok(current.checked_add(delta).ok_or(ERR_OVERFLOW)?)
+    };
+    let mut result = 0i64;
+    match change_large(
+        ctx,
+        args[1],
+        &[field],
+        |_, current| {
+            result = incr(current)?;
+            Ok(Edit::Set(result.to_string().into_bytes()))
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(())) => return ctx.enc.integer(result),
+        Ok(None) => {}
+    }
+    if let Ok(n) = update::<Hash, i64>(ctx, args[1], |h, _| {
+        let next = incr(h.get(field))?;
         h.set(field, next.to_string().as_bytes());
         Ok((next, true))
     }) {
@@ -141,9 +268,12 @@ pub(super) fn cmd_hincrbyfloat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let Some(delta) = parse_f64(args[3]) else {
         return ctx.enc.error("ERR value is not a valid float");
     };
+    if !delta.is_finite() {
+        return ctx.enc.error("ERR value is NaN or Infinity");
+    }
     let field = args[2];
-    if let Ok(text) = update::<Hash, String>(ctx, args[1], |h, _| {
-        let current = match h.get(field) {
+    let incr = |current: Option<&[u8]>| -> Result<String, String> {
+        let current = match current {
             Some(v) => parse_f64(v).ok_or("ERR hash value is not a float")?,
             None => 0.0,
         };
@@ -151,7 +281,24 @@ pub(super) fn cmd_hincrbyfloat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         if !next.is_finite() {
             return Err("ERR increment would produce NaN or Infinity".into());
         }
-        let text = float_text(next);
+        Ok(float_text(next))
+    };
+    let mut result = String::new();
+    match change_large(
+        ctx,
+        args[1],
+        &[field],
+        |_, current| {
+            result = incr(current)?;
+            Ok(Edit::Set(result.clone().into_bytes()))
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(())) => return ctx.enc.bulk(result.as_bytes()),
+        Ok(None) => {}
+    }
+    if let Ok(text) = update::<Hash, String>(ctx, args[1], |h, _| {
+        let text = incr(h.get(field))?;
         h.set(field, text.as_bytes());
         Ok((text, true))
     }) {
@@ -176,30 +323,39 @@ pub(super) fn cmd_hrandfield(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     if count.is_some_and(|n| n.unsigned_abs() > (i64::MAX as u64) / 2) {
         return ctx.enc.error("ERR value is out of range");
     }
-    let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) else {
-        return;
+    let large = read_large(ctx, args[1], |ctx, place, table| {
+        large_table::random(ctx, place, table, count.unwrap_or(1))
+    });
+    let picks: Vec<(Vec<u8>, Vec<u8>)> = match large {
+        Err(Replied) => return,
+        Ok(Some(picks)) => picks,
+        Ok(None) => {
+            let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) else {
+                return;
+            };
+            random_picks(h.fields.len(), count.unwrap_or(1))
+                .into_iter()
+                .map(|i| h.fields[i].clone())
+                .collect()
+        }
     };
-    let Some(count) = count else {
-        let pick = random_picks(h.fields.len(), 1);
-        return ctx
-            .enc
-            .bulk_or_null(pick.first().map(|&i| h.fields[i].0.as_slice()));
+    let Some(_) = count else {
+        return ctx.enc.bulk_or_null(picks.first().map(|(f, _)| f.as_slice()));
     };
-    let picks = random_picks(h.fields.len(), count);
     if with_values && ctx.enc.resp3() {
         ctx.enc.array(picks.len());
-        for i in picks {
+        for (f, v) in &picks {
             ctx.enc.array(2);
-            ctx.enc.bulk(&h.fields[i].0);
-            ctx.enc.bulk(&h.fields[i].1);
+            ctx.enc.bulk(f);
+            ctx.enc.bulk(v);
         }
         return;
     }
     ctx.enc.array(picks.len() * if with_values { 2 } else { 1 });
-    for i in picks {
-        ctx.enc.bulk(&h.fields[i].0);
+    for (f, v) in &picks {
+        ctx.enc.bulk(f);
         if with_values {
-            ctx.enc.bulk(&h.fields[i].1);
+            ctx.enc.bulk(v);
         }
     }
 }
@@ -209,6 +365,20 @@ pub(super) fn cmd_hscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let Ok(opts) = parse_scan_options(ctx, args, true) else {
         return;
     };
+    let large = read_large(ctx, args[1], |ctx, place, table| {
+        large_table::scan(ctx, place, table, opts.cursor, opts.count)
+    });
+    match large {
+        Err(Replied) => return,
+        Ok(Some((next, found))) => {
+            let hits: Vec<&(Vec<u8>, Vec<u8>)> = found
+                .iter()
+                .filter(|(f, _)| scan_matches(opts.pattern, f))
+                .collect();
+            return reply_scan(ctx, next, &hits, opts.novalues);
+        }
+        Ok(None) => {}
+    }
     let Ok(h) = load_or_empty::<Hash>(ctx, args[1]) else {
         return;
     };
@@ -217,13 +387,16 @@ pub(super) fn cmd_hscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         .iter()
         .filter(|(f, _)| scan_matches(opts.pattern, f))
         .collect();
+    reply_scan(ctx, 0, &hits, opts.novalues)
+}
+
+fn reply_scan(ctx: &mut Ctx<'_>, cursor: u64, hits: &[&(Vec<u8>, Vec<u8>)], novalues: bool) {
     ctx.enc.array(2);
-    ctx.enc.bulk(b"0");
-    ctx.enc
-        .array(hits.len() * if opts.novalues { 1 } else { 2 });
+    ctx.enc.bulk(cursor.to_string().as_bytes());
+    ctx.enc.array(hits.len() * if novalues { 1 } else { 2 });
     for (f, v) in hits {
         ctx.enc.bulk(f);
-        if !opts.novalues {
+        if !novalues {
             ctx.enc.bulk(v);
         }
     }

@@ -524,10 +524,16 @@ pub(super) fn cmd_randomkey(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     ctx.enc.null()
 }
 
-/// The encoding OBJECT ENCODING names: Redis's for the same value (a collection is one compact
-/// object, Redis's listpack).
-fn encoding_of(stored: &[u8]) -> &'static str {
-    use ramlog_proto::types::{kind_of, string_of, Kind};
+/// The encoding OBJECT ENCODING names: Redis's for the same value (a compact collection is
+/// Redis's listpack, or intset for a set of integers; a large list its quicklist, a large hash
+/// or set its hashtable).
+fn encoding_of(ctx: &Ctx<'_>, stored: &[u8]) -> &'static str {
+    use ramlog_proto::types::{kind_of, large_kind, string_of, Kind, Set};
+    match large_kind(stored) {
+        Some(Kind::List) => return "quicklist",
+        Some(_) => return "hashtable",
+        None => {}
+    }
     match kind_of(stored) {
         Ok(Kind::String) => {
             let s = string_of(stored).unwrap_or_default();
@@ -540,7 +546,10 @@ fn encoding_of(stored: &[u8]) -> &'static str {
             }
         }
         Ok(Kind::Stream) => "stream",
-        Ok(Kind::List) if ramlog_proto::types::is_large(stored) => "quicklist",
+        Ok(Kind::Set) => Set::decode(stored)
+            .ok()
+            .and_then(|set| super::typed::set_compact_encoding(ctx, &set))
+            .unwrap_or("listpack"),
         Ok(_) => "listpack",
         Err(_) => "unknown",
     }
@@ -578,7 +587,7 @@ pub(super) fn cmd_object(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.null();
     };
     if eq_ignore_case(sub, "encoding") {
-        ctx.enc.bulk(encoding_of(&object.value).as_bytes())
+        ctx.enc.bulk(encoding_of(ctx, &object.value).as_bytes())
     } else if eq_ignore_case(sub, "refcount") {
         ctx.enc.integer(1)
     } else if eq_ignore_case(sub, "idletime") || eq_ignore_case(sub, "freq") {

@@ -33,13 +33,13 @@ fn chunk_bytes(ctx: &Ctx<'_>) -> usize {
 
 /// The most bytes one atomic unit of a large list's change writes; a rewrite of a larger list
 /// writes its new chunks in several units before the one that switches the header.
-const UNIT_BYTES: usize = 4 << 20;
+pub(super) const UNIT_BYTES: usize = 4 << 20;
 
 /// A collection's key and generation.
-type Generation = (Vec<u8>, u64);
+pub(super) type Generation = (Vec<u8>, u64);
 
 /// Collections being rewritten in several units: [`sweep`] leaves their chunks.
-static BUILDING: LazyLock<Mutex<HashSet<Generation>>> =
+pub(super) static BUILDING: LazyLock<Mutex<HashSet<Generation>>> =
     LazyLock::new(|| Mutex::new(HashSet::new()));
 
 /// Why a large list's operation did not complete.
@@ -144,7 +144,7 @@ fn varint_len(n: usize) -> usize {
 
 /// A generation unlikely to have been used at any key before: the fast generator mixed with
 /// the time and the process. Never 0.
-fn random_gen() -> u64 {
+pub(super) fn random_gen() -> u64 {
     let mixed = super::typed::random_u64()
         ^ ramlog_common::unix_ns().rotate_left(17)
         ^ (u64::from(std::process::id()) << 40);
@@ -168,7 +168,7 @@ impl<'k> Place<'k> {
         }
     }
 
-    fn chunk_key(&self, gen: u64, id: u64) -> Vec<u8> {
+    pub(super) fn chunk_key(&self, gen: u64, id: u64) -> Vec<u8> {
         types::chunk_key(self.slot, self.key, gen, id)
     }
 }
@@ -184,7 +184,7 @@ fn read_chunk(
 }
 
 /// Reads chunk `id` through `decode` (decoded, or kept encoded).
-fn read_decoded<T>(
+pub(super) fn read_decoded<T>(
     ctx: &mut Ctx<'_>,
     place: Place<'_>,
     gen: u64,
@@ -325,7 +325,7 @@ pub(super) fn materialize(
 }
 
 /// What becomes of the header in a change.
-enum HeaderWrite {
+pub(super) enum HeaderWrite {
     Large(LargeList),
     Small(Vec<u8>),
     Delete,
@@ -333,19 +333,19 @@ enum HeaderWrite {
 
 /// One atomic change of a large list: the header, chunks written and chunks deleted, on the
 /// condition that the header is still at `condition`.
-struct Change {
-    header: HeaderWrite,
+pub(super) struct Change {
+    pub header: HeaderWrite,
     /// The header's expiry: None keeps the key's.
-    expire: Option<u64>,
-    condition: Condition,
-    gen: u64,
+    pub expire: Option<u64>,
+    pub condition: Condition,
+    pub gen: u64,
     /// Chunks written: id and encoded chunk.
-    puts: Vec<(u64, Vec<u8>)>,
-    deletes: Vec<u64>,
+    pub puts: Vec<(u64, Vec<u8>)>,
+    pub deletes: Vec<u64>,
 }
 
 /// Writes a change as one unit; returns the header's new version (None if nothing was written).
-fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option<u64>, LargeError> {
+pub(super) fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option<u64>, LargeError> {
     let header_bytes = match &change.header {
         HeaderWrite::Large(h) => Some(h.encode()),
         HeaderWrite::Small(b) => Some(b.clone()),
@@ -397,7 +397,7 @@ fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option
     Ok(version)
 }
 
-fn unit_bytes(puts: &[(u64, Vec<u8>)]) -> usize {
+pub(super) fn unit_bytes(puts: &[(u64, Vec<u8>)]) -> usize {
     puts.iter().map(|(_, c)| c.len() + 64).sum()
 }
 
@@ -698,7 +698,7 @@ pub(super) fn write(
 }
 
 /// Writes chunks with no header change, a unit at a time.
-fn write_chunks(
+pub(super) fn write_chunks(
     ctx: &mut Ctx<'_>,
     place: Place<'_>,
     gen: u64,
@@ -737,11 +737,11 @@ fn write_chunks(
 }
 
 /// Tombstones (a key and a header) per unit of deletes.
-const DELETES_PER_UNIT: usize = 16 * 1024;
+pub(super) const DELETES_PER_UNIT: usize = 16 * 1024;
 
 /// A change whose deletes may not fit one unit: the first unit carries the header and as many
 /// deletes as fit, the rest follow (chunks no header names any more).
-fn delete_in_units(
+pub(super) fn delete_in_units(
     ctx: &mut Ctx<'_>,
     place: Place<'_>,
     change: &mut Change,
@@ -757,7 +757,7 @@ fn delete_in_units(
 }
 
 /// Deletes chunks that no header names (best effort: what a failure leaves, [`sweep`] finds).
-fn delete_chunks(ctx: &mut Ctx<'_>, place: Place<'_>, gen: u64, ids: &[u64]) {
+pub(super) fn delete_chunks(ctx: &mut Ctx<'_>, place: Place<'_>, gen: u64, ids: &[u64]) {
     for part in ids.chunks(DELETES_PER_UNIT) {
         let keys: Vec<Vec<u8>> = part.iter().map(|id| place.chunk_key(gen, *id)).collect();
         let items: Vec<MultiWrite<'_>> = keys
@@ -881,7 +881,7 @@ pub fn sweep(node: &Node, tablet: TabletId) -> Result<u64, NodeError> {
     let mut deleted = 0u64;
     for ((key, gen, _slot), chunks) in groups {
         let header = node.read_with(tablet, &key, &mut acks, |v, version, _| {
-            let live = types::is_large(v) && LargeList::decode(v).is_ok_and(|h| h.gen == gen);
+            let live = types::large_gen(v) == Some(gen);
             (live, version)
         })?;
         let condition = match header {
@@ -917,7 +917,7 @@ pub fn sweep(node: &Node, tablet: TabletId) -> Result<u64, NodeError> {
 /// The key's large list, if it holds one; Err(Changed) when it changed while being read.
 fn large_at(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<(Object, Large)>, LargeError> {
     match super::read(ctx, key)? {
-        Some(o) if types::is_large(&o.value) => {
+        Some(o) if types::large_kind(&o.value) == Some(types::Kind::List) => {
             let large = Large::decode(&o)?;
             Ok(Some((o, large)))
         }
@@ -961,15 +961,24 @@ fn with_large<R>(
 /// Whether the key holds a large list: one index lookup, no value copied (the check the
 /// commands make before taking a large list's path). A read error is answered.
 pub(super) fn holds_large(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<bool, super::typed::Replied> {
+    Ok(large_kind_at(ctx, key)? == Some(types::Kind::List))
+}
+
+/// The kind of the large collection at the key (None: absent, compact, or a string): one
+/// index lookup, no value copied. A read error is answered.
+pub(super) fn large_kind_at(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+) -> Result<Option<types::Kind>, super::typed::Replied> {
     let node = ctx.node;
     let large = node.read_with(
         node.tablet_of(key),
         key,
         &mut ctx.session.acks,
-        |v, _, _| types::is_large(v),
+        |v, _, _| types::large_kind(v),
     );
     match large {
-        Ok(found) => Ok(found == Some(true)),
+        Ok(found) => Ok(found.flatten()),
         Err(e) => {
             engine_error(ctx, &e);
             Err(super::typed::Replied)
@@ -977,23 +986,37 @@ pub(super) fn holds_large(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<bool, super::
     }
 }
 
-/// DEL and UNLINK of a large list: its header and chunks. False if the key holds none.
+/// DEL and UNLINK of a large collection: its header and chunks. False if the key holds none.
 pub(super) fn delete_if_large(
     ctx: &mut Ctx<'_>,
     key: &[u8],
 ) -> Result<bool, super::typed::Replied> {
-    if !holds_large(ctx, key)? {
-        return Ok(false);
+    match large_kind_at(ctx, key)? {
+        None => Ok(false),
+        Some(types::Kind::List) => {
+            with_large(ctx, key, |ctx, place, _, large| delete(ctx, place, large))
+                .map(|r| r.is_some())
+        }
+        Some(kind) => super::large_table::on_table(ctx, key, kind, false, |ctx, place, table| {
+            super::large_table::delete(ctx, place, table)
+        })
+        .map(|r| r.is_some()),
     }
-    with_large(ctx, key, |ctx, place, _, large| delete(ctx, place, large)).map(|r| r.is_some())
 }
 
-/// What a large list's chunks take in the log (0 for any other value), for MEMORY USAGE.
+/// What a large collection's chunks take in the log (0 for any other value), for MEMORY USAGE.
 pub(super) fn memory_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<u64, super::typed::Replied> {
-    with_large(ctx, key, |ctx, place, _, large| {
-        memory_usage(ctx, place, large)
-    })
-    .map(Option::unwrap_or_default)
+    match large_kind_at(ctx, key)? {
+        None => Ok(0),
+        Some(types::Kind::List) => with_large(ctx, key, |ctx, place, _, large| {
+            memory_usage(ctx, place, large)
+        })
+        .map(Option::unwrap_or_default),
+        Some(kind) => super::large_table::on_table(ctx, key, kind, false, |ctx, place, table| {
+            super::large_table::memory_usage(ctx, place, table)
+        })
+        .map(Option::unwrap_or_default),
+    }
 }
 
 /// RENAME and COPY of a large list: its items written at `dst` in the form their size calls
@@ -1006,15 +1029,36 @@ pub(super) fn copy_to(
     dst: &[u8],
     condition: Condition,
 ) -> Result<bool, LargeError> {
-    let large = Large::decode(src_object)?;
-    let (list, _) = materialize(ctx, Place::of(ctx, src), large)?;
     let expire = Some(src_object.expire_at_ms);
     if condition == Condition::None {
-        // What the destination held goes; a large list there takes its chunks along.
-        if let Some((_, old)) = large_at(ctx, dst)? {
-            delete(ctx, Place::of(ctx, dst), old)?;
+        // What the destination held goes; a large collection there takes its chunks along.
+        if let Some(o) = super::read(ctx, dst)? {
+            match types::large_kind(&o.value) {
+                None => {}
+                Some(types::Kind::List) => delete(ctx, Place::of(ctx, dst), Large::decode(&o)?)?,
+                Some(_) => super::large_table::delete(
+                    ctx,
+                    Place::of(ctx, dst),
+                    super::large_table::decode(&o)?,
+                )?,
+            }
         }
     }
+    if let Some(kind @ (types::Kind::Hash | types::Kind::Set)) = types::large_kind(&src_object.value) {
+        let table = super::large_table::decode(src_object)?;
+        let entries = super::large_table::entries(ctx, Place::of(ctx, src), table)?;
+        let entries: Vec<(&[u8], &[u8])> = entries
+            .iter()
+            .map(|(m, v)| (m.as_slice(), v.as_slice()))
+            .collect();
+        return match super::large_table::write(ctx, Place::of(ctx, dst), kind, &entries, condition, expire, None) {
+            Ok(()) => Ok(true),
+            Err(LargeError::Changed) if condition == Condition::IfAbsent => Ok(false),
+            Err(e) => Err(e),
+        };
+    }
+    let large = Large::decode(src_object)?;
+    let (list, _) = materialize(ctx, Place::of(ctx, src), large)?;
     match write(
         ctx,
         Place::of(ctx, dst),
@@ -1037,8 +1081,12 @@ pub(super) fn delete_at_version(
     key: &[u8],
     object: &Object,
 ) -> Result<bool, LargeError> {
-    let large = Large::decode(object)?;
-    match delete(ctx, Place::of(ctx, key), large) {
+    let deleted = if types::large_kind(&object.value) == Some(types::Kind::List) {
+        delete(ctx, Place::of(ctx, key), Large::decode(object)?)
+    } else {
+        super::large_table::delete(ctx, Place::of(ctx, key), super::large_table::decode(object)?)
+    };
+    match deleted {
         Ok(()) => Ok(true),
         Err(LargeError::Changed) => Ok(false),
         Err(e) => Err(e),
@@ -1084,7 +1132,7 @@ pub(crate) fn start_sweeper(
 /// Whether this server masters `tablet` and serves it whole: standalone, always; in a cluster,
 /// when the map names it master of exactly that range with no restore, move, split or merge
 /// under way.
-fn served_whole(node: &Node, roles: Option<&crate::cluster::Roles>, tablet: TabletId) -> bool {
+pub(super) fn served_whole(node: &Node, roles: Option<&crate::cluster::Roles>, tablet: TabletId) -> bool {
     let Some(roles) = roles else {
         return true;
     };

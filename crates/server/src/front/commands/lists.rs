@@ -12,7 +12,7 @@ fn large_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Large>, Replied> {
         return Ok(None);
     }
     match read(ctx, key) {
-        Ok(Some(o)) if types::is_large(&o.value) => match Large::decode(&o) {
+        Ok(Some(o)) if types::large_kind(&o.value) == Some(types::Kind::List) => match Large::decode(&o) {
             Ok(l) => Ok(Some(l)),
             Err(e) => {
                 large_list::reply_error(ctx, e);

@@ -26,6 +26,7 @@ mod connection;
 mod hashes;
 mod keys;
 mod large_list;
+mod large_table;
 mod lists;
 pub(crate) mod pubsub;
 pub(crate) mod scripting;

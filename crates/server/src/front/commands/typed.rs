@@ -9,6 +9,7 @@
 //! empty is deleted, as Redis deletes empty collections.
 
 use super::large_list;
+use super::large_table;
 use super::*;
 use ramlog_proto::types::{self, Kind, List, TypedError};
 use std::sync::atomic::AtomicU64;
@@ -22,6 +23,65 @@ pub(super) trait Collection: Default + Sized + 'static {
     fn decode(stored: &[u8]) -> Result<Self, TypedError>;
     fn encode(&self) -> Vec<u8>;
     fn len(&self) -> usize;
+
+    /// The members and values of a hash or set (the entries of its large form); None for the
+    /// other types.
+    fn table_entries(&self) -> Option<Vec<(&[u8], &[u8])>> {
+        None
+    }
+
+    /// A hash or set built from the entries of its large form.
+    fn from_table(_entries: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
+        Self::default()
+    }
+
+    /// Whether this hash or set belongs in the large form on this server.
+    fn wants_table(&self, _ctx: &Ctx<'_>) -> bool {
+        false
+    }
+}
+
+/// Whether a hash or set's large form exists for `kind`.
+fn has_table(kind: Kind) -> bool {
+    matches!(kind, Kind::Hash | Kind::Set)
+}
+
+/// Whether a hash of these fields belongs in the large form: Redis's limits for its listpack
+/// encoding (`hash-max-listpack-entries` and `-value`), and never past half the value limit.
+pub(super) fn hash_wants_table(ctx: &Ctx<'_>, fields: &[(Vec<u8>, Vec<u8>)]) -> bool {
+    let entries = ctx.node.settings.value("hash-max-listpack-entries").max(0) as usize;
+    let value = ctx.node.settings.value("hash-max-listpack-value").max(0) as usize;
+    let mut size = 0usize;
+    for (f, v) in fields {
+        if f.len() > value || v.len() > value {
+            return true;
+        }
+        size += f.len() + v.len() + 4;
+    }
+    fields.len() > entries || size as u64 > ctx.node.config.value_size_max_bytes / 2
+}
+
+/// The compact encoding Redis would give this set: intset when every member is an integer,
+/// it has never held another, and they are at most `set-max-intset-entries`; listpack when they
+/// are at most `set-max-listpack-entries` of at most `set-max-listpack-value` bytes; None for
+/// its hashtable (ramlog's large form).
+pub(super) fn set_compact_encoding(ctx: &Ctx<'_>, set: &types::Set) -> Option<&'static str> {
+    let settings = &ctx.node.settings;
+    let members = &set.members;
+    let size: usize = members.iter().map(|m| m.len() + 2).sum();
+    if size as u64 > ctx.node.config.value_size_max_bytes / 2 {
+        return None;
+    }
+    let intset = settings.value("set-max-intset-entries").max(0) as usize;
+    if !set.listpack
+        && members.len() <= intset
+        && members.iter().all(|m| types::is_integer_member(m))
+    {
+        return Some("intset");
+    }
+    let entries = settings.value("set-max-listpack-entries").max(0) as usize;
+    let value = settings.value("set-max-listpack-value").max(0) as usize;
+    (members.len() <= entries && members.iter().all(|m| m.len() <= value)).then_some("listpack")
 }
 
 impl Collection for types::Hash {
@@ -34,6 +94,20 @@ impl Collection for types::Hash {
     }
     fn len(&self) -> usize {
         self.fields.len()
+    }
+    fn table_entries(&self) -> Option<Vec<(&[u8], &[u8])>> {
+        Some(
+            self.fields
+                .iter()
+                .map(|(f, v)| (f.as_slice(), v.as_slice()))
+                .collect(),
+        )
+    }
+    fn from_table(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
+        types::Hash { fields: entries }
+    }
+    fn wants_table(&self, ctx: &Ctx<'_>) -> bool {
+        hash_wants_table(ctx, &self.fields)
     }
 }
 
@@ -60,6 +134,23 @@ impl Collection for types::Set {
     }
     fn len(&self) -> usize {
         self.members.len()
+    }
+    fn table_entries(&self) -> Option<Vec<(&[u8], &[u8])>> {
+        Some(
+            self.members
+                .iter()
+                .map(|m| (m.as_slice(), &[][..]))
+                .collect(),
+        )
+    }
+    fn from_table(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Self {
+        types::Set {
+            members: entries.into_iter().map(|(m, _)| m).collect(),
+            listpack: true,
+        }
+    }
+    fn wants_table(&self, ctx: &Ctx<'_>) -> bool {
+        set_compact_encoding(ctx, self).is_none()
     }
 }
 
@@ -102,9 +193,19 @@ pub(super) fn load<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Optio
     for _ in 0..64 {
         match read(ctx, key) {
             Ok(None) => return Ok(None),
-            Ok(Some(o)) if types::is_large(&o.value) && C::KIND == Kind::List => {
+            Ok(Some(o)) if types::large_kind(&o.value) == Some(C::KIND) && C::KIND == Kind::List => {
                 match read_large(ctx, key, &o) {
                     Ok((list, _)) => return Ok(Some(from_list(list))),
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
+            Ok(Some(o)) if types::large_kind(&o.value) == Some(C::KIND) && has_table(C::KIND) => {
+                match read_table(ctx, key, &o) {
+                    Ok((entries, _)) => return Ok(Some(C::from_table(entries))),
                     Err(large_list::LargeError::Changed) => continue,
                     Err(e) => {
                         large_list::reply_error(ctx, e);
@@ -133,6 +234,17 @@ fn read_large(
     let place = large_list::Place::of(ctx, key);
     let (list, ids) = large_list::materialize(ctx, place, large)?;
     Ok((list, (large.header.gen, ids)))
+}
+
+/// A large hash or set read whole, with its table (whose buckets go when it is rewritten).
+fn read_table(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    stored: &Object,
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, large_table::Table), large_list::LargeError> {
+    let table = large_table::decode(stored)?;
+    let place = large_list::Place::of(ctx, key);
+    Ok((large_table::entries(ctx, place, table)?, table))
 }
 
 /// `list` as the collection type `C` (which is `List`: only lists have a large form).
@@ -206,8 +318,22 @@ pub(super) fn update_growing<C: Collection, R>(
             }
         };
         let mut old_large = None;
+        let mut old_table = None;
         let (mut c, condition, existed) = match found {
-            Some(o) if types::is_large(&o.value) && C::KIND == Kind::List => {
+            Some(o) if types::large_kind(&o.value) == Some(C::KIND) && has_table(C::KIND) => {
+                match read_table(ctx, key, &o) {
+                    Ok((entries, table)) => {
+                        old_table = Some(table);
+                        (C::from_table(entries), Condition::IfVersion(o.version), true)
+                    }
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
+            Some(o) if types::large_kind(&o.value) == Some(C::KIND) && C::KIND == Kind::List => {
                 match read_large(ctx, key, &o) {
                     Ok((list, old)) => {
                         old_large = Some(old);
@@ -252,6 +378,32 @@ pub(super) fn update_growing<C: Collection, R>(
                         large_list::reply_error(ctx, e);
                         return Err(Replied);
                     }
+                }
+            }
+        }
+        if old_table.is_some() || c.wants_table(ctx) {
+            let place = large_list::Place::of(ctx, key);
+            // An empty collection that was compact is deleted below, as any.
+            let written = match (old_table, c.table_entries()) {
+                (Some(table), _) if c.len() == 0 => Some(large_table::delete(ctx, place, table)),
+                (old, Some(entries)) if c.len() > 0 => Some(large_table::write(
+                    ctx,
+                    place,
+                    C::KIND,
+                    &entries,
+                    condition,
+                    None,
+                    old.map(|t| (t.header.gen, t.header.buckets())),
+                )),
+                _ => None,
+            };
+            match written {
+                None => {}
+                Some(Ok(())) => return Ok(result),
+                Some(Err(large_list::LargeError::Changed)) => continue,
+                Some(Err(e)) => {
+                    large_list::reply_error(ctx, e);
+                    return Err(Replied);
                 }
             }
         }
@@ -300,6 +452,17 @@ pub(super) fn update_growing<C: Collection, R>(
 pub(super) fn store<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8], c: &C) -> Result<(), Replied> {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
+    if c.len() > 0 && c.wants_table(ctx) {
+        let entries = c.table_entries().unwrap_or_default();
+        let place = large_list::Place::of(ctx, key);
+        // What the key held goes (the chunks of a large collection there with it, now or by
+        // the sweep).
+        return large_table::write(ctx, place, C::KIND, &entries, Condition::None, Some(0), None)
+            .map_err(|e| {
+                large_list::reply_error(ctx, e);
+                Replied
+            });
+    }
     let done = if c.len() == 0 {
         node.delete(tablet, key, Condition::None, &mut ctx.session.acks)
             .map(|_| ())
@@ -426,7 +589,11 @@ pub(super) fn random_picks(len: usize, count: i64) -> Vec<usize> {
 /// does. A collection is one object here, so one call returns all of it, with cursor 0 (as
 /// Redis answers for its small encodings).
 pub(super) struct ScanOptions<'a> {
+    /// Where the scan resumes (0 at the start).
+    pub cursor: u64,
     pub pattern: Option<&'a [u8]>,
+    /// About how many members one call returns (10 unless COUNT says).
+    pub count: usize,
     pub novalues: bool,
 }
 
@@ -435,16 +602,17 @@ pub(super) fn parse_scan_options<'a>(
     args: &[&'a [u8]],
     allow_novalues: bool,
 ) -> Result<ScanOptions<'a>, Replied> {
-    let cursor_ok = std::str::from_utf8(args[2])
+    let Some(cursor) = std::str::from_utf8(args[2])
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .is_some();
-    if !cursor_ok {
+    else {
         ctx.enc.error("ERR invalid cursor");
         return Err(Replied);
-    }
+    };
     let mut out = ScanOptions {
+        cursor,
         pattern: None,
+        count: 10,
         novalues: false,
     };
     let mut i = 3;
@@ -462,7 +630,7 @@ pub(super) fn parse_scan_options<'a>(
             out.pattern = Some(args[i + 1]);
         } else if eq_ignore_case(args[i], "count") {
             match parse_i64(args[i + 1]) {
-                Some(n) if n >= 1 => {}
+                Some(n) if n >= 1 => out.count = n.min(1 << 20) as usize,
                 Some(_) => {
                     ctx.enc.error(ERR_SYNTAX);
                     return Err(Replied);

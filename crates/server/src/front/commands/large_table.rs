@@ -1,0 +1,601 @@
+//! The large form of hashes and sets (docs/architecture.md, "The large form"; docs/formats.md,
+//! "Large collections"). A hash or set past its compact limits becomes a header at the user's
+//! key ([`LargeTable`]) and buckets at internal keys in the same tablet, addressed by linear
+//! hashing: a member's bucket is its hash modulo the bucket count, rounded as linear hashing
+//! rounds. A bucket is a compact hash or set of about [`BUCKET_BYTES`].
+//!
+//! A change of some members reads their buckets, edits them in place (no member decoded but the
+//! ones it looks for), and writes the header and those buckets in one atomic unit conditional
+//! on the header's version, so HSET or SADD costs the same at a million members as at a
+//! hundred. When the average bucket passes its size the next bucket in order splits in two, in
+//! the same unit; when it falls to a quarter the last split is undone.
+//!
+//! Readers take no lock: they read the header, the buckets and the header again, and start
+//! over when its version moved (every change rewrites the header). Writers hold the key's
+//! read-modify-write lock. A large hash or set does not go back to the compact form (neither
+//! does Redis's hashtable encoding).
+
+use super::large_list::{self, Change, HeaderWrite, LargeError, Place};
+use super::typed::{random_u64, Replied};
+use super::*;
+use ramlog_proto::types::{self, member_hash, scan_position, Kind, LargeTable, RawBucket};
+use std::collections::{HashMap, HashSet};
+
+/// Encoded member bytes per bucket, on average, before the next bucket splits.
+pub(super) const BUCKET_BYTES: u64 = 1024;
+/// Members per bucket, on average, before the next bucket splits (small members).
+const BUCKET_ITEMS: u64 = 48;
+
+/// A large hash or set as read: its header and the header's version.
+#[derive(Clone, Copy)]
+pub(super) struct Table {
+    pub header: LargeTable,
+    pub version: u64,
+}
+
+/// The chunk id of bucket `b` (chunk ids start at 1).
+fn bucket_id(b: u64) -> u64 {
+    b + 1
+}
+
+fn damaged(e: ramlog_proto::types::TypedError) -> LargeError {
+    LargeError::Damaged(e.to_string())
+}
+
+/// The key's large table of `kind`: one index lookup, no value copied. None when it holds
+/// anything else (absent, compact, another type).
+fn table_of(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+) -> Result<Option<Table>, LargeError> {
+    let node = ctx.node;
+    let found = node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, version, _| {
+            (types::large_kind(v) == Some(kind)).then(|| {
+                LargeTable::decode(v).map(|header| Table { header, version })
+            })
+        },
+    )?;
+    match found {
+        Some(Some(t)) => t.map(Some).map_err(damaged),
+        _ => Ok(None),
+    }
+}
+
+/// Runs `op` on the key's large table of `kind` while it holds one, again while the table
+/// changes under it; None when it holds none (the caller takes the compact path). `serialize`
+/// holds the key's read-modify-write lock throughout (writers).
+pub(super) fn on_table<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+    serialize: bool,
+    mut op: impl FnMut(&mut Ctx<'_>, Place<'_>, Table) -> Result<R, LargeError>,
+) -> Result<Option<R>, Replied> {
+    let node = ctx.node;
+    let _serialized = serialize.then(|| node.rmw_lock(key));
+    for _ in 0..64 {
+        let table = match table_of(ctx, key, kind) {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                large_list::reply_error(ctx, e);
+                return Err(Replied);
+            }
+        };
+        let place = Place::of(ctx, key);
+        match op(ctx, place, table) {
+            Ok(r) => return Ok(Some(r)),
+            Err(LargeError::Changed) => continue,
+            Err(e) => {
+                large_list::reply_error(ctx, e);
+                return Err(Replied);
+            }
+        }
+    }
+    large_list::reply_error(ctx, LargeError::Changed);
+    Err(Replied)
+}
+
+/// Changes members of the key's large table of `kind`: `edit(i, current)` for each member in
+/// turn (see [`change`]; a change that starts again calls it from member 0 again), under the
+/// key's read-modify-write lock. None when the key holds no such table. An error `edit` returns
+/// is answered.
+pub(super) fn change_at(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+    members: &[&[u8]],
+    mut edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
+) -> Result<Option<()>, Replied> {
+    let done = on_table(ctx, key, kind, true, |ctx, place, table| {
+        change(ctx, place, table, members, &mut edit)
+    })?;
+    match done {
+        None => Ok(None),
+        Some(Ok(_)) => Ok(Some(())),
+        Some(Err(message)) => {
+            ctx.enc.error(&message);
+            Err(Replied)
+        }
+    }
+}
+
+/// The values of `members` in the key's large table of `kind` (None for those absent); None
+/// when the key holds no such table.
+pub(super) fn get_at(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+    members: &[&[u8]],
+) -> Result<Option<Vec<Option<Vec<u8>>>>, Replied> {
+    on_table(ctx, key, kind, false, |ctx, place, table| {
+        get(ctx, place, table, members)
+    })
+}
+
+/// Reads bucket `b`.
+fn read_bucket(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &LargeTable,
+    b: u64,
+) -> Result<RawBucket, LargeError> {
+    let kind = t.kind;
+    large_list::read_decoded(ctx, place, t.gen, bucket_id(b), |v| {
+        RawBucket::decode(v, kind)
+    })
+}
+
+/// The header's current version (None if the key is gone).
+fn header_version(ctx: &mut Ctx<'_>, place: Place<'_>) -> Result<Option<u64>, LargeError> {
+    Ok(ctx.node.read_with(
+        place.tablet,
+        place.key,
+        &mut ctx.session.acks,
+        |_, version, _| version,
+    )?)
+}
+
+/// Runs a read of a large table again while the table changes under it (at most 64 times).
+fn consistent<R>(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+    mut read: impl FnMut(&mut Ctx<'_>, Table) -> Result<R, LargeError>,
+) -> Result<R, LargeError> {
+    let kind = table.header.kind;
+    let mut table = table;
+    for _ in 0..64 {
+        match read(ctx, table) {
+            Ok(r) if header_version(ctx, place)? == Some(table.version) => return Ok(r),
+            Ok(_) | Err(LargeError::Changed) => {}
+            Err(e) => return Err(e),
+        }
+        match table_of(ctx, place.key, kind)? {
+            Some(t) => table = t,
+            // It is no longer a large table: the caller reads it again from the start.
+            None => return Err(LargeError::Changed),
+        }
+    }
+    Err(LargeError::Changed)
+}
+
+/// The values of `members` (empty for a set's members), None for those absent.
+pub(super) fn get(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+    members: &[&[u8]],
+) -> Result<Vec<Option<Vec<u8>>>, LargeError> {
+    consistent(ctx, place, table, |ctx, table| {
+        let t = table.header;
+        let mut buckets: HashMap<u64, RawBucket> = HashMap::new();
+        let mut out = Vec::with_capacity(members.len());
+        for m in members {
+            let b = t.bucket_of(member_hash(t.gen, m));
+            if let std::collections::hash_map::Entry::Vacant(e) = buckets.entry(b) {
+                e.insert(read_bucket(ctx, place, &t, b)?);
+            }
+            out.push(buckets[&b].get(m).map(<[u8]>::to_vec));
+        }
+        Ok(out)
+    })
+}
+
+/// Every member and value (empty for a set), bucket by bucket.
+pub(super) fn entries(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LargeError> {
+    consistent(ctx, place, table, |ctx, table| {
+        let t = table.header;
+        let mut out = Vec::with_capacity(t.len.min(1 << 22) as usize);
+        for b in 0..t.buckets() {
+            let bucket = read_bucket(ctx, place, &t, b)?;
+            out.extend(bucket.entries().map(|(m, v, _)| (m.to_vec(), v.to_vec())));
+        }
+        if out.len() as u64 != t.len {
+            return Err(LargeError::Damaged(format!(
+                "the header counts {} members, the buckets hold {}",
+                t.len,
+                out.len()
+            )));
+        }
+        Ok(out)
+    })
+}
+
+/// HSCAN and SSCAN: members from scan position `cursor` on, a bucket at a time, until `count`
+/// are collected; returns the next cursor (0 at the end). A cursor is a position in the
+/// reversed-hash order ([`scan_position`]), in which each bucket is one interval whatever the
+/// table's size, so a member present throughout a scan is returned exactly once.
+pub(super) fn scan(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+    cursor: u64,
+    count: usize,
+) -> Result<(u64, Vec<(Vec<u8>, Vec<u8>)>), LargeError> {
+    consistent(ctx, place, table, |ctx, table| {
+        let t = table.header;
+        let mut out = Vec::new();
+        let mut pos = cursor;
+        let mut visited = 0usize;
+        loop {
+            // The bucket that holds position `pos` and the interval it covers.
+            let b = t.bucket_of(pos.reverse_bits());
+            let bits = t.bucket_bits(b);
+            let start = if bits == 0 { 0 } else { pos & !(u64::MAX >> bits) };
+            let end = if bits == 0 {
+                None
+            } else {
+                start.checked_add(1u64 << (64 - bits))
+            };
+            let bucket = read_bucket(ctx, place, &t, b)?;
+            for (m, v, _) in bucket.entries() {
+                if scan_position(member_hash(t.gen, m)) >= pos {
+                    out.push((m.to_vec(), v.to_vec()));
+                }
+            }
+            visited += 1;
+            match end {
+                None => return Ok((0, out)),
+                Some(e) => pos = e,
+            }
+            if out.len() >= count || visited >= count.saturating_mul(10) {
+                return Ok((pos, out));
+            }
+        }
+    })
+}
+
+/// `count` random members with their values: distinct when `count` is positive (at most all of
+/// them), possibly repeated when negative (|count| of them). Each is as likely as any other.
+pub(super) fn random(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+    count: i64,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LargeError> {
+    let len = table.header.len;
+    let want = count.unsigned_abs();
+    // Many of them: read the whole table once and pick from it.
+    if want.saturating_mul(4) >= len {
+        let all = entries(ctx, place, table)?;
+        let picks = super::typed::random_picks(all.len(), count);
+        return Ok(picks.into_iter().map(|i| all[i].clone()).collect());
+    }
+    consistent(ctx, place, table, |ctx, table| {
+        let t = table.header;
+        let n = t.buckets();
+        // Rejection sampling: a bucket drawn at random, then a slot of `cap`; a slot past the
+        // bucket's members draws again. Uniform while no bucket holds more than `cap`.
+        let cap = 2 * t.len / n + 16;
+        let mut cache: HashMap<u64, RawBucket> = HashMap::new();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut out = Vec::with_capacity(want as usize);
+        let mut draws = 0u64;
+        while (out.len() as u64) < want {
+            draws += 1;
+            if draws > want.saturating_mul(64) + 1024 {
+                return Err(LargeError::Damaged(
+                    "no member found in the buckets the header names".into(),
+                ));
+            }
+            let b = random_u64() % n;
+            if let std::collections::hash_map::Entry::Vacant(e) = cache.entry(b) {
+                e.insert(read_bucket(ctx, place, &t, b)?);
+            }
+            let bucket = &cache[&b];
+            let slot = random_u64() % cap.max(bucket.count);
+            let Some((m, v, _)) = bucket.entries().nth(slot as usize) else {
+                continue;
+            };
+            if count > 0 && !seen.insert(m.to_vec()) {
+                continue;
+            }
+            out.push((m.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    })
+}
+
+/// What a change does to one member.
+pub(super) enum Edit {
+    Keep,
+    Set(Vec<u8>),
+    Remove,
+}
+
+/// Whether a table of `t`'s members wants more buckets.
+fn overfull(t: &LargeTable) -> bool {
+    let n = t.buckets();
+    t.bytes > n.saturating_mul(BUCKET_BYTES) || t.len > n.saturating_mul(BUCKET_ITEMS)
+}
+
+/// Whether a table of `t`'s members would do with fewer buckets.
+fn underfull(t: &LargeTable) -> bool {
+    let n = t.buckets();
+    n > 1
+        && t.bytes.saturating_mul(4) < n.saturating_mul(BUCKET_BYTES)
+        && t.len.saturating_mul(4) < n.saturating_mul(BUCKET_ITEMS)
+}
+
+/// Changes members of a large table: `edit(i, current)` for each of `members` in turn (a
+/// member named twice sees the first edit) says what becomes of it, or answers an error and
+/// nothing is written. Splits or merges buckets as the load calls for, and writes the header
+/// and every changed bucket in one unit conditional on the header's version; a table left empty
+/// is deleted with its buckets. Returns the table's new length.
+pub(super) fn change(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+    members: &[&[u8]],
+    mut edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
+) -> Result<Result<u64, String>, LargeError> {
+    let mut t = table.header;
+    let mut buckets: HashMap<u64, (RawBucket, bool)> = HashMap::new();
+    for (i, m) in members.iter().enumerate() {
+        let b = t.bucket_of(member_hash(t.gen, m));
+        if let std::collections::hash_map::Entry::Vacant(e) = buckets.entry(b) {
+            e.insert((read_bucket(ctx, place, &t, b)?, false));
+        }
+        let (bucket, dirty) = buckets.get_mut(&b).expect("read above");
+        let next = match edit(i, bucket.get(m)) {
+            Ok(next) => next,
+            Err(message) => return Ok(Err(message)),
+        };
+        match next {
+            Edit::Keep => {}
+            Edit::Set(value) => {
+                let (before, after) = bucket.set(m, &value);
+                if before == 0 {
+                    t.len += 1;
+                }
+                t.bytes = (t.bytes + after as u64).saturating_sub(before as u64);
+                *dirty = true;
+            }
+            Edit::Remove => {
+                if let Some(n) = bucket.remove(m) {
+                    t.len -= 1;
+                    t.bytes = t.bytes.saturating_sub(n as u64);
+                    *dirty = true;
+                }
+            }
+        }
+    }
+    if !buckets.values().any(|(_, dirty)| *dirty) {
+        return Ok(Ok(t.len));
+    }
+    if t.len == 0 {
+        let mut change = Change {
+            header: HeaderWrite::Delete,
+            expire: None,
+            condition: Condition::IfVersion(table.version),
+            gen: t.gen,
+            puts: Vec::new(),
+            deletes: (0..t.buckets()).map(bucket_id).collect(),
+        };
+        large_list::delete_in_units(ctx, place, &mut change)?;
+        return Ok(Ok(0));
+    }
+    let mut gone = Vec::new();
+    while overfull(&t) {
+        let before = t;
+        let Some((from, to)) = t.grow() else {
+            break;
+        };
+        let source = match buckets.remove(&from) {
+            Some((b, _)) => b,
+            None => read_bucket(ctx, place, &before, from)?,
+        };
+        let (mut stay, mut moved) = (RawBucket::empty(t.kind), RawBucket::empty(t.kind));
+        for (m, _, range) in source.entries() {
+            let entry = &source.items[range];
+            if t.bucket_of(member_hash(t.gen, m)) == from {
+                stay.push_encoded(entry);
+            } else {
+                moved.push_encoded(entry);
+            }
+        }
+        buckets.insert(from, (stay, true));
+        buckets.insert(to, (moved, true));
+    }
+    while underfull(&t) {
+        let before = t;
+        let Some((into, last)) = t.shrink() else {
+            break;
+        };
+        let leaving = match buckets.remove(&last) {
+            Some((b, _)) => b,
+            None => read_bucket(ctx, place, &before, last)?,
+        };
+        if let std::collections::hash_map::Entry::Vacant(e) = buckets.entry(into) {
+            e.insert((read_bucket(ctx, place, &before, into)?, false));
+        }
+        let (target, dirty) = buckets.get_mut(&into).expect("read above");
+        for (_, _, range) in leaving.entries() {
+            target.push_encoded(&leaving.items[range]);
+        }
+        *dirty = true;
+        gone.push(bucket_id(last));
+    }
+    let puts = buckets
+        .into_iter()
+        .filter(|(_, (_, dirty))| *dirty)
+        .map(|(b, (bucket, _))| (bucket_id(b), bucket.encode()))
+        .collect();
+    let change = Change {
+        header: HeaderWrite::Small(t.encode()),
+        expire: None,
+        condition: Condition::IfVersion(table.version),
+        gen: t.gen,
+        puts,
+        deletes: gone,
+    };
+    large_list::commit(ctx, place, &change)?;
+    Ok(Ok(t.len))
+}
+
+/// Writes `entries` (distinct members, with values for a hash) at the key as a large table of
+/// `kind` under a new generation, replacing what the key holds at `condition` (`old`: the
+/// generation and bucket count of a large table there, whose buckets are deleted after).
+/// A table larger than one unit is written as buckets first and switched to by a last unit
+/// with the header.
+pub(super) fn write(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    kind: Kind,
+    entries: &[(&[u8], &[u8])],
+    condition: Condition,
+    expire: Option<u64>,
+    old: Option<(u64, u64)>,
+) -> Result<(), LargeError> {
+    let gen = large_list::random_gen();
+    let mut t = LargeTable::new(kind, gen);
+    let mut encoded = Vec::with_capacity(entries.len());
+    for (m, v) in entries {
+        let mut entry = Vec::with_capacity(m.len() + v.len() + 6);
+        put_entry(&mut entry, m);
+        if kind == Kind::Hash {
+            put_entry(&mut entry, v);
+        }
+        t.len += 1;
+        t.bytes += entry.len() as u64;
+        encoded.push((member_hash(gen, m), entry));
+    }
+    while overfull(&t) && t.grow().is_some() {}
+    let mut buckets: Vec<RawBucket> = (0..t.buckets()).map(|_| RawBucket::empty(kind)).collect();
+    for (hash, entry) in &encoded {
+        buckets[t.bucket_of(*hash) as usize].push_encoded(entry);
+    }
+    let puts: Vec<(u64, Vec<u8>)> = buckets
+        .iter()
+        .enumerate()
+        .map(|(b, bucket)| (bucket_id(b as u64), bucket.encode()))
+        .collect();
+    let header = HeaderWrite::Small(t.encode());
+    if large_list::unit_bytes(&puts) <= large_list::UNIT_BYTES {
+        let change = Change {
+            header,
+            expire,
+            condition,
+            gen,
+            puts,
+            deletes: Vec::new(),
+        };
+        large_list::commit(ctx, place, &change)?;
+    } else {
+        let building = (place.key.to_vec(), gen);
+        large_list::BUILDING.lock().insert(building.clone());
+        let written = large_list::write_chunks(ctx, place, gen, &puts);
+        let switched = written.and_then(|()| {
+            let change = Change {
+                header,
+                expire,
+                condition,
+                gen,
+                puts: Vec::new(),
+                deletes: Vec::new(),
+            };
+            large_list::commit(ctx, place, &change)
+        });
+        large_list::BUILDING.lock().remove(&building);
+        if let Err(e) = switched {
+            let ids: Vec<u64> = puts.iter().map(|(id, _)| *id).collect();
+            large_list::delete_chunks(ctx, place, gen, &ids);
+            return Err(e);
+        }
+    }
+    if let Some((old_gen, old_buckets)) = old {
+        let ids: Vec<u64> = (0..old_buckets).map(bucket_id).collect();
+        large_list::delete_chunks(ctx, place, old_gen, &ids);
+    }
+    Ok(())
+}
+
+/// A member or value as a bucket encodes it: a varint length and the bytes.
+fn put_entry(out: &mut Vec<u8>, b: &[u8]) {
+    let at = out.len();
+    out.resize(at + ramlog_common::varint::len(b.len() as u64), 0);
+    ramlog_common::varint::put(out, at, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// Deletes a large table: its header (if still at its version) and its buckets.
+pub(super) fn delete(ctx: &mut Ctx<'_>, place: Place<'_>, table: Table) -> Result<(), LargeError> {
+    let mut change = Change {
+        header: HeaderWrite::Delete,
+        expire: None,
+        condition: Condition::IfVersion(table.version),
+        gen: table.header.gen,
+        puts: Vec::new(),
+        deletes: (0..table.header.buckets()).map(bucket_id).collect(),
+    };
+    large_list::delete_in_units(ctx, place, &mut change)
+}
+
+/// The bytes a large table's buckets take in the log (their entries and index slots).
+pub(super) fn memory_usage(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    table: Table,
+) -> Result<u64, LargeError> {
+    consistent(ctx, place, table, |ctx, table| {
+        let t = table.header;
+        let mut total = 0u64;
+        for b in 0..t.buckets() {
+            let key = place.chunk_key(t.gen, bucket_id(b));
+            let len = ctx.node.read_with(
+                place.tablet,
+                &key,
+                &mut ctx.session.acks,
+                |v, version, expiry| {
+                    ramlog_logmem::entry::encoded_len(
+                        ramlog_logmem::entry::KIND_OBJECT,
+                        version,
+                        key.len(),
+                        v.len(),
+                        expiry,
+                    )
+                },
+            )?;
+            total += len.unwrap_or(0) as u64 + 8;
+        }
+        Ok(total)
+    })
+}
+
+/// The table at `stored` (a large hash's or set's header read by the caller).
+pub(super) fn decode(stored: &Object) -> Result<Table, LargeError> {
+    Ok(Table {
+        header: LargeTable::decode(&stored.value).map_err(damaged)?,
+        version: stored.version,
+    })
+}

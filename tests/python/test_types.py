@@ -257,10 +257,22 @@ def test_writes_keep_the_expiry_and_collections_stay_within_the_value_limit(make
     c.hset("h", "b", "2")
     c.hincrby("h", "a", 5)
     assert 90 < c.ttl("h") <= 100
-    # A write that would grow a hash past the value size limit is refused whole.
+    # A hash past half the value size limit takes the large form (buckets of its own): no such
+    # limit for hashes and sets; one field and value larger than an object may be are refused.
+    big = {f"f{i}".encode(): bytes([65 + i]) * 1000 for i in range(20)}
+    assert c.hset("bigh", mapping=big) == 20
+    assert c.object("encoding", "bigh") == b"hashtable" and c.hgetall("bigh") == big
     with pytest.raises(redis.ResponseError, match="more than the value size limit"):
-        c.hset("bigh", mapping={f"f{i}": b"x" * 1000 for i in range(5)})
-    assert c.exists("bigh") == 0
+        c.hset("bigh", mapping={"ok": "1", "huge": b"x" * 5000})
+    assert c.hgetall("bigh") == big
+    with pytest.raises(redis.ResponseError, match="more than the value size limit"):
+        c.hset("bigh2", mapping={f"f{i}": b"x" * 1000 for i in range(3)} | {"huge": b"x" * 5000})
+    assert c.exists("bigh2") == 0
+    # Three fields of 1 500 bytes whose bucket would pass 4 KiB: the table grows until each fits.
+    wide = {f"w{i}".encode(): b"w" * 1500 for i in range(40)}
+    for f, v in wide.items():
+        c.hset("wide", f, v)
+    assert c.hgetall("wide") == wide
     # A list takes the large form instead (chunks of its own) once it passes half the limit:
     # no such limit for lists.
     c.rpush("big", *[b"x" * 1000 for _ in range(2)])
@@ -282,7 +294,7 @@ def test_writes_keep_the_expiry_and_collections_stay_within_the_value_limit(make
     c.zadd("zs", {"m": 1})
     c.rpush("list", "e")
     found = {t: sorted(c.scan_iter(_type=t)) for t in ("string", "hash", "list", "set", "zset")}
-    assert found == {"string": [b"s", b"t"], "hash": [b"h"], "list": [b"big", b"list"], "set": [b"set"], "zset": [b"zs"]}
+    assert found == {"string": [b"s", b"t"], "hash": [b"bigh", b"h", b"wide"], "list": [b"big", b"list"], "set": [b"set"], "zset": [b"zs"]}
 
 
 def test_native_clients_see_strings_and_refuse_collections(shared_cluster):

@@ -995,6 +995,11 @@ impl RawBucket {
         out
     }
 
+    /// The encoded size ([`RawBucket::encode`]'s length).
+    pub fn encoded_len(&self) -> usize {
+        TAG_BYTES + varint::len(self.count) + self.items.len()
+    }
+
     fn pairs(&self) -> bool {
         self.kind == Kind::Hash
     }
@@ -1329,13 +1334,16 @@ mod tests {
     #[test]
     fn a_large_table_addresses_every_member_through_splits_and_merges() {
         let mut t = LargeTable::new(Kind::Set, 77);
-        let hashes: Vec<u64> = (0..2000u32).map(|i| member_hash(77, &i.to_le_bytes())).collect();
+        let hashes: Vec<u64> = (0..2000u32)
+            .map(|i| member_hash(77, &i.to_le_bytes()))
+            .collect();
         let mut buckets: Vec<Vec<u64>> = vec![hashes.clone()];
         for _ in 0..300 {
             let (from, to) = t.grow().unwrap();
             assert_eq!(to as usize, buckets.len());
-            let (stay, go): (Vec<u64>, Vec<u64>) =
-                buckets[from as usize].iter().partition(|&&h| t.bucket_of(h) == from);
+            let (stay, go): (Vec<u64>, Vec<u64>) = buckets[from as usize]
+                .iter()
+                .partition(|&&h| t.bucket_of(h) == from);
             assert!(go.iter().all(|&h| t.bucket_of(h) == to));
             buckets[from as usize] = stay;
             buckets.push(go);
@@ -1361,7 +1369,11 @@ mod tests {
             }
         }
         assert_eq!((t.level, t.split, t.buckets()), (0, 0, 1));
-        let header = LargeTable { len: 5, bytes: 99, ..t };
+        let header = LargeTable {
+            len: 5,
+            bytes: 99,
+            ..t
+        };
         assert_eq!(LargeTable::decode(&header.encode()), Ok(header));
         assert_eq!(large_kind(&header.encode()), Some(Kind::Set));
         assert_eq!(large_gen(&header.encode()), Some(77));
@@ -1384,8 +1396,10 @@ mod tests {
         assert_eq!(b.count, 1);
         let mut s = RawBucket::empty(Kind::Set);
         s.set(b"m", b"");
-        assert_eq!(Set::decode(&s.encode()).unwrap().members, vec![b"m".to_vec()]);
+        assert_eq!(
+            Set::decode(&s.encode()).unwrap().members,
+            vec![b"m".to_vec()]
+        );
         assert!(RawBucket::decode(&s.encode(), Kind::Hash).is_err());
     }
-
 }

@@ -51,15 +51,10 @@ fn hset(ctx: &mut Ctx<'_>, args: &[&[u8]], count_reply: bool) {
     let pairs = &args[2..];
     let fields: Vec<&[u8]> = pairs.chunks_exact(2).map(|p| p[0]).collect();
     let mut new = 0i64;
-    let large = change_large(
-        ctx,
-        args[1],
-        &fields,
-        |i, current| {
-            new = if i == 0 { 0 } else { new } + i64::from(current.is_none());
-            Ok(Edit::Set(pairs[2 * i + 1].to_vec()))
-        },
-    );
+    let large = change_large(ctx, args[1], &fields, |i, current| {
+        new = if i == 0 { 0 } else { new } + i64::from(current.is_none());
+        Ok(Edit::Set(pairs[2 * i + 1].to_vec()))
+    });
     let added = match large {
         Err(Replied) => return,
         Ok(Some(())) => Ok(new),
@@ -84,15 +79,14 @@ fn hset_compact(ctx: &mut Ctx<'_>, key: &[u8], pairs: &[&[u8]]) -> Result<i64, R
 pub(super) fn cmd_hsetnx(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (field, value) = (args[2], args[3]);
     let mut set = false;
-    match change_large(
-        ctx,
-        args[1],
-        &[field],
-        |_, current| {
-            set = current.is_none();
-            Ok(if set { Edit::Set(value.to_vec()) } else { Edit::Keep })
-        },
-    ) {
+    match change_large(ctx, args[1], &[field], |_, current| {
+        set = current.is_none();
+        Ok(if set {
+            Edit::Set(value.to_vec())
+        } else {
+            Edit::Keep
+        })
+    }) {
         Err(Replied) => return,
         Ok(Some(())) => return ctx.enc.integer(i64::from(set)),
         Ok(None) => {}
@@ -208,15 +202,10 @@ pub(super) fn cmd_hstrlen(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 pub(super) fn cmd_hdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let fields = &args[2..];
     let mut removed = 0i64;
-    match change_large(
-        ctx,
-        args[1],
-        fields,
-        |i, current| {
-            removed = if i == 0 { 0 } else { removed } + i64::from(current.is_some());
-            Ok(Edit::Remove)
-        },
-    ) {
+    match change_large(ctx, args[1], fields, |i, current| {
+        removed = if i == 0 { 0 } else { removed } + i64::from(current.is_some());
+        Ok(Edit::Remove)
+    }) {
         Err(Replied) => return,
         Ok(Some(())) => return ctx.enc.integer(removed),
         Ok(None) => {}
@@ -242,15 +231,10 @@ pub(super) fn cmd_hincrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         Ok(current.checked_add(delta).ok_or(ERR_OVERFLOW)?)
     };
     let mut result = 0i64;
-    match change_large(
-        ctx,
-        args[1],
-        &[field],
-        |_, current| {
-            result = incr(current)?;
-            Ok(Edit::Set(result.to_string().into_bytes()))
-        },
-    ) {
+    match change_large(ctx, args[1], &[field], |_, current| {
+        result = incr(current)?;
+        Ok(Edit::Set(result.to_string().into_bytes()))
+    }) {
         Err(Replied) => return,
         Ok(Some(())) => return ctx.enc.integer(result),
         Ok(None) => {}
@@ -284,15 +268,10 @@ pub(super) fn cmd_hincrbyfloat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         Ok(float_text(next))
     };
     let mut result = String::new();
-    match change_large(
-        ctx,
-        args[1],
-        &[field],
-        |_, current| {
-            result = incr(current)?;
-            Ok(Edit::Set(result.clone().into_bytes()))
-        },
-    ) {
+    match change_large(ctx, args[1], &[field], |_, current| {
+        result = incr(current)?;
+        Ok(Edit::Set(result.clone().into_bytes()))
+    }) {
         Err(Replied) => return,
         Ok(Some(())) => return ctx.enc.bulk(result.as_bytes()),
         Ok(None) => {}
@@ -340,7 +319,9 @@ pub(super) fn cmd_hrandfield(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         }
     };
     let Some(_) = count else {
-        return ctx.enc.bulk_or_null(picks.first().map(|(f, _)| f.as_slice()));
+        return ctx
+            .enc
+            .bulk_or_null(picks.first().map(|(f, _)| f.as_slice()));
     };
     if with_values && ctx.enc.resp3() {
         ctx.enc.array(picks.len());

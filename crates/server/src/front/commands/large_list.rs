@@ -49,6 +49,8 @@ pub(super) enum LargeError {
     Changed,
     /// A chunk the header names is missing or does not decode.
     Damaged(String),
+    /// The change cannot be made (the error to answer); nothing was written.
+    Refused(String),
 }
 
 impl From<NodeError> for LargeError {
@@ -70,6 +72,7 @@ pub(super) fn reply_error(ctx: &mut Ctx<'_>, e: LargeError) {
         LargeError::Damaged(m) => ctx
             .enc
             .error(&format!("ERR the stored value of this key is damaged: {m}")),
+        LargeError::Refused(m) => ctx.enc.error(&m),
     }
 }
 
@@ -345,7 +348,11 @@ pub(super) struct Change {
 }
 
 /// Writes a change as one unit; returns the header's new version (None if nothing was written).
-pub(super) fn commit(ctx: &mut Ctx<'_>, place: Place<'_>, change: &Change) -> Result<Option<u64>, LargeError> {
+pub(super) fn commit(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    change: &Change,
+) -> Result<Option<u64>, LargeError> {
     let header_bytes = match &change.header {
         HeaderWrite::Large(h) => Some(h.encode()),
         HeaderWrite::Small(b) => Some(b.clone()),
@@ -1044,14 +1051,24 @@ pub(super) fn copy_to(
             }
         }
     }
-    if let Some(kind @ (types::Kind::Hash | types::Kind::Set)) = types::large_kind(&src_object.value) {
+    if let Some(kind @ (types::Kind::Hash | types::Kind::Set)) =
+        types::large_kind(&src_object.value)
+    {
         let table = super::large_table::decode(src_object)?;
         let entries = super::large_table::entries(ctx, Place::of(ctx, src), table)?;
         let entries: Vec<(&[u8], &[u8])> = entries
             .iter()
             .map(|(m, v)| (m.as_slice(), v.as_slice()))
             .collect();
-        return match super::large_table::write(ctx, Place::of(ctx, dst), kind, &entries, condition, expire, None) {
+        return match super::large_table::write(
+            ctx,
+            Place::of(ctx, dst),
+            kind,
+            &entries,
+            condition,
+            expire,
+            None,
+        ) {
             Ok(()) => Ok(true),
             Err(LargeError::Changed) if condition == Condition::IfAbsent => Ok(false),
             Err(e) => Err(e),
@@ -1084,7 +1101,11 @@ pub(super) fn delete_at_version(
     let deleted = if types::large_kind(&object.value) == Some(types::Kind::List) {
         delete(ctx, Place::of(ctx, key), Large::decode(object)?)
     } else {
-        super::large_table::delete(ctx, Place::of(ctx, key), super::large_table::decode(object)?)
+        super::large_table::delete(
+            ctx,
+            Place::of(ctx, key),
+            super::large_table::decode(object)?,
+        )
     };
     match deleted {
         Ok(()) => Ok(true),
@@ -1132,7 +1153,11 @@ pub(crate) fn start_sweeper(
 /// Whether this server masters `tablet` and serves it whole: standalone, always; in a cluster,
 /// when the map names it master of exactly that range with no restore, move, split or merge
 /// under way.
-pub(super) fn served_whole(node: &Node, roles: Option<&crate::cluster::Roles>, tablet: TabletId) -> bool {
+pub(super) fn served_whole(
+    node: &Node,
+    roles: Option<&crate::cluster::Roles>,
+    tablet: TabletId,
+) -> bool {
     let Some(roles) = roles else {
         return true;
     };

@@ -21,6 +21,9 @@ use super::*;
 use ramlog_proto::types::{self, member_hash, scan_position, Kind, LargeTable, RawBucket};
 use std::collections::{HashMap, HashSet};
 
+/// A member and its value (empty for a set's), as read.
+pub(super) type Entry = (Vec<u8>, Vec<u8>);
+
 /// Encoded member bytes per bucket, on average, before the next bucket splits.
 pub(super) const BUCKET_BYTES: u64 = 1024;
 /// Members per bucket, on average, before the next bucket splits (small members).
@@ -44,20 +47,15 @@ fn damaged(e: ramlog_proto::types::TypedError) -> LargeError {
 
 /// The key's large table of `kind`: one index lookup, no value copied. None when it holds
 /// anything else (absent, compact, another type).
-fn table_of(
-    ctx: &mut Ctx<'_>,
-    key: &[u8],
-    kind: Kind,
-) -> Result<Option<Table>, LargeError> {
+fn table_of(ctx: &mut Ctx<'_>, key: &[u8], kind: Kind) -> Result<Option<Table>, LargeError> {
     let node = ctx.node;
     let found = node.read_with(
         node.tablet_of(key),
         key,
         &mut ctx.session.acks,
         |v, version, _| {
-            (types::large_kind(v) == Some(kind)).then(|| {
-                LargeTable::decode(v).map(|header| Table { header, version })
-            })
+            (types::large_kind(v) == Some(kind))
+                .then(|| LargeTable::decode(v).map(|header| Table { header, version }))
         },
     )?;
     match found {
@@ -212,7 +210,7 @@ pub(super) fn entries(
     ctx: &mut Ctx<'_>,
     place: Place<'_>,
     table: Table,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LargeError> {
+) -> Result<Vec<Entry>, LargeError> {
     consistent(ctx, place, table, |ctx, table| {
         let t = table.header;
         let mut out = Vec::with_capacity(t.len.min(1 << 22) as usize);
@@ -241,7 +239,7 @@ pub(super) fn scan(
     table: Table,
     cursor: u64,
     count: usize,
-) -> Result<(u64, Vec<(Vec<u8>, Vec<u8>)>), LargeError> {
+) -> Result<(u64, Vec<Entry>), LargeError> {
     consistent(ctx, place, table, |ctx, table| {
         let t = table.header;
         let mut out = Vec::new();
@@ -251,7 +249,11 @@ pub(super) fn scan(
             // The bucket that holds position `pos` and the interval it covers.
             let b = t.bucket_of(pos.reverse_bits());
             let bits = t.bucket_bits(b);
-            let start = if bits == 0 { 0 } else { pos & !(u64::MAX >> bits) };
+            let start = if bits == 0 {
+                0
+            } else {
+                pos & !(u64::MAX >> bits)
+            };
             let end = if bits == 0 {
                 None
             } else {
@@ -282,7 +284,7 @@ pub(super) fn random(
     place: Place<'_>,
     table: Table,
     count: i64,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>, LargeError> {
+) -> Result<Vec<Entry>, LargeError> {
     let len = table.header.len;
     let want = count.unsigned_abs();
     // Many of them: read the whole table once and pick from it.
@@ -406,27 +408,7 @@ pub(super) fn change(
         return Ok(Ok(0));
     }
     let mut gone = Vec::new();
-    while overfull(&t) {
-        let before = t;
-        let Some((from, to)) = t.grow() else {
-            break;
-        };
-        let source = match buckets.remove(&from) {
-            Some((b, _)) => b,
-            None => read_bucket(ctx, place, &before, from)?,
-        };
-        let (mut stay, mut moved) = (RawBucket::empty(t.kind), RawBucket::empty(t.kind));
-        for (m, _, range) in source.entries() {
-            let entry = &source.items[range];
-            if t.bucket_of(member_hash(t.gen, m)) == from {
-                stay.push_encoded(entry);
-            } else {
-                moved.push_encoded(entry);
-            }
-        }
-        buckets.insert(from, (stay, true));
-        buckets.insert(to, (moved, true));
-    }
+    while overfull(&t) && split_next(ctx, place, &mut t, &mut buckets)? {}
     while underfull(&t) {
         let before = t;
         let Some((into, last)) = t.shrink() else {
@@ -446,6 +428,23 @@ pub(super) fn change(
         *dirty = true;
         gone.push(bucket_id(last));
     }
+    // A bucket past what one object may hold (large members that share their low hash bits):
+    // buckets split in order until it is split enough (the split pointer reaches any bucket
+    // within twice the bucket count, and each round halves it), at most OVERSIZE_SPLITS of
+    // them in one change.
+    let limit = bucket_limit(ctx);
+    let mut rounds = OVERSIZE_SPLITS;
+    while let Some((count, len)) = buckets
+        .values()
+        .filter(|(b, dirty)| *dirty && b.encoded_len() > limit)
+        .map(|(b, _)| (b.count, b.encoded_len()))
+        .next()
+    {
+        if count <= 1 || rounds == 0 || !split_next(ctx, place, &mut t, &mut buckets)? {
+            return Ok(Err(too_large(ctx, t.kind, len)));
+        }
+        rounds -= 1;
+    }
     let puts = buckets
         .into_iter()
         .filter(|(_, (_, dirty))| *dirty)
@@ -461,6 +460,60 @@ pub(super) fn change(
     };
     large_list::commit(ctx, place, &change)?;
     Ok(Ok(t.len))
+}
+
+/// Splits the next bucket in order (reading it unless `buckets` holds it); false when the table
+/// cannot grow.
+fn split_next(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &mut LargeTable,
+    buckets: &mut HashMap<u64, (RawBucket, bool)>,
+) -> Result<bool, LargeError> {
+    let before = *t;
+    let Some((from, to)) = t.grow() else {
+        return Ok(false);
+    };
+    let source = match buckets.remove(&from) {
+        Some((b, _)) => b,
+        None => read_bucket(ctx, place, &before, from)?,
+    };
+    let (mut stay, mut moved) = (RawBucket::empty(t.kind), RawBucket::empty(t.kind));
+    for (m, _, range) in source.entries() {
+        let entry = &source.items[range];
+        if t.bucket_of(member_hash(t.gen, m)) == from {
+            stay.push_encoded(entry);
+        } else {
+            moved.push_encoded(entry);
+        }
+    }
+    buckets.insert(from, (stay, true));
+    buckets.insert(to, (moved, true));
+    Ok(true)
+}
+
+/// The most splits one change makes for a bucket past what one object may hold (each writes a
+/// bucket of about [`BUCKET_BYTES`] in the change's unit). Only members and values of more than
+/// a third of the value size limit sharing their low hash bits need them; when they do not
+/// suffice, the change is refused with an error that names the limit.
+const OVERSIZE_SPLITS: u64 = 4096;
+
+/// The most bytes one bucket may take: what one object may hold.
+fn bucket_limit(ctx: &Ctx<'_>) -> usize {
+    (ctx.node.config.value_size_max_bytes as usize).saturating_add(types::TAG_BYTES)
+}
+
+/// The answer to a member (with its value) too large for one object.
+fn too_large(ctx: &Ctx<'_>, kind: Kind, len: usize) -> String {
+    let what = if kind == Kind::Hash {
+        "hash field and its value"
+    } else {
+        "set member"
+    };
+    format!(
+        "ERR a {what} would take {len} bytes, more than the value size limit ({} bytes); nothing was changed",
+        ctx.node.config.value_size_max_bytes
+    )
 }
 
 /// Writes `entries` (distinct members, with values for a hash) at the key as a large table of
@@ -491,10 +544,35 @@ pub(super) fn write(
         encoded.push((member_hash(gen, m), entry));
     }
     while overfull(&t) && t.grow().is_some() {}
-    let mut buckets: Vec<RawBucket> = (0..t.buckets()).map(|_| RawBucket::empty(kind)).collect();
-    for (hash, entry) in &encoded {
-        buckets[t.bucket_of(*hash) as usize].push_encoded(entry);
-    }
+    let limit = bucket_limit(ctx);
+    let buckets = loop {
+        let mut buckets: Vec<RawBucket> =
+            (0..t.buckets()).map(|_| RawBucket::empty(kind)).collect();
+        for (hash, entry) in &encoded {
+            buckets[t.bucket_of(*hash) as usize].push_encoded(entry);
+        }
+        // A bucket past what one object may hold: twice the buckets, until none is.
+        let Some(over) = buckets.iter().find(|b| b.encoded_len() > limit) else {
+            break buckets;
+        };
+        if over.count <= 1 {
+            return Err(LargeError::Refused(too_large(
+                ctx,
+                kind,
+                over.encoded_len(),
+            )));
+        }
+        let level = t.level;
+        while t.level == level {
+            if t.grow().is_none() {
+                return Err(LargeError::Refused(too_large(
+                    ctx,
+                    kind,
+                    over.encoded_len(),
+                )));
+            }
+        }
+    };
     let puts: Vec<(u64, Vec<u8>)> = buckets
         .iter()
         .enumerate()

@@ -12,13 +12,15 @@ fn large_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Large>, Replied> {
         return Ok(None);
     }
     match read(ctx, key) {
-        Ok(Some(o)) if types::large_kind(&o.value) == Some(types::Kind::List) => match Large::decode(&o) {
-            Ok(l) => Ok(Some(l)),
-            Err(e) => {
-                large_list::reply_error(ctx, e);
-                Err(Replied)
+        Ok(Some(o)) if types::large_kind(&o.value) == Some(types::Kind::List) => {
+            match Large::decode(&o) {
+                Ok(l) => Ok(Some(l)),
+                Err(e) => {
+                    large_list::reply_error(ctx, e);
+                    Err(Replied)
+                }
             }
-        },
+        }
         Ok(_) => Ok(None),
         Err(e) => {
             engine_error(ctx, &e);

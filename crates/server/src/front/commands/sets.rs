@@ -236,9 +236,12 @@ pub(super) fn cmd_smove(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 /// The type of the value at the key; None if it is absent.
 fn kind_at(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Kind>, Replied> {
     let node = ctx.node;
-    match node.read_with(node.tablet_of(key), key, &mut ctx.session.acks, |v, _, _| {
-        ramlog_proto::types::kind_of(v)
-    }) {
+    match node.read_with(
+        node.tablet_of(key),
+        key,
+        &mut ctx.session.acks,
+        |v, _, _| ramlog_proto::types::kind_of(v),
+    ) {
         Ok(None) => Ok(None),
         Ok(Some(Ok(kind))) => Ok(Some(kind)),
         Ok(Some(Err(e))) => {

@@ -193,7 +193,9 @@ pub(super) fn load<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Optio
     for _ in 0..64 {
         match read(ctx, key) {
             Ok(None) => return Ok(None),
-            Ok(Some(o)) if types::large_kind(&o.value) == Some(C::KIND) && C::KIND == Kind::List => {
+            Ok(Some(o))
+                if types::large_kind(&o.value) == Some(C::KIND) && C::KIND == Kind::List =>
+            {
                 match read_large(ctx, key, &o) {
                     Ok((list, _)) => return Ok(Some(from_list(list))),
                     Err(large_list::LargeError::Changed) => continue,
@@ -241,7 +243,7 @@ fn read_table(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     stored: &Object,
-) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, large_table::Table), large_list::LargeError> {
+) -> Result<(Vec<large_table::Entry>, large_table::Table), large_list::LargeError> {
     let table = large_table::decode(stored)?;
     let place = large_list::Place::of(ctx, key);
     Ok((large_table::entries(ctx, place, table)?, table))
@@ -324,7 +326,11 @@ pub(super) fn update_growing<C: Collection, R>(
                 match read_table(ctx, key, &o) {
                     Ok((entries, table)) => {
                         old_table = Some(table);
-                        (C::from_table(entries), Condition::IfVersion(o.version), true)
+                        (
+                            C::from_table(entries),
+                            Condition::IfVersion(o.version),
+                            true,
+                        )
                     }
                     Err(large_list::LargeError::Changed) => continue,
                     Err(e) => {
@@ -457,11 +463,19 @@ pub(super) fn store<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8], c: &C) -> Resu
         let place = large_list::Place::of(ctx, key);
         // What the key held goes (the chunks of a large collection there with it, now or by
         // the sweep).
-        return large_table::write(ctx, place, C::KIND, &entries, Condition::None, Some(0), None)
-            .map_err(|e| {
-                large_list::reply_error(ctx, e);
-                Replied
-            });
+        return large_table::write(
+            ctx,
+            place,
+            C::KIND,
+            &entries,
+            Condition::None,
+            Some(0),
+            None,
+        )
+        .map_err(|e| {
+            large_list::reply_error(ctx, e);
+            Replied
+        });
     }
     let done = if c.len() == 0 {
         node.delete(tablet, key, Condition::None, &mut ctx.session.acks)

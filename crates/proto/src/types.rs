@@ -363,12 +363,11 @@ impl Set {
         })
     }
 
-    /// The compact encoding; the kind byte says whether the set has held a member that is not
-    /// an integer (then or now).
+    /// The compact encoding; the kind byte carries [`Set::listpack`].
     pub fn encode(&self) -> Vec<u8> {
         let size: usize = self.members.iter().map(|e| e.len() + 2).sum();
         let mut out = header(Kind::Set, self.members.len(), size);
-        if self.listpack || !self.members.iter().all(|m| is_integer_member(m)) {
+        if self.listpack {
             out[1] |= SET_LISTPACK;
         }
         for e in &self.members {
@@ -386,6 +385,7 @@ impl Set {
         if self.contains(member) {
             return false;
         }
+        self.listpack |= !is_integer_member(member);
         self.members.push(member.to_vec());
         true
     }

@@ -1,13 +1,13 @@
 //! Feeds arbitrary bytes to the decoders of typed values, as a server reads a stored value back
 //! (a damaged one, or one a native client wrote with a leading 0xFF), and to the decoders of a
-//! large list's chunks and chunk keys. A value that decodes must re-encode to the same bytes; no
-//! input may panic.
+//! large list's chunks and chunk keys, and of a large hash's or set's header and buckets. A value
+//! that decodes must re-encode to the same bytes; no input may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ramlog_proto::types::{
-    check, chunk_key, is_large, parse_chunk_key, Hash, Kind, LargeList, List, ListChunk, RawChunk,
-    Set, Stream, ZSet,
+    check, chunk_key, is_large, large_gen, parse_chunk_key, Hash, Kind, LargeList, LargeTable,
+    List, ListChunk, RawBucket, RawChunk, Set, Stream, ZSet,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -27,6 +27,26 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(_) => assert!(decoded.is_err(), "both decoders agree"),
     }
+    // A bucket is a compact hash or set: it decodes exactly when they do, and its entries are
+    // its count.
+    for kind in [Kind::Hash, Kind::Set] {
+        if let Ok(bucket) = RawBucket::decode(data, kind) {
+            assert_eq!(bucket.entries().count() as u64, bucket.count);
+            assert_eq!(bucket.encoded_len(), bucket.encode().len());
+            let compact = match kind {
+                Kind::Hash => Hash::decode(data).map(|h| h.fields.len()),
+                _ => Set::decode(data).map(|s| s.members.len()),
+            };
+            assert_eq!(compact, Ok(bucket.count as usize), "a bucket decodes as its compact form");
+        }
+    }
+    if let Ok(table) = LargeTable::decode(data) {
+        assert_eq!(table.encode(), data, "a large table's header re-encodes to its bytes");
+        assert_eq!(large_gen(data), Some(table.gen));
+        for hash in [0, 1, u64::MAX, table.gen] {
+            assert!(table.bucket_of(hash) < table.buckets());
+        }
+    }
     if let Some((slot, key, gen, id)) = parse_chunk_key(data) {
         assert_eq!(chunk_key(slot, key, gen, id), data, "a chunk key re-encodes");
     }
@@ -34,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
         let again = match kind {
             Kind::String => return,
             Kind::List if is_large(data) => LargeList::decode(data).map(|h| h.encode()),
+            Kind::Hash | Kind::Set if is_large(data) => LargeTable::decode(data).map(|h| h.encode()),
             Kind::Hash => Hash::decode(data).map(|h| h.encode()),
             Kind::List => List::decode(data).map(|l| l.encode()),
             Kind::Set => Set::decode(data).map(|s| s.encode()),

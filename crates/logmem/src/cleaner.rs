@@ -478,6 +478,9 @@ fn remove_dead(
             .counters
             .expired_reclaimed
             .fetch_add(1, Ordering::Relaxed);
+        if let Some(observer) = inner.expired_observer.get() {
+            observer(tablet.table, key_buf);
+        }
         return None;
     }
     Some(Survivor {

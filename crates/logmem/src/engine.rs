@@ -216,7 +216,13 @@ pub(crate) struct Inner {
     pub scan_rotation: AtomicU64,
     /// Optional per-table schemas (scans filter, project and aggregate by field).
     pub schemas: RwLock<HashMap<TableId, Arc<ramlog_query::Schema>>>,
+    /// Told the key of every expired object the engine removes (`Engine::on_expired`).
+    pub expired_observer: OnceLock<ExpiredObserver>,
 }
+
+/// A function told the key of each expired object the engine removes, with its table. It runs
+/// under the tablet's write lock: it must be quick and must not call the engine.
+pub type ExpiredObserver = Box<dyn Fn(TableId, &[u8]) + Send + Sync>;
 
 /// A contiguous view of an entry: borrowed from the log, or gathered when it straddles seglets.
 pub(crate) struct EntryBytes<'a> {
@@ -292,6 +298,7 @@ impl Inner {
             retire_when_unpinned: Mutex::new(Vec::new()),
             scan_rotation: AtomicU64::new(0),
             schemas: RwLock::new(HashMap::new()),
+            expired_observer: OnceLock::new(),
             config,
         })
     }

@@ -31,7 +31,7 @@ mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::{unix_ns, TABLETS_MAX};
+pub use engine::{unix_ns, ExpiredObserver, TABLETS_MAX};
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
@@ -594,6 +594,12 @@ impl Engine {
     /// and reads keep working, and writes are accepted again once the charge drops.
     pub fn set_external_bytes(&self, bytes: u64) {
         self.inner.set_external_bytes(bytes);
+    }
+
+    /// Tells `observer` the key (and table) of every expired object the engine removes from
+    /// then on (Redis's `expired` keyspace event). Set once; false if one was set already.
+    pub fn on_expired(&self, observer: ExpiredObserver) -> bool {
+        self.inner.expired_observer.set(observer).is_ok()
     }
 
     /// Sets (or with None removes) the schema of a table's records, used by scan queries.

@@ -149,6 +149,7 @@ impl Server {
             member.start_heartbeats(&node);
         }
         crate::front::commands::start_sweeper(&node, roles.clone());
+        crate::front::commands::notify::watch_expiry(&node);
         let (shutdown, _) = watch::channel(false);
         let mut tasks = JoinSet::new();
         if let Some(listener) = routing_listener {

@@ -118,7 +118,7 @@ pub struct Node {
     /// Clients blocked on keys (BLPOP and the other blocking commands).
     pub waiters: waiters::KeyWaiters,
     /// Publish/subscribe on this server.
-    pub pubsub: pubsub::PubSub,
+    pub pubsub: std::sync::Arc<pubsub::PubSub>,
     /// Striped locks that serialize this server's read-modify-writes of one key (collection
     /// changes, APPEND, SETRANGE, ...), so that writers of a hot key queue instead of retrying
     /// each other's conditional writes. Writes that do not read first do not take them; the
@@ -127,7 +127,7 @@ pub struct Node {
     /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
     pub pubsub_broadcast: std::sync::OnceLock<pubsub::BroadcastQueue>,
     /// What CONFIG SET may change at run time.
-    pub settings: settings::RuntimeSettings,
+    pub settings: std::sync::Arc<settings::RuntimeSettings>,
     /// The Lua scripts this server knows (EVAL, SCRIPT LOAD).
     pub scripts: scripts::Scripts,
     /// Held alone by a running script or EXEC, shared by every other command.
@@ -292,7 +292,7 @@ impl Node {
             waiters: Default::default(),
             pubsub: Default::default(),
             pubsub_broadcast: Default::default(),
-            settings: settings::RuntimeSettings::default(),
+            settings: Default::default(),
             scripts: Default::default(),
             script_gate: parking_lot::RwLock::new(()),
             rmw_locks: (0..RMW_LOCK_STRIPES)

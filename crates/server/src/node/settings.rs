@@ -1,10 +1,9 @@
 //! Settings a client may change at run time with CONFIG SET (everything else is configured by
 //! file, flags and environment at start and is read-only to CONFIG).
 //!
-//! These are Redis's collection encoding thresholds. Redis clients and tools (and Redis's own test
-//! suite) set them. ramlog keeps every collection as one compact object (docs/architecture.md, "The
-//! Redis data types"), so today they are recorded and reported by CONFIG GET without changing how
-//! a value is stored.
+//! These are Redis's collection encoding thresholds, which decide when a list, hash or set takes
+//! the large form (docs/architecture.md, "The Redis data types"), and `notify-keyspace-events`.
+//! Redis clients and tools (and Redis's own test suite) set them.
 
 use parking_lot::Mutex;
 
@@ -104,18 +103,24 @@ pub enum ListLimit {
     Entries(usize),
 }
 
-/// The current values of [`PARAMS`], in its order.
+/// The current values of [`PARAMS`], in its order, and the keyspace notification classes.
 pub struct RuntimeSettings {
     values: Mutex<Vec<i64>>,
+    /// `notify-keyspace-events` as flags (`crate::front::notify`); 0, Redis's default, is off.
+    notify: std::sync::atomic::AtomicU32,
 }
 
 impl Default for RuntimeSettings {
     fn default() -> Self {
         RuntimeSettings {
             values: Mutex::new(PARAMS.iter().map(|p| p.default).collect()),
+            notify: std::sync::atomic::AtomicU32::new(0),
         }
     }
 }
+
+/// The setting of keyspace notifications (a string of event classes, as Redis's).
+pub const NOTIFY: &str = "notify-keyspace-events";
 
 fn index_of(name: &str) -> Option<usize> {
     PARAMS.iter().position(|p| {
@@ -134,7 +139,17 @@ impl RuntimeSettings {
                 out.push((alias, v.to_string()));
             }
         }
+        out.push((
+            NOTIFY,
+            crate::front::commands::notify::format_flags(self.notify()),
+        ));
         out
+    }
+
+    /// The keyspace notification flags (`crate::front::notify`).
+    #[inline]
+    pub fn notify(&self) -> u32 {
+        self.notify.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The current value of parameter `name` (its default if there is no such parameter).
@@ -155,13 +170,22 @@ impl RuntimeSettings {
 
     /// Whether `name` is a parameter CONFIG SET may change.
     pub fn is_settable(name: &str) -> bool {
-        index_of(name).is_some()
+        index_of(name).is_some() || name.eq_ignore_ascii_case(NOTIFY)
     }
 
     /// Sets every `(name, value)` pair, or none of them: the first bad pair's error otherwise.
     pub fn set_all(&self, pairs: &[(&str, &str)]) -> Result<(), String> {
         let mut parsed = Vec::with_capacity(pairs.len());
+        let mut notify = None;
         for (name, value) in pairs {
+            if name.eq_ignore_ascii_case(NOTIFY) {
+                let flags =
+                    crate::front::commands::notify::parse_flags(value).ok_or_else(|| {
+                        format!("Invalid event class character. Use 'Ag$lshzxeKEtmdn'. ('{name}')")
+                    })?;
+                notify = Some(flags);
+                continue;
+            }
             let i = index_of(name).ok_or_else(|| format!("Unknown option '{name}'"))?;
             let p = &PARAMS[i];
             let v: i64 = value
@@ -178,6 +202,10 @@ impl RuntimeSettings {
         let mut values = self.values.lock();
         for (i, v) in parsed {
             values[i] = v;
+        }
+        if let Some(flags) = notify {
+            self.notify
+                .store(flags, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }

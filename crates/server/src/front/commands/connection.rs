@@ -288,6 +288,24 @@ pub(super) fn cmd_client(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             Some(args[2].to_vec())
         };
         ctx.enc.ok();
+    } else if eq_ignore_case(sub, "reply") {
+        // CLIENT REPLY ON|OFF|SKIP: OFF and SKIP are not answered (the reply is dropped after
+        // the command runs), ON answers OK.
+        match args.get(2) {
+            Some(mode) if args.len() == 3 && eq_ignore_case(mode, "on") => {
+                ctx.session.replies_off = false;
+                ctx.enc.ok();
+            }
+            Some(mode) if args.len() == 3 && eq_ignore_case(mode, "off") => {
+                ctx.session.replies_off = true;
+                ctx.enc.ok();
+            }
+            Some(mode) if args.len() == 3 && eq_ignore_case(mode, "skip") => {
+                ctx.session.skip_next_reply = true;
+                ctx.enc.ok();
+            }
+            _ => ctx.enc.error(ERR_SYNTAX),
+        }
     } else if eq_ignore_case(sub, "getname") {
         let name = ctx.session.name.clone();
         ctx.enc.bulk_or_null(name.as_deref());

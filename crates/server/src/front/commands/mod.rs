@@ -28,6 +28,7 @@ mod keys;
 mod large_list;
 mod large_table;
 mod lists;
+pub(crate) mod notify;
 pub(crate) mod pubsub;
 pub(crate) mod scripting;
 mod sets;
@@ -104,6 +105,9 @@ pub struct Session {
     pub addr: Option<std::net::SocketAddr>,
     pub laddr: Option<std::net::SocketAddr>,
     pub connected: std::time::Instant,
+    /// CLIENT REPLY: replies are off (OFF), or the next command's is skipped (SKIP).
+    pub replies_off: bool,
+    pub skip_next_reply: bool,
 }
 
 impl Session {
@@ -149,6 +153,8 @@ impl Session {
             addr: None,
             laddr: None,
             connected: std::time::Instant::now(),
+            replies_off: false,
+            skip_next_reply: false,
         }
     }
 }
@@ -1307,6 +1313,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     debug_assert!(!args.is_empty());
     let before = out.len();
     let started = Instant::now();
+    let skip_this = std::mem::take(&mut session.skip_next_reply);
     let spec = lookup(args[0]);
     let alone = session.multi.is_none()
         && spec.is_some_and(|s| {
@@ -1385,6 +1392,25 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             }
             Some(spec) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
         }
+    }
+    // CLIENT REPLY OFF or SKIP: the reply is dropped (subscription confirmations are pushes,
+    // and still go out, as in Redis 7.2).
+    let silent = session.replies_off || skip_this || session.skip_next_reply;
+    let push = spec.is_some_and(|s| {
+        matches!(
+            s.name,
+            "subscribe"
+                | "unsubscribe"
+                | "psubscribe"
+                | "punsubscribe"
+                | "ssubscribe"
+                | "sunsubscribe"
+        )
+    });
+    if silent && !push {
+        out.truncate(before);
+        node.record(op, started.elapsed(), true);
+        return;
     }
     let failed = out.get(before) == Some(&b'-');
     // A read that waits for replication is withdrawn like a write if the wait fails. (Even a
@@ -1613,7 +1639,15 @@ fn run_checked(
         return ctx.enc.simple("QUEUED");
     }
     *wrote = spec.is_write();
-    (spec.handler)(ctx, args)
+    if !spec.is_write() || ctx.node.settings.notify() == 0 {
+        return (spec.handler)(ctx, args);
+    }
+    // Keyspace notifications: the command's events, judged by its reply.
+    let before = notify::before(ctx, spec, args);
+    let start = ctx.enc.buffer().len();
+    (spec.handler)(ctx, args);
+    let reply = ctx.enc.buffer()[start..].to_vec();
+    notify::after(ctx, spec, args, &reply, before);
 }
 
 pub(crate) fn arity_ok(arity: i32, argc: usize) -> bool {

@@ -1,0 +1,465 @@
+//! Keyspace notifications (Redis's `notify.c`): with `notify-keyspace-events` set, a write
+//! command publishes `__keyspace@0__:<key>` with its event's name and `__keyevent@0__:<event>`
+//! with the key, to this server's subscribers (as in Redis Cluster, where each node publishes
+//! its own keys' events and nothing is broadcast). The events, their names and their classes are
+//! Redis 7's; an event is published after the command succeeds, in the order Redis publishes
+//! them: `new` (a key the command created), the command's own events, then `del` for a key the
+//! command left absent (DEL and UNLINK, the last element popped or removed, an empty *STORE
+//! result). `expired` comes from the engine, whenever it removes an expired key.
+
+use super::{Ctx, Spec};
+use crate::node::pubsub::PubSub;
+use crate::node::settings::RuntimeSettings;
+use crate::node::Node;
+use std::sync::Arc;
+
+pub const GENERIC: u32 = 1 << 0; // g
+pub const STRING: u32 = 1 << 1; // $
+pub const LIST: u32 = 1 << 2; // l
+pub const SET: u32 = 1 << 3; // s
+pub const HASH: u32 = 1 << 4; // h
+pub const ZSET: u32 = 1 << 5; // z
+pub const EXPIRED: u32 = 1 << 6; // x
+pub const EVICTED: u32 = 1 << 7; // e
+pub const STREAM: u32 = 1 << 8; // t
+pub const KEY_MISS: u32 = 1 << 9; // m
+pub const MODULE: u32 = 1 << 10; // d
+pub const NEW: u32 = 1 << 11; // n
+pub const KEYSPACE: u32 = 1 << 12; // K
+pub const KEYEVENT: u32 = 1 << 13; // E
+/// `A`: every class but key misses and new keys.
+pub const ALL: u32 =
+    GENERIC | STRING | LIST | SET | HASH | ZSET | EXPIRED | EVICTED | STREAM | MODULE;
+
+const CLASSES: [(u8, u32); 11] = [
+    (b'g', GENERIC),
+    (b'$', STRING),
+    (b'l', LIST),
+    (b's', SET),
+    (b'h', HASH),
+    (b'z', ZSET),
+    (b'x', EXPIRED),
+    (b'e', EVICTED),
+    (b't', STREAM),
+    (b'd', MODULE),
+    (b'n', NEW),
+];
+
+/// The flags of a `notify-keyspace-events` string; None for a character Redis does not take.
+pub fn parse_flags(text: &str) -> Option<u32> {
+    let mut flags = 0;
+    for c in text.bytes() {
+        flags |= match c {
+            b'A' => ALL,
+            b'K' => KEYSPACE,
+            b'E' => KEYEVENT,
+            b'm' => KEY_MISS,
+            c => CLASSES.iter().find(|(ch, _)| *ch == c)?.1,
+        };
+    }
+    Some(flags)
+}
+
+/// The string CONFIG GET answers for `flags`, as Redis writes it.
+pub fn format_flags(flags: u32) -> String {
+    let mut out = String::new();
+    if flags & ALL == ALL {
+        out.push('A');
+        if flags & NEW != 0 {
+            out.push('n');
+        }
+    } else {
+        for (c, f) in CLASSES {
+            if flags & f != 0 {
+                out.push(c as char);
+            }
+        }
+    }
+    if flags & KEYSPACE != 0 {
+        out.push('K');
+    }
+    if flags & KEYEVENT != 0 {
+        out.push('E');
+    }
+    if flags & KEY_MISS != 0 {
+        out.push('m');
+    }
+    out
+}
+
+/// Publishes event `name` of `class` on `key`, if the settings ask for it.
+pub fn emit(settings: &RuntimeSettings, pubsub: &PubSub, class: u32, name: &str, key: &[u8]) {
+    let flags = settings.notify();
+    if flags & class == 0 {
+        return;
+    }
+    if flags & KEYSPACE != 0 {
+        let mut channel = b"__keyspace@0__:".to_vec();
+        channel.extend_from_slice(key);
+        pubsub.publish(&channel, name.as_bytes(), false);
+    }
+    if flags & KEYEVENT != 0 {
+        let channel = format!("__keyevent@0__:{name}");
+        pubsub.publish(channel.as_bytes(), key, false);
+    }
+}
+
+/// Publishes `expired` for every key the engine removes when it expires (internal keys aside).
+pub fn watch_expiry(node: &Node) {
+    let (settings, pubsub) = (Arc::clone(&node.settings), Arc::clone(&node.pubsub));
+    node.engine().on_expired(Box::new(move |_, key| {
+        if !ramlog_common::is_internal(key) {
+            emit(&settings, &pubsub, EXPIRED, "expired", key);
+        }
+    }));
+}
+
+/// What the keys of a write command were before it ran, when the settings ask for `new` or
+/// `del` events (one index lookup per key; nothing when they do not).
+pub(super) struct Before {
+    existed: Vec<bool>,
+}
+
+/// Whether each key exists now.
+fn existence(ctx: &mut Ctx<'_>, keys: &[&[u8]]) -> Vec<bool> {
+    let node = ctx.node;
+    keys.iter()
+        .map(|k| {
+            node.read_with(node.tablet_of(k), k, &mut ctx.session.acks, |_, _, _| ())
+                .is_ok_and(|found| found.is_some())
+        })
+        .collect()
+}
+
+pub(super) fn before(ctx: &mut Ctx<'_>, spec: &Spec, args: &[&[u8]]) -> Option<Before> {
+    let flags = ctx.node.settings.notify();
+    if flags & (NEW | GENERIC) == 0 || flags & (KEYSPACE | KEYEVENT) == 0 {
+        return None;
+    }
+    let keys: Vec<&[u8]> = super::command_keys(spec, args).collect();
+    Some(Before {
+        existed: existence(ctx, &keys),
+    })
+}
+
+/// When a command's event fires, judged by its reply.
+#[derive(Clone, Copy)]
+enum When {
+    /// Any reply but an error.
+    Done,
+    /// An integer reply above 0.
+    Positive,
+    /// A reply that is not null (nor an empty array).
+    Found,
+}
+
+/// Which key an event names.
+#[derive(Clone, Copy)]
+enum Which {
+    Arg(usize),
+    /// Every other argument from this one (MSET's keys).
+    Pairs(usize),
+    /// The key the reply names first (BLPOP, LMPOP, BZPOPMIN, ZMPOP).
+    Replied,
+}
+
+struct Event {
+    class: u32,
+    name: &'static str,
+    which: Which,
+    when: When,
+}
+
+const fn ev(class: u32, name: &'static str, which: Which, when: When) -> Event {
+    Event {
+        class,
+        name,
+        which,
+        when,
+    }
+}
+
+fn has_option(args: &[&[u8]], from: usize, names: &[&str]) -> bool {
+    args.iter()
+        .skip(from)
+        .any(|a| names.iter().any(|n| a.eq_ignore_ascii_case(n.as_bytes())))
+}
+
+fn side(arg: Option<&&[u8]>, left: &'static str, right: &'static str) -> &'static str {
+    match arg {
+        Some(a) if a.eq_ignore_ascii_case(b"right") || a.eq_ignore_ascii_case(b"max") => right,
+        _ => left,
+    }
+}
+
+/// The events a write command publishes on success (Redis 7's names and classes).
+fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
+    use When::*;
+    use Which::*;
+    let one = |class, event, when| vec![ev(class, event, Arg(1), when)];
+    match name {
+        "set" => {
+            let conditional = has_option(args, 3, &["nx", "xx"]) && !has_option(args, 3, &["get"]);
+            let mut out = vec![ev(
+                STRING,
+                "set",
+                Arg(1),
+                if conditional { Found } else { Done },
+            )];
+            if has_option(args, 3, &["ex", "px", "exat", "pxat"]) {
+                out.push(ev(
+                    GENERIC,
+                    "expire",
+                    Arg(1),
+                    if conditional { Found } else { Done },
+                ));
+            }
+            out
+        }
+        "setex" | "psetex" => vec![
+            ev(STRING, "set", Arg(1), Done),
+            ev(GENERIC, "expire", Arg(1), Done),
+        ],
+        "getset" => one(STRING, "set", Done),
+        "setnx" => one(STRING, "set", Positive),
+        "mset" => vec![ev(STRING, "set", Pairs(1), Done)],
+        "msetnx" => vec![ev(STRING, "set", Pairs(1), Positive)],
+        "append" => one(STRING, "append", Done),
+        "setrange" => one(STRING, "setrange", Done),
+        "incr" | "decr" | "incrby" | "decrby" => one(STRING, "incrby", Done),
+        "incrbyfloat" => one(STRING, "incrbyfloat", Done),
+        "expire" | "pexpire" | "expireat" | "pexpireat" => one(GENERIC, "expire", Positive),
+        "persist" => one(GENERIC, "persist", Positive),
+        "getex" if has_option(args, 2, &["persist"]) => one(GENERIC, "persist", Found),
+        "getex" if args.len() > 2 => one(GENERIC, "expire", Found),
+        "rename" | "renamenx" => {
+            let when = if name == "rename" { Done } else { Positive };
+            vec![
+                ev(GENERIC, "rename_from", Arg(1), when),
+                ev(GENERIC, "rename_to", Arg(2), when),
+            ]
+        }
+        "copy" => vec![ev(GENERIC, "copy_to", Arg(2), Positive)],
+        "lpush" => one(LIST, "lpush", Done),
+        "rpush" => one(LIST, "rpush", Done),
+        "lpushx" => one(LIST, "lpush", Positive),
+        "rpushx" => one(LIST, "rpush", Positive),
+        "linsert" => one(LIST, "linsert", Positive),
+        "lset" => one(LIST, "lset", Done),
+        "lrem" => one(LIST, "lrem", Positive),
+        "ltrim" => one(LIST, "ltrim", Done),
+        "lpop" => one(LIST, "lpop", Found),
+        "rpop" => one(LIST, "rpop", Found),
+        "blpop" => vec![ev(LIST, "lpop", Replied, Found)],
+        "brpop" => vec![ev(LIST, "rpop", Replied, Found)],
+        "rpoplpush" | "brpoplpush" => vec![
+            ev(LIST, "rpop", Arg(1), Found),
+            ev(LIST, "lpush", Arg(2), Found),
+        ],
+        "lmove" | "blmove" => vec![
+            ev(LIST, side(args.get(3), "lpop", "rpop"), Arg(1), Found),
+            ev(LIST, side(args.get(4), "lpush", "rpush"), Arg(2), Found),
+        ],
+        "lmpop" | "blmpop" => {
+            let at = if name == "lmpop" { 1 } else { 2 };
+            let n = args
+                .get(at)
+                .and_then(|a| std::str::from_utf8(a).ok()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            vec![ev(
+                LIST,
+                side(args.get(at + 1 + n), "lpop", "rpop"),
+                Replied,
+                Found,
+            )]
+        }
+        "sadd" => one(SET, "sadd", Positive),
+        "srem" => one(SET, "srem", Positive),
+        "spop" => one(SET, "spop", Found),
+        "smove" => vec![
+            ev(SET, "srem", Arg(1), Positive),
+            ev(SET, "sadd", Arg(2), Positive),
+        ],
+        "sinterstore" | "sunionstore" | "sdiffstore" => one(SET, static_name(name), Positive),
+        "hset" | "hmset" => one(HASH, "hset", Done),
+        "hsetnx" => one(HASH, "hset", Positive),
+        "hdel" => one(HASH, "hdel", Positive),
+        "hincrby" => one(HASH, "hincrby", Done),
+        "hincrbyfloat" => one(HASH, "hincrbyfloat", Done),
+        "zadd" if has_option(args, 2, &["incr"]) => one(ZSET, "zincr", Found),
+        "zadd" => one(ZSET, "zadd", Found),
+        "zincrby" => one(ZSET, "zincr", Done),
+        "zrem" => one(ZSET, "zrem", Positive),
+        "zremrangebyscore" | "zremrangebyrank" | "zremrangebylex" => {
+            one(ZSET, static_name(name), Positive)
+        }
+        "zpopmin" | "zpopmax" => one(ZSET, static_name(name), Found),
+        "bzpopmin" => vec![ev(ZSET, "zpopmin", Replied, Found)],
+        "bzpopmax" => vec![ev(ZSET, "zpopmax", Replied, Found)],
+        "zmpop" | "bzmpop" => {
+            let at = if name == "zmpop" { 1 } else { 2 };
+            let n = args
+                .get(at)
+                .and_then(|a| std::str::from_utf8(a).ok()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            vec![ev(
+                ZSET,
+                side(args.get(at + 1 + n), "zpopmin", "zpopmax"),
+                Replied,
+                Found,
+            )]
+        }
+        "zunionstore" | "zinterstore" | "zdiffstore" | "zrangestore" => {
+            one(ZSET, static_name(name), Positive)
+        }
+        "xadd" => one(STREAM, "xadd", Found),
+        "xtrim" => one(STREAM, "xtrim", Positive),
+        "xdel" => one(STREAM, "xdel", Positive),
+        "xsetid" => one(STREAM, "xsetid", Done),
+        _ => Vec::new(),
+    }
+}
+
+/// The command names that are also event names, as static strings.
+fn static_name(name: &str) -> &'static str {
+    const NAMES: [&str; 14] = [
+        "sinterstore",
+        "sunionstore",
+        "sdiffstore",
+        "zremrangebyscore",
+        "zremrangebyrank",
+        "zremrangebylex",
+        "zpopmin",
+        "zpopmax",
+        "zunionstore",
+        "zinterstore",
+        "zdiffstore",
+        "zrangestore",
+        "xtrim",
+        "xdel",
+    ];
+    NAMES.iter().find(|n| **n == name).copied().unwrap_or("")
+}
+
+/// The first bulk string of an array reply (`*2 $3 key ...`), as RESP2 and RESP3 write it.
+fn first_bulk(reply: &[u8]) -> Option<Vec<u8>> {
+    let mut lines = reply.split(|b| *b == b'\n');
+    let head = lines.next()?;
+    if !matches!(head.first(), Some(b'*' | b'>')) {
+        return None;
+    }
+    let len_line = lines.next()?;
+    if len_line.first() != Some(&b'$') {
+        return None;
+    }
+    let len: usize = std::str::from_utf8(&len_line[1..len_line.len().saturating_sub(1)])
+        .ok()?
+        .parse()
+        .ok()?;
+    let start = head.len() + 1 + len_line.len() + 1;
+    reply.get(start..start + len).map(<[u8]>::to_vec)
+}
+
+/// Publishes a write command's events once it has run; `reply` is what it answered.
+pub(super) fn after(
+    ctx: &mut Ctx<'_>,
+    spec: &Spec,
+    args: &[&[u8]],
+    reply: &[u8],
+    before: Option<Before>,
+) {
+    let node = ctx.node;
+    let flags = node.settings.notify();
+    if flags & (KEYSPACE | KEYEVENT) == 0 || reply.first() == Some(&b'-') {
+        return;
+    }
+    let (settings, pubsub) = (&node.settings, &node.pubsub);
+    let keys: Vec<&[u8]> = super::command_keys(spec, args).collect();
+    let now = before.as_ref().map(|_| existence(ctx, &keys));
+    if let (Some(before), Some(now)) = (&before, &now) {
+        for (i, key) in keys.iter().enumerate() {
+            if !before.existed[i] && now[i] {
+                emit(settings, pubsub, NEW, "new", key);
+            }
+        }
+    }
+    let integer = (reply.first() == Some(&b':'))
+        .then(|| {
+            std::str::from_utf8(&reply[1..reply.len().saturating_sub(2)])
+                .ok()?
+                .parse::<i64>()
+                .ok()
+        })
+        .flatten();
+    let null = matches!(
+        reply,
+        [b'_', ..]
+            | [b'$', b'-', ..]
+            | [b'*', b'-', ..]
+            | [b'*', b'0', b'\r', ..]
+            | [b'~', b'0', b'\r', ..]
+    );
+    for e in events(spec.name, args) {
+        let fires = match e.when {
+            When::Done => true,
+            When::Positive => integer.is_some_and(|n| n > 0),
+            When::Found => !null,
+        };
+        if !fires {
+            continue;
+        }
+        match e.which {
+            Which::Arg(i) => {
+                if let Some(key) = args.get(i) {
+                    emit(settings, pubsub, e.class, e.name, key);
+                }
+            }
+            Which::Pairs(from) => {
+                for key in args.iter().skip(from).step_by(2) {
+                    emit(settings, pubsub, e.class, e.name, key);
+                }
+            }
+            Which::Replied => {
+                if let Some(key) = first_bulk(reply) {
+                    emit(settings, pubsub, e.class, e.name, &key);
+                }
+            }
+        }
+    }
+    if let (Some(before), Some(now)) = (&before, &now) {
+        if matches!(spec.name, "rename" | "renamenx" | "move") {
+            return;
+        }
+        for (i, key) in keys.iter().enumerate() {
+            if before.existed[i] && !now[i] {
+                emit(settings, pubsub, GENERIC, "del", key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_read_and_print_as_redis() {
+        assert_eq!(format_flags(parse_flags("gKE").unwrap()), "gKE");
+        assert_eq!(format_flags(parse_flags("$lshzxeKE").unwrap()), "$lshzxeKE");
+        assert_eq!(format_flags(parse_flags("KA").unwrap()), "AK");
+        assert_eq!(format_flags(parse_flags("EA").unwrap()), "AE");
+        assert_eq!(format_flags(parse_flags("").unwrap()), "");
+        assert_eq!(parse_flags("Kq"), None);
+        assert_eq!(parse_flags("An").unwrap() & NEW, NEW);
+    }
+
+    #[test]
+    fn the_key_a_blocking_pop_answered_is_found() {
+        assert_eq!(
+            first_bulk(b"*2\r\n$5\r\nqueue\r\n$1\r\nx\r\n"),
+            Some(b"queue".to_vec())
+        );
+        assert_eq!(first_bulk(b"*-1\r\n"), None);
+        assert_eq!(first_bulk(b"$3\r\nabc\r\n"), None);
+    }
+}

@@ -187,3 +187,25 @@ def test_celery_runs_a_chord_with_its_redis_broker_and_backend(rq_port, tmp_path
     out = log_path.read_text()
     assert "succeeded in" in out, out[-3000:]
     assert "ResponseError" not in out, out[-3000:]
+
+
+BULLMQ = os.path.join(os.path.dirname(__file__), "..", "node", "bullmq")
+
+
+def test_bullmq_runs_a_thousand_jobs_with_retries_and_failures(rq_port):
+    """BullMQ (Node), unmodified: its Lua scripts (EVALSHA with cmsgpack and cjson), streams of
+    events, sorted sets and hashes. 1 000 jobs on 8 concurrent workers: every 10th fails once
+    and succeeds on its retry, every 100th fails for good. The queue's keys share the hash tag
+    `{bull}`, as BullMQ asks of a cluster."""
+    if not os.path.isdir(os.path.join(BULLMQ, "node_modules", "bullmq")):
+        pytest.fail("BullMQ is not installed (scripts/test runs npm ci in tests/node/bullmq)")
+    out = subprocess.run(["node", "run.js", str(rq_port), "1000", "{bull}"], cwd=BULLMQ,
+                         capture_output=True, text=True, timeout=180)
+    import json
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0, (result, out.stderr[-2000:])
+    assert result["completed"] == 990 and result["failed"] == 10, result
+    assert result["counts"]["completed"] == 990 and result["counts"]["failed"] == 10, result
+    assert result["counts"]["waiting"] == 0 and result["counts"]["active"] == 0, result
+    assert result["retried"] == 100, result
+    assert result["sample"] == {"returnvalue": {"sum": 11}, "attemptsMade": 2}, result

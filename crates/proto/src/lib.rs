@@ -5,6 +5,7 @@
 //! Knows nothing of storage or sockets: functions take byte buffers and return values or errors,
 //! so each format can be fuzzed alone (see `fuzz/`).
 
+pub mod msgpack;
 pub mod native;
 pub mod repl;
 pub mod resp;

@@ -28,6 +28,7 @@ mod keys;
 mod large_list;
 mod large_table;
 mod lists;
+mod lua_libs;
 pub(crate) mod notify;
 pub(crate) mod pubsub;
 pub(crate) mod scripting;

@@ -82,6 +82,7 @@ impl Vm {
             "__ramlog_sha1hex",
             lua.create_function(|lua, s: mlua::String| lua.create_string(sha1_hex(&s.as_bytes())))?,
         )?;
+        super::lua_libs::install(&lua)?;
         lua.load(PRELUDE).set_name("=ramlog").exec()?;
         lua.set_memory_limit(LUA_MEMORY_MAX)?;
         Ok(Vm {

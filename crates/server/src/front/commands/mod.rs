@@ -33,6 +33,7 @@ pub(crate) mod notify;
 pub(crate) mod pubsub;
 pub(crate) mod scripting;
 mod sets;
+mod sort;
 pub(crate) mod streams;
 mod strings;
 mod typed;
@@ -950,6 +951,8 @@ fn collection_specs() -> Vec<Spec> {
         spec!("ltrim", 4, wr, 1, 1, 1, l, Op::List, cmd_ltrim),
         spec!("linsert", 5, W, 1, 1, 1, l, Op::List, cmd_linsert),
         spec!("lpos", -3, rs, 1, 1, 1, l, Op::List, cmd_lpos),
+        spec!("sort", -2, W, 1, 1, 1, l, Op::List, sort::cmd_sort),
+        spec!("sort_ro", -2, rs, 1, 1, 1, l, Op::List, sort::cmd_sort_ro),
         spec!("lmove", 5, W, 1, 2, 1, l, Op::List, cmd_lmove),
         spec!("rpoplpush", 3, W, 1, 2, 1, l, Op::List, cmd_rpoplpush),
         spec!("sadd", -3, wf, 1, 1, 1, st, Op::SetType, cmd_sadd),
@@ -1446,6 +1449,9 @@ pub fn command_keys<'a, 'b>(
 /// empty range for none). Movable keys (XREAD's after STREAMS, and those counted by a
 /// `numkeys` argument) are found in the arguments.
 fn key_positions(spec: &Spec, args: &[&[u8]]) -> (Option<usize>, usize, usize, usize) {
+    if spec.name == "sort" {
+        return (sort::store_position(args), 1, 2.min(args.len()), 1);
+    }
     if spec.name == "xread" {
         return match streams::xread_streams(args) {
             Ok((first, n)) => (None, first, first + n, 1),

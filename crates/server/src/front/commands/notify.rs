@@ -316,6 +316,9 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
         "xtrim" => one(STREAM, "xtrim", Positive),
         "xdel" => one(STREAM, "xdel", Positive),
         "xsetid" => one(STREAM, "xsetid", Done),
+        "sort" => super::sort::store_position(args)
+            .map(|at| vec![ev(LIST, "sortstore", Arg(at), Positive)])
+            .unwrap_or_default(),
         _ => Vec::new(),
     }
 }

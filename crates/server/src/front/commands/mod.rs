@@ -22,6 +22,7 @@ use std::sync::LazyLock;
 use std::time::Instant;
 
 mod admin;
+mod bitfield;
 mod connection;
 mod hashes;
 mod keys;
@@ -951,6 +952,28 @@ fn collection_specs() -> Vec<Spec> {
         spec!("ltrim", 4, wr, 1, 1, 1, l, Op::List, cmd_ltrim),
         spec!("linsert", 5, W, 1, 1, 1, l, Op::List, cmd_linsert),
         spec!("lpos", -3, rs, 1, 1, 1, l, Op::List, cmd_lpos),
+        spec!(
+            "bitfield",
+            -2,
+            W,
+            1,
+            1,
+            1,
+            &["@bitmap"][..],
+            Op::Other,
+            bitfield::cmd_bitfield
+        ),
+        spec!(
+            "bitfield_ro",
+            -2,
+            R,
+            1,
+            1,
+            1,
+            &["@bitmap"][..],
+            Op::Other,
+            bitfield::cmd_bitfield_ro
+        ),
         spec!("sort", -2, W, 1, 1, 1, l, Op::List, sort::cmd_sort),
         spec!("sort_ro", -2, rs, 1, 1, 1, l, Op::List, sort::cmd_sort_ro),
         spec!("lmove", 5, W, 1, 2, 1, l, Op::List, cmd_lmove),

@@ -639,7 +639,7 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 /// Reads the key's string, lets `f` compute its result and the new string (None: no write),
 /// and writes that on the condition that the key did not change since it was read (keeping its
 /// expiry); a concurrent write makes it start again.
-fn update_string<R>(
+pub(super) fn update_string<R>(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     mut f: impl FnMut(Option<&[u8]>) -> Result<(R, Option<Vec<u8>>), String>,

@@ -311,9 +311,9 @@ impl PubSub {
         Self::table(&mut r, kind).get(channel).map_or(0, Vec::len)
     }
 
-    /// Pattern subscriptions here.
+    /// Patterns subscribed to here (each counted once).
     pub fn patterns(&self) -> usize {
-        self.registry.lock().patterns.values().map(Vec::len).sum()
+        self.registry.lock().patterns.len()
     }
 }
 

@@ -445,11 +445,13 @@ pub(super) fn change(
         }
         rounds -= 1;
     }
-    let puts = buckets
+    let puts: Vec<(u64, Vec<u8>)> = buckets
         .into_iter()
         .filter(|(_, (_, dirty))| *dirty)
         .map(|(b, (bucket, _))| (bucket_id(b), bucket.encode()))
         .collect();
+    // A bucket merged away and split off again in this change is written, not deleted.
+    gone.retain(|id| !puts.iter().any(|(put, _)| put == id));
     let change = Change {
         header: HeaderWrite::Small(t.encode()),
         expire: None,

@@ -362,3 +362,24 @@ def test_buckets_split_and_merge_under_a_small_value_limit(make_server, tmp_path
             assert c.hgetall("h") == model, step
     assert c.hgetall("h") == model
     assert c.hlen("h") == len(model)
+
+
+def test_config_set_through_the_routing_port_reaches_every_master(shared_cluster):
+    """A proxy's client sets an encoding threshold once: it applies at every key's master."""
+    routing = redis.Redis(port=shared_cluster.servers[0].routing, socket_timeout=10)
+    try:
+        assert routing.config_set("hash-max-listpack-entries", 4)
+        for srv in shared_cluster.servers:
+            direct = redis.Redis(port=srv.resp, socket_timeout=10)
+            assert direct.config_get("hash-max-listpack-entries") == {"hash-max-listpack-entries": "4"}
+        keys = [f"cfg-{i}" for i in range(12)]
+        for k in keys:
+            routing.delete(k)
+            routing.hset(k, mapping={f"f{j}": "v" for j in range(5)})
+            assert routing.object("encoding", k) == b"hashtable", k
+        with pytest.raises(redis.ResponseError):
+            routing.config_set("no-such-setting", 1)
+    finally:
+        routing.config_set("hash-max-listpack-entries", 128)
+        for k in [f"cfg-{i}" for i in range(12)]:
+            routing.delete(k)

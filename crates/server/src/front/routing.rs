@@ -276,6 +276,11 @@ impl Router<'_> {
             {
                 return Part::AllOk(to_every_master(self))
             }
+            // The encoding thresholds and keyspace notifications are each server's: a proxy's
+            // client sets them on every master, as on the one Redis it believes it talks to.
+            "config" if args.len() >= 2 && args[1].eq_ignore_ascii_case(b"set") => {
+                return Part::AllOk(to_every_master(self))
+            }
             "info" => {
                 let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
                 let text = self.node.snapshot().info(section.as_deref(), false);

@@ -161,14 +161,19 @@ def recovery_jobs(admin):
 
 
 def test_the_restore_a_client_waits_for_goes_first(tmp_path):
-    """3 servers, R = 2, restores slowed (a 3 s pause every 1024 objects, so that the queue
-    outlasts a loaded machine's routing of the request: at 1.5 s a CI run saw the asked-for
-    restore done before the request reached its restorer): a dead master's 16 tablets queue on
+    """3 servers, R = 2, restores slowed (a 5 s pause every 1024 objects, so that the queue
+    outlasts a loaded machine's routing of the request: at 1.5 s and at 3 s CI runs saw the
+    asked-for restore done before the request reached its restorer): a dead master's 16 tablets queue on
     their two restorers, two at a time each. A plain client asks the routing port of the
     other server for a key of the restorer's last tablet in the queue: that restore is marked
     asked for and ends while others still wait for their turn; progress shows in /status and in
     `ramlog cluster status`."""
-    c = Cluster(tmp_path, servers=3, env={"RAMLOG_TEST_RESTORE_PAUSE_MS": "3000"})
+    # The asked-for restore waits for a free restore slot and pauses once itself: the routing
+    # port's request waits up to 30 s for it instead of the default 10 s.
+    config = tmp_path / "wait.toml"
+    config.write_text("routing_recovery_wait_ms = 30000\n")
+    c = Cluster(tmp_path, servers=3, extra_args=("--config", str(config)),
+                env={"RAMLOG_TEST_RESTORE_PAUSE_MS": "5000"})
     try:
         rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=5)
         pipe = rc.pipeline(transaction=False)

@@ -28,6 +28,7 @@ pub mod admin;
 pub mod config;
 pub mod figures;
 pub mod keyspace;
+pub mod keyspace_events;
 pub mod metrics;
 pub mod persistence;
 pub mod pubsub;

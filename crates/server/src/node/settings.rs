@@ -106,7 +106,7 @@ pub enum ListLimit {
 /// The current values of [`PARAMS`], in its order, and the keyspace notification classes.
 pub struct RuntimeSettings {
     values: Mutex<Vec<i64>>,
-    /// `notify-keyspace-events` as flags (`crate::front::notify`); 0, Redis's default, is off.
+    /// `notify-keyspace-events` as flags (`super::keyspace_events`); 0, Redis's default, is off.
     notify: std::sync::atomic::AtomicU32,
 }
 
@@ -139,14 +139,11 @@ impl RuntimeSettings {
                 out.push((alias, v.to_string()));
             }
         }
-        out.push((
-            NOTIFY,
-            crate::front::commands::notify::format_flags(self.notify()),
-        ));
+        out.push((NOTIFY, super::keyspace_events::format_flags(self.notify())));
         out
     }
 
-    /// The keyspace notification flags (`crate::front::notify`).
+    /// The keyspace notification flags (`super::keyspace_events`).
     #[inline]
     pub fn notify(&self) -> u32 {
         self.notify.load(std::sync::atomic::Ordering::Relaxed)
@@ -179,10 +176,9 @@ impl RuntimeSettings {
         let mut notify = None;
         for (name, value) in pairs {
             if name.eq_ignore_ascii_case(NOTIFY) {
-                let flags =
-                    crate::front::commands::notify::parse_flags(value).ok_or_else(|| {
-                        format!("Invalid event class character. Use 'Ag$lshzxeKEtmdn'. ('{name}')")
-                    })?;
+                let flags = super::keyspace_events::parse_flags(value).ok_or_else(|| {
+                    format!("Invalid event class character. Use 'Ag$lshzxeKEtmdn'. ('{name}')")
+                })?;
                 notify = Some(flags);
                 continue;
             }

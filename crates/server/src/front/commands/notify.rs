@@ -13,79 +13,7 @@ use crate::node::settings::RuntimeSettings;
 use crate::node::Node;
 use std::sync::Arc;
 
-pub const GENERIC: u32 = 1 << 0; // g
-pub const STRING: u32 = 1 << 1; // $
-pub const LIST: u32 = 1 << 2; // l
-pub const SET: u32 = 1 << 3; // s
-pub const HASH: u32 = 1 << 4; // h
-pub const ZSET: u32 = 1 << 5; // z
-pub const EXPIRED: u32 = 1 << 6; // x
-pub const EVICTED: u32 = 1 << 7; // e
-pub const STREAM: u32 = 1 << 8; // t
-pub const KEY_MISS: u32 = 1 << 9; // m
-pub const MODULE: u32 = 1 << 10; // d
-pub const NEW: u32 = 1 << 11; // n
-pub const KEYSPACE: u32 = 1 << 12; // K
-pub const KEYEVENT: u32 = 1 << 13; // E
-/// `A`: every class but key misses and new keys.
-pub const ALL: u32 =
-    GENERIC | STRING | LIST | SET | HASH | ZSET | EXPIRED | EVICTED | STREAM | MODULE;
-
-const CLASSES: [(u8, u32); 11] = [
-    (b'g', GENERIC),
-    (b'$', STRING),
-    (b'l', LIST),
-    (b's', SET),
-    (b'h', HASH),
-    (b'z', ZSET),
-    (b'x', EXPIRED),
-    (b'e', EVICTED),
-    (b't', STREAM),
-    (b'd', MODULE),
-    (b'n', NEW),
-];
-
-/// The flags of a `notify-keyspace-events` string; None for a character Redis does not take.
-pub fn parse_flags(text: &str) -> Option<u32> {
-    let mut flags = 0;
-    for c in text.bytes() {
-        flags |= match c {
-            b'A' => ALL,
-            b'K' => KEYSPACE,
-            b'E' => KEYEVENT,
-            b'm' => KEY_MISS,
-            c => CLASSES.iter().find(|(ch, _)| *ch == c)?.1,
-        };
-    }
-    Some(flags)
-}
-
-/// The string CONFIG GET answers for `flags`, as Redis writes it.
-pub fn format_flags(flags: u32) -> String {
-    let mut out = String::new();
-    if flags & ALL == ALL {
-        out.push('A');
-        if flags & NEW != 0 {
-            out.push('n');
-        }
-    } else {
-        for (c, f) in CLASSES {
-            if flags & f != 0 {
-                out.push(c as char);
-            }
-        }
-    }
-    if flags & KEYSPACE != 0 {
-        out.push('K');
-    }
-    if flags & KEYEVENT != 0 {
-        out.push('E');
-    }
-    if flags & KEY_MISS != 0 {
-        out.push('m');
-    }
-    out
-}
+pub use crate::node::keyspace_events::*;
 
 /// Publishes event `name` of `class` on `key`, if the settings ask for it.
 pub fn emit(settings: &RuntimeSettings, pubsub: &PubSub, class: u32, name: &str, key: &[u8]) {
@@ -280,7 +208,9 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
             ev(SET, "srem", Arg(1), Positive),
             ev(SET, "sadd", Arg(2), Positive),
         ],
-        "sinterstore" | "sunionstore" | "sdiffstore" => one(SET, static_name(name), Positive),
+        "sinterstore" => one(SET, "sinterstore", Positive),
+        "sunionstore" => one(SET, "sunionstore", Positive),
+        "sdiffstore" => one(SET, "sdiffstore", Positive),
         "hset" | "hmset" => one(HASH, "hset", Done),
         "hsetnx" => one(HASH, "hset", Positive),
         "hdel" => one(HASH, "hdel", Positive),
@@ -290,10 +220,11 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
         "zadd" => one(ZSET, "zadd", Found),
         "zincrby" => one(ZSET, "zincr", Done),
         "zrem" => one(ZSET, "zrem", Positive),
-        "zremrangebyscore" | "zremrangebyrank" | "zremrangebylex" => {
-            one(ZSET, static_name(name), Positive)
-        }
-        "zpopmin" | "zpopmax" => one(ZSET, static_name(name), Found),
+        "zremrangebyscore" => one(ZSET, "zremrangebyscore", Positive),
+        "zremrangebyrank" => one(ZSET, "zremrangebyrank", Positive),
+        "zremrangebylex" => one(ZSET, "zremrangebylex", Positive),
+        "zpopmin" => one(ZSET, "zpopmin", Found),
+        "zpopmax" => one(ZSET, "zpopmax", Found),
         "bzpopmin" => vec![ev(ZSET, "zpopmin", Replied, Found)],
         "bzpopmax" => vec![ev(ZSET, "zpopmax", Replied, Found)],
         "zmpop" | "bzmpop" => {
@@ -309,9 +240,10 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
                 Found,
             )]
         }
-        "zunionstore" | "zinterstore" | "zdiffstore" | "zrangestore" => {
-            one(ZSET, static_name(name), Positive)
-        }
+        "zunionstore" => one(ZSET, "zunionstore", Positive),
+        "zinterstore" => one(ZSET, "zinterstore", Positive),
+        "zdiffstore" => one(ZSET, "zdiffstore", Positive),
+        "zrangestore" => one(ZSET, "zrangestore", Positive),
         "xadd" => one(STREAM, "xadd", Found),
         "xtrim" => one(STREAM, "xtrim", Positive),
         "xdel" => one(STREAM, "xdel", Positive),
@@ -321,27 +253,6 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
             .unwrap_or_default(),
         _ => Vec::new(),
     }
-}
-
-/// The command names that are also event names, as static strings.
-fn static_name(name: &str) -> &'static str {
-    const NAMES: [&str; 14] = [
-        "sinterstore",
-        "sunionstore",
-        "sdiffstore",
-        "zremrangebyscore",
-        "zremrangebyrank",
-        "zremrangebylex",
-        "zpopmin",
-        "zpopmax",
-        "zunionstore",
-        "zinterstore",
-        "zdiffstore",
-        "zrangestore",
-        "xtrim",
-        "xdel",
-    ];
-    NAMES.iter().find(|n| **n == name).copied().unwrap_or("")
 }
 
 /// The first bulk string of an array reply (`*2 $3 key ...`), as RESP2 and RESP3 write it.
@@ -444,17 +355,6 @@ pub(super) fn after(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flags_read_and_print_as_redis() {
-        assert_eq!(format_flags(parse_flags("gKE").unwrap()), "gKE");
-        assert_eq!(format_flags(parse_flags("$lshzxeKE").unwrap()), "$lshzxeKE");
-        assert_eq!(format_flags(parse_flags("KA").unwrap()), "AK");
-        assert_eq!(format_flags(parse_flags("EA").unwrap()), "AE");
-        assert_eq!(format_flags(parse_flags("").unwrap()), "");
-        assert_eq!(parse_flags("Kq"), None);
-        assert_eq!(parse_flags("An").unwrap() & NEW, NEW);
-    }
 
     #[test]
     fn the_key_a_blocking_pop_answered_is_found() {

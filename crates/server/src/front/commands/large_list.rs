@@ -838,9 +838,20 @@ pub(super) fn memory_usage(
     large: Large,
 ) -> Result<u64, LargeError> {
     let (large, ids) = materialize_ids(ctx, place, large)?;
+    chunks_in_log(ctx, place, large.header.gen, ids)
+}
+
+/// The bytes chunks `ids` of generation `gen` take in the log: each entry and its index slot
+/// (an absent chunk counts nothing).
+pub(super) fn chunks_in_log(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    gen: u64,
+    ids: impl IntoIterator<Item = u64>,
+) -> Result<u64, LargeError> {
     let mut total = 0u64;
     for id in ids {
-        let key = place.chunk_key(large.header.gen, id);
+        let key = place.chunk_key(gen, id);
         let len = ctx.node.read_with(
             place.tablet,
             &key,

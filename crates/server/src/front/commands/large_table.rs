@@ -649,26 +649,7 @@ pub(super) fn memory_usage(
 ) -> Result<u64, LargeError> {
     consistent(ctx, place, table, |ctx, table| {
         let t = table.header;
-        let mut total = 0u64;
-        for b in 0..t.buckets() {
-            let key = place.chunk_key(t.gen, bucket_id(b));
-            let len = ctx.node.read_with(
-                place.tablet,
-                &key,
-                &mut ctx.session.acks,
-                |v, version, expiry| {
-                    ramlog_logmem::entry::encoded_len(
-                        ramlog_logmem::entry::KIND_OBJECT,
-                        version,
-                        key.len(),
-                        v.len(),
-                        expiry,
-                    )
-                },
-            )?;
-            total += len.unwrap_or(0) as u64 + 8;
-        }
-        Ok(total)
+        large_list::chunks_in_log(ctx, place, t.gen, (0..t.buckets()).map(bucket_id))
     })
 }
 

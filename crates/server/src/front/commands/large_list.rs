@@ -208,8 +208,11 @@ pub(super) fn read_decoded<T>(
     }
 }
 
-/// The header's current version (None if the key no longer holds this large list).
-fn header_version(ctx: &mut Ctx<'_>, place: Place<'_>) -> Result<Option<u64>, LargeError> {
+/// The header's current version (None if the key is gone).
+pub(super) fn header_version(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+) -> Result<Option<u64>, LargeError> {
     Ok(ctx.node.read_with(
         place.tablet,
         place.key,

@@ -149,16 +149,6 @@ fn read_bucket(
     })
 }
 
-/// The header's current version (None if the key is gone).
-fn header_version(ctx: &mut Ctx<'_>, place: Place<'_>) -> Result<Option<u64>, LargeError> {
-    Ok(ctx.node.read_with(
-        place.tablet,
-        place.key,
-        &mut ctx.session.acks,
-        |_, version, _| version,
-    )?)
-}
-
 /// Runs a read of a large table again while the table changes under it (at most 64 times).
 fn consistent<R>(
     ctx: &mut Ctx<'_>,
@@ -170,7 +160,9 @@ fn consistent<R>(
     let mut table = table;
     for _ in 0..64 {
         match read(ctx, table) {
-            Ok(r) if header_version(ctx, place)? == Some(table.version) => return Ok(r),
+            Ok(r) if large_list::header_version(ctx, place)? == Some(table.version) => {
+                return Ok(r)
+            }
             Ok(_) | Err(LargeError::Changed) => {}
             Err(e) => return Err(e),
         }

@@ -7,6 +7,7 @@
 
 pub mod msgpack;
 pub mod native;
+pub mod rdb;
 pub mod repl;
 pub mod resp;
 pub mod types;

@@ -24,6 +24,7 @@ use std::time::Instant;
 mod admin;
 mod bitfield;
 mod connection;
+mod dump;
 mod hashes;
 mod keys;
 mod large_list;
@@ -296,6 +297,8 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             cmd_renamenx
         ),
         spec!("copy", -3, W, 1, 2, 1, k, Op::Set, cmd_copy),
+        spec!("dump", 2, R, 1, 1, 1, k, Op::Get, dump::cmd_dump),
+        spec!("restore", -4, W, 1, 1, 1, k, Op::Set, dump::cmd_restore),
         spec!(
             "randomkey",
             1,

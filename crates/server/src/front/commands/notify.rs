@@ -168,6 +168,7 @@ fn events(name: &str, args: &[&[u8]]) -> Vec<Event> {
             ]
         }
         "copy" => vec![ev(GENERIC, "copy_to", Arg(2), Positive)],
+        "restore" => one(GENERIC, "restore", Done),
         "lpush" => one(LIST, "lpush", Done),
         "rpush" => one(LIST, "rpush", Done),
         "lpushx" => one(LIST, "lpush", Positive),

@@ -1,0 +1,290 @@
+//! DUMP and RESTORE (Redis's `cluster.c`): a key's value as a payload in RDB's encoding
+//! ([`ramlog_proto::rdb`]), and a key made from one. Payloads DUMP writes load in Redis 5 to 7.2,
+//! and RESTORE takes what those write, so keys move between ramlog and Redis both ways.
+//! Large collections are read whole and written in whichever form their size calls for.
+
+use super::large_list::{self, Place};
+use super::large_table;
+use super::typed::{self, Collection, Replied};
+use super::*;
+use ramlog_proto::rdb::{self, RdbValue};
+use ramlog_proto::types::{self, Kind};
+use std::collections::HashSet;
+
+/// DUMP key: the payload, or nil when the key is absent.
+pub(super) fn cmd_dump(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let key = args[1];
+    let found = match read(ctx, key) {
+        Ok(f) => f,
+        Err(e) => return engine_error(ctx, &e),
+    };
+    let Some(object) = found else {
+        return ctx.enc.null();
+    };
+    let kind =
+        match types::large_kind(&object.value).map_or_else(|| types::kind_of(&object.value), Ok) {
+            Ok(k) => k,
+            Err(_) => return ctx.enc.error("ERR the stored value is damaged"),
+        };
+    let value = match value_of(ctx, key, kind, &object) {
+        Ok(Some(v)) => v,
+        // Deleted between the two reads.
+        Ok(None) => return ctx.enc.null(),
+        Err(Replied) => return,
+    };
+    ctx.enc.bulk(&rdb::dump(&value));
+}
+
+fn value_of(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+    object: &Object,
+) -> Result<Option<RdbValue>, Replied> {
+    Ok(match kind {
+        Kind::String => match types::string_of(&object.value) {
+            Some(s) => Some(RdbValue::String(s.to_vec())),
+            None => {
+                ctx.enc.error("ERR the stored value is damaged");
+                return Err(Replied);
+            }
+        },
+        Kind::List => typed::load::<types::List>(ctx, key)?
+            .map(|l| RdbValue::List(l.items.into_iter().collect())),
+        Kind::Hash => typed::load::<types::Hash>(ctx, key)?.map(|h| RdbValue::Hash(h.fields)),
+        Kind::Set => typed::load::<types::Set>(ctx, key)?.map(|s| RdbValue::Set(s.members)),
+        Kind::ZSet => typed::load::<types::ZSet>(ctx, key)?
+            .map(|z| RdbValue::ZSet(z.entries.into_iter().map(|(s, m)| (m, s)).collect())),
+        Kind::Stream => {
+            ctx.enc
+                .error("ERR DUMP of a stream is not supported by this server");
+            return Err(Replied);
+        }
+    })
+}
+
+/// RESTORE key ttl serialized-value [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency]
+pub(super) fn cmd_restore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let key = args[1];
+    let (mut replace, mut absolute) = (false, false);
+    let (mut idle, mut freq) = (false, false);
+    let mut i = 4;
+    while i < args.len() {
+        let more = i + 1 < args.len();
+        if eq_ignore_case(args[i], "replace") {
+            replace = true;
+        } else if eq_ignore_case(args[i], "absttl") {
+            absolute = true;
+        } else if eq_ignore_case(args[i], "idletime") && more && !freq {
+            match parse_i64(args[i + 1]) {
+                Some(v) if v >= 0 => idle = true,
+                Some(_) => return ctx.enc.error("ERR Invalid IDLETIME value, must be >= 0"),
+                None => return ctx.enc.error(ERR_NOT_INTEGER),
+            }
+            i += 1;
+        } else if eq_ignore_case(args[i], "freq") && more && !idle {
+            match parse_i64(args[i + 1]) {
+                Some(v) if (0..=255).contains(&v) => freq = true,
+                Some(_) => {
+                    return ctx
+                        .enc
+                        .error("ERR Invalid FREQ value, must be >= 0 and <= 255")
+                }
+                None => return ctx.enc.error(ERR_NOT_INTEGER),
+            }
+            i += 1;
+        } else {
+            return ctx.enc.error(ERR_SYNTAX);
+        }
+        i += 1;
+    }
+    if !replace {
+        match read(ctx, key) {
+            Ok(Some(_)) => return ctx.enc.error("BUSYKEY Target key name already exists."),
+            Ok(None) => {}
+            Err(e) => return engine_error(ctx, &e),
+        }
+    }
+    let Some(ttl) = parse_i64(args[2]) else {
+        return ctx.enc.error(ERR_NOT_INTEGER);
+    };
+    if ttl < 0 {
+        return ctx.enc.error("ERR Invalid TTL value, must be >= 0");
+    }
+    let limits = rdb::Limits {
+        string_bytes: ctx.node.config.value_size_max_bytes as usize,
+        elements: usize::MAX >> 8,
+    };
+    let value = match rdb::restore(args[3], limits) {
+        Ok(v) => v,
+        Err(e) => return ctx.enc.error(&format!("ERR {e}")),
+    };
+    let now = now_ms();
+    let expire_at_ms = match (ttl, absolute) {
+        (0, _) => 0,
+        (t, true) => t as u64,
+        (t, false) => now.saturating_add(t as u64),
+    };
+    if expire_at_ms != 0 && expire_at_ms <= now {
+        // Already expired: the key is not created (and one it replaces goes), as in Redis.
+        if replace {
+            if let Err(Replied) = large_list::delete_if_large(ctx, key) {
+                return;
+            }
+            let node = ctx.node;
+            if let Err(e) = node.delete(
+                node.tablet_of(key),
+                key,
+                Condition::None,
+                &mut ctx.session.acks,
+            ) {
+                return engine_error(ctx, &e);
+            }
+        }
+        return ctx.enc.ok();
+    }
+    let condition = if replace {
+        Condition::None
+    } else {
+        Condition::IfAbsent
+    };
+    match write(ctx, key, value, condition, expire_at_ms) {
+        Ok(true) => {
+            ctx.node.waiters.wake(key);
+            ctx.enc.ok()
+        }
+        Ok(false) => ctx.enc.error("BUSYKEY Target key name already exists."),
+        Err(Replied) => {}
+    }
+}
+
+fn bad_format(ctx: &mut Ctx<'_>, what: &str) -> Replied {
+    ctx.enc.error(&format!("ERR Bad data format: {what}"));
+    Replied
+}
+
+/// Writes the restored value at `key`; false when `condition` failed (the key exists).
+fn write(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    value: RdbValue,
+    condition: Condition,
+    expire_at_ms: u64,
+) -> Result<bool, Replied> {
+    let stored: Vec<u8> = match value {
+        RdbValue::String(s) => types::store_string(&s).into_owned(),
+        RdbValue::List(items) => {
+            if items.is_empty() {
+                return Err(bad_format(ctx, "empty list"));
+            }
+            let list = types::List {
+                items: items.into(),
+            };
+            let place = Place::of(ctx, key);
+            let done =
+                large_list::write(ctx, place, &list, condition, Some(expire_at_ms), None, None);
+            return large_result(ctx, done);
+        }
+        RdbValue::Set(members) => {
+            if members.is_empty() || !distinct(members.iter().map(Vec::as_slice)) {
+                return Err(bad_format(ctx, "empty set or duplicate members"));
+            }
+            let listpack = !members.iter().all(|m| types::is_integer_member(m));
+            let set = types::Set { members, listpack };
+            if set.wants_table(ctx) {
+                let entries: Vec<(&[u8], &[u8])> = set
+                    .members
+                    .iter()
+                    .map(|m| (m.as_slice(), &b""[..]))
+                    .collect();
+                return write_table(ctx, key, Kind::Set, &entries, condition, expire_at_ms);
+            }
+            set.encode()
+        }
+        RdbValue::Hash(fields) => {
+            if fields.is_empty() || !distinct(fields.iter().map(|(f, _)| f.as_slice())) {
+                return Err(bad_format(ctx, "empty hash or duplicate fields"));
+            }
+            let hash = types::Hash { fields };
+            if hash.wants_table(ctx) {
+                let entries: Vec<(&[u8], &[u8])> = hash
+                    .fields
+                    .iter()
+                    .map(|(f, v)| (f.as_slice(), v.as_slice()))
+                    .collect();
+                return write_table(ctx, key, Kind::Hash, &entries, condition, expire_at_ms);
+            }
+            hash.encode()
+        }
+        RdbValue::ZSet(entries) => {
+            if entries.is_empty() || !distinct(entries.iter().map(|(m, _)| m.as_slice())) {
+                return Err(bad_format(ctx, "empty sorted set or duplicate members"));
+            }
+            let mut entries: Vec<(f64, Vec<u8>)> =
+                entries.into_iter().map(|(m, s)| (s, m)).collect();
+            entries.sort_by(types::zset_order);
+            types::ZSet { entries }.encode()
+        }
+    };
+    let node = ctx.node;
+    let opts = PutOptions {
+        condition,
+        expire_at_ms,
+        ..Default::default()
+    };
+    match node.put(
+        node.tablet_of(key),
+        key,
+        &stored,
+        &opts,
+        &mut ctx.session.acks,
+    ) {
+        Ok(_) => Ok(true),
+        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+        Err(e) => {
+            engine_error(ctx, &e);
+            Err(Replied)
+        }
+    }
+}
+
+fn write_table(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    kind: Kind,
+    entries: &[(&[u8], &[u8])],
+    condition: Condition,
+    expire_at_ms: u64,
+) -> Result<bool, Replied> {
+    let place = Place::of(ctx, key);
+    let done = large_table::write(
+        ctx,
+        place,
+        kind,
+        entries,
+        condition,
+        Some(expire_at_ms),
+        None,
+    );
+    large_result(ctx, done)
+}
+
+fn large_result(
+    ctx: &mut Ctx<'_>,
+    done: Result<(), large_list::LargeError>,
+) -> Result<bool, Replied> {
+    match done {
+        Ok(()) => Ok(true),
+        // The only condition RESTORE writes with is that the key is absent.
+        Err(large_list::LargeError::Changed) => Ok(false),
+        Err(e) => {
+            large_list::reply_error(ctx, e);
+            Err(Replied)
+        }
+    }
+}
+
+fn distinct<'a>(items: impl Iterator<Item = &'a [u8]>) -> bool {
+    let mut seen = HashSet::new();
+    items.into_iter().all(|i| seen.insert(i))
+}

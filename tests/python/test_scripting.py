@@ -128,8 +128,9 @@ def test_evalsha_and_the_script_cache(tmp_path):
 
 
 def test_scripts_and_transactions_run_alone(tmp_path):
-    """A script that reads a counter and writes it back one more loses nothing to plain INCRs
-    and other scripts running at the same time: nothing runs between its two commands."""
+    """A script that reads a counter and writes it back one more loses nothing to plain INCRs,
+    transactions and other scripts running at the same time (nothing runs between its two
+    commands), and neither does a WATCH/MULTI/EXEC read-modify-write."""
     s = Server(tmp_path, extra_args=("--workers", "2"))
     try:
         bump = "local v = tonumber(redis.call('get', KEYS[1]) or '0'); redis.call('set', KEYS[1], v + 1); return v + 1"
@@ -164,14 +165,31 @@ def test_scripts_and_transactions_run_alone(tmp_path):
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
 
+        def by_watch():
+            # WATCH, read, then MULTI/SET/EXEC, again on a WatchError: EXEC's check of the
+            # watched key and its SET run together, so no INCR falls between them.
+            try:
+                c = redis.Redis(port=s.port, socket_timeout=30)
+
+                def bump_watched(p):
+                    v = int(p.get("counter") or 0)
+                    p.multi()
+                    p.set("counter", v + 1)
+
+                for _ in range(rounds):
+                    c.transaction(bump_watched, "counter")
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
         workers = [threading.Thread(target=by_script) for _ in range(threads)]
-        workers += [threading.Thread(target=by_incr), threading.Thread(target=by_transaction)]
+        workers += [threading.Thread(target=by_incr), threading.Thread(target=by_transaction),
+                    threading.Thread(target=by_watch)]
         for w in workers:
             w.start()
         for w in workers:
             w.join(timeout=120)
         assert not errors, errors[:3]
-        assert int(redis.Redis(port=s.port).get("counter")) == rounds * (threads + 1 + 2)
+        assert int(redis.Redis(port=s.port).get("counter")) == rounds * (threads + 1 + 2 + 1)
     finally:
         s.stop()
 
@@ -197,3 +215,85 @@ def test_scripts_on_the_cluster_ports_and_the_routing_port(shared_cluster):
     for i in range(20):
         assert rc.get(f"routed:{i}") == str(i).encode()
     assert routed.eval("return ARGV[1]", 0, "keyless") == b"keyless"
+
+
+def _until_busy(client, timeout=10.0):
+    """Until a command answers -BUSY (a script has run past busy-reply-threshold)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+        except redis.exceptions.BusyLoadingError:
+            raise
+        except redis.ResponseError as e:
+            if str(e).startswith("BUSY") or "busy running a script" in str(e):
+                return str(e)
+            raise
+        time.sleep(0.02)
+    raise AssertionError("no command answered BUSY")
+
+
+def test_a_long_script_makes_others_busy_until_script_kill(tmp_path, redis_peer):  # noqa: F811
+    """Past busy-reply-threshold (lua-time-limit) a running script makes other clients'
+    commands answer -BUSY; SCRIPT KILL stops a script that has not written (its caller gets the
+    kill's error) and refuses one that has (-UNKILLABLE); SHUTDOWN NOSAVE ends that server.
+    Each step is checked against redis-server as well."""
+    s = Server(tmp_path)
+    try:
+        for client in (s.client(), redis_peer):
+            port = client.connection_pool.connection_kwargs["port"]
+            other = redis.Redis(port=port, socket_timeout=20)
+            assert other.config_set("lua-time-limit", 200)
+            assert other.config_get("busy-reply-threshold") == {"busy-reply-threshold": "200"}
+            other.set("before", "1")
+            result = {}
+
+            def spin():
+                try:
+                    result["reply"] = redis.Redis(port=port, socket_timeout=30).eval(
+                        "local i = 0 while true do i = i + 1 end", 0)
+                except redis.ResponseError as e:
+                    result["error"] = str(e)
+
+            t = threading.Thread(target=spin)
+            t.start()
+            busy = _until_busy(other)
+            assert "SCRIPT KILL" in busy, busy
+            assert other.script_kill() is True
+            t.join(timeout=10)
+            assert not t.is_alive()
+            assert "killed by user" in result.get("error", ""), result
+            assert other.get("before") == b"1"
+            try:
+                other.script_kill()
+                raise AssertionError("SCRIPT KILL with no script running succeeded")
+            except redis.ResponseError as e:
+                assert "No scripts in execution" in str(e)
+        ours = s.client()
+        wrote = {}
+
+        def write_then_spin():
+            try:
+                redis.Redis(port=s.port, socket_timeout=30).eval(
+                    "redis.call('set', 'written', 'yes') while true do end", 0)
+            except (redis.ResponseError, redis.ConnectionError) as e:
+                wrote["error"] = str(e)
+
+        t = threading.Thread(target=write_then_spin)
+        t.start()
+        _until_busy(ours)
+        try:
+            ours.script_kill()
+            raise AssertionError("SCRIPT KILL stopped a script that had written")
+        except redis.ResponseError as e:
+            assert "UNKILLABLE" in str(e) or "already executed write commands" in str(e), e
+        try:
+            ours.shutdown(nosave=True)
+        except redis.ConnectionError:
+            pass
+        s.proc.wait(timeout=15)
+        t.join(timeout=10)
+        assert not t.is_alive()
+    finally:
+        s.stop()

@@ -3,7 +3,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Most bytes of script bodies a server keeps (INFO memory's `scripts` part). Past it, a new
@@ -19,6 +19,75 @@ pub struct Scripts {
     bytes: AtomicU64,
     /// Bumped by SCRIPT FLUSH: each thread drops its compiled scripts when it sees a new one.
     epoch: AtomicU64,
+    /// The script running now, if any (scripts run one at a time: they hold the gate alone).
+    pub running: Arc<Running>,
+}
+
+/// The script that runs now: when it started, whether it has written, and whether SCRIPT KILL
+/// asked it to stop (its Lua hook checks every few thousand instructions).
+#[derive(Default)]
+pub struct Running {
+    /// Milliseconds since the epoch at its start; 0 when no script runs.
+    started_ms: AtomicU64,
+    wrote: AtomicBool,
+    kill: AtomicBool,
+}
+
+/// What SCRIPT KILL found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kill {
+    /// No script runs.
+    NotBusy,
+    /// The running script has written: stopping it would leave half its effects.
+    Unkillable,
+    /// The script stops at its next check.
+    Killed,
+}
+
+impl Running {
+    pub fn start(&self, now_ms: u64) {
+        self.wrote.store(false, Ordering::Release);
+        self.kill.store(false, Ordering::Release);
+        self.started_ms.store(now_ms.max(1), Ordering::Release);
+    }
+
+    pub fn end(&self) {
+        self.started_ms.store(0, Ordering::Release);
+        self.kill.store(false, Ordering::Release);
+    }
+
+    /// How long the running script has run, if one does.
+    pub fn running_for_ms(&self, now_ms: u64) -> Option<u64> {
+        match self.started_ms.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(now_ms.saturating_sub(t)),
+        }
+    }
+
+    pub fn note_write(&self) {
+        self.wrote.store(true, Ordering::Release);
+    }
+
+    pub fn kill_requested(&self) -> bool {
+        self.kill.load(Ordering::Acquire)
+    }
+
+    /// SHUTDOWN: the running script stops at its next check, whether it has written or not.
+    pub fn stop(&self) {
+        self.kill.store(true, Ordering::Release);
+    }
+
+    /// SCRIPT KILL.
+    pub fn kill(&self) -> Kill {
+        if self.started_ms.load(Ordering::Acquire) == 0 {
+            return Kill::NotBusy;
+        }
+        if self.wrote.load(Ordering::Acquire) {
+            return Kill::Unkillable;
+        }
+        self.kill.store(true, Ordering::Release);
+        Kill::Killed
+    }
 }
 
 pub fn sha1_hex(body: &[u8]) -> String {
@@ -99,5 +168,35 @@ mod tests {
         s.flush();
         assert_eq!(s.bytes(), 0);
         assert!(s.add(b"return 1").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod running_tests {
+    use super::*;
+
+    #[test]
+    fn script_kill_follows_redis_rules() {
+        let r = Running::default();
+        assert_eq!(r.kill(), Kill::NotBusy);
+        assert_eq!(r.running_for_ms(500), None);
+        r.start(100);
+        assert_eq!(r.running_for_ms(150), Some(50));
+        r.note_write();
+        assert_eq!(r.kill(), Kill::Unkillable);
+        assert!(!r.kill_requested());
+        // SHUTDOWN stops even a script that has written.
+        r.stop();
+        assert!(r.kill_requested());
+        r.end();
+        r.start(200);
+        assert!(
+            !r.kill_requested(),
+            "a new script starts without the last one's kill"
+        );
+        assert_eq!(r.kill(), Kill::Killed);
+        assert!(r.kill_requested());
+        r.end();
+        assert_eq!(r.kill(), Kill::NotBusy);
     }
 }

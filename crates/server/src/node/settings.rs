@@ -2,7 +2,9 @@
 //! file, flags and environment at start and is read-only to CONFIG).
 //!
 //! These are Redis's collection encoding thresholds, which decide when a list, hash or set takes
-//! the large form (docs/architecture.md, "The Redis data types"), and `notify-keyspace-events`.
+//! the large form (docs/architecture.md, "The Redis data types"), `notify-keyspace-events`, and
+//! `busy-reply-threshold` (`lua-time-limit`), past which a running script makes others' commands
+//! answer `-BUSY`.
 //! Redis clients and tools (and Redis's own test suite) set them.
 
 use parking_lot::Mutex;
@@ -77,6 +79,13 @@ const PARAMS: &[Param] = &[
         name: "list-compress-depth",
         alias: None,
         default: 0,
+        min: 0,
+        max: i64::MAX,
+    },
+    Param {
+        name: "busy-reply-threshold",
+        alias: Some("lua-time-limit"),
+        default: 5000,
         min: 0,
         max: i64::MAX,
     },

@@ -13,6 +13,9 @@ pub(super) fn cmd_shutdown(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return ctx.enc.error(ERR_SYNTAX);
         }
     }
+    // A script that runs stops at its next check, even one that has written (as Redis's
+    // SHUTDOWN NOSAVE ends a busy script's server).
+    ctx.node.scripts.running.stop();
     ctx.node.request_shutdown();
     ctx.session.closing = true;
 }

@@ -1292,6 +1292,18 @@ pub fn misconf(reason: &str) -> String {
     )
 }
 
+/// Runs `f`, which may block for long (a script, a wait for the gate), off the async runtime: on a
+/// worker of the multi-threaded runtime the worker's other tasks and the polling of connections
+/// move to another thread for the time (`block_in_place`); anywhere else `f` just runs.
+pub(super) fn off_the_runtime<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 // Which hold of the server's script gate this thread has (0: none, 1: shared, 2: alone).
 thread_local! {
     static GATE_HELD: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
@@ -1305,27 +1317,76 @@ struct Gate<'a> {
     _shared: Option<parking_lot::RwLockReadGuard<'a, ()>>,
     _alone: Option<parking_lot::RwLockWriteGuard<'a, ()>>,
     entered: bool,
+    /// Not entered: a script has held the gate past `busy-reply-threshold` (the command answers
+    /// `-BUSY`, as Redis's do while a script runs long).
+    busy: bool,
 }
 
+/// How long a command waits for the gate before it looks again at how long the running
+/// script has run.
+const GATE_LOOK: std::time::Duration = std::time::Duration::from_millis(10);
+
+const ERR_BUSY: &str =
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
+
 impl<'a> Gate<'a> {
+    fn none(busy: bool) -> Gate<'a> {
+        Gate {
+            _shared: None,
+            _alone: None,
+            entered: false,
+            busy,
+        }
+    }
+
     fn enter(node: &'a Node, alone: bool) -> Gate<'a> {
         if GATE_HELD.with(|g| g.get()) != 0 {
-            return Gate {
-                _shared: None,
-                _alone: None,
-                entered: false,
-            };
+            return Gate::none(false);
         }
-        let (shared, exclusive) = if alone {
-            (None, Some(node.script_gate.write()))
+        // The fast way: the gate is free (or only shared), or a transaction or short script
+        // lets it go within a few milliseconds.
+        let first = if alone {
+            node.script_gate
+                .try_write_for(GATE_LOOK)
+                .map(|g| (None, Some(g)))
         } else {
-            (Some(node.script_gate.read_recursive()), None)
+            node.script_gate
+                .try_read_recursive_for(GATE_LOOK)
+                .map(|g| (Some(g), None))
+        };
+        let waited = || loop {
+            if alone {
+                if let Some(g) = node.script_gate.try_write_for(GATE_LOOK) {
+                    break Some((None, Some(g)));
+                }
+            } else if let Some(g) = node.script_gate.try_read_recursive_for(GATE_LOOK) {
+                break Some((Some(g), None));
+            }
+            let threshold = node.settings.value("busy-reply-threshold").max(0) as u64;
+            if node
+                .scripts
+                .running
+                .running_for_ms(now_ms())
+                .is_some_and(|ms| ms >= threshold)
+            {
+                return None;
+            }
+        };
+        // Waiting blocks this thread: a runtime worker hands its other tasks (and the polling of
+        // connections) to another thread meanwhile, or a long script would stall every client.
+        let (shared, exclusive) = match first {
+            Some(held) => held,
+            None => match off_the_runtime(waited) {
+                Some(held) => held,
+                None => return Gate::none(true),
+            },
         };
         GATE_HELD.with(|g| g.set(if alone { 2 } else { 1 }));
         Gate {
             _shared: shared,
             _alone: exclusive,
             entered: true,
+            busy: false,
         }
     }
 }
@@ -1345,14 +1406,35 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     let started = Instant::now();
     let skip_this = std::mem::take(&mut session.skip_next_reply);
     let spec = lookup(args[0]);
-    let alone = session.multi.is_none()
-        && spec.is_some_and(|s| {
-            matches!(
-                s.name,
-                "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "exec"
-            )
-        });
-    let _gate = Gate::enter(node, alone);
+    // Scripts and transactions run alone: EVAL outside MULTI (inside, it is only queued), and
+    // EXEC of a transaction.
+    let alone = spec.is_some_and(|s| match s.name {
+        "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => session.multi.is_none(),
+        "exec" => session.multi.is_some(),
+        _ => false,
+    });
+    // Commands that touch no data take no part in the gate, so that they are served while a
+    // script runs long (Redis's `allow-busy` commands): SCRIPT KILL and SHUTDOWN stop the script,
+    // the transaction and connection commands go on.
+    let allow_busy = spec.is_some_and(|s| {
+        matches!(
+            s.name,
+            "shutdown"
+                | "multi"
+                | "discard"
+                | "watch"
+                | "unwatch"
+                | "auth"
+                | "hello"
+                | "quit"
+                | "reset"
+        ) || (s.name == "script" && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"kill")))
+    });
+    let gate = if allow_busy {
+        Gate::none(false)
+    } else {
+        Gate::enter(node, alone)
+    };
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
     let mut wrote = false;
     let (changes_before, units_from) = (session.acks.changes(), session.acks.units_len());
@@ -1365,6 +1447,22 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         };
         let in_multi = ctx.session.multi.is_some();
         match spec {
+            // As Redis: a command refused during a long script fails the transaction it is
+            // queued in, and EXEC discards the transaction.
+            _ if gate.busy && in_multi && spec.is_some_and(|s| s.name == "exec") => {
+                ctx.session.multi = None;
+                ctx.session.multi_failed = false;
+                ctx.session.watched.clear();
+                ctx.enc.error(&format!(
+                    "EXECABORT Transaction discarded because of: {ERR_BUSY}"
+                ))
+            }
+            _ if gate.busy => {
+                if in_multi {
+                    ctx.session.multi_failed = true;
+                }
+                ctx.enc.error(ERR_BUSY)
+            }
             None if in_multi => {
                 ctx.session.multi_failed = true;
                 ctx.enc.error(&unknown_command(args))

@@ -11,17 +11,28 @@
 //!   numbers, bulk strings to strings, nulls to `false`, arrays to tables, status replies to
 //!   `{ok=...}`; an error reply raises `{err=...}` (`redis.pcall` returns it).
 //! - A script runs alone: every other command on this server waits for it (the gate in
-//!   `super::Gate`), as in Redis. A script that runs long holds the server for as long.
+//!   `super::Gate`), as in Redis. Once it has run `busy-reply-threshold` (`lua-time-limit`,
+//!   5 s) other commands answer `-BUSY`, and SCRIPT KILL (which does not wait for the gate)
+//!   stops it at its next check (every 10 000 Lua instructions) unless it has written:
+//!   `-UNKILLABLE` then, as in Redis.
 //! - In a cluster its keys must be in one slot this server masters (`-CROSSSLOT`, `-MOVED` as
 //!   for any command); a key of another slot inside the script gets the command's `-MOVED`.
 
 use super::*;
-use mlua::{Lua, LuaOptions, MultiValue, RegistryKey, StdLib, Table, Value};
+use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, RegistryKey, StdLib, Table, Value, VmState};
 use ramlog_proto::resp::{Reply, ReplyDecoder};
 use std::cell::RefCell;
 
 pub(super) use crate::node::scripts::sha1_hex;
 use crate::node::scripts::SCRIPT_BYTES_MAX;
+
+/// How often (in Lua instructions) a running script checks whether SCRIPT KILL asked it to stop.
+const KILL_CHECK_INSTRUCTIONS: u32 = 10_000;
+/// How long a script runs on a runtime worker before it hands the worker's duties to another
+/// thread.
+const LONG_SCRIPT: std::time::Duration = std::time::Duration::from_millis(2);
+/// The error a killed script ends with (Redis's words).
+const KILLED: &str = "Script killed by user with SCRIPT KILL...";
 
 /// The library every script sees, in Lua over two functions the server gives it:
 /// `__ramlog_command` (set for each script run) and `__ramlog_sha1hex`.
@@ -165,7 +176,32 @@ fn run(ctx: &mut Ctx<'_>, args: &[&[u8]], sha: &str, body: std::sync::Arc<[u8]>)
             vm.compiled.insert(sha.to_string(), key);
         }
         let f: mlua::Function = vm.lua.registry_value(&vm.compiled[sha])?;
-        run_in(&vm.lua, ctx, f, keys, argv, read_only).map(Ok)
+        let running = ctx.node.scripts.running.clone();
+        running.start(now_ms());
+        let stop = running.clone();
+        let started = Instant::now();
+        let moved = std::cell::Cell::new(false);
+        vm.lua.set_hook(
+            HookTriggers::new().every_nth_instruction(KILL_CHECK_INSTRUCTIONS),
+            move |_, _| {
+                if stop.kill_requested() {
+                    return Err(mlua::Error::RuntimeError(KILLED.into()));
+                }
+                // A script that runs long would stall the runtime worker it runs on, and with
+                // it the polling of every connection (so nobody could even be told -BUSY): it
+                // hands the worker's duties to another thread, once. The pause lets that thread
+                // take them before this one goes on without them.
+                if !moved.get() && started.elapsed() >= LONG_SCRIPT {
+                    moved.set(true);
+                    off_the_runtime(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+                }
+                Ok(VmState::Continue)
+            },
+        );
+        let outcome = run_in(&vm.lua, ctx, f, keys, argv, read_only).map(Ok);
+        vm.lua.remove_hook();
+        running.end();
+        outcome
     });
     match outcome {
         Ok(Ok(())) => {}
@@ -226,6 +262,8 @@ fn run_in(
     let (failed, value) = result?;
     if failed {
         let message = match value {
+            // Stopped by SCRIPT KILL or SHUTDOWN: Redis's words, without Lua's traceback.
+            _ if ctx.node.scripts.running.kill_requested() => format!("ERR {KILLED}"),
             Value::String(s) => s.to_string_lossy(),
             _ => "ERR script failed".to_string(),
         };
@@ -281,6 +319,8 @@ fn script_command(
                 "ERR Write commands are not allowed from read-only scripts.",
             )
         }
+        // From its first write on, SCRIPT KILL cannot stop the script.
+        Some(spec) if spec.is_write() => node.scripts.running.note_write(),
         Some(_) => {}
     }
     let mut out = Vec::new();
@@ -426,8 +466,12 @@ pub(super) fn cmd_script(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ctx.node.scripts.flush();
         ctx.enc.ok()
     } else if eq_ignore_case(sub, "kill") && args.len() == 2 {
-        // A script runs alone and to its end: none is ever running while a client can ask.
-        ctx.enc.error("NOTBUSY No scripts in execution right now.")
+        use crate::node::scripts::Kill;
+        match ctx.node.scripts.running.kill() {
+            Kill::NotBusy => ctx.enc.error("NOTBUSY No scripts in execution right now."),
+            Kill::Unkillable => ctx.enc.error("UNKILLABLE Sorry the script already executed write commands against the dataset. You can either wait the script termination or kill the server in a hard way using the SHUTDOWN NOSAVE command."),
+            Kill::Killed => ctx.enc.ok(),
+        }
     } else if eq_ignore_case(sub, "help") {
         let lines = [
             "SCRIPT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",

@@ -688,6 +688,8 @@ impl BackupService {
         }
         let mut entries: Vec<Entry<'_>> = Vec::new();
         let mut last_ticket = None;
+        // A mirror that starts meanwhile reads the logs only after these units are in them.
+        let _mirror_gate = member.map(|m| m.mirrors.unit_gate());
         for u in &units {
             if u.end <= mark.appended {
                 self.counters.units_skipped.fetch_add(1, Ordering::Relaxed);

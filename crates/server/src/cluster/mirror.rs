@@ -12,13 +12,19 @@
 //! records of those keys are skipped. Both paths install with the original versions and keep the
 //! newer of two (`Engine::restore`), so their order does not matter otherwise.
 //!
+//! A unit the backup is taking when the mirror starts (or ends its clearing) may have found no
+//! mirror to apply to and not be logged yet, so neither path would install it. The backup holds
+//! the mirrors' unit gate shared from a unit's apply to its append, and the build takes it alone
+//! once, after it starts applying live and before it reads the logs: every unit that was not
+//! applied live is in the logs by then.
+//!
 //! The mirror's tablet counts against `--memory` like any tablet. The master waits for the
 //! mirror's acknowledgement as `sync` waits for every backup's, so a mirrored table keeps
 //! `sync`'s promise and gains a fail-over without replay.
 
 use crate::node::figures::MirrorFigures;
 use crate::node::Node;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 use ramlog_cluster::{ClusterMap, MigrationPhase, ReplicationMode, ServerId};
 use ramlog_common::TableId;
 use ramlog_logmem::{Engine, TabletId};
@@ -93,9 +99,17 @@ pub struct Mirrors {
     tablets: Mutex<HashMap<(TableId, u16), Arc<MirrorTablet>>>,
     /// How many: a backup that mirrors nothing skips the lookup per replicated unit.
     count: std::sync::atomic::AtomicUsize,
+    /// Held shared by the backup from a unit's apply to its append, alone by a build before it
+    /// reads the logs (see the module comment).
+    units: Arc<RwLock<()>>,
 }
 
 impl Mirrors {
+    /// Held while the backup applies units and appends them to its logs.
+    pub fn unit_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.units.read()
+    }
+
     pub fn get(&self, table: TableId, first_slot: u16) -> Option<Arc<MirrorTablet>> {
         self.tablets.lock().get(&(table, first_slot)).cloned()
     }
@@ -255,10 +269,11 @@ pub fn apply(
         mirrors.insert(t.table, t.first_slot, mirror.clone());
         let node = node.clone();
         let backup = member.backup.clone();
+        let gate = mirrors.units.clone();
         let t = t.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("mirror-{}-{}", t.table, t.first_slot))
-            .spawn(move || build(&node, &backup, &mirror, &t));
+            .spawn(move || build(&node, &backup, &gate, &mirror, &t));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a mirror build");
         }
@@ -287,10 +302,13 @@ fn clear(engine: &ramlog_logmem::Engine, tablet: TabletId) -> Result<(), String>
 }
 
 /// Builds the mirror's memory from this server's backup logs of the tablet (every epoch up to
-/// `epoch`), skipping records older than a delete applied live meanwhile.
+/// `epoch`), skipping records older than a delete applied live meanwhile. `gate` is the
+/// mirrors' unit gate: taken alone once the phase applies units live, so that every unit taken
+/// before is in the logs the replay reads.
 fn build(
     node: &Node,
     backup: &crate::cluster::backup::BackupService,
+    gate: &RwLock<()>,
     mirror: &MirrorTablet,
     t: &ramlog_cluster::TabletInfo,
 ) {
@@ -303,6 +321,7 @@ fn build(
                 deletes: HashMap::new(),
             };
         }
+        drop(gate.write());
         let mut first_error = None;
         let mut objects = 0u64;
         backup

@@ -63,6 +63,12 @@ if redis.call('GET', ckey) == ARGV[1] then
     return 1
 end
 return 0""", ["ck", "l"], ["token", "60"]),
+    # The bit library (LuaBitOp), on the edges of 32 bits.
+    ("return {bit.tobit(0xffffffff), bit.tobit(2^32 + 5), bit.tobit(-1), bit.tobit(1.5), bit.tobit(2.5)}", [], []),
+    ("return {bit.tohex(65535), bit.tohex(-1, 4), bit.tohex(255, -2), bit.tohex(1, 10)}", [], []),
+    ("return {bit.band(0xff, 0x0f, 0x3), bit.bor(1, 2, 4), bit.bxor(5, 3), bit.bnot(0)}", [], []),
+    ("return {bit.lshift(1, 31), bit.rshift(-1, 28), bit.arshift(-256, 4), bit.lshift(1, 33)}", [], []),
+    ("return {bit.rol(0x12345678, 8), bit.ror(0x12345678, 8), bit.bswap(0x12345678)}", [], []),
 ]
 
 

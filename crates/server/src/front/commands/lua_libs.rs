@@ -7,6 +7,10 @@
 //! - JSON `null` reads as `cjson.null`; MessagePack nil as `nil`.
 //!
 //! Tables nested deeper than [`DEPTH_MAX`] are refused, as Redis refuses them.
+//!
+//! Also the `bit` library (LuaBitOp, which Redis bundles): `tobit`, `tohex`, `bnot`, `band`, `bor`,
+//! `bxor`, `lshift`, `rshift`, `arshift`, `rol`, `ror`, `bswap`, on 32-bit integers (a number is
+//! rounded to the nearest integer, ties to even, and taken modulo 2^32, as LuaBitOp does).
 
 use mlua::{LightUserData, Lua, MultiValue, Table, Value};
 use ramlog_proto::msgpack;
@@ -61,6 +65,75 @@ pub(super) fn install(lua: &Lua) -> mlua::Result<()> {
         })?,
     )?;
     lua.globals().set("cmsgpack", cmsgpack)?;
+    install_bit(lua)
+}
+
+/// LuaBitOp's conversion of a number to a 32-bit integer.
+fn tobit(x: f64) -> i32 {
+    if !x.is_finite() {
+        return 0;
+    }
+    (x.round_ties_even().rem_euclid(4_294_967_296.0) as u64 as u32) as i32
+}
+
+fn tohex(x: f64, n: Option<f64>) -> String {
+    let n = n.map_or(8, |n| tobit(n) as i64);
+    let upper = n < 0;
+    let digits = n.unsigned_abs().clamp(1, 8) as usize;
+    let mut v = tobit(x) as u32 as u64;
+    if digits < 8 {
+        v &= (1u64 << (4 * digits)) - 1;
+    }
+    if upper {
+        format!("{v:0digits$X}")
+    } else {
+        format!("{v:0digits$x}")
+    }
+}
+
+fn install_bit(lua: &Lua) -> mlua::Result<()> {
+    let bit = lua.create_table()?;
+    let fold = |lua: &Lua, op: fn(i32, i32) -> i32| {
+        lua.create_function(move |_, args: mlua::Variadic<f64>| {
+            let mut it = args.iter();
+            let first = it.next().ok_or_else(|| {
+                mlua::Error::external("bad argument #1 (number expected, got no value)")
+            })?;
+            Ok(f64::from(
+                it.fold(tobit(*first), |acc, &x| op(acc, tobit(x))),
+            ))
+        })
+    };
+    bit.set("band", fold(lua, |a, b| a & b)?)?;
+    bit.set("bor", fold(lua, |a, b| a | b)?)?;
+    bit.set("bxor", fold(lua, |a, b| a ^ b)?)?;
+    bit.set(
+        "tobit",
+        lua.create_function(|_, x: f64| Ok(f64::from(tobit(x))))?,
+    )?;
+    bit.set(
+        "bnot",
+        lua.create_function(|_, x: f64| Ok(f64::from(!tobit(x))))?,
+    )?;
+    bit.set(
+        "bswap",
+        lua.create_function(|_, x: f64| Ok(f64::from(tobit(x).swap_bytes())))?,
+    )?;
+    bit.set(
+        "tohex",
+        lua.create_function(|_, (x, n): (f64, Option<f64>)| Ok(tohex(x, n)))?,
+    )?;
+    let shift = |lua: &Lua, op: fn(i32, u32) -> i32| {
+        lua.create_function(move |_, (x, n): (f64, f64)| {
+            Ok(f64::from(op(tobit(x), (tobit(n) & 31) as u32)))
+        })
+    };
+    bit.set("lshift", shift(lua, |x, n| ((x as u32) << n) as i32)?)?;
+    bit.set("rshift", shift(lua, |x, n| ((x as u32) >> n) as i32)?)?;
+    bit.set("arshift", shift(lua, |x, n| x >> n)?)?;
+    bit.set("rol", shift(lua, |x, n| (x as u32).rotate_left(n) as i32)?)?;
+    bit.set("ror", shift(lua, |x, n| (x as u32).rotate_right(n) as i32)?)?;
+    lua.globals().set("bit", bit)?;
     Ok(())
 }
 

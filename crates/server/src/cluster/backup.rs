@@ -227,6 +227,16 @@ impl BackupService {
         epoch: u64,
         f: impl FnMut(ramlog_backup::Replayed<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
+        self.replay_epochs(t, 0..epoch, f)
+    }
+
+    /// The merged replay of `t`'s logs of the epochs in `epochs`.
+    pub fn replay_epochs(
+        &self,
+        t: &ramlog_cluster::TabletInfo,
+        epochs: std::ops::Range<u64>,
+        f: impl FnMut(ramlog_backup::Replayed<'_>),
+    ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
         let sources: Vec<u16> = t.log_sources().collect();
         let ids: Vec<u64> = self
             .store
@@ -234,7 +244,7 @@ impl BackupService {
             .into_iter()
             .filter(|&id| {
                 let (table, s, e) = split_store_tablet(id);
-                u64::from(table) == t.table && sources.contains(&s) && e < epoch
+                u64::from(table) == t.table && sources.contains(&s) && epochs.contains(&e)
             })
             .collect();
         // A tablet's own logs hold only its slots unless it was split off a larger one since

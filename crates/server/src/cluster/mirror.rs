@@ -270,10 +270,16 @@ pub fn apply(
         let node = node.clone();
         let backup = member.backup.clone();
         let gate = mirrors.units.clone();
+        // The mirror of a mirrored table (not the target of a migration, whose copy comes
+        // another way).
+        let current_epoch_only = t.mirror == Some(me)
+            && map
+                .table(t.table)
+                .is_some_and(|table| table.mode == ReplicationMode::Mirror);
         let t = t.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("mirror-{}-{}", t.table, t.first_slot))
-            .spawn(move || build(&node, &backup, &gate, &mirror, &t));
+            .spawn(move || build(&node, &backup, &gate, &mirror, &t, current_epoch_only));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a mirror build");
         }
@@ -301,8 +307,8 @@ fn clear(engine: &ramlog_logmem::Engine, tablet: TabletId) -> Result<(), String>
     }
 }
 
-/// Builds the mirror's memory from this server's backup logs of the tablet (every epoch up to
-/// `epoch`), skipping records older than a delete applied live meanwhile. `gate` is the
+/// Builds the mirror's memory from this server's backup logs of the tablet (its current epoch's
+/// with `current_epoch_only`, else every epoch up to it), skipping records older than a delete applied live meanwhile. `gate` is the
 /// mirrors' unit gate: taken alone once the phase applies units live, so that every unit taken
 /// before is in the logs the replay reads.
 fn build(
@@ -311,6 +317,7 @@ fn build(
     gate: &RwLock<()>,
     mirror: &MirrorTablet,
     t: &ramlog_cluster::TabletInfo,
+    current_epoch_only: bool,
 ) {
     let (table, first_slot) = (t.table, t.first_slot);
     let result = (|| -> Result<u64, String> {
@@ -324,8 +331,20 @@ fn build(
         drop(gate.write());
         let mut first_error = None;
         let mut objects = 0u64;
+        // A mirror of a mirrored table holds the tablet's whole copy at its current epoch (the
+        // map names it only once its copy is complete, and a recovery copies afresh to every
+        // backup): older epochs' logs, which the collector drops soon, may hold keys deleted
+        // before that copy, and are not read.
+        let epochs = if current_epoch_only {
+            t.epoch..t.epoch + 1
+        } else {
+            0..t.epoch + 1
+        };
         backup
-            .replay_for_restore(t, t.epoch + 1, |e| {
+            .replay_epochs(t, epochs, |r| {
+                let ramlog_backup::Replayed::Entry(e) = r else {
+                    return;
+                };
                 let phase = mirror.phase.lock();
                 if let Phase::Building { deletes } = &*phase {
                     if deletes.get(e.key).is_some_and(|&v| v >= e.version) {

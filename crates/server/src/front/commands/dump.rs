@@ -226,21 +226,8 @@ fn write(
             types::ZSet { entries }.encode()
         }
     };
-    let node = ctx.node;
-    let opts = PutOptions {
-        condition,
-        expire_at_ms,
-        ..Default::default()
-    };
-    match node.put(
-        node.tablet_of(key),
-        key,
-        &stored,
-        &opts,
-        &mut ctx.session.acks,
-    ) {
-        Ok(_) => Ok(true),
-        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+    match super::keys::put_stored(ctx, key, &stored, expire_at_ms, condition) {
+        Ok(done) => Ok(done),
         Err(e) => {
             engine_error(ctx, &e);
             Err(Replied)

@@ -336,7 +336,7 @@ pub(super) fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 /// Writes `value` (a stored value of any type) with `expire_at_ms` at `key`, on `condition`;
 /// false when the condition failed.
-fn put_stored(
+pub(super) fn put_stored(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     value: &[u8],

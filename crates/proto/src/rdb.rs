@@ -62,6 +62,11 @@ pub enum RdbError {
     TooLarge(&'static str),
 }
 
+/// A string past [`Limits::string_bytes`].
+const TOO_LONG: RdbError = RdbError::TooLarge("a string of the payload is larger than allowed");
+/// A collection past [`Limits::elements`].
+const TOO_MANY: RdbError = RdbError::TooLarge("the collection has more elements than allowed");
+
 /// Bounds on what a payload may make [`restore`] build.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -256,9 +261,7 @@ impl<'a> Reader<'a> {
     fn count(&mut self, min_bytes: usize) -> Result<usize, RdbError> {
         let n = self.len()?;
         if n > self.limits.elements as u64 {
-            return Err(RdbError::TooLarge(
-                "the collection has more elements than allowed",
-            ));
+            return Err(TOO_MANY);
         }
         let left = (self.buf.len() - self.pos) as u64;
         if n.saturating_mul(min_bytes as u64) > left {
@@ -269,9 +272,7 @@ impl<'a> Reader<'a> {
 
     fn check_string(&self, n: u64) -> Result<usize, RdbError> {
         if n > self.limits.string_bytes as u64 {
-            return Err(RdbError::TooLarge(
-                "a string of the payload is larger than allowed",
-            ));
+            return Err(TOO_LONG);
         }
         Ok(n as usize)
     }
@@ -417,9 +418,7 @@ impl<'a> Reader<'a> {
                         _ => return Err(RdbError::BadFormat),
                     }
                     if items.len() > self.limits.elements {
-                        return Err(RdbError::TooLarge(
-                            "the collection has more elements than allowed",
-                        ));
+                        return Err(TOO_MANY);
                     }
                 }
                 Ok(RdbValue::List(items))
@@ -523,9 +522,7 @@ fn ziplist(z: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
                 let n = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
                 p += 4;
                 if n > limits.string_bytes {
-                    return Err(RdbError::TooLarge(
-                        "a string of the payload is larger than allowed",
-                    ));
+                    return Err(TOO_LONG);
                 }
                 let s = get(p, n).ok_or(RdbError::BadFormat)?;
                 p += n;
@@ -553,9 +550,7 @@ fn ziplist(z: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
         };
         out.push(item);
         if out.len() > limits.elements {
-            return Err(RdbError::TooLarge(
-                "the collection has more elements than allowed",
-            ));
+            return Err(TOO_MANY);
         }
     }
     Ok(out)
@@ -630,9 +625,7 @@ fn listpack(lp: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
                     p += 4;
                     let n = le_u32(b) as usize;
                     if n > limits.string_bytes {
-                        return Err(RdbError::TooLarge(
-                            "a string of the payload is larger than allowed",
-                        ));
+                        return Err(TOO_LONG);
                     }
                     let s = get(p, n).ok_or(RdbError::BadFormat)?;
                     p += n;
@@ -658,9 +651,7 @@ fn listpack(lp: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
         }
         out.push(item);
         if out.len() > limits.elements {
-            return Err(RdbError::TooLarge(
-                "the collection has more elements than allowed",
-            ));
+            return Err(TOO_MANY);
         }
     }
     Ok(out)
@@ -679,9 +670,7 @@ fn intset(blob: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
         return Err(RdbError::BadFormat);
     }
     if n > limits.elements {
-        return Err(RdbError::TooLarge(
-            "the collection has more elements than allowed",
-        ));
+        return Err(TOO_MANY);
     }
     Ok(blob[8..]
         .chunks_exact(width)

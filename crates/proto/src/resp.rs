@@ -557,7 +557,40 @@ fn format_double(value: f64) -> String {
     } else if value.is_nan() {
         "nan".into()
     } else {
-        format!("{value}")
+        // The shortest digits that read back as `value`, laid out as C's `%.17g` lays them
+        // out (Redis 7.2's fpconv): an exponent below -4 or from 17 up is written `d.ddde+XX`.
+        let sci = format!("{value:e}");
+        let (mantissa, exp) = sci.split_once('e').expect("{:e} writes an exponent");
+        let exp: i32 = exp.parse().expect("a decimal exponent");
+        if (-4..17).contains(&exp) {
+            format!("{value}")
+        } else {
+            let sign = if exp < 0 { '-' } else { '+' };
+            format!("{mantissa}e{sign}{:02}", exp.unsigned_abs())
+        }
+    }
+}
+
+#[cfg(test)]
+mod double_tests {
+    #[test]
+    fn doubles_are_written_as_redis_writes_them() {
+        for (v, text) in [
+            (1e20, "1e+20"),
+            (1e17, "1e+17"),
+            (1e16, "10000000000000000"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (0.1, "0.1"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (-1.5e-7, "-1.5e-07"),
+            (f64::MAX, "1.7976931348623157e+308"),
+            (3.0, "3"),
+            (-2.5, "-2.5"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(super::format_double(v), text);
+        }
     }
 }
 

@@ -95,7 +95,7 @@ pub enum TypedError {
 pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
     match stored {
         [TAG, k, ..] if k & LARGE != 0 => match Kind::from_byte(k & !LARGE) {
-            Some(kind @ (Kind::List | Kind::Hash | Kind::Set)) => Ok(kind),
+            Some(kind @ (Kind::List | Kind::Hash | Kind::Set | Kind::ZSet)) => Ok(kind),
             _ => Err(TypedError::UnknownKind(*k)),
         },
         [TAG, k, ..] if *k == Kind::Set as u8 | SET_LISTPACK => Ok(Kind::Set),
@@ -1089,6 +1089,244 @@ impl<'a> Iterator for BucketEntries<'a> {
     }
 }
 
+/// The header of a large sorted set: a member table (buckets as a large hash's, each member's
+/// value its score as 8 little-endian bytes) and a B+-tree of score-ordered nodes (docs/formats.md,
+/// "Large collections"). `table.kind` is [`Kind::Hash`] (the buckets' encoding) and `table.gen`
+/// is `gen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LargeZSet {
+    pub gen: u64,
+    pub table: LargeTable,
+    /// The root node's number.
+    pub root: u64,
+    /// Inner levels above the leaves (0: the root is a leaf).
+    pub height: u32,
+    /// The number the next new node takes (node numbers are never reused within a generation).
+    pub next_node: u64,
+}
+
+/// The most inner levels of a large sorted set's tree.
+const ZTREE_HEIGHT_MAX: u64 = 32;
+
+impl LargeZSet {
+    pub fn new(gen: u64) -> LargeZSet {
+        LargeZSet {
+            gen,
+            table: LargeTable::new(Kind::Hash, gen),
+            root: 0,
+            height: 0,
+            next_node: 1,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.table.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.len == 0
+    }
+
+    pub fn decode(stored: &[u8]) -> Result<LargeZSet, TypedError> {
+        match stored {
+            [TAG, k, ..] if *k == Kind::ZSet as u8 | LARGE => {}
+            [TAG, k, ..] => return Err(TypedError::UnknownKind(*k)),
+            _ => return Err(TypedError::WrongKind),
+        }
+        let gen = stored
+            .get(TAG_BYTES..TAG_BYTES + 8)
+            .ok_or(TypedError::Truncated)?;
+        let gen = u64::from_le_bytes(gen.try_into().expect("8 bytes"));
+        let mut r = Reader {
+            buf: stored,
+            pos: TAG_BYTES + 8,
+        };
+        let mut v = [0u64; 7];
+        for x in &mut v {
+            *x = r.varint()?;
+        }
+        r.end()?;
+        let [len, bytes, level, split, root, height, next_node] = v;
+        if level > TABLE_LEVEL_MAX
+            || split >= 1u64 << level
+            || height > ZTREE_HEIGHT_MAX
+            || root >= next_node
+        {
+            return Err(TypedError::BadOrder);
+        }
+        Ok(LargeZSet {
+            gen,
+            table: LargeTable {
+                kind: Kind::Hash,
+                gen,
+                len,
+                bytes,
+                level: level as u32,
+                split,
+            },
+            root,
+            height: height as u32,
+            next_node,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(TAG_BYTES + 8 + 50);
+        out.extend_from_slice(&[TAG, Kind::ZSet as u8 | LARGE]);
+        out.extend_from_slice(&self.gen.to_le_bytes());
+        let t = &self.table;
+        for v in [
+            t.len,
+            t.bytes,
+            u64::from(t.level),
+            t.split,
+            self.root,
+            u64::from(self.height),
+            self.next_node,
+        ] {
+            put_varint(&mut out, v);
+        }
+        out
+    }
+}
+
+/// A sorted-set entry: score and member.
+pub type ZEntry = (f64, Vec<u8>);
+
+/// A child of an inner node of a large sorted set's tree: its node number, the entries below
+/// it, and the first (least) entry below it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZChild {
+    pub node: u64,
+    pub count: u64,
+    pub first: ZEntry,
+}
+
+/// A node of a large sorted set's tree: a leaf of entries, or an inner node of children, each
+/// in Redis's order (score, then member), strictly increasing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ZNode {
+    Leaf(Vec<ZEntry>),
+    Inner(Vec<ZChild>),
+}
+
+impl ZNode {
+    pub fn decode(stored: &[u8]) -> Result<ZNode, TypedError> {
+        let mut r = Reader {
+            buf: stored,
+            pos: 1,
+        };
+        let node = match stored.first() {
+            Some(0) => {
+                let n = r.count(9)?;
+                let mut entries: Vec<ZEntry> = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let e = (r.f64()?, r.bytes()?.to_vec());
+                    check_next(entries.last(), &e)?;
+                    entries.push(e);
+                }
+                ZNode::Leaf(entries)
+            }
+            Some(1) => {
+                let n = r.count(11)?;
+                let mut children: Vec<ZChild> = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let node = r.varint()?;
+                    let count = r.varint()?;
+                    let first = (r.f64()?, r.bytes()?.to_vec());
+                    check_next(children.last().map(|c| &c.first), &first)?;
+                    if count == 0 {
+                        return Err(TypedError::BadOrder);
+                    }
+                    children.push(ZChild { node, count, first });
+                }
+                ZNode::Inner(children)
+            }
+            Some(k) => return Err(TypedError::UnknownKind(*k)),
+            None => return Err(TypedError::Truncated),
+        };
+        r.end()?;
+        Ok(node)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.encoded_len());
+        match self {
+            ZNode::Leaf(entries) => {
+                out.push(0);
+                put_varint(&mut out, entries.len() as u64);
+                for (s, m) in entries {
+                    out.extend_from_slice(&s.to_le_bytes());
+                    put_bytes(&mut out, m);
+                }
+            }
+            ZNode::Inner(children) => {
+                out.push(1);
+                put_varint(&mut out, children.len() as u64);
+                for c in children {
+                    put_varint(&mut out, c.node);
+                    put_varint(&mut out, c.count);
+                    out.extend_from_slice(&c.first.0.to_le_bytes());
+                    put_bytes(&mut out, &c.first.1);
+                }
+            }
+        }
+        out
+    }
+
+    /// The bytes [`ZNode::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        let items = self.items();
+        1 + varint::len(items as u64)
+            + match self {
+                ZNode::Leaf(entries) => entries.iter().map(zentry_len).sum::<usize>(),
+                ZNode::Inner(children) => children
+                    .iter()
+                    .map(|c| varint::len(c.node) + varint::len(c.count) + zentry_len(&c.first))
+                    .sum(),
+            }
+    }
+
+    /// Entries (a leaf) or children (an inner node).
+    pub fn items(&self) -> usize {
+        match self {
+            ZNode::Leaf(e) => e.len(),
+            ZNode::Inner(c) => c.len(),
+        }
+    }
+
+    /// The entries below this node.
+    pub fn count(&self) -> u64 {
+        match self {
+            ZNode::Leaf(e) => e.len() as u64,
+            ZNode::Inner(c) => c.iter().map(|c| c.count).sum(),
+        }
+    }
+
+    /// The least entry below this node (None if it is empty).
+    pub fn first(&self) -> Option<&ZEntry> {
+        match self {
+            ZNode::Leaf(e) => e.first(),
+            ZNode::Inner(c) => c.first().map(|c| &c.first),
+        }
+    }
+}
+
+/// The bytes one entry takes in a leaf.
+pub fn zentry_len(e: &ZEntry) -> usize {
+    8 + varint::len(e.1.len() as u64) + e.1.len()
+}
+
+fn check_next(last: Option<&ZEntry>, next: &ZEntry) -> Result<(), TypedError> {
+    if next.0.is_nan() {
+        return Err(TypedError::BadOrder);
+    }
+    match last {
+        Some(l) if zset_order(l, next) != std::cmp::Ordering::Less => Err(TypedError::BadOrder),
+        _ => Ok(()),
+    }
+}
+
 /// The kind of a large collection's header; None if `stored` is not one.
 pub fn large_kind(stored: &[u8]) -> Option<Kind> {
     match stored {
@@ -1157,6 +1395,10 @@ pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
         Kind::Hash | Kind::Set if is_large(stored) => {
             let h = LargeTable::decode(stored)?;
             usize::try_from(h.len).map_err(|_| TypedError::Truncated)?
+        }
+        Kind::ZSet if is_large(stored) => {
+            let h = LargeZSet::decode(stored)?;
+            usize::try_from(h.len()).map_err(|_| TypedError::Truncated)?
         }
         Kind::Hash => Hash::decode(stored)?.fields.len(),
         Kind::List => List::decode(stored)?.items.len(),

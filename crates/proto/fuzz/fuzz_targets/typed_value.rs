@@ -1,13 +1,14 @@
 //! Feeds arbitrary bytes to the decoders of typed values, as a server reads a stored value back
 //! (a damaged one, or one a native client wrote with a leading 0xFF), and to the decoders of a
-//! large list's chunks and chunk keys, and of a large hash's or set's header and buckets. A value
-//! that decodes must re-encode to the same bytes; no input may panic.
+//! large list's chunks and chunk keys, of a large hash's or set's header and buckets, and of a
+//! large sorted set's header and tree nodes. A value that decodes must re-encode to the same
+//! bytes; no input may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ramlog_proto::types::{
     check, chunk_key, is_large, large_gen, parse_chunk_key, Hash, Kind, LargeList, LargeTable,
-    List, ListChunk, RawBucket, RawChunk, Set, Stream, ZSet,
+    LargeZSet, List, ListChunk, RawBucket, RawChunk, Set, Stream, ZNode, ZSet,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -47,6 +48,16 @@ fuzz_target!(|data: &[u8]| {
             assert!(table.bucket_of(hash) < table.buckets());
         }
     }
+    if let Ok(z) = LargeZSet::decode(data) {
+        assert_eq!(z.encode(), data, "a large sorted set's header re-encodes to its bytes");
+        assert_eq!(large_gen(data), Some(z.gen));
+        assert!(z.root < z.next_node);
+    }
+    if let Ok(node) = ZNode::decode(data) {
+        assert_eq!(node.encode(), data, "a tree node re-encodes to its bytes");
+        assert_eq!(node.encoded_len(), data.len());
+        assert!(node.first().is_some() || node.items() == 0);
+    }
     if let Some((slot, key, gen, id)) = parse_chunk_key(data) {
         assert_eq!(chunk_key(slot, key, gen, id), data, "a chunk key re-encodes");
     }
@@ -55,6 +66,7 @@ fuzz_target!(|data: &[u8]| {
             Kind::String => return,
             Kind::List if is_large(data) => LargeList::decode(data).map(|h| h.encode()),
             Kind::Hash | Kind::Set if is_large(data) => LargeTable::decode(data).map(|h| h.encode()),
+            Kind::ZSet if is_large(data) => LargeZSet::decode(data).map(|h| h.encode()),
             Kind::Hash => Hash::decode(data).map(|h| h.encode()),
             Kind::List => List::decode(data).map(|l| l.encode()),
             Kind::Set => Set::decode(data).map(|s| s.encode()),

@@ -223,6 +223,18 @@ fn write(
             let mut entries: Vec<(f64, Vec<u8>)> =
                 entries.into_iter().map(|(m, s)| (s, m)).collect();
             entries.sort_by(types::zset_order);
+            if super::large_zset::wants_large(ctx, &entries) {
+                let place = Place::of(ctx, key);
+                let done = super::large_zset::write(
+                    ctx,
+                    place,
+                    &entries,
+                    condition,
+                    Some(expire_at_ms),
+                    None,
+                );
+                return large_result(ctx, done);
+            }
             types::ZSet { entries }.encode()
         }
     };

@@ -531,6 +531,7 @@ fn encoding_of(ctx: &Ctx<'_>, stored: &[u8]) -> &'static str {
     use ramlog_proto::types::{kind_of, large_kind, string_of, Kind, Set};
     match large_kind(stored) {
         Some(Kind::List) => return "quicklist",
+        Some(Kind::ZSet) => return "skiplist",
         Some(_) => return "hashtable",
         None => {}
     }

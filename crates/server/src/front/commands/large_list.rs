@@ -1018,6 +1018,10 @@ pub(super) fn delete_if_large(
             with_large(ctx, key, |ctx, place, _, large| delete(ctx, place, large))
                 .map(|r| r.is_some())
         }
+        Some(types::Kind::ZSet) => super::large_zset::on_large(ctx, key, false, |ctx, place, l| {
+            super::large_zset::delete(ctx, place, l)
+        })
+        .map(|r| r.is_some()),
         Some(kind) => super::large_table::on_table(ctx, key, kind, false, |ctx, place, table| {
             super::large_table::delete(ctx, place, table)
         })
@@ -1031,6 +1035,10 @@ pub(super) fn memory_of(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<u64, super::typ
         None => Ok(0),
         Some(types::Kind::List) => with_large(ctx, key, |ctx, place, _, large| {
             memory_usage(ctx, place, large)
+        })
+        .map(Option::unwrap_or_default),
+        Some(types::Kind::ZSet) => super::large_zset::on_large(ctx, key, false, |ctx, place, l| {
+            super::large_zset::memory_usage(ctx, place, l)
         })
         .map(Option::unwrap_or_default),
         Some(kind) => super::large_table::on_table(ctx, key, kind, false, |ctx, place, table| {
@@ -1057,6 +1065,11 @@ pub(super) fn copy_to(
             match types::large_kind(&o.value) {
                 None => {}
                 Some(types::Kind::List) => delete(ctx, Place::of(ctx, dst), Large::decode(&o)?)?,
+                Some(types::Kind::ZSet) => super::large_zset::delete(
+                    ctx,
+                    Place::of(ctx, dst),
+                    super::large_zset::decode(&o)?,
+                )?,
                 Some(_) => super::large_table::delete(
                     ctx,
                     Place::of(ctx, dst),
@@ -1064,6 +1077,22 @@ pub(super) fn copy_to(
                 )?,
             }
         }
+    }
+    if types::large_kind(&src_object.value) == Some(types::Kind::ZSet) {
+        let large = super::large_zset::decode(src_object)?;
+        let entries = super::large_zset::entries(ctx, Place::of(ctx, src), large)?;
+        return match super::large_zset::write(
+            ctx,
+            Place::of(ctx, dst),
+            &entries,
+            condition,
+            expire,
+            None,
+        ) {
+            Ok(()) => Ok(true),
+            Err(LargeError::Changed) if condition == Condition::IfAbsent => Ok(false),
+            Err(e) => Err(e),
+        };
     }
     if let Some(kind @ (types::Kind::Hash | types::Kind::Set)) =
         types::large_kind(&src_object.value)
@@ -1114,6 +1143,8 @@ pub(super) fn delete_at_version(
 ) -> Result<bool, LargeError> {
     let deleted = if types::large_kind(&object.value) == Some(types::Kind::List) {
         delete(ctx, Place::of(ctx, key), Large::decode(object)?)
+    } else if types::large_kind(&object.value) == Some(types::Kind::ZSet) {
+        super::large_zset::delete(ctx, Place::of(ctx, key), super::large_zset::decode(object)?)
     } else {
         super::large_table::delete(
             ctx,

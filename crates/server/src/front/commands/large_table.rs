@@ -183,18 +183,27 @@ pub(super) fn get(
     members: &[&[u8]],
 ) -> Result<Vec<Option<Vec<u8>>>, LargeError> {
     consistent(ctx, place, table, |ctx, table| {
-        let t = table.header;
-        let mut buckets: HashMap<u64, RawBucket> = HashMap::new();
-        let mut out = Vec::with_capacity(members.len());
-        for m in members {
-            let b = t.bucket_of(member_hash(t.gen, m));
-            if let std::collections::hash_map::Entry::Vacant(e) = buckets.entry(b) {
-                e.insert(read_bucket(ctx, place, &t, b)?);
-            }
-            out.push(buckets[&b].get(m).map(<[u8]>::to_vec));
-        }
-        Ok(out)
+        get_in(ctx, place, &table.header, members)
     })
+}
+
+/// [`get`] of a table read as `t`, with no check that it stayed at its version (the caller's).
+pub(super) fn get_in(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &LargeTable,
+    members: &[&[u8]],
+) -> Result<Vec<Option<Vec<u8>>>, LargeError> {
+    let mut buckets: HashMap<u64, RawBucket> = HashMap::new();
+    let mut out = Vec::with_capacity(members.len());
+    for m in members {
+        let b = t.bucket_of(member_hash(t.gen, m));
+        if let std::collections::hash_map::Entry::Vacant(e) = buckets.entry(b) {
+            e.insert(read_bucket(ctx, place, t, b)?);
+        }
+        out.push(buckets[&b].get(m).map(<[u8]>::to_vec));
+    }
+    Ok(out)
 }
 
 /// Every member and value (empty for a set), bucket by bucket.
@@ -204,21 +213,29 @@ pub(super) fn entries(
     table: Table,
 ) -> Result<Vec<Entry>, LargeError> {
     consistent(ctx, place, table, |ctx, table| {
-        let t = table.header;
-        let mut out = Vec::with_capacity(t.len.min(1 << 22) as usize);
-        for b in 0..t.buckets() {
-            let bucket = read_bucket(ctx, place, &t, b)?;
-            out.extend(bucket.entries().map(|(m, v, _)| (m.to_vec(), v.to_vec())));
-        }
-        if out.len() as u64 != t.len {
-            return Err(LargeError::Damaged(format!(
-                "the header counts {} members, the buckets hold {}",
-                t.len,
-                out.len()
-            )));
-        }
-        Ok(out)
+        entries_in(ctx, place, &table.header)
     })
+}
+
+/// [`entries`] of a table read as `t`, with no check that it stayed at its version.
+pub(super) fn entries_in(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &LargeTable,
+) -> Result<Vec<Entry>, LargeError> {
+    let mut out = Vec::with_capacity(t.len.min(1 << 22) as usize);
+    for b in 0..t.buckets() {
+        let bucket = read_bucket(ctx, place, t, b)?;
+        out.extend(bucket.entries().map(|(m, v, _)| (m.to_vec(), v.to_vec())));
+    }
+    if out.len() as u64 != t.len {
+        return Err(LargeError::Damaged(format!(
+            "the header counts {} members, the buckets hold {}",
+            t.len,
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 /// HSCAN and SSCAN: members from scan position `cursor` on, a bucket at a time, until `count`
@@ -233,7 +250,20 @@ pub(super) fn scan(
     count: usize,
 ) -> Result<(u64, Vec<Entry>), LargeError> {
     consistent(ctx, place, table, |ctx, table| {
-        let t = table.header;
+        scan_in(ctx, place, &table.header, cursor, count)
+    })
+}
+
+/// [`scan`] of a table read as `t`, with no check that it stayed at its version.
+pub(super) fn scan_in(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &LargeTable,
+    cursor: u64,
+    count: usize,
+) -> Result<(u64, Vec<Entry>), LargeError> {
+    {
+        let t = *t;
         let mut out = Vec::new();
         let mut pos = cursor;
         let mut visited = 0usize;
@@ -266,7 +296,7 @@ pub(super) fn scan(
                 return Ok((pos, out));
             }
         }
-    })
+    }
 }
 
 /// `count` random members with their values: distinct when `count` is positive (at most all of
@@ -277,16 +307,28 @@ pub(super) fn random(
     table: Table,
     count: i64,
 ) -> Result<Vec<Entry>, LargeError> {
-    let len = table.header.len;
+    consistent(ctx, place, table, |ctx, table| {
+        random_in(ctx, place, &table.header, count)
+    })
+}
+
+/// [`random`] of a table read as `t`, with no check that it stayed at its version.
+pub(super) fn random_in(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: &LargeTable,
+    count: i64,
+) -> Result<Vec<Entry>, LargeError> {
+    let len = t.len;
     let want = count.unsigned_abs();
     // Many of them: read the whole table once and pick from it.
     if want.saturating_mul(4) >= len {
-        let all = entries(ctx, place, table)?;
+        let all = entries_in(ctx, place, t)?;
         let picks = super::typed::random_picks(all.len(), count);
         return Ok(picks.into_iter().map(|i| all[i].clone()).collect());
     }
-    consistent(ctx, place, table, |ctx, table| {
-        let t = table.header;
+    {
+        let t = *t;
         let n = t.buckets();
         // Rejection sampling: a bucket drawn at random, then a slot of `cap`; a slot past the
         // bucket's members draws again. Uniform while no bucket holds more than `cap`.
@@ -317,7 +359,7 @@ pub(super) fn random(
             out.push((m.to_vec(), v.to_vec()));
         }
         Ok(out)
-    })
+    }
 }
 
 /// What a change does to one member.
@@ -341,6 +383,16 @@ fn underfull(t: &LargeTable) -> bool {
         && t.len.saturating_mul(4) < n.saturating_mul(BUCKET_ITEMS)
 }
 
+/// A change of a large table's members prepared but not written: the header as it becomes,
+/// the buckets to write and those to delete.
+pub(super) struct Staged {
+    pub t: LargeTable,
+    pub puts: Vec<(u64, Vec<u8>)>,
+    pub gone: Vec<u64>,
+    /// Whether any member changed (nothing is to be written otherwise).
+    pub changed: bool,
+}
+
 /// Changes members of a large table: `edit(i, current)` for each of `members` in turn (a
 /// member named twice sees the first edit) says what becomes of it, or answers an error and
 /// nothing is written. Splits or merges buckets as the load calls for, and writes the header
@@ -351,9 +403,51 @@ pub(super) fn change(
     place: Place<'_>,
     table: Table,
     members: &[&[u8]],
-    mut edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
+    edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
 ) -> Result<Result<u64, String>, LargeError> {
-    let mut t = table.header;
+    let staged = match stage(ctx, place, table.header, members, edit)? {
+        Ok(s) => s,
+        Err(message) => return Ok(Err(message)),
+    };
+    let t = staged.t;
+    if !staged.changed {
+        return Ok(Ok(t.len));
+    }
+    if t.len == 0 {
+        let mut change = Change {
+            header: HeaderWrite::Delete,
+            expire: None,
+            condition: Condition::IfVersion(table.version),
+            gen: t.gen,
+            puts: Vec::new(),
+            deletes: (0..table.header.buckets()).map(bucket_id).collect(),
+        };
+        large_list::delete_in_units(ctx, place, &mut change)?;
+        return Ok(Ok(0));
+    }
+    let change = Change {
+        header: HeaderWrite::Small(t.encode()),
+        expire: None,
+        condition: Condition::IfVersion(table.version),
+        gen: t.gen,
+        puts: staged.puts,
+        deletes: staged.gone,
+    };
+    large_list::commit(ctx, place, &change)?;
+    Ok(Ok(t.len))
+}
+
+/// Prepares a change of members of the table read as `t` (see [`change`]): the edits, then the
+/// splits or merges of buckets the load calls for. A table left empty is staged with no
+/// buckets to write (the caller deletes it whole).
+pub(super) fn stage(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    t: LargeTable,
+    members: &[&[u8]],
+    mut edit: impl FnMut(usize, Option<&[u8]>) -> Result<Edit, String>,
+) -> Result<Result<Staged, String>, LargeError> {
+    let mut t = t;
     let mut buckets: HashMap<u64, (RawBucket, bool)> = HashMap::new();
     for (i, m) in members.iter().enumerate() {
         let b = t.bucket_of(member_hash(t.gen, m));
@@ -384,20 +478,14 @@ pub(super) fn change(
             }
         }
     }
-    if !buckets.values().any(|(_, dirty)| *dirty) {
-        return Ok(Ok(t.len));
-    }
-    if t.len == 0 {
-        let mut change = Change {
-            header: HeaderWrite::Delete,
-            expire: None,
-            condition: Condition::IfVersion(table.version),
-            gen: t.gen,
+    let changed = buckets.values().any(|(_, dirty)| *dirty);
+    if !changed || t.len == 0 {
+        return Ok(Ok(Staged {
+            t,
             puts: Vec::new(),
-            deletes: (0..t.buckets()).map(bucket_id).collect(),
-        };
-        large_list::delete_in_units(ctx, place, &mut change)?;
-        return Ok(Ok(0));
+            gone: Vec::new(),
+            changed,
+        }));
     }
     let mut gone = Vec::new();
     while overfull(&t) && split_next(ctx, place, &mut t, &mut buckets)? {}
@@ -444,16 +532,12 @@ pub(super) fn change(
         .collect();
     // A bucket merged away and split off again in this change is written, not deleted.
     gone.retain(|id| !puts.iter().any(|(put, _)| put == id));
-    let change = Change {
-        header: HeaderWrite::Small(t.encode()),
-        expire: None,
-        condition: Condition::IfVersion(table.version),
-        gen: t.gen,
+    Ok(Ok(Staged {
+        t,
         puts,
-        deletes: gone,
-    };
-    large_list::commit(ctx, place, &change)?;
-    Ok(Ok(t.len))
+        gone,
+        changed: true,
+    }))
 }
 
 /// Splits the next bucket in order (reading it unless `buckets` holds it); false when the table
@@ -525,6 +609,26 @@ pub(super) fn write(
     old: Option<(u64, u64)>,
 ) -> Result<(), LargeError> {
     let gen = large_list::random_gen();
+    let (t, puts) = build(ctx, kind, gen, entries)?;
+    let old = old.map(|(gen, buckets)| (gen, (0..buckets).map(bucket_id).collect()));
+    commit_built(ctx, place, t.encode(), gen, puts, condition, expire, old)
+}
+
+/// The chunk ids of a table's buckets.
+pub(super) fn bucket_ids(t: &LargeTable) -> impl Iterator<Item = u64> {
+    (0..t.buckets()).map(bucket_id)
+}
+
+/// Chunks to write: id and encoded chunk.
+pub(super) type Chunks = Vec<(u64, Vec<u8>)>;
+
+/// The header and buckets of a new large table of `kind` holding `entries`, under `gen`.
+pub(super) fn build(
+    ctx: &Ctx<'_>,
+    kind: Kind,
+    gen: u64,
+    entries: &[(&[u8], &[u8])],
+) -> Result<(LargeTable, Chunks), LargeError> {
     let mut t = LargeTable::new(kind, gen);
     let mut encoded = Vec::with_capacity(entries.len());
     for (m, v) in entries {
@@ -572,7 +676,25 @@ pub(super) fn write(
         .enumerate()
         .map(|(b, bucket)| (bucket_id(b as u64), bucket.encode()))
         .collect();
-    let header = HeaderWrite::Small(t.encode());
+    Ok((t, puts))
+}
+
+/// Writes a new large collection built under `gen` (its `header` at the key, its chunks
+/// `puts`), replacing what the key holds at `condition`; `old`: the generation and chunk ids of
+/// a large collection there, deleted after. A collection larger than one unit is written as
+/// chunks first and switched to by a last unit with the header.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn commit_built(
+    ctx: &mut Ctx<'_>,
+    place: Place<'_>,
+    header: Vec<u8>,
+    gen: u64,
+    puts: Vec<(u64, Vec<u8>)>,
+    condition: Condition,
+    expire: Option<u64>,
+    old: Option<(u64, Vec<u64>)>,
+) -> Result<(), LargeError> {
+    let header = HeaderWrite::Small(header);
     if large_list::unit_bytes(&puts) <= large_list::UNIT_BYTES {
         let change = Change {
             header,
@@ -605,8 +727,7 @@ pub(super) fn write(
             return Err(e);
         }
     }
-    if let Some((old_gen, old_buckets)) = old {
-        let ids: Vec<u64> = (0..old_buckets).map(bucket_id).collect();
+    if let Some((old_gen, ids)) = old {
         large_list::delete_chunks(ctx, place, old_gen, &ids);
     }
     Ok(())

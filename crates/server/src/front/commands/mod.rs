@@ -29,6 +29,7 @@ mod hashes;
 mod keys;
 mod large_list;
 mod large_table;
+mod large_zset;
 mod lists;
 mod lua_libs;
 pub(crate) mod notify;

@@ -10,6 +10,7 @@
 
 use super::large_list;
 use super::large_table;
+use super::large_zset;
 use super::*;
 use ramlog_proto::types::{self, Kind, List, TypedError};
 use std::sync::atomic::AtomicU64;
@@ -215,6 +216,19 @@ pub(super) fn load<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Optio
                     }
                 }
             }
+            Ok(Some(o))
+                if types::large_kind(&o.value) == Some(Kind::ZSet) && C::KIND == Kind::ZSet =>
+            {
+                let place = large_list::Place::of(ctx, key);
+                match large_zset::decode(&o).and_then(|l| large_zset::entries(ctx, place, l)) {
+                    Ok(entries) => return Ok(Some(cast(types::ZSet { entries }))),
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
             Ok(Some(o)) => return decode_as::<C>(ctx, &o.value).map(Some),
             Err(e) => {
                 engine_error(ctx, &e);
@@ -249,15 +263,25 @@ fn read_table(
     Ok((large_table::entries(ctx, place, table)?, table))
 }
 
-/// `list` as the collection type `C` (which is `List`: only lists have a large form).
+/// `list` as the collection type `C` (which is `List`).
 fn from_list<C: Collection>(list: List) -> C {
-    let boxed: Box<dyn std::any::Any> = Box::new(list);
-    *boxed.downcast::<C>().expect("only lists have a large form")
+    cast(list)
+}
+
+/// `value` as the collection type `C`, which the caller has checked it is.
+fn cast<C: Collection, T: 'static>(value: T) -> C {
+    let boxed: Box<dyn std::any::Any> = Box::new(value);
+    *boxed.downcast::<C>().expect("the caller checked the type")
 }
 
 /// `c` as a list, when `C` is `List`.
 fn as_list<C: Collection>(c: &C) -> Option<&List> {
     (c as &dyn std::any::Any).downcast_ref::<List>()
+}
+
+/// `c` as a sorted set, when `C` is `ZSet`.
+fn as_zset<C: Collection>(c: &C) -> Option<&types::ZSet> {
+    (c as &dyn std::any::Any).downcast_ref::<types::ZSet>()
 }
 
 /// The key's collection of type `C`, empty if the key is absent.
@@ -321,7 +345,28 @@ pub(super) fn update_growing<C: Collection, R>(
         };
         let mut old_large = None;
         let mut old_table = None;
+        let mut old_zset = None;
         let (mut c, condition, existed) = match found {
+            Some(o) if types::large_kind(&o.value) == Some(Kind::ZSet) && C::KIND == Kind::ZSet => {
+                let place = large_list::Place::of(ctx, key);
+                let read = large_zset::decode(&o)
+                    .and_then(|l| large_zset::entries(ctx, place, l).map(|e| (l, e)));
+                match read {
+                    Ok((large, entries)) => {
+                        old_zset = Some(large);
+                        (
+                            cast::<C, _>(types::ZSet { entries }),
+                            Condition::IfVersion(o.version),
+                            true,
+                        )
+                    }
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
             Some(o) if types::large_kind(&o.value) == Some(C::KIND) && has_table(C::KIND) => {
                 match read_table(ctx, key, &o) {
                     Ok((entries, table)) => {
@@ -373,6 +418,28 @@ pub(super) fn update_growing<C: Collection, R>(
             if old_large.is_some() || large_list::wants_large(ctx, &list.items, growing) {
                 let place = large_list::Place::of(ctx, key);
                 match large_list::write(ctx, place, list, condition, None, old_large, growing) {
+                    Ok(()) => {
+                        if c.len() > 0 {
+                            node.waiters.wake(key);
+                        }
+                        return Ok(result);
+                    }
+                    Err(large_list::LargeError::Changed) => continue,
+                    Err(e) => {
+                        large_list::reply_error(ctx, e);
+                        return Err(Replied);
+                    }
+                }
+            }
+        }
+        if let Some(z) = as_zset(&c) {
+            if old_zset.is_some() || (c.len() > 0 && large_zset::wants_large(ctx, &z.entries)) {
+                let place = large_list::Place::of(ctx, key);
+                let written = match old_zset {
+                    Some(large) if c.len() == 0 => large_zset::delete(ctx, place, large),
+                    old => large_zset::write(ctx, place, &z.entries, condition, None, old),
+                };
+                match written {
                     Ok(()) => {
                         if c.len() > 0 {
                             node.waiters.wake(key);
@@ -458,6 +525,19 @@ pub(super) fn update_growing<C: Collection, R>(
 pub(super) fn store<C: Collection>(ctx: &mut Ctx<'_>, key: &[u8], c: &C) -> Result<(), Replied> {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
+    if let Some(z) = as_zset(c).filter(|z| large_zset::wants_large(ctx, &z.entries)) {
+        let place = large_list::Place::of(ctx, key);
+        // What the key held goes (the chunks of a large collection there with it, now or by
+        // the sweep).
+        let done = large_zset::write(ctx, place, &z.entries, Condition::None, Some(0), None);
+        if done.is_ok() {
+            node.waiters.wake(key);
+        }
+        return done.map_err(|e| {
+            large_list::reply_error(ctx, e);
+            Replied
+        });
+    }
     if c.len() > 0 && c.wants_table(ctx) {
         let entries = c.table_entries().unwrap_or_default();
         let place = large_list::Place::of(ctx, key);

@@ -3,13 +3,88 @@
 //! WITHSCORES) and its older forms, ZRANGESTORE, ZPOPMIN, ZPOPMAX, ZREMRANGEBY{RANK,SCORE,LEX},
 //! ZRANDMEMBER, ZSCAN.
 
+use super::large_list::LargeError;
+use super::large_zset::{self, Large, Tree};
 use super::typed::*;
 use super::*;
-use ramlog_proto::types::ZSet;
+use ramlog_proto::types::{ZEntry, ZSet};
 
 const ERR_FLOAT: &str = "ERR value is not a valid float";
 const ERR_MINMAX_FLOAT: &str = "ERR min or max is not a float";
 const ERR_MINMAX_LEX: &str = "ERR min or max not valid string range item";
+
+/// Runs a read `op` on the key's large sorted set; None when it holds none (the compact path).
+fn on_large<R>(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    mut op: impl FnMut(&mut Ctx<'_>, &mut Tree<'_>, Large) -> Result<R, LargeError>,
+) -> Result<Option<R>, Replied> {
+    large_zset::on_large(ctx, key, false, |ctx, place, large| {
+        large_zset::read(ctx, place, large, |ctx, tree| op(ctx, tree, large))
+    })
+}
+
+/// Changes the key's large sorted set (see `large_zset::change`), with `reset` called before
+/// each attempt; None when it holds none. Errors are answered.
+fn change_large(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    members: &[&[u8]],
+    mut reset: impl FnMut(),
+    mut edit: impl FnMut(usize, Option<f64>) -> Result<Option<Option<f64>>, String>,
+) -> Result<Option<u64>, Replied> {
+    let done = large_zset::on_large(ctx, key, true, |ctx, place, large| {
+        reset();
+        large_zset::change(ctx, place, large, members, &mut edit)
+    })?;
+    match done {
+        None => Ok(None),
+        Some(Ok(len)) => Ok(Some(len)),
+        Some(Err(message)) => {
+            ctx.enc.error(&message);
+            Err(Replied)
+        }
+    }
+}
+
+/// Pops up to `count` entries from the low end (the high end when `max`), in pop order.
+fn pop(ctx: &mut Ctx<'_>, key: &[u8], count: usize, max: bool) -> Result<Vec<ZEntry>, Replied> {
+    let large = large_zset::on_large(ctx, key, true, |ctx, place, large| {
+        if count == 0 {
+            return Ok(Ok(Vec::new()));
+        }
+        let picked = large_zset::read(ctx, place, large, |ctx, tree| {
+            tree.ranks(ctx, 0, count as u64 - 1, max)
+        })?;
+        if picked.is_empty() {
+            return Ok(Ok(picked));
+        }
+        let members: Vec<&[u8]> = picked.iter().map(|e| e.1.as_slice()).collect();
+        Ok(
+            large_zset::change(ctx, place, large, &members, |_, _| Ok(Some(None)))?
+                .map(|_| picked.clone()),
+        )
+    })?;
+    match large {
+        Some(Ok(out)) => return Ok(out),
+        Some(Err(message)) => {
+            ctx.enc.error(&message);
+            return Err(Replied);
+        }
+        None => {}
+    }
+    update::<ZSet, Vec<ZEntry>>(ctx, key, |z, _| {
+        let n = count.min(z.entries.len());
+        let out: Vec<ZEntry> = if max {
+            let at = z.entries.len() - n;
+            z.entries.drain(at..).rev().collect()
+        } else {
+            z.entries.drain(..n).collect()
+        };
+        let changed = !out.is_empty();
+        Ok((out, changed))
+    })
+}
 
 /// ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]
 pub(super) fn cmd_zadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
@@ -63,12 +138,17 @@ pub(super) fn cmd_zadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     // (added, changed, the INCR result: None when NX/XX/GT/LT held it back)
     type Out = (i64, i64, Option<f64>);
-    let done = update::<ZSet, Out>(ctx, args[1], |z, _| {
-        let (mut added, mut changed, mut last) = (0, 0, None);
-        for &(score, member) in &scores {
-            let current = z.score(member);
+    let members: Vec<&[u8]> = scores.iter().map(|(_, m)| *m).collect();
+    let out: std::cell::Cell<Out> = std::cell::Cell::new((0, 0, None));
+    let large = change_large(
+        ctx,
+        args[1],
+        &members,
+        || out.set((0, 0, None)),
+        |i, current| {
+            let score = scores[i].0;
             if (nx && current.is_some()) || (xx && current.is_none()) {
-                continue;
+                return Ok(None);
             }
             let new = match (incr, current) {
                 (true, Some(c)) => c + score,
@@ -77,22 +157,57 @@ pub(super) fn cmd_zadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             if new.is_nan() {
                 return Err("ERR resulting score is not a number (NaN)".into());
             }
+            let (mut added, mut changed, _) = out.get();
             if let Some(c) = current {
                 if (gt && new <= c) || (lt && new >= c) {
-                    continue;
+                    return Ok(None);
                 }
-                if new != c {
-                    z.insert(new, member);
-                    changed += 1;
+                if new == c {
+                    out.set((added, changed, Some(new)));
+                    return Ok(None);
                 }
+                changed += 1;
             } else {
-                z.insert(new, member);
                 added += 1;
             }
-            last = Some(new);
-        }
-        Ok(((added, changed, last), added + changed > 0))
-    });
+            out.set((added, changed, Some(new)));
+            Ok(Some(Some(new)))
+        },
+    );
+    let done = match large {
+        Err(Replied) => return,
+        Ok(Some(_)) => Ok(out.get()),
+        Ok(None) => update::<ZSet, Out>(ctx, args[1], |z, _| {
+            let (mut added, mut changed, mut last) = (0, 0, None);
+            for &(score, member) in &scores {
+                let current = z.score(member);
+                if (nx && current.is_some()) || (xx && current.is_none()) {
+                    continue;
+                }
+                let new = match (incr, current) {
+                    (true, Some(c)) => c + score,
+                    _ => score,
+                };
+                if new.is_nan() {
+                    return Err("ERR resulting score is not a number (NaN)".into());
+                }
+                if let Some(c) = current {
+                    if (gt && new <= c) || (lt && new >= c) {
+                        continue;
+                    }
+                    if new != c {
+                        z.insert(new, member);
+                        changed += 1;
+                    }
+                } else {
+                    z.insert(new, member);
+                    added += 1;
+                }
+                last = Some(new);
+            }
+            Ok(((added, changed, last), added + changed > 0))
+        }),
+    };
     let Ok((added, changed, last)) = done else {
         return;
     };
@@ -111,6 +226,25 @@ pub(super) fn cmd_zincrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         return ctx.enc.error(ERR_FLOAT);
     };
     let member = args[3];
+    let mut result = 0.0;
+    match change_large(
+        ctx,
+        args[1],
+        &[member],
+        || {},
+        |_, current| {
+            let new = current.unwrap_or(0.0) + delta;
+            if new.is_nan() {
+                return Err("ERR resulting score is not a number (NaN)".into());
+            }
+            result = new;
+            Ok(Some(Some(new)))
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(_)) => return ctx.enc.double(result),
+        Ok(None) => {}
+    }
     if let Ok(s) = update::<ZSet, f64>(ctx, args[1], |z, _| {
         let new = z.score(member).unwrap_or(0.0) + delta;
         if new.is_nan() {
@@ -123,7 +257,28 @@ pub(super) fn cmd_zincrby(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
+/// The scores of `members` in the key's large sorted set; None when it holds none.
+fn large_scores(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    members: &[&[u8]],
+) -> Result<Option<Vec<Option<f64>>>, Replied> {
+    large_zset::on_large(ctx, key, false, |ctx, place, large| {
+        large_zset::scores(ctx, place, large, members)
+    })
+}
+
 pub(super) fn cmd_zscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match large_scores(ctx, args[1], &args[2..3]) {
+        Err(Replied) => return,
+        Ok(Some(found)) => {
+            return match found[0] {
+                Some(s) => ctx.enc.double(s),
+                None => ctx.enc.null(),
+            }
+        }
+        Ok(None) => {}
+    }
     if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
         match z.score(args[2]) {
             Some(s) => ctx.enc.double(s),
@@ -133,6 +288,20 @@ pub(super) fn cmd_zscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_zmscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match large_scores(ctx, args[1], &args[2..]) {
+        Err(Replied) => return,
+        Ok(Some(found)) => {
+            ctx.enc.array(found.len());
+            for s in found {
+                match s {
+                    Some(s) => ctx.enc.double(s),
+                    None => ctx.enc.null(),
+                }
+            }
+            return;
+        }
+        Ok(None) => {}
+    }
     if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
         ctx.enc.array(args.len() - 2);
         for m in &args[2..] {
@@ -145,6 +314,11 @@ pub(super) fn cmd_zmscore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 }
 
 pub(super) fn cmd_zcard(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    match large_zset::on_large(ctx, args[1], false, |_, _, large| Ok(large.header.len())) {
+        Err(Replied) => return,
+        Ok(Some(n)) => return ctx.enc.integer(n as i64),
+        Ok(None) => {}
+    }
     if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
         ctx.enc.integer(z.entries.len() as i64)
     }
@@ -152,6 +326,23 @@ pub(super) fn cmd_zcard(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 
 pub(super) fn cmd_zrem(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let members = &args[2..];
+    let removed = std::cell::Cell::new(0);
+    match change_large(
+        ctx,
+        args[1],
+        members,
+        || removed.set(0),
+        |_, current| {
+            if current.is_some() {
+                removed.set(removed.get() + 1);
+            }
+            Ok(Some(None))
+        },
+    ) {
+        Err(Replied) => return,
+        Ok(Some(_)) => return ctx.enc.integer(removed.get()),
+        Ok(None) => {}
+    }
     if let Ok(n) = update::<ZSet, i64>(ctx, args[1], |z, _| {
         let removed = members.iter().filter(|m| z.remove(m)).count();
         Ok((removed as i64, removed > 0))
@@ -167,6 +358,29 @@ fn rank(ctx: &mut Ctx<'_>, args: &[&[u8]], rev: bool) {
         Some(o) if eq_ignore_case(o, "withscore") && args.len() == 4 => true,
         Some(_) => return ctx.enc.error(ERR_SYNTAX),
     };
+    let large = large_zset::on_large(ctx, args[1], false, |ctx, place, large| {
+        let found = large_zset::rank(ctx, place, large, args[2])?;
+        Ok(found.map(|(r, s)| {
+            let r = if rev { large.header.len() - 1 - r } else { r };
+            (r, s)
+        }))
+    });
+    match large {
+        Err(Replied) => return,
+        Ok(Some(None)) if with_score => return ctx.enc.null_array(),
+        Ok(Some(None)) => return ctx.enc.null(),
+        Ok(Some(Some((r, score)))) => {
+            if with_score {
+                ctx.enc.array(2);
+                ctx.enc.integer(r as i64);
+                ctx.enc.double(score);
+            } else {
+                ctx.enc.integer(r as i64)
+            }
+            return;
+        }
+        Ok(None) => {}
+    }
     let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
         return;
     };
@@ -353,6 +567,98 @@ fn select(z: &ZSet, by: &By, rev: bool, limit: Option<(i64, i64)>) -> Vec<usize>
     out
 }
 
+/// The ranks (from the lowest) of the entries a score or lex range holds in a large sorted
+/// set: `lo..hi`.
+fn bounds(ctx: &mut Ctx<'_>, tree: &mut Tree<'_>, by: &By) -> Result<(u64, u64), LargeError> {
+    let (lo, hi) = match by {
+        By::Rank(..) => (0, tree.len()),
+        By::Score(min, max) => (
+            tree.count_before(ctx, |e| !above(e.0, *min))?,
+            tree.count_before(ctx, |e| below(e.0, *max))?,
+        ),
+        // As Redis, which assumes that the members of a lex query all have one score.
+        By::Lex(min, max) => (
+            tree.count_before(ctx, |e| !lex_above(&e.1, min))?,
+            tree.count_before(ctx, |e| lex_below(&e.1, max))?,
+        ),
+    };
+    Ok((lo, hi.max(lo)))
+}
+
+/// [`select`] on a large sorted set: the entries, in reply order.
+fn select_large(
+    ctx: &mut Ctx<'_>,
+    tree: &mut Tree<'_>,
+    by: &By,
+    rev: bool,
+    limit: Option<(i64, i64)>,
+) -> Result<Vec<ZEntry>, LargeError> {
+    let len = tree.len();
+    if let By::Rank(start, stop) = by {
+        return match index_range(*start, *stop, len as usize) {
+            None => Ok(Vec::new()),
+            Some((a, b)) => tree.ranks(ctx, a as u64, b as u64, rev),
+        };
+    }
+    let (lo, hi) = bounds(ctx, tree, by)?;
+    let (offset, count) = limit.unwrap_or((0, -1));
+    if offset < 0 || lo == hi {
+        return Ok(Vec::new());
+    }
+    // Ranks in reply order: from the lowest (from the highest when `rev`).
+    let (first, last) = if rev {
+        (len - hi, len - 1 - lo)
+    } else {
+        (lo, hi - 1)
+    };
+    let first = first.saturating_add(offset as u64);
+    let last = if count >= 0 {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        last.min(first.saturating_add(count as u64 - 1))
+    } else {
+        last
+    };
+    if first > last {
+        return Ok(Vec::new());
+    }
+    tree.ranks(ctx, first, last, rev)
+}
+
+/// Entries as a range's reply.
+fn reply_owned(ctx: &mut Ctx<'_>, entries: &[ZEntry], with_scores: bool) {
+    if with_scores && ctx.enc.resp3() {
+        ctx.enc.array(entries.len());
+        for (s, m) in entries {
+            ctx.enc.array(2);
+            ctx.enc.bulk(m);
+            ctx.enc.double(*s);
+        }
+        return;
+    }
+    ctx.enc
+        .array(entries.len() * if with_scores { 2 } else { 1 });
+    for (s, m) in entries {
+        ctx.enc.bulk(m);
+        if with_scores {
+            ctx.enc.double(*s);
+        }
+    }
+}
+
+/// The entries a range query selects from the key's sorted set, in reply order.
+fn selected(ctx: &mut Ctx<'_>, key: &[u8], q: &RangeQuery) -> Result<Vec<ZEntry>, Replied> {
+    if let Some(out) = on_large(ctx, key, |ctx, tree, _| {
+        select_large(ctx, tree, &q.by, q.rev, q.limit)
+    })? {
+        return Ok(out);
+    }
+    let z = load_or_empty::<ZSet>(ctx, key)?;
+    let picks = select(&z, &q.by, q.rev, q.limit);
+    Ok(picks.into_iter().map(|i| z.entries[i].clone()).collect())
+}
+
 fn reply_entries(ctx: &mut Ctx<'_>, z: &ZSet, picks: &[usize], with_scores: bool) {
     if with_scores && ctx.enc.resp3() {
         ctx.enc.array(picks.len());
@@ -474,6 +780,14 @@ fn range(ctx: &mut Ctx<'_>, args: &[&[u8]], form: RangeForm) {
         Ok(q) => q,
         Err(e) => return ctx.enc.error(e),
     };
+    if let Some(out) = match on_large(ctx, args[1], |ctx, tree, _| {
+        select_large(ctx, tree, &q.by, q.rev, q.limit)
+    }) {
+        Err(Replied) => return,
+        Ok(found) => found,
+    } {
+        return reply_owned(ctx, &out, q.with_scores);
+    }
     let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
         return;
     };
@@ -506,14 +820,11 @@ pub(super) fn cmd_zrangestore(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         Ok(q) => q,
         Err(e) => return ctx.enc.error(e),
     };
-    let Ok(z) = load_or_empty::<ZSet>(ctx, args[2]) else {
+    let Ok(mut entries) = selected(ctx, args[2], &q) else {
         return;
     };
-    let picks = select(&z, &q.by, q.rev, q.limit);
-    let mut out = ZSet::default();
-    for i in picks {
-        out.insert(z.entries[i].0, &z.entries[i].1);
-    }
+    entries.sort_by(ramlog_proto::types::zset_order);
+    let out = ZSet { entries };
     if store(ctx, args[1], &out).is_ok() {
         ctx.enc.integer(out.entries.len() as i64)
     }
@@ -524,10 +835,7 @@ pub(super) fn cmd_zcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (Some(min), Some(max)) = (parse_score_bound(args[2]), parse_score_bound(args[3])) else {
         return ctx.enc.error(ERR_MINMAX_FLOAT);
     };
-    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
-        let n = select(&z, &By::Score(min, max), false, None).len();
-        ctx.enc.integer(n as i64)
-    }
+    count(ctx, args[1], By::Score(min, max))
 }
 
 /// ZLEXCOUNT key min max
@@ -535,13 +843,42 @@ pub(super) fn cmd_zlexcount(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let (Some(min), Some(max)) = (parse_lex_bound(args[2]), parse_lex_bound(args[3])) else {
         return ctx.enc.error(ERR_MINMAX_LEX);
     };
-    if let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) {
-        let n = select(&z, &By::Lex(min, max), false, None).len();
+    count(ctx, args[1], By::Lex(min, max))
+}
+
+/// ZCOUNT and ZLEXCOUNT.
+fn count(ctx: &mut Ctx<'_>, key: &[u8], by: By) {
+    match on_large(ctx, key, |ctx, tree, _| bounds(ctx, tree, &by)) {
+        Err(Replied) => return,
+        Ok(Some((lo, hi))) => return ctx.enc.integer((hi - lo) as i64),
+        Ok(None) => {}
+    }
+    if let Ok(z) = load_or_empty::<ZSet>(ctx, key) {
+        let n = select(&z, &by, false, None).len();
         ctx.enc.integer(n as i64)
     }
 }
 
 fn remove_range(ctx: &mut Ctx<'_>, key: &[u8], by: By) {
+    let large = large_zset::on_large(ctx, key, true, |ctx, place, large| {
+        let picked = large_zset::read(ctx, place, large, |ctx, tree| {
+            select_large(ctx, tree, &by, false, None)
+        })?;
+        if picked.is_empty() {
+            return Ok(Ok(0));
+        }
+        let members: Vec<&[u8]> = picked.iter().map(|e| e.1.as_slice()).collect();
+        Ok(
+            large_zset::change(ctx, place, large, &members, |_, _| Ok(Some(None)))?
+                .map(|_| picked.len() as i64),
+        )
+    });
+    match large {
+        Err(Replied) => return,
+        Ok(Some(Ok(n))) => return ctx.enc.integer(n),
+        Ok(Some(Err(message))) => return ctx.enc.error(&message),
+        Ok(None) => {}
+    }
     if let Ok(n) = update::<ZSet, i64>(ctx, key, |z, _| {
         let mut picks = select(z, &by, false, None);
         picks.sort_unstable();
@@ -587,18 +924,7 @@ fn zpop(ctx: &mut Ctx<'_>, args: &[&[u8]], max: bool) {
     if args.len() > 3 {
         return ctx.enc.error(ERR_SYNTAX);
     }
-    let popped = update::<ZSet, Vec<(f64, Vec<u8>)>>(ctx, args[1], |z, _| {
-        let n = count.unwrap_or(1).min(z.entries.len());
-        let out: Vec<(f64, Vec<u8>)> = if max {
-            let at = z.entries.len() - n;
-            z.entries.drain(at..).rev().collect()
-        } else {
-            z.entries.drain(..n).collect()
-        };
-        let changed = !out.is_empty();
-        Ok((out, changed))
-    });
-    let Ok(popped) = popped else {
+    let Ok(popped) = pop(ctx, args[1], count.unwrap_or(1), max) else {
         return;
     };
     if count.is_some() && ctx.enc.resp3() {
@@ -639,6 +965,19 @@ pub(super) fn cmd_zrandmember(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         Some(o) if eq_ignore_case(o, "withscores") && args.len() == 4 => true,
         Some(_) => return ctx.enc.error(ERR_SYNTAX),
     };
+    let large = large_zset::on_large(ctx, args[1], false, |ctx, place, large| {
+        large_zset::random(ctx, place, large, count.unwrap_or(1))
+    });
+    match large {
+        Err(Replied) => return,
+        Ok(Some(picked)) => {
+            return match count {
+                None => ctx.enc.bulk_or_null(picked.first().map(|e| e.1.as_slice())),
+                Some(_) => reply_owned(ctx, &picked, with_scores),
+            }
+        }
+        Ok(None) => {}
+    }
     let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
         return;
     };
@@ -660,6 +999,27 @@ pub(super) fn cmd_zscan(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let Ok(opts) = parse_scan_options(ctx, args, false) else {
         return;
     };
+    let large = large_zset::on_large(ctx, args[1], false, |ctx, place, large| {
+        large_zset::scan(ctx, place, large, opts.cursor, opts.count)
+    });
+    match large {
+        Err(Replied) => return,
+        Ok(Some((next, found))) => {
+            let hits: Vec<&ZEntry> = found
+                .iter()
+                .filter(|(_, m)| scan_matches(opts.pattern, m))
+                .collect();
+            ctx.enc.array(2);
+            ctx.enc.bulk(next.to_string().as_bytes());
+            ctx.enc.array(hits.len() * 2);
+            for (s, m) in hits {
+                ctx.enc.bulk(m);
+                ctx.enc.bulk(float_text(*s).as_bytes());
+            }
+            return;
+        }
+        Ok(None) => {}
+    }
     let Ok(z) = load_or_empty::<ZSet>(ctx, args[1]) else {
         return;
     };
@@ -685,17 +1045,7 @@ fn bzpop(ctx: &mut Ctx<'_>, args: &[&[u8]], max: bool) {
         return ctx.enc.error(e);
     }
     for key in &args[1..args.len() - 1] {
-        let popped = update::<ZSet, Option<(f64, Vec<u8>)>>(ctx, key, |z, _| {
-            let e = if z.entries.is_empty() {
-                None
-            } else if max {
-                z.entries.pop()
-            } else {
-                Some(z.entries.remove(0))
-            };
-            let changed = e.is_some();
-            Ok((e, changed))
-        });
+        let popped = pop(ctx, key, 1, max).map(|mut out| out.pop());
         match popped {
             Ok(Some((score, member))) => {
                 ctx.enc.array(3);
@@ -760,8 +1110,11 @@ fn load_scored(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Vec<(f64, Vec<u8>)>, Rep
         return Ok(Vec::new());
     };
     if ramlog_proto::types::kind_of(&o.value) == Ok(ramlog_proto::types::Kind::Set) {
-        let s = decode_as::<ramlog_proto::types::Set>(ctx, &o.value)?;
+        let s = load_or_empty::<ramlog_proto::types::Set>(ctx, key)?;
         return Ok(s.members.into_iter().map(|m| (1.0, m)).collect());
+    }
+    if ramlog_proto::types::is_large(&o.value) {
+        return Ok(load_or_empty::<ZSet>(ctx, key)?.entries);
     }
     Ok(decode_as::<ZSet>(ctx, &o.value)?.entries)
 }
@@ -978,17 +1331,7 @@ fn zmpop(ctx: &mut Ctx<'_>, args: &[&[u8]], at: usize) {
         return;
     };
     for key in &args[at + 1..at + 1 + n] {
-        let popped = update::<ZSet, Vec<(f64, Vec<u8>)>>(ctx, key, |z, _| {
-            let k = count.min(z.entries.len());
-            let out: Vec<(f64, Vec<u8>)> = if max {
-                let from = z.entries.len() - k;
-                z.entries.drain(from..).rev().collect()
-            } else {
-                z.entries.drain(..k).collect()
-            };
-            let changed = !out.is_empty();
-            Ok((out, changed))
-        });
+        let popped = pop(ctx, key, count, max);
         match popped {
             Ok(out) if out.is_empty() => {}
             Ok(out) => {

@@ -10,7 +10,8 @@
 //!   memory the load added (Redis's `used_memory`; ramlog's live log bytes and index), divided
 //!   by the elements;
 //! - HSET of existing fields on a large hash ÷ the same on a 10-field hash, time per op (one
-//!   client, pipelined 16 deep).
+//!   client, pipelined 16 deep); and ZADD of existing members with new scores on a large sorted
+//!   set ÷ the same on a 10-member one.
 //!
 //! With its default keys, redis-benchmark sets one field of one hash and adds one member to one
 //! set; its list tests push to and pop from one list (`mylist`), which grows to the run's
@@ -320,10 +321,11 @@ fn memory_rows(
     Ok(())
 }
 
-/// Microseconds per HSET of an existing field (a new value), one client pipelining 16 at a
-/// time, on a hash of `fields` fields.
-fn hset_us(port: u16, key: &str, fields: u64, ops: u64) -> anyhow::Result<f64> {
-    let fill = build_commands("hash", 1, fields)
+/// Microseconds per update of an existing element (HSET of a field with a new value; ZADD of a
+/// member with a new score, which moves it in the order), one client pipelining 16 at a time,
+/// on a collection of `kind` ("hash" or "zset") of `elements` elements.
+fn update_us(port: u16, kind: &str, key: &str, elements: u64, ops: u64) -> anyhow::Result<f64> {
+    let fill = build_commands(kind, 1, elements)
         .into_iter()
         .map(|mut c| {
             c[1] = key.as_bytes().to_vec();
@@ -333,12 +335,21 @@ fn hset_us(port: u16, key: &str, fields: u64, ops: u64) -> anyhow::Result<f64> {
     pipeline(port, &fill)?;
     let commands: Vec<Vec<Vec<u8>>> = (0..ops)
         .map(|i| {
-            vec![
-                b"HSET".to_vec(),
-                key.as_bytes().to_vec(),
-                format!("field:{}", (i * 7919) % fields).into_bytes(),
-                format!("value:{i}").into_bytes(),
-            ]
+            let at = (i * 7919) % elements;
+            match kind {
+                "hash" => vec![
+                    b"HSET".to_vec(),
+                    key.as_bytes().to_vec(),
+                    format!("field:{at}").into_bytes(),
+                    format!("value:{i}").into_bytes(),
+                ],
+                _ => vec![
+                    b"ZADD".to_vec(),
+                    key.as_bytes().to_vec(),
+                    ((i * 104_729) % elements).to_string().into_bytes(),
+                    format!("member:{at}").into_bytes(),
+                ],
+            }
         })
         .collect();
     let started = Instant::now();
@@ -347,7 +358,8 @@ fn hset_us(port: u16, key: &str, fields: u64, ops: u64) -> anyhow::Result<f64> {
 }
 
 /// HSET on a large hash ÷ HSET on a 10-field hash, per op: a hash of 1 M fields (100,000 in a
-/// quick run).
+/// quick run); the same for ZADD on a sorted set of as many members (no target in the issue;
+/// reported beside it).
 fn hset_scaling_rows(
     sizes: &Sizes,
     redis: &Peer,
@@ -355,24 +367,27 @@ fn hset_scaling_rows(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     let large = sizes.hset_fields;
-    for peer in [redis, ramlog] {
-        let small = hset_us(peer.port, "hset:small", 10, sizes.hset_ops)?;
-        let big = hset_us(peer.port, "hset:large", large, sizes.hset_ops)?;
-        let row = Row::versus(
-            format!(
-                "{}_hset_{}k_fields_vs_10_us_per_op",
-                peer.name,
-                large / 1000
-            ),
-            big,
-            "us",
-            small,
-        );
-        report.push(if peer.name == "ramlog" {
-            row.with_target(Target::at_most(2.0))
-        } else {
-            row
-        });
+    for (kind, command) in [("hash", "hset"), ("zset", "zadd")] {
+        for peer in [redis, ramlog] {
+            let small = update_us(peer.port, kind, &format!("{command}:small"), 10, sizes.hset_ops)?;
+            let big = update_us(peer.port, kind, &format!("{command}:large"), large, sizes.hset_ops)?;
+            let row = Row::versus(
+                format!(
+                    "{}_{command}_{}k_{}_vs_10_us_per_op",
+                    peer.name,
+                    large / 1000,
+                    if kind == "hash" { "fields" } else { "members" }
+                ),
+                big,
+                "us",
+                small,
+            );
+            report.push(if peer.name == "ramlog" && kind == "hash" {
+                row.with_target(Target::at_most(2.0))
+            } else {
+                row
+            });
+        }
     }
     Ok(())
 }

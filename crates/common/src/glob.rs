@@ -35,6 +35,9 @@ fn glob<const NOCASE: bool>(pattern: &[u8], text: &[u8]) -> bool {
     let (mut p, mut t) = (0usize, 0usize);
     // (pattern index just after the last star run, text index that star's match ends at).
     let mut star: Option<(usize, usize)> = None;
+    // Star runs passed: Redis gives up on a pattern past 1 000 of them (its recursion's guard
+    // against abusive patterns), so the same patterns match nothing here.
+    let mut runs = 0u32;
     while t < text.len() {
         if p < pattern.len() {
             let c = text[t];
@@ -45,6 +48,10 @@ fn glob<const NOCASE: bool>(pattern: &[u8], text: &[u8]) -> bool {
                     }
                     if p == pattern.len() {
                         return true;
+                    }
+                    runs += 1;
+                    if runs > STAR_RUNS_MAX {
+                        return false;
                     }
                     star = Some((p, t));
                     continue;
@@ -91,6 +98,9 @@ fn glob<const NOCASE: bool>(pattern: &[u8], text: &[u8]) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
+/// The most star runs a pattern may pass before it matches nothing (Redis's nesting limit).
+const STAR_RUNS_MAX: u32 = 1000;
+
 /// Matches byte `c` against the class opening at `pattern[p] == b'['`; returns (matched, index
 /// just after the class). Follows Redis's loop step for step (escape, `]`, end, range, literal).
 fn class_match<const NOCASE: bool>(pattern: &[u8], p: usize, c: u8) -> (bool, usize) {
@@ -128,6 +138,18 @@ fn class_match<const NOCASE: bool>(pattern: &[u8], p: usize, c: u8) -> (bool, us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_past_a_thousand_star_runs_match_nothing_as_in_redis() {
+        let text = vec![b'a'; 50_000];
+        assert!(!glob_match(&b"*?".repeat(50_000), &text));
+        assert!(glob_match(&b"*a".repeat(1000), &text));
+        assert!(!glob_match(&b"*a".repeat(1001), &text));
+        // A trailing star matches before Redis's guard is reached.
+        let mut last = b"*a".repeat(1000);
+        last.push(b'*');
+        assert!(glob_match(&last, &text));
+    }
 
     #[test]
     fn glob_like_redis() {

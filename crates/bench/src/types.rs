@@ -369,8 +369,20 @@ fn hset_scaling_rows(
     let large = sizes.hset_fields;
     for (kind, command) in [("hash", "hset"), ("zset", "zadd")] {
         for peer in [redis, ramlog] {
-            let small = update_us(peer.port, kind, &format!("{command}:small"), 10, sizes.hset_ops)?;
-            let big = update_us(peer.port, kind, &format!("{command}:large"), large, sizes.hset_ops)?;
+            let small = update_us(
+                peer.port,
+                kind,
+                &format!("{command}:small"),
+                10,
+                sizes.hset_ops,
+            )?;
+            let big = update_us(
+                peer.port,
+                kind,
+                &format!("{command}:large"),
+                large,
+                sizes.hset_ops,
+            )?;
             let row = Row::versus(
                 format!(
                     "{}_{command}_{}k_{}_vs_10_us_per_op",

@@ -415,6 +415,44 @@ def test_a_blocked_client_that_leaves_takes_nothing_and_pipelined_requests_follo
     assert p.execute() == [None]
 
 
+def test_blocked_clients_are_served_in_the_order_they_blocked(blocking_target):
+    """Four clients block on one key, one after another (BLPOP, and BZPOPMIN on a sorted set);
+    one write then gives three elements: the first three to block get them in that order, and
+    the fourth still waits. Through the routing port too, where the key's master is another
+    server and the clients queue at the routing server."""
+    make, port = blocking_target
+    pusher = make()
+    for key, block, give in [
+        ("{q}", lambda c: c.blpop(["{q}"], timeout=5), lambda: pusher.rpush("{q}", "a", "b", "c")),
+        ("{q}z", lambda c: c.bzpopmin(["{q}z"], timeout=5),
+         lambda: pusher.zadd("{q}z", {"a": 1, "b": 2, "c": 3})),
+    ]:
+        got = {}
+
+        def run(i, c):
+            got[i] = block(c)
+
+        threads = []
+        for i in range(4):
+            t = threading.Thread(target=run, args=(i, make()))
+            t.start()
+            threads.append(t)
+            # Each client is blocked before the next one blocks.
+            assert wait_until(lambda: blocked_clients(pusher) >= i + 1, timeout=5)
+        give()
+        for t in threads[:3]:
+            t.join(timeout=10)
+        firsts = [got.get(i) for i in range(3)]
+        assert [r[1] for r in firsts] == [b"a", b"b", b"c"], (key, firsts)
+        assert 3 not in got, "the fourth client took something"
+        threads[3].join(timeout=10)
+        assert got.get(3) is None
+
+
+def blocked_clients(c):
+    return int(c.info("clients")["blocked_clients"])
+
+
 @pytest.mark.parametrize("where", ["standalone", "cluster"])
 def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
     if where == "standalone":

@@ -241,6 +241,14 @@ impl Router<'_> {
         {
             return self.local(round, args);
         }
+        // A script this server runs has run long: the routing port is busy as the one server
+        // its client believes it talks to would be, and answers `-BUSY` here (EXEC: the
+        // transaction is discarded), except for the commands Redis serves meanwhile.
+        if crate::front::commands::script_busy(self.node)
+            && !crate::front::commands::allows_busy(Some(spec), args)
+        {
+            return self.local(round, args);
+        }
         if spec.name == "exec" && in_multi && !self.session.multi_failed {
             let queued = self.session.multi.take().unwrap_or_default();
             let parts = queued
@@ -719,7 +727,34 @@ async fn routed_blocking(
         && args[1..args.len() - 1]
             .iter()
             .any(|k| ramlog_common::key_slot(k) != ramlog_common::key_slot(args[1]));
+    // This server's routing-port clients blocked on these keys queue in the order they blocked;
+    // only the first on a key tries the master, and passes the turn when it leaves.
+    let keys: Vec<Vec<u8>> = match crate::front::commands::lookup(args[0]) {
+        Some(spec) => command_keys(spec, args).map(<[u8]>::to_vec).collect(),
+        None => Vec::new(),
+    };
+    let mut queued: Option<Queued> = None;
+    let mut null_reply: Vec<u8> = Vec::new();
     loop {
+        let turn = queued
+            .as_ref()
+            .is_none_or(|q| node.routed_waiters.is_first(&q.keys, &q.notify));
+        if !turn {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                out.extend_from_slice(&null_reply);
+                return Ok(());
+            }
+            let notify = queued.as_ref().map(|q| q.notify.clone());
+            pause(
+                deadline,
+                QUEUED_RECHECK,
+                notify.as_deref(),
+                stream,
+                read_ahead,
+            )
+            .await?;
+            continue;
+        }
         if per_key {
             let timeout = args[args.len() - 1];
             for key in &args[1..args.len() - 1] {
@@ -751,9 +786,47 @@ async fn routed_blocking(
         if ends || deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(());
         }
+        if queued.is_none() {
+            null_reply = out[before..].to_vec();
+            let q = Queued {
+                node: &node,
+                keys: keys.clone(),
+                notify: Arc::new(tokio::sync::Notify::new()),
+            };
+            node.routed_waiters.register(&q.keys, &q.notify);
+            queued = Some(q);
+        }
         blocked.get_or_insert_with(|| Blocked::new(&node));
         out.truncate(before);
-        pause(deadline, ROUTED_RETRY_INTERVAL, None, stream, read_ahead).await?;
+        let notify = queued.as_ref().map(|q| q.notify.clone());
+        pause(
+            deadline,
+            ROUTED_RETRY_INTERVAL,
+            notify.as_deref(),
+            stream,
+            read_ahead,
+        )
+        .await?;
+    }
+}
+
+/// How often a routing-port client that waits behind others on its keys looks again whether
+/// its turn came (a client ahead that leaves wakes it at once).
+const QUEUED_RECHECK: Duration = Duration::from_millis(500);
+
+/// A routing-port client's place in [`Node::routed_waiters`]: when it leaves (served, timed
+/// out, closed), the next client on each of its keys gets the turn.
+struct Queued<'a> {
+    node: &'a Node,
+    keys: Vec<Vec<u8>>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.node
+            .routed_waiters
+            .unregister_and_pass(&self.keys, &self.notify);
     }
 }
 

@@ -102,6 +102,8 @@ pub struct Node {
     pub keyspace: Keyspace,
     pub metrics: Metrics,
     pub started: Instant,
+    /// When SAVE last completed (seconds since the epoch; 0: never).
+    pub last_save_secs: std::sync::atomic::AtomicU64,
     addresses: Addresses,
     node_id: String,
     persistence: Option<Arc<Persistence>>,
@@ -118,6 +120,10 @@ pub struct Node {
     stopping: std::sync::atomic::AtomicBool,
     /// Clients blocked on keys (BLPOP and the other blocking commands).
     pub waiters: waiters::KeyWaiters,
+    /// Routing-port clients blocked on keys, in the order they blocked: only the first on a key
+    /// tries the key's master again (front/routing.rs), so this server's clients are served in
+    /// that order.
+    pub routed_waiters: waiters::KeyWaiters,
     /// Publish/subscribe on this server.
     pub pubsub: std::sync::Arc<pubsub::PubSub>,
     /// Striped locks that serialize this server's read-modify-writes of one key (collection
@@ -281,6 +287,7 @@ impl Node {
             keyspace,
             metrics: Metrics::default(),
             started: Instant::now(),
+            last_save_secs: Default::default(),
             addresses,
             node_id,
             persistence,
@@ -291,6 +298,7 @@ impl Node {
             process_base_bytes,
             stopping: std::sync::atomic::AtomicBool::new(false),
             waiters: Default::default(),
+            routed_waiters: Default::default(),
             pubsub: Default::default(),
             pubsub_broadcast: Default::default(),
             settings: Default::default(),
@@ -534,6 +542,23 @@ impl Node {
             .unwrap_or_else(|e| Err(format!("the durability wait failed: {e}")));
         waited.map_err(|reason| NodeError::WritesRefused { reason })?;
         Ok(refused)
+    }
+
+    /// SAVE: blocks until every write this server has taken is on its disk (the persistence
+    /// log fdatasync'd), and records the time for LASTSAVE. Err when there is no disk to save
+    /// to (persistence off) or the store failed. Run it off the async workers.
+    pub fn save_blocking(&self) -> Result<(), String> {
+        let Some(p) = &self.persistence else {
+            return Err("this server keeps nothing on disk (persistence off); start it with --persistence async or durable".into());
+        };
+        p.wait_durable_blocking()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.last_save_secs
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether [`Node::acknowledge`] has anything to wait for.

@@ -123,6 +123,16 @@ impl KeyWaiters {
         }
     }
 
+    /// Whether `notify` is the longest-waiting client on any of `keys`.
+    pub fn is_first(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) -> bool {
+        let map = self.keys.lock();
+        keys.iter().any(|k| {
+            map.get(k)
+                .and_then(|list| list.first())
+                .is_some_and(|n| Arc::ptr_eq(n, notify))
+        })
+    }
+
     /// Keys with blocked clients (INFO's `blocked_keys`).
     pub fn keys(&self) -> usize {
         self.count.load(Ordering::Acquire)

@@ -3,6 +3,7 @@
 import time
 
 import pytest
+import redis
 
 from conftest import Server
 
@@ -151,3 +152,37 @@ def test_tablet_count_is_recorded_adopted_and_enforced(tmp_path):
         assert tablets_of(fresh) == 64, "the default for a new deployment"
     finally:
         fresh.stop()
+
+
+def test_save_makes_every_write_durable_before_it_answers(tmp_path):
+    """SAVE under `async` persistence: its OK means every write before it is on disk, so a
+    kill -9 right after it loses none (without SAVE, `async` may lose the last 100 ms). LASTSAVE
+    gives its time; inside MULTI it is refused and EXEC aborts; without persistence it is an
+    error that says why."""
+    s = Server(tmp_path, ["--persistence", "async"])
+    c = s.client(decode_responses=True)
+    before = c.lastsave()
+    fill(c, 3000)
+    assert c.save() is True
+    assert c.lastsave() >= before
+    p = c.pipeline(transaction=True)
+    p.set("in-multi", "1")
+    p.execute_command("SAVE")
+    with pytest.raises(redis.ResponseError, match="not allowed inside a transaction"):
+        p.execute()
+    assert c.get("in-multi") is None
+    s.proc.kill()
+    s.proc.wait()
+    s2 = Server(tmp_path, ["--persistence", "async"])
+    try:
+        c2 = s2.client(decode_responses=True)
+        assert c2.dbsize() == 3000
+        assert c2.get("k2999") == "v2999"
+    finally:
+        s2.stop()
+    off = Server(tmp_path / "off")
+    try:
+        with pytest.raises(redis.ResponseError, match="persistence off"):
+            off.client().save()
+    finally:
+        off.stop()

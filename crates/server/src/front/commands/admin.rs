@@ -29,7 +29,30 @@ pub(super) fn cmd_time(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
     ctx.enc.bulk(now.subsec_micros().to_string().as_bytes());
 }
 
+/// SAVE: every write this server has taken is made durable on its disk (the persistence log
+/// fdatasync'd) before the reply, as Redis's SAVE returns once its snapshot is on disk. A
+/// cluster server's writes are on its tables' backups, as each table's mode promises.
+pub(super) fn cmd_save(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    if ctx.session.member().is_some() {
+        return ctx.enc.error(
+            "ERR SAVE is for a standalone server: a cluster server's writes are on its tables' backups as each table's mode (async, sync, durable) promises",
+        );
+    }
+    let node = ctx.node;
+    match super::off_the_runtime(|| node.save_blocking()) {
+        Ok(()) => ctx.enc.ok(),
+        Err(reason) => ctx.enc.error(&format!("ERR SAVE failed: {reason}")),
+    }
+}
+
 pub(super) fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
+    let saved = ctx
+        .node
+        .last_save_secs
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if saved > 0 {
+        return ctx.enc.integer(saved as i64);
+    }
     let started = std::time::SystemTime::now() - ctx.node.started.elapsed();
     let secs = started
         .duration_since(std::time::UNIX_EPOCH)

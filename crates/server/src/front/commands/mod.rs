@@ -95,6 +95,9 @@ pub struct Session {
     /// server), but each must be served here; one that is not (the router's map was newer or
     /// older than this server's) gets `-TRYAGAIN`.
     pub forwarded: bool,
+    /// A script's `redis.call` is running this session's commands (a subscribed connection's
+    /// limits are the client's, not its script's, as in Redis).
+    pub scripting: bool,
     /// Forwarded commands: the slots a command of this batch was refused for (`-TRYAGAIN`, or
     /// `-CLUSTERDOWN` past the lease). Later commands of the batch for them are refused too, so
     /// that the router, which sends refused commands again once the map names their master,
@@ -151,6 +154,7 @@ impl Session {
             multi_failed: false,
             routed: false,
             forwarded: false,
+            scripting: false,
             refused_slots: std::collections::HashSet::new(),
             readonly: false,
             watched: Vec::new(),
@@ -575,6 +579,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             &[],
             Op::Other,
             cmd_time
+        ),
+        spec!(
+            "save",
+            1,
+            &["admin", "noscript", "no_async_loading", "no_multi"],
+            0,
+            0,
+            0,
+            &["@admin", "@slow", "@dangerous"],
+            Op::Other,
+            cmd_save
         ),
         spec!(
             "lastsave",
@@ -1363,13 +1378,7 @@ impl<'a> Gate<'a> {
             } else if let Some(g) = node.script_gate.try_read_recursive_for(GATE_LOOK) {
                 break Some((Some(g), None));
             }
-            let threshold = node.settings.value("busy-reply-threshold").max(0) as u64;
-            if node
-                .scripts
-                .running
-                .running_for_ms(now_ms())
-                .is_some_and(|ms| ms >= threshold)
-            {
+            if script_busy(node) {
                 return None;
             }
         };
@@ -1400,6 +1409,36 @@ impl Drop for Gate<'_> {
     }
 }
 
+/// Whether a command is served while a script runs long (Redis's `allow-busy` commands): it
+/// touches no data (SCRIPT KILL and SHUTDOWN stop the script; the transaction and connection
+/// commands go on).
+pub(crate) fn allows_busy(spec: Option<&Spec>, args: &[&[u8]]) -> bool {
+    spec.is_some_and(|s| {
+        matches!(
+            s.name,
+            "shutdown"
+                | "multi"
+                | "discard"
+                | "watch"
+                | "unwatch"
+                | "auth"
+                | "hello"
+                | "quit"
+                | "reset"
+        ) || (s.name == "script" && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"kill")))
+    })
+}
+
+/// Whether a script on this server has run past `busy-reply-threshold` (other commands then
+/// answer `-BUSY`).
+pub(crate) fn script_busy(node: &Node) -> bool {
+    let threshold = node.settings.value("busy-reply-threshold").max(0) as u64;
+    node.scripts
+        .running
+        .running_for_ms(now_ms())
+        .is_some_and(|ms| ms >= threshold)
+}
+
 /// Runs one request and appends its reply to `out`.
 pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec<u8>) {
     debug_assert!(!args.is_empty());
@@ -1417,20 +1456,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     // Commands that touch no data take no part in the gate, so that they are served while a
     // script runs long (Redis's `allow-busy` commands): SCRIPT KILL and SHUTDOWN stop the script,
     // the transaction and connection commands go on.
-    let allow_busy = spec.is_some_and(|s| {
-        matches!(
-            s.name,
-            "shutdown"
-                | "multi"
-                | "discard"
-                | "watch"
-                | "unwatch"
-                | "auth"
-                | "hello"
-                | "quit"
-                | "reset"
-        ) || (s.name == "script" && args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"kill")))
-    });
+    let allow_busy = allows_busy(spec, args);
     let gate = if allow_busy {
         Gate::none(false)
     } else {
@@ -1714,6 +1740,7 @@ fn run_checked(
     // RESP2: a subscribed connection takes only the pub/sub commands, PING, QUIT and RESET.
     if ctx.session.subscribed()
         && ctx.session.protocol == 2
+        && !ctx.session.scripting
         && !matches!(
             spec.name,
             "subscribe"
@@ -1732,7 +1759,11 @@ fn run_checked(
             spec.name
         ));
     }
-    if ctx.session.subscribed() && ctx.session.protocol == 2 && spec.name == "ping" {
+    if ctx.session.subscribed()
+        && ctx.session.protocol == 2
+        && !ctx.session.scripting
+        && spec.name == "ping"
+    {
         // A subscribed RESP2 connection's PING answers ["pong", message].
         ctx.enc.array(2);
         ctx.enc.bulk(b"pong");

@@ -247,6 +247,7 @@ fn run_in(
     let node = ctx.node;
     let protocol = ctx.session.protocol;
     ctx.session.protocol = 2;
+    ctx.session.scripting = true;
     let session = RefCell::new(&mut *ctx.session);
     let result = lua.scope(|scope| {
         let command = scope.create_function(|lua, params: MultiValue| {
@@ -259,6 +260,7 @@ fn run_in(
         out
     });
     ctx.session.protocol = protocol;
+    ctx.session.scripting = false;
     let (failed, value) = result?;
     if failed {
         let message = match value {

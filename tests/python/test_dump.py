@@ -151,3 +151,78 @@ def test_restore_on_the_routing_and_cluster_ports_survives_a_kill(tmp_path):
             assert value(routing, key) == expected, key
     finally:
         c.stop()
+
+
+def test_migrate_moves_keys_between_redis_and_ramlog_both_ways(tmp_path, redis_peer):  # noqa: F811
+    """MIGRATE from ramlog to redis-server (one key, KEYS with every type, COPY, REPLACE, AUTH,
+    a TTL, +NOKEY, the target's BUSYKEY), and redis-server's own MIGRATE into ramlog: the values
+    and TTLs arrive, and the source keeps a key only with COPY or when the target refused it.
+    Then from a cluster, through the routing port, of a key another server masters."""
+    s = Server(tmp_path / "standalone")
+    try:
+        ours = s.client()
+        fill(ours)
+        want = {k: value(ours, k) for k in KEYS}
+        target = redis_peer.connection_pool.connection_kwargs["port"]
+        # One key; then the rest with KEYS, copies first.
+        assert ours.execute_command("MIGRATE", "127.0.0.1", target, "s", 0, 5000) == b"OK"
+        assert ours.exists("s") == 0
+        rest = [k for k in KEYS if k != "s"]
+        assert ours.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "COPY",
+                                    "KEYS", *rest) == b"OK"
+        assert ours.exists(*rest) == len(rest)
+        for k in KEYS:
+            assert value(redis_peer, k) == want[k], k
+        assert 45_000 < redis_peer.pttl("ttl") <= 50_000
+        # The target holds them now: BUSYKEY, unless REPLACE.
+        err = reply(ours, "MIGRATE", "127.0.0.1", target, "n", 0, 5000)
+        assert err[0] == "error" and "Target instance replied with error: BUSYKEY" in err[1]
+        assert ours.exists("n") == 1
+        ours.set("n", "changed")
+        assert ours.execute_command("MIGRATE", "127.0.0.1", target, "n", 0, 5000, "REPLACE") == b"OK"
+        assert redis_peer.get("n") == b"changed" and ours.exists("n") == 0
+        assert ours.execute_command("MIGRATE", "127.0.0.1", target, "absent", 0, 5000) == b"NOKEY"
+        # A closed port: IOERR, and the key stays.
+        err = reply(ours, "MIGRATE", "127.0.0.1", 1, "neg", 0, 500)
+        assert err[0] == "error" and err[1].startswith("IOERR")
+        assert ours.exists("neg") == 1
+        # AUTH: a target that asks for a password.
+        redis_peer.config_set("requirepass", "pw")
+        try:
+            err = reply(ours, "MIGRATE", "127.0.0.1", target, "neg", 0, 5000, "REPLACE")
+            assert err[0] == "error" and "NOAUTH" in err[1]
+            assert ours.execute_command("MIGRATE", "127.0.0.1", target, "neg", 0, 5000, "REPLACE",
+                                        "AUTH", "pw") == b"OK"
+        finally:
+            redis_peer.execute_command("AUTH", "pw")
+            redis_peer.config_set("requirepass", "")
+        # Redis's own MIGRATE into ramlog.
+        ours.flushall()
+        assert redis_peer.execute_command("MIGRATE", "127.0.0.1", s.port, "", 0, 5000, "KEYS",
+                                          *[k for k in KEYS if k != "neg"]) == b"OK"
+        for k in KEYS:
+            if k not in ("neg",):
+                assert value(ours, k) == (want[k] if k != "n" else ("string", b"changed")), k
+        assert 40_000 < ours.pttl("ttl") <= 50_000
+    finally:
+        s.stop()
+    c = Cluster(tmp_path / "cluster")
+    try:
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+        redis_peer.flushall()
+        keys = [f"{{m}}k{i}" for i in range(50)]
+        for k in keys:
+            rc.set(k, k)
+        rc.rpush("{m}list", *range(3000))
+        st = status(c)
+        master = master_of(c, st, b"{m}")
+        routing = redis.Redis(port=c.servers[(master + 1) % len(c.servers)].routing, socket_timeout=10)
+        assert routing.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS",
+                                       *keys, "{m}list") == b"OK"
+        assert routing.exists(*keys, "{m}list") == 0
+        assert [redis_peer.get(k) for k in keys] == [k.encode() for k in keys]
+        assert redis_peer.lrange("{m}list", 0, -1) == [str(i).encode() for i in range(3000)]
+        err = reply(routing, "MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", "{m}a", "{n}b")
+        assert err[0] == "error" and "same slot" in err[1]
+    finally:
+        c.stop()

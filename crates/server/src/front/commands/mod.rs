@@ -305,6 +305,28 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
         spec!("dump", 2, R, 1, 1, 1, k, Op::Get, dump::cmd_dump),
         spec!("restore", -4, W, 1, 1, 1, k, Op::Set, dump::cmd_restore),
         spec!(
+            "restore-asking",
+            -4,
+            &["write", "denyoom", "asking"],
+            1,
+            1,
+            1,
+            k,
+            Op::Set,
+            dump::cmd_restore
+        ),
+        spec!(
+            "migrate",
+            -6,
+            &["write", "movablekeys"],
+            3,
+            3,
+            1,
+            k,
+            Op::Other,
+            dump::cmd_migrate
+        ),
+        spec!(
             "randomkey",
             1,
             &["readonly"],
@@ -1602,6 +1624,12 @@ pub fn command_keys<'a, 'b>(
 fn key_positions(spec: &Spec, args: &[&[u8]]) -> (Option<usize>, usize, usize, usize) {
     if spec.name == "sort" {
         return (sort::store_position(args), 1, 2.min(args.len()), 1);
+    }
+    if spec.name == "migrate" {
+        return match dump::migrate_keys(args) {
+            Some((first, end)) => (None, first, end, 1),
+            None => (None, 0, 0, 1),
+        };
     }
     if spec.name == "xread" {
         return match streams::xread_streams(args) {

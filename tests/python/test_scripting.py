@@ -69,6 +69,20 @@ return 0""", ["ck", "l"], ["token", "60"]),
     ("return {bit.band(0xff, 0x0f, 0x3), bit.bor(1, 2, 4), bit.bxor(5, 3), bit.bnot(0)}", [], []),
     ("return {bit.lshift(1, 31), bit.rshift(-1, 28), bit.arshift(-256, 4), bit.lshift(1, 33)}", [], []),
     ("return {bit.rol(0x12345678, 8), bit.ror(0x12345678, 8), bit.bswap(0x12345678)}", [], []),
+    # The struct library: sizes, endianness, alignment, strings, and the errors.
+    ("return struct.pack('>iH<d s c3 b', 7, 513, 1.5, 'hi', 'abcdef', -2)", [], []),
+    ("return {struct.unpack('>iH<d s c3 b', struct.pack('>iH<d s c3 b', 7, 513, 1.5, 'hi', 'abcdef', -2))}", [], []),
+    ("return {struct.pack('!4 b i I2 l', 1, -5, 65535, -1), struct.size('!4 b i I2 l'), struct.size('!bd')}", [], []),
+    ("return {struct.unpack('<i8 I3 B h', struct.pack('<i8 I3 B h', -9, 70000, 200, -300))}", [], []),
+    ("return {struct.unpack('b c0 x', struct.pack('b c0 x', 3, 'xyz'))}", [], []),
+    ("return {struct.unpack('>I4', 'abcdefgh', 5)}", [], []),
+    ("return struct.pack('f', 0.25)", [], []),
+    ("return {struct.unpack('s', 'abc')}", [], []),
+    ("return {struct.unpack('i', 'ab')}", [], []),
+    ("return struct.pack('z', 1)", [], []),
+    ("return struct.size('s')", [], []),
+    ("return struct.pack('!3 i', 1)", [], []),
+    ("return struct.pack('i33', 1)", [], []),
 ]
 
 

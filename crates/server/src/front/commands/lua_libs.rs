@@ -65,7 +65,407 @@ pub(super) fn install(lua: &Lua) -> mlua::Result<()> {
         })?,
     )?;
     lua.globals().set("cmsgpack", cmsgpack)?;
-    install_bit(lua)
+    install_bit(lua)?;
+    install_struct(lua)
+}
+
+/// The `struct` library Redis bundles (Roberto Ierusalimschy's lua_struct): `pack`, `unpack`
+/// and `size` of binary records with C's sizes on a 64-bit machine (`l`, `L` and `T` take 8
+/// bytes), little-endian unless `>`, no alignment unless `!`.
+fn install_struct(lua: &Lua) -> mlua::Result<()> {
+    let t = lua.create_table()?;
+    t.set(
+        "pack",
+        lua.create_function(|lua, args: MultiValue| {
+            let mut args = args.into_iter();
+            let packed = struct_string(args.next(), 1, "pack").and_then(|fmt| {
+                let rest: Vec<Value> = args.collect();
+                struct_pack(&fmt, &rest)
+            });
+            lua.create_string(&packed.map_err(|m| struct_raise(lua, m))?)
+        })?,
+    )?;
+    t.set(
+        "unpack",
+        lua.create_function(|lua, args: MultiValue| {
+            let mut args = args.into_iter();
+            let unpacked = (|| {
+                let fmt = struct_string(args.next(), 1, "unpack")?;
+                let data = struct_string(args.next(), 2, "unpack")?;
+                let pos = match args.next() {
+                    None | Some(Value::Nil) => 1.0,
+                    Some(v) => struct_number(&v, 3, "unpack")?,
+                };
+                struct_unpack(lua, &fmt, &data, pos)
+            })();
+            Ok(MultiValue::from_iter(
+                unpacked.map_err(|m| struct_raise(lua, m))?,
+            ))
+        })?,
+    )?;
+    t.set(
+        "size",
+        lua.create_function(|lua, fmt: Value| {
+            let size = struct_string(Some(fmt), 1, "size").and_then(|f| struct_size(&f));
+            Ok(size.map_err(|m| struct_raise(lua, m))? as f64)
+        })?,
+    )?;
+    lua.globals().set("struct", t)?;
+    Ok(())
+}
+
+/// lua_struct's errors as `luaL_error` raises them: prefixed with the calling script's
+/// position (`user_script:1: `).
+fn struct_raise(lua: &Lua, message: String) -> mlua::Error {
+    let position = lua
+        .inspect_stack(1)
+        .filter(|d| d.curr_line() > 0)
+        .map(|d| {
+            let src = d
+                .source()
+                .short_src
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            format!("{src}:{}: ", d.curr_line())
+        })
+        .unwrap_or_default();
+    mlua::Error::external(format!("{position}{message}"))
+}
+
+/// Largest integer lua_struct packs, in bytes.
+const STRUCT_INT_MAX: usize = 32;
+/// Its default `!` alignment (a double's on x86-64).
+const STRUCT_ALIGN_MAX: usize = 8;
+
+fn struct_error(n: usize, f: &str, what: &str) -> String {
+    format!("bad argument #{n} to '{f}' ({what})")
+}
+
+/// luaL_checklstring: a string, or a number as Lua writes it.
+fn struct_string(v: Option<Value>, n: usize, f: &str) -> Result<Vec<u8>, String> {
+    match v {
+        Some(Value::String(s)) => Ok(s.as_bytes().to_vec()),
+        Some(Value::Integer(i)) => Ok(i.to_string().into_bytes()),
+        Some(Value::Number(x)) => Ok(lua_number_text(x).into_bytes()),
+        Some(other) => Err(struct_error(
+            n,
+            f,
+            &format!("string expected, got {}", other.type_name()),
+        )),
+        None => Err(struct_error(n, f, "string expected, got no value")),
+    }
+}
+
+/// Lua 5.1's `%.14g` of a number.
+fn lua_number_text(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        let t = format!("{:.13e}", x);
+        match t.split_once('e') {
+            Some((m, e)) => {
+                let m = m.trim_end_matches('0').trim_end_matches('.');
+                let e: i32 = e.parse().unwrap_or(0);
+                if (-5..14).contains(&e) {
+                    format!("{}", x)
+                } else {
+                    format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+                }
+            }
+            None => t,
+        }
+    }
+}
+
+/// luaL_checknumber: a number, or a string that reads as one.
+fn struct_number(v: &Value, n: usize, f: &str) -> Result<f64, String> {
+    match v {
+        Value::Number(x) => Ok(*x),
+        Value::Integer(i) => Ok(*i as f64),
+        Value::String(s) => {
+            let text = s.to_str().map(|t| t.trim().to_string()).unwrap_or_default();
+            let parsed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+                Some(hex) => u64::from_str_radix(hex, 16).ok().map(|v| v as f64),
+                None => text.parse::<f64>().ok(),
+            };
+            parsed.ok_or_else(|| struct_error(n, f, "number expected, got string"))
+        }
+        other => Err(struct_error(
+            n,
+            f,
+            &format!("number expected, got {}", other.type_name()),
+        )),
+    }
+}
+
+/// A format being read, with its options.
+struct StructFormat<'a> {
+    fmt: &'a [u8],
+    at: usize,
+    little: bool,
+    align: usize,
+}
+
+impl<'a> StructFormat<'a> {
+    fn new(fmt: &'a [u8]) -> Self {
+        StructFormat {
+            fmt,
+            at: 0,
+            little: true,
+            align: 1,
+        }
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let c = self.fmt.get(self.at).copied()?;
+        self.at += 1;
+        Some(c)
+    }
+
+    fn number(&mut self, default: usize) -> Result<usize, String> {
+        if !self.fmt.get(self.at).is_some_and(u8::is_ascii_digit) {
+            return Ok(default);
+        }
+        let mut a: usize = 0;
+        while let Some(d) = self.fmt.get(self.at).filter(|d| d.is_ascii_digit()) {
+            let digit = usize::from(d - b'0');
+            if a > (i32::MAX as usize) / 10 || a * 10 > i32::MAX as usize - digit {
+                return Err("integral size overflow".to_string());
+            }
+            a = a * 10 + digit;
+            self.at += 1;
+        }
+        Ok(a)
+    }
+
+    /// `optsize`: the bytes an option takes (0 for the control options).
+    fn size(&mut self, opt: u8) -> Result<usize, String> {
+        Ok(match opt {
+            b'B' | b'b' | b'x' => 1,
+            b'H' | b'h' => 2,
+            b'L' | b'l' | b'T' | b'd' => 8,
+            b'f' => 4,
+            b'c' => self.number(1)?,
+            b'i' | b'I' => {
+                let n = self.number(4)?;
+                if n > STRUCT_INT_MAX {
+                    return Err(format!(
+                        "integral size {n} is larger than limit of {STRUCT_INT_MAX}"
+                    ));
+                }
+                n
+            }
+            _ => 0,
+        })
+    }
+
+    /// `gettoalign`: padding before an item of `size` at `len`.
+    fn padding(&self, len: usize, opt: u8, size: usize) -> usize {
+        if size == 0 || opt == b'c' {
+            return 0;
+        }
+        let size = size.min(self.align);
+        (size.wrapping_sub(len & (size - 1))) & (size - 1)
+    }
+
+    /// `controloptions`.
+    fn control(&mut self, opt: u8, f: &str) -> Result<(), String> {
+        match opt {
+            b' ' => {}
+            b'>' => self.little = false,
+            b'<' => self.little = true,
+            b'!' => {
+                let a = self.number(STRUCT_ALIGN_MAX)?;
+                if a == 0 || a & (a - 1) != 0 {
+                    return Err(format!("alignment {a} is not a power of 2"));
+                }
+                self.align = a;
+            }
+            other => {
+                return Err(struct_error(
+                    1,
+                    f,
+                    &format!("invalid format option '{}'", other as char),
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+fn struct_pack(fmt: &[u8], args: &[Value]) -> Result<Vec<u8>, String> {
+    let mut f = StructFormat::new(fmt);
+    let mut out = Vec::new();
+    let mut arg = 0usize;
+    let next_arg = |arg: &mut usize| -> (usize, Value) {
+        let v = args.get(*arg).cloned().unwrap_or(Value::Nil);
+        *arg += 1;
+        (*arg + 1, v)
+    };
+    while let Some(opt) = f.next() {
+        let mut size = f.size(opt)?;
+        let pad = f.padding(out.len(), opt, size);
+        out.resize(out.len() + pad, 0);
+        match opt {
+            b'b' | b'B' | b'h' | b'H' | b'l' | b'L' | b'T' | b'i' | b'I' => {
+                let (n, v) = next_arg(&mut arg);
+                let x = struct_number(&v, n, "pack")?;
+                let mut value: u64 = if x < 0.0 { x as i64 as u64 } else { x as u64 };
+                let mut bytes = vec![0u8; size];
+                for i in 0..size {
+                    let at = if f.little { i } else { size - 1 - i };
+                    bytes[at] = (value & 0xff) as u8;
+                    value = value.checked_shr(8).unwrap_or(0);
+                }
+                out.extend_from_slice(&bytes);
+            }
+            b'x' => out.push(0),
+            b'f' => {
+                let (n, v) = next_arg(&mut arg);
+                let x = struct_number(&v, n, "pack")? as f32;
+                out.extend_from_slice(&if f.little {
+                    x.to_le_bytes()
+                } else {
+                    x.to_be_bytes()
+                });
+            }
+            b'd' => {
+                let (n, v) = next_arg(&mut arg);
+                let x = struct_number(&v, n, "pack")?;
+                out.extend_from_slice(&if f.little {
+                    x.to_le_bytes()
+                } else {
+                    x.to_be_bytes()
+                });
+            }
+            b'c' | b's' => {
+                let (n, v) = next_arg(&mut arg);
+                let s = struct_string(Some(v), n, "pack")?;
+                if size == 0 {
+                    size = s.len();
+                }
+                if s.len() < size {
+                    return Err(struct_error(n + 1, "pack", "string too short"));
+                }
+                out.extend_from_slice(&s[..size]);
+                if opt == b's' {
+                    out.push(0);
+                }
+            }
+            other => f.control(other, "pack")?,
+        }
+    }
+    Ok(out)
+}
+
+fn struct_unpack(lua: &Lua, fmt: &[u8], data: &[u8], pos: f64) -> Result<Vec<Value>, String> {
+    if pos < 1.0 {
+        return Err(struct_error(3, "unpack", "offset must be 1 or greater"));
+    }
+    let mut pos = pos as usize - 1;
+    let mut f = StructFormat::new(fmt);
+    let mut out: Vec<Value> = Vec::new();
+    let too_short = || struct_error(2, "unpack", "data string too short");
+    while let Some(opt) = f.next() {
+        let mut size = f.size(opt)?;
+        pos += f.padding(pos, opt, size);
+        if size > data.len() || pos > data.len() - size {
+            return Err(too_short());
+        }
+        match opt {
+            b'b' | b'B' | b'h' | b'H' | b'l' | b'L' | b'T' | b'i' | b'I' => {
+                let bytes = &data[pos..pos + size];
+                let mut l: u64 = 0;
+                for i in 0..size {
+                    let b = if f.little {
+                        bytes[size - 1 - i]
+                    } else {
+                        bytes[i]
+                    };
+                    l = l.wrapping_shl(8) | u64::from(b);
+                }
+                let value = if opt.is_ascii_lowercase() {
+                    let mask = u64::MAX.wrapping_shl((size * 8).wrapping_sub(1) as u32);
+                    if l & mask != 0 {
+                        l |= mask;
+                    }
+                    l as i64 as f64
+                } else {
+                    l as f64
+                };
+                out.push(Value::Number(value));
+            }
+            b'x' => {}
+            b'f' => {
+                let raw: [u8; 4] = data[pos..pos + 4].try_into().expect("4 bytes");
+                let x = if f.little {
+                    f32::from_le_bytes(raw)
+                } else {
+                    f32::from_be_bytes(raw)
+                };
+                out.push(Value::Number(f64::from(x)));
+            }
+            b'd' => {
+                let raw: [u8; 8] = data[pos..pos + 8].try_into().expect("8 bytes");
+                let x = if f.little {
+                    f64::from_le_bytes(raw)
+                } else {
+                    f64::from_be_bytes(raw)
+                };
+                out.push(Value::Number(x));
+            }
+            b'c' => {
+                if size == 0 {
+                    size = match out.pop() {
+                        Some(Value::Number(n)) if n >= 0.0 => n as usize,
+                        Some(Value::Integer(n)) if n >= 0 => n as usize,
+                        _ => return Err("format 'c0' needs a previous size".to_string()),
+                    };
+                    if size > data.len() || pos > data.len() - size {
+                        return Err(too_short());
+                    }
+                }
+                out.push(Value::String(
+                    lua.create_string(&data[pos..pos + size])
+                        .map_err(|e| e.to_string())?,
+                ));
+            }
+            b's' => {
+                let Some(end) = data[pos..].iter().position(|&b| b == 0) else {
+                    return Err("unfinished string in data".to_string());
+                };
+                out.push(Value::String(
+                    lua.create_string(&data[pos..pos + end])
+                        .map_err(|e| e.to_string())?,
+                ));
+                size = end + 1;
+            }
+            other => f.control(other, "unpack")?,
+        }
+        pos += size;
+    }
+    out.push(Value::Number((pos + 1) as f64));
+    Ok(out)
+}
+
+fn struct_size(fmt: &[u8]) -> Result<usize, String> {
+    let mut f = StructFormat::new(fmt);
+    let mut pos = 0usize;
+    while let Some(opt) = f.next() {
+        let size = f.size(opt)?;
+        pos += f.padding(pos, opt, size);
+        if opt == b's' {
+            return Err(struct_error(1, "size", "option 's' has no fixed size"));
+        }
+        if opt == b'c' && size == 0 {
+            return Err(struct_error(1, "size", "option 'c0' has no fixed size"));
+        }
+        if !opt.is_ascii_alphanumeric() {
+            f.control(opt, "size")?;
+        }
+        pos += size;
+    }
+    Ok(pos)
 }
 
 /// LuaBitOp's conversion of a number to a 32-bit integer.

@@ -68,7 +68,9 @@ function __ramlog_run(f)
   local ok, r = pcall(f)
   if ok then return false, r end
   if type(r) == 'table' and type(r.err) == 'string' then return true, r.err end
-  return true, 'ERR ' .. tostring(r)
+  -- An error a library function (Rust) raised carries its stack traceback: Redis's do not.
+  local message = string.gsub(tostring(r), '\nstack traceback:.*$', '')
+  return true, 'ERR ' .. message
 end
 "#;
 

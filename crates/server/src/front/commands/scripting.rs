@@ -28,6 +28,8 @@ use crate::node::scripts::SCRIPT_BYTES_MAX;
 
 /// How often (in Lua instructions) a running script checks whether SCRIPT KILL asked it to stop.
 const KILL_CHECK_INSTRUCTIONS: u32 = 10_000;
+/// How often a long script hands its runtime worker's duties to another thread again.
+const HAND_OFF_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a script runs on a runtime worker before it hands the worker's duties to another
 /// thread.
 const LONG_SCRIPT: std::time::Duration = std::time::Duration::from_millis(2);
@@ -182,7 +184,7 @@ fn run(ctx: &mut Ctx<'_>, args: &[&[u8]], sha: &str, body: std::sync::Arc<[u8]>)
         running.start(now_ms());
         let stop = running.clone();
         let started = Instant::now();
-        let moved = std::cell::Cell::new(false);
+        let moved: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
         vm.lua.set_hook(
             HookTriggers::new().every_nth_instruction(KILL_CHECK_INSTRUCTIONS),
             move |_, _| {
@@ -191,10 +193,14 @@ fn run(ctx: &mut Ctx<'_>, args: &[&[u8]], sha: &str, body: std::sync::Arc<[u8]>)
                 }
                 // A script that runs long would stall the runtime worker it runs on, and with
                 // it the polling of every connection (so nobody could even be told -BUSY): it
-                // hands the worker's duties to another thread, once. The pause lets that thread
-                // take them before this one goes on without them.
-                if !moved.get() && started.elapsed() >= LONG_SCRIPT {
-                    moved.set(true);
+                // hands the worker's duties to another thread. The pause lets that thread take
+                // them before this one goes on without them; on a loaded machine it may not
+                // have, and this thread takes them back, so the hand-off is made again every
+                // HAND_OFF_EVERY (a thread that holds no worker's duties just pauses).
+                if started.elapsed() >= LONG_SCRIPT
+                    && moved.get().is_none_or(|at| at.elapsed() >= HAND_OFF_EVERY)
+                {
+                    moved.set(Some(Instant::now()));
                     off_the_runtime(|| std::thread::sleep(std::time::Duration::from_millis(1)));
                 }
                 Ok(VmState::Continue)

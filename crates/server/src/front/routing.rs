@@ -729,8 +729,14 @@ async fn routed_blocking(
             .any(|k| ramlog_common::key_slot(k) != ramlog_common::key_slot(args[1]));
     // This server's routing-port clients blocked on these keys queue in the order they blocked;
     // only the first on a key tries the master, and passes the turn when it leaves.
+    // The keys it waits on: BLMOVE's and BRPOPLPUSH's destination is not one of them.
+    let moves =
+        args[0].eq_ignore_ascii_case(b"blmove") || args[0].eq_ignore_ascii_case(b"brpoplpush");
     let keys: Vec<Vec<u8>> = match crate::front::commands::lookup(args[0]) {
-        Some(spec) => command_keys(spec, args).map(<[u8]>::to_vec).collect(),
+        Some(spec) => command_keys(spec, args)
+            .take(if moves { 1 } else { usize::MAX })
+            .map(<[u8]>::to_vec)
+            .collect(),
         None => Vec::new(),
     };
     let mut queued: Option<Queued> = None;

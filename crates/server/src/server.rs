@@ -205,6 +205,9 @@ impl Server {
 
     /// Stops accepting, closes every connection, and stops the engine's background threads.
     pub async fn shutdown(mut self) {
+        // A script that runs stops at its next check (as SHUTDOWN stops it): otherwise its
+        // connection's task never ends, and neither does the server.
+        self.node.scripts.running.stop();
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         self.node.stop().await;

@@ -668,10 +668,7 @@ pub(super) fn member_limit(ctx: &Ctx<'_>) -> usize {
 }
 
 fn member_too_large(ctx: &Ctx<'_>, len: usize) -> String {
-    format!(
-        "ERR a sorted-set member of {len} bytes is more than a large sorted set takes ({} bytes, a quarter of the value size limit); nothing was changed",
-        member_limit(ctx)
-    )
+    member_too_large_text(len, member_limit(ctx))
 }
 
 /// Changes members' scores: `edit(i, current)` for each of `members` in turn says what becomes

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 import redis
@@ -299,6 +300,19 @@ def test_durable_writes_survive_kill_9_of_every_server(tmp_path):
             redis.Redis(port=s.resp).info("replication")["ramlog_backup_side"]["frames"] for s in c.servers
         )
         assert syncs > 0
+        # /metrics breaks the backup stores' work down: durable writes made them flush and sync.
+        store = {}
+        for s in c.servers:
+            with urllib.request.urlopen(f"http://127.0.0.1:{s.admin}/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("ramlog_backup_store_") or line.startswith("ramlog_backup_syncs_requested"):
+                        name, value = line.split()
+                        store[name] = store.get(name, 0) + float(value)
+        assert store["ramlog_backup_syncs_requested_total"] > 0, store
+        assert store["ramlog_backup_store_flushes_total"] > 0, store
+        assert store["ramlog_backup_store_files_synced_total"] > 0, store
+        for part in ("process", "write", "sync"):
+            assert f"ramlog_backup_store_{part}_ms_total" in store, store
         for s in c.servers:
             s.proc.kill()  # kill -9: nothing flushed at exit
         for s in c.servers:

@@ -363,6 +363,7 @@ impl BackupService {
     pub fn figures(&self) -> crate::node::figures::BackupSideFigures {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let store = self.store.stats();
         crate::node::figures::BackupSideFigures {
             connections: load(&c.connections),
             frames: load(&c.frames),
@@ -376,6 +377,11 @@ impl BackupService {
             refused_content: load(&c.refused_content),
             syncs_requested: load(&c.syncs_requested),
             tablets: self.store.tablets().len() as u64,
+            store_flushes: store.flushes,
+            store_files_synced: store.syncs,
+            store_process_ms: store.process_ms,
+            store_write_ms: store.write_ms,
+            store_sync_ms: store.sync_ms,
         }
     }
 

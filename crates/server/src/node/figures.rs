@@ -57,6 +57,15 @@ pub struct BackupSideFigures {
     pub syncs_requested: u64,
     /// Tablets (one per table, first slot and epoch) in the backup store.
     pub tablets: u64,
+    /// The store's flush cycles (each a job through its processor, writer and finisher).
+    pub store_flushes: u64,
+    /// Files the store synced (a round that used one syncfs counts each file).
+    pub store_files_synced: u64,
+    /// Time the store's processor spent building flushes, its writer writing them, and its
+    /// finisher syncing them (ms).
+    pub store_process_ms: u64,
+    pub store_write_ms: u64,
+    pub store_sync_ms: u64,
 }
 
 /// Everything replication reports, for `/metrics`, `/status`, `INFO replication` and `ramlog

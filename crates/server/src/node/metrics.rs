@@ -231,6 +231,31 @@ fn replication_prometheus(s: &mut String, r: &crate::node::figures::ReplicationF
             "Syncs durable tables asked for.",
             b.syncs_requested,
         ),
+        (
+            "ramlog_backup_store_flushes_total",
+            "Flush cycles of the backup store (processor, writer and finisher).",
+            b.store_flushes,
+        ),
+        (
+            "ramlog_backup_store_files_synced_total",
+            "Files the backup store synced.",
+            b.store_files_synced,
+        ),
+        (
+            "ramlog_backup_store_process_ms_total",
+            "Time the backup store spent building flushes (ms).",
+            b.store_process_ms,
+        ),
+        (
+            "ramlog_backup_store_write_ms_total",
+            "Time the backup store spent writing flushes (ms).",
+            b.store_write_ms,
+        ),
+        (
+            "ramlog_backup_store_sync_ms_total",
+            "Time the backup store spent finishing and syncing flushes (ms).",
+            b.store_sync_ms,
+        ),
     ] {
         let _ = writeln!(
             s,

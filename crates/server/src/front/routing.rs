@@ -897,12 +897,13 @@ async fn resolve(router: &mut Router<'_>, mut round: Round, out: &mut Vec<u8>) {
 }
 
 /// Sends each server the commands of `round` it has not been sent yet, at once, and waits for
-/// every answer; each command's reply (or why there is none) is appended to `replies`.
+/// every answer; each command's reply (or why there is none) is appended to `replies`. The sends
+/// run concurrently inside the connection's own task (no task per send: a reply wakes the task
+/// that waits for it, with no hand-off).
 async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<ServerId, Vec<Reply>>) {
     let protocol = router.session.protocol;
     let member = router.session.member().cloned();
-    let mut calls = tokio::task::JoinSet::new();
-    let mut expected = Vec::new();
+    let mut calls = Vec::new();
     for (&peer, commands) in &round.outgoing {
         let answered = replies.entry(peer).or_default();
         let sent = answered.len();
@@ -918,19 +919,13 @@ async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<Serv
             }));
             continue;
         }
-        expected.push((peer, commands.len()));
-        let node = router.node.clone();
-        let member = member.clone();
-        let commands = commands.clone();
-        calls.spawn(async move {
-            let result = forward(&node, member, peer, protocol, &commands, sent).await;
+        let (node, member) = (router.node, member.clone());
+        calls.push(async move {
+            let result = forward(node, member, peer, protocol, commands, sent).await;
             (peer, commands.len() - sent, result)
         });
     }
-    while let Some(done) = calls.join_next().await {
-        let Ok((peer, count, result)) = done else {
-            continue;
-        };
+    for (peer, count, result) in join_all(calls).await {
         let answered = replies.entry(peer).or_default();
         match result {
             Ok(r) => answered.extend(r.into_iter().map(Reply::Answer)),
@@ -943,20 +938,37 @@ async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<Serv
             }
         }
     }
-    // A send that ended without a result (its task panicked) may have sent its commands.
-    for (peer, count) in expected {
-        let answered = replies.entry(peer).or_default();
-        let missing = count.saturating_sub(answered.len());
-        answered.extend(std::iter::repeat_n(
-            Reply::InDoubt(format!("server {peer}: no answer")),
-            missing,
-        ));
-    }
+}
+
+/// Runs every future of `futures` to its end, concurrently on the calling task; their outputs in
+/// the same order.
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(v) => *output = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 /// Sends `peer` the commands of `commands` from number `first` on, in one RESP_BATCH.
 async fn forward(
-    node: &Arc<Node>,
+    node: &Node,
     member: Option<Arc<Member>>,
     peer: ServerId,
     protocol: u8,

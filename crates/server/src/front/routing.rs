@@ -340,12 +340,13 @@ impl Router<'_> {
         if spec.last_key < 0 && !(args.len() - first_arg).is_multiple_of(step) {
             return self.local(round, args);
         }
-        let keys: Vec<&[u8]> = command_keys(spec, args).collect();
-        let Some(first) = keys.first() else {
+        // Each key's slot, computed once.
+        let keys: Vec<(&[u8], u16)> = command_keys(spec, args).map(|k| (k, key_slot(k))).collect();
+        let Some(&(_, first_slot)) = keys.first() else {
             return self.local(round, args);
         };
         // A slot whose tablet waits for memory has no server to go to: say why here.
-        let waiting = keys.iter().map(|k| key_slot(k)).find_map(|slot| {
+        let waiting = keys.iter().find_map(|&(_, slot)| {
             view.waiting_reason(slot)
                 .map(|why| crate::cluster::Route::waiting_error(slot, why))
         });
@@ -354,25 +355,20 @@ impl Router<'_> {
         }
         // A slot being recovered has no server either: the request waits for one (see the
         // module comment).
-        if let Some((key, slot)) = keys
-            .iter()
-            .map(|k| (*k, key_slot(k)))
-            .find(|&(_, s)| view.is_recovering(s))
-        {
+        if let Some(&(key, slot)) = keys.iter().find(|&&(_, s)| view.is_recovering(s)) {
             member.ask_for(self.node, &view, slot, key);
             return round.forward(HELD, args, Some(slot));
         }
-        let first_slot = key_slot(first);
         let owner = view.owner(first_slot);
-        if keys.iter().all(|k| view.owner(key_slot(k)) == owner) {
+        if keys.iter().all(|&(_, slot)| view.owner(slot) == owner) {
             drop(view);
             return self.send_to(round, owner, args, Some(first_slot));
         }
         // Keys on several servers: split the command by server.
         let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
-        for (i, k) in keys.iter().enumerate() {
+        for (i, &(_, slot)) in keys.iter().enumerate() {
             by_owner
-                .entry(view.owner(key_slot(k)))
+                .entry(view.owner(slot))
                 .or_default()
                 .push(first_arg + i * step);
         }

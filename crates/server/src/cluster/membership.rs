@@ -725,30 +725,51 @@ impl Member {
             "a client waits for a recovering slot: telling its restorer"
         );
         let (node, member, key) = (node.clone(), self.clone(), key.to_vec());
+        let (version, first_slot) = (view.map.version, t.first_slot);
         tokio::spawn(async move {
-            let Ok(client) = member.peers().client(&node, restorer, addr).await else {
-                return;
-            };
-            let request = ramlog_proto::native::Request::RespBatch {
-                protocol: 2,
-                commands: vec![vec![b"EXISTS".as_slice(), &key]],
-            };
-            // The restorer may not serve this map yet (it answers that the slot is not its
-            // own): asked again, a few times, until it answers that the slot is recovering.
-            for _ in 0..20 {
-                match client.request(&request).await {
-                    Ok(ramlog_proto::native::Response::RespBatch(r))
-                        if r.first().is_some_and(|a| {
-                            !a.starts_with(b"-TRYAGAIN") || a.windows(9).any(|w| w == b"recovered")
-                        }) =>
-                    {
-                        return
-                    }
-                    Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                    Err(_) => return,
+            if !member.tell_restorer(&node, restorer, addr, &key).await {
+                // Not told (unreachable, or it did not serve the map naming it in time): the
+                // next request held for the tablet asks again.
+                let mut asked = member.asked.lock();
+                if asked.0 == version {
+                    asked.1.remove(&first_slot);
                 }
             }
         });
+    }
+
+    /// Tells `restorer` that a client waits for `key`'s recovering slot (an EXISTS it answers as
+    /// recovering, which raises that restore's priority); false if it could not be told.
+    async fn tell_restorer(
+        &self,
+        node: &Arc<Node>,
+        restorer: ServerId,
+        addr: std::net::SocketAddr,
+        key: &[u8],
+    ) -> bool {
+        let Ok(client) = self.peers().client(node, restorer, addr).await else {
+            return false;
+        };
+        let request = ramlog_proto::native::Request::RespBatch {
+            protocol: 2,
+            commands: vec![vec![b"EXISTS".as_slice(), &key]],
+        };
+        // The restorer may not serve this map yet (it answers that the slot is not its
+        // own): asked again, a few times, until it answers that the slot is recovering.
+        for _ in 0..20 {
+            match client.request(&request).await {
+                Ok(ramlog_proto::native::Response::RespBatch(r))
+                    if r.first().is_some_and(|a| {
+                        !a.starts_with(b"-TRYAGAIN") || a.windows(9).any(|w| w == b"recovered")
+                    }) =>
+                {
+                    return true
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     pub fn peers(&self) -> &crate::cluster::peers::Peers {

@@ -1115,8 +1115,13 @@ impl Router<'_> {
                     .map(<[u8]>::to_vec)
                     .collect();
                 let args: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-                if peer == HELD && still_held(&view, &args) {
-                    continue;
+                if peer == HELD {
+                    if let Some((key, slot)) = still_held(&view, &args) {
+                        // Its restorer is told again if the last telling did not reach it (at
+                        // most once per map version while one is under way).
+                        member.ask_for(self.node, &view, slot, key);
+                        continue;
+                    }
                 }
                 let part = self.route(round, &args);
                 rerouted.insert((peer, index), part);
@@ -1127,15 +1132,13 @@ impl Router<'_> {
     }
 }
 
-/// True while a key of `args` is in a slot being recovered (and not waiting for memory, which
-/// routing answers at once).
-fn still_held(view: &ClusterView, args: &[&[u8]]) -> bool {
-    let Some(spec) = lookup(args[0]) else {
-        return false;
-    };
-    command_keys(spec, args).any(|k| {
+/// A key of `args` in a slot being recovered (and not waiting for memory, which routing answers
+/// at once), with its slot, while there is one.
+fn still_held<'a>(view: &ClusterView, args: &[&'a [u8]]) -> Option<(&'a [u8], u16)> {
+    let spec = lookup(args[0])?;
+    command_keys(spec, args).find_map(|k| {
         let slot = key_slot(k);
-        view.is_recovering(slot) && view.waiting_reason(slot).is_none()
+        (view.is_recovering(slot) && view.waiting_reason(slot).is_none()).then_some((k, slot))
     })
 }
 

@@ -1582,7 +1582,7 @@ fn no_tablet_of(table: TableId, map: &ClusterMap) -> Error {
 }
 
 /// Run futures concurrently on the current task; their outputs in the order given.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+pub async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {

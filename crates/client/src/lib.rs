@@ -28,7 +28,7 @@ mod connection;
 mod error;
 mod scan;
 
-pub use cluster::{ClusterClient, ClusterSnapshot};
+pub use cluster::{join_all, ClusterClient, ClusterSnapshot};
 pub use error::Error;
 pub use ramlog_cluster::ClusterMap;
 pub use ramlog_proto::native::{

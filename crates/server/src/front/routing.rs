@@ -921,7 +921,7 @@ async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<Serv
             (peer, commands.len() - sent, result)
         });
     }
-    for (peer, count, result) in join_all(calls).await {
+    for (peer, count, result) in ramlog_client::join_all(calls).await {
         let answered = replies.entry(peer).or_default();
         match result {
             Ok(r) => answered.extend(r.into_iter().map(Reply::Answer)),
@@ -934,32 +934,6 @@ async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<Serv
             }
         }
     }
-}
-
-/// Runs every future of `futures` to its end, concurrently on the calling task; their outputs in
-/// the same order.
-async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    use std::task::Poll;
-    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(v) => *output = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// Sends `peer` the commands of `commands` from number `first` on, in one RESP_BATCH.

@@ -141,12 +141,12 @@ impl Outgoing {
 }
 
 /// One read's worth of requests: the replies being assembled, the replies of commands run here,
-/// the commands to forward (shared with the tasks that send them), and the map they are routed
+/// the commands to forward, and the map they are routed
 /// by.
 struct Round {
     parts: Vec<Part>,
     local: Vec<u8>,
-    outgoing: BTreeMap<ServerId, Arc<Outgoing>>,
+    outgoing: BTreeMap<ServerId, Outgoing>,
     /// The map every request of the round is routed by (loaded by the first): commands for one
     /// key all go the same way.
     view: Option<Arc<ClusterView>>,
@@ -163,9 +163,7 @@ impl Round {
     }
 
     fn forward(&mut self, peer: ServerId, args: &[&[u8]], slot: Option<u16>) -> Part {
-        let commands = self.outgoing.entry(peer).or_default();
-        // No send is under way while requests are routed: this never copies.
-        let index = Arc::make_mut(commands).push(args, slot);
+        let index = self.outgoing.entry(peer).or_default().push(args, slot);
         Part::Remote { peer, index }
     }
 

@@ -1,6 +1,10 @@
 //! Where a restore's time goes: one tablet's backup logs replayed decode-only, then replayed
 //! into an engine tablet (`Engine::restore` per object), on one thread.
 //! `cargo run --release -p ramlog-bench --example restore_probe -- [objects] [value_bytes]`
+//!
+//! Environment: `PROBE_DIRECT_IO=0` reads the logs through the page cache, `PROBE_REPLAY_THREADS`
+//! sets the replay's threads, `PROBE_DECODE_ONLY` times only the decode-only replay and
+//! `PROBE_BULK_ONLY` skips the per-object restore.
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -10,7 +14,13 @@ fn main() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("restore-probe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let config = ramlog_backup::Config::for_memory_budget(1 << 30);
+    let mut config = ramlog_backup::Config::for_memory_budget(1 << 30);
+    if let Ok(v) = std::env::var("PROBE_DIRECT_IO") {
+        config.direct_io = v != "0";
+    }
+    if let Ok(v) = std::env::var("PROBE_REPLAY_THREADS") {
+        config.replay_threads = v.parse()?;
+    }
     let store = ramlog_backup::Backup::open(&dir, config)?;
     let value = vec![b'v'; value_len];
     let t = Instant::now();
@@ -39,17 +49,23 @@ fn main() -> anyhow::Result<()> {
         let mut count = 0u64;
         store.replay_merged(&[7], |_| count += 1)?;
         let decode = t.elapsed().as_secs_f64();
+        if std::env::var("PROBE_DECODE_ONLY").is_ok() {
+            println!("round {round}: replay decode-only {count} in {decode:.3} s");
+            continue;
+        }
         let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
             memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
             ..Default::default()
         })?;
         let tablet = engine.create_tablet(0, 0, 16383)?;
         let t = Instant::now();
-        store.replay_merged(&[7], |e| {
-            engine
-                .restore(tablet, e.key, Some(e.value), e.version, e.expiry)
-                .unwrap();
-        })?;
+        if std::env::var("PROBE_BULK_ONLY").is_err() {
+            store.replay_merged(&[7], |e| {
+                engine
+                    .restore(tablet, e.key, Some(e.value), e.version, e.expiry)
+                    .unwrap();
+            })?;
+        }
         let restore = t.elapsed().as_secs_f64();
         drop(engine);
         let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {

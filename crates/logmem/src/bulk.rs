@@ -23,6 +23,10 @@ use std::sync::atomic::Ordering;
 /// Bytes of encoded entries a batch holds before it is appended.
 pub const BATCH_BYTES: usize = 256 << 10;
 
+/// How many entries ahead of the one it inserts a flush prefetches the index bucket of: enough
+/// that the bucket arrives before its turn, few enough that it is still cached then.
+const PREFETCH_AHEAD: usize = 8;
+
 /// One entry of a batch: where its encoded bytes lie in the batch buffer, and what the index and
 /// the counters need.
 struct Pending {
@@ -127,6 +131,9 @@ impl<'a> BulkRestore<'a> {
             let mut run: Option<(u32, usize)> = None;
             let mut full = false;
             while done < self.pending.len() {
+                if let Some(ahead) = self.pending.get(done + PREFETCH_AHEAD) {
+                    tablet.index.prefetch(ahead.hash);
+                }
                 let p = &self.pending[done];
                 let bytes = &self.buf[p.at..p.at + p.len];
                 match engine.append(&mut head, self.tablet, &[bytes], p.len, AllocClass::Writer) {

@@ -83,7 +83,7 @@ pub mod io;
 mod iopool;
 mod reorg;
 mod replay;
-pub use replay::KeyFilter;
+pub use replay::{GroupedReplay, KeyFilter, KeyGroups};
 mod tablet;
 #[doc(hidden)]
 pub mod testkit;
@@ -576,6 +576,23 @@ impl Backup {
             &mut |n| (f.borrow_mut())(Replayed::Count(n)),
             &mut |e| (f.borrow_mut())(Replayed::Entry(e)),
         )
+    }
+
+    /// [`Backup::replay_merged_filtered`] for several groups of keys at once (the recovery
+    /// partitions one restorer restores from the same logs): the logs are read and merged once,
+    /// and each group is yielded on its own later ([`GroupedReplay::take`]).
+    pub fn replay_grouped(
+        &self,
+        tablets: &[u64],
+        group_of: KeyGroups<'_>,
+        groups: usize,
+    ) -> Result<GroupedReplay> {
+        self.flush_for_replay()?;
+        let ts: Vec<_> = tablets
+            .iter()
+            .filter_map(|&id| self.sh.tablet(id))
+            .collect();
+        replay::replay_grouped(&self.sh, &ts, group_of, groups)
     }
 
     /// Replays every tablet, in tablet order.

@@ -193,6 +193,189 @@ pub fn replay_merged(
     count: &mut dyn FnMut(u64),
     f: &mut dyn FnMut(ReplayEntry<'_>),
 ) -> Result<ReplayReport> {
+    let mut m = merge_sources(sh, ts, keep)?;
+    let t0 = std::time::Instant::now();
+    count(m.keys());
+    let winners = m.winners();
+    let (mut live, mut lost) = (0u64, 0u64);
+    for (source, offsets) in winners.into_iter().enumerate() {
+        let src = m.source(source);
+        for off in offsets {
+            // Verified in phase 1; the bytes have not changed since.
+            let Some(e) = entry_at(&src[off as usize..]) else {
+                lost += 1;
+                continue;
+            };
+            live += 1;
+            f(ReplayEntry {
+                tablet: m.tablet_of[source],
+                key: e.0,
+                value: e.1,
+                version: e.2,
+                expiry: e.3,
+            });
+        }
+    }
+    m.report.live_keys = live;
+    m.report.lost_keys += lost;
+    m.report.stale_entries = m.data_entries.saturating_sub(live);
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!("replay: phase 2 (yield) {:?}", t0.elapsed());
+    }
+    Ok(m.report)
+}
+
+/// Which group a key belongs to, if any (a grouped replay keeps only keys some group takes).
+pub type KeyGroups<'a> = &'a (dyn Fn(&[u8]) -> Option<usize> + Sync);
+
+/// A replay whose keys are divided into groups: the recovery partitions one restorer restores
+/// from the same logs. The logs are read, checked and merged once, for every group; each group's
+/// keys are then yielded on their own, in log order, when its turn comes
+/// ([`GroupedReplay::take`]), so that a partition costs its restorer its share of the keys, not
+/// another pass over the whole logs. Holds the logs in memory until dropped.
+pub struct GroupedReplay {
+    merged: Merged,
+    /// Each group's winners (source << 32 | offset, in log order) until taken.
+    groups: Vec<parking_lot::Mutex<Option<Vec<u64>>>>,
+    sizes: Vec<u64>,
+}
+
+impl GroupedReplay {
+    /// How many groups it was made for.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// How many keys group `g` yields (0 for a group it does not have).
+    pub fn len(&self, g: usize) -> u64 {
+        self.sizes.get(g).copied().unwrap_or(0)
+    }
+
+    /// True if no group has a key.
+    pub fn is_empty(&self) -> bool {
+        self.sizes.iter().all(|&n| n == 0)
+    }
+
+    /// What the replay found, over every group: damage, deleted and lost keys, the highest
+    /// version (deletes included).
+    pub fn report(&self) -> ReplayReport {
+        self.merged.report
+    }
+
+    /// Yields each live key of group `g` once, newest version, in log order; the number yielded,
+    /// or None if the group was taken already (or does not exist).
+    pub fn take(&self, g: usize, f: &mut dyn FnMut(ReplayEntry<'_>)) -> Option<u64> {
+        let list = self.groups.get(g)?.lock().take()?;
+        for &loc in &list {
+            let source = (loc >> 32) as usize;
+            let src = self.merged.source(source);
+            // Verified in phase 1 and decoded once since; the bytes have not changed.
+            if let Some(e) = entry_at(&src[(loc & 0xFFFF_FFFF) as usize..]) {
+                f(ReplayEntry {
+                    tablet: self.merged.tablet_of[source],
+                    key: e.0,
+                    value: e.1,
+                    version: e.2,
+                    expiry: e.3,
+                });
+            }
+        }
+        Some(list.len() as u64)
+    }
+}
+
+/// Replays several tablets as one ([`replay_merged`]'s rules), keeping the keys `group_of` puts
+/// in one of `groups` groups, and divides the winners among them.
+pub fn replay_grouped(
+    sh: &Shared,
+    ts: &[Arc<Tablet>],
+    group_of: KeyGroups<'_>,
+    groups: usize,
+) -> Result<GroupedReplay> {
+    let keep = |key: &[u8]| group_of(key).is_some_and(|g| g < groups);
+    let mut m = merge_sources(sh, ts, Some(&keep))?;
+    let winners = m.winners();
+    let mut lists: Vec<Vec<u64>> = vec![Vec::new(); groups];
+    let mut lost = 0u64;
+    for (source, offsets) in winners.into_iter().enumerate() {
+        let src = m.source(source);
+        for off in offsets {
+            let group = entry_at(&src[off as usize..]).and_then(|e| group_of(e.0));
+            match group.and_then(|g| lists.get_mut(g)) {
+                Some(list) => list.push(((source as u64) << 32) | u64::from(off)),
+                None => lost += 1,
+            }
+        }
+    }
+    let sizes: Vec<u64> = lists.iter().map(|l| l.len() as u64).collect();
+    let live: u64 = sizes.iter().sum();
+    m.report.live_keys = live;
+    m.report.lost_keys += lost;
+    m.report.stale_entries = m.data_entries.saturating_sub(live);
+    Ok(GroupedReplay {
+        merged: m,
+        groups: lists
+            .into_iter()
+            .map(|l| parking_lot::Mutex::new(Some(l)))
+            .collect(),
+        sizes,
+    })
+}
+
+/// What phases 1 and 1b of a replay leave: the logs read (segments, then each tablet's SLB, by
+/// source index) and the newest version and place of every key.
+struct Merged {
+    segments: Vec<AlignedBuf>,
+    slbs: Vec<Vec<u8>>,
+    /// The tablet each source belongs to.
+    tablet_of: Vec<u64>,
+    shards: Vec<Shard>,
+    /// Everything but the per-key figures, which [`Merged::winners`] and the yield add.
+    report: ReplayReport,
+    /// Data entries merged (kept ones only, with a filter).
+    data_entries: u64,
+}
+
+impl Merged {
+    fn source(&self, i: usize) -> &[u8] {
+        match self.segments.get(i) {
+            Some(b) => b.as_slice(),
+            None => &self.slbs[i - self.segments.len()],
+        }
+    }
+
+    /// Keys found (deleted ones included): an upper bound on the entries a yield gives.
+    fn keys(&self) -> u64 {
+        self.shards.iter().map(|s| s.len() as u64).sum()
+    }
+
+    /// The winners' offsets, by source, each source's in ascending order (so that a yield reads
+    /// the logs front to back, not at random in the map's order, a cache miss each). Counts
+    /// deleted and lost keys and the highest version; empties the map.
+    fn winners(&mut self) -> Vec<Vec<u32>> {
+        let sources = self.segments.len() + self.slbs.len();
+        let mut winners: Vec<Vec<u32>> = vec![Vec::new(); sources];
+        for shard in std::mem::take(&mut self.shards) {
+            for (_, (v, loc)) in shard {
+                self.report.max_version = self.report.max_version.max(v);
+                match loc {
+                    LOC_DELETE => self.report.deleted_keys += 1,
+                    LOC_KNOWN_PUT => self.report.lost_keys += 1,
+                    _ => winners[(loc >> 32) as usize].push((loc & 0xFFFF_FFFF) as u32),
+                }
+            }
+        }
+        for w in &mut winners {
+            w.sort_unstable();
+        }
+        winners
+    }
+}
+
+/// Phases 1 and 1b of a replay: reads every segment of `ts` and merges the newest version of
+/// each key (of the keys `keep` keeps). The tablets' reorganization waits meanwhile; the logs are
+/// in memory afterwards.
+fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -> Result<Merged> {
     let _guards: Vec<_> = ts.iter().map(|t| t.reorg_lock.lock()).collect();
     // Segments of every tablet: (tablet index, segment, used bytes); each tablet's SLB follows
     // them as one more source.
@@ -356,11 +539,12 @@ pub fn replay_merged(
         }
     });
     drop(vparts);
-    let mut sources: Vec<&[u8]> = vec![&[]; segments.len() + slbs.len()];
+    let sources = segments.len() + slbs.len();
+    let mut bufs: Vec<Option<AlignedBuf>> = (0..segments.len()).map(|_| None).collect();
     let mut data_entries = 0u64;
-    for o in &outs {
-        for (k, b) in &o.buffers {
-            sources[*k] = b.as_slice();
+    for o in outs {
+        for (k, b) in o.buffers {
+            bufs[k] = Some(b);
         }
         report.corrupt_entries += o.corrupt;
         report.unreadable_bytes += o.unreadable;
@@ -370,55 +554,24 @@ pub fn replay_merged(
     report.damaged_version_bytes = version_damage;
     report.recovered_version_blocks = recovered_blocks;
     report.segments_read = segments.len() as u64;
-    for (i, slb) in slbs.iter().enumerate() {
-        sources[slb_index + i] = slb;
-    }
-    // The tablet each source belongs to.
     let tablet_of: Vec<u64> = segments
         .iter()
         .map(|s| ts[s.0].id)
         .chain(ts.iter().map(|t| t.id))
         .collect();
-
-    // Phase 2: yield the winners, in log order: each source's winners sorted by offset, so that
-    // the entries are read front to back (the map's order would read them at random, a cache
-    // miss each).
-    count(shards.iter().map(|s| s.lock().len() as u64).sum());
-    let mut winners: Vec<Vec<u32>> = vec![Vec::new(); sources.len()];
-    for shard in shards {
-        for (_, (v, loc)) in shard.into_inner() {
-            report.max_version = report.max_version.max(v);
-            match loc {
-                LOC_DELETE => report.deleted_keys += 1,
-                LOC_KNOWN_PUT => report.lost_keys += 1,
-                _ => winners[(loc >> 32) as usize].push((loc & 0xFFFF_FFFF) as u32),
-            }
-        }
-    }
-    for (source, mut offsets) in winners.into_iter().enumerate() {
-        offsets.sort_unstable();
-        let src = sources[source];
-        for off in offsets {
-            // Verified in phase 1; the bytes have not changed since.
-            let Some(e) = entry_at(&src[off as usize..]) else {
-                report.lost_keys += 1;
-                continue;
-            };
-            report.live_keys += 1;
-            f(ReplayEntry {
-                tablet: tablet_of[source],
-                key: e.0,
-                value: e.1,
-                version: e.2,
-                expiry: e.3,
-            });
-        }
-    }
-    report.stale_entries = data_entries.saturating_sub(report.live_keys);
-    if trace {
-        tracing::debug!("replay {:#x}: phase 2 (yield) {:?}", id, t0.elapsed());
-    }
-    Ok(report)
+    debug_assert_eq!(tablet_of.len(), sources);
+    Ok(Merged {
+        // Every segment was read by some worker (a failed read returned above).
+        segments: bufs
+            .into_iter()
+            .map(|b| b.unwrap_or_else(|| AlignedBuf::new(0)))
+            .collect(),
+        slbs,
+        tablet_of,
+        shards: shards.into_iter().map(|s| s.into_inner()).collect(),
+        report,
+        data_entries,
+    })
 }
 
 /// Fields of an entry already verified in phase 1.

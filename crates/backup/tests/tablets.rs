@@ -217,3 +217,79 @@ fn a_filtered_merged_replay_yields_only_the_kept_keys_newest_first_deletes_inclu
         b.checkpoint().unwrap();
     }
 }
+
+#[test]
+fn a_grouped_replay_yields_each_group_as_its_own_filtered_replay_does() {
+    let dir = temp_dir("grouped");
+    let b = Backup::open(dir.path(), Config::default()).unwrap();
+    // Three groups by the key's first byte ("a", "b", "c"); "z" keys belong to none.
+    let group_of = |key: &[u8]| match key.first() {
+        Some(b'a') => Some(0),
+        Some(b'b') => Some(1),
+        Some(b'c') => Some(2),
+        _ => None,
+    };
+    let mut version = 0u64;
+    // The highest version of a key some group takes (the others are not merged).
+    let mut kept_max = 0u64;
+    for round in 0..3u64 {
+        let mut entries = Vec::new();
+        for i in 0..2_000u64 {
+            version += 1;
+            let key = format!("{}{}", ["a", "b", "c", "z"][(i % 4) as usize], i % 700).into_bytes();
+            if group_of(&key).is_some() {
+                kept_max = version;
+            }
+            entries.push((key, format!("v{round}-{i}").into_bytes(), version));
+        }
+        let batch: Vec<Entry> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v, ver))| Entry {
+                key: k,
+                // Every 13th write of a round is a delete.
+                value: (i % 13 != 0).then_some(v.as_slice()),
+                version: *ver,
+                expiry: 0,
+            })
+            .collect();
+        b.append(1 + round % 2, &batch).unwrap();
+    }
+    for pass in 0..2 {
+        let grouped = b.replay_grouped(&[1, 2], &group_of, 3).unwrap();
+        assert_eq!(grouped.groups(), 3);
+        let mut total = 0;
+        for g in 0..3 {
+            let keep = |key: &[u8]| group_of(key) == Some(g);
+            let mut want = Vec::new();
+            b.replay_merged_filtered(&[1, 2], Some(&keep), |r| {
+                if let ramlog_backup::Replayed::Entry(e) = r {
+                    want.push((e.key.to_vec(), e.value.to_vec(), e.version));
+                }
+            })
+            .unwrap();
+            let mut got = Vec::new();
+            let n = grouped
+                .take(g, &mut |e| {
+                    got.push((e.key.to_vec(), e.value.to_vec(), e.version))
+                })
+                .unwrap();
+            assert_eq!(n, got.len() as u64);
+            assert_eq!(n, grouped.len(g));
+            // A group is yielded once.
+            assert!(grouped.take(g, &mut |_| {}).is_none());
+            want.sort();
+            got.sort();
+            assert!(!want.is_empty(), "pass {pass} group {g}");
+            assert_eq!(got, want, "pass {pass} group {g}");
+            total += n;
+        }
+        let report = grouped.report();
+        assert_eq!(report.live_keys, total);
+        assert!(report.deleted_keys > 0);
+        assert_eq!(report.max_version, kept_max);
+        assert!(report.is_clean(), "{report:?}");
+        // Again once the logs reach the disk (the version log then ranks the keys).
+        b.checkpoint().unwrap();
+    }
+}

@@ -50,12 +50,13 @@ pub struct PartitionSize {
 
 impl Default for PartitionSize {
     /// 1 000 000 objects or 128 MiB: about 0.5 s of restore on one idle core here (the bulk
-    /// restore inserts 1.5–3 M objects of 100 B per second per core). Every backup restoring a
-    /// partition reads the whole tablet's logs, so a split costs a second read of them; it pays
-    /// where the restorers have cores of their own, not where they share a machine's few
-    /// (measured at 1 GiB on 2 cores: 32 partitions of 335 000 recovered in 13.0 s, 16 whole
-    /// tablets in 9.0 s). Clusters on many hosts set it near 250 ms of restore per core
-    /// (`--recovery-partition-objects 400000`).
+    /// restore inserts 1.5–3 M objects of 100 B per second per core). Every backup restoring
+    /// partitions of a tablet reads and merges the tablet's whole logs once (its partitions share
+    /// that replay), so a split over two backups costs a second read of them; it pays where the
+    /// restorers have cores of their own, not where they share a machine's few (measured at
+    /// 1 GiB on 2 cores, before replays were shared: 32 partitions of 335 000 recovered in
+    /// 13.0 s, 16 whole tablets in 9.0 s). Clusters on many hosts set it near 250 ms of restore
+    /// per core (`--recovery-partition-objects 400000`).
     fn default() -> PartitionSize {
         PartitionSize {
             objects: 1_000_000,

@@ -268,6 +268,11 @@ impl RamlogCluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut args = args;
+        // The recovery partition's size in objects, where a run sets it (the default otherwise).
+        if let Ok(objects) = std::env::var("RAMLOG_BENCH_RECOVERY_PARTITION_OBJECTS") {
+            args.extend(["--recovery-partition-objects".to_string(), objects]);
+        }
         let coordinator_proc = spawn_ramlog(&args, &dir.join("coordinator.log"))?;
         let mut list = Vec::new();
         for i in 0..servers {

@@ -237,8 +237,22 @@ impl BackupService {
         epochs: std::ops::Range<u64>,
         f: impl FnMut(ramlog_backup::Replayed<'_>),
     ) -> Result<ramlog_backup::ReplayReport, ramlog_backup::Error> {
+        let ids = self.log_ids(t, epochs);
+        // A tablet's own logs hold only its slots unless it was split off a larger one since
+        // they were written (a partition, or the tablet a partition was split off).
+        let slots = t.slots();
+        let keep = |key: &[u8]| slots.contains(&ramlog_common::key_slot(key));
+        self.store.replay_merged_filtered(&ids, Some(&keep), f)
+    }
+
+    /// The store's tablets that hold `t`'s logs of the epochs in `epochs`, ascending.
+    pub fn log_ids(
+        &self,
+        t: &ramlog_cluster::TabletInfo,
+        epochs: std::ops::Range<u64>,
+    ) -> Vec<u64> {
         let sources: Vec<u16> = t.log_sources().collect();
-        let ids: Vec<u64> = self
+        let mut ids: Vec<u64> = self
             .store
             .tablets()
             .into_iter()
@@ -247,11 +261,26 @@ impl BackupService {
                 u64::from(table) == t.table && sources.contains(&s) && epochs.contains(&e)
             })
             .collect();
-        // A tablet's own logs hold only its slots unless it was split off a larger one since
-        // they were written (a partition, or the tablet a partition was split off).
-        let slots = t.slots();
-        let keep = |key: &[u8]| slots.contains(&ramlog_common::key_slot(key));
-        self.store.replay_merged_filtered(&ids, Some(&keep), f)
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The merged replay of the logs `ids` (see [`BackupService::log_ids`]) for several
+    /// partitions at once (slot ranges, inclusive): read and merged once, each partition's keys
+    /// then taken on their own ([`ramlog_backup::GroupedReplay::take`]), group `i` being
+    /// `parts[i]`.
+    pub fn replay_partitions(
+        &self,
+        ids: &[u64],
+        parts: &[(u16, u16)],
+    ) -> Result<ramlog_backup::GroupedReplay, ramlog_backup::Error> {
+        let group_of = |key: &[u8]| {
+            let slot = ramlog_common::key_slot(key);
+            parts
+                .iter()
+                .position(|&(first, last)| (first..=last).contains(&slot))
+        };
+        self.store.replay_grouped(ids, &group_of, parts.len())
     }
 
     /// Takes a new map: raises the fence of every tablet to its epoch in the map (a master of

@@ -96,6 +96,8 @@ pub struct Jobs {
     early: Mutex<Vec<(u64, u16, Instant)>>,
     /// The next job's [`Job::seq`].
     next_seq: AtomicU64,
+    /// Replays the recovery partitions of this server share (see [`SharedReplays`]).
+    replays: SharedReplays,
 }
 
 /// Demands remembered for restores not registered yet, at most.
@@ -157,6 +159,186 @@ impl Drop for GateGuard<'_> {
     fn drop(&mut self) {
         self.0.state.lock().running -= 1;
         self.0.freed.notify_all();
+    }
+}
+
+/// Replays shared by the recovery partitions this server restores from the same logs (the
+/// partitions of one dead master's tablet that the coordinator gave it). The first of them to
+/// get its turn reads, checks and merges the logs once, for all of them
+/// ([`ramlog_backup::GroupedReplay`]); each then takes only its own keys, in its turn (demanded
+/// ones first), and is served as soon as they are in. Without this, each partition read and
+/// merged the whole logs again, so splitting a tablet multiplied the restore's work.
+///
+/// Memory: a shared replay holds the logs it read (as a single partition's replay does while it
+/// runs) until every partition it covers has taken its keys or is no longer asked of this
+/// server; at most [`SHARED_REPLAYS_MAX`] are held at once (a partition that finds no room
+/// replays alone, as before).
+#[derive(Default)]
+struct SharedReplays {
+    entries: Mutex<Vec<Arc<SharedReplay>>>,
+}
+
+/// Shared replays held at once, at most.
+const SHARED_REPLAYS_MAX: usize = 2;
+
+struct SharedReplay {
+    table: u64,
+    /// The backup store's tablets it reads.
+    ids: Vec<u64>,
+    /// The partitions it covers, by group: (first slot, last slot, epoch).
+    parts: Vec<(u16, u16, u64)>,
+    /// None while it is read; then the replay, or why it failed.
+    state: Mutex<Option<Result<Arc<ramlog_backup::GroupedReplay>, String>>>,
+    ready: parking_lot::Condvar,
+    /// Partitions that took their keys (or gave up on them).
+    taken: Mutex<Vec<bool>>,
+}
+
+impl SharedReplay {
+    fn group(&self, t: &TabletInfo) -> Option<usize> {
+        self.parts
+            .iter()
+            .position(|&p| p == (t.first_slot, t.last_slot, t.epoch))
+    }
+
+    /// True while some partition that has not taken its keys is still asked of `me` by `map`.
+    fn still_needed(&self, map: &ClusterMap, me: ServerId) -> bool {
+        let taken = self.taken.lock();
+        self.parts.iter().zip(taken.iter()).any(|(p, &done)| {
+            !done
+                && map.tablets.iter().any(|x| {
+                    x.table == self.table
+                        && (x.first_slot, x.last_slot, x.epoch) == *p
+                        && x.recovering
+                        && x.restorer == Some(me)
+                })
+        })
+    }
+}
+
+impl SharedReplays {
+    /// Drops the shared replays no partition of `map` needs any more.
+    fn prune(&self, map: &ClusterMap, me: ServerId) {
+        self.entries.lock().retain(|e| e.still_needed(map, me));
+    }
+
+    /// Group `g` of `entry` took its keys (or gave up): the replay goes once none is left.
+    fn release(&self, entry: &Arc<SharedReplay>, g: usize) {
+        let all = {
+            let mut taken = entry.taken.lock();
+            if let Some(t) = taken.get_mut(g) {
+                *t = true;
+            }
+            taken.iter().all(|&t| t)
+        };
+        if all {
+            self.entries.lock().retain(|e| !Arc::ptr_eq(e, entry));
+        }
+    }
+}
+
+/// What a restore replays: its own keys of a replay it shares with other partitions, or a replay
+/// of its own.
+enum Replay {
+    Shared(Arc<SharedReplay>, usize, Arc<ramlog_backup::GroupedReplay>),
+    Alone,
+}
+
+/// The shared replay `t` (a recovery partition) takes its keys from, reading it first if no other
+/// partition did; [`Replay::Alone`] if `t` shares its logs with no other partition this server
+/// restores, or no room is left for another shared replay, or its group was taken before (a
+/// restore that failed and starts again).
+fn shared_replay(member: &Member, t: &TabletInfo) -> Result<Replay, String> {
+    let Some(from) = t.logs_from else {
+        return Ok(Replay::Alone);
+    };
+    let view = member.view();
+    let me = view.me;
+    let ids = member.backup.log_ids(t, 0..t.epoch);
+    let (entry, builder) = {
+        let mut entries = member.jobs.replays.entries.lock();
+        let found = entries.iter().find(|e| {
+            e.table == t.table && e.ids == ids && e.group(t).is_some_and(|g| !e.taken.lock()[g])
+        });
+        match found {
+            Some(e) => (e.clone(), false),
+            None => {
+                // Every partition of the same logs this server restores at this epoch.
+                let parts: Vec<(u16, u16, u64)> = view
+                    .map
+                    .tablets
+                    .iter()
+                    .filter(|x| {
+                        x.table == t.table
+                            && x.logs_from == Some(from)
+                            && x.epoch == t.epoch
+                            && x.recovering
+                            && x.restorer == Some(me)
+                            && member.backup.log_ids(x, 0..x.epoch) == ids
+                    })
+                    .map(|x| (x.first_slot, x.last_slot, x.epoch))
+                    .collect();
+                if parts.len() < 2 || entries.len() >= SHARED_REPLAYS_MAX {
+                    return Ok(Replay::Alone);
+                }
+                let e = Arc::new(SharedReplay {
+                    table: t.table,
+                    ids,
+                    taken: Mutex::new(vec![false; parts.len()]),
+                    parts,
+                    state: Mutex::new(None),
+                    ready: parking_lot::Condvar::new(),
+                });
+                entries.push(e.clone());
+                (e, true)
+            }
+        }
+    };
+    drop(view);
+    let Some(g) = entry.group(t) else {
+        return Ok(Replay::Alone);
+    };
+    if builder {
+        let slots: Vec<(u16, u16)> = entry.parts.iter().map(|p| (p.0, p.1)).collect();
+        tracing::info!(
+            table = t.table,
+            logs_of = from,
+            partitions = slots.len(),
+            "replaying the logs once for every partition of them this server restores"
+        );
+        let result = member
+            .backup
+            .replay_partitions(&entry.ids, &slots)
+            .map(Arc::new)
+            .map_err(|e| format!("replaying the backup logs: {e}"));
+        if result.is_err() {
+            // The next turn of each partition reads them again.
+            member
+                .jobs
+                .replays
+                .entries
+                .lock()
+                .retain(|e| !Arc::ptr_eq(e, &entry));
+        }
+        *entry.state.lock() = Some(result);
+        entry.ready.notify_all();
+    }
+    let mut state = entry.state.lock();
+    loop {
+        match &*state {
+            Some(Ok(replay)) => return Ok(Replay::Shared(entry.clone(), g, replay.clone())),
+            Some(Err(e)) => return Err(e.clone()),
+            None => {
+                if entry
+                    .ready
+                    .wait_for(&mut state, Duration::from_millis(200))
+                    .timed_out()
+                    && !still_restoring(member, t)
+                {
+                    return Err("the map no longer asks for this restore".into());
+                }
+            }
+        }
     }
 }
 
@@ -341,6 +523,7 @@ impl Job {
 /// Starts the restores and copies `map` asks of this server that are not running.
 pub fn start_jobs(node: &Arc<Node>, member: &Arc<Member>, map: &ClusterMap) {
     let me = member.view().me;
+    member.jobs.replays.prune(map, me);
     for t in &map.tablets {
         if t.recovering && t.restorer == Some(me) {
             let key = (t.table, t.first_slot, t.epoch, Kind::Restore);
@@ -465,7 +648,13 @@ fn restore(
     if !still_restoring(member, t) {
         return Err("the map no longer asks for this restore".into());
     }
-    let share = slot_share(member, t);
+    let replay = shared_replay(member, t)?;
+    // A shared replay counts each partition's own keys; a replay of its own counts every key of
+    // the logs, of which the partition's slots hold their share.
+    let share = match replay {
+        Replay::Shared(..) => 1.0,
+        Replay::Alone => slot_share(member, t),
+    };
     let tablet = member.engine_tablet(node, t)?;
     // A mirror's tablet whose memory could not be used is restored in place; it is this
     // server's own from now on.
@@ -475,47 +664,58 @@ fn restore(
     // The bulk path: the replay yields each key once with its newest version; the loader
     // appends them in batches and grows the index once, for the count the replay announces.
     let mut loader = None;
-    let report = duty
-        .backup
-        .replay_for_restore_counted(t, t.epoch, |r| match r {
-            ramlog_backup::Replayed::Count(count) => {
-                // The logs of a tablet this one was split off hold other slots' keys too.
-                let expected = (count as f64 * share).ceil() as u64;
-                job.expected.store(expected, Ordering::Relaxed);
-                tracing::info!(
-                    table = t.table,
-                    first_slot = t.first_slot,
-                    last_slot = t.last_slot,
-                    expected,
-                    waited_ms = waiting_since.elapsed().as_millis() as u64,
-                    "restoring"
-                );
-                match engine.bulk_restore(tablet, expected) {
-                    Ok(l) => loader = Some(l),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
+    let mut on_replayed = |r: ramlog_backup::Replayed<'_>| match r {
+        ramlog_backup::Replayed::Count(count) => {
+            // The logs of a tablet this one was split off hold other slots' keys too.
+            let expected = (count as f64 * share).ceil() as u64;
+            job.expected.store(expected, Ordering::Relaxed);
+            tracing::info!(
+                table = t.table,
+                first_slot = t.first_slot,
+                last_slot = t.last_slot,
+                expected,
+                waited_ms = waiting_since.elapsed().as_millis() as u64,
+                "restoring"
+            );
+            match engine.bulk_restore(tablet, expected) {
+                Ok(l) => loader = Some(l),
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
             }
-            ramlog_backup::Replayed::Entry(e) => {
-                // After a failure the rest of the replay only reads: the restore has failed.
-                let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
-                    return;
-                };
-                let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
-                if let Some(p) =
-                    pause.filter(|_| objects.is_multiple_of(RESTORE_PAUSE_EVERY_OBJECTS))
-                {
-                    std::thread::sleep(p);
-                }
-                job.bytes
-                    .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
-                if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
-                    first_error.get_or_insert(err);
-                }
+        }
+        ramlog_backup::Replayed::Entry(e) => {
+            // After a failure the rest of the replay only reads: the restore has failed.
+            let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
+                return;
+            };
+            let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(p) = pause.filter(|_| objects.is_multiple_of(RESTORE_PAUSE_EVERY_OBJECTS)) {
+                std::thread::sleep(p);
             }
-        })
-        .map_err(|e| format!("replaying the backup logs: {e}"))?;
+            job.bytes
+                .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
+            if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
+                first_error.get_or_insert(err);
+            }
+        }
+    };
+    let report = match &replay {
+        Replay::Shared(entry, g, shared) => {
+            on_replayed(ramlog_backup::Replayed::Count(shared.len(*g)));
+            let taken = shared.take(*g, &mut |e| on_replayed(ramlog_backup::Replayed::Entry(e)));
+            member.jobs.replays.release(entry, *g);
+            if taken.is_none() {
+                return Err("the partition's keys were taken by another restore".into());
+            }
+            shared.report()
+        }
+        Replay::Alone => duty
+            .backup
+            .replay_for_restore_counted(t, t.epoch, on_replayed)
+            .map_err(|e| format!("replaying the backup logs: {e}"))?,
+    };
+    drop(replay);
     if let (None, Some(l)) = (&first_error, loader) {
         if let Err(e) = l.finish() {
             first_error = Some(e);

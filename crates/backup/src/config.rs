@@ -123,6 +123,11 @@ pub struct Config {
     /// flush's arena is the write buffer's size rounded up to a power of two, at most a quarter
     /// of this. Once the store is at rest (`idle_after`) the pool keeps only `pool_warm_bytes`.
     pub pool_bytes: usize,
+    /// Bound of the pool of replay buffers: the segments a replay read are kept for the next
+    /// replay (a recovery's restores follow one another), so that each does not fault in and
+    /// zero fresh memory for the logs it reads. Replays in flight hold their logs besides. Freed
+    /// once the store is at rest (`idle_after`).
+    pub replay_pool_bytes: usize,
     /// Store-wide bound of the version buffers (32 bytes a record, counted by the capacity the
     /// buffers hold). When a flush leaves them above it, the largest buffers are spilled to
     /// their version logs until they hold at most half of it, besides each buffer's own
@@ -193,6 +198,7 @@ impl Default for Config {
             direct_io: true,
             pool_warm_bytes: 96 << 20,
             pool_bytes: 128 << 20,
+            replay_pool_bytes: 128 << 20,
             version_buffers_max_bytes: 64 << 20,
             notes_max_bytes: 64 << 20,
             version_caches_max_bytes: 512 << 20,
@@ -240,6 +246,7 @@ impl Config {
             flush_threshold_bytes: write_buffer_bytes / 2,
             pool_bytes,
             pool_warm_bytes: if warm { pool_bytes / 2 } else { 0 },
+            replay_pool_bytes: share(16, 8 * MIB, 256 * MIB),
             secondary_buffer_bytes,
             direct_threshold_bytes: base.direct_threshold_bytes.min(secondary_buffer_bytes),
             secondary_buffers_max_bytes: share(256, 512 << 10, base.secondary_buffers_max_bytes),

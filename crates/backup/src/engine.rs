@@ -207,6 +207,8 @@ pub struct Shared {
     pub dropped: Mutex<HashMap<u64, u64>>,
     /// Memory gauges (`Backup::memory`).
     pub mem: Arc<crate::tablet::MemGauges>,
+    /// Segment buffers of replays, in flight and kept for the next (`Config::replay_pool_bytes`).
+    pub replay_pool: Arc<BufPool>,
 }
 
 impl Shared {
@@ -1183,6 +1185,7 @@ fn come_to_rest(
     }
     sh.wb.release_spare_records();
     sh.pool.trim(sh.cfg.pool_warm_bytes);
+    sh.replay_pool.trim(0);
     sh.counters.rests.fetch_add(1, Ordering::SeqCst);
     sh.reorg_cv.notify_all();
     crate::io::return_free_memory();

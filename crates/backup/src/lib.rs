@@ -257,10 +257,17 @@ pub struct MemoryUsage {
     /// Per-tablet state: segment metadata (about 70 bytes per allocated segment) and the
     /// tablet's state record. Grows with the tablets and their logs' segments, not with keys.
     pub tablet_metadata: u64,
+    /// Segment buffers of replays: the logs each replay in flight read (a restore holds its
+    /// tablet's logs until it is done; a shared replay until its last partition took its keys),
+    /// and up to `replay_pool_bytes` kept for the next replay; freed at rest. Not in
+    /// [`MemoryUsage::total`].
+    pub replay_buffers: u64,
 }
 
 impl MemoryUsage {
-    /// The sum of the parts.
+    /// The sum of the parts a server charges to its budget: all but `replay_buffers`, which a
+    /// recovery's restores need while they run (charging them would shrink the room the
+    /// coordinator planned the restore by).
     pub fn total(&self) -> u64 {
         self.write_buffer
             + self.flush_arenas
@@ -296,6 +303,7 @@ impl Backup {
         let dropped = engine::read_dropped(dir)?;
         let seq_base = engine::open_manifest(dir, &config)?;
         let pool_bytes = config.pool_bytes;
+        let replay_pool_bytes = config.replay_pool_bytes;
         let sh = Arc::new(Shared {
             dir: dir.to_path_buf(),
             wb: wbuf::WriteBuffer::new(
@@ -340,6 +348,7 @@ impl Backup {
             last_data_flush: Mutex::new(None),
             dropped: Mutex::new(dropped.clone()),
             mem: Arc::default(),
+            replay_pool: Arc::new(engine::BufPool::new(replay_pool_bytes)),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).
         let mut ids = Vec::new();
@@ -684,6 +693,7 @@ impl Backup {
             version_caches: l(&m.version_caches),
             notes: l(&m.notes),
             tablet_metadata: l(&m.tablet_metadata),
+            replay_buffers: self.sh.replay_pool.held_bytes(),
         }
     }
 

@@ -326,6 +326,8 @@ pub fn replay_grouped(
 /// source index) and the newest version and place of every key.
 struct Merged {
     segments: Vec<AlignedBuf>,
+    /// Where the segment buffers go back to when the replay is dropped.
+    pool: Arc<crate::engine::BufPool>,
     slbs: Vec<Vec<u8>>,
     /// The tablet each source belongs to.
     tablet_of: Vec<u64>,
@@ -334,6 +336,14 @@ struct Merged {
     report: ReplayReport,
     /// Data entries merged (kept ones only, with a filter).
     data_entries: u64,
+}
+
+impl Drop for Merged {
+    fn drop(&mut self) {
+        for b in self.segments.drain(..) {
+            self.pool.put(b);
+        }
+    }
 }
 
 impl Merged {
@@ -447,7 +457,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
                             break;
                         };
                         let t = &ts[ti];
-                        let mut buf = AlignedBuf::new(used as usize);
+                        let mut buf = sh.replay_pool.get(used as usize);
                         let n = io::read_exact_at(
                             &t.file,
                             &mut buf.full_mut()[..used as usize],
@@ -566,6 +576,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
             .into_iter()
             .map(|b| b.unwrap_or_else(|| AlignedBuf::new(0)))
             .collect(),
+        pool: sh.replay_pool.clone(),
         slbs,
         tablet_of,
         shards: shards.into_iter().map(|s| s.into_inner()).collect(),

@@ -379,6 +379,7 @@ impl Node {
                 ("backup_version_caches", backup.version_caches),
                 ("backup_notes", backup.notes),
                 ("backup_tablet_metadata", backup.tablet_metadata),
+                ("backup_replay_buffers", backup.replay_buffers),
             ]);
         }
         parts.extend([

@@ -28,6 +28,8 @@ pub struct BufPool {
     limit_bytes: usize,
     /// Bytes of buffers handed out by `get` and not yet put back (flushes in flight).
     lent_bytes: AtomicU64,
+    /// New buffers of 2 MiB and more are backed by transparent huge pages (`AlignedBuf::huge`).
+    huge: bool,
 }
 
 impl BufPool {
@@ -36,6 +38,17 @@ impl BufPool {
             free: Mutex::new(((0..40).map(|_| Vec::new()).collect(), 0)),
             limit_bytes,
             lent_bytes: AtomicU64::new(0),
+            huge: true,
+        }
+    }
+
+    /// A pool whose new buffers have 4 KiB pages: for buffers that may be used only once or a
+    /// few times (a replay's segments), whose first touch costs more with fresh huge pages on
+    /// this virtual machine (see `AlignedBuf::huge`).
+    pub fn with_small_pages(limit_bytes: usize) -> BufPool {
+        BufPool {
+            huge: false,
+            ..BufPool::new(limit_bytes)
         }
     }
     fn class(len: usize) -> usize {
@@ -51,7 +64,11 @@ impl BufPool {
             return b;
         }
         drop(g);
-        AlignedBuf::huge(1usize << c)
+        if self.huge {
+            AlignedBuf::huge(1usize << c)
+        } else {
+            AlignedBuf::new(1usize << c)
+        }
     }
 
     /// Fills the pool with `count` buffers for blocks of up to `len` bytes, touched now, so that

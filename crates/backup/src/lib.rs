@@ -348,7 +348,7 @@ impl Backup {
             last_data_flush: Mutex::new(None),
             dropped: Mutex::new(dropped.clone()),
             mem: Arc::default(),
-            replay_pool: Arc::new(engine::BufPool::new(replay_pool_bytes)),
+            replay_pool: Arc::new(engine::BufPool::with_small_pages(replay_pool_bytes)),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).
         let mut ids = Vec::new();

@@ -569,11 +569,7 @@ impl Backup {
         keep: Option<KeyFilter<'_>>,
         mut f: impl FnMut(Replayed<'_>),
     ) -> Result<ReplayReport> {
-        self.flush_for_replay()?;
-        let ts: Vec<_> = tablets
-            .iter()
-            .filter_map(|&id| self.sh.tablet(id))
-            .collect();
+        let ts = self.tablets_to_replay(tablets)?;
         if ts.is_empty() {
             return Ok(ReplayReport::default());
         }
@@ -596,12 +592,17 @@ impl Backup {
         group_of: KeyGroups<'_>,
         groups: usize,
     ) -> Result<GroupedReplay> {
+        let ts = self.tablets_to_replay(tablets)?;
+        replay::replay_grouped(&self.sh, &ts, group_of, groups)
+    }
+
+    /// The tablets of `tablets` this store holds, once everything appended so far is written.
+    fn tablets_to_replay(&self, tablets: &[u64]) -> Result<Vec<Arc<tablet::Tablet>>> {
         self.flush_for_replay()?;
-        let ts: Vec<_> = tablets
+        Ok(tablets
             .iter()
             .filter_map(|&id| self.sh.tablet(id))
-            .collect();
-        replay::replay_grouped(&self.sh, &ts, group_of, groups)
+            .collect())
     }
 
     /// Replays every tablet, in tablet order.

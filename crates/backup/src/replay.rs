@@ -426,9 +426,14 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
     let slb_index = segments.len();
     let used_total: u64 = segments.iter().map(|s| s.2).sum::<u64>()
         + slbs.iter().map(|s| s.len() as u64).sum::<u64>();
-    // Sized for small entries (a 16 B key and nothing else); the map grows if there are more.
-    let expect_keys =
-        (used_total / format::entry_bytes(16, 0, 1 << 20, 0) as u64).max(1024) as usize;
+    // Sized by the version records (every key has one in the version log or buffer, a put or a
+    // delete, more for keys written again) and at most for the smallest entries the data could
+    // hold (a 16 B key and nothing else). The version log lags the data after a crash; the map
+    // grows if there are more keys than that. A map sized for small entries alone was five times
+    // too large for 100 B values, and its fresh memory and cache misses showed in restores.
+    let by_versions = ver_len / format::VERSION_RECORD_BYTES as u64 + vbuf.len() as u64;
+    let by_data = used_total / format::entry_bytes(16, 0, 1 << 20, 0) as u64;
+    let expect_keys = by_versions.min(by_data).max(1024) as usize;
     let shards: Vec<parking_lot::Mutex<Shard>> = (0..SHARDS)
         .map(|_| {
             parking_lot::Mutex::new(Shard::with_capacity_and_hasher(

@@ -9,7 +9,7 @@ mod common;
 
 use common::process::ServerProcess;
 use ramlog_client::{Client, ClientConfig, Error};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -107,11 +107,15 @@ async fn writer(
     client: Client,
     mut st: TaskState,
     stop: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
 ) -> Result<TaskState, String> {
     while !stop.load(Ordering::SeqCst) {
         let r = st.next_random();
         let i = (r % KEYS_PER_TASK as u64) as usize;
         let k = key(st.task, i);
+        // Counted from before the request is sent until its answer is back, so that a kill
+        // can wait for a moment with writes in flight.
+        in_flight.fetch_add(1, Ordering::SeqCst);
         let (kind, result) = if (r >> 32).is_multiple_of(4) {
             (Kind::Delete, client.delete(&k).await)
         } else {
@@ -122,6 +126,7 @@ async fn writer(
                 client.put(&k, &value(st.task, seq)).await.map(Some),
             )
         };
+        in_flight.fetch_sub(1, Ordering::SeqCst);
         let outcome = match result {
             Ok(version) => Outcome::Acked {
                 version,
@@ -285,11 +290,20 @@ async fn write_for(
 ) -> (Vec<TaskState>, Instant) {
     let client = connect(server).await;
     let stop = Arc::new(AtomicBool::new(false));
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let handles: Vec<_> = tasks
         .into_iter()
-        .map(|st| tokio::spawn(writer(client.clone(), st, stop.clone())))
+        .map(|st| tokio::spawn(writer(client.clone(), st, stop.clone(), in_flight.clone())))
         .collect();
     tokio::time::sleep(run).await;
+    if kill {
+        // The writers share group commits: at the moment one ends, all of them may be between
+        // two writes, and a kill then finds none in flight. Wait (briefly) for one that is.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while in_flight.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+    }
     stop.store(true, Ordering::SeqCst);
     let killed_at = Instant::now();
     if kill {

@@ -187,6 +187,9 @@ pub struct Stats {
     /// Torn version-log tails cut off at open, and damaged version-log bytes found at open.
     pub open_version_bytes_cut: u64,
     pub open_version_bytes_damaged: u64,
+    /// Bytes of the primary log written through ahead of its use, once durable writes were
+    /// asked for (so that their syncs find no unwritten extents to convert).
+    pub primary_prewritten_bytes: u64,
     pub urgent_requests: u64,
     pub prompt_requests: u64,
     /// Times a flush waited for the cleaner because a log was above `reorg_throttle`.
@@ -304,6 +307,7 @@ impl Backup {
         let seq_base = engine::open_manifest(dir, &config)?;
         let pool_bytes = config.pool_bytes;
         let replay_pool_bytes = config.replay_pool_bytes;
+        let config_io_threads = config.io_threads;
         let sh = Arc::new(Shared {
             dir: dir.to_path_buf(),
             wb: wbuf::WriteBuffer::new(
@@ -321,6 +325,9 @@ impl Backup {
                 path: dir.join("primary.log"),
                 size: 0,
                 offset: 0,
+                prewrite_next: 0,
+                prewrite_busy: None,
+                lapped: false,
             }),
             progress: Mutex::new(engine::Progress {
                 written_lsn: 0,
@@ -349,6 +356,9 @@ impl Backup {
             dropped: Mutex::new(dropped.clone()),
             mem: Arc::default(),
             replay_pool: Arc::new(engine::BufPool::with_small_pages(replay_pool_bytes)),
+            prewrite_wanted: AtomicBool::new(false),
+            primary_cv: Condvar::new(),
+            syncers: iopool::IoPool::new(config_io_threads.saturating_sub(1), "ramlog-backup-sync"),
         });
         // Tablets with files on disk first (their watermarks decide the primary log's share).
         let mut ids = Vec::new();
@@ -384,6 +394,10 @@ impl Backup {
         let s4 = sh.clone();
         threads.push(spawn("ramlog-backup-finish", move || {
             engine::run_finisher(s4, rx2)
+        })?);
+        let s5 = sh.clone();
+        threads.push(spawn("ramlog-backup-prewrite", move || {
+            engine::run_prewriter(s5)
         })?);
         if sh.cfg.reorg_enabled {
             for i in 0..sh.cfg.reorg_threads {
@@ -470,6 +484,13 @@ impl Backup {
 
     /// Blocks until `ticket` has reached `stage`. Waiting for `Durable` starts a flush at once.
     pub fn wait(&self, ticket: Ticket, stage: Stage) -> Result<()> {
+        if stage == Stage::Durable {
+            self.want_prewrite();
+        }
+        self.wait_for(ticket, stage)
+    }
+
+    fn wait_for(&self, ticket: Ticket, stage: Stage) -> Result<()> {
         if self.poll(ticket)? >= stage {
             return Ok(());
         }
@@ -510,11 +531,24 @@ impl Backup {
         }
     }
 
-    /// Flushes everything appended so far and waits until it is durable.
+    /// Starts the pre-writer (`engine::run_prewriter`) on the first wait for `Stage::Durable`:
+    /// a store that makes writes durable on request is written through ahead of its primary
+    /// log's offset, so that those requests' syncs convert no preallocated extents.
+    fn want_prewrite(&self) {
+        if !self.sh.prewrite_wanted.load(Ordering::Relaxed)
+            && !self.sh.prewrite_wanted.swap(true, Ordering::SeqCst)
+        {
+            let _g = self.sh.primary.lock();
+            self.sh.primary_cv.notify_all();
+        }
+    }
+
+    /// Flushes everything appended so far and waits until it is durable (a flush at shutdown
+    /// does not start the pre-writer, as a durable wait does).
     pub fn flush(&self) -> Result<()> {
         let t = Ticket(self.sh.wb.lsn());
         self.sh.sync_requested.store(true, Ordering::SeqCst);
-        self.wait(t, Stage::Durable)
+        self.wait_for(t, Stage::Durable)
     }
 
     /// Writes every secondary-log buffer to its secondary log and spills every version buffer, so
@@ -743,6 +777,7 @@ impl Backup {
             reorg_corrupt_entries: l(&c.reorg_corrupt_entries),
             open_version_bytes_cut: l(&c.open_version_bytes_cut),
             open_version_bytes_damaged: l(&c.open_version_bytes_damaged),
+            primary_prewritten_bytes: l(&c.primary_prewritten_bytes),
             urgent_requests: l(&c.urgent_requests),
             prompt_requests: l(&c.prompt_requests),
             throttle_waits: l(&c.throttle_waits),
@@ -785,6 +820,7 @@ impl Backup {
         }
         self.sh.shutdown.store(true, Ordering::SeqCst);
         self.sh.reorg_cv.notify_all();
+        self.sh.primary_cv.notify_all();
         for h in it {
             let _ = h.join();
         }

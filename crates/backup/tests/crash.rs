@@ -20,8 +20,8 @@ struct RoundLog {
     /// Highest batch acknowledged as written (every batch before it is written too).
     acked: Option<u64>,
     /// In the `rest` mode, the child's last report: rests, store-wide version spills, version
-    /// tables dropped, notes dropped.
-    rest: [u64; 4],
+    /// tables dropped, notes dropped, primary log bytes written ahead.
+    rest: [u64; 5],
 }
 
 fn run_child(
@@ -60,8 +60,8 @@ fn run_child(
                         .skip(1)
                         .filter_map(|n| n.parse().ok())
                         .collect();
-                    if let [_, spills, tables, notes] = rest[..] {
-                        log2.lock().unwrap().rest = [rests, spills, tables, notes];
+                    if let [_, spills, tables, notes, prewritten] = rest[..] {
+                        log2.lock().unwrap().rest = [rests, spills, tables, notes, prewritten];
                     }
                 }
                 _ => {}
@@ -127,6 +127,9 @@ fn kill_minus_nine_after_rests_and_store_wide_spills() {
     assert!(most(0) > 1, "the store never came to rest after writes");
     assert!(most(1) > 0, "no store-wide version spill happened");
     assert!(most(2) > 0, "no version table was dropped");
+    // Its durable waits had the primary log written through ahead of the flushes (and the kills
+    // met the pre-writer at work).
+    assert!(most(4) > 0, "the primary log was never written ahead");
 }
 
 /// Runs `count` rounds of the crash child on one directory, each killed after a random time in

@@ -2,7 +2,7 @@
 //! directory and prints `B n` before appending batch n and `A n` once it is written (on disk).
 //! With the mode `rest`, it uses tiny memory bounds, waits for every batch to be durable, pauses
 //! after every 16th batch until the store has come to rest, and then prints
-//! `R rests spills_over_bound tables_dropped notes_dropped`.
+//! `R rests spills_over_bound tables_dropped notes_dropped primary_prewritten_bytes`.
 //! Usage: ramlog-backup-crash-child DIR SEED ROUND [rest]
 
 use ramlog_backup::testkit;
@@ -47,8 +47,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let s = backup.stats();
                 writeln!(
                     out,
-                    "R {} {} {} {}",
-                    s.rests, s.version_spills_over_bound, s.version_caches_dropped, s.notes_dropped
+                    "R {} {} {} {} {}",
+                    s.rests,
+                    s.version_spills_over_bound,
+                    s.version_caches_dropped,
+                    s.notes_dropped,
+                    s.primary_prewritten_bytes
                 )?;
                 out.flush()?;
             }

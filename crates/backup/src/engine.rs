@@ -1101,6 +1101,8 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
     // store has come to rest since.
     let mut last_data = Instant::now();
     let mut rest = Rest::Waiting;
+    // A written job taken early to share the sync of the one before it (see below).
+    let mut pending: Option<WrittenJob> = None;
     loop {
         let sync_at = match unsynced {
             Some((oldest, _)) if periodic => Some(periodic_sync_at(oldest, last_sync, sync_after)),
@@ -1109,42 +1111,52 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
         // Coming to rest waits for the periodic sync (it syncs the version logs itself).
         let rest_at =
             (rest == Rest::Waiting && sync_at.is_none()).then(|| last_data + sh.cfg.idle_after);
-        let job = match sync_at.or(rest_at) {
-            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                Ok(job) => job,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    if let (Some((_, lsn)), Some(_)) = (unsynced, sync_at) {
-                        // No flush came along in time: sync what is written.
-                        let t0 = Instant::now();
-                        let r = sync_all(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
-                        sh.counters
-                            .sync_ns
-                            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                        match r {
-                            Ok(()) => publish(&sh, lsn, false, true),
-                            Err(e) => sh.fail(&e),
+        let job = match pending.take() {
+            Some(job) => job,
+            None => match sync_at.or(rest_at) {
+                Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                    Ok(job) => job,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        if let (Some((_, lsn)), Some(_)) = (unsynced, sync_at) {
+                            // No flush came along in time: sync what is written.
+                            let t0 = Instant::now();
+                            let r =
+                                sync_all(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
+                            sh.counters
+                                .sync_ns
+                                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            match r {
+                                Ok(()) => publish(&sh, lsn, false, true),
+                                Err(e) => sh.fail(&e),
+                            }
+                            last_sync = Instant::now();
+                            unsynced = None;
+                        } else {
+                            // Nothing appended for `idle_after`: come to rest.
+                            rest = Rest::Done;
+                            let r = come_to_rest(
+                                &sh,
+                                &mut dirty,
+                                &mut dirty_versions,
+                                &mut primary_dirty,
+                            );
+                            if let Err(e) = r {
+                                sh.fail(&e);
+                            }
                         }
-                        last_sync = Instant::now();
-                        unsynced = None;
-                    } else {
-                        // Nothing appended for `idle_after`: come to rest.
-                        rest = Rest::Done;
-                        let r =
-                            come_to_rest(&sh, &mut dirty, &mut dirty_versions, &mut primary_dirty);
-                        if let Err(e) = r {
-                            sh.fail(&e);
-                        }
+                        continue;
                     }
-                    continue;
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
-            },
-            None => match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+                None => match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                },
             },
         };
         let closing = job.closing;
+        // Group commit across flushes (`finish`): a job may leave its sync to the next one.
+        let defer_to = (job.done.is_none() && !closing).then_some((&rx, &mut pending));
         let lsn = job.lsn;
         let done = job.done.clone();
         if job.oldest.is_some() {
@@ -1161,6 +1173,7 @@ pub fn run_finisher(sh: Arc<Shared>, rx: Receiver<WrittenJob>) {
             &sh,
             job,
             sync_due,
+            defer_to,
             &mut dirty,
             &mut dirty_versions,
             &mut primary_dirty,
@@ -1282,6 +1295,7 @@ fn finish(
     sh: &Shared,
     job: WrittenJob,
     sync_due: bool,
+    defer_to: Option<(&Receiver<WrittenJob>, &mut Option<WrittenJob>)>,
     dirty: &mut HashMap<u64, Arc<Tablet>>,
     dirty_versions: &mut HashMap<u64, Arc<Tablet>>,
     primary_dirty: &mut bool,
@@ -1353,6 +1367,19 @@ fn finish(
         sh.counters
             .version_ns
             .fetch_add((t2 - t1).as_nanos() as u64, Ordering::Relaxed);
+        // Group commit across flushes: a sync asked for when the next flush is written already
+        // (while this one waited for the previous sync) is left to that flush, whose sync then
+        // covers both; the waiters of this one wait for it.
+        let mut force_sync = force_sync;
+        if force_sync && !checkpoint && !wrap {
+            if let Some((rx, pending)) = defer_to {
+                if let Ok(mut next) = rx.try_recv() {
+                    next.force_sync = true;
+                    *pending = Some(next);
+                    force_sync = false;
+                }
+            }
+        }
         // A wrap or checkpoint always syncs: the primary block of a wrap may overwrite the
         // previous lap only once everything the lap held is durable elsewhere.
         let must_sync = checkpoint || force_sync || sync_due;

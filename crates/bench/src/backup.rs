@@ -21,6 +21,13 @@
 //!    quick: 200 k) with 100 B values over 64 tablets: (RSS at rest − RSS of the same store
 //!    before logging) / N, and the same from `Backup::memory().total()`. Target ≤ 16 B/key,
 //!    judged in a full run only.
+//! 6. durable group commits (`commit`): 1 and 4 appenders, each appending 100 entries of 16 B
+//!    keys and 100 B values to a tablet of its own and waiting for `Stage::Durable`, in a loop,
+//!    with a store opened as a 1 GiB server opens it; against the disk's own bound in the same
+//!    run: a bare loop of one O_DIRECT write of the store's mean primary block and one fdatasync,
+//!    appending through a file written through once (and, for the record, through a
+//!    preallocated one, whose unwritten extents cost a journal commit per sync). Store and bare
+//!    runs alternate (3 pairs in a full run); the pair with the median ratio is reported.
 //!
 //! Data lives under `$RAMLOG_BENCH_DIR` (default `target/bench-data` in the working directory)
 //! and is removed afterwards.
@@ -187,6 +194,114 @@ fn raw_bandwidth(dir: &Path, total_bytes: u64, runs: usize) -> Result<(f64, IoMo
     }
     let _ = std::fs::remove_file(&path);
     Ok((best, mode))
+}
+
+/// What [`commit_run`] measured.
+struct CommitRun {
+    commits_per_s: f64,
+    mean_wait_us: f64,
+    /// Entries per sync the store issued (its group commits' size).
+    entries_per_sync: f64,
+    /// The mean primary block the store wrote.
+    block_bytes: usize,
+}
+
+/// `appenders` threads, each appending 100 entries (16 B keys, 100 B values) to a tablet of its
+/// own and waiting until they are durable, in a loop for `secs`, on a store opened as a server
+/// with a 1 GiB budget opens it.
+fn commit_run(dir: &Path, appenders: usize, secs: f64) -> Result<CommitRun> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const ENTRIES: u64 = 100;
+    let b = Backup::open(dir, Config::for_memory_budget(1 << 30))?;
+    let value = [0x5au8; 100];
+    let commits = AtomicU64::new(0);
+    let wait_ns = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let mut handles = Vec::new();
+        for t in 0..appenders as u64 {
+            let (b, commits, wait_ns) = (&b, &commits, &wait_ns);
+            handles.push(s.spawn(move || -> Result<()> {
+                let keys: Vec<[u8; KEY_BYTES]> = (0..ENTRIES)
+                    .map(|i| {
+                        let mut k = [0u8; KEY_BYTES];
+                        fill_key(&mut k, t << 32 | i);
+                        k
+                    })
+                    .collect();
+                let mut version = 1u64;
+                while start.elapsed().as_secs_f64() < secs {
+                    let entries: Vec<Entry<'_>> = keys
+                        .iter()
+                        .map(|k| Entry {
+                            key: k,
+                            value: Some(&value),
+                            version,
+                            expiry: 0,
+                        })
+                        .collect();
+                    version += 1;
+                    let t0 = Instant::now();
+                    let ticket = b.append(t + 1, &entries)?;
+                    b.wait(ticket, Stage::Durable)?;
+                    wait_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    commits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("an appender panicked"))??;
+        }
+        Ok(())
+    })?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = commits.load(Ordering::Relaxed).max(1);
+    let st = b.stats();
+    b.close()?;
+    Ok(CommitRun {
+        commits_per_s: n as f64 / elapsed,
+        mean_wait_us: wait_ns.load(Ordering::Relaxed) as f64 / n as f64 / 1e3,
+        entries_per_sync: st.appended_entries as f64 / st.syncs.max(1) as f64,
+        block_bytes: (st.primary_bytes / st.primary_writes.max(1)) as usize,
+    })
+}
+
+/// The disk's bound on a durable group commit: O_DIRECT writes of `bytes` (whole pages)
+/// appended through a 256 MiB file, each followed by fdatasync, for `secs`; the file written
+/// through once first (`written`), or only preallocated (its extents unwritten). Syncs per second.
+fn bare_commits(root: &Path, bytes: usize, secs: f64, written: bool) -> Result<f64> {
+    let mode = ramlog_backup::io::probe_direct(root);
+    let path = root.join("bare-commit.bin");
+    let _ = std::fs::remove_file(&path);
+    let size: u64 = 256 << 20;
+    let f = open_log(&path, mode, true)?;
+    preallocate(&f, 0, size)?;
+    if written {
+        let fill = filled_buffer(8 << 20);
+        for i in 0..size / (8 << 20) {
+            f.write_all_at(fill.as_slice(), i * (8 << 20))?;
+        }
+        f.sync_all()?;
+    }
+    let len = bytes.max(1).next_multiple_of(4096);
+    let block = filled_buffer(len);
+    let start = Instant::now();
+    let (mut n, mut at) = (0u64, 0u64);
+    while start.elapsed().as_secs_f64() < secs {
+        if at + len as u64 > size {
+            at = 0;
+        }
+        f.write_all_at(block.as_slice(), at)?;
+        f.sync_data()?;
+        at += len as u64;
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(rate)
 }
 
 /// An O_DIRECT-ready buffer of `len` bytes (huge pages) filled with a non-zero pattern.
@@ -795,10 +910,10 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
     report.push(Row::plain("raw_sequential_write_MBps", raw / 1e6, "MB/s"));
     let raw_mbps = raw / 1e6;
 
-    // RAMLOG_BENCH_BACKUP_GROUPS=memory,log,two_level,reorg,replay runs a subset (for
+    // RAMLOG_BENCH_BACKUP_GROUPS=memory,log,two_level,reorg,replay,commit runs a subset (for
     // development).
     let groups = std::env::var("RAMLOG_BENCH_BACKUP_GROUPS")
-        .unwrap_or_else(|_| "memory,log,two_level,reorg,replay".into());
+        .unwrap_or_else(|_| "memory,log,two_level,reorg,replay,commit".into());
     let want = |g: &str| groups.split(',').any(|x| x.trim() == g);
     // RAMLOG_BENCH_BACKUP_ROWS=512B/1tablet keeps only logging rows whose name contains it.
     let rows = std::env::var("RAMLOG_BENCH_BACKUP_ROWS").unwrap_or_default();
@@ -858,6 +973,55 @@ pub fn run(quick: bool, json: Option<&Path>) -> Result<()> {
                 per_key(m.at_rest.total() as i64 - m.before.total() as i64),
                 "B/key",
             )));
+        }
+    }
+
+    // 6. Durable group commits against the bare write + fdatasync loop.
+    if want("commit") {
+        let secs = if quick { 1.0 } else { 2.0 };
+        let reps = if quick { 1 } else { 3 };
+        for appenders in [1usize, 4] {
+            let mut pairs: Vec<(CommitRun, f64)> = Vec::new();
+            for _ in 0..reps {
+                let scratch = Scratch::new(&root, "commit")?;
+                let run = commit_run(&scratch.0, appenders, secs)?;
+                drop(scratch);
+                let bare = bare_commits(&root, run.block_bytes, secs, true)?;
+                pairs.push((run, bare));
+            }
+            pairs.sort_by(|a, b| (a.0.commits_per_s / a.1).total_cmp(&(b.0.commits_per_s / b.1)));
+            let (run, bare) = pairs.swap_remove(pairs.len() / 2);
+            let name = format!("commit/{appenders}_appenders");
+            report.push(Row::versus(
+                format!("{name}/durable_commits_per_s_vs_bare"),
+                run.commits_per_s,
+                "commits/s",
+                bare,
+            ));
+            report.push(Row::plain(
+                format!("{name}/mean_wait_us"),
+                run.mean_wait_us,
+                "us",
+            ));
+            report.push(Row::plain(
+                format!("{name}/entries_per_sync"),
+                run.entries_per_sync,
+                "entries",
+            ));
+            report.push(Row::plain(
+                format!("{name}/block_bytes"),
+                run.block_bytes as f64,
+                "bytes",
+            ));
+            if appenders == 1 {
+                let unwritten = bare_commits(&root, run.block_bytes, secs, false)?;
+                report.push(Row::versus(
+                    "commit/bare_through_preallocated_per_s",
+                    unwritten,
+                    "syncs/s",
+                    bare,
+                ));
+            }
         }
     }
 

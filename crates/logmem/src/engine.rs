@@ -164,6 +164,23 @@ enum Keep {
     InPlace,
 }
 
+/// One record for [`Inner::restore_batch`]: a key with its value (None: a delete), original
+/// version and expiry.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreItem<'a> {
+    pub key: &'a [u8],
+    pub value: Option<&'a [u8]>,
+    pub version: Version,
+    pub expire_at_ms: u64,
+}
+
+/// Items a batch restore installs under one hold of the tablet's lock (the cleaner and other
+/// holders of the lock wait for at most this many installs).
+pub const RESTORE_LOCK_ITEMS: usize = 64;
+/// How many items ahead of the one it installs a batch restore prefetches the index bucket of
+/// (as the bulk restore does).
+const RESTORE_PREFETCH_AHEAD: usize = 8;
+
 pub(crate) struct Inner {
     pub config: EngineConfig,
     pub pool: SegletPool,
@@ -492,6 +509,24 @@ impl Inner {
             seglet = self.pool.next_seglet(seglet);
             off = 0;
         }
+    }
+
+    /// Starts loading the first bytes of the entry at `loc` (a hint: nothing is read).
+    #[inline]
+    pub fn prefetch_entry(&self, loc: Loc) {
+        let ptr = self
+            .pool
+            .seglet_ptr(loc_seglet(loc))
+            .wrapping_add(loc_offset(loc));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetching is a hint that never faults, whatever the address.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                ptr as *const i8,
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = ptr;
     }
 
     /// Calls `f` with the entry at `loc` as contiguous slices. With `with_value` false the value
@@ -1727,55 +1762,124 @@ impl Inner {
         version: Version,
         expire_at_ms: u64,
     ) -> Result<(), EngineError> {
-        self.check_sizes(key, value.unwrap_or(b""))?;
-        self.clock.fetch_max(version, Ordering::Relaxed);
+        self.restore_batch(
+            tablet,
+            &[RestoreItem {
+                key,
+                value,
+                version,
+                expire_at_ms,
+            }],
+        )
+    }
+
+    /// [`Inner::restore`] for each item, in order: the tablet is looked up once and its lock
+    /// taken once per [`RESTORE_LOCK_ITEMS`] items, and the index bucket of the item
+    /// [`RESTORE_PREFETCH_AHEAD`] ahead is prefetched, so that the lookups' misses overlap (a
+    /// mirror applies each replicated unit this way). Every item is checked before any is
+    /// installed; an item that finds no memory waits for it, as a write does, and the batch goes
+    /// on from there.
+    pub fn restore_batch(
+        &self,
+        tablet: TabletId,
+        items: &[RestoreItem<'_>],
+    ) -> Result<(), EngineError> {
+        for it in items {
+            self.check_sizes(it.key, it.value.unwrap_or(b""))?;
+        }
+        let Some(newest) = items.iter().map(|it| it.version).max() else {
+            return Ok(());
+        };
+        self.clock.fetch_max(newest, Ordering::Relaxed);
         let tablet_ref = self.tablet(tablet)?;
-        let hash = hash_key(key);
+        // One item (a lone restore) needs no table of hashes to prefetch from.
+        let hashes: Vec<u64> = if items.len() > 1 {
+            items.iter().map(|it| hash_key(it.key)).collect()
+        } else {
+            Vec::new()
+        };
+        for &h in hashes.iter().take(RESTORE_PREFETCH_AHEAD) {
+            tablet_ref.index.prefetch(h);
+        }
         let mut started = None;
-        loop {
+        let mut now = None;
+        let mut i = 0;
+        'locked: while i < items.len() {
             let guard = epoch::pin();
             let mut head = tablet_ref.head.lock();
-            let current = self.find(tablet_ref, hash, key);
-            if let Some((_, _, h)) = &current {
-                if h.version >= version {
-                    return Ok(());
+            let end = (i + RESTORE_LOCK_ITEMS).min(items.len());
+            while i < end {
+                // Two stages: the bucket of the item far ahead, and the entries that the (now
+                // cached) bucket of the item half as far ahead names, whose keys its lookup
+                // compares.
+                if let Some(&ahead) = hashes.get(i + RESTORE_PREFETCH_AHEAD) {
+                    tablet_ref.index.prefetch(ahead);
                 }
-            }
-            // A record that expired while it was away is replayed as the delete it has become.
-            let value = value.filter(|_| !expired(expire_at_ms, &mut None));
-            let Some(value) = value else {
-                if let Some(c) = current {
-                    self.supersede(tablet_ref, hash, key, c, None, version);
+                if let Some(&near) = hashes.get(i + RESTORE_PREFETCH_AHEAD / 2) {
+                    tablet_ref
+                        .index
+                        .tag_matches(near, |loc| self.prefetch_entry(loc));
                 }
-                return Ok(());
-            };
-            let mut header = [0u8; HEADER_BYTES_MAX];
-            let hl = encode_header(&mut header, KIND_OBJECT, version, key, value, expire_at_ms);
-            let total = hl + key.len() + value.len();
-            let (loc, segment) = match self.append(
-                &mut head,
-                tablet,
-                &[&header[..hl], key, value],
-                total,
-                AllocClass::Writer,
-            ) {
-                Ok(placed) => placed,
-                Err(AppendError::NoMemory) => {
-                    drop(head);
-                    drop(guard);
-                    self.wait_for_memory(&mut started, AllocClass::Writer)?;
+                let it = &items[i];
+                let key = it.key;
+                let hash = hashes.get(i).copied().unwrap_or_else(|| hash_key(key));
+                let current = self.find(tablet_ref, hash, key);
+                if current.as_ref().is_some_and(|c| c.2.version >= it.version) {
+                    i += 1;
                     continue;
                 }
-                Err(AppendError::SegmentFull) => {
-                    unreachable!("append retries on a new segment")
-                }
-            };
-            self.counters.new_bytes.add(total as i64);
-            self.mark_live(segment, total);
-            self.note_expiry(segment, expire_at_ms);
-            self.point_index_at(tablet_ref, hash, key, current, loc, version, expire_at_ms);
-            return Ok(());
+                // A record that expired while it was away is replayed as the delete it has become.
+                let Some(value) = it.value.filter(|_| !expired(it.expire_at_ms, &mut now)) else {
+                    if let Some(c) = current {
+                        self.supersede(tablet_ref, hash, key, c, None, it.version);
+                    }
+                    i += 1;
+                    continue;
+                };
+                let mut header = [0u8; HEADER_BYTES_MAX];
+                let hl = encode_header(
+                    &mut header,
+                    KIND_OBJECT,
+                    it.version,
+                    key,
+                    value,
+                    it.expire_at_ms,
+                );
+                let total = hl + key.len() + value.len();
+                let (loc, segment) = match self.append(
+                    &mut head,
+                    tablet,
+                    &[&header[..hl], key, value],
+                    total,
+                    AllocClass::Writer,
+                ) {
+                    Ok(placed) => placed,
+                    Err(AppendError::NoMemory) => {
+                        drop(head);
+                        drop(guard);
+                        self.wait_for_memory(&mut started, AllocClass::Writer)?;
+                        continue 'locked;
+                    }
+                    Err(AppendError::SegmentFull) => {
+                        unreachable!("append retries on a new segment")
+                    }
+                };
+                self.counters.new_bytes.add(total as i64);
+                self.mark_live(segment, total);
+                self.note_expiry(segment, it.expire_at_ms);
+                self.point_index_at(
+                    tablet_ref,
+                    hash,
+                    key,
+                    current,
+                    loc,
+                    it.version,
+                    it.expire_at_ms,
+                );
+                i += 1;
+            }
         }
+        Ok(())
     }
 
     pub fn scan_keys(

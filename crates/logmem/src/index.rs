@@ -445,6 +445,21 @@ impl HashIndex {
         let _ = bucket;
     }
 
+    /// Calls `f` with the location of every current reference in the first bucket of `hash`'s
+    /// chain whose tag matches it, with no key comparison: for prefetching the entries a later
+    /// [`HashIndex::lookup`] compares keys with. A hint; a concurrent move may hide one.
+    #[inline]
+    pub fn tag_matches(&self, hash: u64, mut f: impl FnMut(Loc)) {
+        let tag = tag_of(hash);
+        let bucket = self.bucket(Self::bucket_of(self.shape.load(Ordering::Acquire), hash));
+        for slot in &bucket.slots[..SLOTS - 1] {
+            let v = slot.load(Ordering::Relaxed);
+            if (v >> TAG_SHIFT) & TAG_MASK == tag && v & (VALID | HISTORIC) == VALID {
+                f(v & LOC_MASK);
+            }
+        }
+    }
+
     /// Finds the slot that holds exactly `loc` (the cleaner's liveness test: no key comparison).
     pub fn find_loc(&self, hash: u64, loc: Loc) -> Option<SlotRef> {
         let want = make_ref(hash, loc);

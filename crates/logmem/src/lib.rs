@@ -31,7 +31,7 @@ mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::{unix_ns, ExpiredObserver, TABLETS_MAX};
+pub use engine::{unix_ns, ExpiredObserver, RestoreItem, TABLETS_MAX};
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;
@@ -392,6 +392,16 @@ impl Engine {
     ) -> Result<(), EngineError> {
         self.inner
             .restore(tablet, key, value, version, expire_at_ms)
+    }
+
+    /// Installs replayed records in order, as [`Engine::restore`] does each, with one tablet
+    /// lookup and lock per group of them and their index buckets prefetched ahead.
+    pub fn restore_batch(
+        &self,
+        tablet: TabletId,
+        items: &[RestoreItem<'_>],
+    ) -> Result<(), EngineError> {
+        self.inner.restore_batch(tablet, items)
     }
 
     /// A loader that fills `tablet` from a replay of its backup logs, which yields each key once

@@ -434,7 +434,7 @@ async fn malformed_frames_get_typed_errors_and_the_connection_lives() {
             Status::BadRequest,
         ), // key length past the end
         (frame(2, 0x7E, 0, &[]), Status::UnknownOpcode),
-        (frame(3, 0x35, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH, 0x31..=0x34 replication)
+        (frame(3, 0x36, 0, &[]), Status::Unsupported), // reserved (0x30 is RESP_BATCH, 0x31..=0x34 replication, 0x35 RESP_PASS)
         (frame(4, opcode::SCAN_KEYS, 0x08, &[]), Status::Unsupported), // FILTER flag is reserved
         (
             frame(5, opcode::MULTI_GET, 0, &[0xFF, 0xFF, 0xFF, 0x7F]),

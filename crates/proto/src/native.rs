@@ -89,6 +89,9 @@ pub mod opcode {
     /// Server to server: RESP commands a routing port forwards to the server that masters their
     /// keys, executed in order; the reply carries each command's RESP reply.
     pub const RESP_BATCH: u8 = 0x30;
+    /// Server to server: RESP commands as a client sent them (their RESP bytes passed through, not
+    /// re-encoded), executed in order; the reply is RESP_BATCH's.
+    pub const RESP_PASS: u8 = 0x35;
 
     /// Server to server: replication (see [`crate::repl`]). Only `REPL_HELLO` is a request a
     /// native connection answers; it turns the connection into a replication stream.
@@ -97,10 +100,10 @@ pub mod opcode {
     pub const REPL_ACK: u8 = crate::repl::REPL_ACK;
     pub const REPL_REFUSED: u8 = crate::repl::REPL_REFUSED;
 
-    /// True for opcodes the protocol reserves for later versions (0x35..=0x3F for server-to-server
+    /// True for opcodes the protocol reserves for later versions (0x36..=0x3F for server-to-server
     /// traffic).
     pub fn is_reserved(op: u8) -> bool {
-        matches!(op, 0x35..=0x3F)
+        matches!(op, 0x36..=0x3F)
     }
 
     /// A readable name, for messages and logs.
@@ -129,6 +132,7 @@ pub mod opcode {
             SNAPSHOT_CUT => "SNAPSHOT_CUT",
             CLUSTER_MAP => "CLUSTER_MAP",
             RESP_BATCH => "RESP_BATCH",
+            RESP_PASS => "RESP_PASS",
             REPL_HELLO => "REPL_HELLO",
             REPL_BATCH => "REPL_BATCH",
             REPL_ACK => "REPL_ACK",
@@ -659,6 +663,13 @@ pub enum Request<'a> {
         protocol: u8,
         commands: Vec<Vec<&'a [u8]>>,
     },
+    /// `count` RESP commands, as RESP arrays of bulk strings back to back in `resp`, to run in
+    /// order with RESP protocol version `protocol` (2 or 3); [`resp_pass_commands`] splits them.
+    RespPass {
+        protocol: u8,
+        count: u32,
+        resp: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -687,6 +698,7 @@ impl<'a> Request<'a> {
             Request::GetSchema { .. } => opcode::GET_SCHEMA,
             Request::ClusterMap => opcode::CLUSTER_MAP,
             Request::RespBatch { .. } => opcode::RESP_BATCH,
+            Request::RespPass { .. } => opcode::RESP_PASS,
         }
     }
 
@@ -700,7 +712,8 @@ impl<'a> Request<'a> {
             | Request::ScanNext { .. }
             | Request::ScanClose { .. }
             | Request::ClusterMap
-            | Request::RespBatch { .. } => None,
+            | Request::RespBatch { .. }
+            | Request::RespPass { .. } => None,
             Request::Get { table, .. }
             | Request::Put { table, .. }
             | Request::Delete { table, .. }
@@ -848,6 +861,15 @@ impl<'a> Request<'a> {
                         put_bytes(out, arg);
                     }
                 }
+            }
+            Request::RespPass {
+                protocol,
+                count,
+                resp,
+            } => {
+                out.put_u8(*protocol);
+                out.put_u32_le(*count);
+                out.put_slice(resp);
             }
         }
         finish_frame(out, start);
@@ -1100,6 +1122,20 @@ impl<'a> Request<'a> {
                     commands.push(args);
                 }
                 Request::RespBatch { protocol, commands }
+            }
+            opcode::RESP_PASS => {
+                let protocol = r.u8("protocol")?;
+                if !(2..=3).contains(&protocol) {
+                    return Err(DecodeError::bad(format!("RESP protocol {protocol}")));
+                }
+                // Each command takes at least `*1\r\n$0\r\n\r\n`.
+                let count = r.count("commands", 10, RESP_BATCH_MAX)?;
+                let resp = r.take(r.buf.len(), "commands")?;
+                Request::RespPass {
+                    protocol,
+                    count: count as u32,
+                    resp,
+                }
             }
             other => {
                 return Err(DecodeError {
@@ -1490,7 +1526,7 @@ impl Response {
             opcode::SET_SCHEMA => Response::SchemaSet,
             opcode::GET_SCHEMA => Response::Schema(slice(r.bytes("schema")?)),
             opcode::CLUSTER_MAP => Response::ClusterMap(slice(r.bytes("map")?)),
-            opcode::RESP_BATCH => {
+            opcode::RESP_BATCH | opcode::RESP_PASS => {
                 let count = r.count("replies", 4, RESP_BATCH_MAX)?;
                 let mut replies = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -1645,6 +1681,12 @@ pub fn decode_request_stream(mut buf: &[u8], max_frame_bytes: usize) -> (usize, 
                             Some(&request),
                             "request re-encoding is lossy"
                         );
+                        if let Request::RespPass { count, resp, .. } = request {
+                            if let Ok(commands) = resp_pass_commands(count, resp) {
+                                assert_eq!(commands.len(), count as usize);
+                                assert!(commands.iter().all(|c| !c.is_empty()));
+                            }
+                        }
                         ok += 1;
                     }
                     Err(_) => errors += 1,
@@ -1666,6 +1708,58 @@ pub fn decode_request_stream(mut buf: &[u8], max_frame_bytes: usize) -> (usize, 
         }
     }
     (ok, errors)
+}
+
+/// The `count` commands of a RESP_PASS body: each a RESP array of one or more bulk strings (inline
+/// commands and empty arrays are refused), back to back, filling `resp` exactly. The arguments are
+/// slices of `resp`.
+pub fn resp_pass_commands(count: u32, resp: &[u8]) -> Result<Vec<Vec<&[u8]>>, DecodeError> {
+    let decoder = crate::resp::RequestDecoder::new(crate::resp::RequestLimits {
+        bulk_len_max: resp.len(),
+        array_len_max: RESP_BATCH_MAX as usize,
+        inline_len_max: 0,
+        request_len_max: resp.len(),
+    });
+    let mut request = crate::resp::Request::default();
+    let mut commands = Vec::with_capacity((count as usize).min(resp.len() / 10 + 1));
+    let mut pos = 0;
+    for i in 0..count {
+        let rest = &resp[pos..];
+        if rest.first() != Some(&b'*') {
+            return Err(DecodeError::bad(format!(
+                "RESP_PASS command {i}: not a RESP array"
+            )));
+        }
+        match decoder.decode(rest, &mut request) {
+            Ok(Some(used)) if !request.is_empty() => {
+                commands.push(request.spans().iter().map(|r| &rest[r.clone()]).collect());
+                pos += used;
+            }
+            Ok(Some(_)) => {
+                return Err(DecodeError::bad(format!(
+                    "RESP_PASS command {i}: a command without a name"
+                )))
+            }
+            Ok(None) => {
+                return Err(DecodeError::bad(format!(
+                    "RESP_PASS command {i}: truncated"
+                )))
+            }
+            Err(e) => {
+                return Err(DecodeError::bad(format!(
+                    "RESP_PASS command {i}: {}",
+                    e.message()
+                )))
+            }
+        }
+    }
+    if pos != resp.len() {
+        return Err(DecodeError::bad(format!(
+            "RESP_PASS: {} bytes after its {count} commands",
+            resp.len() - pos
+        )));
+    }
+    Ok(commands)
 }
 
 /// Decode every complete frame at the start of `buf` as responses, the way a client does.

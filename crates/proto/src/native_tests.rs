@@ -157,7 +157,7 @@ fn malformed_bodies_are_typed_errors() {
     assert_eq!(e.status, Status::UnknownOpcode);
     // Reserved opcodes and flags.
     assert_eq!(
-        Request::decode(0x35, 0, &[]).unwrap_err().status,
+        Request::decode(0x36, 0, &[]).unwrap_err().status,
         Status::Unsupported
     );
     assert_eq!(
@@ -659,7 +659,8 @@ proptest! {
             opcode::GET, opcode::PUT, opcode::MULTI_GET, opcode::MULTI_PUT, opcode::SCAN_KEYS,
             opcode::SNAPSHOT_OPEN, opcode::SNAPSHOT_RELEASE, opcode::SCAN_FILTERED, opcode::GET_AT,
             opcode::SCAN_NEXT, opcode::SCAN_CLOSE, opcode::SET_SCHEMA, opcode::GET_SCHEMA,
-            opcode::CLUSTER_MAP, opcode::RESP_BATCH, opcode::SCAN_TABLET, opcode::SNAPSHOT_CUT,
+            opcode::CLUSTER_MAP, opcode::RESP_BATCH, opcode::RESP_PASS, opcode::SCAN_TABLET,
+            opcode::SNAPSHOT_CUT,
         ] {
             let _ = Request::decode(op, bytes.first().copied().unwrap_or(0) & flag::KNOWN, &bytes);
             let _ = Response::decode(op, 0, Bytes::copy_from_slice(&bytes));
@@ -676,4 +677,77 @@ proptest! {
         }
         decode_request_stream(&buf, 1 << 16);
     }
+}
+
+#[test]
+fn resp_pass_carries_commands_byte_for_byte() {
+    use crate::native::resp_pass_commands;
+    let commands: Vec<Vec<&[u8]>> = vec![
+        vec![b"SET", b"", b"empty key"],
+        vec![b"set", b"\x00\r\n*1\r\n", b""],
+        vec![b"GET", &[0xff; 300]],
+    ];
+    let mut resp = Vec::new();
+    for c in &commands {
+        crate::resp::encode_command(&mut resp, c);
+    }
+    let request = Request::RespPass {
+        protocol: 3,
+        count: 3,
+        resp: &resp,
+    };
+    let mut frame = BytesMut::new();
+    request.encode(9, &mut frame);
+    let h = parse_header(&frame, FRAME_BYTES_HARD_MAX).unwrap().unwrap();
+    assert_eq!(h.opcode, opcode::RESP_PASS);
+    let decoded = Request::decode(h.opcode, h.flags_or_status, &frame[HEADER_LEN..]).unwrap();
+    assert_eq!(decoded, request);
+    let Request::RespPass {
+        count, resp: got, ..
+    } = decoded
+    else {
+        unreachable!()
+    };
+    assert_eq!(got, &resp[..], "the bytes pass through unchanged");
+    assert_eq!(resp_pass_commands(count, got).unwrap(), commands);
+    // The reply is RESP_BATCH's.
+    let reply = Response::RespBatch(vec![Bytes::from_static(b"+OK\r\n")]);
+    let mut out = BytesMut::new();
+    reply.encode(9, opcode::RESP_PASS, &mut out);
+    let h = parse_header(&out, FRAME_BYTES_HARD_MAX).unwrap().unwrap();
+    assert_eq!(
+        Response::decode(opcode::RESP_PASS, 0, out.freeze().slice(HEADER_LEN..)).unwrap(),
+        reply
+    );
+    assert_eq!(h.opcode, opcode::RESP_PASS);
+
+    // Malformed bodies: a clear error each, never a panic.
+    let bad = |count: u32, resp: &[u8]| resp_pass_commands(count, resp).unwrap_err().message;
+    assert!(
+        bad(4, &resp).contains("command 3"),
+        "fewer commands than counted"
+    );
+    assert!(
+        bad(2, &resp).contains("bytes after"),
+        "more commands than counted"
+    );
+    assert!(bad(1, b"GET a\r\n").contains("not a RESP array"), "inline");
+    assert!(bad(1, b"*0\r\n").contains("without a name"));
+    assert!(
+        bad(1, b"*2\r\n$3\r\nGET\r\n$5\r\nab").contains("command 0"),
+        "truncated"
+    );
+    assert!(bad(1, b"*2\r\n$3\r\nGET\r\n").contains("truncated"));
+    assert!(bad(1, b"*1\r\n:3\r\n").contains("command 0"));
+    assert_eq!(
+        Request::decode(opcode::RESP_PASS, 0, &[4, 1, 0, 0, 0])
+            .unwrap_err()
+            .status,
+        Status::BadRequest,
+        "RESP protocol 4"
+    );
+    assert!(
+        Request::decode(opcode::RESP_PASS, 0, &[2, 0xff, 0xff, 0, 0, b'*']).is_err(),
+        "a count the body cannot hold"
+    );
 }

@@ -110,6 +110,16 @@ impl Request {
         }
     }
 
+    /// The arguments of a request that came as a RESP array, as ranges of the buffer passed to
+    /// `decode` (none for an inline command).
+    pub fn spans(&self) -> &[std::ops::Range<usize>] {
+        if self.inline {
+            &[]
+        } else {
+            &self.spans
+        }
+    }
+
     fn clear(&mut self) {
         self.spans.clear();
         self.owned.clear();

@@ -445,6 +445,7 @@ fn is_write(op: u8) -> bool {
             | opcode::EXPIRE
             | opcode::MULTI_PUT
             | opcode::RESP_BATCH
+            | opcode::RESP_PASS
     )
 }
 
@@ -1262,6 +1263,15 @@ impl Session<'_> {
             ),
             Request::RespBatch { protocol, commands } => {
                 Response::RespBatch(self.resp_batch(*protocol, commands))
+            }
+            Request::RespPass {
+                protocol,
+                count,
+                resp,
+            } => {
+                let commands = ramlog_proto::native::resp_pass_commands(*count, resp)
+                    .map_err(|e| Failure(Status::BadRequest, 0, e.message))?;
+                Response::RespBatch(self.resp_batch(*protocol, &commands))
             }
             Request::GetAt {
                 table,

@@ -2,7 +2,7 @@
 //!
 //! Each request is routed by its keys' slots through the map this server holds:
 //! - keys this server masters run here, through the same command layer as the RESP port;
-//! - keys another server masters are forwarded to it over the native protocol (RESP_BATCH: all the
+//! - keys another server masters are forwarded to it over the native protocol (RESP_PASS: all the
 //!   commands of one read for one server travel in one frame and run there in order);
 //! - MGET, MSET, DEL, UNLINK and EXISTS over keys of several servers are split by server and their
 //!   replies merged (MSET is then atomic per server, not across servers);
@@ -95,13 +95,13 @@ enum Part {
     },
 }
 
-/// Commands for one server, their arguments copied once into one buffer.
+/// Commands for one server, as RESP arrays back to back in one buffer: a command forwarded as its
+/// client sent it is copied once, its bytes unchanged (RESP_PASS); one the routing port made (a
+/// piece of a split MGET, a SCAN with its cursor rewritten) is encoded into it.
 #[derive(Default, Clone)]
 struct Outgoing {
     data: Vec<u8>,
-    /// Each argument's range in `data`.
-    args: Vec<(usize, usize)>,
-    /// Where each command's arguments end in `args`.
+    /// Where each command ends in `data`.
     ends: Vec<usize>,
     /// Each command's slot: that of its first key (of the one being recovered, for a command
     /// held back); None for a command addressed to the server itself (DBSIZE, KEYS, SCAN, ...),
@@ -110,13 +110,14 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    fn push(&mut self, args: &[&[u8]], slot: Option<u16>) -> usize {
-        for a in args {
-            let start = self.data.len();
-            self.data.extend_from_slice(a);
-            self.args.push((start, self.data.len()));
+    /// Adds a command: `raw`, its client's RESP array when it goes unchanged, else `args`
+    /// encoded.
+    fn push(&mut self, args: &[&[u8]], raw: Option<&[u8]>, slot: Option<u16>) -> usize {
+        match raw {
+            Some(raw) => self.data.extend_from_slice(raw),
+            None => ramlog_proto::resp::encode_command(&mut self.data, args),
         }
-        self.ends.push(self.args.len());
+        self.ends.push(self.data.len());
         self.slots.push(slot);
         self.ends.len() - 1
     }
@@ -125,18 +126,27 @@ impl Outgoing {
         self.ends.len()
     }
 
-    /// Command `index`'s arguments.
-    fn command(&self, index: usize) -> Vec<&[u8]> {
-        let start = if index == 0 { 0 } else { self.ends[index - 1] };
-        self.args[start..self.ends[index]]
-            .iter()
-            .map(|&(a, b)| &self.data[a..b])
-            .collect()
+    fn start(&self, index: usize) -> usize {
+        if index == 0 {
+            0
+        } else {
+            self.ends[index - 1]
+        }
     }
 
-    /// The commands from number `first` on.
-    fn commands_from(&self, first: usize) -> Vec<Vec<&[u8]>> {
-        (first..self.len()).map(|i| self.command(i)).collect()
+    /// Command `index`'s arguments.
+    fn command(&self, index: usize) -> Vec<Vec<u8>> {
+        let resp = &self.data[self.start(index)..self.ends[index]];
+        ramlog_proto::native::resp_pass_commands(1, resp)
+            .ok()
+            .and_then(|mut c| c.pop())
+            .map(|args| args.into_iter().map(<[u8]>::to_vec).collect())
+            .unwrap_or_default()
+    }
+
+    /// The RESP bytes of the commands from number `first` on.
+    fn resp_from(&self, first: usize) -> &[u8] {
+        &self.data[self.start(first)..]
     }
 }
 
@@ -162,8 +172,14 @@ impl Round {
         }
     }
 
-    fn forward(&mut self, peer: ServerId, args: &[&[u8]], slot: Option<u16>) -> Part {
-        let index = self.outgoing.entry(peer).or_default().push(args, slot);
+    fn forward(
+        &mut self,
+        peer: ServerId,
+        args: &[&[u8]],
+        raw: Option<&[u8]>,
+        slot: Option<u16>,
+    ) -> Part {
+        let index = self.outgoing.entry(peer).or_default().push(args, raw, slot);
         Part::Remote { peer, index }
     }
 
@@ -203,12 +219,14 @@ impl Router<'_> {
         }
     }
 
-    /// Where `args` go: here, or to server `owner`; `slot`: that of the command's first key.
+    /// Where `args` go: here, or to server `owner`; `slot`: that of the command's first key;
+    /// `raw`: the command's RESP array as its client sent it, when `args` are its arguments.
     fn send_to(
         &mut self,
         round: &mut Round,
         owner: ServerId,
         args: &[&[u8]],
+        raw: Option<&[u8]>,
         slot: Option<u16>,
     ) -> Part {
         let me = self.session.member().map_or(0, |m| m.view().me);
@@ -220,12 +238,14 @@ impl Router<'_> {
         } else if owner == me {
             self.local(round, args)
         } else {
-            round.forward(owner, args, slot)
+            round.forward(owner, args, raw, slot)
         }
     }
 
-    /// Routes one request into a reply part.
-    fn route(&mut self, round: &mut Round, args: &[&[u8]]) -> Part {
+    /// Routes one request into a reply part; `raw`: the request's RESP array as its client sent
+    /// it (None for an inline command, or one the routing port made), forwarded unchanged when
+    /// the request goes to one server whole.
+    fn route(&mut self, round: &mut Round, args: &[&[u8]], raw: Option<&[u8]>) -> Part {
         let Some(member) = self.session.member().cloned() else {
             return self.local(round, args);
         };
@@ -253,7 +273,7 @@ impl Router<'_> {
                 .iter()
                 .map(|cmd| {
                     let args: Vec<&[u8]> = cmd.iter().map(|a| a.as_slice()).collect();
-                    self.route(round, &args)
+                    self.route(round, &args, None)
                 })
                 .collect();
             return Part::Array(parts);
@@ -266,7 +286,7 @@ impl Router<'_> {
         let mut to_every_master = |router: &mut Self| -> Vec<Part> {
             servers
                 .iter()
-                .map(|&s| router.send_to(round, s, args, None))
+                .map(|&s| router.send_to(round, s, args, raw, None))
                 .collect()
         };
         match spec.name {
@@ -296,7 +316,7 @@ impl Router<'_> {
                     servers
                         .iter()
                         .filter(|&&s| s != me)
-                        .map(|&s| self.send_to(round, s, &info_keyspace, None))
+                        .map(|&s| self.send_to(round, s, &info_keyspace, None, None))
                         .collect()
                 } else {
                     Vec::new()
@@ -320,7 +340,7 @@ impl Router<'_> {
                 let inner = (cursor >> 8).to_string();
                 let mut forwarded: Vec<&[u8]> = args.to_vec();
                 forwarded[1] = inner.as_bytes();
-                let part = self.send_to(round, server, &forwarded, None);
+                let part = self.send_to(round, server, &forwarded, None, None);
                 return Part::Scan {
                     part: Box::new(part),
                     index,
@@ -355,12 +375,12 @@ impl Router<'_> {
         // module comment).
         if let Some(&(key, slot)) = keys.iter().find(|&&(_, s)| view.is_recovering(s)) {
             member.ask_for(self.node, &view, slot, key);
-            return round.forward(HELD, args, Some(slot));
+            return round.forward(HELD, args, raw, Some(slot));
         }
         let owner = view.owner(first_slot);
         if keys.iter().all(|&(_, slot)| view.owner(slot) == owner) {
             drop(view);
-            return self.send_to(round, owner, args, Some(first_slot));
+            return self.send_to(round, owner, args, raw, Some(first_slot));
         }
         // Keys on several servers: split the command by server.
         let mut by_owner: BTreeMap<ServerId, Vec<usize>> = BTreeMap::new();
@@ -384,7 +404,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let (sub, slot) = split(positions);
-                        let part = self.send_to(round, owner, &sub, slot);
+                        let part = self.send_to(round, owner, &sub, None, slot);
                         (part, positions.iter().map(|p| p - first_arg).collect())
                     })
                     .collect();
@@ -398,7 +418,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let (sub, slot) = split(positions);
-                        self.send_to(round, owner, &sub, slot)
+                        self.send_to(round, owner, &sub, None, slot)
                     })
                     .collect(),
             ),
@@ -407,7 +427,7 @@ impl Router<'_> {
                     .iter()
                     .map(|(&owner, positions)| {
                         let (sub, slot) = split(positions);
-                        self.send_to(round, owner, &sub, slot)
+                        self.send_to(round, owner, &sub, None, slot)
                     })
                     .collect(),
             ),
@@ -551,7 +571,8 @@ pub async fn serve_routing(
                             if barrier && !round.outgoing.is_empty() {
                                 break;
                             }
-                            let part = router.route(&mut round, &args);
+                            let raw = (!request.is_inline()).then(|| &inbuf[pos..pos + used]);
+                            let part = router.route(&mut round, &args, raw);
                             round.parts.push(part);
                         }
                         pos += used;
@@ -605,7 +626,7 @@ async fn versions_at_masters(
     let mut round = Round::new();
     for key in keys {
         let args: [&[u8]; 2] = [b"ramlog.versions", key];
-        let part = router.route(&mut round, &args);
+        let part = router.route(&mut round, &args, None);
         round.parts.push(part);
     }
     let mut replies = Vec::new();
@@ -760,7 +781,7 @@ async fn routed_blocking(
             for key in &args[1..args.len() - 1] {
                 let one: [&[u8]; 3] = [args[0], key, timeout];
                 let mut round = Round::new();
-                let part = router.route(&mut round, &one);
+                let part = router.route(&mut round, &one, None);
                 round.parts.push(part);
                 resolve(router, round, out).await;
                 if !is_null(&out[before..]) {
@@ -770,7 +791,7 @@ async fn routed_blocking(
             }
         } else {
             let mut round = Round::new();
-            let part = router.route(&mut round, args);
+            let part = router.route(&mut round, args, None);
             round.parts.push(part);
             resolve(router, round, out).await;
         }
@@ -934,7 +955,7 @@ async fn send(router: &Router<'_>, round: &mut Round, replies: &mut HashMap<Serv
     }
 }
 
-/// Sends `peer` the commands of `commands` from number `first` on, in one RESP_BATCH.
+/// Sends `peer` the commands of `commands` from number `first` on, in one RESP_PASS.
 async fn forward(
     node: &Node,
     member: Option<Arc<Member>>,
@@ -957,11 +978,11 @@ async fn forward(
             return Err(Forward::NotSent(e));
         }
     };
-    let borrowed = commands.commands_from(first);
-    let count = borrowed.len();
-    let request = Request::RespBatch {
+    let count = commands.len() - first;
+    let request = Request::RespPass {
         protocol,
-        commands: borrowed,
+        count: count as u32,
+        resp: commands.resp_from(first),
     };
     // Once the batch was written the commands may have run on the peer: a failure leaves their
     // outcome unknown, and must not invite a retry that could apply a write twice. A connection
@@ -1081,11 +1102,7 @@ impl Router<'_> {
             let view = round.view(&member);
             for (peer, index) in waiting {
                 // A copy: the round's commands grow while this one is routed.
-                let owned: Vec<Vec<u8>> = round.outgoing[&peer]
-                    .command(index)
-                    .into_iter()
-                    .map(<[u8]>::to_vec)
-                    .collect();
+                let owned = round.outgoing[&peer].command(index);
                 let args: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
                 if peer == HELD {
                     if let Some((key, slot)) = still_held(&view, &args) {
@@ -1095,7 +1112,7 @@ impl Router<'_> {
                         continue;
                     }
                 }
-                let part = self.route(round, &args);
+                let part = self.route(round, &args, None);
                 rerouted.insert((peer, index), part);
             }
             send(self, round, replies).await;
@@ -1368,17 +1385,33 @@ mod tests {
     #[test]
     fn outgoing_commands_come_back_whole() {
         let mut o = Outgoing::default();
-        assert_eq!(o.push(&[b"set", b"a", b"1"], Some(15495)), 0);
-        assert_eq!(o.push(&[b"dbsize"], None), 1);
-        assert_eq!(o.push(&[b"get", b"a"], Some(15495)), 2);
-        assert_eq!(o.len(), 3);
-        assert_eq!(o.command(0), vec![&b"set"[..], b"a", b"1"]);
-        assert_eq!(o.command(1), vec![&b"dbsize"[..]]);
+        assert_eq!(o.push(&[b"set", b"a", b"1"], None, Some(15495)), 0);
+        assert_eq!(o.push(&[b"dbsize"], None, None), 1);
+        // Passed through as the client sent it (an empty key, a binary value).
+        let raw = b"*3\r\n$3\r\nSET\r\n$0\r\n\r\n$2\r\n\x00\r\r\n";
+        assert_eq!(o.push(&[b"SET", b"", b"\x00\r"], Some(raw), Some(0)), 2);
+        assert_eq!(o.push(&[b"get", b"a"], None, Some(15495)), 3);
+        assert_eq!(o.len(), 4);
         assert_eq!(
-            o.commands_from(1),
-            vec![vec![&b"dbsize"[..]], vec![&b"get"[..], b"a"]]
+            o.command(0),
+            vec![b"set".to_vec(), b"a".to_vec(), b"1".to_vec()]
         );
-        assert!(o.commands_from(3).is_empty());
-        assert_eq!(o.slots, vec![Some(15495), None, Some(15495)]);
+        assert_eq!(o.command(1), vec![b"dbsize".to_vec()]);
+        assert_eq!(
+            o.command(2),
+            vec![b"SET".to_vec(), Vec::new(), b"\x00\r".to_vec()]
+        );
+        let rest = o.resp_from(1);
+        let commands = ramlog_proto::native::resp_pass_commands(3, rest).unwrap();
+        assert_eq!(
+            commands,
+            vec![
+                vec![&b"dbsize"[..]],
+                vec![&b"SET"[..], b"", b"\x00\r"],
+                vec![&b"get"[..], b"a"]
+            ]
+        );
+        assert!(o.resp_from(4).is_empty());
+        assert_eq!(o.slots, vec![Some(15495), None, Some(0), Some(15495)]);
     }
 }

@@ -1652,6 +1652,7 @@ mod tests {
             merge: None,
             merge_ready: false,
             migration: None,
+            cut_off: Vec::new(),
         }
     }
 

@@ -115,6 +115,7 @@ fn even_map(version: u64, natives: &[SocketAddr]) -> ClusterMap {
             merge: None,
             merge_ready: false,
             migration: None,
+            cut_off: Vec::new(),
         })
         .collect();
     ClusterMap {

@@ -15,8 +15,8 @@ pub mod rpc;
 pub mod state;
 
 pub use map::{
-    ClusterMap, Migration, MigrationPhase, Refusal, ReplicationMode, ServerAddresses, ServerId,
-    ServerInfo, ServerState, TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
+    ClusterMap, CutOff, Migration, MigrationPhase, Refusal, ReplicationMode, ServerAddresses,
+    ServerId, ServerInfo, ServerState, TableInfo, TabletInfo, DEFAULT_TABLE, DEFAULT_TABLE_NAME,
 };
 pub use state::{
     ClusterState, Command, CommandError, CommandOutcome, PartitionSize, Room, TabletBytes,

@@ -203,6 +203,18 @@ pub struct TabletInfo {
     /// On both tablets of a merge whose copy is made: frozen for its last step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub merge_ready: bool,
+    /// Backups this tablet's master reported it cannot reach while the coordinator still heard
+    /// from them (a partition between the two alone): each was taken out of the backup set
+    /// (`state::Command::DropBackup`) and is not chosen again while that master serves it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut_off: Vec<CutOff>,
+}
+
+/// A backup that a tablet's master could not reach (see [`TabletInfo::cut_off`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CutOff {
+    pub master: ServerId,
+    pub backup: ServerId,
 }
 
 /// A tablet's move from its master to `target`, with writes going on. The source serves the
@@ -429,6 +441,7 @@ mod tests {
             merge: None,
             merge_ready: false,
             migration: None,
+            cut_off: Vec::new(),
         }
     }
 

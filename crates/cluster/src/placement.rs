@@ -159,6 +159,7 @@ pub fn place_table(
                 merge: None,
                 merge_ready: false,
                 migration: None,
+                cut_off: Vec::new(),
             }
         })
         .collect()

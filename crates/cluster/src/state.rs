@@ -206,6 +206,19 @@ pub enum Command {
         #[serde(default)]
         room: Option<Room>,
     },
+    /// Master `master` (at `master_epoch`) cannot reach its backup `backup`, which the leader
+    /// still hears from (a partition between the two alone): `backup` leaves the backup set of
+    /// every tablet that `master` serves, and is not chosen again for it while `master` serves
+    /// it; `repair` puts a replacement in its place, copied as after a crash. The master's
+    /// writes then wait for the other backups only. A tablet whose other backups could not
+    /// restore it (none up with its logs) keeps `backup`: its writes go on waiting and fail
+    /// after `replication_ack_timeout_ms`, since no acknowledgement could keep its promise.
+    DropBackup {
+        master: ServerId,
+        master_epoch: u64,
+        backup: ServerId,
+        reason: String,
+    },
     /// A fresh memory snapshot from the leader, proposed when a tablet waiting for room would
     /// now fit somewhere: restorers are chosen again for the tablets that wait.
     Room {
@@ -532,6 +545,18 @@ impl ClusterState {
             }
             Command::Room { room } => {
                 self.absorb_room(room);
+                self.repair();
+                CommandOutcome::Noted { applied: true }
+            }
+            Command::DropBackup {
+                master,
+                master_epoch,
+                backup,
+                ..
+            } => {
+                if self.drop_backup(*master, *master_epoch, *backup) == 0 {
+                    return Ok(CommandOutcome::Noted { applied: false });
+                }
                 self.repair();
                 CommandOutcome::Noted { applied: true }
             }
@@ -1379,6 +1404,44 @@ impl ClusterState {
         true
     }
 
+    /// See [`Command::DropBackup`]; the number of tablets `backup` left.
+    fn drop_backup(&mut self, master: ServerId, master_epoch: u64, backup: ServerId) -> usize {
+        let up = |id: ServerId, epoch: Option<u64>| {
+            self.map
+                .server(id)
+                .is_some_and(|s| s.state == ServerState::Up && epoch.is_none_or(|e| e == s.epoch))
+        };
+        if master == backup || !up(master, Some(master_epoch)) || !up(backup, None) {
+            return 0;
+        }
+        let is_up: Vec<ServerId> = self.map.up_servers().map(|s| s.id).collect();
+        let mut dropped = 0;
+        for t in &mut self.map.tablets {
+            if t.master != master || t.recovering || !t.backups.contains(&backup) {
+                continue;
+            }
+            let others = t
+                .backups
+                .iter()
+                .filter(|&&b| b != backup && is_up.contains(&b) && !t.fresh.contains(&b))
+                .count();
+            if others == 0 {
+                continue;
+            }
+            t.backups.retain(|&b| b != backup);
+            t.pending.retain(|&b| b != backup);
+            t.fresh.retain(|&b| b != backup);
+            if t.mirror == Some(backup) {
+                t.mirror = None;
+            }
+            if !t.cut_off.iter().any(|c| c.backup == backup) {
+                t.cut_off.push(crate::map::CutOff { master, backup });
+            }
+            dropped += 1;
+        }
+        dropped
+    }
+
     /// Brings every tablet to the shape the live servers allow, after any change of membership:
     /// - a recovering tablet's restorer is its first backup that is up, can restore it and has
     ///   room for it (none while no such backup is up: the tablet waits, keeping its backup
@@ -1456,6 +1519,9 @@ impl ClusterState {
             }
             t.waiting = None;
             t.refused.clear();
+            // A cut-off holds while the master that reported it serves the tablet.
+            let master = t.master;
+            t.cut_off.retain(|c| c.master == master);
             if !is_up(t.master) {
                 continue;
             }
@@ -1483,7 +1549,12 @@ impl ClusterState {
                 let n = order.len();
                 let candidates: Vec<ServerId> = (1..=n)
                     .map(|k| order[(at + k) % n])
-                    .filter(|&s| good(s) && s != t.master && !t.backups.contains(&s))
+                    .filter(|&s| {
+                        good(s)
+                            && s != t.master
+                            && !t.backups.contains(&s)
+                            && !t.cut_off.iter().any(|c| c.backup == s)
+                    })
                     .collect();
                 // The least loaded of the candidates, the earliest in the order on a tie.
                 let Some(&pick) = candidates
@@ -3304,6 +3375,141 @@ mod tests {
             .find(|id| *id != t.master && !t.backups.contains(id))
             .unwrap();
         (t, outsider)
+    }
+
+    #[test]
+    fn a_backup_its_master_cannot_reach_is_cut_off_and_replaced() {
+        let mut s = init(5);
+        for port in [100, 200, 300, 400, 500] {
+            register(&mut s, port);
+        }
+        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
+        let (m, b) = (t.master, t.backups[0]);
+        let epoch_of = |s: &ClusterState, id| s.map.server(id).unwrap().epoch;
+        let drop = |s: &mut ClusterState, master, master_epoch, backup| {
+            s.apply(&Command::DropBackup {
+                master,
+                master_epoch,
+                backup,
+                reason: "test".into(),
+            })
+            .unwrap()
+        };
+        let before = s.map.clone();
+        // An older incarnation of the master, or a report about itself: nothing changes.
+        let stale = epoch_of(&s, m) + 1;
+        assert_eq!(
+            drop(&mut s, m, stale, b),
+            CommandOutcome::Noted { applied: false }
+        );
+        let e = epoch_of(&s, m);
+        assert_eq!(
+            drop(&mut s, m, e, m),
+            CommandOutcome::Noted { applied: false }
+        );
+        assert_eq!(s.map.tablets, before.tablets);
+        assert_eq!(
+            drop(&mut s, m, e, b),
+            CommandOutcome::Noted { applied: true }
+        );
+        for (old, new) in before.tablets.iter().zip(&s.map.tablets) {
+            if old.master != m || !old.backups.contains(&b) {
+                assert_eq!(old, new, "tablets of other masters keep their backups");
+                continue;
+            }
+            assert!(!new.backups.contains(&b), "{new:?}");
+            assert_eq!(
+                new.cut_off,
+                vec![crate::map::CutOff {
+                    master: m,
+                    backup: b
+                }]
+            );
+            assert_eq!(
+                new.backups.len(),
+                old.backups.len(),
+                "a replacement took its place"
+            );
+            let added: Vec<ServerId> = new
+                .backups
+                .iter()
+                .copied()
+                .filter(|x| !old.backups.contains(x))
+                .collect();
+            assert_eq!(added.len(), 1);
+            assert!(new.pending.contains(&added[0]) && new.fresh.contains(&added[0]));
+            assert!(added[0] != m && added[0] != b);
+        }
+        // Cut off from a second backup: the last one that holds the tablet's logs stays (the
+        // replacement's copy is not done), whatever else is reported.
+        let now = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        let holders: Vec<ServerId> = now
+            .backups
+            .iter()
+            .copied()
+            .filter(|x| !now.fresh.contains(x))
+            .collect();
+        assert_eq!(holders.len(), 2);
+        drop(&mut s, m, e, holders[0]);
+        drop(&mut s, m, e, holders[1]);
+        let now = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            now.backups
+                .iter()
+                .filter(|x| !now.fresh.contains(x))
+                .count(),
+            1,
+            "{now:?}"
+        );
+        assert!(now.can_restore(holders[1]));
+        assert!(
+            !now.backups.contains(&b),
+            "a cut-off backup is not chosen again"
+        );
+        // A move whose target its source cannot reach is abandoned.
+        let (u, target) = movable(&s);
+        s.apply(&Command::MoveTablet {
+            table: DEFAULT_TABLE,
+            first_slot: u.first_slot,
+            target,
+        })
+        .unwrap();
+        assert!(migration_of(&s, u.first_slot).is_some());
+        let ue = epoch_of(&s, u.master);
+        drop(&mut s, u.master, ue, target);
+        assert!(migration_of(&s, u.first_slot).is_none());
+        let after = s.map.tablet_at(DEFAULT_TABLE, u.first_slot).unwrap();
+        assert!(!after.backups.contains(&target));
+        // The cut-off ends with the master that reported it: a restorer takes over.
+        s.apply(&Command::DeclareDead {
+            server: m,
+            epoch: e,
+            reason: "test".into(),
+            room: None,
+        })
+        .unwrap();
+        let r = s
+            .map
+            .tablet_at(DEFAULT_TABLE, t.first_slot)
+            .unwrap()
+            .clone();
+        s.apply(&Command::TabletRecovered {
+            table: DEFAULT_TABLE,
+            first_slot: r.first_slot,
+            epoch: r.epoch,
+            server: r.restorer.unwrap(),
+        })
+        .unwrap();
+        let r = s.map.tablet_at(DEFAULT_TABLE, t.first_slot).unwrap();
+        assert!(r.cut_off.is_empty(), "{r:?}");
     }
 
     #[test]

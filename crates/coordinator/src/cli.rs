@@ -939,6 +939,10 @@ fn status_json(status: &CoordinatorStatus, seen: &Seen<'_>) -> serde_json::Value
                         "waiting": tb.waiting,
                         "refused": tb.refused,
                         "logs_from": tb.logs_from,
+                        "cut_off": tb.cut_off.iter().map(|c| serde_json::json!({
+                            "master": c.master,
+                            "backup": c.backup,
+                        })).collect::<Vec<_>>(),
                         "split": tb.split,
                         "merge": tb.merge.is_some(),
                         "migration": tb.migration.map(|m| serde_json::json!({
@@ -1095,6 +1099,10 @@ fn status_text(status: &CoordinatorStatus, seen: &Seen<'_>) -> String {
             }
             if tb.merge.is_some() {
                 split.push_str(" MERGING with the next tablet");
+            }
+            if !tb.cut_off.is_empty() {
+                let c: Vec<String> = tb.cut_off.iter().map(|c| c.backup.to_string()).collect();
+                split.push_str(&format!(" cut-off=[{}]", c.join(", ")));
             }
             if let Some(m) = tb.migration {
                 split.push_str(&format!(

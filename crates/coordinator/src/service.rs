@@ -552,6 +552,49 @@ impl Shared {
         }
     }
 
+    /// A live master reports that its backup `suspect` has acknowledged nothing for
+    /// [`ramlog_cluster::rpc::CUT_OFF_AFTER_MS`] while its writes waited. If this leader still
+    /// hears from the backup (a partition between the two alone; a silent one is the failure
+    /// detector's), the backup leaves the backup sets of the master's tablets and is replaced
+    /// (`Command::DropBackup`), so that the master's writes stop waiting for it.
+    async fn cut_off(&self, reporter: ServerId, suspect: ServerId, reason: String) -> Response {
+        let heard = self
+            .heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&suspect)
+            .is_some_and(|t| t.elapsed() < LIVE_HEARTBEAT);
+        let master_epoch = self
+            .map()
+            .server(reporter)
+            .filter(|s| s.state == ramlog_cluster::ServerState::Up)
+            .map(|s| s.epoch);
+        let Some(master_epoch) = master_epoch.filter(|_| heard && reporter != suspect) else {
+            self.suspicions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(suspect, (reporter, reason, Instant::now()));
+            return Response::Noted;
+        };
+        let reason = format!("server {reporter} cannot reach its backup {suspect}: {reason}");
+        match self
+            .propose(Command::DropBackup {
+                master: reporter,
+                master_epoch,
+                backup: suspect,
+                reason: reason.clone(),
+            })
+            .await
+        {
+            Ok((CommandOutcome::Noted { applied: true }, _)) => {
+                tracing::warn!(master = reporter, backup = suspect, %reason, "backup cut off from its master's tablets; replaced");
+                Response::Noted
+            }
+            Ok(_) => Response::Noted,
+            Err(answer) => answer,
+        }
+    }
+
     /// Logs, after a declaration, which tablets recover where.
     fn log_recovery_plan(&self, dead: ServerId) {
         let map = self.map();
@@ -1121,9 +1164,13 @@ impl Shared {
                 suspect,
                 reason,
                 failing,
+                silent_ms,
             } => {
                 if failing {
                     return self.declare_failing(reporter, suspect, reason).await;
+                }
+                if silent_ms >= ramlog_cluster::rpc::CUT_OFF_AFTER_MS {
+                    return self.cut_off(reporter, suspect, reason).await;
                 }
                 // Recorded and logged; declaring a server dead is the failure handling's.
                 tracing::warn!(reporter, suspect, %reason, "a server reports a suspect peer");

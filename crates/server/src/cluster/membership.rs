@@ -605,6 +605,7 @@ impl Member {
                 server: peer,
                 reason: format!("a client's request could not reach it: {reason}"),
                 failing: false,
+                silent: std::time::Duration::ZERO,
             })
             .collect()
     }
@@ -1105,6 +1106,7 @@ async fn report_suspects(
             suspect: s.server,
             reason: s.reason,
             failing: s.failing,
+            silent_ms: u64::try_from(s.silent.as_millis()).unwrap_or(u64::MAX),
         };
         if let Err(e) = client.call(&report).await {
             tracing::warn!(error = %e, "could not report a suspect peer");

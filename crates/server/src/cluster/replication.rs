@@ -200,6 +200,8 @@ pub struct Stream {
     /// No tablet uses this stream any more: its sender stops.
     retired: AtomicBool,
     last_error: Mutex<String>,
+    /// When the backup's last acknowledgement came (the stream's start before the first).
+    last_ack: Mutex<Instant>,
     /// When the backup was last reported suspect.
     reported: Mutex<Option<Instant>>,
     /// Units the backup refused, and the hold on acknowledgements while a repair is in flight.
@@ -259,6 +261,7 @@ impl Stream {
             connected: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
+            last_ack: Mutex::new(Instant::now()),
             reported: Mutex::new(None),
             refusals: Mutex::new(Refusals::default()),
             refused: AtomicU64::new(0),
@@ -297,6 +300,7 @@ impl Stream {
     /// Takes a backup's acknowledgement: frees what is durable. The caller wakes the waiting
     /// replies once for every acknowledgement it read together.
     fn on_ack(&self, ack: Ack) {
+        *self.last_ack.lock() = Instant::now();
         let end = self.end.load(Ordering::Acquire);
         // An acknowledgement beyond what was sent is a broken backup: ignore that part.
         let (mut buffered, mut durable) = (ack.buffered.min(end), ack.durable.min(end));
@@ -343,6 +347,13 @@ impl Stream {
     }
 
     /// How long the oldest unit not yet in the backup's write buffer has waited.
+    /// How long the backup has acknowledged nothing while a unit waits for it (zero when none
+    /// waits): a slow backup that still acknowledges something stays near zero; one that cannot
+    /// be reached grows without end.
+    fn silent_for(&self) -> Duration {
+        self.unbuffered_age().min(self.last_ack.lock().elapsed())
+    }
+
     fn unbuffered_age(&self) -> Duration {
         let buffered = self.acked_buffered.load(Ordering::Acquire);
         let s = self.state.lock();
@@ -405,6 +416,9 @@ pub struct Suspect {
     pub server: ServerId,
     pub reason: String,
     pub failing: bool,
+    /// For a backup: how long it has acknowledged nothing while writes wait for it (zero for
+    /// any other report).
+    pub silent: Duration,
 }
 
 /// The master side of replication of one server; see the module comment.
@@ -882,6 +896,7 @@ impl Replication {
                     server: s.backup,
                     reason,
                     failing: true,
+                    silent: s.silent_for(),
                 });
                 continue;
             }
@@ -889,8 +904,9 @@ impl Replication {
             out.push(Suspect {
                 server: s.backup,
                 reason: format!(
-                    "a replicated write waits {} ms for its backup's acknowledgement{}",
+                    "a replicated write waits {} ms for its backup's acknowledgement, none came for {} ms{}",
                     waited.as_millis(),
+                    s.silent_for().as_millis(),
                     if error.is_empty() {
                         String::new()
                     } else {
@@ -898,6 +914,7 @@ impl Replication {
                     }
                 ),
                 failing: false,
+                silent: s.silent_for(),
             });
         }
         out

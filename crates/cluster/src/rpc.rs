@@ -21,11 +21,6 @@ use tokio::sync::Mutex;
 /// Largest frame either side accepts (a snapshot of a large map fits many times over).
 pub const FRAME_MAX_BYTES: usize = 64 << 20;
 
-/// How long a backup may acknowledge nothing of a live master's waiting writes, while the
-/// coordinator still hears from both, before it is cut off from that master's tablets (see
-/// `Request::Suspect`).
-pub const CUT_OFF_AFTER_MS: u64 = 1000;
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
     /// A server joins (or rejoins after a restart, with what it remembers).
@@ -63,8 +58,8 @@ pub enum Request {
         failing: bool,
         /// The suspect is the reporter's backup and has acknowledged nothing for this long
         /// while the reporter's writes waited for it (0: not a backup, or it acknowledges). The
-        /// leader cuts it off from the reporter's tablets past [`CUT_OFF_AFTER_MS`] if it still
-        /// hears from it (`state::Command::DropBackup`).
+        /// leader cuts it off from the reporter's tablets past its `--cut-off-after-ms` if it
+        /// still hears from it (`state::Command::DropBackup`).
         #[serde(default)]
         silent_ms: u64,
     },

@@ -50,6 +50,11 @@ pub struct CoordinatorArgs {
     /// coordinator stops before its tablets move.
     #[arg(long, default_value_t = crate::service::DEAD_AFTER_MS)]
     pub dead_after_ms: u64,
+    /// A backup that has acknowledged nothing of a master's waiting writes for this long, while
+    /// this coordinator still hears from both (a partition between the two alone), is taken out
+    /// of that master's tablets and replaced, so that its writes stop waiting for it (0: never).
+    #[arg(long, default_value_t = crate::service::CUT_OFF_AFTER_MS)]
+    pub cut_off_after_ms: u64,
     /// A dead master's tablet holding more objects than this is recovered as partitions
     /// (slot ranges), restored in parallel by its backups and each served once restored.
     #[arg(long, default_value_t = ramlog_cluster::PartitionSize::default().objects)]
@@ -113,6 +118,7 @@ impl CoordinatorArgs {
             default_replicas: self.default_replicas,
             snapshot_every: crate::service::SNAPSHOT_EVERY,
             dead_after: Duration::from_millis(self.dead_after_ms.max(50)),
+            cut_off_after_ms: self.cut_off_after_ms,
             recovery_partition: ramlog_cluster::PartitionSize {
                 objects: self.recovery_partition_objects.max(1),
                 bytes: self.recovery_partition_mib.max(1) << 20,

@@ -83,6 +83,9 @@ pub struct CoordinatorConfig {
     pub snapshot_every: u64,
     /// Silence after which a server that also fails a probe is declared dead.
     pub dead_after: Duration,
+    /// How long a backup may acknowledge nothing of a live master's waiting writes, while the
+    /// leader still hears from it, before it is cut off from that master's tablets (0: never).
+    pub cut_off_after_ms: u64,
     /// The largest recovery partition: a dead master's larger tablets are split into
     /// partitions restored in parallel, each served as soon as it is restored.
     pub recovery_partition: ramlog_cluster::PartitionSize,
@@ -91,6 +94,9 @@ pub struct CoordinatorConfig {
     /// The floor of balancing by load (`--load-min-ops`; 0: off).
     pub load_min_ops: u64,
 }
+
+/// The default of `--cut-off-after-ms`.
+pub const CUT_OFF_AFTER_MS: u64 = 1000;
 
 /// The default of `--load-min-ops`.
 pub const LOAD_MIN_OPS: u64 = 5000;
@@ -130,6 +136,7 @@ struct Shared {
     default_mode: Option<ramlog_cluster::ReplicationMode>,
     default_replicas: Option<u32>,
     dead_after: Duration,
+    cut_off_after_ms: u64,
     recovery_partition: ramlog_cluster::PartitionSize,
     split_bytes: u64,
     load_min_ops: u64,
@@ -191,6 +198,7 @@ impl Coordinator {
             default_mode: config.default_mode,
             default_replicas: config.default_replicas,
             dead_after: config.dead_after,
+            cut_off_after_ms: config.cut_off_after_ms,
             recovery_partition: config.recovery_partition,
             split_bytes: config.split_bytes,
             load_min_ops: config.load_min_ops,
@@ -553,7 +561,7 @@ impl Shared {
     }
 
     /// A live master reports that its backup `suspect` has acknowledged nothing for
-    /// [`ramlog_cluster::rpc::CUT_OFF_AFTER_MS`] while its writes waited. If this leader still
+    /// `cut_off_after_ms` while its writes waited. If this leader still
     /// hears from the backup (a partition between the two alone; a silent one is the failure
     /// detector's), the backup leaves the backup sets of the master's tablets and is replaced
     /// (`Command::DropBackup`), so that the master's writes stop waiting for it.
@@ -1169,7 +1177,7 @@ impl Shared {
                 if failing {
                     return self.declare_failing(reporter, suspect, reason).await;
                 }
-                if silent_ms >= ramlog_cluster::rpc::CUT_OFF_AFTER_MS {
+                if self.cut_off_after_ms > 0 && silent_ms >= self.cut_off_after_ms {
                     return self.cut_off(reporter, suspect, reason).await;
                 }
                 // Recorded and logged; declaring a server dead is the failure handling's.

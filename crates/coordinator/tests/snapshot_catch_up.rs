@@ -29,6 +29,7 @@ fn config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> CoordinatorCo
         snapshot_every: 4,
         // The registered "server" is this test, not a process: it is not declared dead here.
         dead_after: std::time::Duration::from_secs(600),
+        cut_off_after_ms: 1000,
     }
 }
 

@@ -453,6 +453,37 @@ def blocked_clients(c):
     return int(c.info("clients")["blocked_clients"])
 
 
+def test_client_unblock_ends_a_blocked_pop_on_every_port(blocking_target):
+    """CLIENT UNBLOCK, sent where the client blocked, ends its BLPOP at once: with the null of a
+    timeout (no reason, or TIMEOUT) or the UNBLOCKED error; then it answers 0. Through the routing
+    port too, where the key's master is another server and the client waits at the routing
+    server."""
+    make, port = blocking_target
+    other = make()
+    for how in (None, "TIMEOUT", "ERROR"):
+        blocked = make()
+        cid = blocked.client_id()
+        got = {}
+
+        def pop():
+            try:
+                got["reply"] = blocked.blpop(["{q}"], timeout=30)
+            except redis.ResponseError as e:
+                got["reply"] = ("error", str(e))
+
+        t = threading.Thread(target=pop, daemon=True)
+        t.start()
+        assert wait_until(lambda: blocked_clients(other) >= 1, timeout=10)
+        started = time.monotonic()
+        assert other.execute_command("CLIENT", "UNBLOCK", cid, *([how] if how else [])) == 1
+        t.join(timeout=10)
+        assert time.monotonic() - started < 5, how
+        want = ("error", "UNBLOCKED client unblocked via CLIENT UNBLOCK") if how == "ERROR" else None
+        assert got.get("reply", "no reply") == want, (how, got)
+        assert other.execute_command("CLIENT", "UNBLOCK", cid) == 0
+        assert wait_until(lambda: blocked_clients(other) == 0, timeout=5)
+
+
 @pytest.mark.parametrize("where", ["standalone", "cluster"])
 def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
     if where == "standalone":

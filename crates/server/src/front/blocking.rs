@@ -144,25 +144,14 @@ pub async fn run(
         .register(&registration.keys, &registration.notify);
     let _blocked = Blocked::new(node);
     let null_reply = out[before..].to_vec();
-    let unblock = ClientHandle {
-        node,
-        id: session.id,
-        handle: node.waiters.block_client(session.id, &registration.notify),
-    };
+    let unblock = ClientHandle::new(node, session.id, &registration.notify);
     loop {
         // Nothing yet: take the null back and try again after a wake.
         out.truncate(before);
         session.write_replies.truncate(held);
-        match unblock.handle.asked() {
-            Some(UnblockAs::Timeout) => {
-                out.extend_from_slice(&null_reply);
-                return Ok(());
-            }
-            Some(UnblockAs::Error) => {
-                out.extend_from_slice(b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n");
-                return Ok(());
-            }
-            None => {}
+        if let Some(reply) = unblock.unblocked_reply(&null_reply) {
+            out.extend_from_slice(&reply);
+            return Ok(());
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             // Timed out: the null answer stands.
@@ -185,11 +174,33 @@ pub async fn run(
 }
 
 /// A blocked client's entry for CLIENT UNBLOCK, removed when its wait ends.
-struct ClientHandle<'a> {
+pub(crate) struct ClientHandle<'a> {
     node: &'a Node,
     id: u64,
     handle: Arc<crate::node::waiters::Unblock>,
 }
+
+impl<'a> ClientHandle<'a> {
+    /// Client `id` blocks until `notify`, which CLIENT UNBLOCK also wakes.
+    pub(crate) fn new(node: &'a Node, id: u64, notify: &Arc<tokio::sync::Notify>) -> Self {
+        ClientHandle {
+            node,
+            id,
+            handle: node.waiters.block_client(id, notify),
+        }
+    }
+
+    /// The reply that ends the wait if CLIENT UNBLOCK asked: `timed_out` (the command's reply
+    /// when its timeout passes) or the UNBLOCKED error.
+    pub(crate) fn unblocked_reply(&self, timed_out: &[u8]) -> Option<Vec<u8>> {
+        match self.handle.asked()? {
+            UnblockAs::Timeout => Some(timed_out.to_vec()),
+            UnblockAs::Error => Some(UNBLOCKED.to_vec()),
+        }
+    }
+}
+
+const UNBLOCKED: &[u8] = b"-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n";
 
 impl Drop for ClientHandle<'_> {
     fn drop(&mut self) {

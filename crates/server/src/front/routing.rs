@@ -755,8 +755,18 @@ async fn routed_blocking(
         None => Vec::new(),
     };
     let mut queued: Option<Queued> = None;
+    // Once blocked: CLIENT UNBLOCK of this routing-port client (sent to this routing port)
+    // ends its wait, wherever its keys live.
+    let mut unblock: Option<crate::front::blocking::ClientHandle> = None;
     let mut null_reply: Vec<u8> = Vec::new();
     loop {
+        if let Some(reply) = unblock
+            .as_ref()
+            .and_then(|u| u.unblocked_reply(&null_reply))
+        {
+            out.extend_from_slice(&reply);
+            return Ok(());
+        }
         let turn = queued
             .as_ref()
             .is_none_or(|q| node.routed_waiters.is_first(&q.keys, &q.notify));
@@ -815,6 +825,11 @@ async fn routed_blocking(
                 notify: Arc::new(tokio::sync::Notify::new()),
             };
             node.routed_waiters.register(&q.keys, &q.notify);
+            unblock = Some(crate::front::blocking::ClientHandle::new(
+                &node,
+                router.session.id,
+                &q.notify,
+            ));
             queued = Some(q);
         }
         blocked.get_or_insert_with(|| Blocked::new(&node));

@@ -30,6 +30,22 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, O
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+thread_local! {
+    /// Writes (atomic units: a put, a delete, a multi-write) this thread has logged.
+    static UNITS_LOGGED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many writes (atomic units) the calling thread has logged so far: a caller compares the
+/// count before and after a request to learn whether it changed anything. Restores, replays and
+/// the cleaner's relocations are not writes and do not count.
+pub fn units_logged_on_this_thread() -> u64 {
+    UNITS_LOGGED_HERE.with(|c| c.get())
+}
+
+fn count_unit_logged() {
+    UNITS_LOGGED_HERE.with(|c| c.set(c.get() + 1));
+}
+
 /// Upper bound on tablets per engine (one per slot of one table is the finest split).
 pub const TABLETS_MAX: usize = SLOT_COUNT as usize;
 
@@ -1396,6 +1412,7 @@ impl Inner {
                 }
             };
             self.note_for_split(tablet, key);
+            count_unit_logged();
             // The observer (replication) takes the write before readers can see it: a reader that
             // finds it can then wait for whatever the observer holds of it.
             if let Some(obs) = &self.config.write_observer {
@@ -1699,6 +1716,9 @@ impl Inner {
                 };
             for &(i, _, _) in &written {
                 self.note_for_split(tablet, items[i].key);
+            }
+            if !written.is_empty() {
+                count_unit_logged();
             }
             // As in `write`: the observer first, then the index.
             if let Some(obs) = &self.config.write_observer {

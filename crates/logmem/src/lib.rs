@@ -31,7 +31,7 @@ mod segment;
 mod stats;
 
 pub use config::{Balancer, EngineConfig};
-pub use engine::{unix_ns, ExpiredObserver, RestoreItem, TABLETS_MAX};
+pub use engine::{units_logged_on_this_thread, unix_ns, ExpiredObserver, RestoreItem, TABLETS_MAX};
 pub use error::EngineError;
 pub use mvcc::Snapshot;
 pub use pool::SEGLET_BYTES;

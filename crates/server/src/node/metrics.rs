@@ -516,6 +516,20 @@ pub struct ProcessInfo {
     pub persistence_error: String,
     pub persistence_failures: u64,
     pub persistence_rewrites: u64,
+    /// Commands that changed data since the last SAVE (Redis's dirty counter).
+    pub changes_since_save: u64,
+    /// When SAVE last completed (seconds since the epoch; 0: never).
+    pub last_save_secs: u64,
+}
+
+impl ProcessInfo {
+    /// When the process started (seconds since the epoch).
+    pub fn started_secs(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_sub(self.uptime_secs)
+    }
 }
 
 /// The engine's figures, as reported to operators.
@@ -946,7 +960,13 @@ impl Snapshot {
         if wants("persistence") {
             let _ = write!(
                 s,
-                "# Persistence\r\nloading:0\r\naof_last_write_status:{}\r\nramlog_persistence:{}\r\nramlog_persistence_status:{}\r\nramlog_persistence_error:{}\r\nramlog_persistence_failures:{}\r\nramlog_persistence_rewrites:{}\r\n\r\n",
+                "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:{}\r\nrdb_last_save_time:{}\r\naof_last_write_status:{}\r\nramlog_persistence:{}\r\nramlog_persistence_status:{}\r\nramlog_persistence_error:{}\r\nramlog_persistence_failures:{}\r\nramlog_persistence_rewrites:{}\r\n\r\n",
+                self.process.changes_since_save,
+                if self.process.last_save_secs > 0 {
+                    self.process.last_save_secs
+                } else {
+                    self.process.started_secs()
+                },
                 if self.process.persistence_status == "ok" { "ok" } else { "err" },
                 self.process.persistence,
                 self.process.persistence_status,
@@ -1032,6 +1052,8 @@ mod tests {
             persistence_error: String::new(),
             persistence_failures: 0,
             persistence_rewrites: 0,
+            changes_since_save: 0,
+            last_save_secs: 0,
         };
         let engine = EngineFigures {
             objects: 3,

@@ -104,6 +104,9 @@ pub struct Node {
     pub started: Instant,
     /// When SAVE last completed (seconds since the epoch; 0: never).
     pub last_save_secs: std::sync::atomic::AtomicU64,
+    /// Commands that changed data since the last SAVE (or the start): INFO's
+    /// `rdb_changes_since_last_save`, Redis's dirty counter.
+    pub changes_since_save: std::sync::atomic::AtomicU64,
     addresses: Addresses,
     node_id: String,
     persistence: Option<Arc<Persistence>>,
@@ -288,6 +291,7 @@ impl Node {
             metrics: Metrics::default(),
             started: Instant::now(),
             last_save_secs: Default::default(),
+            changes_since_save: Default::default(),
             addresses,
             node_id,
             persistence,
@@ -552,7 +556,13 @@ impl Node {
         let Some(p) = &self.persistence else {
             return Err("this server keeps nothing on disk (persistence off); start it with --persistence async or durable".into());
         };
+        // The changes the wait below makes durable: those counted before it starts.
+        let changes = self
+            .changes_since_save
+            .load(std::sync::atomic::Ordering::Relaxed);
         p.wait_durable_blocking()?;
+        self.changes_since_save
+            .fetch_sub(changes, std::sync::atomic::Ordering::Relaxed);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -815,6 +825,12 @@ impl Node {
                 .unwrap_or_default(),
             persistence_failures: persistence.as_ref().map_or(0, |f| f.failures),
             persistence_rewrites: persistence.as_ref().map_or(0, |f| f.rewrites),
+            changes_since_save: self
+                .changes_since_save
+                .load(std::sync::atomic::Ordering::Relaxed),
+            last_save_secs: self
+                .last_save_secs
+                .load(std::sync::atomic::Ordering::Relaxed),
         };
         let memory = self.memory_breakdown(&stats);
         let mut snapshot = Snapshot::take(&self.metrics, process, figures, memory);

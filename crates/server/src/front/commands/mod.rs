@@ -1485,6 +1485,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         Gate::enter(node, alone)
     };
     let op = spec.map(|s| s.op).unwrap_or(Op::Other);
+    let units_before = ramlog_logmem::units_logged_on_this_thread();
     let mut wrote = false;
     let (changes_before, units_from) = (session.acks.changes(), session.acks.units_len());
     {
@@ -1570,6 +1571,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             Some(spec) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
         }
     }
+    count_change(node, units_before);
     // CLIENT REPLY OFF or SKIP: the reply is dropped (subscription confirmations are pushes,
     // and still go out, as in Redis 7.2).
     let silent = session.replies_off || skip_this || session.skip_next_reply;
@@ -1602,6 +1604,26 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         });
     }
     node.record(op, started.elapsed(), !failed);
+}
+
+thread_local! {
+    /// The thread's count of logged writes up to which commands were counted as changes: a
+    /// command run inside another (EXEC's, a script's, a blocked command's retry) is counted
+    /// once, by the innermost.
+    static CHANGES_COUNTED_TO: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts the command that just ran as one change (Redis's dirty counter, INFO's
+/// `rdb_changes_since_last_save`) if it logged a write that no command inside it counted: a
+/// command that changed nothing (SETBIT of the bit already there, a DEL of no key) counts 0, one
+/// that changed several keys or elements counts 1.
+fn count_change(node: &Node, units_before: u64) {
+    let now = ramlog_logmem::units_logged_on_this_thread();
+    let counted = CHANGES_COUNTED_TO.with(|c| c.replace(now));
+    if now > units_before.max(counted) {
+        node.changes_since_save
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The answer to a key that begins with the internal keys' prefix (`ramlog_common::INTERNAL_PREFIX`).

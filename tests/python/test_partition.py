@@ -132,6 +132,31 @@ def test_a_partitioned_master_acknowledges_nothing_after_its_lease(tmp_path, net
         c.stop()
 
 
+def timed_writes(client, w, keys, model, log, stop, read_back):
+    """Writer `w`: SETs `keys` in turn until `stop`, each acknowledged write logged in `log` as
+    (started, finished) and in `model`; with `read_back`, each key is read back after its write.
+    A failed request is recorded in `model.errors` and followed by a 50 ms pause."""
+    seq = 0
+    while not stop.is_set():
+        k = keys[seq % len(keys)]
+        seq += 1
+        v = f"{w}:{seq}".encode()
+        started = time.time()
+        try:
+            try:
+                client.set(k, v)
+            except redis.exceptions.RedisError:
+                model.failed_write(k, v)
+                raise
+            model.acked_write(k, v)
+            log.append((started, time.time()))
+            if read_back:
+                model.read(k, client.get(k), time.time())
+        except redis.exceptions.RedisError as e:
+            model.errors.append((started, f"{type(e).__name__}: {e}"))
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def net4():
     n = Net(4)
@@ -176,27 +201,9 @@ def test_a_move_across_a_partition_between_source_and_target_completes_or_rolls_
         log = []
 
         def writer(w):
-            client = RedisCluster(host=c.servers[(si + 1 + w) % 4].ip, port=c.servers[(si + 1 + w) % 4].resp,
-                                  socket_timeout=5)
-            mine = moving[w * 50:(w + 1) * 50]
-            seq = 0
-            while not stop.is_set():
-                k = mine[seq % len(mine)]
-                seq += 1
-                v = f"{w}:{seq}".encode()
-                try:
-                    started = time.time()
-                    try:
-                        client.set(k, v)
-                    except redis.exceptions.RedisError:
-                        model.failed_write(k, v)
-                        raise
-                    model.acked_write(k, v)
-                    log.append((started, time.time()))
-                    model.read(k, client.get(k), time.time())
-                except redis.exceptions.RedisError as e:
-                    model.errors.append((time.time(), f"{type(e).__name__}: {e}"))
-                    time.sleep(0.05)
+            i = (si + 1 + w) % 4
+            client = RedisCluster(host=c.servers[i].ip, port=c.servers[i].resp, socket_timeout=5)
+            timed_writes(client, w, moving[w * 50:(w + 1) * 50], model, log, stop, read_back=True)
         threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(3)]
         for th in threads:
             th.start()
@@ -268,22 +275,7 @@ def test_a_backup_its_master_cannot_reach_is_replaced_and_writes_go_on(tmp_path,
         def writer(w):
             i = (mi + 1 + w) % 4
             client = RedisCluster(host=c.servers[i].ip, port=c.servers[i].resp, socket_timeout=10)
-            mine = keys[w * 50:(w + 1) * 50]
-            seq = 0
-            while not stop.is_set():
-                k = mine[seq % len(mine)]
-                seq += 1
-                v = f"{w}:{seq}".encode()
-                started = time.time()
-                try:
-                    client.set(k, v)
-                except redis.exceptions.RedisError as e:
-                    model.failed_write(k, v)
-                    model.errors.append((started, f"{type(e).__name__}: {e}"))
-                    time.sleep(0.05)
-                    continue
-                model.acked_write(k, v)
-                log.append((started, time.time()))
+            timed_writes(client, w, keys[w * 50:(w + 1) * 50], model, log, stop, read_back=False)
         threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(3)]
         for th in threads:
             th.start()

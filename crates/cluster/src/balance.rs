@@ -12,6 +12,11 @@
 //!   least: the one whose size is nearest half their gap and below the gap (every move lowers
 //!   the spread's sum of squares, so the plan ends and no tablet moves back and forth).
 //!
+//! - **Partitions.** No tablet moves to a server its master reported it cannot reach
+//!   ([`ClusterMap::is_cut_off`]): the move's copy would have to cross the partition, and the
+//!   migration would only be rolled back. Rebalancing then gives to the emptiest server the
+//!   giver reaches, or lets the next fullest server give.
+//!
 //! At most `in_flight_max` migrations run at once, and none is planned while a tablet recovers.
 
 use crate::map::{ClusterMap, ServerId, ServerState};
@@ -87,7 +92,7 @@ pub fn drain_moves(map: &ClusterMap, room: &Room, in_flight_max: usize) -> Vec<M
         let size = size_of(room, t.table, t.first_slot);
         let Some((&target, _)) = load
             .iter()
-            .filter(|(&s, _)| s != t.master)
+            .filter(|(&s, _)| s != t.master && !map.is_cut_off(t.master, s))
             .min_by_key(|(&s, &bytes)| (t.backups.contains(&s), bytes, s))
         else {
             continue;
@@ -134,43 +139,67 @@ pub fn rebalance_moves(map: &ClusterMap, room: &Room, in_flight_max: usize) -> V
     }
     let total: u64 = load.values().sum();
     let mean = total as f64 / load.len() as f64;
-    let (&from, &most) = load
-        .iter()
-        .max_by_key(|(&s, &b)| (b, std::cmp::Reverse(s)))
-        .expect("two or more");
-    let (&to, &least) = load
-        .iter()
-        .min_by_key(|(&s, &b)| (b, s))
-        .expect("two or more");
+    let most = *load.values().max().expect("two or more");
+    let least = *load.values().min().expect("two or more");
     let within = |b: u64| (b as f64 - mean).abs() <= mean * TOLERANCE;
     if within(most) && within(least) {
         return Vec::new();
     }
-    // The tablet of `from` whose move evens the two best: the size nearest half their gap, and
-    // smaller than the gap (so the spread's sum of squares falls with every move and the plan
-    // ends, with no tablet moving back and forth).
-    let gap = most - least;
-    let pick = map
-        .tablets
-        .iter()
-        .filter(|t| t.master == from && t.migration.is_none() && !t.recovering)
-        .map(|t| (size_of(room, t.table, t.first_slot), t))
-        .filter(|(size, _)| *size < gap)
-        .min_by_key(|(size, t)| {
-            (
-                (gap as i128 - 2 * *size as i128).abs(),
-                t.table,
-                t.first_slot,
-            )
-        });
-    match pick {
-        Some((_, t)) => vec![Move {
-            table: t.table,
-            first_slot: t.first_slot,
-            target: to,
-        }],
-        None => Vec::new(),
+    // The fullest server gives to the emptiest. A server a master cannot reach takes none of
+    // its tablets (the copy would have to cross the partition): then the emptiest server that
+    // master reaches takes one, or, if none fits, the next fullest server gives.
+    let mut givers: Vec<(ServerId, u64)> = load.iter().map(|(&s, &b)| (s, b)).collect();
+    givers.sort_by_key(|&(s, b)| (std::cmp::Reverse(b), s));
+    for (from, most) in givers {
+        let Some((to, least)) = load
+            .iter()
+            .filter(|(&s, _)| s != from && !map.is_cut_off(from, s))
+            .min_by_key(|(&s, &b)| (b, s))
+            .map(|(&s, &b)| (s, b))
+        else {
+            continue;
+        };
+        if least >= most || (within(most) && within(least)) {
+            continue;
+        }
+        // The tablet of `from` whose move evens the two best: the size nearest half their
+        // gap, and smaller than the gap (so the spread's sum of squares falls with every move
+        // and the plan ends, with no tablet moving back and forth).
+        let gap = most - least;
+        let pick = map
+            .tablets
+            .iter()
+            .filter(|t| t.master == from && t.migration.is_none() && !t.recovering)
+            .map(|t| (size_of(room, t.table, t.first_slot), t))
+            .filter(|(size, _)| *size < gap)
+            .min_by_key(|(size, t)| {
+                (
+                    (gap as i128 - 2 * *size as i128).abs(),
+                    t.table,
+                    t.first_slot,
+                )
+            });
+        if let Some((_, t)) = pick {
+            return vec![Move {
+                table: t.table,
+                first_slot: t.first_slot,
+                target: to,
+            }];
+        }
+        // Without a cut-off the fullest server decides alone, as before: a pair it cannot
+        // narrow is left.
+        if !map.is_cut_off(from, least_of(&load)) {
+            return Vec::new();
+        }
     }
+    Vec::new()
+}
+
+/// The emptiest server of `load` (the lowest id on a tie).
+fn least_of(load: &BTreeMap<ServerId, u64>) -> ServerId {
+    load.iter()
+        .min_by_key(|(&s, &b)| (b, s))
+        .map_or(0, |(&s, _)| s)
 }
 
 /// A server is hot when its tablets take more than this many times the servers' mean of reads
@@ -211,7 +240,11 @@ pub fn load_move(
     let (&hot, &most) = load
         .iter()
         .max_by_key(|(&s, &r)| (r, std::cmp::Reverse(s)))?;
-    let (&cool, &least) = load.iter().min_by_key(|(&s, &r)| (r, s))?;
+    // The coolest server the hot one can reach (see `rebalance_moves`).
+    let (&cool, &least) = load
+        .iter()
+        .filter(|(&s, _)| s != hot && !map.is_cut_off(hot, s))
+        .min_by_key(|(&s, &r)| (r, s))?;
     if (most as f64) < mean * LOAD_HOT || (most as f64) < mean + min_ops as f64 {
         return None;
     }
@@ -411,6 +444,50 @@ mod tests {
             t.backups.retain(|&b| b != 2);
         }
         assert_eq!(drained(&map), vec![(2, 1)]);
+    }
+
+    #[test]
+    fn no_tablet_moves_to_a_server_its_master_cannot_reach() {
+        // Three servers hold the table, a fourth joins empty; server 1 reported it cannot
+        // reach server 4 (one of its tablets lists the cut-off).
+        let (mut map, room) = cluster(4, 3);
+        let t1 = map.tablets.iter().position(|t| t.master == 1).unwrap();
+        map.tablets[t1].cut_off.push(crate::map::CutOff {
+            master: 1,
+            backup: 4,
+        });
+        assert!(map.is_cut_off(1, 4) && !map.is_cut_off(4, 1) && !map.is_cut_off(2, 4));
+        // Rebalancing: server 4 takes tablets, never one of server 1's, and the plan ends.
+        for _ in 0..100 {
+            let moves = rebalance_moves(&map, &room, 1);
+            if moves.is_empty() {
+                break;
+            }
+            for m in &moves {
+                let t = map.tablet_at(m.table, m.first_slot).unwrap();
+                assert!(!(t.master == 1 && m.target == 4), "{m:?}");
+            }
+            apply(&mut map, &moves);
+        }
+        assert!(rebalance_moves(&map, &room, 1).is_empty());
+        assert!(mastered(&map, 4) > 0);
+        // Load: server 1 is hot and server 4 the coolest; the move goes elsewhere.
+        let (mut map, _) = cluster(4, 3);
+        map.tablets[t1].cut_off.push(crate::map::CutOff {
+            master: 1,
+            backup: 4,
+        });
+        let mut rates = BTreeMap::new();
+        for (n, t) in map.tablets.iter().filter(|t| t.master == 1).enumerate() {
+            rates.insert((t.table, t.first_slot), [30_000, 20_000, 9_000][n % 3]);
+        }
+        let m = load_move(&map, &rates, 1000).expect("a move");
+        assert!(m.target != 4 && m.target != 1, "{m:?}");
+        // A drain of server 1: none of its tablets goes to server 4.
+        map.servers[0].draining = true;
+        let moves = drain_moves(&map, &room, 100);
+        assert!(!moves.is_empty());
+        assert!(moves.iter().all(|m| m.target != 4), "{moves:?}");
     }
 
     /// Equal empty tablets that cannot be spread evenly (47 over 3 servers): no move, rather

@@ -344,6 +344,17 @@ impl ClusterMap {
     }
 
     /// The tablet of `table` holding `slot`.
+    /// Whether `master` reported, for any tablet it serves, that it cannot reach `server`
+    /// ([`TabletInfo::cut_off`]): a partition between the two, so no tablet of `master`'s is
+    /// moved to `server` while it lasts (the move's copy would have to cross it).
+    pub fn is_cut_off(&self, master: ServerId, server: ServerId) -> bool {
+        self.tablets.iter().any(|t| {
+            t.cut_off
+                .iter()
+                .any(|c| c.master == master && c.backup == server)
+        })
+    }
+
     pub fn tablet_at(&self, table: TableId, slot: u16) -> Option<&TabletInfo> {
         let start = self.tablets.partition_point(|t| t.table < table);
         let rest = &self.tablets[start..];

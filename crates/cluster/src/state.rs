@@ -1149,12 +1149,20 @@ impl ClusterState {
             .map
             .server(target)
             .is_some_and(|s| s.state == ServerState::Up);
+        let master = self.map.tablet_at(table, first_slot).map(|t| t.master);
+        let cut_off = master.is_some_and(|m| self.map.is_cut_off(m, target));
         let Some(t) = self.map.tablet_mut(table, first_slot) else {
             return Err(CommandError::NoSuchTablet { table, first_slot });
         };
         let refuse = |why: String| Err(CommandError::CannotMove(why));
         if !target_up {
             return refuse(format!("server {target} is not up"));
+        }
+        if cut_off {
+            return refuse(format!(
+                "its master, server {}, reported it cannot reach server {target}",
+                t.master
+            ));
         }
         if t.master == target {
             return refuse(format!("server {target} masters it already"));
@@ -3366,15 +3374,22 @@ mod tests {
     }
 
     /// The first tablet of the default table and a server that neither masters nor backs it up.
+    /// A tablet and a server that neither masters nor backs it up, which its master reaches.
     fn movable(s: &ClusterState) -> (TabletInfo, ServerId) {
-        let t = s.map.tablets_of(DEFAULT_TABLE).next().unwrap().clone();
-        let outsider = s
-            .map
-            .up_servers()
-            .map(|x| x.id)
-            .find(|id| *id != t.master && !t.backups.contains(id))
-            .unwrap();
-        (t, outsider)
+        s.map
+            .tablets_of(DEFAULT_TABLE)
+            .find_map(|t| {
+                s.map
+                    .up_servers()
+                    .map(|x| x.id)
+                    .find(|id| {
+                        *id != t.master
+                            && !t.backups.contains(id)
+                            && !s.map.is_cut_off(t.master, *id)
+                    })
+                    .map(|id| (t.clone(), id))
+            })
+            .unwrap()
     }
 
     #[test]
@@ -3440,6 +3455,22 @@ mod tests {
             assert!(new.pending.contains(&added[0]) && new.fresh.contains(&added[0]));
             assert!(added[0] != m && added[0] != b);
         }
+        // A move of any tablet of that master to the cut-off server is refused, with why.
+        let other = s
+            .map
+            .tablets
+            .iter()
+            .find(|x| x.master == m && !x.backups.contains(&b))
+            .unwrap()
+            .first_slot;
+        let refused = s
+            .apply(&Command::MoveTablet {
+                table: DEFAULT_TABLE,
+                first_slot: other,
+                target: b,
+            })
+            .unwrap_err();
+        assert!(refused.to_string().contains("cannot reach"), "{refused}");
         // Cut off from a second backup: the last one that holds the tablet's logs stays (the
         // replacement's copy is not done), whatever else is reported.
         let now = s

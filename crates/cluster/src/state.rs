@@ -3373,7 +3373,6 @@ mod tests {
             .migration
     }
 
-    /// The first tablet of the default table and a server that neither masters nor backs it up.
     /// A tablet and a server that neither masters nor backs it up, which its master reaches.
     fn movable(s: &ClusterState) -> (TabletInfo, ServerId) {
         s.map

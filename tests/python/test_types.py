@@ -484,6 +484,66 @@ def test_client_unblock_ends_a_blocked_pop_on_every_port(blocking_target):
         assert wait_until(lambda: blocked_clients(other) == 0, timeout=5)
 
 
+def test_routing_port_clients_block_at_the_keys_master(shared_cluster):
+    """Through the routing port, a blocking command over keys of one slot waits at their master:
+    that server's INFO counts it, the routing port's INFO counts it as its own, and the push
+    that gives it something serves it there. Two chained BLMOVEs (Redis 7.2's "Linked LMOVEs")
+    both move the pushed element; XREAD BLOCK with `$` waits for entries added after it reached
+    the master. INFO's changes since the last save, through the routing port, are those of
+    every server."""
+    c = shared_cluster
+    rc = RedisCluster(host="127.0.0.1", port=c.servers[0].resp, socket_timeout=10)
+    rc.delete("{lm}1", "{lm}2", "{lm}3", "{lm}s")
+    master_port = rc.get_node_from_key("{lm}1").port
+    routing_port = next(s.routing for s in c.servers if s.resp != master_port)
+    r = redis.Redis(port=routing_port, socket_timeout=10)
+    master = redis.Redis(port=master_port, socket_timeout=10)
+    base_master, base_routing = blocked_clients(master), blocked_clients(r)
+    got = {}
+
+    def blmove(name, src, dst, wherefrom, whereto):
+        client = redis.Redis(port=routing_port, socket_timeout=30)
+        got[name] = client.blmove(src, dst, 0, wherefrom, whereto)
+
+    def blocked(n):
+        return blocked_clients(master) == base_master + n and blocked_clients(r) == base_routing + n
+
+    t1 = threading.Thread(target=blmove, args=("rd1", "{lm}1", "{lm}2", "RIGHT", "LEFT"), daemon=True)
+    t1.start()
+    assert wait_until(lambda: blocked(1), timeout=10), (blocked_clients(master), blocked_clients(r))
+    t2 = threading.Thread(target=blmove, args=("rd2", "{lm}2", "{lm}3", "LEFT", "RIGHT"), daemon=True)
+    t2.start()
+    assert wait_until(lambda: blocked(2), timeout=10), (blocked_clients(master), blocked_clients(r))
+    assert r.rpush("{lm}1", "foo") == 1
+    t1.join(timeout=10)
+    t2.join(timeout=10)
+    assert got == {"rd1": b"foo", "rd2": b"foo"}, got
+    assert [r.lrange(k, 0, -1) for k in ("{lm}1", "{lm}2", "{lm}3")] == [[], [], [b"foo"]]
+    assert wait_until(lambda: blocked(0), timeout=10)
+
+    # XREAD BLOCK with `$`: only what is added after it blocked.
+    r.xadd("{lm}s", {"old": "1"})
+    entries = {}
+
+    def xread():
+        client = redis.Redis(port=routing_port, socket_timeout=30)
+        entries["got"] = client.xread({"{lm}s": "$"}, block=20_000)
+
+    t = threading.Thread(target=xread, daemon=True)
+    t.start()
+    assert wait_until(lambda: blocked(1), timeout=10)
+    new_id = r.xadd("{lm}s", {"new": "2"})
+    t.join(timeout=10)
+    assert entries.get("got") == [[b"{lm}s", [(new_id, {b"new": b"2"})]]], entries
+
+    # Changes since the last save: 30 keys over every server, all counted.
+    before = r.info("persistence")["rdb_changes_since_last_save"]
+    for n in range(30):
+        r.set(f"changes:{n}", "v")
+    assert len({rc.get_node_from_key(f"changes:{n}").port for n in range(30)}) == 3
+    assert r.info("persistence")["rdb_changes_since_last_save"] - before == 30
+
+
 @pytest.mark.parametrize("where", ["standalone", "cluster"])
 def test_watch_aborts_exec_when_a_watched_key_changed(where, tmp_path, request):
     if where == "standalone":

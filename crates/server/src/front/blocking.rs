@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 /// How often a blocked client tries again with no wake (writes by other paths, a moved slot).
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 /// Bytes a blocked connection reads ahead (pipelined requests behind the blocking one).
-const READ_AHEAD_MAX: usize = 1 << 20;
+pub(crate) const READ_AHEAD_MAX: usize = 1 << 20;
 
 /// Whether a request is one this module blocks for.
 pub fn is_blocking(args: &[&[u8]]) -> bool {
@@ -76,14 +76,52 @@ fn xread_resolved(node: &Node, session: &mut Session, args: &[&[u8]]) -> Option<
 }
 
 /// The timeout argument's position.
-fn timeout_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
+fn timeout_at(args: &[&[u8]]) -> Option<usize> {
     let name = args[0].to_ascii_lowercase();
-    match name.as_slice() {
-        b"blmove" => args.get(5).copied(),
-        b"brpoplpush" => args.get(3).copied(),
-        b"blmpop" | b"bzmpop" => args.get(1).copied(),
-        _ => args.last().copied(),
+    let at = match name.as_slice() {
+        b"xread" => {
+            let end = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"streams"))
+                .unwrap_or(args.len());
+            args[..end]
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"block"))?
+                + 1
+        }
+        b"blmove" => 5,
+        b"brpoplpush" => 3,
+        b"blmpop" | b"bzmpop" => 1,
+        _ => args.len().checked_sub(1)?,
+    };
+    (at < args.len()).then_some(at)
+}
+
+/// The timeout argument.
+fn timeout_arg<'a>(args: &[&'a [u8]]) -> Option<&'a [u8]> {
+    timeout_at(args).map(|at| args[at])
+}
+
+/// `args` with the time left until `deadline` as their timeout (seconds, or XREAD's BLOCK
+/// milliseconds), for a try that blocks elsewhere; unchanged without a deadline (for ever).
+/// None once the deadline passed (a timeout of 0 would mean for ever).
+pub fn with_time_left(args: &[&[u8]], deadline: Option<Instant>) -> Option<Vec<Vec<u8>>> {
+    let mut owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    let Some(deadline) = deadline else {
+        return Some(owned);
+    };
+    let left = deadline.checked_duration_since(Instant::now())?;
+    let ms = left.as_millis() as u64;
+    if ms == 0 {
+        return None;
     }
+    let at = timeout_at(args)?;
+    owned[at] = if args[0].eq_ignore_ascii_case(b"xread") {
+        ms.to_string().into_bytes()
+    } else {
+        format!("{}.{:03}", ms / 1000, ms % 1000).into_bytes()
+    };
+    Some(owned)
 }
 
 /// Whether a reply is the null a blocking command's try answers when its keys hold nothing.
@@ -190,6 +228,11 @@ impl<'a> ClientHandle<'a> {
         }
     }
 
+    /// How CLIENT UNBLOCK asked this client to end its wait, if it did.
+    pub(crate) fn asked(&self) -> Option<UnblockAs> {
+        self.handle.asked()
+    }
+
     /// The reply that ends the wait if CLIENT UNBLOCK asked: `timed_out` (the command's reply
     /// when its timeout passes) or the UNBLOCKED error.
     pub(crate) fn unblocked_reply(&self, timed_out: &[u8]) -> Option<Vec<u8>> {
@@ -219,23 +262,27 @@ pub fn retry_ends(args: &[&[u8]], reply: &[u8]) -> bool {
 }
 
 /// Counts a connection in INFO's `blocked_clients` while it lives.
-pub struct Blocked<'a>(&'a Node);
+pub struct Blocked<'a>(&'a std::sync::atomic::AtomicU64);
 
 impl<'a> Blocked<'a> {
     pub fn new(node: &'a Node) -> Self {
-        node.metrics
-            .blocked_clients
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Blocked(node)
+        Self::counting(&node.metrics.blocked_clients)
+    }
+
+    /// A routing-port client, counted in the routing port's INFO (not in the RESP port's).
+    pub fn routed(node: &'a Node) -> Self {
+        Self::counting(&node.metrics.routed_blocked_clients)
+    }
+
+    fn counting(counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Blocked(counter)
     }
 }
 
 impl Drop for Blocked<'_> {
     fn drop(&mut self) {
-        self.0
-            .metrics
-            .blocked_clients
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -290,5 +337,153 @@ pub async fn pause(
             Ok(0) | Err(_) => Err(Ending::ClientClosed),
             Ok(_) => Ok(()),
         },
+    }
+}
+
+/// How a try at the keys' master ended when the routing port blocked a client there.
+pub enum AtMaster {
+    /// The master's answer: an element, an error, or the null of a timeout. It goes to the
+    /// client as it is.
+    Answered(Vec<u8>),
+    /// Nothing was popped there: the master could not be reached, closed, refused the keys
+    /// (`-MOVED`, `-ASK`, `-TRYAGAIN`, `-CLUSTERDOWN`, ...), or is no longer their master. The
+    /// routing port routes the command again.
+    Again,
+}
+
+/// How long the routing port waits to connect to a master's RESP port.
+const MASTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a routing-port client blocked at a master checks that the map still names it
+/// master of the keys (one declared dead is fenced, and cannot pop anything any more).
+const MASTER_RECHECK: Duration = Duration::from_millis(250);
+
+/// Blocks a routing-port client's command at its keys' master, as a Redis Cluster client
+/// would: on a connection of its own to the master's RESP port, where it waits among that
+/// server's own blocked clients, in the order they blocked, and is served by the write that
+/// gives it something (the push's own server, not a poll). `args` carry the time left to the
+/// client's deadline. CLIENT UNBLOCK of the client (through `unblock`, whose notifier is
+/// `notify`) is passed on to the master, and the master's answer still taken: an element popped
+/// meanwhile is never dropped. The client closing ends the wait (the master sees the
+/// connection close). `still_master`: whether the map still names the master.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn block_at_master(
+    node: &Node,
+    master: std::net::SocketAddr,
+    protocol: u8,
+    args: &[&[u8]],
+    unblock: &ClientHandle<'_>,
+    notify: &tokio::sync::Notify,
+    still_master: impl Fn() -> bool,
+    stream: &mut TcpStream,
+    read_ahead: &mut Vec<u8>,
+) -> Result<AtMaster, Ending> {
+    use ramlog_proto::resp::{encode_command, Reply, ReplyDecoder};
+    use tokio::io::AsyncWriteExt;
+    let mut request = Vec::new();
+    if protocol == 3 {
+        encode_command(&mut request, &[b"HELLO", b"3"]);
+    }
+    // Its id there, for CLIENT UNBLOCK; its reply also says the master reached the command.
+    encode_command(&mut request, &[b"CLIENT", b"ID"]);
+    encode_command(&mut request, args);
+    let mut conn =
+        match tokio::time::timeout(MASTER_CONNECT_TIMEOUT, TcpStream::connect(master)).await {
+            Ok(Ok(c)) => c,
+            _ => return Ok(AtMaster::Again),
+        };
+    let _ = conn.set_nodelay(true);
+    if conn.write_all(&request).await.is_err() {
+        return Ok(AtMaster::Again);
+    }
+    let decoder = ReplyDecoder::default();
+    let mut buf = Vec::with_capacity(1024);
+    let mut hello = protocol == 3;
+    let mut id: Option<i64> = None;
+    let mut _blocked = None;
+    let mut unblock_sent = false;
+    let mut recheck = tokio::time::interval(MASTER_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        while let Some((reply, used)) = match decoder.decode(&buf) {
+            Ok(r) => r,
+            Err(_) => return Ok(AtMaster::Again),
+        } {
+            if std::mem::take(&mut hello) {
+                buf.drain(..used);
+                continue;
+            }
+            if id.is_none() {
+                let Reply::Integer(n) = reply else {
+                    return Ok(AtMaster::Again);
+                };
+                id = Some(n);
+                // The master runs the command next: the client counts as blocked.
+                _blocked = Some(Blocked::routed(node));
+                buf.drain(..used);
+                continue;
+            }
+            let answer = &buf[..used];
+            let refused = [
+                &b"-MOVED "[..],
+                b"-ASK ",
+                b"-TRYAGAIN",
+                b"-CLUSTERDOWN",
+                b"-LOADING",
+                b"-MASTERDOWN",
+            ]
+            .iter()
+            .any(|p| answer.starts_with(p));
+            return Ok(if refused {
+                AtMaster::Again
+            } else {
+                AtMaster::Answered(answer.to_vec())
+            });
+        }
+        if let (false, Some(how), Some(id)) = (unblock_sent, unblock.asked(), id) {
+            unblock_sent = true;
+            unblock_at(master, id, how).await;
+        }
+        let read_client = read_ahead.len() < READ_AHEAD_MAX;
+        tokio::select! {
+            read = conn.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => return Ok(AtMaster::Again),
+                Ok(_) => {}
+            },
+            _ = notify.notified() => {}
+            _ = recheck.tick() => {
+                if !still_master() {
+                    return Ok(AtMaster::Again);
+                }
+            }
+            read = stream.read_buf(read_ahead), if read_client => match read {
+                Ok(0) | Err(_) => return Err(Ending::ClientClosed),
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// Sends `CLIENT UNBLOCK id [ERROR]` to `master`'s RESP port (bounded: a master that does not
+/// answer within a second is not waited for; its client's wait then ends at its timeout).
+async fn unblock_at(master: std::net::SocketAddr, id: i64, how: UnblockAs) {
+    use tokio::io::AsyncWriteExt;
+    let id = id.to_string();
+    let mut args: Vec<&[u8]> = vec![b"CLIENT", b"UNBLOCK", id.as_bytes()];
+    if how == UnblockAs::Error {
+        args.push(b"ERROR");
+    }
+    let mut request = Vec::new();
+    ramlog_proto::resp::encode_command(&mut request, &args);
+    let send = async {
+        let mut conn = TcpStream::connect(master).await?;
+        conn.write_all(&request).await?;
+        let mut reply = [0u8; 64];
+        conn.read(&mut reply).await
+    };
+    if let Err(e) = tokio::time::timeout(MASTER_CONNECT_TIMEOUT, send)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+    {
+        tracing::warn!(%master, error = %e, "CLIENT UNBLOCK could not reach the keys' master");
     }
 }

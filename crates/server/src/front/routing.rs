@@ -309,18 +309,31 @@ impl Router<'_> {
             }
             "info" => {
                 let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
-                let text = self.node.snapshot().info(section.as_deref(), false);
+                // Its blocked clients are the routing port's own (see
+                // `Metrics::routed_blocked_clients`).
+                let mut snapshot = self.node.snapshot();
+                snapshot.blocked_clients = self
+                    .node
+                    .metrics
+                    .routed_blocked_clients
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                let text = snapshot.info(section.as_deref(), false);
                 let me = view.me;
-                let others = if text.contains("# Keyspace") {
-                    let info_keyspace: [&[u8]; 2] = [b"info", b"keyspace"];
-                    servers
-                        .iter()
-                        .filter(|&&s| s != me)
-                        .map(|&s| self.send_to(round, s, &info_keyspace, None, None))
-                        .collect()
-                } else {
-                    Vec::new()
-                };
+                // The keyspace and the changes since the last save are the whole cluster's,
+                // as of the one Redis the client believes it talks to.
+                let mut wanted: Vec<[&[u8]; 2]> = Vec::new();
+                if text.contains("# Keyspace") {
+                    wanted.push([b"info", b"keyspace"]);
+                }
+                if text.contains(CHANGES_FIELD) {
+                    wanted.push([b"info", b"persistence"]);
+                }
+                let mut others = Vec::new();
+                for &s in servers.iter().filter(|&&s| s != me) {
+                    for w in &wanted {
+                        others.push(self.send_to(round, s, w, None, None));
+                    }
+                }
                 return Part::Info { text, others };
             }
             "scan" => {
@@ -707,9 +720,13 @@ async fn routed_watch_holds(router: &mut Router<'_>, out: &mut Vec<u8>) -> bool 
     }
 }
 
-/// A blocking command through the routing port: tried at the key's master (which answers at
-/// once), and tried again every [`crate::front::blocking::ROUTED_RETRY_INTERVAL`] while it
-/// answers the null of "nothing yet", until the command's timeout.
+/// A blocking command through the routing port. Tried first as any command (which waits out
+/// a recovery and follows a move); if its keys, all of one slot, hold nothing, it blocks at
+/// their master ([`blocked_at_master`]). A command over keys of several slots, which no one
+/// master can block (BLPOP over queues of several servers, BLMOVE between them), is tried
+/// again every [`crate::front::blocking::ROUTED_RETRY_INTERVAL`] while it answers the null of
+/// "nothing yet", until its timeout; BLPOP, BRPOP, BZPOPMIN and BZPOPMAX then try each key's
+/// master in turn.
 async fn routed_blocking(
     router: &mut Router<'_>,
     args: &[&[u8]],
@@ -722,15 +739,6 @@ async fn routed_blocking(
     };
     let deadline = deadline_of(args);
     let before = out.len();
-    if args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]) {
-        // `$` must be read at the stream's master when the command arrives; give the id.
-        ReplyEncoder::new(out, router.session.protocol).error(
-            "ERR XREAD BLOCK with $ is not supported through the routing port: pass the stream's last id (or use the cluster port)",
-        );
-        return Ok(());
-    }
-    let node = router.node.clone();
-    let mut blocked = None;
     // BLPOP, BRPOP, BZPOPMIN and BZPOPMAX over keys of several slots (as queue libraries block
     // on several queues): each try asks each key's master in turn, the keys in their order, and
     // the first key with an element answers. Each key's pop is atomic; the order among keys is
@@ -742,6 +750,26 @@ async fn routed_blocking(
         && args[1..args.len() - 1]
             .iter()
             .any(|k| ramlog_common::key_slot(k) != ramlog_common::key_slot(args[1]));
+    // Keys of one slot block at their master; over several slots (BLMOVE between two queues
+    // of different slots, which the routing port moves across servers), the command is tried
+    // again here.
+    let one_slot = crate::front::commands::lookup(args[0]).is_some_and(|spec| {
+        let mut slots = command_keys(spec, args).map(key_slot);
+        let first = slots.next();
+        first.is_some() && slots.all(|s| Some(s) == first)
+    });
+    if one_slot {
+        return blocked_at_master(router, args, deadline, out, stream, read_ahead).await;
+    }
+    if args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]) {
+        // `$` must be read at each stream's master when the command arrives; give the ids.
+        ReplyEncoder::new(out, router.session.protocol).error(
+            "ERR XREAD BLOCK with $ over streams of several slots is not supported through the routing port: pass each stream's last id",
+        );
+        return Ok(());
+    }
+    let node = router.node.clone();
+    let mut blocked = None;
     // This server's routing-port clients blocked on these keys queue in the order they blocked;
     // only the first on a key tries the master, and passes the turn when it leaves.
     // The keys it waits on: BLMOVE's and BRPOPLPUSH's destination is not one of them.
@@ -832,13 +860,125 @@ async fn routed_blocking(
             ));
             queued = Some(q);
         }
-        blocked.get_or_insert_with(|| Blocked::new(&node));
+        blocked.get_or_insert_with(|| Blocked::routed(&node));
         out.truncate(before);
         let notify = queued.as_ref().map(|q| q.notify.clone());
         pause(
             deadline,
             ROUTED_RETRY_INTERVAL,
             notify.as_deref(),
+            stream,
+            read_ahead,
+        )
+        .await?;
+    }
+}
+
+/// A blocking command whose keys live in one slot, through the routing port: one try as any
+/// command; if that answers the null of "nothing yet", the command waits at the keys' master,
+/// on a connection of its own to its RESP port ([`crate::front::blocking::block_at_master`]), as
+/// a Redis Cluster client's would: among that master's blocked clients, in the order they
+/// blocked, and served by the write that gives it something, at once. If the master goes (it
+/// fails, the slot moves, the connection breaks) the command is routed again, with the time
+/// left. XREAD's `$` is resolved by the master, when the command reaches it.
+async fn blocked_at_master(
+    router: &mut Router<'_>,
+    args: &[&[u8]],
+    deadline: Option<Instant>,
+    out: &mut Vec<u8>,
+    stream: &mut TcpStream,
+    read_ahead: &mut Vec<u8>,
+) -> Result<(), Ending> {
+    use crate::front::blocking::{
+        block_at_master, is_null, pause, retry_ends, with_time_left, AtMaster, ClientHandle,
+        ROUTED_RETRY_INTERVAL,
+    };
+    let before = out.len();
+    let node = router.node.clone();
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let mut unblock: Option<ClientHandle> = None;
+    let slot = crate::front::commands::lookup(args[0])
+        .and_then(|spec| command_keys(spec, args).next())
+        .map(key_slot);
+    // A try here would read `$` as "after the last entry now", not when the master gets it.
+    let dollar = args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]);
+    let mut tried = false;
+    let mut null_reply = Vec::new();
+    ReplyEncoder::new(&mut null_reply, router.session.protocol).null_array();
+    loop {
+        if let Some(reply) = unblock
+            .as_ref()
+            .and_then(|u| u.unblocked_reply(&null_reply))
+        {
+            out.extend_from_slice(&reply);
+            return Ok(());
+        }
+        if !dollar {
+            let mut round = Round::new();
+            let part = router.route(&mut round, args, None);
+            round.parts.push(part);
+            resolve(router, round, out).await;
+            if out.len() == before {
+                out.extend_from_slice(&null_reply);
+            }
+            let ends = if tried {
+                retry_ends(args, &out[before..])
+            } else {
+                !is_null(&out[before..])
+            };
+            tried = true;
+            if ends || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(());
+            }
+            null_reply = out[before..].to_vec();
+            out.truncate(before);
+        }
+        let unblock =
+            unblock.get_or_insert_with(|| ClientHandle::new(&node, router.session.id, &notify));
+        let Some(timed) = with_time_left(args, deadline) else {
+            out.extend_from_slice(&null_reply);
+            return Ok(());
+        };
+        let member = router.session.member().cloned();
+        let master = match (&member, slot) {
+            (Some(m), Some(slot)) => {
+                let view = m.view();
+                let owner = view.owner(slot);
+                view.map.server(owner).map(|s| (owner, s.addresses.resp))
+            }
+            _ => None,
+        };
+        if let (Some(member), Some(slot), Some((owner, address))) = (member, slot, master) {
+            let timed: Vec<&[u8]> = timed.iter().map(|a| a.as_slice()).collect();
+            let still_master = move || member.view().owner(slot) == owner;
+            match block_at_master(
+                &node,
+                address,
+                router.session.protocol,
+                &timed,
+                unblock,
+                &notify,
+                still_master,
+                stream,
+                read_ahead,
+            )
+            .await?
+            {
+                AtMaster::Answered(reply) => {
+                    out.extend_from_slice(&reply);
+                    return Ok(());
+                }
+                AtMaster::Again => {}
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            out.extend_from_slice(&null_reply);
+            return Ok(());
+        }
+        pause(
+            deadline,
+            ROUTED_RETRY_INTERVAL,
+            Some(&notify),
             stream,
             read_ahead,
         )
@@ -1255,10 +1395,24 @@ impl Assemble<'_> {
             }
             Part::Info { text, others } => {
                 let mut total = keyspace_of(text.as_bytes());
+                let mut changes = changes_of(text.as_bytes());
                 for p in others {
-                    let (k, e, ttl_sum) = keyspace_of(&self.bytes(p));
+                    let b = self.bytes(p);
+                    let (k, e, ttl_sum) = keyspace_of(&b);
                     total = (total.0 + k, total.1 + e, total.2 + ttl_sum);
+                    changes = match (changes, changes_of(&b)) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        (a, b) => a.or(b),
+                    };
                 }
+                let text = &match (changes, text.find(CHANGES_FIELD)) {
+                    (Some(n), Some(at)) => {
+                        let value = at + CHANGES_FIELD.len();
+                        let end = text[value..].find("\r\n").map_or(text.len(), |e| value + e);
+                        format!("{}{n}{}", &text[..value], &text[end..])
+                    }
+                    _ => text.clone(),
+                };
                 let (keys, expires, ttl_sum) = total;
                 let line = if keys > 0 {
                     format!(
@@ -1319,6 +1473,16 @@ impl Assemble<'_> {
 }
 
 /// (keys, expires, avg_ttl × expires) of the `db0:` line in an INFO reply; zeros without one.
+/// INFO's count of changes since the last save (Redis's dirty counter).
+const CHANGES_FIELD: &str = "rdb_changes_since_last_save:";
+
+/// The changes since the last save an INFO reply shows, if it shows them.
+fn changes_of(b: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(b);
+    let at = text.find(CHANGES_FIELD)? + CHANGES_FIELD.len();
+    text[at..].lines().next()?.trim().parse().ok()
+}
+
 fn keyspace_of(b: &[u8]) -> (u64, u64, u64) {
     let text = String::from_utf8_lossy(b);
     let Some(at) = text.find("db0:") else {

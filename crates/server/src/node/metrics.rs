@@ -404,6 +404,10 @@ pub struct Metrics {
     pub connections_current: AtomicU64,
     /// Connections waiting in a blocking command (BLPOP, BZPOPMIN, XREAD BLOCK, ...).
     pub blocked_clients: AtomicU64,
+    /// Of those, routing-port clients (the routing port's INFO shows these alone: a routing
+    /// client that blocks on this server's keys waits on a connection of its own to this
+    /// server's RESP port, which counts in `blocked_clients` too).
+    pub routed_blocked_clients: AtomicU64,
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,

@@ -1,6 +1,7 @@
 """The routing port while a master fails: a plain (cluster-unaware) redis-py client writing
 through a surviving server's routing port during a kill -9 of a master gets no -TRYAGAIN and
-no -CLUSTERDOWN. Its requests for the dead master's slots wait for the map to name the new
+no -CLUSTERDOWN, and one blocked in BLPOP on the master's keys keeps waiting and is served by
+a push after the recovery. Its requests for the dead master's slots wait for the map to name the new
 master (at most `routing_recovery_wait_ms`) and then go there; only a request in flight at the
 kill may end in doubt (`-ERR ... outcome unknown`), and its key then holds the old value or the
 new one. Every acknowledged write is read back. With `routing_recovery_wait_ms = 0` the same
@@ -131,6 +132,47 @@ class Load:
         assert not any(t.is_alive() for t in self.threads), "a writer is stuck"
 
 
+class BlockedPops:
+    """Plain clients of a routing port, each blocked in BLPOP on its own key of server 0's (so
+    each waits at that master, on the routing server's connection to it)."""
+
+    def __init__(self, c: Cluster, port, n=4):
+        from redis.cluster import RedisCluster
+        rc = RedisCluster(host="127.0.0.1", port=c.servers[1].resp, socket_timeout=10)
+        self.keys = [k for k in (f"bq:{i}" for i in range(2000))
+                     if rc.get_node_from_key(k).port == c.servers[0].resp][:n]
+        assert len(self.keys) == n
+        self.port = port
+        self.got = {}
+        self.threads = [threading.Thread(target=self.pop, args=(k,), daemon=True) for k in self.keys]
+        for t in self.threads:
+            t.start()
+        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+        deadline = time.time() + 10
+        while int(r.info("clients")["blocked_clients"]) < n and time.time() < deadline:
+            time.sleep(0.02)
+        assert int(r.info("clients")["blocked_clients"]) == n
+
+    def pop(self, key):
+        try:
+            self.got[key] = redis.Redis(host="127.0.0.1", port=self.port,
+                                        socket_timeout=90).blpop([key], timeout=60)
+        except Exception as e:  # noqa: BLE001 (recorded, asserted on below)
+            self.got[key] = e
+
+    def served_after_recovery(self, port):
+        """Pushes one element to each key through routing port `port`: each blocked client,
+        which waited out its master's death, gets its own, and nothing is left or lost."""
+        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
+        for k in self.keys:
+            assert r.rpush(k, f"x-{k}") >= 1
+        for t in self.threads:
+            t.join(timeout=30)
+        want = {k: (k.encode(), f"x-{k}".encode()) for k in self.keys}
+        assert self.got == want, self.got
+        assert [r.llen(k) for k in self.keys] == [0] * len(self.keys)
+
+
 def write_through_a_kill(c: Cluster, load: Load):
     """Starts `load`, kills server 0 (a master), waits until its tablets are served again and
     the load went on past that; returns the time of the kill."""
@@ -157,9 +199,12 @@ def test_a_plain_client_on_the_routing_port_waits_out_a_killed_master(tmp_path):
     c = Cluster(tmp_path, servers=4)
     load = Load(c.servers[1].routing)
     try:
+        pops = BlockedPops(c, c.servers[1].routing)
         killed = write_through_a_kill(c, load)
         print(f"writes {load.writes}, refused {len(load.refused)}, in doubt {len(load.in_doubt)}, "
               f"other {len(load.other)}, longest wait {load.longest:.3f} s")
+        # Clients blocked at the killed master waited out its recovery and block at the new one.
+        pops.served_after_recovery(c.servers[2].routing)
         assert not load.refused, load.refused[:5]
         assert not load.other, load.other[:5]
         # Only requests in flight at the kill may end in doubt: one per writer at most (a

@@ -536,6 +536,25 @@ def test_routing_port_clients_block_at_the_keys_master(shared_cluster):
     t.join(timeout=10)
     assert entries.get("got") == [[b"{lm}s", [(new_id, {b"new": b"2"})]]], entries
 
+    # BZMPOP over keys of two slots, which no one master can block: each key's master is asked
+    # in turn, and the key that gets an element answers.
+    r.delete("zq:a", "zq:b")
+    popped = {}
+
+    def bzmpop():
+        client = redis.Redis(port=routing_port, socket_timeout=30)
+        popped["got"] = client.bzmpop(20, 2, ["zq:a", "zq:b"], max=True, count=10)
+
+    t = threading.Thread(target=bzmpop, daemon=True)
+    t.start()
+    assert wait_until(lambda: blocked_clients(r) == base_routing + 1, timeout=10)
+    r.zadd("zq:b", {"m1": 1, "m2": 2})
+    t.join(timeout=10)
+    got = popped.get("got")
+    assert got is not None and got[0] == b"zq:b", popped
+    assert [m for m, _ in got[1]] == [b"m2", b"m1"], popped
+    assert r.exists("zq:b") == 0
+
     # Changes since the last save: 30 keys over every server, all counted.
     before = r.info("persistence")["rdb_changes_since_last_save"]
     for n in range(30):

@@ -725,8 +725,8 @@ async fn routed_watch_holds(router: &mut Router<'_>, out: &mut Vec<u8>) -> bool 
 /// their master ([`blocked_at_master`]). A command over keys of several slots, which no one
 /// master can block (BLPOP over queues of several servers, BLMOVE between them), is tried
 /// again every [`crate::front::blocking::ROUTED_RETRY_INTERVAL`] while it answers the null of
-/// "nothing yet", until its timeout; BLPOP, BRPOP, BZPOPMIN and BZPOPMAX then try each key's
-/// master in turn.
+/// "nothing yet", until its timeout; BLPOP, BRPOP, BZPOPMIN, BZPOPMAX, BLMPOP and BZMPOP then
+/// try each key's master in turn.
 async fn routed_blocking(
     router: &mut Router<'_>,
     args: &[&[u8]],
@@ -739,17 +739,14 @@ async fn routed_blocking(
     };
     let deadline = deadline_of(args);
     let before = out.len();
-    // BLPOP, BRPOP, BZPOPMIN and BZPOPMAX over keys of several slots (as queue libraries block
-    // on several queues): each try asks each key's master in turn, the keys in their order, and
+    // BLPOP, BRPOP, BZPOPMIN, BZPOPMAX, BLMPOP and BZMPOP over keys of several slots (as queue
+    // libraries block on several queues): each try asks each key's master in turn, the keys in their order, and
     // the first key with an element answers. Each key's pop is atomic; the order among keys is
     // as of each ask, not one instant.
-    let per_key = ["blpop", "brpop", "bzpopmin", "bzpopmax"]
-        .iter()
-        .any(|n| args[0].eq_ignore_ascii_case(n.as_bytes()))
-        && args.len() > 3
-        && args[1..args.len() - 1]
-            .iter()
-            .any(|k| ramlog_common::key_slot(k) != ramlog_common::key_slot(args[1]));
+    let per_key = per_key_commands(args).filter(|commands| {
+        let slot = |c: &Vec<&[u8]>| command_slot(c);
+        commands.iter().any(|c| slot(c) != slot(&commands[0]))
+    });
     // Keys of one slot block at their master; over several slots (BLMOVE between two queues
     // of different slots, which the routing port moves across servers), the command is tried
     // again here.
@@ -814,12 +811,10 @@ async fn routed_blocking(
             .await?;
             continue;
         }
-        if per_key {
-            let timeout = args[args.len() - 1];
-            for key in &args[1..args.len() - 1] {
-                let one: [&[u8]; 3] = [args[0], key, timeout];
+        if let Some(commands) = &per_key {
+            for one in commands {
                 let mut round = Round::new();
-                let part = router.route(&mut round, &one, None);
+                let part = router.route(&mut round, one, None);
                 round.parts.push(part);
                 resolve(router, round, out).await;
                 if !is_null(&out[before..]) {
@@ -874,6 +869,50 @@ async fn routed_blocking(
     }
 }
 
+/// A pop over several keys as one command per key, in the keys' order, each blocking on its
+/// key alone: BLPOP, BRPOP, BZPOPMIN and BZPOPMAX (`CMD key timeout`), BLMPOP and BZMPOP
+/// (`CMD timeout 1 key` and the rest of their arguments). None for other commands, or
+/// arguments their own checks refuse.
+fn per_key_commands<'a>(args: &[&'a [u8]]) -> Option<Vec<Vec<&'a [u8]>>> {
+    let name = args[0].to_ascii_lowercase();
+    match name.as_slice() {
+        b"blpop" | b"brpop" | b"bzpopmin" | b"bzpopmax" if args.len() > 3 => {
+            let timeout = args[args.len() - 1];
+            Some(
+                args[1..args.len() - 1]
+                    .iter()
+                    .map(|k| vec![args[0], k, timeout])
+                    .collect(),
+            )
+        }
+        b"blmpop" | b"bzmpop" if args.len() > 4 => {
+            let n: usize = std::str::from_utf8(args[2]).ok()?.parse().ok()?;
+            if n < 2 || args.len() < 3 + n + 1 {
+                return None;
+            }
+            let rest = &args[3 + n..];
+            Some(
+                args[3..3 + n]
+                    .iter()
+                    .map(|k| {
+                        let mut one = vec![args[0], args[1], b"1".as_slice(), k];
+                        one.extend_from_slice(rest);
+                        one
+                    })
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// The slot of a command's first key.
+fn command_slot(args: &[&[u8]]) -> Option<u16> {
+    crate::front::commands::lookup(args[0])
+        .and_then(|spec| command_keys(spec, args).next())
+        .map(key_slot)
+}
+
 /// A blocking command whose keys live in one slot, through the routing port: one try as any
 /// command; if that answers the null of "nothing yet", the command waits at the keys' master,
 /// on a connection of its own to its RESP port ([`crate::front::blocking::block_at_master`]), as
@@ -897,9 +936,7 @@ async fn blocked_at_master(
     let node = router.node.clone();
     let notify = Arc::new(tokio::sync::Notify::new());
     let mut unblock: Option<ClientHandle> = None;
-    let slot = crate::front::commands::lookup(args[0])
-        .and_then(|spec| command_keys(spec, args).next())
-        .map(key_slot);
+    let slot = command_slot(args);
     // A try here would read `$` as "after the last entry now", not when the master gets it.
     let dollar = args[0].eq_ignore_ascii_case(b"xread") && args.contains(&&b"$"[..]);
     let mut tried = false;

@@ -827,3 +827,50 @@ def test_changes_since_last_save_count_as_redis_does(server, redis_peer, tmp_pat
         assert int(c.info("persistence")["rdb_last_save_time"]) == c.lastsave().timestamp()
     finally:
         saving.stop()
+
+
+def _commandstats_session(make):
+    """CONFIG RESETSTAT, then: calls that run, one refused for its arity, one that fails with
+    WRONGTYPE, a BLPOP that blocks and is served, one that times out. Returns INFO commandstats'
+    calls, rejected and failed calls of the commands used."""
+    r = make()
+    s, lst, q = "{q}cs:s", "{q}cs:l", "{q}cs:q"
+    r.delete(s, lst, q)
+    r.config_resetstat()
+    r.set(s, "v")
+    assert r.get(s) == b"v"
+    r.rpush(lst, "a", "b")
+    with pytest.raises(redis.ResponseError):
+        r.execute_command("GET")
+    with pytest.raises(redis.ResponseError):
+        r.lpush(s, "x")
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("v", make().blpop([q], timeout=10)),
+                         daemon=True)
+    t.start()
+    assert wait_until(lambda: blocked_clients(r) == 1, timeout=10)
+    r.lpush(q, "e")
+    t.join(timeout=10)
+    assert got.get("v") == (q.encode(), b"e")
+    assert make().blpop([q], timeout=0.2) is None
+    stats = r.info("commandstats")
+    return {name: {k: stats[f"cmdstat_{name}"][k] for k in ("calls", "rejected_calls", "failed_calls")}
+            for name in ("set", "get", "rpush", "lpush", "blpop")}
+
+
+def test_commandstats_count_calls_refusals_and_failures_as_redis_does(blocking_target, redis_peer,
+                                                                      request):
+    """INFO commandstats per command, on every port, against redis-server: a call that runs
+    counts once (a blocked BLPOP too, served or timed out, however often it tried), a call
+    refused for its arity counts as rejected (through the routing port, which counts its
+    clients' commands where they arrive and does not tell a refusal apart, as failed), a
+    WRONGTYPE as failed; CONFIG RESETSTAT starts them again."""
+    make, _ = blocking_target
+    peer_port = redis_peer.connection_pool.connection_kwargs["port"]
+    want = _commandstats_session(lambda: redis.Redis(port=peer_port, socket_timeout=10))
+    assert want["blpop"] == {"calls": 2, "rejected_calls": 0, "failed_calls": 0}, want
+    assert want["get"] == {"calls": 1, "rejected_calls": 1, "failed_calls": 0}, want
+    got = _commandstats_session(make)
+    if request.node.callspec.params["blocking_target"] == "routing":
+        want["get"] = {"calls": 2, "rejected_calls": 0, "failed_calls": 1}
+    assert got == want

@@ -193,7 +193,7 @@ pub async fn run(
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             // Timed out: the null answer stands.
-            execute(node, session, args, out);
+            retry(node, session, args, out);
             return Ok(());
         }
         pause(
@@ -204,11 +204,18 @@ pub async fn run(
             read_ahead,
         )
         .await?;
-        execute(node, session, args, out);
+        retry(node, session, args, out);
         if retry_ends(args, &out[before..]) {
             return Ok(());
         }
     }
+}
+
+/// A blocking command's try after its first (not counted again among its calls).
+fn retry(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec<u8>) {
+    session.blocked_retry = true;
+    execute(node, session, args, out);
+    session.blocked_retry = false;
 }
 
 /// A blocked client's entry for CLIENT UNBLOCK, removed when its wait ends.

@@ -160,6 +160,10 @@ struct Round {
     /// The map every request of the round is routed by (loaded by the first): commands for one
     /// key all go the same way.
     view: Option<Arc<ClusterView>>,
+    /// For each part that answers a client's command, that command's index in the command
+    /// table, counted in the routing port's INFO commandstats once its reply is written.
+    counted: Vec<Option<usize>>,
+    started: Instant,
 }
 
 impl Round {
@@ -169,6 +173,8 @@ impl Round {
             local: Vec::new(),
             outgoing: BTreeMap::new(),
             view: None,
+            counted: Vec::new(),
+            started: Instant::now(),
         }
     }
 
@@ -312,6 +318,11 @@ impl Router<'_> {
                 // Its blocked clients are the routing port's own (see
                 // `Metrics::routed_blocked_clients`).
                 let mut snapshot = self.node.snapshot();
+                snapshot.commands = self
+                    .node
+                    .metrics
+                    .routed_command_stats
+                    .read(crate::front::commands::specs().iter().map(|s| s.name));
                 snapshot.blocked_clients = self
                     .node
                     .metrics
@@ -516,6 +527,7 @@ pub async fn serve_routing(
                                 if !round.parts.is_empty() {
                                     break;
                                 }
+                                let (from, started) = (out.len(), Instant::now());
                                 crate::front::analytic::run(
                                     node_ref,
                                     &mut router.session,
@@ -523,6 +535,7 @@ pub async fn serve_routing(
                                     &mut out,
                                 )
                                 .await;
+                                count_routed(node_ref, args[0], started.elapsed(), &out[from..]);
                                 pos += used;
                                 continue;
                             }
@@ -536,6 +549,7 @@ pub async fn serve_routing(
                                 let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
                                 let args: Vec<&[u8]> = owned.iter().map(|a| a.as_slice()).collect();
                                 let mut ahead = Vec::new();
+                                let from = out.len();
                                 let done = routed_blocking(
                                     &mut router,
                                     &args,
@@ -544,6 +558,8 @@ pub async fn serve_routing(
                                     &mut ahead,
                                 )
                                 .await;
+                                // Its wait is not counted in its time, as in Redis.
+                                count_routed(node_ref, args[0], Duration::ZERO, &out[from..]);
                                 inbuf.extend_from_slice(&ahead);
                                 if let Err(ending) = done {
                                     return ending;
@@ -568,7 +584,14 @@ pub async fn serve_routing(
                                 let owned: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
                                 let args: Vec<&[u8]> = owned.iter().map(|a| a.as_slice()).collect();
                                 if watching {
+                                    let (from, started) = (out.len(), Instant::now());
                                     routed_watch(&mut router, &args, &mut out).await;
+                                    count_routed(
+                                        node_ref,
+                                        args[0],
+                                        started.elapsed(),
+                                        &out[from..],
+                                    );
                                     pos += used;
                                     continue;
                                 }
@@ -587,6 +610,8 @@ pub async fn serve_routing(
                             let raw = (!request.is_inline()).then(|| &inbuf[pos..pos + used]);
                             let part = router.route(&mut round, &args, raw);
                             round.parts.push(part);
+                            round.counted.resize(round.parts.len() - 1, None);
+                            round.counted.push(command_index(args[0]));
                         }
                         pos += used;
                         if router.session.closing {
@@ -1098,8 +1123,31 @@ async fn resolve(router: &mut Router<'_>, mut round: Round, out: &mut Vec<u8>) {
         rerouted: &rerouted,
         ack_error: ack_error.as_deref(),
     };
-    for part in &round.parts {
+    let each = round.started.elapsed() / round.parts.len().max(1) as u32;
+    for (i, part) in round.parts.iter().enumerate() {
+        let from = out.len();
         ctx.write(part, out);
+        if let Some(&Some(index)) = round.counted.get(i) {
+            let failed = out.get(from) == Some(&b'-');
+            node.metrics
+                .routed_command_stats
+                .ran(index, each, true, failed);
+        }
+    }
+}
+
+/// The index of command `name` in the command table, if it is one.
+fn command_index(name: &[u8]) -> Option<usize> {
+    crate::front::commands::lookup_at(name).map(|(index, _)| index)
+}
+
+/// Counts a routing-port client's command that took `elapsed` and answered `reply`.
+fn count_routed(node: &Node, name: &[u8], elapsed: Duration, reply: &[u8]) {
+    if let Some(index) = command_index(name) {
+        let failed = reply.first() == Some(&b'-');
+        node.metrics
+            .routed_command_stats
+            .ran(index, elapsed, true, failed);
     }
 }
 

@@ -408,6 +408,12 @@ pub struct Metrics {
     /// client that blocks on this server's keys waits on a connection of its own to this
     /// server's RESP port, which counts in `blocked_clients` too).
     pub routed_blocked_clients: AtomicU64,
+    /// INFO commandstats: per command.
+    pub command_stats: CommandStats,
+    /// The routing port's INFO commandstats: its clients' commands, counted once each where
+    /// they arrive (whichever server runs them), with the time to their reply; an error reply
+    /// counts as failed (a refusal is not told apart there).
+    pub routed_command_stats: CommandStats,
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
@@ -502,6 +508,92 @@ impl Metrics {
     }
 }
 
+/// Commands the command table may hold (its index bounds [`CommandStats`]).
+pub const COMMANDS_MAX: usize = 512;
+
+/// One command's figures, as Redis's INFO commandstats gives them.
+#[derive(Debug, Default)]
+pub struct CommandStat {
+    /// Calls that ran (a blocking command counts once, however often it tried).
+    calls: AtomicU64,
+    /// Microseconds they took (a blocking command's wait not included).
+    usec: AtomicU64,
+    /// Calls refused before they ran: wrong arity, NOAUTH, a reserved key, `-MOVED`,
+    /// `-CROSSSLOT`, `-BUSY`.
+    rejected: AtomicU64,
+    /// Calls that ran and answered an error.
+    failed: AtomicU64,
+}
+
+/// Per command, by its index in the command table, since the start or CONFIG RESETSTAT.
+#[derive(Debug)]
+pub struct CommandStats(Box<[CommandStat]>);
+
+impl Default for CommandStats {
+    fn default() -> Self {
+        CommandStats((0..COMMANDS_MAX).map(|_| CommandStat::default()).collect())
+    }
+}
+
+/// One command's figures at a moment (only commands called since the start or the reset).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommandCalls {
+    pub name: &'static str,
+    pub calls: u64,
+    pub usec: u64,
+    pub rejected: u64,
+    pub failed: u64,
+}
+
+impl CommandStats {
+    /// Command `index` ran (`counted`: false for a blocking command's tries after its first,
+    /// whose time still adds) and took `elapsed`; `failed`: it answered an error.
+    pub fn ran(&self, index: usize, elapsed: Duration, counted: bool, failed: bool) {
+        let Some(c) = self.0.get(index) else {
+            return;
+        };
+        if counted {
+            c.calls.fetch_add(1, Ordering::Relaxed);
+        }
+        c.usec
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        if failed {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Command `index` was refused before it ran.
+    pub fn rejected(&self, index: usize) {
+        if let Some(c) = self.0.get(index) {
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// CONFIG RESETSTAT.
+    pub fn reset(&self) {
+        for c in self.0.iter() {
+            for a in [&c.calls, &c.usec, &c.rejected, &c.failed] {
+                a.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The figures of the commands called, `names` giving each index's name.
+    pub fn read(&self, names: impl Iterator<Item = &'static str>) -> Vec<CommandCalls> {
+        names
+            .zip(self.0.iter())
+            .map(|(name, c)| CommandCalls {
+                name,
+                calls: c.calls.load(Ordering::Relaxed),
+                usec: c.usec.load(Ordering::Relaxed),
+                rejected: c.rejected.load(Ordering::Relaxed),
+                failed: c.failed.load(Ordering::Relaxed),
+            })
+            .filter(|c| c.calls + c.rejected + c.failed > 0)
+            .collect()
+    }
+}
+
 /// Process-level figures that are not counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessInfo {
@@ -564,6 +656,9 @@ pub struct EngineFigures {
 /// All figures at one moment.
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
+    /// INFO commandstats (filled by `Node::snapshot`, which knows the command table).
+    #[serde(skip)]
+    pub commands: Vec<CommandCalls>,
     pub process: ProcessInfo,
     pub engine: EngineFigures,
     pub memory: MemoryBreakdown,
@@ -664,6 +759,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
+            commands: Vec::new(),
             process,
             engine,
             memory,
@@ -999,15 +1095,31 @@ impl Snapshot {
         }
         if wants("commandstats") || section.as_deref() == Some("all") {
             let _ = write!(s, "# Commandstats\r\n");
+            for c in &self.commands {
+                let _ = write!(
+                    s,
+                    "cmdstat_{}:calls={},usec={},usec_per_call={:.2},rejected_calls={},failed_calls={}\r\n",
+                    c.name,
+                    c.calls,
+                    c.usec,
+                    c.usec as f64 / c.calls.max(1) as f64,
+                    c.rejected,
+                    c.failed
+                );
+            }
+            s.push_str("\r\n");
+        }
+        if wants("latencystats") || section.as_deref() == Some("all") {
+            // Per family of commands (those of `/metrics`): calls and latency quantiles.
+            let _ = write!(s, "# Latencystats\r\n");
             for (name, count, h) in &self.ops {
                 if *count == 0 {
                     continue;
                 }
-                let usec = h.sum_ns / 1000;
                 let _ = write!(
                     s,
-                    "cmdstat_{name}:calls={count},usec={usec},usec_per_call={:.2},p50_usec_le={},p99_usec_le={}\r\n",
-                    usec as f64 / *count as f64,
+                    "ramlog_latency_{name}:calls={count},usec={},p50_usec_le={},p99_usec_le={}\r\n",
+                    h.sum_ns / 1000,
                     h.quantile_us(0.5),
                     h.quantile_us(0.99)
                 );
@@ -1072,6 +1184,29 @@ mod tests {
     }
 
     #[test]
+    fn command_stats_count_each_command_of_the_table() {
+        assert!(crate::front::commands::specs().len() <= COMMANDS_MAX);
+        let stats = CommandStats::default();
+        let names = || ["get", "set", "blpop"].into_iter();
+        stats.ran(0, Duration::from_micros(5), true, false);
+        stats.ran(0, Duration::from_micros(3), true, true);
+        stats.rejected(0);
+        // A blocking command's retry adds time, not a call; out of the table: nothing.
+        stats.ran(2, Duration::from_micros(7), true, false);
+        stats.ran(2, Duration::from_micros(1), false, false);
+        stats.ran(COMMANDS_MAX, Duration::from_micros(1), true, false);
+        let read = stats.read(names());
+        let figures = |n: &str| read.iter().find(|c| c.name == n).cloned();
+        let get = figures("get").unwrap();
+        assert_eq!((get.calls, get.usec, get.rejected, get.failed), (2, 8, 1, 1));
+        let blpop = figures("blpop").unwrap();
+        assert_eq!((blpop.calls, blpop.usec), (1, 8));
+        assert_eq!(figures("set"), None, "commands never called are left out");
+        stats.reset();
+        assert!(stats.read(names()).is_empty());
+    }
+
+    #[test]
     fn histogram_buckets_and_quantiles() {
         let h = Histogram::default();
         for _ in 0..99 {
@@ -1116,7 +1251,7 @@ mod tests {
                 && node.contains("# Cluster\r\ncluster_enabled:1\r\n")
         );
         assert!(info.contains("total_connections_received:4\r\n"));
-        assert!(info.contains("cmdstat_get:calls=2,"));
+        assert!(info.contains("ramlog_latency_get:calls=2,"), "{info}");
         assert!(info.contains("db0:keys=3,"));
         assert!(info.contains("ramlog_tablets:48\r\n"));
         assert!(prom.contains("ramlog_tablets 48\n"));

@@ -188,6 +188,10 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             )),
         }
     } else if eq_ignore_case(sub, "resetstat") {
+        // INFO commandstats starts again, the RESP port's and the routing port's (the other
+        // counters run on, for `/metrics`).
+        ctx.node.metrics.command_stats.reset();
+        ctx.node.metrics.routed_command_stats.reset();
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
         let lines = [

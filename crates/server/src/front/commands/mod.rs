@@ -116,6 +116,9 @@ pub struct Session {
     /// CLIENT REPLY: replies are off (OFF), or the next command's is skipped (SKIP).
     pub replies_off: bool,
     pub skip_next_reply: bool,
+    /// A blocking command tries again (after a wake or at its timeout): INFO commandstats
+    /// counts its call once, at its first try.
+    pub blocked_retry: bool,
 }
 
 impl Session {
@@ -164,6 +167,7 @@ impl Session {
             connected: std::time::Instant::now(),
             replies_off: false,
             skip_next_reply: false,
+            blocked_retry: false,
         }
     }
 }
@@ -1302,6 +1306,11 @@ pub fn specs() -> &'static [Spec] {
 
 /// The command named `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    lookup_at(name).map(|(_, spec)| spec)
+}
+
+/// The command named `name` and its index in the command table ([`specs`]).
+pub fn lookup_at(name: &[u8]) -> Option<(usize, &'static Spec)> {
     let mut lower = [0u8; 24];
     if name.len() > lower.len() {
         return None;
@@ -1309,7 +1318,7 @@ pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     for (d, s) in lower.iter_mut().zip(name) {
         *d = s.to_ascii_lowercase();
     }
-    BY_NAME.get(&lower[..name.len()]).map(|&i| &SPECS[i])
+    BY_NAME.get(&lower[..name.len()]).map(|&i| (i, &SPECS[i]))
 }
 
 const ERR_SYNTAX: &str = "ERR syntax error";
@@ -1467,7 +1476,11 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     let before = out.len();
     let started = Instant::now();
     let skip_this = std::mem::take(&mut session.skip_next_reply);
-    let spec = lookup(args[0]);
+    let at = lookup_at(args[0]);
+    let spec = at.map(|(_, spec)| spec);
+    // Whether the command ran (INFO commandstats' calls), or was refused before (its
+    // rejected calls).
+    let mut ran = false;
     // Scripts and transactions run alone: EVAL outside MULTI (inside, it is only queued), and
     // EXEC of a transaction.
     let alone = spec.is_some_and(|s| match s.name {
@@ -1554,7 +1567,10 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                     ctx.session.readonly,
                     &ctx.session.refused_slots,
                 ) {
-                    Ok(()) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
+                    Ok(()) => {
+                        ran = true;
+                        run_checked(&mut ctx, spec, args, in_multi, &mut wrote)
+                    }
                     Err(e) => {
                         if in_multi {
                             ctx.session.multi_failed = true;
@@ -1568,10 +1584,22 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
                     }
                 }
             }
-            Some(spec) => run_checked(&mut ctx, spec, args, in_multi, &mut wrote),
+            Some(spec) => {
+                ran = true;
+                run_checked(&mut ctx, spec, args, in_multi, &mut wrote)
+            }
         }
     }
     count_change(node, units_before);
+    if let Some((index, _)) = at {
+        let stats = &node.metrics.command_stats;
+        if ran {
+            let failed = out.get(before) == Some(&b'-');
+            stats.ran(index, started.elapsed(), !session.blocked_retry, failed);
+        } else {
+            stats.rejected(index);
+        }
+    }
     // CLIENT REPLY OFF or SKIP: the reply is dropped (subscription confirmations are pushes,
     // and still go out, as in Redis 7.2).
     let silent = session.replies_off || skip_this || session.skip_next_reply;

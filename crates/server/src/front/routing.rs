@@ -810,11 +810,7 @@ async fn routed_blocking(
     let mut unblock: Option<crate::front::blocking::ClientHandle> = None;
     let mut null_reply: Vec<u8> = Vec::new();
     loop {
-        if let Some(reply) = unblock
-            .as_ref()
-            .and_then(|u| u.unblocked_reply(&null_reply))
-        {
-            out.extend_from_slice(&reply);
+        if unblocked(unblock.as_ref(), &null_reply, out) {
             return Ok(());
         }
         let turn = queued
@@ -894,6 +890,22 @@ async fn routed_blocking(
     }
 }
 
+/// Whether CLIENT UNBLOCK ended the wait of the routing-port client (`unblock`, once it is
+/// blocked): then its reply (`null_reply`, or `-UNBLOCKED`) is in `out`.
+fn unblocked(
+    unblock: Option<&crate::front::blocking::ClientHandle>,
+    null_reply: &[u8],
+    out: &mut Vec<u8>,
+) -> bool {
+    match unblock.and_then(|u| u.unblocked_reply(null_reply)) {
+        Some(reply) => {
+            out.extend_from_slice(&reply);
+            true
+        }
+        None => false,
+    }
+}
+
 /// A pop over several keys as one command per key, in the keys' order, each blocking on its
 /// key alone: BLPOP, BRPOP, BZPOPMIN and BZPOPMAX (`CMD key timeout`), BLMPOP and BZMPOP
 /// (`CMD timeout 1 key` and the rest of their arguments). None for other commands, or
@@ -968,11 +980,7 @@ async fn blocked_at_master(
     let mut null_reply = Vec::new();
     ReplyEncoder::new(&mut null_reply, router.session.protocol).null_array();
     loop {
-        if let Some(reply) = unblock
-            .as_ref()
-            .and_then(|u| u.unblocked_reply(&null_reply))
-        {
-            out.extend_from_slice(&reply);
+        if unblocked(unblock.as_ref(), &null_reply, out) {
             return Ok(());
         }
         if !dollar {

@@ -1198,7 +1198,10 @@ mod tests {
         let read = stats.read(names());
         let figures = |n: &str| read.iter().find(|c| c.name == n).cloned();
         let get = figures("get").unwrap();
-        assert_eq!((get.calls, get.usec, get.rejected, get.failed), (2, 8, 1, 1));
+        assert_eq!(
+            (get.calls, get.usec, get.rejected, get.failed),
+            (2, 8, 1, 1)
+        );
         let blpop = figures("blpop").unwrap();
         assert_eq!((blpop.calls, blpop.usec), (1, 8));
         assert_eq!(figures("set"), None, "commands never called are left out");

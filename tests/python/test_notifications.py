@@ -113,3 +113,42 @@ def test_events_are_published_by_the_keys_master_only(shared_cluster):
             c.config_set("notify-keyspace-events", "")
         for p in subs:
             p.close()
+
+
+def test_a_routing_port_subscriber_hears_every_servers_keys(shared_cluster):
+    """A routing port stands for the whole cluster: its subscriber hears the events of keys on
+    every server, once each and in each key's order, while a cluster port's subscriber on the
+    same server still hears only that server's keys (as a Redis Cluster node's). CONFIG SET
+    through the routing port sets every master."""
+    from redis.cluster import RedisCluster
+
+    srv = shared_cluster.servers[1]
+    routing = redis.Redis(port=srv.routing, socket_timeout=10)
+    cluster_port = redis.Redis(port=srv.resp, socket_timeout=10)
+    subs = []
+    try:
+        routing.config_set("notify-keyspace-events", "KEg$")
+        for c in (routing, cluster_port):
+            p = c.pubsub()
+            p.psubscribe("__keyevent@0__:*")
+            assert wait_until(lambda: p.get_message(timeout=0.2) is not None, timeout=5)
+            subs.append(p)
+        rc = RedisCluster(host="127.0.0.1", port=shared_cluster.servers[0].resp, socket_timeout=10)
+        keys = [f"routed-notify-{i}" for i in range(12)]
+        owners = {k: rc.get_node_from_key(k).port for k in keys}
+        assert len(set(owners.values())) == 3, owners
+        for k in keys:
+            routing.set(k, "v")
+            routing.delete(k)
+        heard_routing = messages(subs[0], 24, timeout=5)
+        assert sorted(key for _, key in heard_routing) == sorted(keys * 2), heard_routing
+        for k in keys:
+            assert [ch for ch, key in heard_routing if key == k] == \
+                ["__keyevent@0__:set", "__keyevent@0__:del"], heard_routing
+        mine = [k for k in keys if owners[k] == srv.resp]
+        heard_here = messages(subs[1], 2 * len(mine) + 1, timeout=2)
+        assert sorted(key for _, key in heard_here) == sorted(mine * 2), (mine, heard_here)
+    finally:
+        routing.config_set("notify-keyspace-events", "")
+        for p in subs:
+            p.close()

@@ -146,6 +146,7 @@ impl Server {
             )
             .await?;
             roles.set_member(member.clone());
+            crate::front::commands::pubsub::start_broadcast(&node, &member);
             member.start_heartbeats(&node);
         }
         crate::front::commands::start_sweeper(&node, roles.clone());

@@ -135,7 +135,6 @@ pub struct Node {
     /// conditional write still guards against those.
     rmw_locks: Vec<parking_lot::Mutex<()>>,
     /// A cluster server's PUBLISHes on their way to the other servers (started on the first).
-    pub pubsub_broadcast: std::sync::OnceLock<pubsub::BroadcastQueue>,
     /// What CONFIG SET may change at run time.
     pub settings: std::sync::Arc<settings::RuntimeSettings>,
     /// The Lua scripts this server knows (EVAL, SCRIPT LOAD).
@@ -304,7 +303,6 @@ impl Node {
             waiters: Default::default(),
             routed_waiters: Default::default(),
             pubsub: Default::default(),
-            pubsub_broadcast: Default::default(),
             settings: Default::default(),
             scripts: Default::default(),
             script_gate: parking_lot::RwLock::new(()),

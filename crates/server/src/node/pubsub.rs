@@ -7,8 +7,8 @@
 //! connection closed, as Redis closes a pub/sub client past its output buffer limit. So what this
 //! module holds is bounded: per subscriber, its subscriptions and at most `QUEUE_MAX_BYTES`.
 //! Delivery is at most once, as in Redis: a message reaches the subscribers present when it is
-//! published, on this server (cluster servers forward PUBLISH to each other,
-//! `front::commands::pubsub`).
+//! published, on this server (cluster servers forward PUBLISH to each other, and keyspace
+//! notifications to each other's routing-port subscribers, `front::commands::pubsub`).
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -22,9 +22,20 @@ pub const QUEUE_MAX_BYTES: usize = 32 << 20;
 /// to answer) new ones are not sent to them (counted in `dropped`), as pub/sub is at most once.
 pub const BROADCAST_MAX_BYTES: usize = 64 << 20;
 
-/// A cluster server's PUBLISHes on their way to the other servers.
+/// What a cluster server sends the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broadcast {
+    /// A PUBLISH, for every subscriber of every server (as Redis Cluster broadcasts it).
+    Publish,
+    /// A keyspace notification of a key this server masters, for the routing-port subscribers
+    /// of the other servers only (a cluster port's subscribers hear their own server's keys, as
+    /// a Redis Cluster node's do; a routing port stands for the whole cluster).
+    KeyEvent,
+}
+
+/// A cluster server's PUBLISHes and keyspace notifications on their way to the other servers.
 pub struct BroadcastQueue {
-    pub tx: mpsc::UnboundedSender<(Vec<u8>, Vec<u8>)>,
+    pub tx: mpsc::UnboundedSender<(Broadcast, Vec<u8>, Vec<u8>)>,
     /// Bytes of channel and payload queued and not sent yet.
     pub queued: Arc<AtomicUsize>,
     pub dropped: std::sync::atomic::AtomicU64,
@@ -32,14 +43,18 @@ pub struct BroadcastQueue {
 
 impl BroadcastQueue {
     /// Queues a message for the other servers, unless [`BROADCAST_MAX_BYTES`] are waiting.
-    pub fn send(&self, channel: &[u8], payload: &[u8]) {
+    pub fn send(&self, kind: Broadcast, channel: &[u8], payload: &[u8]) {
         let n = channel.len() + payload.len();
         if self.queued.fetch_add(n, Ordering::Relaxed) + n > BROADCAST_MAX_BYTES {
             self.queued.fetch_sub(n, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.tx.send((channel.to_vec(), payload.to_vec())).is_err() {
+        if self
+            .tx
+            .send((kind, channel.to_vec(), payload.to_vec()))
+            .is_err()
+        {
             self.queued.fetch_sub(n, Ordering::Relaxed);
         }
     }
@@ -81,6 +96,8 @@ impl Message {
 #[derive(Clone)]
 struct Sender {
     id: u64,
+    /// A routing-port client's: it also hears the other servers' keyspace notifications.
+    routed: bool,
     tx: mpsc::UnboundedSender<Message>,
     queued: Arc<AtomicUsize>,
     overflowed: Arc<AtomicBool>,
@@ -156,6 +173,8 @@ struct Registry {
 #[derive(Default)]
 pub struct PubSub {
     registry: Arc<Mutex<Registry>>,
+    /// On a cluster server: what goes to the other servers (set once it joined).
+    pub broadcast: std::sync::OnceLock<BroadcastQueue>,
 }
 
 impl Drop for Mailbox {
@@ -189,12 +208,14 @@ pub enum Kind {
 }
 
 impl PubSub {
-    pub fn mailbox(&self, id: u64) -> Mailbox {
+    /// A connection's mailbox (`routed`: a routing-port client's, see [`Broadcast::KeyEvent`]).
+    pub fn mailbox(&self, id: u64, routed: bool) -> Mailbox {
         let (tx, rx) = mpsc::unbounded_channel();
         Mailbox {
             registry: self.registry.clone(),
             sender: Sender {
                 id,
+                routed,
                 tx,
                 queued: Arc::default(),
                 overflowed: Arc::default(),
@@ -257,6 +278,25 @@ impl PubSub {
     /// Delivers a message to this server's subscribers of `channel` (and of patterns that
     /// match it; `sharded`: to SSUBSCRIBE's subscribers only); how many received it.
     pub fn publish(&self, channel: &[u8], payload: &[u8], sharded: bool) -> usize {
+        self.deliver(channel, payload, sharded, false)
+    }
+
+    /// A keyspace notification of a key this server masters: delivered here, and sent to the
+    /// other servers' routing-port subscribers.
+    pub fn publish_key_event(&self, channel: &[u8], payload: &[u8]) {
+        self.deliver(channel, payload, false, false);
+        if let Some(q) = self.broadcast.get() {
+            q.send(Broadcast::KeyEvent, channel, payload);
+        }
+    }
+
+    /// Another server's keyspace notification: delivered to this server's routing-port
+    /// subscribers; how many received it.
+    pub fn deliver_key_event(&self, channel: &[u8], payload: &[u8]) -> usize {
+        self.deliver(channel, payload, false, true)
+    }
+
+    fn deliver(&self, channel: &[u8], payload: &[u8], sharded: bool, routed_only: bool) -> usize {
         let r = self.registry.lock();
         let channel_arc: Arc<[u8]> = Arc::from(channel);
         let payload_arc: Arc<[u8]> = Arc::from(payload);
@@ -267,7 +307,7 @@ impl PubSub {
             &r.channels
         };
         if let Some(list) = table.get(channel) {
-            for s in list {
+            for s in list.iter().filter(|s| s.routed || !routed_only) {
                 let m = Message::Channel {
                     channel: channel_arc.clone(),
                     payload: payload_arc.clone(),
@@ -282,7 +322,7 @@ impl PubSub {
                     continue;
                 }
                 let pattern: Arc<[u8]> = Arc::from(pattern.as_slice());
-                for s in list {
+                for s in list.iter().filter(|s| s.routed || !routed_only) {
                     let m = Message::Pattern {
                         pattern: pattern.clone(),
                         channel: channel_arc.clone(),
@@ -324,8 +364,8 @@ mod tests {
     #[tokio::test]
     async fn messages_reach_channel_and_pattern_subscribers_once_each() {
         let ps = PubSub::default();
-        let mut a = ps.mailbox(1);
-        let mut b = ps.mailbox(2);
+        let mut a = ps.mailbox(1, false);
+        let mut b = ps.mailbox(2, false);
         assert!(ps.subscribe(&mut a, Kind::Channel, b"news"));
         assert!(!ps.subscribe(&mut a, Kind::Channel, b"news"));
         assert!(ps.subscribe(&mut b, Kind::Pattern, b"n*"));
@@ -339,10 +379,32 @@ mod tests {
         assert_eq!(ps.channels(Kind::Channel, None).len(), 0);
     }
 
+    #[tokio::test]
+    async fn other_servers_key_events_reach_routing_port_subscribers_only() {
+        let ps = PubSub::default();
+        let mut cluster_port = ps.mailbox(1, false);
+        let mut routing_port = ps.mailbox(2, true);
+        for m in [&mut cluster_port, &mut routing_port] {
+            ps.subscribe(m, Kind::Pattern, b"__keyspace@0__:*");
+        }
+        // This server's own key: both hear it (no broadcast queue outside a cluster).
+        ps.publish_key_event(b"__keyspace@0__:mine", b"set");
+        // Another server's: the routing port's subscriber alone.
+        assert_eq!(ps.deliver_key_event(b"__keyspace@0__:theirs", b"del"), 1);
+        let channel = |m: Option<Message>| match m {
+            Some(Message::Pattern { channel, .. }) => channel.to_vec(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(channel(cluster_port.next().await), b"__keyspace@0__:mine");
+        assert!(cluster_port.try_next().is_none());
+        assert_eq!(channel(routing_port.next().await), b"__keyspace@0__:mine");
+        assert_eq!(channel(routing_port.next().await), b"__keyspace@0__:theirs");
+    }
+
     #[test]
     fn a_subscriber_that_falls_behind_is_cut_off() {
         let ps = PubSub::default();
-        let mut a = ps.mailbox(1);
+        let mut a = ps.mailbox(1, false);
         ps.subscribe(&mut a, Kind::Channel, b"c");
         let big = vec![0u8; 1 << 20];
         let mut delivered = 0;

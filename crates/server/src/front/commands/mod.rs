@@ -50,8 +50,8 @@ pub(crate) use large_list::start_sweeper;
 pub(crate) use lists::parse_timeout;
 use lists::*;
 use pubsub::{
-    cmd_psubscribe, cmd_publish, cmd_pubsub, cmd_punsubscribe, cmd_spublish, cmd_ssubscribe,
-    cmd_subscribe, cmd_sunsubscribe, cmd_unsubscribe,
+    cmd_psubscribe, cmd_publish, cmd_pubsub, cmd_punsubscribe, cmd_ramlog_keyevent, cmd_spublish,
+    cmd_ssubscribe, cmd_subscribe, cmd_sunsubscribe, cmd_unsubscribe,
 };
 use scripting::{cmd_eval, cmd_evalsha, cmd_script};
 use sets::*;
@@ -849,6 +849,17 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             ps,
             Op::Other,
             cmd_publish
+        ),
+        spec!(
+            "ramlog.keyevent",
+            3,
+            &["pubsub", "loading", "stale", "fast"],
+            0,
+            0,
+            0,
+            ps,
+            Op::Other,
+            cmd_ramlog_keyevent
         ),
         spec!(
             "spublish",

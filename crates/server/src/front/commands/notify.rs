@@ -1,7 +1,8 @@
 //! Keyspace notifications (Redis's `notify.c`): with `notify-keyspace-events` set, a write
 //! command publishes `__keyspace@0__:<key>` with its event's name and `__keyevent@0__:<event>`
 //! with the key, to this server's subscribers (as in Redis Cluster, where each node publishes
-//! its own keys' events and nothing is broadcast). The events, their names and their classes are
+//! its own keys' events and nothing is broadcast); a cluster server also sends them to the
+//! routing-port subscribers of the other servers (a routing port stands for the whole cluster). The events, their names and their classes are
 //! Redis 7's; an event is published after the command succeeds, in the order Redis publishes
 //! them: `new` (a key the command created), the command's own events, then `del` for a key the
 //! command left absent (DEL and UNLINK, the last element popped or removed, an empty *STORE
@@ -17,28 +18,55 @@ pub use crate::node::keyspace_events::*;
 
 /// Publishes event `name` of `class` on `key`, if the settings ask for it.
 pub fn emit(settings: &RuntimeSettings, pubsub: &PubSub, class: u32, name: &str, key: &[u8]) {
+    emit_to(settings, pubsub, class, name, key, true)
+}
+
+/// [`emit`]; `forward`: also to the other servers' routing-port subscribers (this server
+/// masters the key; a mirror's copy does not).
+fn emit_to(
+    settings: &RuntimeSettings,
+    pubsub: &PubSub,
+    class: u32,
+    name: &str,
+    key: &[u8],
+    forward: bool,
+) {
     let flags = settings.notify();
     if flags & class == 0 {
         return;
     }
+    let publish = |channel: &[u8], payload: &[u8]| {
+        if forward {
+            pubsub.publish_key_event(channel, payload);
+        } else {
+            pubsub.publish(channel, payload, false);
+        }
+    };
     if flags & KEYSPACE != 0 {
         let mut channel = b"__keyspace@0__:".to_vec();
         channel.extend_from_slice(key);
-        pubsub.publish(&channel, name.as_bytes(), false);
+        publish(&channel, name.as_bytes());
     }
     if flags & KEYEVENT != 0 {
         let channel = format!("__keyevent@0__:{name}");
-        pubsub.publish(channel.as_bytes(), key, false);
+        publish(channel.as_bytes(), key);
     }
 }
 
-/// Publishes `expired` for every key the engine removes when it expires (internal keys aside).
-pub fn watch_expiry(node: &Node) {
+/// Publishes `expired` for every key the engine removes when it expires (internal keys aside);
+/// a mirror's copies to this server's subscribers only (the master forwards its own).
+pub fn watch_expiry(node: &Arc<Node>) {
     let (settings, pubsub) = (Arc::clone(&node.settings), Arc::clone(&node.pubsub));
-    node.engine().on_expired(Box::new(move |_, key| {
-        if !ramlog_common::is_internal(key) {
-            emit(&settings, &pubsub, EXPIRED, "expired", key);
+    let weak = Arc::downgrade(node);
+    node.engine().on_expired(Box::new(move |table, key| {
+        if ramlog_common::is_internal(key) {
+            return;
         }
+        let mirrored = weak.upgrade().is_some_and(|node| {
+            node.locate(table, key)
+                .is_some_and(|tablet| node.keyspace.is_hidden(tablet))
+        });
+        emit_to(&settings, &pubsub, EXPIRED, "expired", key, !mirrored);
     }));
 }
 

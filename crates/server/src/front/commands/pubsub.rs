@@ -6,10 +6,13 @@
 //! subscribers of every server, as Redis Cluster broadcasts it: the server that takes it
 //! delivers it to its own subscribers and sends it to every other server of the map, in order,
 //! from one task (`Broadcast`), where it is delivered as a forwarded PUBLISH (which is not sent on
-//! again). SPUBLISH stays on the channel's slot's master, as in Redis Cluster.
+//! again). SPUBLISH stays on the channel's slot's master, as in Redis Cluster. Keyspace
+//! notifications go out the same way, as RAMLOG.KEYEVENT, for the routing-port subscribers of
+//! the other servers only (a routing port stands for the whole cluster; a cluster port's
+//! subscribers hear their own server's keys, as a Redis Cluster node's do).
 
 use super::*;
-use crate::node::pubsub::{Kind, Message};
+use crate::node::pubsub::{Broadcast, Kind, Message};
 
 /// The header of a pub/sub reply: a push in RESP3, an array in RESP2.
 pub(crate) fn push_header(out: &mut Vec<u8>, protocol: u8, len: usize) {
@@ -64,11 +67,13 @@ fn counted(ctx: &Ctx<'_>, kind: Kind) -> usize {
 
 fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], kind: Kind, what: &str) {
     let node = ctx.node;
+    // A routing-port client of a cluster also hears other servers' keys' events.
+    let routed = ctx.session.routed && ctx.session.member().is_some();
     for name in &args[1..] {
         let mailbox = ctx
             .session
             .mailbox
-            .get_or_insert_with(|| node.pubsub.mailbox(ctx.session.id));
+            .get_or_insert_with(|| node.pubsub.mailbox(ctx.session.id, routed));
         node.pubsub.subscribe(mailbox, kind, name);
         let n = counted(ctx, kind);
         confirm(ctx, what, Some(name), n);
@@ -131,10 +136,17 @@ pub(super) fn cmd_sunsubscribe(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 pub(super) fn cmd_publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let n = ctx.node.pubsub.publish(args[1], args[2], false);
     if !ctx.session.forwarded {
-        if let Some(member) = ctx.session.member() {
-            broadcast(ctx.node, member, args[1], args[2]);
+        if let Some(q) = ctx.node.pubsub.broadcast.get() {
+            q.send(Broadcast::Publish, args[1], args[2]);
         }
     }
+    ctx.enc.integer(n as i64)
+}
+
+/// RAMLOG.KEYEVENT channel message: another server's keyspace notification, for this server's
+/// routing-port subscribers (sent by [`broadcaster`]); how many received it.
+pub(super) fn cmd_ramlog_keyevent(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let n = ctx.node.pubsub.deliver_key_event(args[1], args[2]);
     ctx.enc.integer(n as i64)
 }
 
@@ -184,16 +196,11 @@ pub(super) fn cmd_pubsub(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
-/// Sends a PUBLISH to every other server of the cluster, in the order this server took them,
-/// from one task per server process.
-fn broadcast(
-    node: &Node,
-    member: &std::sync::Arc<crate::cluster::Member>,
-    channel: &[u8],
-    payload: &[u8],
-) {
-    let queue = node.pubsub_broadcast.get_or_init(|| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Vec<u8>, Vec<u8>)>();
+/// Starts sending this cluster server's PUBLISHes and keyspace notifications to every other
+/// server of the map, in the order this server took them, from one task.
+pub fn start_broadcast(node: &Node, member: &std::sync::Arc<crate::cluster::Member>) {
+    node.pubsub.broadcast.get_or_init(|| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let queued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let member = member.clone();
         let password = node.config.password.clone();
@@ -204,14 +211,13 @@ fn broadcast(
             dropped: Default::default(),
         }
     });
-    queue.send(channel, payload);
 }
 
 /// Messages a broadcast batch carries at most.
 const BROADCAST_BATCH: usize = 1024;
 
 async fn broadcaster(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<(Vec<u8>, Vec<u8>)>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(Broadcast, Vec<u8>, Vec<u8>)>,
     queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     member: std::sync::Arc<crate::cluster::Member>,
     password: Option<String>,
@@ -230,11 +236,17 @@ async fn broadcaster(
                 Err(_) => break,
             }
         }
-        let taken: usize = batch.iter().map(|(c, p)| c.len() + p.len()).sum();
+        let taken: usize = batch.iter().map(|(_, c, p)| c.len() + p.len()).sum();
         queued.fetch_sub(taken, std::sync::atomic::Ordering::Relaxed);
         let commands: Vec<Vec<&[u8]>> = batch
             .iter()
-            .map(|(c, p)| vec![&b"PUBLISH"[..], c.as_slice(), p.as_slice()])
+            .map(|(kind, c, p)| {
+                let name: &[u8] = match kind {
+                    Broadcast::Publish => b"PUBLISH",
+                    Broadcast::KeyEvent => b"RAMLOG.KEYEVENT",
+                };
+                vec![name, c.as_slice(), p.as_slice()]
+            })
             .collect();
         let peers: Vec<(ramlog_cluster::ServerId, std::net::SocketAddr)> = {
             let view = member.view();

@@ -47,14 +47,7 @@ pub fn is_blocking(args: &[&[u8]]) -> bool {
 
 /// XREAD's BLOCK milliseconds, if it has the option (before STREAMS).
 fn xread_block(args: &[&[u8]]) -> Option<u64> {
-    let end = args
-        .iter()
-        .position(|a| a.eq_ignore_ascii_case(b"streams"))
-        .unwrap_or(args.len());
-    let at = args[..end]
-        .iter()
-        .position(|a| a.eq_ignore_ascii_case(b"block"))?;
-    let ms = args.get(at + 1)?;
+    let ms = timeout_arg(args)?;
     std::str::from_utf8(ms).ok()?.parse().ok()
 }
 

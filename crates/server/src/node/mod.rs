@@ -832,10 +832,6 @@ impl Node {
         };
         let memory = self.memory_breakdown(&stats);
         let mut snapshot = Snapshot::take(&self.metrics, process, figures, memory);
-        snapshot.commands = self
-            .metrics
-            .command_stats
-            .read(crate::front::commands::specs().iter().map(|s| s.name));
         if let Some(h) = self.hooks() {
             let (replication, cluster) = h.figures();
             snapshot.replication = Some(replication);

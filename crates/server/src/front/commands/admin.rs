@@ -63,10 +63,13 @@ pub(super) fn cmd_lastsave(ctx: &mut Ctx<'_>, _args: &[&[u8]]) {
 
 pub(super) fn cmd_info(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let section = args.get(1).map(|s| String::from_utf8_lossy(s).into_owned());
-    let text = ctx
+    let mut snapshot = ctx.node.snapshot();
+    snapshot.commands = ctx
         .node
-        .snapshot()
-        .info(section.as_deref(), ctx.cluster_node());
+        .metrics
+        .command_stats
+        .read(super::specs().iter().map(|s| s.name));
+    let text = snapshot.info(section.as_deref(), ctx.cluster_node());
     ctx.enc.verbatim("txt", text.as_bytes());
 }
 

@@ -1985,6 +1985,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_command_table_fits_the_command_stats() {
+        assert!(specs().len() <= crate::node::metrics::COMMANDS_MAX);
+    }
+
+    #[test]
     fn parse_i64_is_strict_like_redis() {
         assert_eq!(parse_i64(b"0"), Some(0));
         assert_eq!(parse_i64(b"-12"), Some(-12));

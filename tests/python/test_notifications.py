@@ -20,6 +20,15 @@ def messages(pubsub, want, timeout=5.0):
     return got
 
 
+def keyevent_subscriber(client):
+    """A pub/sub connection of `client` subscribed to every key event, its subscription
+    confirmed."""
+    p = client.pubsub()
+    p.psubscribe("__keyevent@0__:*")
+    assert wait_until(lambda: p.get_message(timeout=0.2) is not None, timeout=5)
+    return p
+
+
 def test_write_commands_publish_redis_events(tmp_path):
     s = Server(tmp_path)
     try:
@@ -92,10 +101,7 @@ def test_events_are_published_by_the_keys_master_only(shared_cluster):
     try:
         for c in plain:
             c.config_set("notify-keyspace-events", "KEg$")
-            p = c.pubsub()
-            p.psubscribe("__keyevent@0__:*")
-            assert wait_until(lambda: p.get_message(timeout=0.2) is not None, timeout=5)
-            subs.append(p)
+            subs.append(keyevent_subscriber(c))
         rc = RedisCluster(host="127.0.0.1", port=shared_cluster.servers[0].resp, socket_timeout=10)
         keys = [f"notify-{i}" for i in range(12)]
         for k in keys:
@@ -128,11 +134,7 @@ def test_a_routing_port_subscriber_hears_every_servers_keys(shared_cluster):
     subs = []
     try:
         routing.config_set("notify-keyspace-events", "KEg$")
-        for c in (routing, cluster_port):
-            p = c.pubsub()
-            p.psubscribe("__keyevent@0__:*")
-            assert wait_until(lambda: p.get_message(timeout=0.2) is not None, timeout=5)
-            subs.append(p)
+        subs = [keyevent_subscriber(c) for c in (routing, cluster_port)]
         rc = RedisCluster(host="127.0.0.1", port=shared_cluster.servers[0].resp, socket_timeout=10)
         keys = [f"routed-notify-{i}" for i in range(12)]
         owners = {k: rc.get_node_from_key(k).port for k in keys}

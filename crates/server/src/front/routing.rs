@@ -570,7 +570,9 @@ pub async fn serve_routing(
                             // WATCH, and EXEC after it: the watched keys' versions are read at
                             // their masters (the connections to them are shared, so no master
                             // keeps this client's watch), alone, after what came before.
-                            let name = lookup(args[0]).map(|s| s.name);
+                            // The command, looked up once for what follows.
+                            let found = crate::front::commands::lookup_at(args[0]);
+                            let name = found.map(|(_, s)| s.name);
                             let watching = name == Some("watch")
                                 && router.session.multi.is_none()
                                 && router.session.authenticated;
@@ -602,8 +604,7 @@ pub async fn serve_routing(
                             }
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
-                            let barrier =
-                                lookup(args[0]).is_some_and(|s| matches!(s.name, "hello" | "auth"));
+                            let barrier = matches!(name, Some("hello" | "auth"));
                             if barrier && !round.outgoing.is_empty() {
                                 break;
                             }
@@ -611,7 +612,7 @@ pub async fn serve_routing(
                             let part = router.route(&mut round, &args, raw);
                             round.parts.push(part);
                             round.counted.resize(round.parts.len() - 1, None);
-                            round.counted.push(command_index(args[0]));
+                            round.counted.push(found.map(|(index, _)| index));
                         }
                         pos += used;
                         if router.session.closing {

@@ -29,7 +29,7 @@
 
 use ramlog_common::varint;
 use std::borrow::Cow;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use thiserror::Error;
 
 /// First byte of every value that is not a plain string.
@@ -493,14 +493,67 @@ pub type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 /// A stream entry.
 pub type StreamEntry = (StreamId, Fields);
 
-/// A stream: entries in id order, and the last id it generated (which deletes do not lower).
+/// A stream: entries in id order, the last id it generated (which deletes do not lower), how
+/// many entries were ever added, the greatest id XDEL removed, and its consumer groups.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stream {
     pub last: StreamId,
     pub entries: Vec<StreamEntry>,
+    /// Entries ever added (XADD counts each; deletes and trims do not lower it).
+    pub entries_added: u64,
+    /// The greatest id an XDEL removed ((0, 0): none).
+    pub max_deleted: StreamId,
+    /// Consumer groups by name.
+    pub groups: BTreeMap<Vec<u8>, Group>,
+}
+
+/// A stream's consumer group (Redis's `streamCG`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Group {
+    /// The last id delivered to any of its consumers.
+    pub last_delivered: StreamId,
+    /// Entries the group has read, when known (Redis's `entries_read`; None: -1).
+    pub entries_read: Option<u64>,
+    /// Consumers by name.
+    pub consumers: BTreeMap<Vec<u8>, Consumer>,
+    /// Entries delivered and not yet acknowledged, by id.
+    pub pending: BTreeMap<StreamId, Pending>,
+}
+
+/// A consumer of a group.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Consumer {
+    /// When it last tried to read or claim (ms since the epoch).
+    pub seen_ms: u64,
+    /// When it last read or claimed something (ms since the epoch); None: never.
+    pub active_ms: Option<u64>,
+}
+
+/// An entry delivered and not yet acknowledged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    /// The consumer it was delivered to (always one of the group's consumers).
+    pub consumer: Vec<u8>,
+    /// When it was last delivered (ms since the epoch).
+    pub delivered_ms: u64,
+    /// How many times it was delivered.
+    pub deliveries: u64,
 }
 
 impl Stream {
+    /// The id of its first entry ((0, 0) when it has none).
+    pub fn first_id(&self) -> StreamId {
+        self.entries.first().map_or((0, 0), |e| e.0)
+    }
+
+    /// The entry with id `id`, if the stream holds it.
+    pub fn entry(&self, id: StreamId) -> Option<&StreamEntry> {
+        self.entries
+            .binary_search_by(|e| e.0.cmp(&id))
+            .ok()
+            .map(|i| &self.entries[i])
+    }
+
     pub fn decode(stored: &[u8]) -> Result<Stream, TypedError> {
         let mut r = payload(stored, Kind::Stream)?;
         let last = (r.varint()?, r.varint()?);
@@ -520,8 +573,73 @@ impl Stream {
             }
             entries.push((id, fv));
         }
+        let mut s = Stream {
+            last,
+            entries_added: n as u64,
+            entries,
+            ..Default::default()
+        };
+        if r.pos == r.buf.len() {
+            // Written before streams had consumer groups: no groups, and the entries it holds
+            // are all it is known to have added.
+            return Ok(s);
+        }
+        s.entries_added = r.varint()?;
+        s.max_deleted = (r.varint()?, r.varint()?);
+        if s.entries_added < n as u64 || s.max_deleted > last {
+            return Err(TypedError::BadOrder);
+        }
+        let groups = r.count(4)?;
+        for _ in 0..groups {
+            let name = r.bytes()?.to_vec();
+            let mut g = Group {
+                last_delivered: (r.varint()?, r.varint()?),
+                entries_read: r.varint()?.checked_sub(1),
+                ..Default::default()
+            };
+            let consumers = r.count(3)?;
+            let mut names = Vec::with_capacity(consumers);
+            for _ in 0..consumers {
+                let cname = r.bytes()?.to_vec();
+                let c = Consumer {
+                    seen_ms: r.varint()?,
+                    active_ms: r.varint()?.checked_sub(1),
+                };
+                if names.last().is_some_and(|prev: &Vec<u8>| *prev >= cname) {
+                    return Err(TypedError::BadOrder);
+                }
+                names.push(cname.clone());
+                g.consumers.insert(cname, c);
+            }
+            let pending = r.count(5)?;
+            let mut prev: Option<StreamId> = None;
+            for _ in 0..pending {
+                let id = (r.varint()?, r.varint()?);
+                let who = r.varint()?;
+                let consumer = names
+                    .get(usize::try_from(who).unwrap_or(usize::MAX))
+                    .ok_or(TypedError::BadOrder)?
+                    .clone();
+                if prev.is_some_and(|p| p >= id) {
+                    return Err(TypedError::BadOrder);
+                }
+                prev = Some(id);
+                g.pending.insert(
+                    id,
+                    Pending {
+                        consumer,
+                        delivered_ms: r.varint()?,
+                        deliveries: r.varint()?,
+                    },
+                );
+            }
+            if s.groups.last_key_value().is_some_and(|(k, _)| *k >= name) {
+                return Err(TypedError::BadOrder);
+            }
+            s.groups.insert(name, g);
+        }
         r.end()?;
-        Ok(Stream { last, entries })
+        Ok(s)
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -530,7 +648,7 @@ impl Stream {
             .iter()
             .map(|(_, fv)| 24 + fv.iter().map(|(f, v)| f.len() + v.len() + 4).sum::<usize>())
             .sum();
-        let mut out = Vec::with_capacity(size + 32);
+        let mut out = Vec::with_capacity(size + 48);
         out.extend_from_slice(&[TAG, Kind::Stream as u8]);
         put_varint(&mut out, self.last.0);
         put_varint(&mut out, self.last.1);
@@ -542,6 +660,33 @@ impl Stream {
             for (f, v) in fv {
                 put_bytes(&mut out, f);
                 put_bytes(&mut out, v);
+            }
+        }
+        put_varint(&mut out, self.entries_added);
+        put_varint(&mut out, self.max_deleted.0);
+        put_varint(&mut out, self.max_deleted.1);
+        put_varint(&mut out, self.groups.len() as u64);
+        for (name, g) in &self.groups {
+            put_bytes(&mut out, name);
+            put_varint(&mut out, g.last_delivered.0);
+            put_varint(&mut out, g.last_delivered.1);
+            put_varint(&mut out, g.entries_read.map_or(0, |n| n + 1));
+            put_varint(&mut out, g.consumers.len() as u64);
+            for (cname, c) in &g.consumers {
+                put_bytes(&mut out, cname);
+                put_varint(&mut out, c.seen_ms);
+                put_varint(&mut out, c.active_ms.map_or(0, |t| t + 1));
+            }
+            put_varint(&mut out, g.pending.len() as u64);
+            let names: Vec<&Vec<u8>> = g.consumers.keys().collect();
+            for (id, p) in &g.pending {
+                // The consumer by its place among the group's (every pending entry has one).
+                let who = names.binary_search(&&p.consumer).ok();
+                put_varint(&mut out, id.0);
+                put_varint(&mut out, id.1);
+                put_varint(&mut out, who.unwrap_or(0) as u64);
+                put_varint(&mut out, p.delivered_ms);
+                put_varint(&mut out, p.deliveries);
             }
         }
         out
@@ -1536,14 +1681,68 @@ mod tests {
         assert_eq!(order, [&b"low"[..], b"c", b"b", b"a"]);
         assert_eq!(ZSet::decode(&z.encode()).unwrap(), z);
 
-        let st = Stream {
+        let mut st = Stream {
             last: (5, 1),
             entries: vec![
                 ((1, 0), vec![(b"f".to_vec(), b"v".to_vec())]),
                 ((5, 1), vec![]),
             ],
+            entries_added: 3,
+            max_deleted: (2, 0),
+            ..Default::default()
         };
         assert_eq!(Stream::decode(&st.encode()).unwrap(), st);
+        let mut g = Group {
+            last_delivered: (1, 0),
+            entries_read: Some(1),
+            ..Default::default()
+        };
+        for (name, active) in [(&b"alice"[..], None), (b"", Some(7)), (b"bob", Some(0))] {
+            g.consumers.insert(
+                name.to_vec(),
+                Consumer {
+                    seen_ms: 9,
+                    active_ms: active,
+                },
+            );
+        }
+        g.pending.insert(
+            (1, 0),
+            Pending {
+                consumer: b"bob".to_vec(),
+                delivered_ms: 5,
+                deliveries: 2,
+            },
+        );
+        g.pending.insert(
+            (5, 1),
+            Pending {
+                consumer: b"".to_vec(),
+                delivered_ms: 6,
+                deliveries: 1,
+            },
+        );
+        st.groups.insert(b"g".to_vec(), g);
+        st.groups.insert(b"".to_vec(), Group::default());
+        let bytes = st.encode();
+        assert_eq!(Stream::decode(&bytes).unwrap(), st);
+        // Cut right after the entries, it reads as a stream written before consumer groups.
+        let old_end = Stream {
+            groups: BTreeMap::new(),
+            ..st.clone()
+        }
+        .encode()
+        .len()
+            - 4;
+        for cut in (2..bytes.len()).filter(|&c| c != old_end) {
+            assert!(Stream::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // A stream written before consumer groups: its entries are all it is known to have added.
+        let mut old = vec![TAG, Kind::Stream as u8, 5, 1, 1, 1, 0, 0];
+        let s = Stream::decode(&old).unwrap();
+        assert_eq!((s.entries_added, s.groups.len()), (1, 0));
+        old.push(0);
+        assert!(Stream::decode(&old).is_err());
         let mut bad = st.clone();
         bad.last = (4, 0);
         assert_eq!(Stream::decode(&bad.encode()), Err(TypedError::BadOrder));

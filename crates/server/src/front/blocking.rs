@@ -1,5 +1,5 @@
 //! The blocking commands on a RESP connection: BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BZPOPMIN,
-//! BZPOPMAX, and XREAD with BLOCK.
+//! BZPOPMAX, and XREAD and XREADGROUP with BLOCK.
 //!
 //! Each command's handler (in `commands`) makes one try and answers a null when its keys hold
 //! nothing. Outside MULTI, the connection does not send that null: it registers for its keys'
@@ -28,7 +28,7 @@ pub(crate) const READ_AHEAD_MAX: usize = 1 << 20;
 /// Whether a request is one this module blocks for.
 pub fn is_blocking(args: &[&[u8]]) -> bool {
     let name = args[0];
-    if name.eq_ignore_ascii_case(b"xread") {
+    if is_stream_read(name) {
         return xread_block(args).is_some();
     }
     [
@@ -45,7 +45,12 @@ pub fn is_blocking(args: &[&[u8]]) -> bool {
     .any(|n| n.eq_ignore_ascii_case(name))
 }
 
-/// XREAD's BLOCK milliseconds, if it has the option (before STREAMS).
+/// Whether a command is XREAD or XREADGROUP (whose timeout is BLOCK's milliseconds).
+fn is_stream_read(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"xread") || name.eq_ignore_ascii_case(b"xreadgroup")
+}
+
+/// XREAD's or XREADGROUP's BLOCK milliseconds, if it has the option (before STREAMS).
 fn xread_block(args: &[&[u8]]) -> Option<u64> {
     let ms = timeout_arg(args)?;
     std::str::from_utf8(ms).ok()?.parse().ok()
@@ -72,7 +77,7 @@ fn xread_resolved(node: &Node, session: &mut Session, args: &[&[u8]]) -> Option<
 fn timeout_at(args: &[&[u8]]) -> Option<usize> {
     let name = args[0].to_ascii_lowercase();
     let at = match name.as_slice() {
-        b"xread" => {
+        b"xread" | b"xreadgroup" => {
             let end = args
                 .iter()
                 .position(|a| a.eq_ignore_ascii_case(b"streams"))
@@ -109,7 +114,7 @@ pub fn with_time_left(args: &[&[u8]], deadline: Option<Instant>) -> Option<Vec<V
         return None;
     }
     let at = timeout_at(args)?;
-    owned[at] = if args[0].eq_ignore_ascii_case(b"xread") {
+    owned[at] = if is_stream_read(args[0]) {
         ms.to_string().into_bytes()
     } else {
         format!("{}.{:03}", ms / 1000, ms % 1000).into_bytes()
@@ -173,6 +178,9 @@ pub async fn run(
     };
     node.waiters
         .register(&registration.keys, &registration.notify);
+    if args[0].eq_ignore_ascii_case(b"xreadgroup") {
+        node.waiters.mark_on_nokey(&registration.notify);
+    }
     let _blocked = Blocked::new(node);
     let null_reply = out[before..].to_vec();
     let unblock = ClientHandle::new(node, session.id, &registration.notify);
@@ -256,8 +264,10 @@ impl Drop for ClientHandle<'_> {
 /// WRONGTYPE for it); BLMOVE's and BRPOPLPUSH's WRONGTYPE then is their destination's, which
 /// Redis answers.
 pub fn retry_ends(args: &[&[u8]], reply: &[u8]) -> bool {
-    let moves =
-        args[0].eq_ignore_ascii_case(b"blmove") || args[0].eq_ignore_ascii_case(b"brpoplpush");
+    // XREADGROUP's group went with its key, which Redis answers at once.
+    let moves = args[0].eq_ignore_ascii_case(b"blmove")
+        || args[0].eq_ignore_ascii_case(b"brpoplpush")
+        || args[0].eq_ignore_ascii_case(b"xreadgroup");
     !is_null(reply) && (moves || !reply.starts_with(b"-WRONGTYPE"))
 }
 
@@ -289,7 +299,7 @@ impl Drop for Blocked<'_> {
 /// When a blocking command (`args`) times out; None for ever (timeout 0, or one its handler
 /// refuses, which then answers the error itself).
 pub fn deadline_of(args: &[&[u8]]) -> Option<Instant> {
-    if args[0].eq_ignore_ascii_case(b"xread") {
+    if is_stream_read(args[0]) {
         return xread_block(args)
             .filter(|&ms| ms > 0)
             .map(|ms| Instant::now() + Duration::from_millis(ms));

@@ -410,6 +410,11 @@ pub struct Metrics {
     pub routed_blocked_clients: AtomicU64,
     /// INFO commandstats: per command.
     pub command_stats: CommandStats,
+    /// INFO errorstats: error replies by their code.
+    pub error_stats: ErrorStats,
+    /// `errors` when CONFIG RESETSTAT last ran (INFO's `total_error_replies` counts from there;
+    /// `/metrics` counts from the start).
+    pub errors_at_reset: AtomicU64,
     /// The routing port's INFO commandstats: its clients' commands, counted once each where
     /// they arrive (whichever server runs them), with the time to their reply; an error reply
     /// counts as failed (a refusal is not told apart there).
@@ -510,6 +515,40 @@ impl Metrics {
 
 /// Commands the command table may hold (its index bounds [`CommandStats`]).
 pub const COMMANDS_MAX: usize = 512;
+
+/// Error replies by their code (the first word: `ERR`, `WRONGTYPE`, `NOGROUP`, ...), as INFO
+/// errorstats gives them; at most [`ERROR_CODES_MAX`] codes (later new ones are not counted, as
+/// Redis stops at 128).
+#[derive(Debug, Default)]
+pub struct ErrorStats(parking_lot::Mutex<std::collections::BTreeMap<String, u64>>);
+
+pub const ERROR_CODES_MAX: usize = 128;
+
+impl ErrorStats {
+    /// Counts the error reply `reply` (`-CODE message\r\n`).
+    pub fn count(&self, reply: &[u8]) {
+        let body = reply.strip_prefix(b"-").unwrap_or(reply);
+        let end = body
+            .iter()
+            .position(|&b| b == b' ' || b == b'\r')
+            .unwrap_or(body.len());
+        let code = String::from_utf8_lossy(&body[..end.min(64)]).into_owned();
+        let mut map = self.0.lock();
+        if let Some(n) = map.get_mut(&code) {
+            *n += 1;
+        } else if map.len() < ERROR_CODES_MAX {
+            map.insert(code, 1);
+        }
+    }
+
+    pub fn read(&self) -> Vec<(String, u64)> {
+        self.0.lock().iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    pub fn reset(&self) {
+        self.0.lock().clear();
+    }
+}
 
 /// One command's figures, as Redis's INFO commandstats gives them.
 #[derive(Debug, Default)]
@@ -659,6 +698,11 @@ pub struct Snapshot {
     /// INFO commandstats (filled by the INFO command, which knows the command table).
     #[serde(skip)]
     pub commands: Vec<CommandCalls>,
+    /// INFO errorstats, and the errors counted before the last CONFIG RESETSTAT.
+    #[serde(skip)]
+    pub error_codes: Vec<(String, u64)>,
+    #[serde(skip)]
+    pub errors_at_reset: u64,
     pub process: ProcessInfo,
     pub engine: EngineFigures,
     pub memory: MemoryBreakdown,
@@ -668,6 +712,9 @@ pub struct Snapshot {
     pub writes_refused: u64,
     pub connections_current: u64,
     pub blocked_clients: u64,
+    /// Keys with blocked clients, and those with one their deletion ends (XREADGROUP).
+    pub blocking_keys: u64,
+    pub blocking_keys_on_nokey: u64,
     pub connections_total: u64,
     pub connections_rejected: u64,
     pub protocol_errors: u64,
@@ -760,6 +807,8 @@ impl Snapshot {
             .collect();
         Snapshot {
             commands: Vec::new(),
+            error_codes: metrics.error_stats.read(),
+            errors_at_reset: load(&metrics.errors_at_reset),
             process,
             engine,
             memory,
@@ -769,6 +818,8 @@ impl Snapshot {
             writes_refused: load(&metrics.writes_refused),
             connections_current: load(&metrics.connections_current),
             blocked_clients: load(&metrics.blocked_clients),
+            blocking_keys: 0,
+            blocking_keys_on_nokey: 0,
             connections_total: load(&metrics.connections_total),
             connections_rejected: load(&metrics.connections_rejected),
             protocol_errors: load(&metrics.protocol_errors),
@@ -1034,8 +1085,12 @@ impl Snapshot {
         if wants("clients") {
             let _ = write!(
                 s,
-                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n\r\n",
-                self.connections_current, self.process.connections_max, self.blocked_clients
+                "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntotal_blocking_keys:{}\r\ntotal_blocking_keys_on_nokey:{}\r\n\r\n",
+                self.connections_current,
+                self.process.connections_max,
+                self.blocked_clients,
+                self.blocking_keys,
+                self.blocking_keys_on_nokey
             );
         }
         if wants("memory") {
@@ -1089,7 +1144,7 @@ impl Snapshot {
                 self.bytes_out,
                 self.keyspace_hits,
                 self.keyspace_misses,
-                self.errors,
+                self.errors.saturating_sub(self.errors_at_reset),
                 self.protocol_errors
             );
         }
@@ -1106,6 +1161,13 @@ impl Snapshot {
                     c.rejected,
                     c.failed
                 );
+            }
+            s.push_str("\r\n");
+        }
+        if wants("errorstats") {
+            let _ = write!(s, "# Errorstats\r\n");
+            for (code, n) in &self.error_codes {
+                let _ = write!(s, "errorstat_{code}:count={n}\r\n");
             }
             s.push_str("\r\n");
         }

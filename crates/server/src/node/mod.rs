@@ -832,6 +832,7 @@ impl Node {
         };
         let memory = self.memory_breakdown(&stats);
         let mut snapshot = Snapshot::take(&self.metrics, process, figures, memory);
+        (snapshot.blocking_keys, snapshot.blocking_keys_on_nokey) = self.waiters.blocking_keys();
         if let Some(h) = self.hooks() {
             let (replication, cluster) = h.figures();
             snapshot.replication = Some(replication);

@@ -22,6 +22,9 @@ pub struct KeyWaiters {
     count: AtomicUsize,
     /// Blocked clients by client id, for CLIENT UNBLOCK.
     clients: Mutex<HashMap<u64, Arc<Unblock>>>,
+    /// The notifiers of clients that a deletion of their key also ends (XREADGROUP, whose
+    /// group goes with the key), by address.
+    on_nokey: Mutex<std::collections::HashSet<usize>>,
 }
 
 /// How CLIENT UNBLOCK ends a blocked client's wait.
@@ -77,6 +80,26 @@ impl KeyWaiters {
         true
     }
 
+    /// Marks `notify`'s client as one a deletion of its keys ends too (until unregistered).
+    pub fn mark_on_nokey(&self, notify: &Arc<Notify>) {
+        self.on_nokey.lock().insert(Arc::as_ptr(notify) as usize);
+    }
+
+    /// Keys with blocked clients, and those among them with a client that their deletion ends
+    /// (INFO's `total_blocking_keys` and `total_blocking_keys_on_nokey`).
+    pub fn blocking_keys(&self) -> (u64, u64) {
+        let map = self.keys.lock();
+        let on_nokey = self.on_nokey.lock();
+        let marked = map
+            .values()
+            .filter(|list| {
+                list.iter()
+                    .any(|n| on_nokey.contains(&(Arc::as_ptr(n) as usize)))
+            })
+            .count();
+        (map.len() as u64, marked as u64)
+    }
+
     /// Registers `notify` under every key (until [`unregister`](Self::unregister)).
     pub fn register(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
         let mut map = self.keys.lock();
@@ -87,6 +110,7 @@ impl KeyWaiters {
     }
 
     pub fn unregister(&self, keys: &[Vec<u8>], notify: &Arc<Notify>) {
+        self.on_nokey.lock().remove(&(Arc::as_ptr(notify) as usize));
         let mut map = self.keys.lock();
         for k in keys {
             if let Some(list) = map.get_mut(k) {

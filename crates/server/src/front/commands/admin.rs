@@ -191,10 +191,16 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             )),
         }
     } else if eq_ignore_case(sub, "resetstat") {
-        // INFO commandstats starts again, the RESP port's and the routing port's (the other
-        // counters run on, for `/metrics`).
-        ctx.node.metrics.command_stats.reset();
-        ctx.node.metrics.routed_command_stats.reset();
+        // INFO commandstats, errorstats and total_error_replies start again, the RESP port's
+        // and the routing port's (the other counters run on, for `/metrics`).
+        let m = &ctx.node.metrics;
+        m.command_stats.reset();
+        m.routed_command_stats.reset();
+        m.error_stats.reset();
+        m.errors_at_reset.store(
+            m.errors.load(std::sync::atomic::Ordering::Relaxed),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         ctx.enc.ok();
     } else if eq_ignore_case(sub, "help") {
         let lines = [

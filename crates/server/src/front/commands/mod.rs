@@ -37,6 +37,7 @@ pub(crate) mod pubsub;
 pub(crate) mod scripting;
 mod sets;
 mod sort;
+pub(crate) mod stream_groups;
 pub(crate) mod streams;
 mod strings;
 mod typed;
@@ -55,6 +56,10 @@ use pubsub::{
 };
 use scripting::{cmd_eval, cmd_evalsha, cmd_script};
 use sets::*;
+use stream_groups::{
+    cmd_xack, cmd_xautoclaim, cmd_xclaim, cmd_xgroup, cmd_xinfo, cmd_xpending, cmd_xreadgroup,
+    cmd_xsetid,
+};
 use streams::{cmd_xadd, cmd_xdel, cmd_xlen, cmd_xrange, cmd_xread, cmd_xrevrange, cmd_xtrim};
 use strings::*;
 use typed::cmd_type;
@@ -779,6 +784,65 @@ static SPECS: LazyLock<Vec<Spec>> = LazyLock::new(|| {
             Op::Other,
             cmd_xread
         ),
+        spec!(
+            "xreadgroup",
+            -7,
+            &["write", "blocking", "movablekeys"],
+            0,
+            0,
+            0,
+            x,
+            Op::Other,
+            cmd_xreadgroup
+        ),
+        // XGROUP's and XINFO's key follows the subcommand (none for HELP).
+        spec!("xgroup", -2, &["write"], 2, 2, 1, x, Op::Other, cmd_xgroup),
+        spec!("xinfo", -2, &["readonly"], 2, 2, 1, x, Op::Other, cmd_xinfo),
+        spec!(
+            "xack",
+            -4,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xack
+        ),
+        spec!(
+            "xpending",
+            -3,
+            &["readonly"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xpending
+        ),
+        spec!(
+            "xclaim",
+            -6,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xclaim
+        ),
+        spec!(
+            "xautoclaim",
+            -6,
+            &["write", "fast"],
+            1,
+            1,
+            1,
+            x,
+            Op::Other,
+            cmd_xautoclaim
+        ),
+        spec!("xsetid", -3, W, 1, 1, 1, x, Op::Other, cmd_xsetid),
     ]);
     let ps = &["@pubsub"][..];
     let psf: &[&str] = &["pubsub", "noscript", "loading", "stale"];
@@ -1642,6 +1706,9 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
             units_to: session.acks.units_len(),
         });
     }
+    if failed {
+        node.metrics.error_stats.count(&out[before..]);
+    }
     node.record(op, started.elapsed(), !failed);
 }
 
@@ -1696,6 +1763,12 @@ fn key_positions(spec: &Spec, args: &[&[u8]]) -> (Option<usize>, usize, usize, u
         return match streams::xread_streams(args) {
             Ok((first, n)) => (None, first, first + n, 1),
             Err(_) => (None, 0, 0, 1),
+        };
+    }
+    if spec.name == "xreadgroup" {
+        return match stream_groups::xreadgroup_streams(args) {
+            Some((first, n)) => (None, first, first + n, 1),
+            None => (None, 0, 0, 1),
         };
     }
     // (destination, position of numkeys) of the `numkeys key [key ...]` commands.

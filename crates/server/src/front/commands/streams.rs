@@ -1,5 +1,5 @@
-//! Stream commands (Redis's `t_stream.c`), without consumer groups: XADD, XLEN, XRANGE,
-//! XREVRANGE, XDEL, XTRIM, XREAD (BLOCK through `front::blocking`).
+//! Stream commands (Redis's `t_stream.c`): XADD, XLEN, XRANGE, XREVRANGE, XDEL, XTRIM, XREAD
+//! (BLOCK through `front::blocking`); consumer groups are in `stream_groups`.
 
 use super::typed::*;
 use super::*;
@@ -19,14 +19,14 @@ impl Collection for Stream {
     }
 }
 
-const ERR_ID: &str = "ERR Invalid stream ID specified as stream command argument";
+pub(super) const ERR_ID: &str = "ERR Invalid stream ID specified as stream command argument";
 
-fn id_text(id: StreamId) -> String {
+pub(super) fn id_text(id: StreamId) -> String {
     format!("{}-{}", id.0, id.1)
 }
 
 /// `ms[-seq]`; a missing seq is `missing_seq`.
-fn parse_id(arg: &[u8], missing_seq: u64) -> Option<StreamId> {
+pub(super) fn parse_id(arg: &[u8], missing_seq: u64) -> Option<StreamId> {
     let text = std::str::from_utf8(arg).ok()?;
     let (ms, seq) = match text.split_once('-') {
         Some((ms, seq)) => (ms.parse().ok()?, seq.parse().ok()?),
@@ -36,7 +36,7 @@ fn parse_id(arg: &[u8], missing_seq: u64) -> Option<StreamId> {
 }
 
 /// A range bound: `-`, `+`, an id, or `(id` (exclusive); (id, exclusive).
-fn parse_bound(arg: &[u8], start: bool) -> Option<StreamId> {
+pub(super) fn parse_bound(arg: &[u8], start: bool) -> Option<StreamId> {
     match arg {
         b"-" => Some((0, 0)),
         b"+" => Some((u64::MAX, u64::MAX)),
@@ -59,7 +59,7 @@ fn parse_bound(arg: &[u8], start: bool) -> Option<StreamId> {
     }
 }
 
-fn reply_entries(ctx: &mut Ctx<'_>, entries: &[&StreamEntry]) {
+pub(super) fn reply_entries(ctx: &mut Ctx<'_>, entries: &[&StreamEntry]) {
     ctx.enc.array(entries.len());
     for (id, fields) in entries {
         ctx.enc.array(2);
@@ -74,49 +74,109 @@ fn reply_entries(ctx: &mut Ctx<'_>, entries: &[&StreamEntry]) {
 
 /// MAXLEN|MINID [=|~] threshold [LIMIT count]
 #[derive(Clone, Copy)]
-enum Trim {
+enum TrimBy {
     MaxLen(u64),
     MinId(StreamId),
 }
 
-fn apply_trim(s: &mut Stream, trim: Trim) -> usize {
+#[derive(Clone, Copy)]
+struct Trim {
+    by: TrimBy,
+    /// `~`: whole runs of `stream-node-max-entries` entries only, at most `limit` entries (0:
+    /// no limit).
+    approx: Option<u64>,
+}
+
+/// The entries in one node of a stream as Redis lays it out (`stream-node-max-entries`; 0,
+/// no bound there but bytes, counts as 100). ramlog keeps a stream as one value; approximate
+/// trims and XINFO's node counts use runs of this many entries from the head.
+pub(super) fn node_entries(ctx: &Ctx<'_>) -> usize {
+    match ctx.node.settings.value("stream-node-max-entries") {
+        n if n > 0 => n as usize,
+        _ => 100,
+    }
+}
+
+fn apply_trim(s: &mut Stream, trim: Trim, node: usize) -> usize {
     let before = s.entries.len();
-    match trim {
-        Trim::MaxLen(n) => {
+    match (trim.by, trim.approx) {
+        (TrimBy::MaxLen(n), None) => {
             let drop = s.entries.len().saturating_sub(n as usize);
             s.entries.drain(..drop);
         }
-        Trim::MinId(id) => s.entries.retain(|(e, _)| *e >= id),
+        (TrimBy::MinId(id), None) => s.entries.retain(|(e, _)| *e >= id),
+        (by, Some(limit)) => {
+            // Whole runs from the head, as Redis removes whole nodes. Nodes hold entries in
+            // the order they were added, so the head's node started entries_added - len
+            // entries ago (exactly so while only the head was ever trimmed).
+            let removed = s.entries_added.saturating_sub(before as u64);
+            let mut drop = 0;
+            let mut first = true;
+            loop {
+                let run = if first {
+                    node - (removed % node as u64) as usize
+                } else {
+                    node
+                }
+                .min(before - drop);
+                first = false;
+                if run == 0 || (limit > 0 && (drop + run) as u64 > limit) {
+                    break;
+                }
+                let fits = match by {
+                    TrimBy::MaxLen(n) => (before - drop - run) as u64 >= n,
+                    TrimBy::MinId(id) => s.entries[drop + run - 1].0 < id,
+                };
+                if !fits {
+                    break;
+                }
+                drop += run;
+            }
+            s.entries.drain(..drop);
+        }
     }
     before - s.entries.len()
 }
 
-/// Parses a trim spec at `args[i..]`; returns it and the next index.
-fn parse_trim(args: &[&[u8]], i: usize) -> Result<(Trim, usize), &'static str> {
+/// Parses a trim spec at `args[i..]`; returns it and the next index. `node`: the entries of
+/// a node, for `~`'s default LIMIT (100 nodes).
+fn parse_trim(args: &[&[u8]], i: usize, node: usize) -> Result<(Trim, usize), &'static str> {
     let max = eq_ignore_case(args[i], "maxlen");
     let mut j = i + 1;
+    let mut approx = false;
     if j < args.len() && (args[j] == b"=" || args[j] == b"~") {
+        approx = args[j] == b"~";
         j += 1;
     }
     let arg = args.get(j).ok_or(ERR_SYNTAX)?;
-    let trim = if max {
+    let by = if max {
         match parse_i64(arg) {
-            Some(n) if n >= 0 => Trim::MaxLen(n as u64),
+            Some(n) if n >= 0 => TrimBy::MaxLen(n as u64),
             _ => return Err("ERR The MAXLEN argument must be >= 0."),
         }
     } else {
-        Trim::MinId(parse_id(arg, 0).ok_or(ERR_ID)?)
+        TrimBy::MinId(parse_id(arg, 0).ok_or(ERR_ID)?)
     };
     j += 1;
+    let mut limit = None;
     if j + 1 < args.len() && eq_ignore_case(args[j], "limit") {
-        parse_i64(args[j + 1]).ok_or(ERR_NOT_INTEGER)?;
+        match parse_i64(args[j + 1]) {
+            Some(n) if n >= 0 => limit = Some(n as u64),
+            Some(_) => return Err("ERR The LIMIT argument must be >= 0."),
+            None => return Err(ERR_NOT_INTEGER),
+        }
+        if !approx {
+            return Err("ERR syntax error, LIMIT cannot be used without the special ~ option");
+        }
         j += 2;
     }
-    Ok((trim, j))
+    let approx = approx.then(|| limit.unwrap_or(100 * node as u64));
+    Ok((Trim { by, approx }, j))
 }
 
 /// XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] *|id field value ...
 pub(super) fn cmd_xadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
+    let node = node_entries(ctx);
     let mut i = 2;
     let mut nomkstream = false;
     let mut trim = None;
@@ -128,7 +188,7 @@ pub(super) fn cmd_xadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             nomkstream = true;
             i += 1;
         } else if eq_ignore_case(a, "maxlen") || eq_ignore_case(a, "minid") {
-            match parse_trim(args, i) {
+            match parse_trim(args, i, node) {
                 Ok((t, next)) => {
                     trim = Some(t);
                     i = next;
@@ -171,10 +231,18 @@ pub(super) fn cmd_xadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return Ok((None, false));
         }
         let last = s.last;
+        let top = || {
+            "ERR The ID specified in XADD is equal or smaller than the target stream top item"
+                .to_string()
+        };
         let id = match wanted {
             None if now > last.0 => (now, 0),
-            None => (last.0, last.1.checked_add(1).ok_or(ERR_ID)?),
-            Some((ms, None)) if ms == last.0 => (ms, last.1.checked_add(1).ok_or(ERR_ID)?),
+            // After the greatest sequence of a millisecond comes the next millisecond's first.
+            None => match last.1.checked_add(1) {
+                Some(seq) => (last.0, seq),
+                None => (last.0.checked_add(1).ok_or_else(top)?, 0),
+            },
+            Some((ms, None)) if ms == last.0 => (ms, last.1.checked_add(1).ok_or_else(top)?),
             Some((ms, None)) => (ms, 0),
             Some((ms, Some(seq))) => (ms, seq),
         };
@@ -185,13 +253,14 @@ pub(super) fn cmd_xadd(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             );
         }
         s.last = id;
+        s.entries_added += 1;
         let entry: Vec<(Vec<u8>, Vec<u8>)> = fields
             .chunks_exact(2)
             .map(|p| (p[0].to_vec(), p[1].to_vec()))
             .collect();
         s.entries.push((id, entry));
         if let Some(t) = trim {
-            apply_trim(s, t);
+            apply_trim(s, t, node);
         }
         Ok((Some(id), true))
     });
@@ -262,7 +331,15 @@ pub(super) fn cmd_xdel(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return Ok((0, false));
         }
         let before = s.entries.len();
-        s.entries.retain(|(id, _)| !ids.contains(id));
+        let mut max_deleted = s.max_deleted;
+        s.entries.retain(|(id, _)| {
+            let gone = ids.contains(id);
+            if gone {
+                max_deleted = max_deleted.max(*id);
+            }
+            !gone
+        });
+        s.max_deleted = max_deleted;
         let n = (before - s.entries.len()) as i64;
         Ok((n, n > 0))
     }) {
@@ -275,7 +352,8 @@ pub(super) fn cmd_xtrim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     if !(eq_ignore_case(args[2], "maxlen") || eq_ignore_case(args[2], "minid")) {
         return ctx.enc.error(ERR_SYNTAX);
     }
-    let trim = match parse_trim(args, 2) {
+    let node = node_entries(ctx);
+    let trim = match parse_trim(args, 2, node) {
         Ok((t, next)) if next == args.len() => t,
         Ok(_) => return ctx.enc.error(ERR_SYNTAX),
         Err(e) => return ctx.enc.error(e),
@@ -284,7 +362,7 @@ pub(super) fn cmd_xtrim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         if !existed {
             return Ok((0, false));
         }
-        let n = apply_trim(s, trim) as i64;
+        let n = apply_trim(s, trim, node) as i64;
         Ok((n, n > 0))
     }) {
         ctx.enc.integer(n)

@@ -266,3 +266,45 @@ def test_consumer_groups_survive_a_kill_9_of_a_durable_standalone_server(tmp_pat
         assert len(want[1]) == 35 and want[3] == 50
     finally:
         s2.stop()
+
+
+def _errorstats(r):
+    """CONFIG RESETSTAT, then a NOGROUP and a WRONGTYPE error: INFO errorstats' counts and
+    total_error_replies."""
+    r.delete(S, S2)
+    r.config_resetstat()
+    r.set(S2, "v")
+    with pytest.raises(redis.ResponseError):
+        r.xreadgroup("g", "c", {S: ">"})
+    with pytest.raises(redis.ResponseError):
+        r.lpush(S2, "x")
+    stats = r.info("errorstats")
+    total = r.info("stats")["total_error_replies"]
+    r.delete(S2)
+    return {k: v["count"] for k, v in stats.items()}, total
+
+
+def test_errorstats_count_error_replies_by_code_as_redis_does(blocking_target, redis_peer):  # noqa: F811
+    """INFO errorstats and total_error_replies, started again by CONFIG RESETSTAT, on every port
+    as on redis-server."""
+    make, _ = blocking_target
+    want = _errorstats(redis_peer)
+    assert want == ({"errorstat_NOGROUP": 1, "errorstat_WRONGTYPE": 1}, 2), want
+    assert _errorstats(make()) == want
+
+
+def test_randomkey_through_the_routing_port_finds_every_servers_keys(shared_cluster):
+    """RANDOMKEY through a routing port picks among every master's keys (not only its own
+    server's), and answers nil only when the whole cluster is empty."""
+    r = redis.Redis(port=shared_cluster.servers[0].routing, socket_timeout=10)
+    keys = [f"rk{i}" for i in range(12)]
+    r.delete(*keys)
+    for k in keys:
+        r.set(k, "v")
+    seen = {r.randomkey() for _ in range(300)}
+    servers_with_keys = set()
+    rc = redis.RedisCluster(host="127.0.0.1", port=shared_cluster.servers[0].resp, socket_timeout=10)
+    for k in seen:
+        servers_with_keys.add(rc.get_node_from_key(k).port)
+    assert len(servers_with_keys) >= 2, (seen, servers_with_keys)
+    r.delete(*keys)

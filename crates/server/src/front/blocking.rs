@@ -271,28 +271,47 @@ pub fn retry_ends(args: &[&[u8]], reply: &[u8]) -> bool {
     !is_null(reply) && (moves || !reply.starts_with(b"-WRONGTYPE"))
 }
 
-/// Counts a connection in INFO's `blocked_clients` while it lives.
-pub struct Blocked<'a>(&'a std::sync::atomic::AtomicU64);
+/// Counts a connection in INFO's `blocked_clients` while it lives (and a routing-port client's
+/// keys in the routing port's `total_blocking_keys`).
+pub struct Blocked<'a> {
+    counter: &'a std::sync::atomic::AtomicU64,
+    held: Option<(&'a crate::node::waiters::KeyWaiters, Vec<Vec<u8>>, bool)>,
+}
 
 impl<'a> Blocked<'a> {
     pub fn new(node: &'a Node) -> Self {
         Self::counting(&node.metrics.blocked_clients)
     }
 
-    /// A routing-port client, counted in the routing port's INFO (not in the RESP port's).
-    pub fn routed(node: &'a Node) -> Self {
-        Self::counting(&node.metrics.routed_blocked_clients)
+    /// A routing-port client blocked in `args`, counted in the routing port's INFO (not in the
+    /// RESP port's).
+    pub fn routed(node: &'a Node, args: &[&[u8]]) -> Self {
+        let mut b = Self::counting(&node.metrics.routed_blocked_clients);
+        let keys: Vec<Vec<u8>> = lookup(args[0])
+            .map(|spec| command_keys(spec, args).map(<[u8]>::to_vec).collect())
+            .unwrap_or_default();
+        let on_nokey = args[0].eq_ignore_ascii_case(b"xreadgroup");
+        node.routed_waiters.hold(&keys, on_nokey);
+        b.held = Some((&node.routed_waiters, keys, on_nokey));
+        b
     }
 
     fn counting(counter: &'a std::sync::atomic::AtomicU64) -> Self {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Blocked(counter)
+        Blocked {
+            counter,
+            held: None,
+        }
     }
 }
 
 impl Drop for Blocked<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.counter
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some((waiters, keys, on_nokey)) = &self.held {
+            waiters.release(keys, *on_nokey);
+        }
     }
 }
 
@@ -428,7 +447,7 @@ pub(crate) async fn block_at_master(
                 };
                 id = Some(n);
                 // The master runs the command next: the client counts as blocked.
-                _blocked = Some(Blocked::routed(node));
+                _blocked = Some(Blocked::routed(node, args));
                 buf.drain(..used);
                 continue;
             }

@@ -80,6 +80,9 @@ enum Part {
     AllOk(Vec<Part>),
     /// Arrays concatenated (KEYS).
     Concat(Vec<Part>),
+    /// One of the parts' replies that is not null, at random (RANDOMKEY: each master's random
+    /// key); null when all are; the first error if any.
+    AnyOf(Vec<Part>),
     /// One array of the parts' replies (EXEC).
     Array(Vec<Part>),
     /// INFO: this server's text with the keyspace line summed over every server's.
@@ -298,6 +301,7 @@ impl Router<'_> {
         match spec.name {
             "dbsize" => return Part::Sum(to_every_master(self)),
             "keys" => return Part::Concat(to_every_master(self)),
+            "randomkey" => return Part::AnyOf(to_every_master(self)),
             "flushall" | "flushdb" => return Part::AllOk(to_every_master(self)),
             // Scripts are loaded on (and flushed from) every master, so that EVALSHA finds its
             // script wherever its keys are. LOAD answers the first reply that is not +OK: the SHA1.
@@ -328,6 +332,11 @@ impl Router<'_> {
                     .metrics
                     .routed_blocked_clients
                     .load(std::sync::atomic::Ordering::Relaxed);
+                (snapshot.blocking_keys, snapshot.blocking_keys_on_nokey) =
+                    self.node.routed_waiters.held_keys();
+                snapshot.error_codes = self.node.metrics.routed_error_stats.read();
+                snapshot.errors = snapshot.error_codes.iter().map(|(_, n)| n).sum();
+                snapshot.errors_at_reset = 0;
                 let text = snapshot.info(section.as_deref(), false);
                 let me = view.me;
                 // The keyspace and the changes since the last save are the whole cluster's,
@@ -877,7 +886,7 @@ async fn routed_blocking(
             ));
             queued = Some(q);
         }
-        blocked.get_or_insert_with(|| Blocked::routed(&node));
+        blocked.get_or_insert_with(|| Blocked::routed(&node, args));
         out.truncate(before);
         let notify = queued.as_ref().map(|q| q.notify.clone());
         pause(
@@ -1136,8 +1145,11 @@ async fn resolve(router: &mut Router<'_>, mut round: Round, out: &mut Vec<u8>) {
     for (i, part) in round.parts.iter().enumerate() {
         let from = out.len();
         ctx.write(part, out);
+        let failed = out.get(from) == Some(&b'-');
+        if failed {
+            node.metrics.routed_error_stats.count(&out[from..]);
+        }
         if let Some(&Some(index)) = round.counted.get(i) {
-            let failed = out.get(from) == Some(&b'-');
             node.metrics
                 .routed_command_stats
                 .ran(index, each, true, failed);
@@ -1152,8 +1164,11 @@ fn command_index(name: &[u8]) -> Option<usize> {
 
 /// Counts a routing-port client's command that took `elapsed` and answered `reply`.
 fn count_routed(node: &Node, name: &[u8], elapsed: Duration, reply: &[u8]) {
+    let failed = reply.first() == Some(&b'-');
+    if failed {
+        node.metrics.routed_error_stats.count(reply);
+    }
     if let Some(index) = command_index(name) {
-        let failed = reply.first() == Some(&b'-');
         node.metrics
             .routed_command_stats
             .ran(index, elapsed, true, failed);
@@ -1432,6 +1447,30 @@ impl Assemble<'_> {
                     }
                 }
                 ReplyEncoder::new(out, self.protocol).integer(total);
+            }
+            Part::AnyOf(parts) => {
+                let mut found = Vec::new();
+                let mut null = None;
+                for p in parts {
+                    let b = self.bytes(p);
+                    if b.first() == Some(&b'-') {
+                        return out.extend_from_slice(&b);
+                    }
+                    if crate::front::blocking::is_null(&b) {
+                        null = Some(b);
+                    } else {
+                        found.push(b);
+                    }
+                }
+                if found.is_empty() {
+                    match null {
+                        Some(b) => out.extend_from_slice(&b),
+                        None => ReplyEncoder::new(out, self.protocol).null(),
+                    }
+                } else {
+                    let pick = crate::front::commands::typed::random_u64() as usize % found.len();
+                    out.extend_from_slice(&found[pick]);
+                }
             }
             Part::AllOk(parts) => {
                 for p in parts {

@@ -412,6 +412,9 @@ pub struct Metrics {
     pub command_stats: CommandStats,
     /// INFO errorstats: error replies by their code.
     pub error_stats: ErrorStats,
+    /// The routing port's INFO errorstats (and its `total_error_replies`): its clients' error
+    /// replies, counted where they arrive.
+    pub routed_error_stats: ErrorStats,
     /// `errors` when CONFIG RESETSTAT last ran (INFO's `total_error_replies` counts from there;
     /// `/metrics` counts from the start).
     pub errors_at_reset: AtomicU64,

@@ -25,6 +25,9 @@ pub struct KeyWaiters {
     /// The notifiers of clients that a deletion of their key also ends (XREADGROUP, whose
     /// group goes with the key), by address.
     on_nokey: Mutex<std::collections::HashSet<usize>>,
+    /// Keys that clients waiting elsewhere (a routing port's, blocked at the keys' master)
+    /// wait on: per key, (clients, of which a deletion of the key ends).
+    held: Mutex<HashMap<Vec<u8>, (u32, u32)>>,
 }
 
 /// How CLIENT UNBLOCK ends a blocked client's wait.
@@ -98,6 +101,37 @@ impl KeyWaiters {
             })
             .count();
         (map.len() as u64, marked as u64)
+    }
+
+    /// Counts a client that waits on `keys` elsewhere (until [`release`](Self::release));
+    /// `on_nokey`: their deletion ends its wait.
+    pub fn hold(&self, keys: &[Vec<u8>], on_nokey: bool) {
+        let mut held = self.held.lock();
+        for k in keys {
+            let e = held.entry(k.clone()).or_default();
+            e.0 += 1;
+            e.1 += u32::from(on_nokey);
+        }
+    }
+
+    pub fn release(&self, keys: &[Vec<u8>], on_nokey: bool) {
+        let mut held = self.held.lock();
+        for k in keys {
+            if let Some(e) = held.get_mut(k) {
+                e.0 = e.0.saturating_sub(1);
+                e.1 = e.1.saturating_sub(u32::from(on_nokey));
+                if e.0 == 0 {
+                    held.remove(k);
+                }
+            }
+        }
+    }
+
+    /// [`blocking_keys`](Self::blocking_keys) of the clients counted by [`hold`](Self::hold).
+    pub fn held_keys(&self) -> (u64, u64) {
+        let held = self.held.lock();
+        let nokey = held.values().filter(|e| e.1 > 0).count();
+        (held.len() as u64, nokey as u64)
     }
 
     /// Registers `notify` under every key (until [`unregister`](Self::unregister)).

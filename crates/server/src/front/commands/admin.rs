@@ -197,6 +197,7 @@ pub(super) fn cmd_config(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         m.command_stats.reset();
         m.routed_command_stats.reset();
         m.error_stats.reset();
+        m.routed_error_stats.reset();
         m.errors_at_reset.store(
             m.errors.load(std::sync::atomic::Ordering::Relaxed),
             std::sync::atomic::Ordering::Relaxed,

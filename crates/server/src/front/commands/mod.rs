@@ -40,7 +40,7 @@ mod sort;
 pub(crate) mod stream_groups;
 pub(crate) mod streams;
 mod strings;
-mod typed;
+pub(crate) mod typed;
 mod zsets;
 
 use admin::*;

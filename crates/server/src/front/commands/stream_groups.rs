@@ -102,6 +102,21 @@ fn ensure_consumer(g: &mut Group, name: &[u8], now: u64) -> bool {
     true
 }
 
+/// Answers `<command> HELP` (true), or its arity error when more arguments follow.
+fn answered_help(ctx: &mut Ctx<'_>, command: &str, args: &[&[u8]], lines: &[&str]) -> bool {
+    if !eq_ignore_case(args[1], "help") {
+        return false;
+    }
+    if args.len() > 2 {
+        ctx.enc.error(&format!(
+            "ERR wrong number of arguments for '{command}|help' command"
+        ));
+    } else {
+        help(ctx, lines);
+    }
+    true
+}
+
 fn help(ctx: &mut Ctx<'_>, lines: &[&str]) {
     ctx.enc.array(lines.len() + 2);
     for l in lines {
@@ -124,32 +139,29 @@ fn subcommand_syntax(ctx: &mut Ctx<'_>, command: &str, sub: &[u8]) {
 /// XGROUP CREATE|SETID|DESTROY|CREATECONSUMER|DELCONSUMER|HELP
 pub(super) fn cmd_xgroup(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1].to_ascii_lowercase();
-    if sub == b"help" && args.len() > 2 {
-        return ctx
-            .enc
-            .error("ERR wrong number of arguments for 'xgroup|help' command");
-    }
-    if args.len() == 2 && sub == b"help" {
-        return help(
-            ctx,
-            &[
-                "XGROUP <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-                "CREATE <key> <groupname> <id|$> [option]",
-                "    Create a new consumer group. Options are:",
-                "    * MKSTREAM",
-                "      Create the empty stream if it does not exist.",
-                "    * ENTRIESREAD entries_read",
-                "      Set the group's entries_read counter (internal use).",
-                "CREATECONSUMER <key> <groupname> <consumer>",
-                "    Create a new consumer in the specified group.",
-                "DELCONSUMER <key> <groupname> <consumer>",
-                "    Remove the specified consumer.",
-                "DESTROY <key> <groupname>",
-                "    Remove the specified group.",
-                "SETID <key> <groupname> <id|$> [ENTRIESREAD entries_read]",
-                "    Set the current group ID and entries_read counter.",
-            ],
-        );
+    if answered_help(
+        ctx,
+        "xgroup",
+        args,
+        &[
+            "XGROUP <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "CREATE <key> <groupname> <id|$> [option]",
+            "    Create a new consumer group. Options are:",
+            "    * MKSTREAM",
+            "      Create the empty stream if it does not exist.",
+            "    * ENTRIESREAD entries_read",
+            "      Set the group's entries_read counter (internal use).",
+            "CREATECONSUMER <key> <groupname> <consumer>",
+            "    Create a new consumer in the specified group.",
+            "DELCONSUMER <key> <groupname> <consumer>",
+            "    Remove the specified consumer.",
+            "DESTROY <key> <groupname>",
+            "    Remove the specified group.",
+            "SETID <key> <groupname> <id|$> [ENTRIESREAD entries_read]",
+            "    Set the current group ID and entries_read counter.",
+        ],
+    ) {
+        return;
     }
     let arity_ok = match sub.as_slice() {
         b"create" => (5..=8).contains(&args.len()),
@@ -636,13 +648,17 @@ pub(super) fn cmd_xreadgroup(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
 }
 
+/// Whether the stream at `args[1]` has the group `args[2]` (Err: answered, WRONGTYPE).
+fn has_group(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<bool, Replied> {
+    Ok(load::<Stream>(ctx, args[1])?.is_some_and(|s| s.groups.contains_key(args[2])))
+}
+
 /// XACK key group id [id ...]
 pub(super) fn cmd_xack(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let Ok(found) = load::<Stream>(ctx, args[1]) else {
-        return;
-    };
-    if !found.is_some_and(|s| s.groups.contains_key(args[2])) {
-        return ctx.enc.integer(0);
+    match has_group(ctx, args) {
+        Ok(true) => {}
+        Ok(false) => return ctx.enc.integer(0),
+        Err(Replied) => return,
     }
     let mut ids = Vec::with_capacity(args.len() - 3);
     for a in &args[3..] {
@@ -754,11 +770,10 @@ pub(super) fn cmd_xpending(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 /// XCLAIM key group consumer min-idle-time id [id ...] [IDLE ms] [TIME ms-unix-time]
 /// [RETRYCOUNT count] [FORCE] [JUSTID] [LASTID lastid]
 pub(super) fn cmd_xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
-    let Ok(found) = load::<Stream>(ctx, args[1]) else {
-        return;
-    };
-    if !found.is_some_and(|s| s.groups.contains_key(args[2])) {
-        return ctx.enc.error(&nogroup(args[1], args[2], ""));
+    match has_group(ctx, args) {
+        Ok(true) => {}
+        Ok(false) => return ctx.enc.error(&nogroup(args[1], args[2], "")),
+        Err(Replied) => return,
     }
     let Some(min_idle) = parse_i64(args[4]) else {
         return ctx
@@ -887,14 +902,16 @@ pub(super) fn cmd_xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     if created {
         notify(ctx, "xgroup-createconsumer", args[1]);
     }
+    reply_claimed(ctx, &claimed);
+}
+
+/// Claimed entries: each an entry as XRANGE writes it, or its id alone (JUSTID).
+fn reply_claimed(ctx: &mut Ctx<'_>, claimed: &[(StreamId, Option<Fields>)]) {
     ctx.enc.array(claimed.len());
-    for (id, fields) in &claimed {
+    for (id, fields) in claimed {
         match fields {
             None => ctx.enc.bulk(id_text(*id).as_bytes()),
-            Some(fv) => {
-                let entry: StreamEntry = (*id, fv.clone());
-                reply_entries_raw(ctx, &entry);
-            }
+            Some(fv) => reply_entries_raw(ctx, &(*id, fv.clone())),
         }
     }
 }
@@ -939,11 +956,10 @@ pub(super) fn cmd_xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             return ctx.enc.error(ERR_SYNTAX);
         }
     }
-    let Ok(found) = load::<Stream>(ctx, args[1]) else {
-        return;
-    };
-    if !found.is_some_and(|s| s.groups.contains_key(args[2])) {
-        return ctx.enc.error(&nogroup(args[1], args[2], ""));
+    match has_group(ctx, args) {
+        Ok(true) => {}
+        Ok(false) => return ctx.enc.error(&nogroup(args[1], args[2], "")),
+        Err(Replied) => return,
     }
     let (group, consumer) = (args[2], args[3]);
     let now = now_ms();
@@ -1006,13 +1022,7 @@ pub(super) fn cmd_xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     }
     ctx.enc.array(3);
     ctx.enc.bulk(id_text(next).as_bytes());
-    ctx.enc.array(claimed.len());
-    for (id, fields) in &claimed {
-        match fields {
-            None => ctx.enc.bulk(id_text(*id).as_bytes()),
-            Some(fv) => reply_entries_raw(ctx, &(*id, fv.clone())),
-        }
-    }
+    reply_claimed(ctx, &claimed);
     ctx.enc.array(deleted.len());
     for id in deleted {
         ctx.enc.bulk(id_text(id).as_bytes());
@@ -1022,24 +1032,21 @@ pub(super) fn cmd_xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 /// XINFO STREAM key [FULL [COUNT count]] | GROUPS key | CONSUMERS key group | HELP
 pub(super) fn cmd_xinfo(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     let sub = args[1].to_ascii_lowercase();
-    if sub == b"help" && args.len() > 2 {
-        return ctx
-            .enc
-            .error("ERR wrong number of arguments for 'xinfo|help' command");
-    }
-    if sub == b"help" {
-        return help(
-            ctx,
-            &[
-                "XINFO <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-                "CONSUMERS <key> <groupname>",
-                "    Show consumers of <groupname>.",
-                "GROUPS <key>",
-                "    Show the stream consumer groups.",
-                "STREAM <key> [FULL [COUNT <count>]",
-                "    Show information about the stream.",
-            ],
-        );
+    if answered_help(
+        ctx,
+        "xinfo",
+        args,
+        &[
+            "XINFO <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "CONSUMERS <key> <groupname>",
+            "    Show consumers of <groupname>.",
+            "GROUPS <key>",
+            "    Show the stream consumer groups.",
+            "STREAM <key> [FULL [COUNT <count>]",
+            "    Show information about the stream.",
+        ],
+    ) {
+        return;
     }
     if args.len() < 3 {
         return subcommand_syntax(ctx, "XINFO", args[1]);

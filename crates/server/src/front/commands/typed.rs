@@ -644,7 +644,7 @@ pub(super) fn float_text(v: f64) -> String {
 }
 
 /// A small fast random generator for the RAND* and POP commands (no cryptographic use).
-pub(super) fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     static STATE: AtomicU64 = AtomicU64::new(0);
     let mut x = STATE.load(Ordering::Relaxed);
     if x == 0 {

@@ -308,3 +308,26 @@ def test_randomkey_through_the_routing_port_finds_every_servers_keys(shared_clus
         servers_with_keys.add(rc.get_node_from_key(k).port)
     assert len(servers_with_keys) >= 2, (seen, servers_with_keys)
     r.delete(*keys)
+
+
+def _subcommand_stats(r):
+    """CONFIG RESETSTAT, then container commands: INFO commandstats' names and calls."""
+    r.delete(S)
+    r.config_resetstat()
+    r.config_get("maxmemory")
+    r.client_id()
+    r.client_id()
+    r.object("encoding", "nokey")
+    r.xgroup_create(S, "g", id="$", mkstream=True)
+    r.execute_command("XINFO", "GROUPS", S)
+    r.delete(S)
+    stats = r.info("commandstats")
+    return {k: v["calls"] for k, v in stats.items() if "|" in k}
+
+
+def test_commandstats_count_subcommands_as_redis_does(blocking_target, redis_peer):  # noqa: F811
+    """INFO commandstats counts a container command's call under `command|subcommand`."""
+    make, _ = blocking_target
+    want = _subcommand_stats(redis_peer)
+    assert want["cmdstat_client|id"] == 2 and want["cmdstat_xgroup|create"] == 1, want
+    assert _subcommand_stats(make()) == want

@@ -326,7 +326,7 @@ impl Router<'_> {
                     .node
                     .metrics
                     .routed_command_stats
-                    .read(crate::front::commands::specs().iter().map(|s| s.name));
+                    .read(crate::front::commands::stat_names().iter().copied());
                 snapshot.blocked_clients = self
                     .node
                     .metrics
@@ -544,7 +544,7 @@ pub async fn serve_routing(
                                     &mut out,
                                 )
                                 .await;
-                                count_routed(node_ref, args[0], started.elapsed(), &out[from..]);
+                                count_routed(node_ref, &args, started.elapsed(), &out[from..]);
                                 pos += used;
                                 continue;
                             }
@@ -568,7 +568,7 @@ pub async fn serve_routing(
                                 )
                                 .await;
                                 // Its wait is not counted in its time, as in Redis.
-                                count_routed(node_ref, args[0], Duration::ZERO, &out[from..]);
+                                count_routed(node_ref, &args, Duration::ZERO, &out[from..]);
                                 inbuf.extend_from_slice(&ahead);
                                 if let Err(ending) = done {
                                     return ending;
@@ -597,12 +597,7 @@ pub async fn serve_routing(
                                 if watching {
                                     let (from, started) = (out.len(), Instant::now());
                                     routed_watch(&mut router, &args, &mut out).await;
-                                    count_routed(
-                                        node_ref,
-                                        args[0],
-                                        started.elapsed(),
-                                        &out[from..],
-                                    );
+                                    count_routed(node_ref, &args, started.elapsed(), &out[from..]);
                                     pos += used;
                                     continue;
                                 }
@@ -621,7 +616,9 @@ pub async fn serve_routing(
                             let part = router.route(&mut round, &args, raw);
                             round.parts.push(part);
                             round.counted.resize(round.parts.len() - 1, None);
-                            round.counted.push(found.map(|(index, _)| index));
+                            round.counted.push(found.map(|(index, _)| {
+                                crate::front::commands::stat_index(index, &args)
+                            }));
                         }
                         pos += used;
                         if router.session.closing {
@@ -1157,18 +1154,19 @@ async fn resolve(router: &mut Router<'_>, mut round: Round, out: &mut Vec<u8>) {
     }
 }
 
-/// The index of command `name` in the command table, if it is one.
-fn command_index(name: &[u8]) -> Option<usize> {
-    crate::front::commands::lookup_at(name).map(|(index, _)| index)
+/// The INFO commandstats counter of a call with `args`, if its command is one.
+fn command_index(args: &[&[u8]]) -> Option<usize> {
+    crate::front::commands::lookup_at(args[0])
+        .map(|(index, _)| crate::front::commands::stat_index(index, args))
 }
 
 /// Counts a routing-port client's command that took `elapsed` and answered `reply`.
-fn count_routed(node: &Node, name: &[u8], elapsed: Duration, reply: &[u8]) {
+fn count_routed(node: &Node, args: &[&[u8]], elapsed: Duration, reply: &[u8]) {
     let failed = reply.first() == Some(&b'-');
     if failed {
         node.metrics.routed_error_stats.count(reply);
     }
-    if let Some(index) = command_index(name) {
+    if let Some(index) = command_index(args) {
         node.metrics
             .routed_command_stats
             .ran(index, elapsed, true, failed);

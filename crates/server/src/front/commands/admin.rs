@@ -68,7 +68,7 @@ pub(super) fn cmd_info(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         .node
         .metrics
         .command_stats
-        .read(super::specs().iter().map(|s| s.name));
+        .read(super::stat_names().iter().copied());
     let text = snapshot.info(section.as_deref(), ctx.cluster_node());
     ctx.enc.verbatim("txt", text.as_bytes());
 }

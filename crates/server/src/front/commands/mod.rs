@@ -1379,6 +1379,171 @@ pub fn specs() -> &'static [Spec] {
     &SPECS
 }
 
+/// Redis 7.2's subcommands of the container commands ramlog serves: INFO commandstats counts a
+/// call under `command|subcommand`, as Redis does (a subcommand not listed counts under its
+/// command).
+const SUBCOMMANDS: &[(&str, &[&str])] = &[
+    ("config", &["get", "set", "resetstat", "rewrite", "help"]),
+    (
+        "client",
+        &[
+            "caching",
+            "getname",
+            "getredir",
+            "id",
+            "info",
+            "kill",
+            "list",
+            "no-evict",
+            "no-touch",
+            "pause",
+            "reply",
+            "setinfo",
+            "setname",
+            "tracking",
+            "trackinginfo",
+            "unblock",
+            "unpause",
+            "help",
+        ],
+    ),
+    (
+        "cluster",
+        &[
+            "addslots",
+            "addslotsrange",
+            "bumpepoch",
+            "count-failure-reports",
+            "countkeysinslot",
+            "delslots",
+            "delslotsrange",
+            "failover",
+            "flushslots",
+            "forget",
+            "getkeysinslot",
+            "info",
+            "keyslot",
+            "links",
+            "meet",
+            "myid",
+            "myshardid",
+            "nodes",
+            "replicas",
+            "replicate",
+            "reset",
+            "saveconfig",
+            "set-config-epoch",
+            "setslot",
+            "shards",
+            "slaves",
+            "slots",
+            "help",
+        ],
+    ),
+    (
+        "command",
+        &[
+            "count",
+            "docs",
+            "getkeys",
+            "getkeysandflags",
+            "info",
+            "list",
+            "help",
+        ],
+    ),
+    (
+        "memory",
+        &["doctor", "malloc-stats", "purge", "stats", "usage", "help"],
+    ),
+    (
+        "object",
+        &["encoding", "freq", "idletime", "refcount", "help"],
+    ),
+    (
+        "pubsub",
+        &[
+            "channels",
+            "numpat",
+            "numsub",
+            "shardchannels",
+            "shardnumsub",
+            "help",
+        ],
+    ),
+    (
+        "script",
+        &["exists", "flush", "kill", "load", "debug", "help"],
+    ),
+    (
+        "xgroup",
+        &[
+            "create",
+            "createconsumer",
+            "delconsumer",
+            "destroy",
+            "setid",
+            "help",
+        ],
+    ),
+    ("xinfo", &["consumers", "groups", "stream", "help"]),
+    (
+        "function",
+        &[
+            "delete", "dump", "flush", "kill", "list", "load", "restore", "stats", "help",
+        ],
+    ),
+];
+
+/// The names of INFO commandstats' counters: each command's, then each subcommand's
+/// (`config|get`), in the order of [`stat_index`].
+static STAT_NAMES: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut names: Vec<&'static str> = SPECS.iter().map(|s| s.name).collect();
+    for (command, subs) in SUBCOMMANDS {
+        for sub in *subs {
+            names.push(Box::leak(format!("{command}|{sub}").into_boxed_str()));
+        }
+    }
+    names
+});
+
+/// The counter of each (command index, subcommand).
+static BY_SUBCOMMAND: LazyLock<HashMap<(usize, &'static str), usize>> = LazyLock::new(|| {
+    let mut at = SPECS.len();
+    let mut map = HashMap::new();
+    for (command, subs) in SUBCOMMANDS {
+        let index = lookup_at(command.as_bytes()).map(|(i, _)| i);
+        for sub in *subs {
+            if let Some(i) = index {
+                map.insert((i, *sub), at);
+            }
+            at += 1;
+        }
+    }
+    map
+});
+
+/// INFO commandstats' counter names (see [`stat_index`]).
+pub fn stat_names() -> &'static [&'static str] {
+    &STAT_NAMES
+}
+
+/// The INFO commandstats counter of a call of command `index` with `args`: its subcommand's
+/// for a container command (CONFIG GET: `config|get`), else the command's.
+pub fn stat_index(index: usize, args: &[&[u8]]) -> usize {
+    let Some(sub) = args.get(1).filter(|s| s.len() <= 24) else {
+        return index;
+    };
+    if !SUBCOMMANDS.iter().any(|(c, _)| *c == SPECS[index].name) {
+        return index;
+    }
+    let lower = String::from_utf8_lossy(sub).to_ascii_lowercase();
+    BY_SUBCOMMAND
+        .get(&(index, lower.as_str()))
+        .copied()
+        .unwrap_or(index)
+}
+
 /// The command named `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     lookup_at(name).map(|(_, spec)| spec)
@@ -1668,6 +1833,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     count_change(node, units_before);
     if let Some((index, _)) = at {
         let stats = &node.metrics.command_stats;
+        let index = stat_index(index, args);
         if ran {
             let failed = out.get(before) == Some(&b'-');
             stats.ran(index, started.elapsed(), !session.blocked_retry, failed);
@@ -2059,7 +2225,16 @@ mod tests {
 
     #[test]
     fn the_command_table_fits_the_command_stats() {
-        assert!(specs().len() <= crate::node::metrics::COMMANDS_MAX);
+        assert!(stat_names().len() <= crate::node::metrics::COMMANDS_MAX);
+        let (config, _) = lookup_at(b"config").unwrap();
+        let at = stat_index(config, &[b"CONFIG", b"Get", b"x"]);
+        assert_eq!(stat_names()[at], "config|get");
+        assert_eq!(stat_index(config, &[b"config", b"nosuch"]), config);
+        let (get, _) = lookup_at(b"get").unwrap();
+        assert_eq!(stat_index(get, &[b"get", b"help"]), get);
+        for (command, _) in SUBCOMMANDS {
+            assert!(lookup(command.as_bytes()).is_some(), "{command}");
+        }
     }
 
     #[test]

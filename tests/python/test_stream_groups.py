@@ -331,3 +331,48 @@ def test_commandstats_count_subcommands_as_redis_does(blocking_target, redis_pee
     want = _subcommand_stats(redis_peer)
     assert want["cmdstat_client|id"] == 2 and want["cmdstat_xgroup|create"] == 1, want
     assert _subcommand_stats(make()) == want
+
+
+def _stream_with_groups(r, key):
+    r.delete(key)
+    r.xgroup_create(key, "g", id="$", mkstream=True)
+    for i in range(250):
+        r.xadd(key, {"f": i} if i % 3 else {"other": i, "x": ""}, id=f"{i + 1}-{i % 5}")
+    r.xreadgroup("g", "alice", {key: ">"}, count=7)
+    r.xreadgroup("g", "bob", {key: ">"}, count=3)
+    r.xdel(key, "5-4")
+    r.xgroup_create(key, "h", id="0")
+    r.xgroup_createconsumer(key, "h", "idle")
+
+
+def _stream_state(r, key):
+    groups = r.xinfo_groups(key)
+    pending = {g["name"]: [(p["message_id"], p["consumer"], p["times_delivered"])
+                           for p in r.xpending_range(key, g["name"], "-", "+", 1000)] for g in groups}
+    consumers = {g["name"]: sorted(c["name"] for c in r.xinfo_consumers(key, g["name"])) for g in groups}
+    info = r.xinfo_stream(key)
+    return (r.xrange(key), groups, pending, consumers,
+            {k: info[k] for k in ("length", "last-generated-id", "max-deleted-entry-id", "entries-added")})
+
+
+def test_streams_with_groups_move_by_dump_restore_and_from_redis(blocking_target, redis_peer):  # noqa: F811
+    """DUMP and RESTORE carry a stream with its groups, consumers and pending entries (RDB type
+    21, Redis 7.2's); a stream DUMPed by redis-server (7.0 here: type 19) restores on every port
+    to the same entries and groups."""
+    make, _ = blocking_target
+    r = make()
+    key, copy = "{q}dump-s", "{q}dump-t"
+    _stream_with_groups(r, key)
+    want = _stream_state(r, key)
+    payload = r.dump(key)
+    assert int.from_bytes(payload[-10:-8], "little") == 11
+    r.restore(copy, 0, payload, replace=True)
+    assert _stream_state(r, copy) == want
+    # From redis-server.
+    _stream_with_groups(redis_peer, key)
+    theirs = _stream_state(redis_peer, key)
+    r.restore(copy, 0, redis_peer.dump(key), replace=True)
+    assert _stream_state(r, copy) == theirs
+    with pytest.raises(redis.ResponseError, match="BUSYKEY"):
+        r.restore(copy, 0, payload)
+    r.delete(key, copy)

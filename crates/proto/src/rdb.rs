@@ -3,16 +3,23 @@
 //! little-endian) of everything before it.
 //!
 //! [`dump`] writes the plain encodings every Redis since 2.x loads (string, list, set, hash,
-//! and sorted sets with binary scores), marked RDB version 9 so that Redis 5 to 7.2 take them.
+//! and sorted sets with binary scores), marked RDB version 9 so that Redis 5 to 7.2 take them,
+//! and a stream as Redis 7.2 writes it (listpack nodes, consumer groups with their pending
+//! entries and consumers' active times: RDB version 11, which Redis 7.2 takes).
 //! [`restore`] reads those and the compact encodings Redis 7.x writes: integer and LZF strings,
-//! intsets, ziplists, listpacks and quicklists. Streams, modules and the ancient zipmap are
-//! refused with a clear error. Every length is checked against the bytes there are and against
+//! intsets, ziplists, listpacks and quicklists, and streams of RDB types 15, 19 and 21 (Redis 5
+//! to 7.2). Modules and the ancient zipmap are refused with a clear error. Every length is checked against the bytes there are and against
 //! [`Limits`], so untrusted payloads cannot make it allocate past them.
 
 /// The RDB version [`dump`] writes.
 pub const DUMP_VERSION: u16 = 9;
+/// The RDB version of a stream's DUMP (its type, 21, is Redis 7.2's).
+pub const STREAM_DUMP_VERSION: u16 = 11;
 /// The newest RDB version [`restore`] reads (Redis 7.2's).
 pub const MAX_VERSION: u16 = 11;
+
+use crate::types::{Consumer, Group, Pending, Stream, StreamEntry, StreamId};
+use std::collections::BTreeMap;
 
 const TYPE_STRING: u8 = 0;
 const TYPE_LIST: u8 = 1;
@@ -43,6 +50,7 @@ pub enum RdbValue {
     /// Members with their scores, in any order.
     ZSet(Vec<(Vec<u8>, f64)>),
     Hash(Vec<(Vec<u8>, Vec<u8>)>),
+    Stream(crate::types::Stream),
 }
 
 /// Why a payload was refused.
@@ -164,8 +172,16 @@ pub fn dump(value: &RdbValue) -> Vec<u8> {
                 put_string(&mut out, v);
             }
         }
+        RdbValue::Stream(st) => {
+            out.push(TYPE_STREAM_LISTPACKS_3);
+            put_stream(&mut out, st);
+        }
     }
-    out.extend_from_slice(&DUMP_VERSION.to_le_bytes());
+    let version = match value {
+        RdbValue::Stream(_) => STREAM_DUMP_VERSION,
+        _ => DUMP_VERSION,
+    };
+    out.extend_from_slice(&version.to_le_bytes());
     let crc = crc64(0, &out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
@@ -423,14 +439,144 @@ impl<'a> Reader<'a> {
                 }
                 Ok(RdbValue::List(items))
             }
-            TYPE_STREAM_LISTPACKS | TYPE_STREAM_LISTPACKS_2 | TYPE_STREAM_LISTPACKS_3 => Err(
-                RdbError::Unsupported("RESTORE of a stream is not supported by this server"),
-            ),
+            TYPE_STREAM_LISTPACKS | TYPE_STREAM_LISTPACKS_2 | TYPE_STREAM_LISTPACKS_3 => {
+                Ok(RdbValue::Stream(self.stream(kind)?))
+            }
             TYPE_HASH_ZIPMAP => Err(RdbError::Unsupported(
                 "RESTORE of a zipmap hash (RDB before version 4) is not supported",
             )),
             _ => Err(RdbError::BadFormat),
         }
+    }
+
+    fn id(&mut self) -> Result<StreamId, RdbError> {
+        Ok((self.len()?, self.len()?))
+    }
+
+    /// A stream id as 16 raw bytes (big-endian milliseconds, then sequence).
+    fn raw_id(&mut self) -> Result<StreamId, RdbError> {
+        let b = self.take(16)?;
+        Ok((
+            u64::from_be_bytes(b[..8].try_into().expect("8")),
+            u64::from_be_bytes(b[8..].try_into().expect("8")),
+        ))
+    }
+
+    /// A time in milliseconds (8 bytes, little-endian, signed).
+    fn ms(&mut self) -> Result<i64, RdbError> {
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+
+    /// A stream of RDB type `kind` (Redis's `rdbLoadObject` for streams).
+    fn stream(&mut self, kind: u8) -> Result<Stream, RdbError> {
+        let nodes = self.count(2)?;
+        let mut entries: Vec<StreamEntry> = Vec::new();
+        for _ in 0..nodes {
+            let key = self.string()?;
+            if key.len() != 16 {
+                return Err(RdbError::BadFormat);
+            }
+            let master = (
+                u64::from_be_bytes(key[..8].try_into().expect("8")),
+                u64::from_be_bytes(key[8..].try_into().expect("8")),
+            );
+            let lp = self.string()?;
+            stream_node(&listpack(&lp, self.limits)?, master, &mut entries)?;
+            if entries.len() > self.limits.elements {
+                return Err(TOO_MANY);
+            }
+        }
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(RdbError::BadFormat);
+        }
+        if self.len()? != entries.len() as u64 {
+            return Err(RdbError::BadFormat);
+        }
+        let last = self.id()?;
+        if entries.last().is_some_and(|e| e.0 > last) {
+            return Err(RdbError::BadFormat);
+        }
+        let mut s = Stream {
+            last,
+            entries_added: entries.len() as u64,
+            entries,
+            ..Default::default()
+        };
+        if kind >= TYPE_STREAM_LISTPACKS_2 {
+            let _first = self.id()?;
+            s.max_deleted = self.id()?;
+            s.entries_added = self.len()?;
+            if s.entries_added < s.entries.len() as u64 || s.max_deleted > s.last {
+                return Err(RdbError::BadFormat);
+            }
+        }
+        let groups = self.count(3)?;
+        for _ in 0..groups {
+            let name = self.string()?;
+            let last_delivered = self.id()?;
+            let entries_read = if kind >= TYPE_STREAM_LISTPACKS_2 {
+                // -1 (unknown) as Redis saves it: the length encoding of 2^64 - 1.
+                Some(self.len()?).filter(|&n| n != u64::MAX)
+            } else {
+                s.entries_up_to(last_delivered)
+            };
+            let mut pending: BTreeMap<StreamId, (Option<Vec<u8>>, u64, u64)> = BTreeMap::new();
+            for _ in 0..self.count(18)? {
+                let id = self.raw_id()?;
+                let delivered = self.ms()?.max(0) as u64;
+                let deliveries = self.len()?;
+                if pending.insert(id, (None, delivered, deliveries)).is_some() {
+                    return Err(RdbError::BadFormat);
+                }
+            }
+            let mut consumers = BTreeMap::new();
+            for _ in 0..self.count(10)? {
+                let cname = self.string()?;
+                let seen = self.ms()?.max(0) as u64;
+                let active = if kind >= TYPE_STREAM_LISTPACKS_3 {
+                    Some(self.ms()?).filter(|&t| t >= 0).map(|t| t as u64)
+                } else {
+                    Some(seen)
+                };
+                for _ in 0..self.count(16)? {
+                    let id = self.raw_id()?;
+                    match pending.get_mut(&id) {
+                        Some(p) if p.0.is_none() => p.0 = Some(cname.clone()),
+                        _ => return Err(RdbError::BadFormat),
+                    }
+                }
+                let c = Consumer {
+                    seen_ms: seen,
+                    active_ms: active,
+                };
+                if consumers.insert(cname, c).is_some() {
+                    return Err(RdbError::BadFormat);
+                }
+            }
+            let mut pel = BTreeMap::new();
+            for (id, (consumer, delivered_ms, deliveries)) in pending {
+                // A pending entry every consumer disowns is refused, as Redis's check does.
+                let consumer = consumer.ok_or(RdbError::BadFormat)?;
+                pel.insert(
+                    id,
+                    Pending {
+                        consumer,
+                        delivered_ms,
+                        deliveries,
+                    },
+                );
+            }
+            let g = Group {
+                last_delivered,
+                entries_read,
+                consumers,
+                pending: pel,
+            };
+            if s.groups.insert(name, g).is_some() {
+                return Err(RdbError::BadFormat);
+            }
+        }
+        Ok(s)
     }
 
     /// A ziplist or listpack held as an RDB string.
@@ -657,6 +803,251 @@ fn listpack(lp: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
     Ok(out)
 }
 
+/// Stream listpack entry flags (Redis's `STREAM_ITEM_FLAG_*`).
+const ITEM_DELETED: i64 = 1;
+const ITEM_SAMEFIELDS: i64 = 2;
+/// Entries per listpack node of a dumped stream (Redis's default `stream-node-max-entries`).
+const STREAM_NODE_ENTRIES: usize = 100;
+
+fn int_of(item: Option<&Vec<u8>>) -> Result<i64, RdbError> {
+    item.and_then(|b| std::str::from_utf8(b).ok()?.parse().ok())
+        .ok_or(RdbError::BadFormat)
+}
+
+/// One listpack node of a stream whose master id is `master`: its live entries, appended to
+/// `out` (Redis's node layout: the master entry, then each entry with its flags, id deltas,
+/// fields or only values when they are the master's, and its element count).
+fn stream_node(
+    items: &[Vec<u8>],
+    master: StreamId,
+    out: &mut Vec<StreamEntry>,
+) -> Result<(), RdbError> {
+    let mut it = items.iter();
+    let count = int_of(it.next())?;
+    let deleted = int_of(it.next())?;
+    let nfields = int_of(it.next())?;
+    if count < 0 || deleted < 0 || nfields < 0 || nfields as usize > items.len() {
+        return Err(RdbError::BadFormat);
+    }
+    let master_fields: Vec<&Vec<u8>> = (0..nfields)
+        .map(|_| it.next().ok_or(RdbError::BadFormat))
+        .collect::<Result<_, _>>()?;
+    if int_of(it.next())? != 0 {
+        return Err(RdbError::BadFormat);
+    }
+    let mut live = 0;
+    for _ in 0..count.saturating_add(deleted) {
+        let flags = int_of(it.next())?;
+        let ms = int_of(it.next())? as u64;
+        let seq = int_of(it.next())? as u64;
+        let id = (master.0.wrapping_add(ms), master.1.wrapping_add(seq));
+        let mut fields = Vec::new();
+        let expected = if flags & ITEM_SAMEFIELDS != 0 {
+            for f in &master_fields {
+                let v = it.next().ok_or(RdbError::BadFormat)?;
+                fields.push(((*f).clone(), v.clone()));
+            }
+            nfields + 3
+        } else {
+            let n = int_of(it.next())?;
+            if n < 0 || n as usize > items.len() {
+                return Err(RdbError::BadFormat);
+            }
+            for _ in 0..n {
+                let f = it.next().ok_or(RdbError::BadFormat)?;
+                let v = it.next().ok_or(RdbError::BadFormat)?;
+                fields.push((f.clone(), v.clone()));
+            }
+            2 * n + 4
+        };
+        if int_of(it.next())? != expected {
+            return Err(RdbError::BadFormat);
+        }
+        if flags & ITEM_DELETED == 0 {
+            out.push((id, fields));
+            live += 1;
+        }
+    }
+    if it.next().is_some() || live != count {
+        return Err(RdbError::BadFormat);
+    }
+    Ok(())
+}
+
+/// A listpack being written (Redis's encoding: the header, each element with its back-length,
+/// the end byte).
+struct Listpack {
+    buf: Vec<u8>,
+    count: usize,
+}
+
+impl Listpack {
+    fn new() -> Self {
+        Listpack {
+            buf: vec![0; 6],
+            count: 0,
+        }
+    }
+
+    fn element(&mut self, encoded: &[u8]) {
+        self.buf.extend_from_slice(encoded);
+        let l = encoded.len();
+        let back: &[u8] = match l {
+            0..=127 => &[l as u8],
+            128..=16382 => &[(l >> 7) as u8, (l & 127) as u8 | 128],
+            16383..=2_097_150 => &[
+                (l >> 14) as u8,
+                ((l >> 7) & 127) as u8 | 128,
+                (l & 127) as u8 | 128,
+            ],
+            2_097_151..=268_435_454 => &[
+                (l >> 21) as u8,
+                ((l >> 14) & 127) as u8 | 128,
+                ((l >> 7) & 127) as u8 | 128,
+                (l & 127) as u8 | 128,
+            ],
+            _ => &[
+                (l >> 28) as u8,
+                ((l >> 21) & 127) as u8 | 128,
+                ((l >> 14) & 127) as u8 | 128,
+                ((l >> 7) & 127) as u8 | 128,
+                (l & 127) as u8 | 128,
+            ],
+        };
+        self.buf.extend_from_slice(back);
+        self.count += 1;
+    }
+
+    fn int(&mut self, v: i64) {
+        let mut e = Vec::with_capacity(9);
+        if (0..=127).contains(&v) {
+            e.push(v as u8);
+        } else if (-4096..=4095).contains(&v) {
+            let u = (v as u16) & 0x1fff;
+            e.extend_from_slice(&[0xc0 | (u >> 8) as u8, u as u8]);
+        } else if i16::try_from(v).is_ok() {
+            e.push(0xf1);
+            e.extend_from_slice(&(v as i16).to_le_bytes());
+        } else if (-(1 << 23)..(1 << 23)).contains(&v) {
+            e.push(0xf2);
+            e.extend_from_slice(&(v as i32).to_le_bytes()[..3]);
+        } else if i32::try_from(v).is_ok() {
+            e.push(0xf3);
+            e.extend_from_slice(&(v as i32).to_le_bytes());
+        } else {
+            e.push(0xf4);
+            e.extend_from_slice(&v.to_le_bytes());
+        }
+        self.element(&e);
+    }
+
+    fn string(&mut self, s: &[u8]) {
+        let mut e = Vec::with_capacity(s.len() + 5);
+        let n = s.len();
+        if n < 64 {
+            e.push(0x80 | n as u8);
+        } else if n < 4096 {
+            e.extend_from_slice(&[0xe0 | (n >> 8) as u8, n as u8]);
+        } else {
+            e.push(0xf0);
+            e.extend_from_slice(&(n as u32).to_le_bytes());
+        }
+        e.extend_from_slice(s);
+        self.element(&e);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.buf.push(0xff);
+        let total = self.buf.len() as u32;
+        self.buf[..4].copy_from_slice(&total.to_le_bytes());
+        let count = self.count.min(65535) as u16;
+        self.buf[4..6].copy_from_slice(&count.to_le_bytes());
+        self.buf
+    }
+}
+
+fn put_raw_id(out: &mut Vec<u8>, id: StreamId) {
+    out.extend_from_slice(&id.0.to_be_bytes());
+    out.extend_from_slice(&id.1.to_be_bytes());
+}
+
+/// A stream as Redis 7.2 saves it (RDB type 21): nodes of [`STREAM_NODE_ENTRIES`] entries.
+fn put_stream(out: &mut Vec<u8>, s: &Stream) {
+    let nodes: Vec<&[StreamEntry]> = s.entries.chunks(STREAM_NODE_ENTRIES).collect();
+    put_len(out, nodes.len() as u64);
+    for node in nodes {
+        let master = node[0].0;
+        let mut key = Vec::with_capacity(16);
+        put_raw_id(&mut key, master);
+        put_string(out, &key);
+        let master_fields: Vec<&[u8]> = node[0].1.iter().map(|(f, _)| f.as_slice()).collect();
+        let mut lp = Listpack::new();
+        lp.int(node.len() as i64);
+        lp.int(0);
+        lp.int(master_fields.len() as i64);
+        for f in &master_fields {
+            lp.string(f);
+        }
+        lp.int(0);
+        for (id, fields) in node {
+            let same = fields.len() == master_fields.len()
+                && fields.iter().zip(&master_fields).all(|((f, _), m)| f == m);
+            lp.int(if same { ITEM_SAMEFIELDS } else { 0 });
+            lp.int(id.0.wrapping_sub(master.0) as i64);
+            lp.int(id.1.wrapping_sub(master.1) as i64);
+            if same {
+                for (_, v) in fields {
+                    lp.string(v);
+                }
+                lp.int(fields.len() as i64 + 3);
+            } else {
+                lp.int(fields.len() as i64);
+                for (f, v) in fields {
+                    lp.string(f);
+                    lp.string(v);
+                }
+                lp.int(2 * fields.len() as i64 + 4);
+            }
+        }
+        put_string(out, &lp.finish());
+    }
+    put_len(out, s.entries.len() as u64);
+    for id in [s.last, s.first_id(), s.max_deleted] {
+        put_len(out, id.0);
+        put_len(out, id.1);
+    }
+    put_len(out, s.entries_added);
+    put_len(out, s.groups.len() as u64);
+    for (name, g) in &s.groups {
+        put_string(out, name);
+        put_len(out, g.last_delivered.0);
+        put_len(out, g.last_delivered.1);
+        put_len(out, g.entries_read.unwrap_or(u64::MAX));
+        put_len(out, g.pending.len() as u64);
+        for (id, p) in &g.pending {
+            put_raw_id(out, *id);
+            out.extend_from_slice(&(p.delivered_ms as i64).to_le_bytes());
+            put_len(out, p.deliveries);
+        }
+        put_len(out, g.consumers.len() as u64);
+        for (cname, c) in &g.consumers {
+            put_string(out, cname);
+            out.extend_from_slice(&(c.seen_ms as i64).to_le_bytes());
+            out.extend_from_slice(&c.active_ms.map_or(-1, |t| t as i64).to_le_bytes());
+            let own: Vec<&StreamId> = g
+                .pending
+                .iter()
+                .filter(|(_, p)| p.consumer == *cname)
+                .map(|(id, _)| id)
+                .collect();
+            put_len(out, own.len() as u64);
+            for id in own {
+                put_raw_id(out, *id);
+            }
+        }
+    }
+}
+
 /// An intset's members as decimal text.
 fn intset(blob: &[u8], limits: Limits) -> Result<Vec<Vec<u8>>, RdbError> {
     if blob.len() < 8 {
@@ -729,6 +1120,114 @@ mod tests {
         let crc = crc64(0, &p);
         p.extend_from_slice(&crc.to_le_bytes());
         p
+    }
+
+    fn unhex(h: &str) -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// `DUMP s` of Redis 7.0.15 (RDB type 19, version 10) after XADD 1-1 a 1, 1-2 a 2, 2-0 b x c y,
+    /// 3-0 a 3, XDEL 1-2, XGROUP CREATE s g 0, XREADGROUP GROUP g alice COUNT 2, XGROUP CREATE s
+    /// empty $, XGROUP CREATECONSUMER s g bob.
+    const REDIS_70_STREAM: &str = "130110000000000000000100000000000000014048480000001d000301010101018161020001020100010001010104010301000101010201040100010101dfff020201816202817802816302817902080102010201dfff0203010401ff03030001010102040205656d707479030081ffffffffffffffff00000167020081ffffffffffffffff020000000000000001000000000000000124ffb150a2010000010000000000000002000000000000000024ffb150a2010000010205616c69636524ffb150a201000002000000000000000100000000000000010000000000000002000000000000000003626f6224ffb150a2010000000a00276d896b7f45241f";
+
+    #[test]
+    fn a_redis_stream_with_groups_restores_and_dumps_back_to_itself() {
+        let Ok(RdbValue::Stream(s)) = restore(&unhex(REDIS_70_STREAM), Limits::default()) else {
+            panic!("the Redis 7.0 stream payload did not restore");
+        };
+        let f = |k: &str, v: &str| (k.as_bytes().to_vec(), v.as_bytes().to_vec());
+        assert_eq!(
+            s.entries,
+            vec![
+                ((1, 1), vec![f("a", "1")]),
+                ((2, 0), vec![f("b", "x"), f("c", "y")]),
+                ((3, 0), vec![f("a", "3")]),
+            ]
+        );
+        assert_eq!(
+            (s.last, s.max_deleted, s.entries_added),
+            ((3, 0), (1, 2), 4)
+        );
+        let g = &s.groups[&b"g"[..]];
+        assert_eq!((g.last_delivered, g.entries_read), ((2, 0), None));
+        let alice = &g.consumers[&b"alice"[..]];
+        // Type 19 has no active time: Redis takes the seen time.
+        assert_eq!(alice.active_ms, Some(alice.seen_ms));
+        assert!(g.consumers.contains_key(&b"bob"[..]));
+        assert_eq!(
+            g.pending.keys().copied().collect::<Vec<_>>(),
+            vec![(1, 1), (2, 0)]
+        );
+        assert!(g
+            .pending
+            .values()
+            .all(|p| p.consumer == b"alice" && p.deliveries == 1));
+        assert_eq!(s.groups[&b"empty"[..]].last_delivered, (3, 0));
+        // ramlog's DUMP (type 21, version 11) restores to the same stream.
+        let payload = dump(&RdbValue::Stream(s.clone()));
+        assert_eq!(
+            u16::from_le_bytes([payload[payload.len() - 10], payload[payload.len() - 9]]),
+            11
+        );
+        assert_eq!(
+            restore(&payload, Limits::default()),
+            Ok(RdbValue::Stream(s.clone()))
+        );
+        // More entries than a node holds, fields that differ from the node's first, a consumer
+        // never active: still the same stream.
+        let mut big = s;
+        big.entries.clear();
+        for i in 0..250u64 {
+            let fields = if i % 7 == 0 {
+                vec![f("x", "1"), f("y", "")]
+            } else {
+                vec![f("n", &i.to_string())]
+            };
+            big.entries.push(((10 + i, i % 3), fields));
+        }
+        big.last = (300, 0);
+        big.entries_added = 400;
+        big.groups
+            .get_mut(&b"g"[..])
+            .unwrap()
+            .consumers
+            .get_mut(&b"bob"[..])
+            .unwrap()
+            .active_ms = None;
+        let back = restore(&dump(&RdbValue::Stream(big.clone())), Limits::default());
+        assert_eq!(back, Ok(RdbValue::Stream(big)));
+    }
+
+    #[test]
+    fn damaged_stream_payloads_are_refused() {
+        let body = unhex(REDIS_70_STREAM);
+        let body = &body[..body.len() - 10];
+        // Every cut of the body fails, and so does a pending entry no consumer owns.
+        for cut in 1..body.len() {
+            assert!(
+                restore(&wrap(&body[..cut], 10), Limits::default()).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut s = match restore(&unhex(REDIS_70_STREAM), Limits::default()) {
+            Ok(RdbValue::Stream(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        s.groups
+            .get_mut(&b"g"[..])
+            .unwrap()
+            .pending
+            .get_mut(&(1, 1))
+            .unwrap()
+            .consumer = b"nobody".to_vec();
+        assert_eq!(
+            restore(&dump(&RdbValue::Stream(s)), Limits::default()),
+            Err(RdbError::BadFormat)
+        );
     }
 
     #[test]

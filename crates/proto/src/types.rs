@@ -546,6 +546,42 @@ impl Stream {
         self.entries.first().map_or((0, 0), |e| e.0)
     }
 
+    /// Whether XDEL removed an entry at or after `start` that lies within the stream (Redis's
+    /// `streamRangeHasTombstones` to the end).
+    pub fn has_tombstones_from(&self, start: StreamId) -> bool {
+        !self.entries.is_empty()
+            && self.max_deleted != (0, 0)
+            && self.first_id() <= self.max_deleted
+            && start <= self.max_deleted
+    }
+
+    /// How many entries the stream had added up to `id`, when that can be known (Redis's
+    /// `streamEstimateDistanceFromFirstEverEntry`).
+    pub fn entries_up_to(&self, id: StreamId) -> Option<u64> {
+        if self.entries_added == 0 {
+            return Some(0);
+        }
+        if self.entries.is_empty() && id <= self.last {
+            return Some(self.entries_added);
+        }
+        match id.cmp(&self.last) {
+            std::cmp::Ordering::Equal => return Some(self.entries_added),
+            std::cmp::Ordering::Greater => return None,
+            std::cmp::Ordering::Less => {}
+        }
+        let first = self.first_id();
+        if self.max_deleted == (0, 0) || self.max_deleted < first {
+            let before = self.entries_added - self.entries.len() as u64;
+            if id < first {
+                return Some(before);
+            }
+            if id == first {
+                return Some(before + 1);
+            }
+        }
+        None
+    }
+
     /// The entry with id `id`, if the stream holds it.
     pub fn entry(&self, id: StreamId) -> Option<&StreamEntry> {
         self.entries

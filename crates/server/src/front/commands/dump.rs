@@ -55,11 +55,7 @@ fn value_of(
         Kind::Set => typed::load::<types::Set>(ctx, key)?.map(|s| RdbValue::Set(s.members)),
         Kind::ZSet => typed::load::<types::ZSet>(ctx, key)?
             .map(|z| RdbValue::ZSet(z.entries.into_iter().map(|(s, m)| (m, s)).collect())),
-        Kind::Stream => {
-            ctx.enc
-                .error("ERR DUMP of a stream is not supported by this server");
-            return Err(Replied);
-        }
+        Kind::Stream => typed::load::<types::Stream>(ctx, key)?.map(RdbValue::Stream),
     })
 }
 
@@ -236,6 +232,14 @@ fn write(
                 return large_result(ctx, done);
             }
             types::ZSet { entries }.encode()
+        }
+        RdbValue::Stream(st) => {
+            let bytes = st.encode();
+            let max = ctx.node.config.value_size_max_bytes + types::TAG_BYTES as u64;
+            if bytes.len() as u64 > max {
+                return Err(typed::too_large(ctx, Kind::Stream, bytes.len()));
+            }
+            bytes
         }
     };
     match super::keys::put_stored(ctx, key, &stored, expire_at_ms, condition) {

@@ -32,52 +32,18 @@ fn notify(ctx: &Ctx<'_>, event: &str, key: &[u8]) {
     super::notify::emit(&ctx.node.settings, &ctx.node.pubsub, STREAM, event, key);
 }
 
-/// Whether a stream range holds an entry XDEL removed (Redis's `streamRangeHasTombstones`).
-fn has_tombstones(s: &Stream, start: StreamId) -> bool {
-    !s.entries.is_empty()
-        && s.max_deleted != (0, 0)
-        && s.first_id() <= s.max_deleted
-        && start <= s.max_deleted
-}
-
-/// How many entries the stream had added up to `id`, when that can be known (Redis's
-/// `streamEstimateDistanceFromFirstEverEntry`).
-fn entries_up_to(s: &Stream, id: StreamId) -> Option<u64> {
-    if s.entries_added == 0 {
-        return Some(0);
-    }
-    if s.entries.is_empty() && id <= s.last {
-        return Some(s.entries_added);
-    }
-    match id.cmp(&s.last) {
-        std::cmp::Ordering::Equal => return Some(s.entries_added),
-        std::cmp::Ordering::Greater => return None,
-        std::cmp::Ordering::Less => {}
-    }
-    let first = s.first_id();
-    if s.max_deleted == (0, 0) || s.max_deleted < first {
-        let before = s.entries_added - s.entries.len() as u64;
-        if id < first {
-            return Some(before);
-        }
-        if id == first {
-            return Some(before + 1);
-        }
-    }
-    None
-}
-
 /// A group's lag: entries not yet delivered to it, when that can be known.
 fn lag(s: &Stream, g: &Group) -> Option<u64> {
     if s.entries_added == 0 {
         return Some(0);
     }
     if let Some(read) = g.entries_read {
-        if !has_tombstones(s, g.last_delivered) {
+        if !s.has_tombstones_from(g.last_delivered) {
             return Some(s.entries_added.saturating_sub(read));
         }
     }
-    entries_up_to(s, g.last_delivered).map(|read| s.entries_added.saturating_sub(read))
+    s.entries_up_to(g.last_delivered)
+        .map(|read| s.entries_added.saturating_sub(read))
 }
 
 fn integer_or_null(ctx: &mut Ctx<'_>, v: Option<u64>) {
@@ -456,8 +422,8 @@ fn deliver_new(
     let mut out = Vec::with_capacity(end - start);
     for i in start..end {
         let id = s.entries[i].0;
-        let tombstones = has_tombstones(s, id);
-        let estimate = entries_up_to(s, id);
+        let tombstones = s.has_tombstones_from(id);
+        let estimate = s.entries_up_to(id);
         let added = s.entries_added;
         let g = s.groups.get_mut(group).expect("checked");
         if id > g.last_delivered {

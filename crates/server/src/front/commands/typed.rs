@@ -303,7 +303,7 @@ pub(super) fn string_or_wrongtype<'v>(
     }
 }
 
-fn too_large(ctx: &mut Ctx<'_>, kind: Kind, len: usize) -> Replied {
+pub(super) fn too_large(ctx: &mut Ctx<'_>, kind: Kind, len: usize) -> Replied {
     let max = ctx.node.config.value_size_max_bytes;
     ctx.enc.error(&format!(
         "ERR the {} would take {len} bytes, more than the value size limit ({max} bytes); nothing was changed",

@@ -1523,6 +1523,14 @@ static BY_SUBCOMMAND: LazyLock<HashMap<(usize, &'static str), usize>> = LazyLock
     map
 });
 
+/// Whether each command (by index) is a container counted per subcommand.
+static IS_CONTAINER: LazyLock<Vec<bool>> = LazyLock::new(|| {
+    SPECS
+        .iter()
+        .map(|spec| SUBCOMMANDS.iter().any(|(c, _)| *c == spec.name))
+        .collect()
+});
+
 /// INFO commandstats' counter names (see [`stat_index`]).
 pub fn stat_names() -> &'static [&'static str] {
     &STAT_NAMES
@@ -1531,16 +1539,19 @@ pub fn stat_names() -> &'static [&'static str] {
 /// The INFO commandstats counter of a call of command `index` with `args`: its subcommand's
 /// for a container command (CONFIG GET: `config|get`), else the command's.
 pub fn stat_index(index: usize, args: &[&[u8]]) -> usize {
+    if !IS_CONTAINER.get(index).copied().unwrap_or(false) {
+        return index;
+    }
     let Some(sub) = args.get(1).filter(|s| s.len() <= 24) else {
         return index;
     };
-    if !SUBCOMMANDS.iter().any(|(c, _)| *c == SPECS[index].name) {
-        return index;
+    let mut lower = [0u8; 24];
+    for (d, s) in lower.iter_mut().zip(sub.iter()) {
+        *d = s.to_ascii_lowercase();
     }
-    let lower = String::from_utf8_lossy(sub).to_ascii_lowercase();
-    BY_SUBCOMMAND
-        .get(&(index, lower.as_str()))
-        .copied()
+    std::str::from_utf8(&lower[..sub.len()])
+        .ok()
+        .and_then(|name| BY_SUBCOMMAND.get(&(index, name)).copied())
         .unwrap_or(index)
 }
 

@@ -23,6 +23,8 @@ pub enum Error {
     Failed(String),
     #[error("backup is closed")]
     Closed,
+    #[error("the log is being written: {0}")]
+    Busy(String),
     #[error("on-disk state is inconsistent: {0}")]
     Corrupt(String),
 }

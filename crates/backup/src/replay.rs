@@ -382,6 +382,41 @@ impl Merged {
     }
 }
 
+/// The longest a replay waits for the blocks a flush placed in a tablet's segments to be
+/// written before it reads them.
+const PLACED_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The tablet's state once no block placed in its segments is still being written. A flush
+/// places a block (the segment's used bytes grow, the secondary-log buffer it came from is
+/// emptied) before its writer puts it on disk: a replay reading that region meanwhile would find
+/// neither the buffer nor the block, and entries appended long before it began would be missing.
+fn placed_blocks_written<'a>(
+    sh: &Shared,
+    t: &'a Tablet,
+) -> Result<parking_lot::MutexGuard<'a, crate::tablet::TabletState>> {
+    let deadline = std::time::Instant::now() + PLACED_WAIT;
+    loop {
+        // A failed store replays what is on disk (its writer stopped).
+        let failed = sh.failed().is_some();
+        let st = t.state.lock();
+        if failed || st.segments.iter().all(|s| s.pending == 0) {
+            return Ok(st);
+        }
+        drop(st);
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Busy(format!(
+                "tablet {:#x}: blocks placed in its log are still not written after {} s",
+                t.id,
+                PLACED_WAIT.as_secs()
+            )));
+        }
+        // Each flush's writes complete before it publishes its progress.
+        let mut p = sh.progress.lock();
+        sh.progress_cv
+            .wait_for(&mut p, std::time::Duration::from_millis(2));
+    }
+}
+
 /// Phases 1 and 1b of a replay: reads every segment of `ts` and merges the newest version of
 /// each key (of the keys `keep` keeps). The tablets' reorganization waits meanwhile; the logs are
 /// in memory afterwards.
@@ -396,7 +431,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
     let mut ver_len = 0u64;
     for (ti, t) in ts.iter().enumerate() {
         {
-            let st = t.state.lock();
+            let st = placed_blocks_written(sh, t)?;
             segments.extend(
                 st.segments
                     .iter()

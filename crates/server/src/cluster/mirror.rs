@@ -351,7 +351,7 @@ fn build(
         } else {
             0..t.epoch + 1
         };
-        backup
+        let report = backup
             .replay_epochs(t, epochs, |r| {
                 let ramlog_backup::Replayed::Entry(e) = r else {
                     return;
@@ -375,6 +375,17 @@ fn build(
                 }
             })
             .map_err(|e| format!("replaying the backup logs: {e}"))?;
+        // A copy built from damaged logs may lack keys or hold older values: it is not taken
+        // (a move is given up and its source keeps serving; a mirror is not offered).
+        if !report.is_clean() {
+            return Err(format!(
+                "the backup logs of the tablet are damaged: {} corrupt entries, {} unreadable bytes, {} lost keys, {} damaged version-log bytes",
+                report.corrupt_entries,
+                report.unreadable_bytes,
+                report.lost_keys,
+                report.damaged_version_bytes
+            ));
+        }
         match first_error {
             Some(e) => Err(format!("building the mirror in memory: {e}")),
             None => Ok(objects),

@@ -46,7 +46,7 @@ fn replay_during_appends_misses_nothing_appended_before_it() {
                 let t = b.append(TABLET, &entries).expect("append");
                 n += 2;
                 appended.store(n, Ordering::SeqCst);
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     b.wait(t, Stage::Written).expect("written");
                 }
             }

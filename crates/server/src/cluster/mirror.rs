@@ -5,12 +5,14 @@
 //! tablet is already in memory, so it only moves its clock and asks to become the master.
 //!
 //! A mirror starts when the map names this server the mirror of a tablet whose copy it holds
-//! (it is not pending): it creates the engine tablet, applies every unit that arrives from then
-//! on, and builds what came before from its own backup logs (the same merged replay a restore
-//! runs). While it builds, a live delete could be undone by an older logged put replayed after
-//! it; deletes seen live are therefore remembered until the build ends, and older replayed
-//! records of those keys are skipped. Both paths install with the original versions and keep the
-//! newer of two (`Engine::restore`), so their order does not matter otherwise.
+//! (it is not pending): it creates the engine tablet and builds it from its own backup logs
+//! with the bulk restore a recovery uses (the same merged replay; each key once, no index lookup
+//! per object). Units that arrive while it builds are queued, not applied (the bulk restore
+//! installs without looking a key up, so nothing else may install into the tablet meanwhile);
+//! once the logs are in, the queue is applied with `Engine::restore_batch`'s rule (the newer
+//! version of a key wins, a delete included), under the phase lock, and from then on every unit
+//! is applied as it arrives. The queue holds at most [`QUEUE_MAX_BYTES`] of entries: a unit that
+//! would pass it waits (its backup connection with it) until the build ends.
 //!
 //! A unit the backup is taking when the mirror starts (or ends its clearing) may have found no
 //! mirror to apply to and not be logged yet, so neither path would install it. The backup holds
@@ -38,12 +40,30 @@ enum Phase {
     /// Emptying the engine tablet of what an earlier role of this process left in it; units
     /// that arrive meanwhile are only logged (the build replays them).
     Clearing,
-    /// Replaying the logs; deletes applied live meanwhile, by key, with their versions.
+    /// Replaying the logs into the tablet; units that arrive meanwhile wait in `queue`.
     Building {
-        deletes: HashMap<Vec<u8>, u64>,
+        queue: Queue,
     },
     Ready,
     Failed(String),
+}
+
+/// Bytes of queued entries a building mirror holds at most (see the module comment).
+pub const QUEUE_MAX_BYTES: usize = 32 << 20;
+
+/// A replicated entry kept until the build ends.
+struct Queued {
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+    version: u64,
+    expiry: u64,
+}
+
+/// The units that arrived while a mirror builds, in arrival (version) order.
+#[derive(Default)]
+struct Queue {
+    entries: Vec<Queued>,
+    bytes: usize,
 }
 
 /// One tablet this server mirrors.
@@ -180,8 +200,32 @@ impl Mirrors {
         };
         let engine = node.engine();
         let mut phase = mirror.phase.lock();
-        if matches!(*phase, Phase::Clearing) {
-            return Ok(());
+        let unit_bytes: usize = entries
+            .iter()
+            .map(|e| e.key.len() + e.value.map_or(0, <[u8]>::len) + 48)
+            .sum();
+        // A full queue: wait for the build to end (it applies the queue, then the live units).
+        while let Phase::Building { queue } = &*phase {
+            if queue.bytes == 0 || queue.bytes + unit_bytes <= QUEUE_MAX_BYTES {
+                break;
+            }
+            mirror
+                .settled
+                .wait_for(&mut phase, Duration::from_millis(100));
+        }
+        match &mut *phase {
+            Phase::Clearing => return Ok(()),
+            Phase::Building { queue } => {
+                queue.bytes += unit_bytes;
+                queue.entries.extend(entries.iter().map(|e| Queued {
+                    key: e.key.to_vec(),
+                    value: e.value.map(<[u8]>::to_vec),
+                    version: e.version,
+                    expiry: e.expiry,
+                }));
+                return Ok(());
+            }
+            Phase::Ready | Phase::Failed(_) => {}
         }
         // The unit goes in as one batch (one lock hold per group of entries, their index
         // buckets prefetched ahead).
@@ -199,12 +243,6 @@ impl Mirrors {
             .map_err(|err| format!("the mirror cannot apply the write: {err}"))?;
         if let Some(newest) = entries.iter().map(|e| e.version).max() {
             mirror.applied.fetch_max(newest, Ordering::AcqRel);
-        }
-        if let Phase::Building { deletes } = &mut *phase {
-            for e in entries.iter().filter(|e| e.value.is_none()) {
-                let v = deletes.entry(e.key.to_vec()).or_insert(0);
-                *v = (*v).max(e.version);
-            }
         }
         Ok(())
     }
@@ -271,7 +309,7 @@ pub fn apply(
                 Phase::Clearing
             } else {
                 Phase::Building {
-                    deletes: HashMap::new(),
+                    queue: Queue::default(),
                 }
             }),
             settled: Condvar::new(),
@@ -281,20 +319,38 @@ pub fn apply(
         let node = node.clone();
         let backup = member.backup.clone();
         let gate = mirrors.units.clone();
-        // The mirror of a mirrored table (not the target of a migration, whose copy comes
-        // another way).
-        let current_epoch_only = t.mirror == Some(me)
-            && map
-                .table(t.table)
-                .is_some_and(|table| table.mode == ReplicationMode::Mirror);
         let t = t.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("mirror-{}-{}", t.table, t.first_slot))
-            .spawn(move || build(&node, &backup, &gate, &mirror, &t, current_epoch_only));
+            .spawn(move || build(&node, &backup, &gate, &mirror, &t));
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start a mirror build");
         }
     }
+}
+
+/// Applies the entries queued while the mirror was built (the newer version of each key wins).
+fn apply_queued(engine: &Engine, mirror: &MirrorTablet, queued: &[Queued]) -> Result<(), String> {
+    for part in queued.chunks(1024) {
+        let items: Vec<RestoreItem<'_>> = part
+            .iter()
+            .map(|e| RestoreItem {
+                key: &e.key,
+                value: e.value.as_deref(),
+                version: e.version,
+                expire_at_ms: e.expiry,
+            })
+            .collect();
+        engine
+            .restore_batch(mirror.engine_tablet, &items)
+            .map_err(|err| {
+                format!("the mirror cannot apply the writes queued while it was built: {err}")
+            })?;
+        if let Some(newest) = part.iter().map(|e| e.version).max() {
+            mirror.applied.fetch_max(newest, Ordering::AcqRel);
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every object of `tablet` (a delete leaves no entry in the index, so the versions the
@@ -318,63 +374,67 @@ fn clear(engine: &ramlog_logmem::Engine, tablet: TabletId) -> Result<(), String>
     }
 }
 
-/// Builds the mirror's memory from this server's backup logs of the tablet (its current epoch's
-/// with `current_epoch_only`, else every epoch up to it), skipping records older than a delete applied live meanwhile. `gate` is the
-/// mirrors' unit gate: taken alone once the phase applies units live, so that every unit taken
-/// before is in the logs the replay reads.
+/// Builds the mirror's memory from this server's backup logs of the tablet's current epoch with
+/// the bulk restore, then applies the units queued meanwhile. `gate` is the mirrors' unit gate:
+/// taken alone once the phase queues units, so that every unit taken before is in the logs the
+/// replay reads.
 fn build(
     node: &Node,
     backup: &crate::cluster::backup::BackupService,
     gate: &RwLock<()>,
     mirror: &MirrorTablet,
     t: &ramlog_cluster::TabletInfo,
-    current_epoch_only: bool,
 ) {
     let (table, first_slot) = (t.table, t.first_slot);
+    let engine = node.engine();
     let result = (|| -> Result<u64, String> {
-        let engine = node.engine();
         if matches!(*mirror.phase.lock(), Phase::Clearing) {
             clear(engine, mirror.engine_tablet)?;
             *mirror.phase.lock() = Phase::Building {
-                deletes: HashMap::new(),
+                queue: Queue::default(),
             };
         }
         drop(gate.write());
         let mut first_error = None;
-        let mut objects = 0u64;
-        // A mirror of a mirrored table holds the tablet's whole copy at its current epoch (the
-        // map names it only once its copy is complete, and a recovery copies afresh to every
-        // backup): older epochs' logs, which the collector drops soon, may hold keys deleted
-        // before that copy, and are not read.
-        let epochs = if current_epoch_only {
-            t.epoch..t.epoch + 1
-        } else {
-            0..t.epoch + 1
-        };
+        let mut loader = None;
+        let (mut objects, mut newest) = (0u64, 0u64);
+        // The map names a mirror, or lets a migration's target build, only once it is not a
+        // pending backup: it holds the tablet's whole copy at the current epoch, since every
+        // epoch change (a recovery, a switch, a split, a merge) makes every backup take the
+        // new master's copy at the new epoch. Older epochs' logs, which the collector drops once
+        // that copy is complete, may hold keys deleted before it (a copy carries no deletes),
+        // and are not read: a build just before the drop brought such keys back.
+        let epochs = t.epoch..t.epoch + 1;
         let report = backup
-            .replay_epochs(t, epochs, |r| {
-                let ramlog_backup::Replayed::Entry(e) = r else {
-                    return;
-                };
-                let phase = mirror.phase.lock();
-                if let Phase::Building { deletes } = &*phase {
-                    if deletes.get(e.key).is_some_and(|&v| v >= e.version) {
-                        return;
+            .replay_epochs(t, epochs, |r| match r {
+                ramlog_backup::Replayed::Count(n) => {
+                    match engine.bulk_restore(mirror.engine_tablet, n) {
+                        Ok(l) => loader = Some(l),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
                     }
                 }
-                objects += 1;
-                mirror.applied.fetch_max(e.version, Ordering::AcqRel);
-                if let Err(err) = engine.restore(
-                    mirror.engine_tablet,
-                    e.key,
-                    Some(e.value),
-                    e.version,
-                    e.expiry,
-                ) {
-                    first_error.get_or_insert(err);
+                ramlog_backup::Replayed::Entry(e) => {
+                    let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
+                        return;
+                    };
+                    objects += 1;
+                    newest = newest.max(e.version);
+                    if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
+                        first_error.get_or_insert(err);
+                    }
                 }
             })
             .map_err(|e| format!("replaying the backup logs: {e}"))?;
+        if let Some(e) = first_error {
+            return Err(format!("building the mirror in memory: {e}"));
+        }
+        if let Some(l) = loader {
+            l.finish()
+                .map_err(|e| format!("building the mirror in memory: {e}"))?;
+        }
+        mirror.applied.fetch_max(newest, Ordering::AcqRel);
         // A copy built from damaged logs may lack keys or hold older values: it is not taken
         // (a move is given up and its source keeps serving; a mirror is not offered).
         if !report.is_clean() {
@@ -386,12 +446,18 @@ fn build(
                 report.damaged_version_bytes
             ));
         }
-        match first_error {
-            Some(e) => Err(format!("building the mirror in memory: {e}")),
-            None => Ok(objects),
-        }
+        Ok(objects)
     })();
     let mut phase = mirror.phase.lock();
+    // The units queued meanwhile go in now, under the phase lock: the next unit is applied
+    // live, after them.
+    let result = result.and_then(|objects| {
+        if let Phase::Building { queue } = &mut *phase {
+            let queued = std::mem::take(queue);
+            apply_queued(engine, mirror, &queued.entries)?;
+        }
+        Ok(objects)
+    });
     match result {
         Ok(objects) => {
             tracing::warn!(

@@ -1029,10 +1029,12 @@ impl Replication {
                 let flags = if last { repl::FLAG_DURABLE } else { 0 };
                 repl::encode_batch_frame(&mut frame, offset, flags, &units);
                 socket.write_all(&frame).map_err(fail)?;
+                let previous_end = offset;
                 offset += units.len() as u64;
                 bytes.fetch_add(units.len() as u64, Ordering::Relaxed);
-                // One frame in flight: the copy never runs ahead of what the backup took.
-                while acks.buffered < offset {
+                // Two frames in flight: the backup appends one while this reads and encodes the
+                // next, and the copy never runs more than a frame ahead of what the backup took.
+                while acks.buffered < previous_end {
                     acks.read(&mut socket).map_err(fail)?;
                 }
                 pace(units.len() as u64);

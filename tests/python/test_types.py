@@ -874,3 +874,41 @@ def test_commandstats_count_calls_refusals_and_failures_as_redis_does(blocking_t
     if request.node.callspec.params["blocking_target"] == "routing":
         want["get"] = {"calls": 2, "rejected_calls": 0, "failed_calls": 1}
     assert got == want
+
+
+def test_string_encodings_follow_changes_in_place_as_redis_does(server_both_ways, redis_peer):
+    """OBJECT ENCODING of strings as redis-server answers it: `int` and `embstr` for values set
+    whole, `raw` after APPEND, SETRANGE, SETBIT and BITFIELD change a short one in place (until a
+    SET or an INCR sets it whole again), unchanged by a SETRANGE that writes nothing, `int` for
+    an APPEND that creates its key; GET,
+    STRLEN, GETRANGE and DUMP/RESTORE see only the client's bytes. Standalone, through the routing
+    port and on the cluster ports."""
+    ours = server_both_ways.client()
+    theirs = redis.Redis(port=redis_peer.connection_pool.connection_kwargs["port"], socket_timeout=10)
+    steps = [
+        ["SET", "e", "1"], ["APPEND", "e", "2"], ["INCR", "e"], ["DECRBY", "e", "3"],
+        ["SET", "e", "1234"], ["SETRANGE", "e", "0", ""], ["SETRANGE", "e", "1", "3"],
+        ["SET", "e", "foo"], ["APPEND", "e", "bar"], ["SET", "e", "foobar"],
+        ["SET", "e", "7"], ["SETBIT", "e", "4", "1"], ["SET", "e", "7"],
+        ["BITFIELD", "e", "SET", "u8", "0", "65"], ["INCRBYFLOAT", "e", "1.5"],
+        ["DEL", "e"], ["APPEND", "e", "5"], ["SETRANGE", "n", "2", "x"],
+        ["SET", "e", "x" * 44], ["APPEND", "e", "y"], ["SET", "e", "\xff"], ["APPEND", "e", "\xff"],
+    ]
+    seen_ours, seen_theirs = [], []
+    for cmd in steps:
+        for client, seen in ((ours, seen_ours), (theirs, seen_theirs)):
+            seen.append(reply_of(client, cmd))
+            key = cmd[1]
+            seen.append(client.execute_command("OBJECT", "ENCODING", key))
+            seen.append(client.get(key))
+            seen.append(client.strlen(key))
+            seen.append(client.getrange(key, 0, 1))
+    assert seen_ours == seen_theirs, [(i // 5, steps[i // 5], a, b)
+                                      for i, (a, b) in enumerate(zip(seen_ours, seen_theirs)) if a != b][:5]
+    assert b"raw" in seen_ours and b"int" in seen_ours and b"embstr" in seen_ours
+    # A string changed in place moves with DUMP and RESTORE as its bytes.
+    ours.set("d", "1")
+    ours.append("d", "2")
+    payload = ours.dump("d")
+    ours.restore("d2", 0, payload)
+    assert ours.get("d2") == b"12" and theirs.restore("d2", 0, payload) and theirs.get("d2") == b"12"

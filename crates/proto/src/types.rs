@@ -8,6 +8,8 @@
 //! ```text
 //! first byte != 0xFF          a string, stored as is (every UTF-8 text, every schema record)
 //! 0xFF 0x00 bytes             a string that begins with 0xFF (escaped: 2 more bytes)
+//! 0xFF 0x40 bytes             a string of at most 44 bytes changed in place (APPEND, SETRANGE,
+//!                             SETBIT, BITFIELD), whose OBJECT ENCODING is `raw` as in Redis
 //! 0xFF kind count items...    a collection: kind 1 hash, 2 list, 3 set, 4 sorted set
 //! 0xFF 5 last_ms last_seq count entries...   a stream
 //! ```
@@ -36,6 +38,12 @@ use thiserror::Error;
 pub const TAG: u8 = 0xFF;
 /// Bytes an escaped string or a collection's header adds in front.
 pub const TAG_BYTES: usize = 2;
+
+/// The second byte of a short string changed in place (see the module comment): Redis keeps such
+/// a string `raw` until it is set again, where a value set whole would be `int` or `embstr`.
+pub const RAW_STRING: u8 = 0x40;
+/// The longest string Redis stores `embstr` (longer ones are `raw` whatever made them).
+pub const EMBSTR_MAX_BYTES: usize = 44;
 
 /// The Redis type of a stored value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +107,7 @@ pub fn kind_of(stored: &[u8]) -> Result<Kind, TypedError> {
             _ => Err(TypedError::UnknownKind(*k)),
         },
         [TAG, k, ..] if *k == Kind::Set as u8 | SET_LISTPACK => Ok(Kind::Set),
+        [TAG, RAW_STRING, ..] => Ok(Kind::String),
         [TAG, k, ..] => Kind::from_byte(*k).ok_or(TypedError::UnknownKind(*k)),
         [TAG] => Err(TypedError::Truncated),
         _ => Ok(Kind::String),
@@ -116,7 +125,7 @@ pub fn is_large(stored: &[u8]) -> bool {
 pub fn string_of(stored: &[u8]) -> Option<&[u8]> {
     match stored.first() {
         Some(&TAG) => match stored.get(1) {
-            Some(0) => Some(&stored[2..]),
+            Some(0 | &RAW_STRING) => Some(&stored[2..]),
             _ => None,
         },
         _ => Some(stored),
@@ -134,6 +143,26 @@ pub fn store_string(value: &[u8]) -> Cow<'_, [u8]> {
     } else {
         Cow::Borrowed(value)
     }
+}
+
+/// What to store for the string `value` made by changing a string in place: marked
+/// [`RAW_STRING`] when it is short enough that Redis would otherwise call it `int` or `embstr`,
+/// else as [`store_string`] stores it.
+pub fn store_string_in_place(value: &[u8]) -> Cow<'_, [u8]> {
+    if value.len() <= EMBSTR_MAX_BYTES {
+        let mut out = Vec::with_capacity(value.len() + TAG_BYTES);
+        out.extend_from_slice(&[TAG, RAW_STRING]);
+        out.extend_from_slice(value);
+        Cow::Owned(out)
+    } else {
+        store_string(value)
+    }
+}
+
+/// Whether a stored string was marked `raw` by a change in place.
+#[inline]
+pub fn is_raw_string(stored: &[u8]) -> bool {
+    matches!(stored, [TAG, RAW_STRING, ..])
 }
 
 /// Reads the parts of a collection's encoding.
@@ -1606,6 +1635,25 @@ mod tests {
         assert_eq!(kind_of(&escaped), Ok(Kind::String));
         assert_eq!(kind_of(b"\xff"), Err(TypedError::Truncated));
         assert_eq!(kind_of(b"\xff\x09"), Err(TypedError::UnknownKind(9)));
+    }
+
+    #[test]
+    fn short_strings_changed_in_place_are_marked_raw() {
+        let marked = store_string_in_place(b"12");
+        assert_eq!(&*marked, b"\xff\x4012");
+        assert!(is_raw_string(&marked) && !is_raw_string(b"12"));
+        assert_eq!(string_of(&marked), Some(&b"12"[..]));
+        assert_eq!(kind_of(&marked), Ok(Kind::String));
+        assert_eq!(check(&marked), Ok((Kind::String, 1)));
+        let tagged = store_string_in_place(b"\xff");
+        assert_eq!(string_of(&tagged), Some(&b"\xff"[..]));
+        // Past Redis's embstr size a string is raw whatever made it: stored as SET stores it.
+        let long = vec![b'x'; EMBSTR_MAX_BYTES + 1];
+        assert!(matches!(store_string_in_place(&long), Cow::Borrowed(_)));
+        assert_eq!(
+            &*store_string_in_place(&[0xFF; 45]),
+            &store_string(&[0xFF; 45])[..]
+        );
     }
 
     #[test]

@@ -7,8 +7,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use ramlog_proto::types::{
-    check, chunk_key, is_large, large_gen, parse_chunk_key, Hash, Kind, LargeList, LargeTable,
-    LargeZSet, List, ListChunk, RawBucket, RawChunk, Set, Stream, ZNode, ZSet,
+    check, chunk_key, is_large, is_raw_string, large_gen, parse_chunk_key, store_string,
+    store_string_in_place, string_of, Hash, Kind, LargeList, LargeTable, LargeZSet, List,
+    ListChunk, RawBucket, RawChunk, Set, Stream, ZNode, ZSet, EMBSTR_MAX_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -63,7 +64,19 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok((kind, _)) = check(data) {
         let again = match kind {
-            Kind::String => return,
+            Kind::String => {
+                // A string reads back as bytes that store again to what was read (a plain or
+                // escaped string as SET stores it, a short one changed in place as APPEND does).
+                let s = string_of(data).expect("a string's bytes");
+                if is_raw_string(data) {
+                    if s.len() <= EMBSTR_MAX_BYTES {
+                        assert_eq!(store_string_in_place(s).as_ref(), data);
+                    }
+                } else if data.first() != Some(&0xFF) || s.first() == Some(&0xFF) {
+                    assert_eq!(store_string(s).as_ref(), data);
+                }
+                return;
+            }
             Kind::List if is_large(data) => LargeList::decode(data).map(|h| h.encode()),
             Kind::Hash | Kind::Set if is_large(data) => LargeTable::decode(data).map(|h| h.encode()),
             Kind::ZSet if is_large(data) => LargeZSet::decode(data).map(|h| h.encode()),

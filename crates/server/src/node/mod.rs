@@ -635,6 +635,16 @@ impl Node {
         Ok(ramlog_proto::types::store_string(value))
     }
 
+    /// [`Node::stored_string`] for a string changed in place (APPEND, SETRANGE, SETBIT,
+    /// BITFIELD): a short one is marked so that OBJECT ENCODING answers `raw`, as Redis does.
+    pub fn stored_string_in_place<'v>(
+        &self,
+        value: &'v [u8],
+    ) -> Result<std::borrow::Cow<'v, [u8]>, NodeError> {
+        self.stored_string(value)?;
+        Ok(ramlog_proto::types::store_string_in_place(value))
+    }
+
     pub fn get(
         &self,
         tablet: TabletId,
@@ -696,9 +706,42 @@ impl Node {
         acks: &mut Acks,
     ) -> Result<(i64, u64), NodeError> {
         self.admit_write()?;
-        let done = self.engine().increment(tablet, key, delta);
-        self.collect(acks);
-        Ok(done?)
+        for _ in 0..64 {
+            let done = self.engine().increment(tablet, key, delta);
+            self.collect(acks);
+            if !matches!(done, Err(EngineError::NotAnInteger)) {
+                return Ok(done?);
+            }
+            // A short string changed in place is stored marked (`raw` for OBJECT ENCODING), which
+            // the engine reads as no integer: its digits are incremented here and stored whole,
+            // on the condition that it did not change meanwhile.
+            let Some(o) = self.engine().get(tablet, key)? else {
+                continue;
+            };
+            if !ramlog_proto::types::is_raw_string(&o.value) {
+                return Ok(done?);
+            }
+            let digits = ramlog_proto::types::string_of(&o.value).unwrap_or_default();
+            let n = ramlog_common::int::parse_redis_i64(digits).ok_or(EngineError::NotAnInteger)?;
+            let next = n.checked_add(delta).ok_or(EngineError::IncrementOverflow)?;
+            let options = PutOptions {
+                condition: Condition::IfVersion(o.version),
+                keep_ttl: true,
+                ..Default::default()
+            };
+            let put = self
+                .engine()
+                .put(tablet, key, next.to_string().as_bytes(), &options);
+            self.collect(acks);
+            match put {
+                Ok(outcome) => return Ok((next, outcome.version)),
+                Err(EngineError::ConditionFailed { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(NodeError::Engine(EngineError::ConditionFailed {
+            current: None,
+        }))
     }
 
     /// Sets (0: removes) the key's expiry; None if the key is absent.

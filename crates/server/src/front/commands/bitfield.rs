@@ -250,7 +250,7 @@ fn bitfield(ctx: &mut Ctx<'_>, args: &[&[u8]], read_only: bool) {
         })
         .max();
     let replies = if let Some(needed) = needed {
-        super::strings::update_string(ctx, args[1], |current| {
+        super::strings::update_string(ctx, args[1], super::strings::Change::InPlace, |current| {
             let mut s = current.map(<[u8]>::to_vec).unwrap_or_default();
             if s.len() < needed {
                 s.resize(needed, 0);

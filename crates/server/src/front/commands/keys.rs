@@ -538,9 +538,11 @@ fn encoding_of(ctx: &Ctx<'_>, stored: &[u8]) -> &'static str {
     match kind_of(stored) {
         Ok(Kind::String) => {
             let s = string_of(stored).unwrap_or_default();
-            if s.len() <= 20 && parse_i64(s).is_some() {
+            if ramlog_proto::types::is_raw_string(stored) {
+                "raw"
+            } else if s.len() <= 20 && parse_i64(s).is_some() {
                 "int"
-            } else if s.len() <= 44 {
+            } else if s.len() <= ramlog_proto::types::EMBSTR_MAX_BYTES {
                 "embstr"
             } else {
                 "raw"

@@ -17,6 +17,29 @@ fn stored<'v>(ctx: &mut Ctx<'_>, value: &'v [u8]) -> Result<std::borrow::Cow<'v,
     })
 }
 
+/// How a string command writes its result: set whole (SET, INCRBYFLOAT) or changed in place
+/// (APPEND, SETRANGE, SETBIT, BITFIELD: `raw` for OBJECT ENCODING, as in Redis).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    Whole,
+    InPlace,
+}
+
+fn stored_as<'v>(
+    ctx: &mut Ctx<'_>,
+    value: &'v [u8],
+    change: Change,
+) -> Result<std::borrow::Cow<'v, [u8]>, Replied> {
+    let made = match change {
+        Change::Whole => ctx.node.stored_string(value),
+        Change::InPlace => ctx.node.stored_string_in_place(value),
+    };
+    made.map_err(|e| {
+        engine_error(ctx, &e);
+        Replied
+    })
+}
+
 /// Whether the key holds something other than a string (the error is answered if so).
 fn holds_other_type(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<bool, Replied> {
     let node = ctx.node;
@@ -334,7 +357,12 @@ pub(super) fn cmd_append(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
             keep_ttl: true,
             ..Default::default()
         };
-        let Ok(bytes) = stored(ctx, &value) else {
+        // APPEND to no key stores its argument as SET would (Redis encodes it afresh).
+        let change = match condition {
+            Condition::IfAbsent => Change::Whole,
+            _ => Change::InPlace,
+        };
+        let Ok(bytes) = stored_as(ctx, &value, change) else {
             return;
         };
         match node.put(tablet, key, &bytes, &opts, &mut ctx.session.acks) {
@@ -642,6 +670,7 @@ pub(super) fn cmd_getex(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
 pub(super) fn update_string<R>(
     ctx: &mut Ctx<'_>,
     key: &[u8],
+    change: Change,
     mut f: impl FnMut(Option<&[u8]>) -> Result<(R, Option<Vec<u8>>), String>,
 ) -> Result<R, Replied> {
     let node = ctx.node;
@@ -666,7 +695,7 @@ pub(super) fn update_string<R>(
         let Some(new) = new else {
             return Ok(result);
         };
-        let bytes = stored(ctx, &new)?;
+        let bytes = stored_as(ctx, &new, change)?;
         let opts = PutOptions {
             condition,
             keep_ttl: true,
@@ -690,7 +719,7 @@ pub(super) fn update_string<R>(
 pub(super) fn cmd_incrbyfloat(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     // As Redis: the key's type is checked before the increment is parsed.
     let delta = super::typed::parse_f64(args[2]);
-    if let Ok(text) = update_string(ctx, args[1], |current| {
+    if let Ok(text) = update_string(ctx, args[1], Change::Whole, |current| {
         let delta = delta.ok_or("ERR value is not a valid float")?;
         let base = match current {
             Some(v) => super::typed::parse_f64(v).ok_or("ERR value is not a valid float")?,
@@ -734,7 +763,7 @@ pub(super) fn cmd_setrange(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         ));
     }
     let offset = offset as usize;
-    if let Ok(len) = update_string(ctx, args[1], |current| {
+    if let Ok(len) = update_string(ctx, args[1], Change::InPlace, |current| {
         let mut s = current.map(<[u8]>::to_vec).unwrap_or_default();
         if s.len() < offset + value.len() {
             s.resize(offset + value.len(), 0);
@@ -788,7 +817,7 @@ pub(super) fn cmd_setbit(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
         _ => return ctx.enc.error("ERR bit is not an integer or out of range"),
     };
     let (index, mask) = ((bit / 8) as usize, 1u8 << (7 - (bit % 8)));
-    if let Ok(old) = update_string(ctx, args[1], |current| {
+    if let Ok(old) = update_string(ctx, args[1], Change::InPlace, |current| {
         let mut s = current.map(<[u8]>::to_vec).unwrap_or_default();
         if s.len() <= index {
             s.resize(index + 1, 0);

@@ -36,6 +36,10 @@ use std::time::{Duration, Instant};
 /// that reached other backups and not this one are at most a stream's worth of writes ahead).
 pub const VERSION_GAP: u64 = 1 << 32;
 
+/// The longest a restore on a server that mirrors the tablet waits for the mirror's build to
+/// end (its memory then serves at once, or is restored in place if the build failed).
+const MIRROR_BUILD_WAIT: Duration = Duration::from_secs(600);
+
 /// How long a copy waits at most for the restores of its server to end before it starts.
 const RESTORES_FIRST_MAX: Duration = Duration::from_secs(30);
 
@@ -619,8 +623,27 @@ fn restore(
         "restoring a tablet from this server's backup logs"
     );
     if let Some(mirror) = member.mirrors.get(t.table, t.first_slot) {
-        // This server mirrors the tablet: its memory holds it already.
-        match mirror.wait_ready(Duration::from_secs(60)) {
+        // This server mirrors the tablet: its memory holds it already, or will once its build
+        // ends. The restore in place below may only start after that: the build loads the
+        // tablet in bulk, without index lookups, and nothing else may install into it meanwhile.
+        let waited = Instant::now();
+        let ready = loop {
+            match mirror.wait_ready(Duration::from_secs(10)) {
+                Err(e) if e.contains("still being built") => {
+                    if waited.elapsed() >= MIRROR_BUILD_WAIT {
+                        return Err(format!(
+                            "the mirror's memory is still being built after {} s",
+                            MIRROR_BUILD_WAIT.as_secs()
+                        ));
+                    }
+                    if !still_restoring(member, t) {
+                        return Err("the map no longer asks for this restore".into());
+                    }
+                }
+                other => break other,
+            }
+        };
+        match ready {
             Ok(()) => return promote_mirror(node, member, t, &mirror, started),
             Err(e) => tracing::error!(
                 table = t.table,

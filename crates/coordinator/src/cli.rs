@@ -657,6 +657,7 @@ async fn split_tablet(
         .tablet_at(id, slot)
         .ok_or_else(|| anyhow::anyhow!("no tablet of {table} holds slot {slot}"))?;
     let (first, last) = (t.first_slot, t.last_slot);
+    let (start_epoch, master) = (t.epoch, t.master);
     let at = at.unwrap_or_else(|| t.middle_slot());
     let request = Request::SplitTablet {
         table: table.to_string(),
@@ -681,8 +682,20 @@ async fn split_tablet(
             ));
         }
         let whole = map.tablet_at(id, first)?;
-        abandoned = whole.split.is_none();
-        abandoned.then(|| format!("slots {first}-{last}: the split was abandoned"))
+        if whole.split.is_some() {
+            return None;
+        }
+        // Whole again, on the same master, two epochs on (the split's and a merge's): the split
+        // was done and the leader merged its small halves back before this poll saw them.
+        if whole.epoch >= start_epoch + 2 && whole.master == master && whole.last_slot == last {
+            return Some(format!(
+                "slots {first}-{last}: split at slot {at}; the halves have merged back since (epoch {}): \
+                 together they hold less than a quarter of the coordinator's --split-mib",
+                whole.epoch
+            ));
+        }
+        abandoned = true;
+        Some(format!("slots {first}-{last}: the split was abandoned"))
     })
     .await?;
     anyhow::ensure!(

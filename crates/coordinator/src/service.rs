@@ -55,6 +55,10 @@ const SUSPICION_FRESH: Duration = Duration::from_secs(2);
 const ROOM_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// How often the leader plans the moves drains and rebalancing call for.
 const PLAN_EVERY: Duration = Duration::from_millis(250);
+/// How long the leader leaves a tablet as it is (since it saw it at its epoch) before it merges
+/// it with its neighbour by itself: a split on request, then a move of one half, is not undone
+/// in between.
+const MERGE_AFTER: Duration = Duration::from_secs(5);
 /// Migrations a drain runs at once (rebalancing runs one).
 const DRAIN_MOVES_IN_FLIGHT: usize = 2;
 
@@ -142,6 +146,8 @@ struct Shared {
     load_min_ops: u64,
     /// When the leader last moved a tablet for load.
     load_moved_at: Mutex<Option<Instant>>,
+    /// When the leader first saw each tablet at its epoch: (table, first slot, epoch).
+    tablets_seen: Mutex<HashMap<(TableId, u16, u64), Instant>>,
     /// When this member last became leader (None while it is not): heartbeats it did not see
     /// count from then, so a new leader never declares a server dead on its predecessor's watch.
     leader_since: Mutex<Option<Instant>>,
@@ -203,6 +209,7 @@ impl Coordinator {
             split_bytes: config.split_bytes,
             load_min_ops: config.load_min_ops,
             load_moved_at: Mutex::new(None),
+            tablets_seen: Mutex::new(HashMap::new()),
             leader_since: Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
@@ -816,6 +823,23 @@ impl Shared {
         // less than a quarter of the split size and lie in one of the tablets the table was
         // created with (split halves, recovery partitions); those never merge with each other.
         let mut merges = Vec::new();
+        let settled: Vec<(TableId, u16)> = {
+            let mut seen = self.tablets_seen.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            seen.retain(|k, _| {
+                map.tablets
+                    .iter()
+                    .any(|t| (t.table, t.first_slot, t.epoch) == *k)
+            });
+            map.tablets
+                .iter()
+                .filter(|t| {
+                    let since = *seen.entry((t.table, t.first_slot, t.epoch)).or_insert(now);
+                    now.duration_since(since) >= MERGE_AFTER
+                })
+                .map(|t| (t.table, t.first_slot))
+                .collect()
+        };
         {
             let reports = self.reports.lock().unwrap_or_else(|p| p.into_inner());
             let bytes_of = |t: &ramlog_cluster::TabletInfo| {
@@ -862,6 +886,8 @@ impl Shared {
                 };
                 if n.master == t.master
                     && a == b
+                    && settled.contains(&(t.table, t.first_slot))
+                    && settled.contains(&(n.table, n.first_slot))
                     && !mirrored.contains(&t.table)
                     && idle(t)
                     && idle(n)

@@ -124,7 +124,22 @@ pub async fn serve_resp(
                             }
                         } else {
                             hold_through_switch(&session, &args).await;
+                            let before = out.len();
                             execute(&shared, &mut session, &args, &mut out);
+                            // A switch that began between the hold's look at the map and the
+                            // command's route: its TRYAGAIN applied nothing, so the request
+                            // waits the switch out and runs again (redis-cli -c prints a
+                            // TRYAGAIN rather than retry it).
+                            for _ in 0..3 {
+                                if !out[before..].starts_with(b"-TRYAGAIN")
+                                    || !switching_now(&session, &args)
+                                {
+                                    break;
+                                }
+                                out.truncate(before);
+                                hold_through_switch(&session, &args).await;
+                                execute(&shared, &mut session, &args, &mut out);
+                            }
                         }
                         batch += 1;
                     }
@@ -191,6 +206,18 @@ const SWITCH_HOLD_POLL: Duration = Duration::from_millis(2);
 /// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries); and one for a tablet that moves
 /// here until this server's map names it master, at most [`MOVE_HOLD_MAX`]. Only this connection
 /// waits.
+/// True if the slot of the request's first key switches on this server now.
+fn switching_now(session: &Session, args: &[&[u8]]) -> bool {
+    let Some(member) = session.member() else {
+        return false;
+    };
+    let view = member.view();
+    view.switches_here()
+        && crate::front::commands::lookup(args[0])
+            .and_then(|spec| crate::front::commands::command_keys(spec, args).next())
+            .is_some_and(|key| view.switching_here(ramlog_common::key_slot(key)))
+}
+
 async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
     let Some(member) = session.member() else {
         return;

@@ -124,6 +124,12 @@ pub async fn serve_resp(
                             }
                         } else {
                             hold_through_switch(&session, &args).await;
+                            let waiting = crate::front::commands::pubsub::unsettled_before(
+                                &shared, &session, &args,
+                            );
+                            if !waiting.is_empty() {
+                                crate::node::pubsub::PubSub::settle(waiting).await;
+                            }
                             let before = out.len();
                             execute(&shared, &mut session, &args, &mut out);
                             // A switch that began between the hold's look at the map and the
@@ -200,12 +206,6 @@ const SWITCH_HOLD_MAX: Duration = Duration::from_secs(2);
 const MOVE_HOLD_MAX: Duration = Duration::from_millis(100);
 const SWITCH_HOLD_POLL: Duration = Duration::from_millis(2);
 
-/// On a cluster server: holds a command whose first key's slot is in a tablet that switches here
-/// now (a move's switch, a split's or a merge's last step) until the switch ends, at most
-/// [`SWITCH_HOLD_MAX`], so that clients see the tablet served (or `-MOVED`) rather than
-/// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries); and one for a tablet that moves
-/// here until this server's map names it master, at most [`MOVE_HOLD_MAX`]. Only this connection
-/// waits.
 /// True if the slot of the request's first key switches on this server now.
 fn switching_now(session: &Session, args: &[&[u8]]) -> bool {
     let Some(member) = session.member() else {
@@ -218,6 +218,12 @@ fn switching_now(session: &Session, args: &[&[u8]]) -> bool {
             .is_some_and(|key| view.switching_here(ramlog_common::key_slot(key)))
 }
 
+/// On a cluster server: holds a command whose first key's slot is in a tablet that switches here
+/// now (a move's switch, a split's or a merge's last step) until the switch ends, at most
+/// [`SWITCH_HOLD_MAX`], so that clients see the tablet served (or `-MOVED`) rather than
+/// `-TRYAGAIN` (which `redis-cli -c` prints rather than retries); and one for a tablet that moves
+/// here until this server's map names it master, at most [`MOVE_HOLD_MAX`]. Only this connection
+/// waits.
 async fn hold_through_switch(session: &Session, args: &[&[u8]]) {
     let Some(member) = session.member() else {
         return;
@@ -282,8 +288,13 @@ pub(crate) async fn wait_input(
         read_more(stream, inbuf, idle, metrics).await?;
         return Ok(Woke::Input);
     };
+    // Publishers wait for what this subscriber sent before them (`node::pubsub::Input`): it
+    // handled all it read, and it is busy again from the moment it reads more.
+    let input = mailbox.input().clone();
+    input.set_fd(std::os::fd::AsRawFd::as_raw_fd(&*stream));
+    input.end();
     tokio::select! {
-        read = read_more(stream, inbuf, None, metrics) => read.map(|()| Woke::Input),
+        read = read_subscribed(stream, inbuf, metrics, &input) => read.map(|()| Woke::Input),
         message = mailbox.next() => {
             let Some(m) = message else {
                 return Err(Ending::IoError);
@@ -299,6 +310,35 @@ pub(crate) async fn wait_input(
                 return Err(Ending::SubscriberTooSlow);
             }
             Ok(Woke::Delivered)
+        }
+    }
+}
+
+/// A subscribed connection's read: once the socket is readable the connection is busy
+/// ([`Input::begin`](crate::node::pubsub::Input::begin)) before a byte leaves the socket, so a
+/// publisher never finds it neither holding unread bytes nor busy while it has requests in hand.
+async fn read_subscribed(
+    stream: &TcpStream,
+    inbuf: &mut Vec<u8>,
+    metrics: &Metrics,
+    input: &crate::node::pubsub::Input,
+) -> Result<(), Ending> {
+    loop {
+        if stream.readable().await.is_err() {
+            return Err(Ending::IoError);
+        }
+        input.begin();
+        if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
+            inbuf.reserve(READ_CHUNK_BYTES.max(inbuf.len()));
+        }
+        match stream.try_read_buf(inbuf) {
+            Ok(0) => return Err(Ending::ClientClosed),
+            Ok(n) => {
+                Metrics::add(&metrics.bytes_in, n as u64);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => input.end(),
+            Err(_) => return Err(Ending::IoError),
         }
     }
 }

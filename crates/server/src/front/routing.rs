@@ -606,6 +606,19 @@ pub async fn serve_routing(
                                     continue;
                                 }
                             }
+                            // A PUBLISH waits for subscribers still handling what they sent
+                            // before it, after what this client sent before it.
+                            let waiting = crate::front::commands::pubsub::unsettled_before(
+                                node_ref,
+                                &router.session,
+                                &args,
+                            );
+                            if !waiting.is_empty() {
+                                if !round.parts.is_empty() {
+                                    break;
+                                }
+                                crate::node::pubsub::PubSub::settle(waiting).await;
+                            }
                             // A change of protocol or identity applies to what follows it only:
                             // what is already routed goes out first.
                             let barrier = matches!(name, Some("hello" | "auth"));

@@ -12,15 +12,23 @@
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
 
 /// The most bytes of messages a subscriber may have waiting before it is disconnected.
 pub const QUEUE_MAX_BYTES: usize = 32 << 20;
 /// The most bytes of PUBLISHes a cluster server holds for the other servers; past it (a peer slow
 /// to answer) new ones are not sent to them (counted in `dropped`), as pub/sub is at most once.
 pub const BROADCAST_MAX_BYTES: usize = 64 << 20;
+
+/// The longest a PUBLISH waits for its subscribers to finish the requests they sent before it
+/// (see [`Input`]).
+pub const SETTLE_MAX: Duration = Duration::from_millis(10);
+/// The most subscribers of one PUBLISH whose sockets are asked for unread requests (one
+/// `ioctl` each); past it the rest are delivered to as they stand.
+pub const SETTLE_CHECKS_MAX: usize = 128;
 
 /// What a cluster server sends the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +100,71 @@ impl Message {
     }
 }
 
+/// A subscribed connection's requests as publishers see them, so that a PUBLISH is ordered
+/// after the requests a subscriber sent before it, as Redis's one thread orders them: a client
+/// that sends UNSUBSCRIBE and then, on another connection, PUBLISH, finds no subscriber left.
+/// Each connection is a task on one of several workers, so the UNSUBSCRIBE may not have run yet
+/// when the PUBLISH does. A subscriber is *unsettled* while its socket holds unread bytes
+/// (`FIONREAD`) or while it handles what it read ([`Input::begin`] .. [`Input::end`]); a PUBLISH
+/// waits for its unsettled subscribers ([`PubSub::settle`]), at most [`SETTLE_MAX`].
+pub struct Input {
+    /// The connection's socket (-1 until its task names it).
+    fd: AtomicI32,
+    busy: AtomicBool,
+    settled: Notify,
+}
+
+impl Default for Input {
+    fn default() -> Self {
+        Input {
+            fd: AtomicI32::new(-1),
+            busy: AtomicBool::new(false),
+            settled: Notify::new(),
+        }
+    }
+}
+
+impl Input {
+    /// The connection's socket, for the unread-bytes check.
+    pub fn set_fd(&self, fd: i32) {
+        self.fd.store(fd, Ordering::Relaxed);
+    }
+
+    /// The connection is about to read requests and handle them.
+    pub fn begin(&self) {
+        self.busy.store(true, Ordering::SeqCst);
+    }
+
+    /// It handled everything it read and waits for more.
+    pub fn end(&self) {
+        if self.busy.swap(false, Ordering::SeqCst) {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// True while requests it was sent are unread or being handled.
+    fn unsettled(&self) -> bool {
+        if self.busy.load(Ordering::SeqCst) {
+            return true;
+        }
+        let fd = self.fd.load(Ordering::Relaxed);
+        if fd < 0 {
+            return false;
+        }
+        let mut unread: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the pointer, which points at `unread`. The
+        // descriptor may have been closed meanwhile (the connection ended): the call then fails
+        // or reports another socket's bytes, and the wait is bounded either way.
+        let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut unread as *mut libc::c_int) };
+        r == 0 && unread > 0
+    }
+}
+
 /// The sending half a subscription is registered with.
 #[derive(Clone)]
 struct Sender {
     id: u64,
+    input: Arc<Input>,
     /// A routing-port client's: it also hears the other servers' keyspace notifications.
     routed: bool,
     tx: mpsc::UnboundedSender<Message>,
@@ -161,6 +230,11 @@ impl Mailbox {
     pub fn overflowed(&self) -> bool {
         self.sender.overflowed.load(Ordering::Relaxed)
     }
+
+    /// The connection's requests as publishers see them.
+    pub fn input(&self) -> &Arc<Input> {
+        &self.sender.input
+    }
 }
 
 #[derive(Default)]
@@ -180,6 +254,7 @@ pub struct PubSub {
 impl Drop for Mailbox {
     /// A connection that ends leaves every channel.
     fn drop(&mut self) {
+        self.sender.input.end();
         let mut r = self.registry.lock();
         let id = self.sender.id;
         for (kind, names) in [
@@ -215,6 +290,11 @@ impl PubSub {
             registry: self.registry.clone(),
             sender: Sender {
                 id,
+                // Made by a SUBSCRIBE the connection is handling: busy until it waits for more.
+                input: Arc::new(Input {
+                    busy: AtomicBool::new(true),
+                    ..Input::default()
+                }),
                 routed,
                 tx,
                 queued: Arc::default(),
@@ -279,6 +359,60 @@ impl PubSub {
     /// match it; `sharded`: to SSUBSCRIBE's subscribers only); how many received it.
     pub fn publish(&self, channel: &[u8], payload: &[u8], sharded: bool) -> usize {
         self.deliver(channel, payload, sharded, false)
+    }
+
+    /// The subscribers a PUBLISH on `channel` would reach that have requests unread or in hand
+    /// (the first [`SETTLE_CHECKS_MAX`] looked at). Empty almost always; the caller then need
+    /// not wait.
+    pub fn unsettled(&self, channel: &[u8], sharded: bool) -> Vec<Arc<Input>> {
+        let r = self.registry.lock();
+        let mut found = Vec::new();
+        let mut checked = 0;
+        let mut look = |list: &Vec<Sender>| {
+            for s in list {
+                if checked >= SETTLE_CHECKS_MAX {
+                    return;
+                }
+                checked += 1;
+                if s.input.unsettled() {
+                    found.push(s.input.clone());
+                }
+            }
+        };
+        let table = if sharded {
+            &r.shard_channels
+        } else {
+            &r.channels
+        };
+        if let Some(list) = table.get(channel) {
+            look(list);
+        }
+        if !sharded {
+            for (pattern, list) in &r.patterns {
+                if ramlog_common::glob_match(pattern, channel) {
+                    look(list);
+                }
+            }
+        }
+        found
+    }
+
+    /// Waits until each of `inputs` has handled what it was sent, at most [`SETTLE_MAX`] in all.
+    pub async fn settle(inputs: Vec<Arc<Input>>) {
+        let deadline = tokio::time::Instant::now() + SETTLE_MAX;
+        for input in inputs {
+            loop {
+                let settled = input.settled.notified();
+                tokio::pin!(settled);
+                settled.as_mut().enable();
+                if !input.unsettled() {
+                    break;
+                }
+                if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                    return;
+                }
+            }
+        }
     }
 
     /// A keyspace notification of a key this server masters: delivered here, and sent to the
@@ -399,6 +533,36 @@ mod tests {
         assert!(cluster_port.try_next().is_none());
         assert_eq!(channel(routing_port.next().await), b"__keyspace@0__:mine");
         assert_eq!(channel(routing_port.next().await), b"__keyspace@0__:theirs");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_publish_waits_for_a_subscriber_that_handles_requests_and_no_longer() {
+        let ps = Arc::new(PubSub::default());
+        let mut a = ps.mailbox(1, false);
+        ps.subscribe(&mut a, Kind::Channel, b"c");
+        // Made while handling a SUBSCRIBE: busy until its connection waits again.
+        let waiting = ps.unsettled(b"c", false);
+        assert_eq!(waiting.len(), 1);
+        assert!(ps.unsettled(b"other", false).is_empty());
+        let input = a.input().clone();
+        let ended = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            input.end();
+            std::time::Instant::now()
+        });
+        PubSub::settle(waiting).await;
+        let settled = std::time::Instant::now();
+        assert!(settled >= ended.await.unwrap());
+        assert!(ps.unsettled(b"c", false).is_empty());
+        // One that never ends: the wait is bounded.
+        a.input().begin();
+        let started = std::time::Instant::now();
+        PubSub::settle(ps.unsettled(b"c", false)).await;
+        let waited = started.elapsed();
+        assert!(waited >= SETTLE_MAX && waited < SETTLE_MAX * 20, "{waited:?}");
+        // A connection that ends settles.
+        drop(a);
+        assert!(ps.unsettled(b"c", false).is_empty());
     }
 
     #[test]

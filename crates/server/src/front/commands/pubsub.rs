@@ -143,6 +143,26 @@ pub(super) fn cmd_publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) {
     ctx.enc.integer(n as i64)
 }
 
+/// The subscribers a PUBLISH or SPUBLISH request (outside MULTI) must wait for before it runs:
+/// those still handling requests they sent before it ([`crate::node::pubsub::Input`]).
+pub fn unsettled_before(
+    node: &Node,
+    session: &Session,
+    args: &[&[u8]],
+) -> Vec<std::sync::Arc<crate::node::pubsub::Input>> {
+    if args.len() != 3 || session.multi.is_some() {
+        return Vec::new();
+    }
+    let sharded = if args[0].eq_ignore_ascii_case(b"publish") {
+        false
+    } else if args[0].eq_ignore_ascii_case(b"spublish") {
+        true
+    } else {
+        return Vec::new();
+    };
+    node.pubsub.unsettled(args[1], sharded)
+}
+
 /// RAMLOG.KEYEVENT channel message: another server's keyspace notification, for this server's
 /// routing-port subscribers (sent by [`broadcaster`]); how many received it.
 pub(super) fn cmd_ramlog_keyevent(ctx: &mut Ctx<'_>, args: &[&[u8]]) {

@@ -233,13 +233,24 @@ def test_collections_survive_a_kill_9_of_a_durable_standalone_server(tmp_path):
     c.srem("s", 0)
     c.zrem("z", "m0")
     c.expire("h", 1000)
-    want = (c.hgetall("h"), c.lrange("l", 0, -1), c.smembers("s"), c.zrange("z", 0, -1, withscores=True))
+    # Pipelined pushes and pops of one list (run together as one command each run).
+    p = c.pipeline(transaction=False)
+    for i in range(500):
+        p.lpush("pl", f"x{i}")
+    for i in range(120):
+        p.rpop("pl")
+    replies = p.execute()
+    assert replies[:500] == list(range(1, 501)) and replies[500:] == [f"x{i}".encode() for i in range(120)]
+    want = (c.hgetall("h"), c.lrange("l", 0, -1), c.smembers("s"), c.zrange("z", 0, -1, withscores=True),
+            c.lrange("pl", 0, -1))
+    assert len(want[4]) == 380
     s.proc.kill()
     s.proc.wait()
     s2 = Server(tmp_path, ["--persistence", "durable"])
     try:
         c2 = s2.client()
-        got = (c2.hgetall("h"), c2.lrange("l", 0, -1), c2.smembers("s"), c2.zrange("z", 0, -1, withscores=True))
+        got = (c2.hgetall("h"), c2.lrange("l", 0, -1), c2.smembers("s"), c2.zrange("z", 0, -1, withscores=True),
+               c2.lrange("pl", 0, -1))
         assert got == want
         assert len(want[0]) == 299 and len(want[1]) == 299 and len(want[2]) == 49 and len(want[3]) == 39
         assert 900 < c2.ttl("h") <= 1000
@@ -744,6 +755,103 @@ def test_publish_after_an_unsubscribe_sent_before_it_finds_no_subscriber(tmp_pat
         finally:
             sub.close()
     s.stop()
+
+
+def _resp(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+
+
+def _pipeline_replies(port, payload, protocol):
+    """Sends `payload` (RESP requests) in one write, then PING, and returns the raw replies
+    before the PING's."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        if protocol == 3:
+            sock.sendall(_resp("HELLO", 3))
+            data = b""
+            while b"proto" not in data or not data.endswith(b"\r\n"):
+                data += sock.recv(65536)
+            time.sleep(0.05)
+            sock.setblocking(False)
+            try:
+                sock.recv(65536)
+            except BlockingIOError:
+                pass
+            sock.setblocking(True)
+        marker = _resp("PING", "end-of-pipeline-marker")
+        sock.sendall(payload + marker)
+        want_end = b"$22\r\nend-of-pipeline-marker\r\n"
+        data = b""
+        deadline = time.time() + 20
+        while not data.endswith(want_end) and time.time() < deadline:
+            data += sock.recv(1 << 20)
+        assert data.endswith(want_end), data[-200:]
+        return data[: -len(want_end)]
+    finally:
+        sock.close()
+
+
+def _commandstats(client):
+    stats = client.info("commandstats")
+    return {k: v["calls"] for k, v in stats.items() if k in ("cmdstat_lpush", "cmdstat_rpush", "cmdstat_lpop", "cmdstat_rpop")}
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_pipelined_pushes_and_pops_of_one_list_answer_as_redis_does(blocking_target, redis_peer, protocol, request):
+    """Runs of pipelined LPUSH/RPUSH (of one and of several elements) and LPOP/RPOP of one list,
+    which a server runs as one command each (`commands::execute_run`), interleaved with other
+    keys, pops past the list's end, wrong types and a missing key: the raw replies are Redis's,
+    byte for byte, and so are the list, INFO commandstats' calls and (single-element runs) the
+    changes since the last save."""
+    make, port = blocking_target
+    ours = make()
+    peer_port = redis_peer.connection_pool.connection_kwargs["port"]
+    rnd = random.Random(protocol)
+    payload = b""
+    for round_ in range(30):
+        for _ in range(rnd.randint(1, 70)):
+            payload += _resp(rnd.choice(["LPUSH", "RPUSH"]), "{q}", f"v{round_}-{rnd.randint(0, 999)}")
+        for _ in range(rnd.randint(1, 20)):
+            payload += _resp("RPUSH", "{q}", "a", "b", f"c{round_}")
+        payload += _resp("SET", "{q}s", "str")
+        for _ in range(3):
+            payload += _resp("LPUSH", "{q}s", "x")
+        for _ in range(3):
+            payload += _resp("RPOP", "{q}s")
+        for _ in range(rnd.randint(1, 4)):
+            payload += _resp("LPOP", "{q}2")
+        pops = rnd.randint(1, 120)
+        for _ in range(pops):
+            payload += _resp(rnd.choice(["LPOP", "RPOP"]), "{q}")
+        payload += _resp("LLEN", "{q}")
+    for c in (ours, redis_peer):
+        c.delete("{q}", "{q}2", "{q}s")
+    before = {"ours": _commandstats(ours), "redis": _commandstats(redis_peer)}
+    got = _pipeline_replies(port, payload, protocol)
+    want = _pipeline_replies(peer_port, payload, protocol)
+    assert got == want
+    assert ours.lrange("{q}", 0, -1) == redis_peer.lrange("{q}", 0, -1)
+    after = {"ours": _commandstats(ours), "redis": _commandstats(redis_peer)}
+    for name in after["redis"]:
+        assert (after["ours"].get(name, 0) - before["ours"].get(name, 0)
+                == after["redis"][name] - before["redis"].get(name, 0)), name
+    # Single-element pushes and pops: the changes since the last save agree.
+    def changes(c):
+        return c.info("persistence")["rdb_changes_since_last_save"]
+    payload = b"".join(_resp("RPUSH", "{q}", i) for i in range(50)) + b"".join(
+        _resp("LPOP", "{q}") for _ in range(60))
+    for c in (ours, redis_peer):
+        c.delete("{q}")
+    base = (changes(ours), changes(redis_peer))
+    assert _pipeline_replies(port, payload, protocol) == _pipeline_replies(peer_port, payload, protocol)
+    assert changes(ours) - base[0] == changes(redis_peer) - base[1] == 100
+    if request.node.callspec.params["blocking_target"] != "routing":
+        # They ran together (the routing port's requests run at their masters).
+        assert int(ours.info("stats").get("ramlog_requests_run_together", 0)) > 1000
 
 
 def test_client_unblock_ends_a_blocked_pop_as_redis_does(server, redis_peer):

@@ -120,7 +120,9 @@ impl Request {
         }
     }
 
-    fn clear(&mut self) {
+    /// Forgets the request, and the progress of an incomplete one: the next `decode` starts
+    /// afresh, at whatever bytes it is given.
+    pub fn clear(&mut self) {
         self.spans.clear();
         self.owned.clear();
         self.inline = false;

@@ -7,7 +7,7 @@
 //! so a deep pipeline is served in batches and a client that does not read its replies blocks only
 //! itself, until `write_timeout_secs` closes it).
 
-use crate::front::commands::{execute, misconf, Session};
+use crate::front::commands::{continues_run, execute, execute_run, misconf, starts_run, Session};
 use crate::node::metrics::{BufferGauge, Metrics};
 use crate::node::{Node, NodeError};
 use ramlog_proto::resp::{ReplyEncoder, Request, RequestDecoder, RequestLimits};
@@ -45,6 +45,7 @@ pub async fn serve_resp(
     session.laddr = stream.local_addr().ok();
     let decoder = RequestDecoder::new(request_limits(config));
     let mut request = Request::default();
+    let mut run_pool: Vec<(Request, usize)> = Vec::new();
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let idle =
@@ -82,6 +83,7 @@ pub async fn serve_resp(
         while pos < inbuf.len() {
             match decoder.decode(&inbuf[pos..], &mut request) {
                 Ok(Some(used)) => {
+                    let mut consumed = used;
                     if !request.is_empty() {
                         let args = request.args(&inbuf[pos..]);
                         if crate::front::analytic::is_analytic(args[0]) {
@@ -131,7 +133,36 @@ pub async fn serve_resp(
                                 crate::node::pubsub::PubSub::settle(waiting).await;
                             }
                             let before = out.len();
-                            execute(&shared, &mut session, &args, &mut out);
+                            // Pipelined pushes or pops of one key run as one command
+                            // (`commands::execute_run`).
+                            let (more, run_end) = if starts_run(&args) && batch + 1 < depth_max {
+                                run_after(
+                                    &decoder,
+                                    &inbuf,
+                                    pos + used,
+                                    &args,
+                                    &mut run_pool,
+                                    depth_max - batch - 1,
+                                )
+                            } else {
+                                (0, 0)
+                            };
+                            let run: Vec<Vec<&[u8]>> = if more > 0 {
+                                std::iter::once(args.clone())
+                                    .chain(
+                                        run_pool[..more]
+                                            .iter()
+                                            .map(|(r, at)| r.args(&inbuf[*at..])),
+                                    )
+                                    .collect()
+                            } else {
+                                Vec::new()
+                            };
+                            let mut ran_run =
+                                more > 0 && execute_run(&shared, &mut session, &run, &mut out);
+                            if !ran_run {
+                                execute(&shared, &mut session, &args, &mut out);
+                            }
                             // A switch that began between the hold's look at the map and the
                             // command's route: its TRYAGAIN applied nothing, so the request
                             // waits the switch out and runs again (redis-cli -c prints a
@@ -144,12 +175,20 @@ pub async fn serve_resp(
                                 }
                                 out.truncate(before);
                                 hold_through_switch(&session, &args).await;
-                                execute(&shared, &mut session, &args, &mut out);
+                                ran_run =
+                                    ran_run && execute_run(&shared, &mut session, &run, &mut out);
+                                if !ran_run {
+                                    execute(&shared, &mut session, &args, &mut out);
+                                }
+                            }
+                            if ran_run {
+                                batch += more;
+                                consumed = run_end - pos;
                             }
                         }
                         batch += 1;
                     }
-                    pos += used;
+                    pos += consumed;
                     if session.closing {
                         break;
                     }
@@ -205,6 +244,40 @@ const SWITCH_HOLD_MAX: Duration = Duration::from_secs(2);
 /// redirect the client to each other until their maps agree.
 const MOVE_HOLD_MAX: Duration = Duration::from_millis(100);
 const SWITCH_HOLD_POLL: Duration = Duration::from_millis(2);
+
+/// The requests from `at` on that continue the run `first` begins (at most `max`, and
+/// [`RUN_MAX`](crate::front::commands::RUN_MAX) in all), decoded into `pool` with where each
+/// starts; how many, and where the last ends.
+fn run_after(
+    decoder: &RequestDecoder,
+    inbuf: &[u8],
+    mut at: usize,
+    first: &[&[u8]],
+    pool: &mut Vec<(Request, usize)>,
+    max: usize,
+) -> (usize, usize) {
+    let max = max.min(crate::front::commands::RUN_MAX - 1);
+    let mut n = 0;
+    while n < max && at < inbuf.len() {
+        if pool.len() <= n {
+            pool.push((Request::default(), 0));
+        }
+        let (request, start) = &mut pool[n];
+        // A pooled request may hold the progress of an incomplete one at another place.
+        request.clear();
+        match decoder.decode(&inbuf[at..], request) {
+            Ok(Some(used))
+                if !request.is_empty() && continues_run(first, &request.args(&inbuf[at..])) =>
+            {
+                *start = at;
+                at += used;
+                n += 1;
+            }
+            _ => break,
+        }
+    }
+    (n, at)
+}
 
 /// True if the slot of the request's first key switches on this server now.
 fn switching_now(session: &Session, args: &[&[u8]]) -> bool {

@@ -425,6 +425,8 @@ pub struct Metrics {
     pub connections_total: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Pipelined requests run together with the one before them (`commands::execute_run`).
+    pub requests_run_together: AtomicU64,
     /// Scans of a tablet this server mirrors (SCAN_TABLET from a mirror).
     pub mirror_scans: AtomicU64,
     pub bytes_in: AtomicU64,
@@ -721,6 +723,7 @@ pub struct Snapshot {
     pub connections_total: u64,
     pub connections_rejected: u64,
     pub protocol_errors: u64,
+    pub requests_run_together: u64,
     pub mirror_scans: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
@@ -826,6 +829,7 @@ impl Snapshot {
             connections_total: load(&metrics.connections_total),
             connections_rejected: load(&metrics.connections_rejected),
             protocol_errors: load(&metrics.protocol_errors),
+            requests_run_together: load(&metrics.requests_run_together),
             mirror_scans: load(&metrics.mirror_scans),
             bytes_in: load(&metrics.bytes_in),
             bytes_out: load(&metrics.bytes_out),
@@ -996,6 +1000,12 @@ impl Snapshot {
             self.protocol_errors.to_string(),
         );
         gauge(
+            "ramlog_requests_run_together_total",
+            "Pipelined pushes and pops of one list run as one command with the request before them.",
+            "counter",
+            self.requests_run_together.to_string(),
+        );
+        gauge(
             "ramlog_mirror_scans_total",
             "Scans of a tablet served on this server as its mirror (the master left alone).",
             "counter",
@@ -1141,7 +1151,7 @@ impl Snapshot {
             // call and closes it (Redis keeps them for 10 s).
             let _ = write!(
                 s,
-                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\nmigrate_cached_sockets:0\r\nramlog_protocol_errors:{}\r\n\r\n",
+                "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\ntotal_error_replies:{}\r\nmigrate_cached_sockets:0\r\nramlog_protocol_errors:{}\r\nramlog_requests_run_together:{}\r\n\r\n",
                 self.connections_total,
                 self.commands_total,
                 self.connections_rejected,
@@ -1150,7 +1160,8 @@ impl Snapshot {
                 self.keyspace_hits,
                 self.keyspace_misses,
                 self.errors.saturating_sub(self.errors_at_reset),
-                self.protocol_errors
+                self.protocol_errors,
+                self.requests_run_together
             );
         }
         if wants("commandstats") || section.as_deref() == Some("all") {

@@ -559,7 +559,10 @@ mod tests {
         let started = std::time::Instant::now();
         PubSub::settle(ps.unsettled(b"c", false)).await;
         let waited = started.elapsed();
-        assert!(waited >= SETTLE_MAX && waited < SETTLE_MAX * 20, "{waited:?}");
+        assert!(
+            waited >= SETTLE_MAX && waited < SETTLE_MAX * 20,
+            "{waited:?}"
+        );
         // A connection that ends settles.
         drop(a);
         assert!(ps.unsettled(b"c", false).is_empty());

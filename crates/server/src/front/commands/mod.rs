@@ -11,11 +11,11 @@
 //! [`admin`]. This module holds the command table, the dispatch and what the families share.
 
 use crate::node::keyspace::glob_match_nocase;
-use crate::node::metrics::Op;
+use crate::node::metrics::{Metrics, Op};
 use crate::node::{now_ms, Node, NodeError};
 use ramlog_common::{key_slot, SLOT_COUNT};
 use ramlog_logmem::{Condition, EngineError, Object, PutOptions};
-use ramlog_proto::resp::ReplyEncoder;
+use ramlog_proto::resp::{Reply as RespReply, ReplyEncoder};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::LazyLock;
@@ -1887,6 +1887,165 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         node.metrics.error_stats.count(&out[before..]);
     }
     node.record(op, started.elapsed(), !failed);
+}
+
+/// The most pipelined requests [`execute_run`] runs as one.
+pub const RUN_MAX: usize = 64;
+/// The most element bytes a run of pushes carries (well within one atomic unit of a large
+/// list's change, so that the run applies whole or not at all).
+const RUN_MAX_BYTES: usize = 64 << 10;
+
+/// Whether `args` may begin a run of pipelined requests that [`execute_run`] runs as one:
+/// LPUSH or RPUSH (of any number of elements), or LPOP or RPOP without a count.
+pub fn starts_run(args: &[&[u8]]) -> bool {
+    let name = args[0];
+    (args.len() >= 3
+        && (name.eq_ignore_ascii_case(b"lpush") || name.eq_ignore_ascii_case(b"rpush")))
+        || (args.len() == 2
+            && (name.eq_ignore_ascii_case(b"lpop") || name.eq_ignore_ascii_case(b"rpop")))
+}
+
+/// Whether `next` continues the run `first` begins: the same command on the same key.
+pub fn continues_run(first: &[&[u8]], next: &[&[u8]]) -> bool {
+    next.len() >= 2
+        && next[0].eq_ignore_ascii_case(first[0])
+        && next[1] == first[1]
+        && (next.len() >= 3) == (first.len() >= 3)
+        && (first.len() >= 3 || next.len() == 2)
+}
+
+/// Runs pipelined requests that [`continues_run`] chains (at most [`RUN_MAX`]) as one command,
+/// and answers each as if it had run alone, right after the one before it: `LPUSH k a`,
+/// `LPUSH k b` run as `LPUSH k a b` (the same list, each answered the length it made), `LPOP k`
+/// ×3 as `LPOP k 3` (each answered one element, or nil once the list ran out). Nothing else ran
+/// between them, which is one order the server could have served them in. A push of many
+/// small elements to one list then reads and rewrites its end chunk once, not once per request.
+///
+/// Each request is counted in INFO commandstats and in the changes since the last save as
+/// alone, and its reply is held for the writes' acknowledgements as its own. An error (a wrong
+/// type, `-MOVED`, memory full, a write not acknowledged) is every request's answer. False, with
+/// nothing run, where a request would see what the others do differently: inside MULTI, on a
+/// subscribed connection or one whose replies are off, while keyspace notifications are on (each
+/// request publishes its own event) or while a client is blocked on a key of this server (a
+/// blocked BLPOP is served between two pushes).
+pub fn execute_run(
+    node: &Node,
+    session: &mut Session,
+    run: &[Vec<&[u8]>],
+    out: &mut Vec<u8>,
+) -> bool {
+    let first = &run[0];
+    let push = first.len() >= 3;
+    if run.len() < 2
+        || session.multi.is_some()
+        || session.subscribed()
+        || !session.authenticated
+        || session.scripting
+        || session.blocked_retry
+        || session.replies_off
+        || session.skip_next_reply
+        || node.settings.notify() != 0
+        || node.waiters.keys() > 0
+    {
+        return false;
+    }
+    let mut combined: Vec<&[u8]> = vec![first[0], first[1]];
+    let count = run.len().to_string();
+    if push {
+        for r in run {
+            combined.extend_from_slice(&r[2..]);
+        }
+        if combined[2..].iter().map(|e| e.len()).sum::<usize>() > RUN_MAX_BYTES {
+            return false;
+        }
+    } else {
+        combined.push(count.as_bytes());
+    }
+    let started = Instant::now();
+    let before = out.len();
+    let held_before = session.write_replies.len();
+    execute(node, session, &combined, out);
+    let reply = out[before..].to_vec();
+    out.truncate(before);
+    let held = session.write_replies.get(held_before).copied();
+    session.write_replies.truncate(held_before);
+    let decoder = ramlog_proto::resp::ReplyDecoder {
+        bulk_len_max: usize::MAX,
+        aggregate_len_max: RUN_MAX,
+        depth_max: 2,
+    };
+    let decoded = match decoder.decode(&reply) {
+        Ok(Some((r, used))) if used == reply.len() => Some(r),
+        _ => None,
+    };
+    let protocol = session.protocol;
+    // Each request's reply, in order.
+    let mut changed = 0u64;
+    let mut starts = Vec::with_capacity(run.len() + 1);
+    match decoded {
+        Some(RespReply::Integer(len)) if push => {
+            let mut after: i64 = run.iter().map(|r| (r.len() - 2) as i64).sum();
+            for r in run {
+                after -= (r.len() - 2) as i64;
+                starts.push(out.len());
+                ReplyEncoder::new(out, protocol).integer(len - after);
+            }
+            changed = run.len() as u64;
+        }
+        Some(RespReply::Array(items)) if !push => {
+            for i in 0..run.len() {
+                starts.push(out.len());
+                match items.get(i) {
+                    Some(RespReply::Bulk(b)) => ReplyEncoder::new(out, protocol).bulk(b),
+                    _ => ReplyEncoder::new(out, protocol).null(),
+                }
+            }
+            changed = items.len().min(run.len()) as u64;
+        }
+        Some(RespReply::Null) if !push => {
+            for _ in run {
+                starts.push(out.len());
+                ReplyEncoder::new(out, protocol).null();
+            }
+        }
+        _ => {
+            // An error (or anything else): every request's answer.
+            for _ in run {
+                starts.push(out.len());
+                out.extend_from_slice(&reply);
+            }
+        }
+    }
+    starts.push(out.len());
+    if let Some(h) = held {
+        for w in starts.windows(2) {
+            session.write_replies.push(crate::node::HeldReply {
+                start: w[0],
+                end: w[1],
+                ..h
+            });
+        }
+    }
+    Metrics::add(&node.metrics.requests_run_together, run.len() as u64 - 1);
+    // The combined command counted one change and one call: the others are counted here.
+    if changed > 1 {
+        node.changes_since_save
+            .fetch_add(changed - 1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some((index, spec)) = lookup_at(first[0]) {
+        let failed = reply.first() == Some(&b'-');
+        let share = started.elapsed() / run.len() as u32;
+        let stats = &node.metrics.command_stats;
+        let index = stat_index(index, first);
+        for _ in 1..run.len() {
+            stats.ran(index, share, true, failed);
+            if failed {
+                node.metrics.error_stats.count(&reply);
+            }
+            node.record(spec.op, share, !failed);
+        }
+    }
+    true
 }
 
 thread_local! {

@@ -352,6 +352,110 @@ impl List {
     }
 }
 
+/// A compact list as stored, read without copying its elements: a push or a pop edits its
+/// bytes ([`RawList::pushed`], [`RawList::popped`]) rather than decoding every element.
+#[derive(Debug, Clone, Copy)]
+pub struct RawList<'a> {
+    /// Its elements.
+    pub count: usize,
+    /// The elements, each a varint length and its bytes, head first.
+    pub items: &'a [u8],
+}
+
+impl<'a> RawList<'a> {
+    /// Parses a stored compact list, checking every element's length (as [`List::decode`] does).
+    pub fn decode(stored: &'a [u8]) -> Result<RawList<'a>, TypedError> {
+        let mut r = payload(stored, Kind::List)?;
+        let count = r.count(1)?;
+        let start = r.pos;
+        for _ in 0..count {
+            r.bytes()?;
+        }
+        r.end()?;
+        Ok(RawList {
+            count,
+            items: &stored[start..],
+        })
+    }
+
+    /// The stored bytes of this list with `items` pushed at one end, each in turn (LPUSH's
+    /// and RPUSH's order).
+    pub fn pushed(&self, left: bool, items: &[&[u8]]) -> Vec<u8> {
+        let added: usize = items
+            .iter()
+            .map(|i| i.len() + varint::len(i.len() as u64))
+            .sum();
+        let mut out = header(
+            Kind::List,
+            self.count + items.len(),
+            self.items.len() + added,
+        );
+        if left {
+            for i in items.iter().rev() {
+                put_bytes(&mut out, i);
+            }
+            out.extend_from_slice(self.items);
+        } else {
+            out.extend_from_slice(self.items);
+            for i in items {
+                put_bytes(&mut out, i);
+            }
+        }
+        out
+    }
+
+    /// Up to `n` elements popped from one end, nearest first, and the stored bytes of what is
+    /// left (None when nothing is).
+    pub fn popped(&self, left: bool, n: usize) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
+        let n = n.min(self.count);
+        let mut r = Reader {
+            buf: self.items,
+            pos: 0,
+        };
+        // Where each element starts (checked at decode).
+        let mut starts = Vec::with_capacity(if left { n + 1 } else { self.count + 1 });
+        let wanted = if left { n } else { self.count };
+        while starts.len() < wanted {
+            starts.push(r.pos);
+            if r.bytes().is_err() {
+                break;
+            }
+        }
+        starts.push(if left { r.pos } else { self.items.len() });
+        let element = |at: usize| {
+            let mut r = Reader {
+                buf: self.items,
+                pos: at,
+            };
+            r.bytes().map(<[u8]>::to_vec).unwrap_or_default()
+        };
+        let (out, rest): (Vec<Vec<u8>>, &[u8]) = if left {
+            let cut = starts[n];
+            (
+                starts[..n].iter().map(|&a| element(a)).collect(),
+                &self.items[cut..],
+            )
+        } else {
+            let first = starts.len() - 1 - n;
+            (
+                starts[first..starts.len() - 1]
+                    .iter()
+                    .rev()
+                    .map(|&a| element(a))
+                    .collect(),
+                &self.items[..starts[first]],
+            )
+        };
+        let left_count = self.count - n;
+        if left_count == 0 {
+            return (out, None);
+        }
+        let mut stored = header(Kind::List, left_count, rest.len());
+        stored.extend_from_slice(rest);
+        (out, Some(stored))
+    }
+}
+
 /// A set, in insertion order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Set {
@@ -1621,6 +1725,60 @@ pub fn check(stored: &[u8]) -> Result<(Kind, usize), TypedError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn raw_list_pushes_and_pops_as_the_decoded_list_does() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for _ in 0..300 {
+            let n = (next() % 40) as usize;
+            let mut list = List::default();
+            for i in 0..n {
+                let len = (next() % 200) as usize;
+                list.items.push_back(vec![i as u8; len]);
+            }
+            let stored = list.encode();
+            let raw = RawList::decode(&stored).unwrap();
+            assert_eq!(raw.count, n);
+            let left = next() % 2 == 0;
+            let items: Vec<Vec<u8>> = (0..(next() % 5) as usize)
+                .map(|k| vec![b'x'; k * 70])
+                .collect();
+            let refs: Vec<&[u8]> = items.iter().map(|i| i.as_slice()).collect();
+            let mut want = list.clone();
+            for i in &items {
+                if left {
+                    want.items.push_front(i.clone());
+                } else {
+                    want.items.push_back(i.clone());
+                }
+            }
+            assert_eq!(List::decode(&raw.pushed(left, &refs)).unwrap(), want);
+            let k = (next() % 45) as usize;
+            let (popped, rest) = raw.popped(left, k);
+            let mut want = list.clone();
+            let want_popped: Vec<Vec<u8>> = (0..k.min(n))
+                .filter_map(|_| {
+                    if left {
+                        want.items.pop_front()
+                    } else {
+                        want.items.pop_back()
+                    }
+                })
+                .collect();
+            assert_eq!(popped, want_popped);
+            match rest {
+                None => assert!(want.items.is_empty()),
+                Some(r) => assert_eq!(List::decode(&r).unwrap(), want),
+            }
+        }
+        assert!(RawList::decode(&[TAG, Kind::List as u8, 2, 1, b'a']).is_err());
+    }
+
     use super::*;
 
     #[test]

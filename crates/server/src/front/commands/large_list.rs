@@ -100,11 +100,16 @@ pub(super) fn wants_large(
     items: &VecDeque<Vec<u8>>,
     growing: Option<&[u8]>,
 ) -> bool {
-    use crate::node::settings::ListLimit;
     let extra = growing.map_or(0, |g| g.len() + varint_len(g.len()));
     let count = items.len() + usize::from(growing.is_some());
+    wants_large_sized(ctx, count, encoded_size(items) + extra)
+}
+
+/// [`wants_large`] of a list of `count` items whose compact encoding takes about `size` bytes
+/// (its items' encoded bytes and 8).
+pub(super) fn wants_large_sized(ctx: &Ctx<'_>, count: usize, size: usize) -> bool {
+    use crate::node::settings::ListLimit;
     // Never past what one object may hold, whatever the setting.
-    let size = encoded_size(items) + extra;
     if size as u64 > ctx.node.config.value_size_max_bytes / 2 {
         return true;
     }

@@ -72,6 +72,9 @@ fn push_items(
             return Ok(n as i64);
         }
     }
+    if let Some(n) = push_compact(ctx, key, left, items)? {
+        return Ok(n);
+    }
     update::<List, i64>(ctx, key, |l, existed| {
         if only_existing && !existed {
             return Ok((0, false));
@@ -85,6 +88,114 @@ fn push_items(
         }
         Ok((l.items.len() as i64, true))
     })
+}
+
+/// The key's compact list as stored, with its version, under the key's read-modify-write lock
+/// (which the caller holds). None when the key holds anything else (absent, large, another
+/// type: the general path answers those; so does it bytes that do not decode).
+fn compact_list(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, Replied> {
+    let node = ctx.node;
+    let found = node
+        .get(node.tablet_of(key), key, &mut ctx.session.acks)
+        .map_err(|e| {
+            engine_error(ctx, &e);
+            Replied
+        })?;
+    Ok(found.filter(|o| {
+        types::kind_of(&o.value) == Ok(types::Kind::List) && !types::is_large(&o.value)
+    }))
+}
+
+/// Writes a compact list's new bytes (None: it is left empty, and deleted) if it is still at
+/// `version`; false if it changed meanwhile (the caller takes the general path).
+fn write_compact(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    version: u64,
+    bytes: Option<Vec<u8>>,
+) -> Result<bool, Replied> {
+    let node = ctx.node;
+    let tablet = node.tablet_of(key);
+    let condition = Condition::IfVersion(version);
+    let done = match bytes {
+        None => node
+            .delete(tablet, key, condition, &mut ctx.session.acks)
+            .map(|d| d.is_some()),
+        Some(bytes) => {
+            let opts = PutOptions {
+                condition,
+                keep_ttl: true,
+                ..Default::default()
+            };
+            node.put(tablet, key, &bytes, &opts, &mut ctx.session.acks)
+                .map(|_| true)
+        }
+    };
+    match done {
+        Ok(written) => Ok(written),
+        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+        Err(e) => {
+            engine_error(ctx, &e);
+            Err(Replied)
+        }
+    }
+}
+
+/// A push onto a compact list that stays compact, made on its stored bytes (no element
+/// decoded, as Redis's listpack takes a push in place); the new length, or None when the key
+/// holds no compact list or the list leaves the compact form (the general path does it).
+fn push_compact(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    left: bool,
+    items: &[&[u8]],
+) -> Result<Option<i64>, Replied> {
+    let _serialized = ctx.node.rmw_lock(key);
+    let Some(o) = compact_list(ctx, key)? else {
+        return Ok(None);
+    };
+    let Ok(raw) = types::RawList::decode(&o.value) else {
+        return Ok(None);
+    };
+    let added: usize = items
+        .iter()
+        .map(|i| i.len() + ramlog_common::varint::len(i.len() as u64))
+        .sum();
+    let count = raw.count + items.len();
+    if large_list::wants_large_sized(ctx, count, raw.items.len() + added + 8) {
+        return Ok(None);
+    }
+    let bytes = raw.pushed(left, items);
+    if bytes.len() as u64 > ctx.node.config.value_size_max_bytes + types::TAG_BYTES as u64 {
+        return Ok(None);
+    }
+    if !write_compact(ctx, key, o.version, Some(bytes))? {
+        return Ok(None);
+    }
+    ctx.node.waiters.wake(key);
+    Ok(Some(count as i64))
+}
+
+/// A pop from a compact list, made on its stored bytes; None when the key holds no compact list
+/// (the general path answers).
+fn pop_compact(
+    ctx: &mut Ctx<'_>,
+    key: &[u8],
+    left: bool,
+    count: usize,
+) -> Result<Option<Vec<Vec<u8>>>, Replied> {
+    let _serialized = ctx.node.rmw_lock(key);
+    let Some(o) = compact_list(ctx, key)? else {
+        return Ok(None);
+    };
+    let Ok(raw) = types::RawList::decode(&o.value) else {
+        return Ok(None);
+    };
+    let (popped, rest) = raw.popped(left, count);
+    if !write_compact(ctx, key, o.version, rest)? {
+        return Ok(None);
+    }
+    Ok(Some(popped))
 }
 
 /// Pops up to `count` items from one end (with `expect`, one item only if it is that one); None
@@ -103,6 +214,11 @@ fn pop_items(
         })?;
         if popped.is_some() {
             return Ok(popped);
+        }
+    }
+    if expect.is_none() && count > 0 {
+        if let Some(popped) = pop_compact(ctx, key, left, count)? {
+            return Ok(Some(popped));
         }
     }
     update::<List, Option<Vec<Vec<u8>>>>(ctx, key, |l, existed| {

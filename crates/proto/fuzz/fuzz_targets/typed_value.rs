@@ -9,13 +9,17 @@ use libfuzzer_sys::fuzz_target;
 use ramlog_proto::types::{
     check, chunk_key, is_large, is_raw_string, large_gen, parse_chunk_key, store_string,
     store_string_in_place, string_of, Hash, Kind, LargeList, LargeTable, LargeZSet, List,
-    ListChunk, RawBucket, RawChunk, Set, Stream, ZNode, ZSet, EMBSTR_MAX_BYTES,
+    ListChunk, RawBucket, RawChunk, RawList, Set, Stream, ZNode, ZSet, EMBSTR_MAX_BYTES,
 };
 
 fuzz_target!(|data: &[u8]| {
     let decoded = ListChunk::decode(data);
     if let Ok(chunk) = &decoded {
-        assert_eq!(chunk.encode(), data, "a decoded chunk re-encodes to its bytes");
+        assert_eq!(
+            chunk.encode(),
+            data,
+            "a decoded chunk re-encodes to its bytes"
+        );
     }
     // The encoded form accepts exactly what the decoder does, and its pops return the elements.
     match RawChunk::decode(data) {
@@ -24,10 +28,54 @@ fuzz_target!(|data: &[u8]| {
             let chunk = decoded.expect("both decoders agree");
             let mut back = raw.pop_back(usize::MAX);
             back.reverse();
-            assert_eq!(back, Vec::from(chunk.items), "the pops return every element");
+            assert_eq!(
+                back,
+                Vec::from(chunk.items),
+                "the pops return every element"
+            );
             assert_eq!(raw.count, 0);
         }
         Err(_) => assert!(decoded.is_err(), "both decoders agree"),
+    }
+    // A compact list's bytes: read as they stand exactly when the list decodes, and a push or
+    // a pop on them makes what the decoded list's would.
+    match RawList::decode(data) {
+        Ok(raw) => {
+            let list = List::decode(data).expect("both decoders agree");
+            assert_eq!(raw.count, list.items.len());
+            let mut want = list.clone();
+            want.items.push_front(b"a".to_vec());
+            want.items.push_back(b"z".to_vec());
+            let once = raw.pushed(true, &[b"a".as_slice()]);
+            let pushed = RawList::decode(&once).unwrap();
+            assert_eq!(
+                List::decode(&pushed.pushed(false, &[b"z".as_slice()])).unwrap(),
+                want
+            );
+            let half = list.items.len() / 2 + 1;
+            for left in [true, false] {
+                let (popped, rest) = raw.popped(left, half);
+                let mut want = list.clone();
+                let want_popped: Vec<Vec<u8>> = (0..half.min(list.items.len()))
+                    .filter_map(|_| {
+                        if left {
+                            want.items.pop_front()
+                        } else {
+                            want.items.pop_back()
+                        }
+                    })
+                    .collect();
+                assert_eq!(popped, want_popped);
+                match rest {
+                    Some(r) => assert_eq!(List::decode(&r).unwrap(), want),
+                    None => assert!(want.items.is_empty()),
+                }
+            }
+        }
+        Err(_) => assert!(
+            is_large(data) || List::decode(data).is_err(),
+            "both decoders agree"
+        ),
     }
     // A bucket is a compact hash or set: it decodes exactly when they do, and its entries are
     // its count.
@@ -39,18 +87,30 @@ fuzz_target!(|data: &[u8]| {
                 Kind::Hash => Hash::decode(data).map(|h| h.fields.len()),
                 _ => Set::decode(data).map(|s| s.members.len()),
             };
-            assert_eq!(compact, Ok(bucket.count as usize), "a bucket decodes as its compact form");
+            assert_eq!(
+                compact,
+                Ok(bucket.count as usize),
+                "a bucket decodes as its compact form"
+            );
         }
     }
     if let Ok(table) = LargeTable::decode(data) {
-        assert_eq!(table.encode(), data, "a large table's header re-encodes to its bytes");
+        assert_eq!(
+            table.encode(),
+            data,
+            "a large table's header re-encodes to its bytes"
+        );
         assert_eq!(large_gen(data), Some(table.gen));
         for hash in [0, 1, u64::MAX, table.gen] {
             assert!(table.bucket_of(hash) < table.buckets());
         }
     }
     if let Ok(z) = LargeZSet::decode(data) {
-        assert_eq!(z.encode(), data, "a large sorted set's header re-encodes to its bytes");
+        assert_eq!(
+            z.encode(),
+            data,
+            "a large sorted set's header re-encodes to its bytes"
+        );
         assert_eq!(large_gen(data), Some(z.gen));
         assert!(z.root < z.next_node);
     }
@@ -60,7 +120,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(node.first().is_some() || node.items() == 0);
     }
     if let Some((slot, key, gen, id)) = parse_chunk_key(data) {
-        assert_eq!(chunk_key(slot, key, gen, id), data, "a chunk key re-encodes");
+        assert_eq!(
+            chunk_key(slot, key, gen, id),
+            data,
+            "a chunk key re-encodes"
+        );
     }
     if let Ok((kind, _)) = check(data) {
         let again = match kind {
@@ -78,7 +142,9 @@ fuzz_target!(|data: &[u8]| {
                 return;
             }
             Kind::List if is_large(data) => LargeList::decode(data).map(|h| h.encode()),
-            Kind::Hash | Kind::Set if is_large(data) => LargeTable::decode(data).map(|h| h.encode()),
+            Kind::Hash | Kind::Set if is_large(data) => {
+                LargeTable::decode(data).map(|h| h.encode())
+            }
             Kind::ZSet if is_large(data) => LargeZSet::decode(data).map(|h| h.encode()),
             Kind::Hash => Hash::decode(data).map(|h| h.encode()),
             Kind::List => List::decode(data).map(|l| l.encode()),
@@ -95,10 +161,18 @@ fuzz_target!(|data: &[u8]| {
                     again == data || again.starts_with(data),
                     "a decoded stream re-encodes to its bytes, or to them and the groups' section"
                 );
-                assert_eq!(Stream::decode(&again), Ok(s), "a re-encoded stream reads back");
+                assert_eq!(
+                    Stream::decode(&again),
+                    Ok(s),
+                    "a re-encoded stream reads back"
+                );
                 return;
             }
         };
-        assert_eq!(again.as_deref(), Ok(data), "a decoded value re-encodes to its bytes");
+        assert_eq!(
+            again.as_deref(),
+            Ok(data),
+            "a decoded value re-encodes to its bytes"
+        );
     }
 });

@@ -738,8 +738,13 @@ def test_publish_after_an_unsubscribe_sent_before_it_finds_no_subscriber(tmp_pat
     two connections may run on different workers here). On a standalone server: on a cluster
     server about one PUBLISH in a thousand still overtakes the UNSUBSCRIBE (docs/testing.md)."""
     s = Server(tmp_path)
-    port = s.port
-    publisher = s.client()
+    try:
+        _unsubscribe_then_publish(s.port, s.client())
+    finally:
+        s.stop()
+
+
+def _unsubscribe_then_publish(port, publisher):
     for kind, unsub, names in (("SUBSCRIBE", "UNSUBSCRIBE", [b"{q}c1", b"{q}c2", b"{q}c3"]),
                                ("PSUBSCRIBE", "PUNSUBSCRIBE", [b"{q}p1*", b"{q}p2*"])):
         sub = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -754,7 +759,6 @@ def test_publish_after_an_unsubscribe_sent_before_it_finds_no_subscriber(tmp_pat
                 _read_replies(sub, len(names))
         finally:
             sub.close()
-    s.stop()
 
 
 def _resp(*args):

@@ -90,33 +90,36 @@ fn push_items(
     })
 }
 
-/// The key's compact list as stored, with its version, under the key's read-modify-write lock
-/// (which the caller holds). None when the key holds anything else (absent, large, another
-/// type: the general path answers those; so does it bytes that do not decode).
-fn compact_list(ctx: &mut Ctx<'_>, key: &[u8]) -> Result<Option<Object>, Replied> {
-    let node = ctx.node;
-    let found = node
-        .get(node.tablet_of(key), key, &mut ctx.session.acks)
-        .map_err(|e| {
-            engine_error(ctx, &e);
-            Replied
-        })?;
-    Ok(found.filter(|o| {
-        types::kind_of(&o.value) == Ok(types::Kind::List) && !types::is_large(&o.value)
-    }))
-}
-
-/// Writes a compact list's new bytes (None: it is left empty, and deleted) if it is still at
-/// `version`; false if it changed meanwhile (the caller takes the general path).
-fn write_compact(
+/// Runs `edit` on the key's compact list as stored (no element decoded, as Redis's listpack
+/// takes a push or a pop in place) under the key's read-modify-write lock, and writes the bytes
+/// it makes (None: the list is left empty, and deleted) if the list is still as read. None when
+/// the key holds no compact list (absent, large, another type, bytes that do not decode), when
+/// `edit` declines, or when the list changed meanwhile: the general path then does it.
+fn edit_compact<R>(
     ctx: &mut Ctx<'_>,
     key: &[u8],
-    version: u64,
-    bytes: Option<Vec<u8>>,
-) -> Result<bool, Replied> {
+    edit: impl FnOnce(&Ctx<'_>, types::RawList<'_>) -> Option<(R, Option<Vec<u8>>)>,
+) -> Result<Option<R>, Replied> {
     let node = ctx.node;
     let tablet = node.tablet_of(key);
-    let condition = Condition::IfVersion(version);
+    let _serialized = node.rmw_lock(key);
+    let found = node.get(tablet, key, &mut ctx.session.acks).map_err(|e| {
+        engine_error(ctx, &e);
+        Replied
+    })?;
+    let Some(o) = found else {
+        return Ok(None);
+    };
+    if types::kind_of(&o.value) != Ok(types::Kind::List) || types::is_large(&o.value) {
+        return Ok(None);
+    }
+    let Ok(raw) = types::RawList::decode(&o.value) else {
+        return Ok(None);
+    };
+    let Some((result, bytes)) = edit(ctx, raw) else {
+        return Ok(None);
+    };
+    let condition = Condition::IfVersion(o.version);
     let done = match bytes {
         None => node
             .delete(tablet, key, condition, &mut ctx.session.acks)
@@ -132,8 +135,8 @@ fn write_compact(
         }
     };
     match done {
-        Ok(written) => Ok(written),
-        Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(false),
+        Ok(true) => Ok(Some(result)),
+        Ok(false) | Err(NodeError::Engine(EngineError::ConditionFailed { .. })) => Ok(None),
         Err(e) => {
             engine_error(ctx, &e);
             Err(Replied)
@@ -141,61 +144,41 @@ fn write_compact(
     }
 }
 
-/// A push onto a compact list that stays compact, made on its stored bytes (no element
-/// decoded, as Redis's listpack takes a push in place); the new length, or None when the key
-/// holds no compact list or the list leaves the compact form (the general path does it).
+/// A push onto a compact list that stays compact, made on its stored bytes; the new length, or
+/// None when the key holds no compact list or the list leaves the compact form.
 fn push_compact(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     left: bool,
     items: &[&[u8]],
 ) -> Result<Option<i64>, Replied> {
-    let _serialized = ctx.node.rmw_lock(key);
-    let Some(o) = compact_list(ctx, key)? else {
-        return Ok(None);
-    };
-    let Ok(raw) = types::RawList::decode(&o.value) else {
-        return Ok(None);
-    };
-    let added: usize = items
-        .iter()
-        .map(|i| i.len() + ramlog_common::varint::len(i.len() as u64))
-        .sum();
-    let count = raw.count + items.len();
-    if large_list::wants_large_sized(ctx, count, raw.items.len() + added + 8) {
-        return Ok(None);
+    let pushed = edit_compact(ctx, key, |ctx, raw| {
+        let added: usize = items
+            .iter()
+            .map(|i| i.len() + ramlog_common::varint::len(i.len() as u64))
+            .sum();
+        let count = raw.count + items.len();
+        if large_list::wants_large_sized(ctx, count, raw.items.len() + added + 8) {
+            return None;
+        }
+        let bytes = raw.pushed(left, items);
+        let limit = ctx.node.config.value_size_max_bytes + types::TAG_BYTES as u64;
+        (bytes.len() as u64 <= limit).then_some((count as i64, Some(bytes)))
+    })?;
+    if pushed.is_some() {
+        ctx.node.waiters.wake(key);
     }
-    let bytes = raw.pushed(left, items);
-    if bytes.len() as u64 > ctx.node.config.value_size_max_bytes + types::TAG_BYTES as u64 {
-        return Ok(None);
-    }
-    if !write_compact(ctx, key, o.version, Some(bytes))? {
-        return Ok(None);
-    }
-    ctx.node.waiters.wake(key);
-    Ok(Some(count as i64))
+    Ok(pushed)
 }
 
-/// A pop from a compact list, made on its stored bytes; None when the key holds no compact list
-/// (the general path answers).
+/// A pop from a compact list, made on its stored bytes; None when the key holds no compact list.
 fn pop_compact(
     ctx: &mut Ctx<'_>,
     key: &[u8],
     left: bool,
     count: usize,
 ) -> Result<Option<Vec<Vec<u8>>>, Replied> {
-    let _serialized = ctx.node.rmw_lock(key);
-    let Some(o) = compact_list(ctx, key)? else {
-        return Ok(None);
-    };
-    let Ok(raw) = types::RawList::decode(&o.value) else {
-        return Ok(None);
-    };
-    let (popped, rest) = raw.popped(left, count);
-    if !write_compact(ctx, key, o.version, rest)? {
-        return Ok(None);
-    }
-    Ok(Some(popped))
+    edit_compact(ctx, key, |_, raw| Some(raw.popped(left, count)))
 }
 
 /// Pops up to `count` items from one end (with `expect`, one item only if it is that one); None

@@ -395,8 +395,7 @@ fn build(
             };
         }
         drop(gate.write());
-        let mut first_error = None;
-        let mut loader = None;
+        let mut sink = super::bulk_sink::BulkSink::new(engine, mirror.engine_tablet);
         let (mut objects, mut newest) = (0u64, 0u64);
         // The map names a mirror, or lets a migration's target build, only once it is not a
         // pending backup: it holds the tablet's whole copy at the current epoch, since every
@@ -407,33 +406,17 @@ fn build(
         let epochs = t.epoch..t.epoch + 1;
         let report = backup
             .replay_epochs(t, epochs, |r| match r {
-                ramlog_backup::Replayed::Count(n) => {
-                    match engine.bulk_restore(mirror.engine_tablet, n) {
-                        Ok(l) => loader = Some(l),
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
+                ramlog_backup::Replayed::Count(n) => sink.start(n),
                 ramlog_backup::Replayed::Entry(e) => {
-                    let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
-                        return;
-                    };
-                    objects += 1;
-                    newest = newest.max(e.version);
-                    if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
-                        first_error.get_or_insert(err);
+                    if sink.push(&e) {
+                        objects += 1;
+                        newest = newest.max(e.version);
                     }
                 }
             })
             .map_err(|e| format!("replaying the backup logs: {e}"))?;
-        if let Some(e) = first_error {
-            return Err(format!("building the mirror in memory: {e}"));
-        }
-        if let Some(l) = loader {
-            l.finish()
-                .map_err(|e| format!("building the mirror in memory: {e}"))?;
-        }
+        sink.finish()
+            .map_err(|e| format!("building the mirror in memory: {e}"))?;
         mirror.applied.fetch_max(newest, Ordering::AcqRel);
         // A copy built from damaged logs may lack keys or hold older values: it is not taken
         // (a move is given up and its source keeps serving; a mirror is not offered).

@@ -12,6 +12,7 @@
 //! which [`Roles`] implements and the server registers.
 
 pub mod backup;
+pub mod bulk_sink;
 pub mod membership;
 pub mod migration;
 pub mod mirror;

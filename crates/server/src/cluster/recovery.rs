@@ -683,10 +683,9 @@ fn restore(
     // server's own from now on.
     node.keyspace.set_hidden(tablet, false);
     let engine = node.engine();
-    let mut first_error = None;
     // The bulk path: the replay yields each key once with its newest version; the loader
     // appends them in batches and grows the index once, for the count the replay announces.
-    let mut loader = None;
+    let mut sink = super::bulk_sink::BulkSink::new(engine, tablet);
     let mut on_replayed = |r: ramlog_backup::Replayed<'_>| match r {
         ramlog_backup::Replayed::Count(count) => {
             // The logs of a tablet this one was split off hold other slots' keys too.
@@ -700,27 +699,19 @@ fn restore(
                 waited_ms = waiting_since.elapsed().as_millis() as u64,
                 "restoring"
             );
-            match engine.bulk_restore(tablet, expected) {
-                Ok(l) => loader = Some(l),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
+            sink.start(expected);
         }
         ramlog_backup::Replayed::Entry(e) => {
             // After a failure the rest of the replay only reads: the restore has failed.
-            let Some(l) = loader.as_mut().filter(|_| first_error.is_none()) else {
+            if !sink.push(&e) {
                 return;
-            };
+            }
             let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(p) = pause.filter(|_| objects.is_multiple_of(RESTORE_PAUSE_EVERY_OBJECTS)) {
                 std::thread::sleep(p);
             }
             job.bytes
                 .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
-            if let Err(err) = l.push(e.key, e.value, e.version, e.expiry) {
-                first_error.get_or_insert(err);
-            }
         }
     };
     let report = match &replay {
@@ -739,12 +730,7 @@ fn restore(
             .map_err(|e| format!("replaying the backup logs: {e}"))?,
     };
     drop(replay);
-    if let (None, Some(l)) = (&first_error, loader) {
-        if let Err(e) = l.finish() {
-            first_error = Some(e);
-        }
-    }
-    if let Some(e) = first_error {
+    if let Err(e) = sink.finish() {
         let reason = format!("restoring into memory: {e}");
         if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {
             return out_of_memory(node, member, t, tablet, job, reason);

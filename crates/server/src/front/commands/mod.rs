@@ -1842,12 +1842,14 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
         }
     }
     count_change(node, units_before);
+    // One clock read for the command's stats and its latency sample.
+    let elapsed = started.elapsed();
     if let Some((index, _)) = at {
         let stats = &node.metrics.command_stats;
         let index = stat_index(index, args);
         if ran {
             let failed = out.get(before) == Some(&b'-');
-            stats.ran(index, started.elapsed(), !session.blocked_retry, failed);
+            stats.ran(index, elapsed, !session.blocked_retry, failed);
         } else {
             stats.rejected(index);
         }
@@ -1868,7 +1870,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     });
     if silent && !push {
         out.truncate(before);
-        node.record(op, started.elapsed(), true);
+        node.record(op, elapsed, true);
         return;
     }
     let failed = out.get(before) == Some(&b'-');
@@ -1886,7 +1888,7 @@ pub fn execute(node: &Node, session: &mut Session, args: &[&[u8]], out: &mut Vec
     if failed {
         node.metrics.error_stats.count(&out[before..]);
     }
-    node.record(op, started.elapsed(), !failed);
+    node.record(op, elapsed, !failed);
 }
 
 /// The most pipelined requests [`execute_run`] runs as one.

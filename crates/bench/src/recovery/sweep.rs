@@ -168,6 +168,10 @@ fn run_once(
                     "ramlog {label}: something is off (below); logs in {}",
                     kept.display()
                 );
+            } else if std::env::var_os("RAMLOG_BENCH_RECOVERY_KEEP_LOGS").is_some() {
+                // The servers' and the coordinator's logs of every run, for a look at its timeline.
+                let kept = keep_logs(&dir, &label);
+                println!("ramlog {label}: logs in {}", kept.display());
             }
             let _ = std::fs::remove_dir_all(&dir);
             print_ramlog_run(&label, &r);

@@ -1025,6 +1025,9 @@ impl Member {
                     node.fail_stop(format!("the backup store failed: {reason}"));
                     return;
                 }
+                member
+                    .jobs
+                    .sample_ack_wait(member.replication.ack_latency_all());
                 let memory = member.memory_report(&node);
                 // A restore or copy that failed (a peer cut off, a connection that timed out)
                 // starts again with the map it serves: no new map may come to start it.

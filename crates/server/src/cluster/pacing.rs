@@ -12,6 +12,7 @@
 //! the promised durability) and the ceiling `recovery_copy_bytes_per_sec`.
 
 use crate::node::metrics::HistogramSnapshot;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How often the rate is adjusted.
@@ -24,6 +25,54 @@ pub const SAMPLES_MIN: u64 = 20;
 /// The floor is the ceiling divided by this, and at least [`FLOOR_MIN_BYTES_PER_SEC`].
 const FLOOR_DIVISOR: u64 = 16;
 const FLOOR_MIN_BYTES_PER_SEC: u64 = 4 << 20;
+
+/// How far back [`AckBaseline`] looks for the foreground's uncongested acknowledgement wait.
+pub const BASELINE_SPAN: Duration = Duration::from_secs(60);
+/// Windows [`AckBaseline`] keeps at most (the oldest go first).
+const BASELINE_WINDOWS_MAX: usize = 1024;
+/// The least mean acknowledgement wait a copy is held to, µs: below it, a wait is within what
+/// a loopback round trip and a wake-up cost on a shared core anyway.
+pub const ACK_TARGET_MIN_US: u64 = 200;
+
+/// The wait of this server's replicated writes for their backups' acknowledgements when no copy
+/// loads the machine: the lowest mean of the recent windows in which this server ran no copy
+/// (as TCP BBR takes the lowest round trip it saw as the path's own). The commands' own run time
+/// hardly moves while a copy runs; what a copy costs the clients of a `sync` or `durable` table
+/// shows in this wait (the backups that take the copy, the cores both share), so the copy is
+/// held to twice it ([`Pacer::begin`]). Sampled with every heartbeat.
+#[derive(Default)]
+pub struct AckBaseline {
+    last: Option<HistogramSnapshot>,
+    /// (end of the window, mean wait in ns), oldest first.
+    windows: VecDeque<(Instant, u64)>,
+}
+
+impl AckBaseline {
+    /// A new reading of the cumulative acknowledgement-wait histogram; `copying` says whether a
+    /// copy of this server ran during the window that ends now (such windows do not count).
+    pub fn sample(&mut self, now: Instant, reading: HistogramSnapshot, copying: bool) {
+        if let Some(last) = self.last.take() {
+            let w = window(&reading, &last);
+            if !copying && w.count >= SAMPLES_MIN {
+                self.windows.push_back((now, w.sum_ns / w.count));
+            }
+        }
+        self.last = Some(reading);
+        while self.windows.len() > BASELINE_WINDOWS_MAX
+            || self
+                .windows
+                .front()
+                .is_some_and(|(t, _)| now.duration_since(*t) > BASELINE_SPAN)
+        {
+            self.windows.pop_front();
+        }
+    }
+
+    /// The lowest mean wait of the windows kept, ns; None without one.
+    pub fn baseline_ns(&self) -> Option<u64> {
+        self.windows.iter().map(|w| w.1).min()
+    }
+}
 
 /// What one window did to the rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +127,11 @@ pub struct Pacer {
     floor: u64,
     rate: u64,
     target_us: u64,
+    /// The mean acknowledgement wait the copy is held to, µs (0: none known, not held).
+    ack_target_us: u64,
     window_started: Instant,
     window_from: HistogramSnapshot,
+    ack_from: HistogramSnapshot,
     /// When the bytes sent so far are paid for at the rates that applied.
     due: Instant,
     slowed: u64,
@@ -93,8 +145,10 @@ impl Default for Pacer {
             floor: 0,
             rate: 0,
             target_us: TARGET_MIN_US,
+            ack_target_us: 0,
             window_started: now,
             window_from: HistogramSnapshot::empty(),
+            ack_from: HistogramSnapshot::empty(),
             due: now,
             slowed: 0,
         }
@@ -102,15 +156,24 @@ impl Default for Pacer {
 }
 
 impl Pacer {
-    /// A copy starts, at most `ceiling` bytes per second (0: no ceiling, no pacing); `history`
-    /// is the foreground's cumulative latency histogram now. The first copy starts at a quarter
-    /// of the ceiling (the first windows find out what the foreground tolerates); later ones
-    /// where the last one ended.
-    pub fn begin(&mut self, history: HistogramSnapshot, ceiling: u64) {
+    /// A copy starts, at most `ceiling` bytes per second (0: no ceiling, no pacing); `readings`
+    /// are the foreground's cumulative histograms now: the commands' run time and the writes'
+    /// wait for acknowledgements; `ack_baseline_ns` is that wait without a copy
+    /// ([`AckBaseline`]). The first copy starts at a quarter of the ceiling (the first windows
+    /// find out what the foreground tolerates); later ones where the last one ended.
+    pub fn begin(
+        &mut self,
+        readings: (HistogramSnapshot, HistogramSnapshot),
+        ack_baseline_ns: Option<u64>,
+        ceiling: u64,
+    ) {
+        let (history, acks) = readings;
         self.target_us = history
             .quantile_us(0.99)
             .saturating_mul(2)
             .max(TARGET_MIN_US);
+        self.ack_target_us = ack_baseline_ns.map_or(0, |ns| (ns / 1000 * 2).max(ACK_TARGET_MIN_US));
+        self.ack_from = acks;
         self.floor = (ceiling / FLOOR_DIVISOR)
             .max(FLOOR_MIN_BYTES_PER_SEC)
             .min(ceiling);
@@ -138,14 +201,25 @@ impl Pacer {
         self.target_us
     }
 
+    /// The mean acknowledgement wait the copy is held to, µs (0: none).
+    pub fn ack_target_us(&self) -> u64 {
+        self.ack_target_us
+    }
+
     /// Windows of the current copy in which it slowed down for the foreground.
     pub fn slowed(&self) -> u64 {
         self.slowed
     }
 
     /// `bytes` more were sent: waits until they are paid for at the current rate, adjusting the
-    /// rate at each window's end from the foreground's cumulative histogram (`latency`).
-    pub fn sent(&mut self, bytes: u64, latency: impl Fn() -> HistogramSnapshot) {
+    /// rate at each window's end from the foreground's cumulative histograms (`readings`: the
+    /// commands' run time and the writes' acknowledgement wait). A window whose mean wait is
+    /// over its target slows the copy as one whose p99 run time is over its own.
+    pub fn sent(
+        &mut self,
+        bytes: u64,
+        readings: impl Fn() -> (HistogramSnapshot, HistogramSnapshot),
+    ) {
         if self.ceiling == 0 {
             return;
         }
@@ -153,21 +227,33 @@ impl Pacer {
         // Time not used (the copy was slower than its rate) is not saved up for a burst.
         self.due = self.due.max(now) + Duration::from_secs_f64(bytes as f64 / self.rate as f64);
         if now.duration_since(self.window_started) >= WINDOW {
-            let reading = latency();
+            let (reading, acks) = readings();
             let w = window(&reading, &self.window_from);
-            let (rate, step) = adjust(
-                self.rate,
-                self.floor,
-                self.ceiling,
-                w.quantile_us(0.99),
-                w.count,
-                self.target_us,
-            );
+            let a = window(&acks, &self.ack_from);
+            let acks_slow = self.ack_target_us > 0
+                && a.count >= SAMPLES_MIN
+                && a.sum_ns / a.count / 1000 > self.ack_target_us;
+            let (rate, step) = if acks_slow {
+                (
+                    (self.rate / 2).clamp(self.floor, self.ceiling),
+                    Step::Slowed,
+                )
+            } else {
+                adjust(
+                    self.rate,
+                    self.floor,
+                    self.ceiling,
+                    w.quantile_us(0.99),
+                    w.count,
+                    self.target_us,
+                )
+            };
             if step == Step::Slowed {
                 self.slowed += 1;
             }
             self.rate = rate;
             self.window_from = reading;
+            self.ack_from = acks;
             self.window_started = now;
         }
         if let Some(wait) = self.due.checked_duration_since(Instant::now()) {
@@ -236,8 +322,9 @@ mod tests {
         }
         let ceiling = 64 << 20;
         let mut pacer = Pacer::default();
-        pacer.begin(h.read(), ceiling);
+        pacer.begin((h.read(), HistogramSnapshot::empty()), None, ceiling);
         assert_eq!(pacer.target_us(), TARGET_MIN_US);
+        assert_eq!(pacer.ack_target_us(), 0);
         assert_eq!(pacer.rate(), ceiling / 4);
         let frame = 256 << 10;
         let mut lowest = u64::MAX;
@@ -247,7 +334,7 @@ mod tests {
             for _ in 0..50 {
                 h.record(Duration::from_millis(10));
             }
-            pacer.sent(frame, || h.read());
+            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
             lowest = lowest.min(pacer.rate());
         }
         assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
@@ -258,7 +345,7 @@ mod tests {
             for _ in 0..50 {
                 h.record(Duration::from_micros(50));
             }
-            pacer.sent(frame, || h.read());
+            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
             assert!(
                 started.elapsed() < Duration::from_secs(5),
                 "{}",
@@ -268,7 +355,7 @@ mod tests {
         // Sending 8 MiB at the ceiling takes about 1/8 s.
         let t = Instant::now();
         for _ in 0..32 {
-            pacer.sent(frame, || h.read());
+            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
         }
         let took = t.elapsed();
         assert!(
@@ -276,16 +363,98 @@ mod tests {
             "{took:?}"
         );
         // The next copy starts where this one ended.
-        pacer.begin(h.read(), ceiling);
+        pacer.begin((h.read(), HistogramSnapshot::empty()), None, ceiling);
         assert_eq!(pacer.rate(), ceiling);
     }
 
     #[test]
     fn no_ceiling_means_no_pacing() {
         let mut pacer = Pacer::default();
-        pacer.begin(HistogramSnapshot::empty(), 0);
+        pacer.begin(
+            (HistogramSnapshot::empty(), HistogramSnapshot::empty()),
+            None,
+            0,
+        );
         let t = Instant::now();
-        pacer.sent(1 << 30, HistogramSnapshot::empty);
+        pacer.sent(1 << 30, || {
+            (HistogramSnapshot::empty(), HistogramSnapshot::empty())
+        });
         assert!(t.elapsed() < Duration::from_millis(50));
+    }
+
+    /// The commands run as fast as before, but the writes wait for their backups twice and more
+    /// as long as without the copy: the copy slows to the floor; when the wait is back near the
+    /// baseline, it climbs again.
+    #[test]
+    fn a_pacer_backs_off_while_writes_wait_long_for_their_backups() {
+        let (cmds, acks) = (
+            Arc::new(Histogram::default()),
+            Arc::new(Histogram::default()),
+        );
+        let ceiling = 64 << 20;
+        let mut pacer = Pacer::default();
+        // Without copies, writes waited 150 µs.
+        pacer.begin((cmds.read(), acks.read()), Some(150_000), ceiling);
+        assert_eq!(pacer.ack_target_us(), 300);
+        let frame = 256 << 10;
+        let mut lowest = u64::MAX;
+        let slow_until = Instant::now() + Duration::from_millis(800);
+        while Instant::now() < slow_until {
+            for _ in 0..50 {
+                cmds.record(Duration::from_micros(5));
+                acks.record(Duration::from_micros(700));
+            }
+            pacer.sent(frame, || (cmds.read(), acks.read()));
+            lowest = lowest.min(pacer.rate());
+        }
+        assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
+        assert!(pacer.slowed() >= 2, "{}", pacer.slowed());
+        let started = Instant::now();
+        while pacer.rate() < ceiling {
+            for _ in 0..50 {
+                cmds.record(Duration::from_micros(5));
+                acks.record(Duration::from_micros(200));
+            }
+            pacer.sent(frame, || (cmds.read(), acks.read()));
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{}",
+                pacer.rate()
+            );
+        }
+        // A tiny baseline is held to the least target, not to twice itself.
+        pacer.begin((cmds.read(), acks.read()), Some(20_000), ceiling);
+        assert_eq!(pacer.ack_target_us(), ACK_TARGET_MIN_US);
+    }
+
+    /// The baseline is the lowest mean of the windows without a copy, recent ones only, and a
+    /// window with too few writes does not count.
+    #[test]
+    fn the_ack_baseline_is_the_lowest_recent_window_without_a_copy() {
+        let h = Histogram::default();
+        let mut b = AckBaseline::default();
+        let t0 = Instant::now();
+        b.sample(t0, h.read(), false);
+        assert_eq!(b.baseline_ns(), None);
+        let mut at = t0;
+        let mut window_of = |us: u64, n: usize, copying: bool, b: &mut AckBaseline| {
+            for _ in 0..n {
+                h.record(Duration::from_micros(us));
+            }
+            at += Duration::from_millis(100);
+            b.sample(at, h.read(), copying);
+        };
+        window_of(400, 100, false, &mut b);
+        assert_eq!(b.baseline_ns(), Some(400_000));
+        window_of(150, 100, false, &mut b);
+        window_of(300, 100, false, &mut b);
+        assert_eq!(b.baseline_ns(), Some(150_000));
+        // A copy's windows and near-idle windows do not count.
+        window_of(50, 100, true, &mut b);
+        window_of(10, 3, false, &mut b);
+        assert_eq!(b.baseline_ns(), Some(150_000));
+        // Past the span, old windows are forgotten.
+        b.sample(at + BASELINE_SPAN + Duration::from_secs(1), h.read(), false);
+        assert_eq!(b.baseline_ns(), None);
     }
 }

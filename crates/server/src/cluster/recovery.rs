@@ -19,7 +19,7 @@
 //! or lets it wait until this server has room. [`Jobs::figures`] shows where each one is
 //! (`/status`, `ramlog status`).
 
-use crate::cluster::pacing::Pacer;
+use crate::cluster::pacing::{AckBaseline, Pacer};
 use crate::cluster::Member;
 use crate::node::figures::JobFigures;
 use crate::node::Node;
@@ -92,6 +92,8 @@ pub struct Jobs {
     copying: Gate,
     /// The pace of this server's copies (one at a time), carried from one to the next.
     pacer: Mutex<Pacer>,
+    /// The writes' acknowledgement wait without a copy, which copies are held to.
+    ack_baseline: Mutex<AckBaseline>,
     /// Demands for slots whose restore was not registered yet (the map that starts it was
     /// being applied): (table, slot, when), at most [`EARLY_DEMANDS_MAX`], for
     /// [`EARLY_DEMAND_KEEP`].
@@ -506,6 +508,15 @@ impl Jobs {
                 early.push((table, slot, Instant::now()));
             }
         }
+    }
+
+    /// A new reading of the writes' cumulative acknowledgement wait (every heartbeat): see
+    /// [`AckBaseline`].
+    pub fn sample_ack_wait(&self, reading: crate::node::metrics::HistogramSnapshot) {
+        let copying = self.copying.state.lock().running > 0;
+        self.ack_baseline
+            .lock()
+            .sample(Instant::now(), reading, copying);
     }
 
     /// True while a restore of this server runs or waits for its turn.
@@ -956,7 +967,14 @@ fn copy(
     }
     let started = Instant::now();
     let mut pacer = member.jobs.pacer.lock();
-    pacer.begin(node.metrics.latency_all(), rate);
+    let readings = || {
+        (
+            node.metrics.latency_all(),
+            duty.replication.ack_latency_all(),
+        )
+    };
+    let baseline = member.jobs.ack_baseline.lock().baseline_ns();
+    pacer.begin(readings(), baseline, rate);
     job.rate.store(pacer.rate(), Ordering::Relaxed);
     let copied = duty.replication.copy_tablet(
         node.engine(),
@@ -964,7 +982,7 @@ fn copy(
         head,
         address,
         |sent| {
-            pacer.sent(sent, || node.metrics.latency_all());
+            pacer.sent(sent, readings);
             job.rate.store(pacer.rate(), Ordering::Relaxed);
         },
         &job.objects,
@@ -979,6 +997,7 @@ fn copy(
         millis = started.elapsed().as_millis() as u64,
         slowed_windows = pacer.slowed(),
         foreground_p99_target_us = pacer.target_us(),
+        ack_wait_target_us = pacer.ack_target_us(),
         "tablet copied to a backup"
     );
     drop(pacer);

@@ -926,6 +926,16 @@ impl Replication {
         v
     }
 
+    /// How long this server's replicated writes waited for their backups, every mode together
+    /// (cumulative).
+    pub fn ack_latency_all(&self) -> crate::node::metrics::HistogramSnapshot {
+        let mut all = crate::node::metrics::HistogramSnapshot::empty();
+        for h in &self.latency {
+            all.add(&h.read());
+        }
+        all
+    }
+
     pub fn modes(&self) -> Vec<ModeFigures> {
         MODES
             .iter()

@@ -296,6 +296,39 @@ mod tests {
         );
     }
 
+    type Readings<'a> = &'a dyn Fn() -> (HistogramSnapshot, HistogramSnapshot);
+
+    /// A copy's frame in these tests.
+    const FRAME: u64 = 256 << 10;
+
+    /// Sends frames for 800 ms, `load` recording each frame's share of the foreground: the
+    /// lowest rate the pacer ran at.
+    fn slowest(pacer: &mut Pacer, load: &dyn Fn(), readings: Readings<'_>) -> u64 {
+        let mut lowest = u64::MAX;
+        let until = Instant::now() + Duration::from_millis(800);
+        while Instant::now() < until {
+            load();
+            pacer.sent(FRAME, readings);
+            lowest = lowest.min(pacer.rate());
+        }
+        lowest
+    }
+
+    /// Sends frames, `load` recording the foreground, until the rate is back at `ceiling`
+    /// (within 5 s).
+    fn climb(pacer: &mut Pacer, ceiling: u64, load: &dyn Fn(), readings: Readings<'_>) {
+        let started = Instant::now();
+        while pacer.rate() < ceiling {
+            load();
+            pacer.sent(FRAME, readings);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{}",
+                pacer.rate()
+            );
+        }
+    }
+
     #[test]
     fn a_window_counts_only_what_happened_in_it() {
         let h = Histogram::default();
@@ -326,36 +359,23 @@ mod tests {
         assert_eq!(pacer.target_us(), TARGET_MIN_US);
         assert_eq!(pacer.ack_target_us(), 0);
         assert_eq!(pacer.rate(), ceiling / 4);
-        let frame = 256 << 10;
-        let mut lowest = u64::MAX;
+        let readings = || (h.read(), HistogramSnapshot::empty());
         // The foreground is slow: each window has many 10 ms commands.
-        let slow_until = Instant::now() + Duration::from_millis(800);
-        while Instant::now() < slow_until {
-            for _ in 0..50 {
-                h.record(Duration::from_millis(10));
-            }
-            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
-            lowest = lowest.min(pacer.rate());
-        }
+        let record = |d| (0..50).for_each(|_| h.record(d));
+        let lowest = slowest(&mut pacer, &|| record(Duration::from_millis(10)), &readings);
         assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
         assert!(pacer.slowed() >= 2, "{}", pacer.slowed());
         // Fast again: back to the ceiling within a second or so.
-        let started = Instant::now();
-        while pacer.rate() < ceiling {
-            for _ in 0..50 {
-                h.record(Duration::from_micros(50));
-            }
-            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "{}",
-                pacer.rate()
-            );
-        }
+        climb(
+            &mut pacer,
+            ceiling,
+            &|| record(Duration::from_micros(50)),
+            &readings,
+        );
         // Sending 8 MiB at the ceiling takes about 1/8 s.
         let t = Instant::now();
         for _ in 0..32 {
-            pacer.sent(frame, || (h.read(), HistogramSnapshot::empty()));
+            pacer.sent(FRAME, readings);
         }
         let took = t.elapsed();
         assert!(
@@ -396,32 +416,26 @@ mod tests {
         // Without copies, writes waited 150 µs.
         pacer.begin((cmds.read(), acks.read()), Some(150_000), ceiling);
         assert_eq!(pacer.ack_target_us(), 300);
-        let frame = 256 << 10;
-        let mut lowest = u64::MAX;
-        let slow_until = Instant::now() + Duration::from_millis(800);
-        while Instant::now() < slow_until {
+        let readings = || (cmds.read(), acks.read());
+        let record = |ack| {
             for _ in 0..50 {
                 cmds.record(Duration::from_micros(5));
-                acks.record(Duration::from_micros(700));
+                acks.record(ack);
             }
-            pacer.sent(frame, || (cmds.read(), acks.read()));
-            lowest = lowest.min(pacer.rate());
-        }
+        };
+        let lowest = slowest(
+            &mut pacer,
+            &|| record(Duration::from_micros(700)),
+            &readings,
+        );
         assert_eq!(lowest, FLOOR_MIN_BYTES_PER_SEC, "slowed to the floor");
         assert!(pacer.slowed() >= 2, "{}", pacer.slowed());
-        let started = Instant::now();
-        while pacer.rate() < ceiling {
-            for _ in 0..50 {
-                cmds.record(Duration::from_micros(5));
-                acks.record(Duration::from_micros(200));
-            }
-            pacer.sent(frame, || (cmds.read(), acks.read()));
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "{}",
-                pacer.rate()
-            );
-        }
+        climb(
+            &mut pacer,
+            ceiling,
+            &|| record(Duration::from_micros(200)),
+            &readings,
+        );
         // A tiny baseline is held to the least target, not to twice itself.
         pacer.begin((cmds.read(), acks.read()), Some(20_000), ceiling);
         assert_eq!(pacer.ack_target_us(), ACK_TARGET_MIN_US);

@@ -331,6 +331,18 @@ pub struct List {
 }
 
 impl List {
+    /// Removes and returns up to `n` elements from the head (`left`) or the tail, in the order
+    /// they come off.
+    pub fn pop(&mut self, left: bool, n: usize) -> Vec<Vec<u8>> {
+        let n = n.min(self.items.len());
+        if left {
+            self.items.drain(..n).collect()
+        } else {
+            let at = self.items.len() - n;
+            self.items.drain(at..).rev().collect()
+        }
+    }
+
     pub fn decode(stored: &[u8]) -> Result<List, TypedError> {
         let mut r = payload(stored, Kind::List)?;
         let n = r.count(1)?;
@@ -1761,15 +1773,7 @@ mod tests {
             let k = (next() % 45) as usize;
             let (popped, rest) = raw.popped(left, k);
             let mut want = list.clone();
-            let want_popped: Vec<Vec<u8>> = (0..k.min(n))
-                .filter_map(|_| {
-                    if left {
-                        want.items.pop_front()
-                    } else {
-                        want.items.pop_back()
-                    }
-                })
-                .collect();
+            let want_popped = want.pop(left, k);
             assert_eq!(popped, want_popped);
             match rest {
                 None => assert!(want.items.is_empty()),

@@ -56,15 +56,7 @@ fuzz_target!(|data: &[u8]| {
             for left in [true, false] {
                 let (popped, rest) = raw.popped(left, half);
                 let mut want = list.clone();
-                let want_popped: Vec<Vec<u8>> = (0..half.min(list.items.len()))
-                    .filter_map(|_| {
-                        if left {
-                            want.items.pop_front()
-                        } else {
-                            want.items.pop_back()
-                        }
-                    })
-                    .collect();
+                let want_popped = want.pop(left, half);
                 assert_eq!(popped, want_popped);
                 match rest {
                     Some(r) => assert_eq!(List::decode(&r).unwrap(), want),

@@ -218,16 +218,7 @@ fn pop_items(
                 return Ok((Some(Vec::new()), false));
             }
         }
-        let n = count.min(l.items.len());
-        let out: Vec<Vec<u8>> = (0..n)
-            .filter_map(|_| {
-                if left {
-                    l.items.pop_front()
-                } else {
-                    l.items.pop_back()
-                }
-            })
-            .collect();
+        let out = l.pop(left, count);
         let changed = !out.is_empty();
         Ok((Some(out), changed))
     })

@@ -3,21 +3,38 @@
 /// Number of hash slots in the key space.
 pub const SLOT_COUNT: u16 = 16384;
 
-/// CRC16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster uses; one table
-/// lookup per byte (every request routes by it, some more than once).
+/// CRC16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster uses. Eight
+/// bytes at a time, each through its own table, so that the eight lookups do not wait on one
+/// another (slice-by-8); the bytes left over one table lookup each. Every request routes by it,
+/// some more than once, and a restore computes it for every key of the logs it reads.
 pub fn crc16_xmodem(data: &[u8]) -> u16 {
     let mut crc: u16 = 0;
-    for &byte in data {
-        crc = (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ byte)];
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        // The register's two bytes fold into the first two of the chunk (the CRC is linear,
+        // and this one is not reflected: its high byte meets the next byte first).
+        let t = &CRC16_TABLES;
+        crc = t[7][usize::from((crc >> 8) as u8 ^ c[0])]
+            ^ t[6][usize::from(crc as u8 ^ c[1])]
+            ^ t[5][usize::from(c[2])]
+            ^ t[4][usize::from(c[3])]
+            ^ t[3][usize::from(c[4])]
+            ^ t[2][usize::from(c[5])]
+            ^ t[1][usize::from(c[6])]
+            ^ t[0][usize::from(c[7])];
+    }
+    for &byte in chunks.remainder() {
+        crc = (crc << 8) ^ CRC16_TABLES[0][usize::from((crc >> 8) as u8 ^ byte)];
     }
     crc
 }
 
-/// The CRC16/XMODEM of each byte value, shifted in from a zero register.
-const CRC16_TABLE: [u16; 256] = crc16_table();
+/// `CRC16_TABLES[k][b]`: the CRC16/XMODEM of byte `b` followed by `k` zero bytes, from a zero
+/// register. Row 0 is the classic one-byte table.
+static CRC16_TABLES: [[u16; 256]; 8] = crc16_tables();
 
-const fn crc16_table() -> [u16; 256] {
-    let mut table = [0u16; 256];
+const fn crc16_tables() -> [[u16; 256]; 8] {
+    let mut tables = [[0u16; 256]; 8];
     let mut i = 0;
     while i < 256 {
         let mut crc = (i as u16) << 8;
@@ -30,10 +47,21 @@ const fn crc16_table() -> [u16; 256] {
             };
             bit += 1;
         }
-        table[i] = crc;
+        tables[0][i] = crc;
         i += 1;
     }
-    table
+    let mut k = 1;
+    while k < 8 {
+        let mut i = 0;
+        while i < 256 {
+            // One more zero byte after the `k - 1` ones.
+            let prev = tables[k - 1][i];
+            tables[k][i] = (prev << 8) ^ tables[0][(prev >> 8) as usize];
+            i += 1;
+        }
+        k += 1;
+    }
+    tables
 }
 
 /// The first bytes of every internal key: the chunks of large collections (docs/formats.md,
@@ -98,7 +126,7 @@ mod tests {
         let data: Vec<u8> = (0..4096u32)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
             .collect();
-        for len in [0, 1, 2, 3, 7, 16, 100, 4096] {
+        for len in (0..=40).chain([100, 4095, 4096]) {
             assert_eq!(
                 crc16_xmodem(&data[..len]),
                 crc16_bitwise(&data[..len]),

@@ -83,7 +83,7 @@ pub mod io;
 mod iopool;
 mod reorg;
 mod replay;
-pub use replay::{GroupedReplay, KeyFilter, KeyGroups};
+pub use replay::{GroupedReplay, KeyFilter, KeyGroups, ReplaySink, Streamed};
 mod tablet;
 #[doc(hidden)]
 pub mod testkit;
@@ -615,6 +615,26 @@ impl Backup {
             &mut |n| (f.borrow_mut())(Replayed::Count(n)),
             &mut |e| (f.borrow_mut())(Replayed::Entry(e)),
         )
+    }
+
+    /// A replay of the keys `keep` keeps whose merge is left to `sink`, for a restore into an
+    /// engine tablet (see [`replay::replay_streamed`]): several threads hand it their checked
+    /// entries as they read them. When [`Streamed::trusted`] is false (damaged logs), discard
+    /// what `sink` took and use [`Backup::replay_merged_filtered`].
+    pub fn replay_streamed(
+        &self,
+        tablets: &[u64],
+        keep: Option<KeyFilter<'_>>,
+        sink: &dyn ReplaySink,
+    ) -> Result<Streamed> {
+        let ts = self.tablets_to_replay(tablets)?;
+        if ts.is_empty() {
+            return Ok(Streamed {
+                trusted: true,
+                ..Default::default()
+            });
+        }
+        replay::replay_streamed(&self.sh, &ts, keep, sink)
     }
 
     /// [`Backup::replay_merged_filtered`] for several groups of keys at once (the recovery

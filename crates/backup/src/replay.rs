@@ -322,6 +322,199 @@ pub fn replay_grouped(
     })
 }
 
+/// The taker of a streamed replay ([`replay_streamed`]): called from several threads at once.
+pub trait ReplaySink: Sync {
+    /// Before the first batch: about how many keys may come (the version records: an upper
+    /// bound unless the version log lags the data).
+    fn start(&self, expected: u64);
+    /// A batch of candidates, in no particular order: a key may come more than once, in any
+    /// order of its versions, and the newest must win (an older one that comes later is
+    /// dropped). An entry whose expiry has passed still counts as the key's version: it hides
+    /// older ones. False stops the replay (the taker failed).
+    fn take(&self, batch: &[ReplayEntry<'_>]) -> bool;
+}
+
+/// What a streamed replay did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Streamed {
+    /// What it found. `live_keys` counts the candidates given to the taker (the newest version
+    /// of each key among them, and older ones), `deleted_keys` the entries a newer delete hid.
+    pub report: ReplayReport,
+    /// False when the logs are damaged (an entry failed its checksum, bytes could not be read,
+    /// version-log blocks were lost): a version that failed its check may be newer than one the
+    /// taker kept. Whatever the taker took must then be discarded and the logs replayed with
+    /// [`replay_merged`], which never lets an older version stand in for a lost newer one.
+    pub trusted: bool,
+    /// The taker stopped the replay.
+    pub stopped: bool,
+}
+
+/// Candidates a replay thread gives its taker at once.
+const STREAM_BATCH: usize = 256;
+
+/// A replay that merges in the taker instead of in a map of its own: for a restore into an
+/// engine tablet, whose index finds a key's current version anyway. The version logs are read
+/// first, keeping only deletes; then several threads read and check the segments and hand each
+/// data entry that no newer delete hides straight to `sink`, which keeps the newest version of
+/// each key. So nothing is held but the deletes and the segments being parsed, and the taker's
+/// work overlaps the reading and checking instead of following it.
+///
+/// The map of [`replay_merged`] also ranks the version log's put records, so that a key whose
+/// newest version was lost to damage is reported lost rather than restored at an older version.
+/// A streamed replay trusts its candidates only when nothing was damaged
+/// ([`Streamed::trusted`]); the caller replays with [`replay_merged`] otherwise. Version records
+/// are checked before any candidate is handed over: damaged version logs hand over nothing.
+pub fn replay_streamed(
+    sh: &Shared,
+    ts: &[Arc<Tablet>],
+    keep: Option<KeyFilter<'_>>,
+    sink: &dyn ReplaySink,
+) -> Result<Streamed> {
+    let _guards: Vec<_> = ts.iter().map(|t| t.reorg_lock.lock()).collect();
+    let sources = Sources::collect(sh, ts)?;
+    let mut report = ReplayReport {
+        bytes_read: sources.ver_len,
+        segments_read: sources.segments.len() as u64,
+        ..Default::default()
+    };
+    // Deletes by key hash (the newest of each), and the highest version.
+    let mut deletes: HashMapU128<u64> = HashMapU128::default();
+    let mut max_version = 0u64;
+    let mut note = |r: format::VersionRecord| {
+        max_version = max_version.max(r.version);
+        if r.deleted {
+            let v = deletes.entry(r.hash).or_insert(r.version);
+            *v = (*v).max(r.version);
+        }
+    };
+    let (damaged, recovered) = sources.walk_version_logs(ts, &mut note)?;
+    for r in &sources.vbuf {
+        note(*r);
+    }
+    report.damaged_version_bytes = damaged;
+    report.recovered_version_blocks = recovered;
+    report.max_version = max_version;
+    if damaged > 0 {
+        return Ok(Streamed {
+            report,
+            trusted: false,
+            stopped: false,
+        });
+    }
+    sink.start(sources.version_records());
+
+    /// One thread's share of the figures.
+    #[derive(Default)]
+    struct Share {
+        given: u64,
+        hidden: u64,
+        max_version: u64,
+        corrupt: u64,
+        unreadable: u64,
+        bytes: u64,
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let deletes = &deletes;
+    // Hands the data entries of one run of entries to the taker, in batches.
+    let stream = |body: &[u8], tablet: u64, share: &mut Share| {
+        let mut batch: Vec<ReplayEntry<'_>> = Vec::with_capacity(STREAM_BATCH);
+        let stats = format::walk_entries(body, |_, e| {
+            if e.is_delete() || keep.is_some_and(|keep| !keep(e.key)) {
+                return;
+            }
+            share.max_version = share.max_version.max(e.version);
+            if !deletes.is_empty()
+                && deletes
+                    .get(&format::key_hash(e.key))
+                    .is_some_and(|&d| d >= e.version)
+            {
+                share.hidden += 1;
+                return;
+            }
+            batch.push(ReplayEntry {
+                tablet,
+                key: e.key,
+                value: e.value,
+                version: e.version,
+                expiry: e.expiry,
+            });
+            if batch.len() == STREAM_BATCH {
+                if !stop.load(Ordering::Relaxed) && !sink.take(&batch) {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                share.given += batch.len() as u64;
+                batch.clear();
+            }
+        });
+        if !batch.is_empty() {
+            if !stop.load(Ordering::Relaxed) && !sink.take(&batch) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            share.given += batch.len() as u64;
+        }
+        share.corrupt += stats.corrupt_entries;
+        share.unreadable += stats.unreadable_bytes;
+    };
+    let next = AtomicUsize::new(0);
+    let threads = sh.cfg.replay_threads.max(1);
+    let shares = std::thread::scope(|s| -> Result<Vec<Share>> {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (sources, next, stream, stop) = (&sources, &next, &stream, &stop);
+                s.spawn(move || -> Result<Share> {
+                    let mut share = Share::default();
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(ti, _, _)) = sources.segments.get(k) else {
+                            break;
+                        };
+                        let buf = sources.read_segment(sh, ts, k)?;
+                        share.bytes += buf.as_slice().len() as u64;
+                        let tablet = ts[ti].id;
+                        format::walk_blocks(buf.as_slice(), |_, h, body| {
+                            if h.tablet == tablet {
+                                stream(body, tablet, &mut share);
+                            }
+                        });
+                        sh.replay_pool.put(buf);
+                    }
+                    Ok(share)
+                })
+            })
+            .collect();
+        // This thread: the secondary-log buffers.
+        let mut mine = Share::default();
+        for (slb, t) in sources.slbs.iter().zip(ts) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            mine.bytes += slb.len() as u64;
+            stream(slb, t.id, &mut mine);
+        }
+        let mut shares = vec![mine];
+        for h in handles {
+            shares.push(
+                h.join()
+                    .map_err(|_| Error::Corrupt("replay worker panicked".into()))??,
+            );
+        }
+        Ok(shares)
+    })?;
+    for sh in &shares {
+        report.live_keys += sh.given;
+        report.deleted_keys += sh.hidden;
+        report.max_version = report.max_version.max(sh.max_version);
+        report.corrupt_entries += sh.corrupt;
+        report.unreadable_bytes += sh.unreadable;
+        report.bytes_read += sh.bytes;
+    }
+    Ok(Streamed {
+        trusted: report.is_clean(),
+        stopped: stop.load(Ordering::Relaxed),
+        report,
+    })
+}
+
 /// What phases 1 and 1b of a replay leave: the logs read (segments, then each tablet's SLB, by
 /// source index) and the newest version and place of every key.
 struct Merged {
@@ -417,43 +610,108 @@ fn placed_blocks_written<'a>(
     }
 }
 
+/// What a replay of `ts` reads: every segment with data (tablet index, segment, used bytes),
+/// each tablet's secondary-log buffer (one more source after the segments), the version
+/// records still in buffers, and the version logs (a handle, the bytes written, the tablet
+/// index). Taken while no block placed in the segments is still being written.
+struct Sources {
+    segments: Vec<(usize, usize, u64)>,
+    slbs: Vec<Vec<u8>>,
+    vbuf: Vec<format::VersionRecord>,
+    ver_files: Vec<(std::fs::File, u64, usize)>,
+    ver_len: u64,
+}
+
+impl Sources {
+    fn collect(sh: &Shared, ts: &[Arc<Tablet>]) -> Result<Sources> {
+        let mut src = Sources {
+            segments: Vec::new(),
+            slbs: Vec::new(),
+            vbuf: Vec::new(),
+            ver_files: Vec::new(),
+            ver_len: 0,
+        };
+        for (ti, t) in ts.iter().enumerate() {
+            {
+                let st = placed_blocks_written(sh, t)?;
+                src.segments.extend(
+                    st.segments
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| s.used > 0)
+                        .map(|(i, s)| (ti, i, s.used)),
+                );
+                src.vbuf.extend_from_slice(&st.vbuf);
+                // Records being spilled: in neither the buffer nor (perhaps) the log read below.
+                if let Some(sp) = &st.vbuf_spilling {
+                    src.vbuf.extend_from_slice(sp);
+                }
+                src.slbs.push(st.slb.clone());
+            }
+            let vl = t.verlog.lock();
+            src.ver_files.push((
+                vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?,
+                vl.len,
+                ti,
+            ));
+            src.ver_len += vl.len;
+        }
+        Ok(src)
+    }
+
+    /// Reads the version logs and calls `f` for every intact record; (damaged bytes, blocks
+    /// recovered from their mirror).
+    fn walk_version_logs(
+        &self,
+        ts: &[Arc<Tablet>],
+        mut f: impl FnMut(format::VersionRecord),
+    ) -> Result<(u64, u64)> {
+        let (mut damaged, mut recovered) = (0u64, 0u64);
+        for (file, len, ti) in &self.ver_files {
+            let mut ver_bytes = vec![0u8; *len as usize];
+            let n = io::read_exact_at(file, &mut ver_bytes, 0)
+                .map_err(|e| Error::io(&ts[*ti].ver_path, e))?;
+            ver_bytes.truncate(n);
+            let walk = format::walk_version_log(&ver_bytes, |_, recs| {
+                for r in format::version_records(recs) {
+                    f(r);
+                }
+            });
+            damaged += walk.damaged_bytes + walk.tail_bytes;
+            recovered += walk.recovered_blocks;
+        }
+        Ok((damaged, recovered))
+    }
+
+    /// Version records in the logs and buffers: about one per key written (a put or a delete),
+    /// more for keys written again.
+    fn version_records(&self) -> u64 {
+        self.ver_len / format::VERSION_RECORD_BYTES as u64 + self.vbuf.len() as u64
+    }
+
+    /// Reads segment `k` into a buffer of the replay pool.
+    fn read_segment(&self, sh: &Shared, ts: &[Arc<Tablet>], k: usize) -> Result<AlignedBuf> {
+        let (ti, seg, used) = self.segments[k];
+        let t = &ts[ti];
+        let mut buf = sh.replay_pool.get(used as usize);
+        let n = io::read_exact_at(
+            &t.file,
+            &mut buf.full_mut()[..used as usize],
+            seg as u64 * t.segment_bytes,
+        )
+        .map_err(|e| Error::io(&t.sec_path, e))?;
+        buf.set_len(n);
+        Ok(buf)
+    }
+}
+
 /// Phases 1 and 1b of a replay: reads every segment of `ts` and merges the newest version of
 /// each key (of the keys `keep` keeps). The tablets' reorganization waits meanwhile; the logs are
 /// in memory afterwards.
 fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -> Result<Merged> {
     let _guards: Vec<_> = ts.iter().map(|t| t.reorg_lock.lock()).collect();
-    // Segments of every tablet: (tablet index, segment, used bytes); each tablet's SLB follows
-    // them as one more source.
-    let mut segments: Vec<(usize, usize, u64)> = Vec::new();
-    let mut slbs: Vec<Vec<u8>> = Vec::new();
-    let mut vbuf = Vec::new();
-    let mut ver_files = Vec::new();
-    let mut ver_len = 0u64;
-    for (ti, t) in ts.iter().enumerate() {
-        {
-            let st = placed_blocks_written(sh, t)?;
-            segments.extend(
-                st.segments
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.used > 0)
-                    .map(|(i, s)| (ti, i, s.used)),
-            );
-            vbuf.extend_from_slice(&st.vbuf);
-            // Records being spilled: in neither the buffer nor (perhaps) the log read below.
-            if let Some(sp) = &st.vbuf_spilling {
-                vbuf.extend_from_slice(sp);
-            }
-            slbs.push(st.slb.clone());
-        }
-        let vl = t.verlog.lock();
-        ver_files.push((
-            vl.file.try_clone().map_err(|e| Error::io(&t.ver_path, e))?,
-            vl.len,
-            ti,
-        ));
-        ver_len += vl.len;
-    }
+    let sources = Sources::collect(sh, ts)?;
+    let (segments, slbs, ver_len) = (&sources.segments, &sources.slbs, sources.ver_len);
     let threads = sh.cfg.replay_threads.max(1);
     let trace = tracing::enabled!(tracing::Level::DEBUG);
     let t0 = std::time::Instant::now();
@@ -466,7 +724,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
     // hold (a 16 B key and nothing else). The version log lags the data after a crash; the map
     // grows if there are more keys than that. A map sized for small entries alone was five times
     // too large for 100 B values, and its fresh memory and cache misses showed in restores.
-    let by_versions = ver_len / format::VERSION_RECORD_BYTES as u64 + vbuf.len() as u64;
+    let by_versions = sources.version_records();
     let by_data = used_total / format::entry_bytes(16, 0, 1 << 20, 0) as u64;
     let expect_keys = by_versions.min(by_data).max(1024) as usize;
     let shards: Vec<parking_lot::Mutex<Shard>> = (0..SHARDS)
@@ -487,26 +745,18 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
     let results = std::thread::scope(|s| -> Result<PhaseOneOut> {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (segments, next, shards) = (&segments, &next, &shards);
+                let (sources, next, shards) = (&sources, &next, &shards);
                 s.spawn(move || -> Result<(WorkerOut, u64)> {
                     let mut out = WorkerOut::default();
                     let mut batch = Batcher::new(shards);
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(ti, seg, used)) = segments.get(k) else {
+                        let Some(&(ti, _, _)) = sources.segments.get(k) else {
                             break;
                         };
-                        let t = &ts[ti];
-                        let mut buf = sh.replay_pool.get(used as usize);
-                        let n = io::read_exact_at(
-                            &t.file,
-                            &mut buf.full_mut()[..used as usize],
-                            seg as u64 * t.segment_bytes,
-                        )
-                        .map_err(|e| Error::io(&t.sec_path, e))?;
-                        buf.set_len(n);
-                        out.bytes += n as u64;
-                        parse_region(buf.as_slice(), k, t.id, keep, &mut out, &mut batch);
+                        let buf = sources.read_segment(sh, ts, k)?;
+                        out.bytes += buf.as_slice().len() as u64;
+                        parse_region(buf.as_slice(), k, ts[ti].id, keep, &mut out, &mut batch);
                         out.buffers.push((k, buf));
                     }
                     let superseded = batch.finish();
@@ -519,21 +769,10 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
         // Version records are only bucketed here; they are checked against the data once the
         // segments are merged (phase 1b), one shard at a time.
         let mut vparts: Vec<Vec<(u128, u64, bool)>> = (0..SHARDS).map(|_| Vec::new()).collect();
-        let (mut damaged, mut recovered) = (0u64, 0u64);
-        for (file, len, ti) in &ver_files {
-            let mut ver_bytes = vec![0u8; *len as usize];
-            let n = io::read_exact_at(file, &mut ver_bytes, 0)
-                .map_err(|e| Error::io(&ts[*ti].ver_path, e))?;
-            ver_bytes.truncate(n);
-            let walk = format::walk_version_log(&ver_bytes, |_, recs| {
-                for r in format::version_records(recs) {
-                    vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
-                }
-            });
-            damaged += walk.damaged_bytes + walk.tail_bytes;
-            recovered += walk.recovered_blocks;
-        }
-        for r in &vbuf {
+        let (damaged, recovered) = sources.walk_version_logs(ts, |r| {
+            vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
+        })?;
+        for r in &sources.vbuf {
             vparts[shard_of(r.hash)].push((r.hash, r.version, r.deleted));
         }
         let mut slb_out = WorkerOut::default();
@@ -589,7 +828,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
         }
     });
     drop(vparts);
-    let sources = segments.len() + slbs.len();
+    let source_count = segments.len() + slbs.len();
     let mut bufs: Vec<Option<AlignedBuf>> = (0..segments.len()).map(|_| None).collect();
     let mut data_entries = 0u64;
     for o in outs {
@@ -609,7 +848,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
         .map(|s| ts[s.0].id)
         .chain(ts.iter().map(|t| t.id))
         .collect();
-    debug_assert_eq!(tablet_of.len(), sources);
+    debug_assert_eq!(tablet_of.len(), source_count);
     Ok(Merged {
         // Every segment was read by some worker (a failed read returned above).
         segments: bufs
@@ -617,7 +856,7 @@ fn merge_sources(sh: &Shared, ts: &[Arc<Tablet>], keep: Option<KeyFilter<'_>>) -
             .map(|b| b.unwrap_or_else(|| AlignedBuf::new(0)))
             .collect(),
         pool: sh.replay_pool.clone(),
-        slbs,
+        slbs: sources.slbs,
         tablet_of,
         shards: shards.into_iter().map(|s| s.into_inner()).collect(),
         report,

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use ramlog_backup::{Backup, Config, Entry};
+use std::collections::BTreeMap;
 
 #[test]
 fn tablets_opened_ahead_exist_on_disk_take_writes_and_survive_a_reopen() {
@@ -290,6 +291,75 @@ fn a_grouped_replay_yields_each_group_as_its_own_filtered_replay_does() {
         assert_eq!(report.max_version, kept_max);
         assert!(report.is_clean(), "{report:?}");
         // Again once the logs reach the disk (the version log then ranks the keys).
+        b.checkpoint().unwrap();
+    }
+}
+
+/// A streamed replay leaves in its taker (which keeps the newest version of each key it is
+/// given, in whatever order) exactly what the merged replay yields: deletes hide older versions
+/// in either tablet, a key written again in the other tablet comes back at its newest version,
+/// and a filter keeps the same keys. Before and after the logs reach the disk.
+#[test]
+fn a_streamed_replay_leaves_in_its_taker_what_the_merged_replay_yields() {
+    let dir = temp_dir("streamed");
+    let b = Backup::open(dir.path(), Config::default()).unwrap();
+    let mut version = 0u64;
+    for round in 0..4u64 {
+        let mut entries = Vec::new();
+        for i in 0..3_000u64 {
+            version += 1;
+            let key = format!("{}{}", ["a", "b", "c", "z"][(i % 4) as usize], i % 900).into_bytes();
+            entries.push((key, format!("v{round}-{i}").into_bytes(), version));
+        }
+        let batch: Vec<Entry> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v, ver))| Entry {
+                key: k,
+                // Every 11th write of a round is a delete; some keys carry an expiry.
+                value: (i % 11 != (round as usize % 3)).then_some(v.as_slice()),
+                version: *ver,
+                expiry: if i % 7 == 0 {
+                    4_000_000_000_000 + *ver
+                } else {
+                    0
+                },
+            })
+            .collect();
+        b.append(1 + round % 2, &batch).unwrap();
+    }
+    let keep_ab = |key: &[u8]| matches!(key.first(), Some(b'a' | b'b'));
+    for pass in 0..2 {
+        for keep in [None, Some(&keep_ab as ramlog_backup::KeyFilter<'_>)] {
+            let mut want = BTreeMap::new();
+            let merged = b
+                .replay_merged_filtered(&[1, 2], keep, |r| {
+                    if let ramlog_backup::Replayed::Entry(e) = r {
+                        want.insert(e.key.to_vec(), (e.value.to_vec(), e.version, e.expiry));
+                    }
+                })
+                .unwrap();
+            let (model, streamed) = streamed_state(&b, &[1, 2], keep);
+            assert!(streamed.trusted && !streamed.stopped, "pass {pass}");
+            assert!(model.started.load(std::sync::atomic::Ordering::Relaxed));
+            let got = model.keys.into_inner().unwrap();
+            assert_eq!(got, want, "pass {pass}, filtered {}", keep.is_some());
+            assert!(!want.is_empty());
+            // The highest version over every record (a filtered merge ranks only kept keys).
+            if keep.is_none() {
+                assert_eq!(
+                    streamed.report.max_version, merged.max_version,
+                    "pass {pass}"
+                );
+            } else {
+                assert!(
+                    streamed.report.max_version >= merged.max_version,
+                    "pass {pass}"
+                );
+            }
+            // Every data entry kept and not hidden by a delete went to the taker.
+            assert!(streamed.report.live_keys >= want.len() as u64);
+        }
         b.checkpoint().unwrap();
     }
 }

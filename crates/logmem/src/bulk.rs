@@ -57,15 +57,7 @@ impl<'a> BulkRestore<'a> {
         tablet: TabletId,
         expected_objects: u64,
     ) -> Result<BulkRestore<'a>, EngineError> {
-        let t = engine.tablet(tablet)?;
-        let fresh = {
-            let _head = t.head.lock();
-            let empty = t.index.len() == 0 && t.index.historic_len() == 0;
-            if empty && expected_objects > 0 {
-                t.index.reserve(expected_objects, |l| engine.rehash(l));
-            }
-            empty
-        };
+        let fresh = engine.reserve_for_restore(tablet, expected_objects)?;
         Ok(BulkRestore {
             engine,
             tablet,
@@ -262,6 +254,81 @@ mod tests {
         assert_eq!(e.get(t, b"b").unwrap().unwrap().value, b"fresher");
         assert_eq!(e.get(t, b"c").unwrap().unwrap().value, b"new key");
         assert_eq!(e.object_count(), 3);
+    }
+
+    /// Versions handed over in no order, from several threads at once (a streamed replay): the
+    /// newest of each key wins, and a version whose expiry has passed still hides older ones
+    /// that come after it.
+    #[test]
+    fn restore_newest_keeps_the_newest_version_whatever_the_order() {
+        use crate::RestoreItem;
+        let e = engine(256 << 20);
+        let t = e.create_tablet(0, 0, 16383).unwrap();
+        let keys = 20_000u64;
+        assert!(e.reserve_for_restore(t, keys).unwrap());
+        let past = 1; // an expiry long gone
+                      // Version v of key i: value "i:v"; the newest is 3, which for every 5th key has expired.
+        let item = |i: u64, v: u64| {
+            let expired = v == 3 && i.is_multiple_of(5);
+            (
+                format!("k{i}").into_bytes(),
+                format!("{i}:{v}").into_bytes(),
+                v,
+                if expired { past } else { 0 },
+            )
+        };
+        let orders: [[u64; 3]; 4] = [[1, 2, 3], [3, 2, 1], [2, 3, 1], [3, 1, 2]];
+        std::thread::scope(|s| {
+            for thread in 0..4u64 {
+                let e = &e;
+                s.spawn(move || {
+                    // Each thread sends every version of every key, in its own order.
+                    for &v in &orders[thread as usize] {
+                        let owned: Vec<_> = (0..keys).map(|i| item(i, v)).collect();
+                        for chunk in owned.chunks(256) {
+                            let items: Vec<RestoreItem<'_>> = chunk
+                                .iter()
+                                .map(|(k, val, ver, exp)| RestoreItem {
+                                    key: k,
+                                    value: Some(val),
+                                    version: *ver,
+                                    expire_at_ms: *exp,
+                                })
+                                .collect();
+                            e.restore_newest(t, &items).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        // Older versions that come last change nothing.
+        for v in [2, 1] {
+            let owned: Vec<_> = (0..keys).map(|i| item(i, v)).collect();
+            let items: Vec<RestoreItem<'_>> = owned
+                .iter()
+                .map(|(k, val, ver, exp)| RestoreItem {
+                    key: k,
+                    value: Some(val),
+                    version: *ver,
+                    expire_at_ms: *exp,
+                })
+                .collect();
+            e.restore_newest(t, &items).unwrap();
+        }
+        for i in 0..keys {
+            let got = e.get(t, format!("k{i}").as_bytes()).unwrap();
+            if i.is_multiple_of(5) {
+                assert!(
+                    got.is_none(),
+                    "k{i}: an expired newest version hides older ones"
+                );
+            } else {
+                let o = got.unwrap();
+                assert_eq!((o.value, o.version), (format!("{i}:3").into_bytes(), 3));
+            }
+        }
+        // Into a tablet that holds objects, the index is not grown again.
+        assert!(!e.reserve_for_restore(t, 10).unwrap());
     }
 
     #[test]

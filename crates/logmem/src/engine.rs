@@ -1773,6 +1773,22 @@ impl Inner {
         crate::index::make_loc(seglet, pos)
     }
 
+    /// See [`crate::Engine::reserve_for_restore`]: true if the tablet was empty (its index is
+    /// grown for `expected_objects` when that is above 0).
+    pub fn reserve_for_restore(
+        &self,
+        tablet: TabletId,
+        expected_objects: u64,
+    ) -> Result<bool, EngineError> {
+        let t = self.tablet(tablet)?;
+        let _head = t.head.lock();
+        let empty = t.index.len() == 0 && t.index.historic_len() == 0;
+        if empty && expected_objects > 0 {
+            t.index.reserve(expected_objects, |l| self.rehash(l));
+        }
+        Ok(empty)
+    }
+
     /// Installs a replayed record with its original version; keeps whichever version is newer.
     pub fn restore(
         &self,
@@ -1803,6 +1819,19 @@ impl Inner {
         &self,
         tablet: TabletId,
         items: &[RestoreItem<'_>],
+    ) -> Result<(), EngineError> {
+        self.restore_items(tablet, items, false)
+    }
+
+    /// [`Inner::restore_batch`] with `keep_expired`: an object whose expiry has passed is
+    /// installed as any other (reads take it as absent, and expiry removes it), so that it still
+    /// hides older versions of its key that arrive after it (a replay that hands over versions
+    /// in no order); without it, it only removes an older object already there.
+    pub fn restore_items(
+        &self,
+        tablet: TabletId,
+        items: &[RestoreItem<'_>],
+        keep_expired: bool,
     ) -> Result<(), EngineError> {
         for it in items {
             self.check_sizes(it.key, it.value.unwrap_or(b""))?;
@@ -1849,7 +1878,10 @@ impl Inner {
                     continue;
                 }
                 // A record that expired while it was away is replayed as the delete it has become.
-                let Some(value) = it.value.filter(|_| !expired(it.expire_at_ms, &mut now)) else {
+                let Some(value) = it
+                    .value
+                    .filter(|_| keep_expired || !expired(it.expire_at_ms, &mut now))
+                else {
                     if let Some(c) = current {
                         self.supersede(tablet_ref, hash, key, c, None, it.version);
                     }

@@ -404,6 +404,31 @@ impl Engine {
         self.inner.restore_batch(tablet, items)
     }
 
+    /// Installs replayed records that come in no order of their versions (several threads of a
+    /// replay that leaves the merge to the engine): for each key the newest version wins,
+    /// whatever came before or comes after. Unlike [`Engine::restore_batch`], a record whose
+    /// expiry has passed is installed (reads take it as absent and expiry removes it), so that
+    /// an older version of its key that comes later does not come back. Safe to call from
+    /// several threads for one tablet. The observer is not told.
+    pub fn restore_newest(
+        &self,
+        tablet: TabletId,
+        items: &[RestoreItem<'_>],
+    ) -> Result<(), EngineError> {
+        self.inner.restore_items(tablet, items, true)
+    }
+
+    /// Grows `tablet`'s index at once for `expected_objects` if the tablet holds nothing yet
+    /// (a restore about to fill it; cheap while the index is empty, as no reference moves).
+    /// False if it held objects (the index grows as they come instead).
+    pub fn reserve_for_restore(
+        &self,
+        tablet: TabletId,
+        expected_objects: u64,
+    ) -> Result<bool, EngineError> {
+        self.inner.reserve_for_restore(tablet, expected_objects)
+    }
+
     /// A loader that fills `tablet` from a replay of its backup logs, which yields each key once
     /// with its newest version: batches under one lock hold each, no index lookup per object
     /// when the tablet is empty, and the index grown once for `expected_objects` (an upper bound;

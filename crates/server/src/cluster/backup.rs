@@ -245,6 +245,20 @@ impl BackupService {
         self.store.replay_merged_filtered(&ids, Some(&keep), f)
     }
 
+    /// A restore's replay of `t`'s logs of the epochs before `epoch` that leaves the merge to
+    /// `sink` ([`ramlog_backup::Backup::replay_streamed`]; damaged logs are not trusted).
+    pub fn replay_streamed_for_restore(
+        &self,
+        t: &ramlog_cluster::TabletInfo,
+        epoch: u64,
+        sink: &dyn ramlog_backup::ReplaySink,
+    ) -> Result<ramlog_backup::Streamed, ramlog_backup::Error> {
+        let ids = self.log_ids(t, 0..epoch);
+        let slots = t.slots();
+        let keep = |key: &[u8]| slots.contains(&ramlog_common::key_slot(key));
+        self.store.replay_streamed(&ids, Some(&keep), sink)
+    }
+
     /// The store's tablets that hold `t`'s logs of the epochs in `epochs`, ascending.
     pub fn log_ids(
         &self,

@@ -706,60 +706,81 @@ fn restore(
     // server's own from now on.
     node.keyspace.set_hidden(tablet, false);
     let engine = node.engine();
-    // The bulk path: the replay yields each key once with its newest version; the loader
-    // appends them in batches and grows the index once, for the count the replay announces.
-    let mut sink = super::bulk_sink::BulkSink::new(engine, tablet);
-    let mut on_replayed = |r: ramlog_backup::Replayed<'_>| match r {
-        ramlog_backup::Replayed::Count(count) => {
-            // The logs of a tablet this one was split off hold other slots' keys too.
-            let expected = (count as f64 * share).ceil() as u64;
-            job.expected.store(expected, Ordering::Relaxed);
-            tracing::info!(
-                table = t.table,
-                first_slot = t.first_slot,
-                last_slot = t.last_slot,
-                expected,
-                waited_ms = waiting_since.elapsed().as_millis() as u64,
-                "restoring"
-            );
-            sink.start(expected);
-        }
-        ramlog_backup::Replayed::Entry(e) => {
-            // After a failure the rest of the replay only reads: the restore has failed.
-            if !sink.push(&e) {
-                return;
-            }
-            let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(p) = pause.filter(|_| objects.is_multiple_of(RESTORE_PAUSE_EVERY_OBJECTS)) {
+    let announce = |count: u64| -> u64 {
+        // The logs of a tablet this one was split off hold other slots' keys too.
+        let expected = (count as f64 * share).ceil() as u64;
+        job.expected.store(expected, Ordering::Relaxed);
+        tracing::info!(
+            table = t.table,
+            first_slot = t.first_slot,
+            last_slot = t.last_slot,
+            expected,
+            waited_ms = waiting_since.elapsed().as_millis() as u64,
+            "restoring"
+        );
+        expected
+    };
+    // The test knob's pause, once per `RESTORE_PAUSE_EVERY_OBJECTS` objects replayed.
+    let paced = |before: u64, after: u64| {
+        if let Some(p) = pause {
+            if after / RESTORE_PAUSE_EVERY_OBJECTS > before / RESTORE_PAUSE_EVERY_OBJECTS {
                 std::thread::sleep(p);
             }
-            job.bytes
-                .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
         }
     };
-    let report = match &replay {
-        Replay::Shared(entry, g, shared) => {
-            on_replayed(ramlog_backup::Replayed::Count(shared.len(*g)));
-            let taken = shared.take(*g, &mut |e| on_replayed(ramlog_backup::Replayed::Entry(e)));
-            member.jobs.replays.release(entry, *g);
-            if taken.is_none() {
-                return Err("the partition's keys were taken by another restore".into());
+    // A replay of its own streams into the engine tablet: the replay's threads hand their
+    // checked entries to the engine as they read them, and its index keeps the newest version
+    // of each key, so there is no merge map to fill, sort and read back before the load. Damaged
+    // logs are replayed again through the merge (below), which never restores a key at an older
+    // version in place of a newer one it lost.
+    let mut streamed_report = None;
+    if matches!(replay, Replay::Alone) {
+        let sink = super::bulk_sink::NewestSink::new(
+            engine,
+            tablet,
+            &job.objects,
+            &job.bytes,
+            |count| {
+                announce(count);
+            },
+            |after, taken| paced(after - taken, after),
+        );
+        let result = duty.backup.replay_streamed_for_restore(t, t.epoch, &sink);
+        if let Some(e) = sink.error() {
+            let reason = format!("restoring into memory: {e}");
+            if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {
+                return out_of_memory(node, member, t, tablet, job, reason);
             }
-            shared.report()
+            return Err(reason);
         }
-        Replay::Alone => duty
-            .backup
-            .replay_for_restore_counted(t, t.epoch, on_replayed)
-            .map_err(|e| format!("replaying the backup logs: {e}"))?,
+        let streamed = result.map_err(|e| format!("replaying the backup logs: {e}"))?;
+        if streamed.trusted {
+            streamed_report = Some(streamed.report);
+        } else {
+            tracing::warn!(
+                table = t.table,
+                first_slot = t.first_slot,
+                report = ?streamed.report,
+                "the backup logs of the tablet are damaged; replaying them through the merge"
+            );
+            engine
+                .clear_tablet(tablet)
+                .map_err(|e| format!("emptying the tablet for a merged replay: {e}"))?;
+            job.objects.store(0, Ordering::Relaxed);
+            job.bytes.store(0, Ordering::Relaxed);
+        }
+    }
+    let report = match streamed_report {
+        Some(report) => report,
+        None => match merged_restore(duty, t, &replay, (engine, tablet), job, &announce, &paced) {
+            Ok(report) => report,
+            Err(MergedFailure::Memory(reason)) => {
+                return out_of_memory(node, member, t, tablet, job, reason)
+            }
+            Err(MergedFailure::Other(reason)) => return Err(reason),
+        },
     };
     drop(replay);
-    if let Err(e) = sink.finish() {
-        let reason = format!("restoring into memory: {e}");
-        if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {
-            return out_of_memory(node, member, t, tablet, job, reason);
-        }
-        return Err(reason);
-    }
     if !report.is_clean() {
         tracing::error!(
             table = t.table,
@@ -773,7 +794,14 @@ fn restore(
         .max(duty.backup.max_version_seen())
         .saturating_add(VERSION_GAP);
     engine.advance_clock(floor);
-    let objects = job.objects.load(Ordering::Relaxed);
+    // A streamed replay counted every candidate it took, older versions included; the tablet
+    // holds the newest of each key.
+    let objects = engine
+        .tablets()
+        .iter()
+        .find(|i| i.id == tablet)
+        .map_or_else(|| job.objects.load(Ordering::Relaxed), |i| i.objects);
+    job.objects.store(objects, Ordering::Relaxed);
     let millis = started.elapsed().as_millis() as u64;
     tracing::warn!(
         table = t.table,
@@ -783,6 +811,68 @@ fn restore(
         "tablet restored; asking the coordinator to make this server its master"
     );
     report_recovered(member, t, objects, millis)
+}
+
+/// Why a merged restore failed: memory ran out, or anything else.
+enum MergedFailure {
+    Memory(String),
+    Other(String),
+}
+
+/// The restore of a merged replay (a share of a replay read for several partitions, or damaged
+/// logs): the replay yields each key once with its newest version, and the engine's bulk loader
+/// appends them in batches and grows the index once, for the count the replay announces.
+/// `announce` hears that count (and gives the partition's share of it); `paced` the objects
+/// replayed before and after each one.
+fn merged_restore(
+    duty: &Member,
+    t: &TabletInfo,
+    replay: &Replay,
+    (engine, tablet): (&ramlog_logmem::Engine, ramlog_logmem::TabletId),
+    job: &Job,
+    announce: &dyn Fn(u64) -> u64,
+    paced: &dyn Fn(u64, u64),
+) -> Result<ramlog_backup::ReplayReport, MergedFailure> {
+    let mut sink = super::bulk_sink::BulkSink::new(engine, tablet);
+    let mut on_replayed = |r: ramlog_backup::Replayed<'_>| match r {
+        ramlog_backup::Replayed::Count(count) => sink.start(announce(count)),
+        ramlog_backup::Replayed::Entry(e) => {
+            // After a failure the rest of the replay only reads: the restore has failed.
+            if !sink.push(&e) {
+                return;
+            }
+            let objects = job.objects.fetch_add(1, Ordering::Relaxed) + 1;
+            paced(objects - 1, objects);
+            job.bytes
+                .fetch_add((e.key.len() + e.value.len()) as u64, Ordering::Relaxed);
+        }
+    };
+    let report = match replay {
+        Replay::Shared(entry, g, shared) => {
+            on_replayed(ramlog_backup::Replayed::Count(shared.len(*g)));
+            let taken = shared.take(*g, &mut |e| on_replayed(ramlog_backup::Replayed::Entry(e)));
+            duty.jobs.replays.release(entry, *g);
+            if taken.is_none() {
+                return Err(MergedFailure::Other(
+                    "the partition's keys were taken by another restore".into(),
+                ));
+            }
+            shared.report()
+        }
+        Replay::Alone => duty
+            .backup
+            .replay_for_restore_counted(t, t.epoch, on_replayed)
+            .map_err(|e| MergedFailure::Other(format!("replaying the backup logs: {e}")))?,
+    };
+    sink.finish().map_err(|e| {
+        let reason = format!("restoring into memory: {e}");
+        if matches!(e, ramlog_logmem::EngineError::OutOfMemory { .. }) {
+            MergedFailure::Memory(reason)
+        } else {
+            MergedFailure::Other(reason)
+        }
+    })?;
+    Ok(report)
 }
 
 /// A restore that ran out of memory: empties the engine tablet it filled (its memory comes

@@ -706,6 +706,22 @@ fn restore(
     // server's own from now on.
     node.keyspace.set_hidden(tablet, false);
     let engine = node.engine();
+    // The logs hold every acknowledged write, deletes included, and the restore leaves exactly
+    // what they hold. Whatever the engine tablet held before goes first: the memory of a move
+    // this server was the target of and that was rolled back, a mirror's memory that could not
+    // be used, a restore here that stopped half-way. A key deleted since that memory was written
+    // would otherwise come back, as the replay only adds keys.
+    let stale = engine
+        .clear_tablet(tablet)
+        .map_err(|e| format!("emptying the tablet before the restore: {e}"))?;
+    if stale > 0 {
+        tracing::warn!(
+            table = t.table,
+            first_slot = t.first_slot,
+            objects = stale,
+            "the tablet held objects from before the restore; they were dropped"
+        );
+    }
     let announce = |count: u64| -> u64 {
         // The logs of a tablet this one was split off hold other slots' keys too.
         let expected = (count as f64 * share).ceil() as u64;

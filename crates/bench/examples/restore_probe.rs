@@ -1,5 +1,7 @@
 //! Where a restore's time goes: one tablet's backup logs replayed decode-only, then replayed
-//! into an engine tablet (`Engine::restore` per object), on one thread.
+//! into an engine tablet three ways: `Engine::restore` per object, the engine's bulk loader
+//! after the merge (`Engine::bulk_restore`), and streamed, the engine's index doing the merge
+//! (`Backup::replay_streamed` into `Engine::restore_newest`), with the CPU time of the last two.
 //! `cargo run --release -p ramlog-bench --example restore_probe -- [objects] [value_bytes]`
 //!
 //! Environment: `PROBE_DIRECT_IO=0` reads the logs through the page cache, `PROBE_REPLAY_THREADS`

@@ -1502,13 +1502,6 @@ impl ClusterState {
         }
         // The partitions of one tablet take turns among the backups that hold its logs.
         let mut turn: HashMap<(TableId, u16), usize> = HashMap::new();
-        // Restores each live server has under way (kept restorers), for spreading partitions.
-        let mut spread = Spread::default();
-        for t in &self.map.tablets {
-            if let Some(r) = t.restorer.filter(|&r| t.recovering && is_up(r)) {
-                spread.add(t, r);
-            }
-        }
         for t in &mut self.map.tablets {
             settle_migration(t, &is_up);
             // A split ends with its master: the tablet recovers whole.
@@ -1528,7 +1521,7 @@ impl ClusterState {
                     None => 0,
                 };
                 if t.restorer.is_none_or(|r| !is_up(r)) {
-                    pick_restorer(t, nth, &is_up, &room, &mut promised, &mut spread);
+                    pick_restorer(t, nth, &is_up, &room, &mut promised);
                 }
                 continue;
             }
@@ -1742,39 +1735,12 @@ fn abandon_migration(t: &mut TabletInfo) {
 /// the tablet's need restores it. Unknown figures count as room, except on a backup whose
 /// restore of this tablet ran out of memory: that one needs a report of room both above the
 /// need and a quarter of the need (and 1 MiB) above what it had after the failure.
-/// The restores one pass of `repair()` sees planned: per server, and per server and tablet a
-/// partition was split off.
-#[derive(Default)]
-struct Spread {
-    all: HashMap<ServerId, usize>,
-    of_logs: HashMap<(TableId, u16, ServerId), usize>,
-}
-
-impl Spread {
-    fn add(&mut self, t: &TabletInfo, restorer: ServerId) {
-        *self.all.entry(restorer).or_default() += 1;
-        if let Some(from) = t.logs_from {
-            *self.of_logs.entry((t.table, from, restorer)).or_default() += 1;
-        }
-    }
-
-    /// How `b` ranks as the restorer of partition `t` (lower first): the partitions of the same
-    /// logs it restores already, then every restore it has.
-    fn rank(&self, t: &TabletInfo, b: ServerId) -> (usize, usize) {
-        let of_logs = t.logs_from.map_or(0, |from| {
-            self.of_logs.get(&(t.table, from, b)).copied().unwrap_or(0)
-        });
-        (of_logs, self.all.get(&b).copied().unwrap_or(0))
-    }
-}
-
 fn pick_restorer(
     t: &mut TabletInfo,
     nth: usize,
     is_up: &impl Fn(ServerId) -> bool,
     room: &Room,
     promised: &mut HashMap<ServerId, u64>,
-    spread: &mut Spread,
 ) {
     let eligible = |b: ServerId| is_up(b) && !t.fresh.contains(&b);
     let mirror = t
@@ -1792,14 +1758,6 @@ fn pick_restorer(
     if !streamed.is_empty() {
         let n = nth % streamed.len();
         streamed.rotate_left(n);
-    }
-    // A partition goes to the backup with the fewest partitions of the same logs, then the
-    // fewest restores of any tablet, in that turn order among equals: a dead master's tablets
-    // split in two over two backups each put 16, 11 and 5 partitions on three restorers by
-    // turns alone, and the restorer with 16 ended the recovery 2.4 s after the one with 5.
-    // A whole tablet keeps its first backup (the copyset order already spreads those).
-    if t.logs_from.is_some() {
-        streamed.sort_by_key(|&b| spread.rank(t, b));
     }
     let copying = t.backups.iter().copied().filter(|&b| eligible(b));
     for b in streamed.into_iter().chain(copying) {
@@ -1836,7 +1794,6 @@ fn pick_restorer(
     t.restorer = pick;
     t.waiting = None;
     if let Some(b) = pick {
-        spread.add(t, b);
         if Some(b) != mirror {
             *promised.entry(b).or_default() += need.unwrap_or(0);
         }
@@ -2456,54 +2413,6 @@ mod tests {
             .filter(|t| t.recovering)
             .cloned()
             .collect()
-    }
-
-    /// Partitions go to the least loaded of the backups that hold their logs (first those that
-    /// restore fewer partitions of the same logs): every survivor ends with about as many
-    /// restores as the others, and each tablet's partitions still use each of its backups.
-    #[test]
-    fn partitions_are_balanced_over_the_restorers() {
-        for victim in 1..=4u64 {
-            let mut s = init(4);
-            for port in [100, 200, 300, 400] {
-                register(&mut s, port);
-            }
-            let before: Vec<TabletInfo> = s
-                .map
-                .tablets
-                .iter()
-                .filter(|t| t.master == victim)
-                .cloned()
-                .collect();
-            // 100 MiB and 200 000 objects per tablet: 2 partitions each, by bytes.
-            let mut room = room_for(
-                &s,
-                victim,
-                100 * MIB,
-                &[(1, 10_000), (2, 10_000), (3, 10_000), (4, 10_000)],
-            );
-            for b in &mut room.tablets {
-                b.objects = 200_000;
-            }
-            declare_dead_with(&mut s, victim, room);
-            let parts = recovering(&s);
-            assert_eq!(parts.len(), before.len() * 2, "victim {victim}");
-            let mut per: BTreeMap<ServerId, usize> = BTreeMap::new();
-            for p in &parts {
-                *per.entry(p.restorer.expect("a restorer")).or_default() += 1;
-            }
-            let (most, least) = (per.values().max().unwrap(), per.values().min().unwrap());
-            assert_eq!(per.len(), 3, "victim {victim}: {per:?}");
-            assert!(most - least <= 1, "victim {victim}: {per:?}");
-            for t in &before {
-                let of_t: std::collections::BTreeSet<ServerId> = parts
-                    .iter()
-                    .filter(|p| p.logs_from == Some(t.first_slot) && p.table == t.table)
-                    .map(|p| p.restorer.unwrap())
-                    .collect();
-                assert_eq!(of_t.len(), 2, "victim {victim}, tablet {t:?}: {per:?}");
-            }
-        }
     }
 
     #[test]

@@ -55,10 +55,7 @@ fn main() -> anyhow::Result<()> {
             println!("round {round}: replay decode-only {count} in {decode:.3} s");
             continue;
         }
-        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
-            memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
-            ..Default::default()
-        })?;
+        let engine = fresh_engine(n, value_len)?;
         let tablet = engine.create_tablet(0, 0, 16383)?;
         let t = Instant::now();
         if std::env::var("PROBE_BULK_ONLY").is_err() {
@@ -70,10 +67,7 @@ fn main() -> anyhow::Result<()> {
         }
         let restore = t.elapsed().as_secs_f64();
         drop(engine);
-        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
-            memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
-            ..Default::default()
-        })?;
+        let engine = fresh_engine(n, value_len)?;
         let tablet = engine.create_tablet(0, 0, 16383)?;
         let t = Instant::now();
         let c = cpu_secs();
@@ -97,10 +91,7 @@ fn main() -> anyhow::Result<()> {
         assert_eq!(loaded, count);
         assert_eq!(engine.object_count(), count);
         drop(engine);
-        let engine = ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
-            memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
-            ..Default::default()
-        })?;
+        let engine = fresh_engine(n, value_len)?;
         let tablet = engine.create_tablet(0, 0, 16383)?;
         let t = Instant::now();
         let c = cpu_secs();
@@ -171,4 +162,12 @@ fn cpu_secs() -> f64 {
         .collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / 100.0
+}
+
+/// An engine with room for `n` objects of `value_len` bytes, twice over.
+fn fresh_engine(n: u64, value_len: usize) -> anyhow::Result<std::sync::Arc<ramlog_logmem::Engine>> {
+    Ok(ramlog_logmem::Engine::new(ramlog_logmem::EngineConfig {
+        memory_bytes: (n * (value_len as u64 + 64) * 2).max(256 << 20),
+        ..Default::default()
+    })?)
 }

@@ -266,55 +266,44 @@ mod tests {
         let t = e.create_tablet(0, 0, 16383).unwrap();
         let keys = 20_000u64;
         assert!(e.reserve_for_restore(t, keys).unwrap());
-        let past = 1; // an expiry long gone
-                      // Version v of key i: value "i:v"; the newest is 3, which for every 5th key has expired.
+        // Version v of key i: value "i:v". The newest is 3, which for every 5th key has an
+        // expiry long gone.
         let item = |i: u64, v: u64| {
             let expired = v == 3 && i.is_multiple_of(5);
             (
                 format!("k{i}").into_bytes(),
                 format!("{i}:{v}").into_bytes(),
                 v,
-                if expired { past } else { 0 },
+                if expired { 1 } else { 0 },
             )
+        };
+        // Version v of every key, 256 at a time.
+        let send = |v: u64| {
+            let owned: Vec<_> = (0..keys).map(|i| item(i, v)).collect();
+            for chunk in owned.chunks(256) {
+                let items: Vec<RestoreItem<'_>> = chunk
+                    .iter()
+                    .map(|(k, val, ver, exp)| RestoreItem {
+                        key: k,
+                        value: Some(val),
+                        version: *ver,
+                        expire_at_ms: *exp,
+                    })
+                    .collect();
+                e.restore_newest(t, &items).unwrap();
+            }
         };
         let orders: [[u64; 3]; 4] = [[1, 2, 3], [3, 2, 1], [2, 3, 1], [3, 1, 2]];
         std::thread::scope(|s| {
-            for thread in 0..4u64 {
-                let e = &e;
-                s.spawn(move || {
-                    // Each thread sends every version of every key, in its own order.
-                    for &v in &orders[thread as usize] {
-                        let owned: Vec<_> = (0..keys).map(|i| item(i, v)).collect();
-                        for chunk in owned.chunks(256) {
-                            let items: Vec<RestoreItem<'_>> = chunk
-                                .iter()
-                                .map(|(k, val, ver, exp)| RestoreItem {
-                                    key: k,
-                                    value: Some(val),
-                                    version: *ver,
-                                    expire_at_ms: *exp,
-                                })
-                                .collect();
-                            e.restore_newest(t, &items).unwrap();
-                        }
-                    }
-                });
+            let send = &send;
+            for order in &orders {
+                // Each thread sends every version of every key, in its own order.
+                s.spawn(move || order.iter().for_each(|&v| send(v)));
             }
         });
         // Older versions that come last change nothing.
-        for v in [2, 1] {
-            let owned: Vec<_> = (0..keys).map(|i| item(i, v)).collect();
-            let items: Vec<RestoreItem<'_>> = owned
-                .iter()
-                .map(|(k, val, ver, exp)| RestoreItem {
-                    key: k,
-                    value: Some(val),
-                    version: *ver,
-                    expire_at_ms: *exp,
-                })
-                .collect();
-            e.restore_newest(t, &items).unwrap();
-        }
+        send(2);
+        send(1);
         for i in 0..keys {
             let got = e.get(t, format!("k{i}").as_bytes()).unwrap();
             if i.is_multiple_of(5) {
